@@ -45,12 +45,16 @@ def format_tree(
             "nodes": tree.size,
             "accuracy": provenance,
         }
-        # One key per line, values compact: a 63-node list stays one readable line.
-        body = ",\n".join(f" {json.dumps(k)}: {json.dumps(v)}" for k, v in doc.items())
-        return "{\n" + body + "\n}\n"
+        return compact_json(doc)
     if fmt == "text":
         return draw_tree(tree, tau=tau, values=values, ascii=ascii)
     raise UserError(f"format: {fmt!r} is not one of {', '.join(FORMATS)}")
+
+
+def compact_json(doc: dict) -> str:
+    """A JSON object with one key per line and compact values: a 63-node list stays one line."""
+    body = ",\n".join(f" {json.dumps(k)}: {json.dumps(v)}" for k, v in doc.items())
+    return "{\n" + body + "\n}\n"
 
 
 def draw_tree(tree: Tree, *, tau=None, values=None, ascii: bool = False) -> str:

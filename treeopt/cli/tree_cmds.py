@@ -197,7 +197,7 @@ def show_cmd(tree_spec, accuracy_path, csv_model, topk, num_heads, as_json):
     """Draw TREE (a reference name such as mc_sim_7b_63, a JSON file, or a list literal) with
     its statistics, and tau when an accuracy table is given."""
     from treeopt.accuracy import expected_tokens, node_values
-    from treeopt.export import draw_tree
+    from treeopt.export import compact_json, draw_tree
     from treeopt.tree import load_tree
 
     tree = load_tree(
@@ -223,7 +223,7 @@ def show_cmd(tree_spec, accuracy_path, csv_model, topk, num_heads, as_json):
             doc["expected_tokens_per_step_joint"] = tau_joint
             doc["accuracy"] = table.provenance
             doc["notes"] = [n.removeprefix("note: ") for n in notes]
-        click.echo(json.dumps(doc, indent=1))
+        click.echo(compact_json(doc), nl=False)
         return
     s = _stats(tree)
     lines = [
