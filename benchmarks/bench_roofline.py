@@ -21,7 +21,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from roofline.grid import best_per_cell, proposal_from_accuracy, selection_from_grid, speedup_grid  # noqa: E402
+from _targets import exit_status, print_time_targets  # noqa: E402
+from roofline.grid import proposal_from_accuracy, selection_from_grid, speedup_grid  # noqa: E402
 from roofline.hardware import load_hardware  # noqa: E402
 from roofline.latency import step_time_s  # noqa: E402
 from roofline.shapes import draft_heads_shape, model_shape  # noqa: E402
@@ -60,13 +61,9 @@ def main(repeats: int = 9) -> list[tuple[str, float, float]]:
             lambda: step_time_s(shape, heads, hw, batch=b, tokens=q, context=s), repeats=repeats,
             warmup=1).median_s, 1.0),
     ]
-    best_per_cell(grid)  # keep it exercised
-    width = max(len(name) for name, _, _ in results)
-    for name, seconds, target in results:
-        verdict = "PASS" if seconds < target else "FAIL"
-        print(f"{name:<{width}}  {seconds * 1e3:9.2f} ms  (target < {target * 1e3:.0f} ms)  {verdict}")
+    print_time_targets(results)
     return results
 
 
 if __name__ == "__main__":
-    sys.exit(0 if all(s < t for _, s, t in main()) else 1)
+    sys.exit(exit_status(main()))

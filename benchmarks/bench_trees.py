@@ -18,6 +18,8 @@ import numpy as np
 from treeopt.accuracy import AccuracyTable, joint_counts_from_ranks
 from treeopt.build import greedy_tree, joint_tree, optimal_tree
 
+from _targets import exit_status, print_time_targets
+
 
 def _median_time(fn, repeats: int) -> float:
     fn()  # warm-up: imports, allocator, caches
@@ -69,12 +71,9 @@ def main(repeats: int = 7) -> list[tuple[str, float, float]]:
     t = _median_time(joint, max(3, repeats // 2))
     results.append(("joint tree from 1,000,000 positions (counting + 256 nodes)", t, 1.0))
 
-    width = max(len(name) for name, _, _ in results)
-    for name, seconds, target in results:
-        verdict = "PASS" if seconds < target else "FAIL"
-        print(f"{name:<{width}}  {seconds * 1e3:9.2f} ms  (target < {target * 1e3:.0f} ms)  {verdict}")
+    print_time_targets(results)
     return results
 
 
 if __name__ == "__main__":
-    sys.exit(0 if all(s < t for _, s, t in main()) else 1)
+    sys.exit(exit_status(main()))
