@@ -47,6 +47,7 @@ import torch
 from treeopt.errors import UserError
 from treeopt.fileio import atomic_path, write_json
 from treeopt.selection import SWEEP_COLUMNS, sweep_meta_path
+from treeopt.tau import TauCurve
 from treeopt.tree import Tree
 
 __all__ = ["SWEEP_COLUMNS", "MEASURED_COLUMNS", "SWEEP_FORMAT", "SweepSettings", "StepBench", "meta_path",
@@ -255,18 +256,14 @@ def _read_done(out_csv: Path, mpath: Path, fingerprint: dict, sizes: list[int]) 
     return done[complete.astype(bool)].reset_index(drop=True), old
 
 
-def _derive(table: pd.DataFrame, tau_ind: np.ndarray, tau_jnt: np.ndarray | None, predict,
-            tau_walk: np.ndarray | None = None) -> pd.DataFrame:
-    """The columns computed from the measured ones: tau, speedup, the prediction. `tau` is
-    the best estimate at hand: the joint statistics walked as the decoder steps, else joint
-    tau, else the independent-heads tau."""
+def _derive(table: pd.DataFrame, tau: TauCurve, predict) -> pd.DataFrame:
+    """The columns computed from the measured ones: every tau estimate, `tau` = the one
+    decisions use (`TauCurve.best`), speedup, the prediction."""
     t = table.copy()
     nodes = t["nodes"].to_numpy(dtype=np.int64)
-    t["tau_independent"] = tau_ind[nodes]
-    t["tau_joint"] = tau_jnt[nodes] if tau_jnt is not None else np.nan
-    t["tau_walk"] = tau_walk[nodes] if tau_walk is not None else np.nan
-    t["tau"] = t["tau_walk"] if tau_walk is not None else (
-        t["tau_joint"] if tau_jnt is not None else t["tau_independent"])
+    for column, curve in (("tau_independent", tau.independent), ("tau_joint", tau.joint), ("tau_walk", tau.walked)):
+        t[column] = curve[nodes] if curve is not None else np.nan
+    t["tau"] = tau.best[nodes]
     t["speedup"] = t["tau"] / t["overhead"]
     if predict is None:
         for col in ("predicted_step_time_s", "predicted_overhead", "predicted_speedup"):
@@ -287,15 +284,14 @@ def _write(table: pd.DataFrame, out_csv: Path) -> None:
         table.to_csv(tmp, index=False)
 
 
-def run_sweep(lm, proposal: Tree, tau_independent, tau_joint, settings: SweepSettings, out_csv, *,
-              predictor=None, meta: dict | None = None, resume: bool = False,
-              progress: bool = True, tau_walk=None) -> pd.DataFrame:
+def run_sweep(lm, tau: TauCurve, settings: SweepSettings, out_csv, *, predictor=None,
+              meta: dict | None = None, resume: bool = False, progress: bool = True) -> pd.DataFrame:
     """Measure every (batch, context, size) of `settings`, writing `out_csv` (and its
     .meta.json) after each (batch, context) group; returns the table sorted by (batch,
     context, nodes).
 
-    `tau_*[n]` is the expected tokens per step of the proposal tree's first n nodes (tau[0] =
-    1). Sizes beyond the proposal tree are replaced by its size. `predictor(batch, tokens,
+    `tau` holds the proposal sequence and the expected tokens per step of its prefixes. Sizes
+    beyond the proposal tree are replaced by its size. `predictor(batch, tokens,
     context) -> seconds` adds the roofline prediction (tokens = q = n + 1; q = 1 is plain
     decoding). `meta` entries are stored in the .meta.json. With `resume`, the groups already
     in `out_csv` are kept (see the module docstring; a file measured with other settings is a
@@ -306,16 +302,12 @@ def run_sweep(lm, proposal: Tree, tau_independent, tau_joint, settings: SweepSet
 
     out_csv = Path(out_csv)
     mpath = meta_path(out_csv)
+    proposal = tau.proposal
     sizes = effective_sizes(settings.sizes, proposal)
     dropped = sorted({int(n) for n in settings.sizes} - set(sizes))
     if dropped and progress:
         print(f"sweep: the proposal tree has {proposal.size} nodes; sizes {dropped} measured as "
               f"{proposal.size}", file=sys.stderr)
-    tau_ind = np.asarray(tau_independent, dtype=float)
-    tau_jnt = None if tau_joint is None else np.asarray(tau_joint, dtype=float)
-    for name, tau in (("tau_independent", tau_ind), ("tau_joint", tau_jnt)):
-        if tau is not None and (tau.ndim != 1 or tau.size < sizes[-1] + 1):
-            raise UserError(f"sweep: {name} needs a value per tree size 0..{sizes[-1]}, got shape {tau.shape}")
     fingerprint = _fingerprint(lm, proposal, sizes, settings)
 
     if resume not in (True, False, "auto"):
@@ -359,8 +351,7 @@ def run_sweep(lm, proposal: Tree, tau_independent, tau_joint, settings: SweepSet
     def table_of() -> pd.DataFrame:
         frame = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=cols)
         frame = frame.astype({"batch": int, "context": int, "nodes": int})
-        t = _derive(frame, tau_ind, tau_jnt, predict if predictor is not None else None,
-                    None if tau_walk is None else np.asarray(tau_walk, dtype=float))
+        t = _derive(frame, tau, predict if predictor is not None else None)
         return t.reindex(columns=SWEEP_COLUMNS).sort_values(["batch", "context", "nodes"], ignore_index=True)
 
     bar = tqdm(total=len(groups), initial=len(groups) - len(todo), desc="sweep", unit="group",

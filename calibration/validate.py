@@ -19,7 +19,7 @@ import pandas as pd
 
 
 from treeopt.errors import UserError
-from treeopt.tree import Tree
+from treeopt.tau import TauCurve
 
 __all__ = ["AcceptanceRow", "ACCEPTANCE_COLUMNS", "LATENCY_COLUMNS", "measure_acceptance", "latency_errors",
            "relative_error"]
@@ -52,11 +52,10 @@ def relative_error(predicted, measured):
     return float(out) if out.ndim == 0 else out
 
 
-def measure_acceptance(lm, proposal: Tree, sizes, prompts: list[str], *, tau_independent, tau_joint,
-                       max_new_tokens: int, batch_size: int = 8, topk: int = 10,
-                       progress: bool = True, tau_walk=None) -> pd.DataFrame:
+def measure_acceptance(lm, tau: TauCurve, sizes, prompts: list[str], *, max_new_tokens: int,
+                       batch_size: int = 8, topk: int = 10, progress: bool = True) -> pd.DataFrame:
     """Measured tokens per step of the greedy tree decoder for each size in `sizes` (trees
-    `proposal.prefix(n)`), decoding every prompt (left-padded batches of `batch_size`, the
+    `tau.proposal.prefix(n)`), beside every tau estimate of those trees,, decoding every prompt (left-padded batches of `batch_size`, the
     last one smaller) for `max_new_tokens` tokens without an eos stop. A step's count is its
     verification outcome, accepted nodes + 1 (before the cut at max_new_tokens): what tau
     predicts. Columns ACCEPTANCE_COLUMNS, one row per size."""
@@ -71,13 +70,10 @@ def measure_acceptance(lm, proposal: Tree, sizes, prompts: list[str], *, tau_ind
         raise UserError(f"--max-new-tokens: must be >= 2 to measure a decoding step (the first token "
                         f"comes from the prefill), got {max_new_tokens}")
     sizes = [int(n) for n in sizes]
-    tau_ind = np.asarray(tau_independent, dtype=float)
-    tau_jnt = None if tau_joint is None else np.asarray(tau_joint, dtype=float)
+    proposal = tau.proposal
     for n in sizes:
         if n < 0 or n > proposal.size:
             raise UserError(f"--sizes: {n} nodes asked for, the proposal tree has {proposal.size}")
-        if n >= tau_ind.size or (tau_jnt is not None and n >= tau_jnt.size):
-            raise UserError(f"validate: no tau for {n} nodes")
     tok = lm.tokenizer
     with left_padding(tok):
         encoded = [tok(prompts[i:i + batch_size], return_tensors="pt", padding=True)
@@ -93,9 +89,8 @@ def measure_acceptance(lm, proposal: Tree, sizes, prompts: list[str], *, tau_ind
             accepted.append(res.accepted[res.accepted > 0].ravel())
         accepted = np.concatenate(accepted) if accepted else np.zeros(0, np.int64)
         measured = float(accepted.mean()) if accepted.size else float("nan")
-        ti = float(tau_ind[n])
-        tj = float(tau_jnt[n]) if tau_jnt is not None else float("nan")
-        tw = float(tau_walk[n]) if tau_walk is not None else float("nan")
+        ti, tj, tw = (float(curve[n]) if curve is not None else float("nan")
+                      for curve in (tau.independent, tau.joint, tau.walked))
         rows.append(asdict(AcceptanceRow(n, measured, ti, tj, int(accepted.size),
                                          relative_error(ti, measured), relative_error(tj, measured),
                                          tw, relative_error(tw, measured))))

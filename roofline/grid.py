@@ -21,14 +21,12 @@ from roofline.latency import fits_memory, step_time_s
 from roofline.shapes import DraftHeadsShape, ModelShape
 from treeopt.errors import UserError
 
-__all__ = ["DEFAULT_BATCHES", "DEFAULT_CONTEXTS", "GRID_COLUMNS", "SELECTION_FORMAT", "speedup_grid",
-           "proposal_from_accuracy", "heads_used_by_prefix",
-           "best_per_cell", "selection_from_grid", "check_tau"]
+__all__ = ["DEFAULT_BATCHES", "DEFAULT_CONTEXTS", "GRID_COLUMNS", "speedup_grid", "heads_used_by_prefix",
+           "check_tau"]
 
 DEFAULT_BATCHES = (1, 2, 4, 8, 16, 32, 64)
 DEFAULT_CONTEXTS = (128, 256, 512, 1024, 2048, 4096, 8192)
 GRID_COLUMNS = ("batch", "context", "nodes", "tau", "step_time_s", "overhead", "speedup", "fits_memory")
-SELECTION_FORMAT = "treeopt.selection/v1"
 
 
 def check_tau(tau_by_nodes) -> np.ndarray:
@@ -110,100 +108,3 @@ def speedup_grid(shape: ModelShape, heads_shape: DraftHeadsShape | None, hw: Har
         "step_time_s": step.ravel(), "overhead": overhead.ravel(), "speedup": speedup.ravel(),
         "fits_memory": fits.ravel(),
     })
-
-
-def best_per_cell(grid: pd.DataFrame, *, threshold: float = 1.0) -> pd.DataFrame:
-    """Per (batch, context): the tree size of largest speedup (the smallest on ties), or 0 when
-    no tree beats `threshold`. Columns batch, context, nodes, tau, overhead, speedup,
-    fits_memory (False: not even plain decoding fits; nodes 0, speedup NaN)."""
-    missing = [c for c in ("batch", "context", "nodes", "speedup") if c not in grid.columns]
-    if missing:
-        raise UserError(f"grid: missing column '{missing[0]}'")
-    g = grid.copy()
-    if "tau" not in g.columns:
-        g["tau"] = np.nan
-    if "overhead" not in g.columns:
-        g["overhead"] = np.nan
-    key = g["speedup"].fillna(-np.inf).to_numpy()
-    g = g.assign(_key=key).sort_values(["batch", "context", "_key", "nodes"],
-                                       ascending=[True, True, False, True], kind="mergesort")
-    best = g.groupby(["batch", "context"], sort=True).head(1).copy()
-    plain = grid[grid["nodes"] == 0].drop_duplicates(["batch", "context"]).set_index(["batch", "context"])
-    out = []
-    for row in best.itertuples(index=False):
-        speed = row.speedup
-        fits = bool(np.isfinite(speed))
-        if not fits or speed <= threshold or row.nodes == 0:
-            # no plain-decoding row (a grid of trees only): plain decoding is taken to fit
-            p = plain.loc[(row.batch, row.context)] if (row.batch, row.context) in plain.index else None
-            plain_ok = p is None or bool(np.isfinite(p["speedup"]))
-            out.append({"batch": int(row.batch), "context": int(row.context), "nodes": 0, "tau": 1.0,
-                        "overhead": 1.0 if plain_ok else np.nan,
-                        "speedup": 1.0 if plain_ok else np.nan, "fits_memory": bool(plain_ok)})
-        else:
-            out.append({"batch": int(row.batch), "context": int(row.context), "nodes": int(row.nodes),
-                        "tau": float(row.tau), "overhead": float(row.overhead), "speedup": float(speed),
-                        "fits_memory": True})
-    return pd.DataFrame(out, columns=["batch", "context", "nodes", "tau", "overhead", "speedup", "fits_memory"])
-
-
-def selection_from_grid(grid_df: pd.DataFrame, proposal_tree, hardware_name: str, model_name: str,
-                        *, threshold: float = 1.0, extra: dict | None = None) -> dict:
-    """The `treeopt.selection/v1` document: per (batch, context) the best tree size and its
-    medusa_choices (proposal_tree.prefix(nodes)); nodes 0 and [] for no speculation. Cells
-    where not even plain decoding fits in memory are listed under "out_of_memory" instead."""
-    best = best_per_cell(grid_df, threshold=threshold)
-    size = getattr(proposal_tree, "size", None)
-    if size is None:
-        raise UserError("selection: proposal_tree must be a treeopt Tree")
-    cells, oom = [], []
-    for row in best.itertuples(index=False):
-        if not row.fits_memory:
-            oom.append({"batch": int(row.batch), "context": int(row.context)})
-            continue
-        nodes = int(row.nodes)
-        if nodes > size:
-            raise UserError(f"selection: the grid picks {nodes} nodes but the proposal tree has {size}")
-        choices = proposal_tree.prefix(nodes).to_choices() if nodes else []
-        cells.append({"batch": int(row.batch), "context": int(row.context), "nodes": nodes,
-                      "speedup": round(float(row.speedup), 6), "tau": round(float(row.tau), 6),
-                      "overhead": round(float(row.overhead), 6), "medusa_choices": choices})
-    doc = {"format": SELECTION_FORMAT, "hardware": hardware_name, "model": model_name,
-           "source": "roofline prediction", "cells": cells}
-    if oom:
-        doc["out_of_memory"] = oom
-    if extra:
-        doc.update(extra)
-    return doc
-
-
-def proposal_from_accuracy(table, max_nodes: int, *, num_heads: int | None = None, joint: bool = False):
-    """Medusa's greedy proposal sequence of up to `max_nodes` nodes and its tau curve.
-
-    table: a treeopt AccuracyTable or a (K, R) per-rank accuracy matrix; num_heads keeps the
-    first K heads. max_nodes is lowered to the largest tree the table allows. joint: tau from
-    the table's joint prefix counts (needs them). Returns (Tree, tau of shape (n + 1,)).
-    """
-    from treeopt.accuracy import AccuracyTable
-    from treeopt.build import greedy_tree, max_nodes as capacity, tau_curve
-
-    acc = np.asarray(table.accuracy if isinstance(table, AccuracyTable) else table, dtype=float)
-    if acc.ndim != 2:
-        raise UserError(f"accuracy: expected a (heads, width) matrix, got shape {acc.shape}")
-    if num_heads is not None:
-        if num_heads < 1 or num_heads > acc.shape[0]:
-            raise UserError(f"--heads: {num_heads} heads asked for, the accuracy table has {acc.shape[0]}")
-        acc = acc[:num_heads]
-    if isinstance(max_nodes, bool) or int(max_nodes) != max_nodes or max_nodes < 0:
-        raise UserError(f"--max-nodes: must be a non-negative integer, got {max_nodes!r}")
-    n = min(int(max_nodes), capacity(acc.shape[0], acc.shape[1]))
-    tree = greedy_tree(acc, n)
-    if joint:
-        if not isinstance(table, AccuracyTable) or table.joint is None:
-            raise UserError("--joint: the accuracy table has no joint prefix counts")
-        if num_heads is not None and num_heads < table.num_heads:
-            raise UserError("--joint: cannot cut a table with joint counts to fewer heads")
-        tau = tau_curve(tree, table, joint=True)
-    else:
-        tau = tau_curve(tree, acc)
-    return tree, np.asarray(tau, dtype=float)

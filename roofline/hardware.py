@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from treeopt.errors import UserError
+from treeopt.fileio import write_json
 
 __all__ = ["EfficiencyCurve", "HardwareProfile", "load_hardware", "builtin_hardware",
            "DEFAULT_GPU_GEMM_CURVE", "HARDWARE_FORMAT"]
@@ -246,8 +247,6 @@ class HardwareProfile:
             raise UserError(f"{source}: {err}") from None
 
     def save(self, path) -> None:
-        from treeopt.fileio import write_json
-
         write_json(path, self.to_dict())
 
     def with_(self, **changes) -> "HardwareProfile":

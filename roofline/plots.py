@@ -1,4 +1,4 @@
-"""Report figures (matplotlib, Agg backend, imported inside the functions).
+"""Report figures, drawn on matplotlib `Figure` objects (no pyplot state, no display needed).
 
 - roofline_chart: attained FLOP/s against operational intensity, log-log, with the peak roofs
   and the attained (efficiency-scaled) roofs, one marker per operator for prefill, plain
@@ -12,12 +12,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import matplotlib
 import numpy as np
 import pandas as pd
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 
+from roofline.grid import speedup_grid
 from roofline.hardware import HardwareProfile
 from roofline.latency import op_timings
 from roofline.shapes import DraftHeadsShape, ModelShape
+from treeopt.fileio import atomic_path
 
 __all__ = ["RooflineCase", "default_cases", "roofline_chart", "speedup_curves", "best_heatmaps"]
 
@@ -51,18 +56,7 @@ _MARKERS = {"q_proj": "o", "k_proj": "v", "v_proj": "^", "o_proj": "s", "gate": 
             "final_norm": "|", "embedding": "_", "kv_cache": "."}
 
 
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def _save(fig, path, extra=None) -> None:
-    from treeopt.fileio import atomic_path
-
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png", dpi=130, bbox_inches="tight", pad_inches=0.15,
                     bbox_extra_artists=extra)
@@ -71,7 +65,6 @@ def _save(fig, path, extra=None) -> None:
 def roofline_chart(shape: ModelShape, heads: DraftHeadsShape | None, hw: HardwareProfile, path, *,
                    cases: list[RooflineCase] | None = None, attention: str = "fused", title: str | None = None):
     """Write the roofline chart PNG to `path`; returns the points as a DataFrame."""
-    plt = _plt()
     cases = cases or default_cases()
     peak = hw.peak(shape.dtype)
     bw = hw.bandwidth_bytes_per_s
@@ -86,7 +79,8 @@ def roofline_chart(shape: ModelShape, heads: DraftHeadsShape | None, hw: Hardwar
                          "attained_flops": flops / time_s, "bound": str(t.bound), "time_s": time_s})
     pts = pd.DataFrame(rows)
 
-    fig, ax = plt.subplots(figsize=(10.5, 6.2))
+    fig = Figure(figsize=(10.5, 6.2))
+    ax = fig.subplots()
     x_lo = max(min(pts["intensity"].min() / 3, 0.1), 1e-3) if len(pts) else 0.1
     x_hi = max(pts["intensity"].max() * 3, 10 * peak / bw) if len(pts) else 1e4
     xs = np.logspace(np.log10(x_lo), np.log10(x_hi), 400)
@@ -100,7 +94,7 @@ def roofline_chart(shape: ModelShape, heads: DraftHeadsShape | None, hw: Hardwar
     ridge = peak / bw
     ax.axvline(ridge, color="0.75", lw=0.8, ls=":")
     ax.text(ridge * 1.08, peak * 1.25, f"ridge {ridge:.0f} FLOP/B", fontsize=8, color="0.35", va="bottom")
-    colors = plt.get_cmap("tab10")
+    colors = matplotlib.colormaps["tab10"]
     for ci, case in enumerate(cases):
         sub = pts[pts["case_index"] == ci]
         for r in sub.itertuples():
@@ -118,7 +112,6 @@ def roofline_chart(shape: ModelShape, heads: DraftHeadsShape | None, hw: Hardwar
     ax.grid(True, which="major", ls=":", lw=0.5, color="0.8")
     ax.set_title(title or f"Roofline: {shape.name} ({shape.dtype}) on {hw.name}", fontsize=11)
     # two legends: configurations (colour) and operators (marker)
-    from matplotlib.lines import Line2D
 
     roof_handles, roof_labels = ax.get_legend_handles_labels()
     case_handles = [Line2D([], [], marker="o", ls="", color=colors(i % 10), markersize=8) for i in range(len(cases))]
@@ -131,17 +124,16 @@ def roofline_chart(shape: ModelShape, heads: DraftHeadsShape | None, hw: Hardwar
     leg2 = ax.legend(op_handles, names, loc="lower left", bbox_to_anchor=(1.01, 0.0), fontsize=7.5, ncol=2,
                      title="operators (marker)", title_fontsize=8, frameon=False)
     _save(fig, path, extra=[leg1, leg2])
-    plt.close(fig)
     return pts
 
 
 def speedup_curves(grid: pd.DataFrame, path, *, context: int, title: str | None = None) -> None:
     """Speedup (top) and overhead (bottom) against tree size at one context, one curve per batch."""
-    plt = _plt()
     sub = grid[grid["context"] == context]
     batches = sorted(sub["batch"].unique())
-    fig, (ax, ax2) = plt.subplots(2, 1, figsize=(9, 7.5), sharex=True, gridspec_kw={"height_ratios": [3, 2]})
-    cmap = plt.get_cmap("viridis")
+    fig = Figure(figsize=(9, 7.5))
+    ax, ax2 = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 2]})
+    cmap = matplotlib.colormaps["viridis"]
     for j, b in enumerate(batches):
         g = sub[sub["batch"] == b].sort_values("nodes")
         color = cmap(j / max(len(batches) - 1, 1))
@@ -168,18 +160,16 @@ def speedup_curves(grid: pd.DataFrame, path, *, context: int, title: str | None 
     ax2.set_ylabel("overhead T(n) / T(0)")
     ax2.grid(True, ls=":", lw=0.5, color="0.8")
     _save(fig, path, extra=[leg])
-    plt.close(fig)
 
 
 def overhead_curves(shape, heads, hw, path, *, batches, context: int, max_nodes: int, attention="fused",
                     title: str | None = None) -> None:
     """Overhead T(n)/T(0) against tree size when no accuracy table is given (no tau, no speedup)."""
-    from roofline.grid import speedup_grid
 
     grid = speedup_grid(shape, heads, hw, np.ones(max_nodes + 1), batches, [context], attention=attention)
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(9, 5))
-    cmap = plt.get_cmap("viridis")
+    fig = Figure(figsize=(9, 5))
+    ax = fig.subplots()
+    cmap = matplotlib.colormaps["viridis"]
     bs = sorted(grid["batch"].unique())
     for j, b in enumerate(bs):
         g = grid[grid["batch"] == b]
@@ -192,26 +182,25 @@ def overhead_curves(shape, heads, hw, path, *, batches, context: int, max_nodes:
     leg = ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     ax.set_title(title or f"Step-time overhead against tree size (context {context})", fontsize=11)
     _save(fig, path, extra=[leg])
-    plt.close(fig)
 
 
 def best_heatmaps(best: pd.DataFrame, path, *, title: str | None = None) -> None:
     """Two heatmaps over batch (rows) x context (columns): best tree size and its speedup."""
-    plt = _plt()
     batches = sorted(best["batch"].unique())
     contexts = sorted(best["context"].unique())
     nodes = best.pivot(index="batch", columns="context", values="nodes").reindex(index=batches, columns=contexts)
     speed = best.pivot(index="batch", columns="context", values="speedup").reindex(index=batches, columns=contexts)
     fits = best.pivot(index="batch", columns="context", values="fits_memory").reindex(index=batches, columns=contexts)
     w = max(10, 0.8 * len(contexts) * 2 + 3)
-    fig, axes = plt.subplots(1, 2, figsize=(w, 0.55 * len(batches) + 2.6))
+    fig = Figure(figsize=(w, 0.55 * len(batches) + 2.6))
+    axes = fig.subplots(1, 2)
     for ax, data, label, cmap, fmt in [
         (axes[0], nodes.to_numpy(dtype=float), "best tree size (nodes)", "viridis", "{:.0f}"),
         (axes[1], speed.to_numpy(dtype=float), "predicted speedup (x)", "magma", "{:.2f}"),
     ]:
         ok = fits.to_numpy(dtype=bool)
         masked = np.ma.masked_where(~ok | ~np.isfinite(data), data)
-        cm = plt.get_cmap(cmap).with_extremes(bad="0.85")
+        cm = matplotlib.colormaps[cmap].with_extremes(bad="0.85")
         im = ax.imshow(masked, cmap=cm, aspect="auto", origin="upper")
         ax.set_xticks(range(len(contexts)), [str(c) for c in contexts])
         ax.set_yticks(range(len(batches)), [str(b) for b in batches])
@@ -235,4 +224,3 @@ def best_heatmaps(best: pd.DataFrame, path, *, title: str | None = None) -> None
     fig.suptitle(title or "Best tree per batch and context", fontsize=11)
     fig.tight_layout()
     _save(fig, path)
-    plt.close(fig)

@@ -7,14 +7,15 @@ from pathlib import Path
 
 import numpy as np
 
-from roofline.grid import (best_per_cell, heads_used_by_prefix, proposal_from_accuracy, selection_from_grid,
-                           speedup_grid)
+from roofline.grid import heads_used_by_prefix, speedup_grid
 from roofline.hardware import GB, HardwareProfile
 from roofline.latency import memory_required_bytes, op_timings, step_time_s
 from roofline.plots import best_heatmaps, default_cases, overhead_curves, roofline_chart, speedup_curves
 from roofline.shapes import DraftHeadsShape, ModelShape
 from treeopt import __version__
-from treeopt.fileio import write_json, write_text
+from treeopt.errors import UserError
+from treeopt.fileio import atomic_path, write_json, write_text
+from treeopt.selection import best_per_cell, selection_from_grid
 
 __all__ = ["build_report"]
 
@@ -84,9 +85,8 @@ def build_report(shape: ModelShape, heads: DraftHeadsShape | None, hw: HardwareP
                  tau_source: str | None = None) -> dict:
     """Write the report into out_dir; returns a summary dict (paths, best cells).
 
-    `proposal` and `tau` (its tau curve) replace the greedy proposal built from `accuracy`,
-    so that a caller's prediction uses the same trees and tau as its measurements;
-    `tau_source` then says what the tree and tau are."""
+    With `accuracy`, `proposal` (a proposal sequence) and `tau` (its tau curve) are the trees
+    the grid predicts for; `tau_source` says what they are."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     files = {}
@@ -103,16 +103,13 @@ def build_report(shape: ModelShape, heads: DraftHeadsShape | None, hw: HardwareP
 
     summary: dict = {"files": files}
     tree, tau = proposal, (None if tau is None else np.asarray(tau, dtype=float))
-    if accuracy is not None and tree is None:
-        tree, tau = proposal_from_accuracy(accuracy, max_nodes, num_heads=heads.num_heads if heads else None,
-                                           joint=joint)
+    if accuracy is not None and (tree is None or tau is None):
+        raise UserError("report: an accuracy table needs the proposal sequence and its tau")
     if accuracy is not None:
         grid = speedup_grid(shape, heads, hw, tau, batches, ctx_list, attention=attention,
                             heads_used=heads_used_by_prefix(tree) if used_heads else None)
         best = best_per_cell(grid)
-        with_path = out / "grid.csv"
-        from treeopt.fileio import atomic_path
-        with atomic_path(with_path) as tmp:
+        with atomic_path(out / "grid.csv") as tmp:
             grid.to_csv(tmp, index=False, float_format="%.6g")
         files["grid"] = "grid.csv"
         sel = selection_from_grid(grid, tree, hw.name, shape.name,

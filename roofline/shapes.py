@@ -2,8 +2,8 @@
 and its draft heads.
 
 A shape comes from a built-in name (`llama-7b`, `llama-3-8b`, ...; `vicuna-7b` is an alias of
-`llama-7b`), from a Hugging Face `config.json` (or the directory holding it), or from `demo`
-(the project's bundled demo model, resolved lazily because it is trained by the project).
+`llama-7b`), or from a Hugging Face `config.json` (or the directory holding it). The
+application layer resolves `--model demo` to the bundled demo model's directory.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from pathlib import Path
 from treeopt.errors import UserError
 
 __all__ = [
-    "ModelShape", "DraftHeadsShape", "model_shape", "builtin_shapes", "shape_aliases",
-    "draft_heads_shape", "load_heads_shape", "demo_model_dir", "DTYPE_BYTES", "normalize_dtype",
+    "ModelShape", "DraftHeadsShape", "model_shape", "builtin_shapes",
+    "draft_heads_shape", "load_heads_shape", "DTYPE_BYTES", "normalize_dtype",
     "heads_config_near", "resolve_heads", "shape_from_config",
 ]
 
@@ -214,15 +214,6 @@ def builtin_shapes() -> dict[str, ModelShape]:
     return dict(_BUILTIN)
 
 
-def shape_aliases() -> dict[str, str]:
-    return dict(_ALIASES)
-
-
-def demo_model_dir() -> Path:
-    """calibration/demo_model, located without importing the (torch-using) calibration code."""
-    return Path(__file__).resolve().parent.parent / "calibration" / "demo_model"
-
-
 # --- Hugging Face config.json ---------------------------------------------------------------
 _LLAMA_LIKE = {
     "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
@@ -304,10 +295,11 @@ def shape_from_config(config: dict, *, name: str, source: str = "") -> ModelShap
                       dtype=dtype, dtype_bytes=DTYPE_BYTES[dtype], source=source or name)
 
 
-def model_shape(name_or_path, *, dtype: str | None = None) -> ModelShape:
-    """A built-in shape name, an alias (vicuna-7b), `demo`, a config.json or a model directory.
+def model_shape(name_or_path, *, dtype: str | None = None, name: str | None = None) -> ModelShape:
+    """A built-in shape name, an alias (vicuna-7b), a config.json or a model directory.
 
-    dtype overrides the shape's own dtype (e.g. fp32 for a CPU run of a bf16 checkpoint).
+    dtype overrides the shape's own dtype (e.g. fp32 for a CPU run of a bf16 checkpoint);
+    name overrides the name a shape read from a file gets (its path).
     """
     spec = str(name_or_path)
     key = spec.lower()
@@ -316,13 +308,6 @@ def model_shape(name_or_path, *, dtype: str | None = None) -> ModelShape:
         base = _BUILTIN[_ALIASES.get(key, key)]
         shape = base if key in _BUILTIN else replace(base, name=key, source=base.source
                                                      + f"; {key} is a fine-tune with the same shape")
-    elif key == "demo":
-        cfg = demo_model_dir() / "config.json"
-        if not cfg.is_file():
-            raise UserError(f"--model demo: the demo model is not there yet ({cfg} is missing); "
-                            "train it first or pass a built-in name or a config.json")
-        shape = shape_from_config(_read_json(cfg), name="demo",
-                                  source="calibration/demo_model/config.json (the project's demo model)")
     else:
         path = Path(spec)
         if path.is_dir():
@@ -335,28 +320,24 @@ def model_shape(name_or_path, *, dtype: str | None = None) -> ModelShape:
             raise UserError(f"{spec}: no such file or directory")
         else:
             names = ", ".join(sorted(_BUILTIN) + sorted(_ALIASES))
-            raise UserError(f"--model: unknown model '{spec}' (built-in: {names}, demo, or a path "
+            raise UserError(f"--model: unknown model '{spec}' (built-in: {names}, or a path "
                             "to config.json / a model directory)")
-        shape = shape_from_config(_read_json(file), name=str(spec), source=str(file))
+        shape = shape_from_config(_read_json(file), name=name or str(spec), source=str(file))
     if dtype is not None:
         shape = shape.with_dtype(dtype)
     return shape
 
 
 def heads_config_near(model_spec) -> Path | None:
-    """The Medusa heads config.json next to a model: MODEL_DIR/heads or MODEL_DIR/medusa_heads
-    (`demo`: calibration/demo_model/heads). None when there is none."""
-    spec = str(model_spec)
-    if spec.lower() == "demo":
-        base = demo_model_dir()
+    """The Medusa heads config.json next to a model: MODEL_DIR/heads or MODEL_DIR/medusa_heads.
+    None when there is none."""
+    path = Path(str(model_spec))
+    if path.is_file():
+        base = path.parent
+    elif path.is_dir():
+        base = path
     else:
-        path = Path(spec)
-        if path.is_file():
-            base = path.parent
-        elif path.is_dir():
-            base = path
-        else:
-            return None
+        return None
     for sub in ("heads", "medusa_heads"):
         cfg = base / sub / "config.json"
         if cfg.is_file():

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from treeopt.cli import main
-from treeopt.pipeline import RunSettings, run_main_job
+from treeopt.app.run import RunSettings, run_main_job
 from treeopt.tree import make_tree
 
 SMALL = RunSettings(steps=8, sizes=(0, 1, 4), max_nodes=4, batches=(1, 2), contexts=(32,), repeats=3,

@@ -75,7 +75,7 @@ def test_ops_unfused_and_oom_warning(capsys):
 @pytest.mark.parametrize("args, message", [
     (["roofline", "ops", "--model", "llama-9b", "--hardware", "a100"], "unknown model 'llama-9b'"),
     (["roofline", "ops", "--model", "llama-7b", "--hardware", "tpu"], "unknown hardware 'tpu'"),
-    (["roofline", "ops", "--model", "llama-7b", "--hardware", "a100", "--batch", "0"], "--batch: must be >= 1"),
+    (["roofline", "ops", "--model", "llama-7b", "--hardware", "a100", "--batch", "0"], "--batch: must be at least 1"),
     (["roofline", "speedup", "--model", "vicuna-7b", "--hardware", "a100", "--accuracy", "/nonexistent.csv"],
      "no such file"),
     (["roofline", "speedup", "--model", "llama-7b", "--hardware", "a100", "--accuracy", CSV], "several models"),

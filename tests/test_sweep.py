@@ -21,6 +21,7 @@ from calibration.sweep import (
 )
 from treeopt.errors import UserError
 from treeopt.selection import read_sweep
+from treeopt.tau import TauCurve
 from treeopt.tree import make_tree
 
 VOCAB = 64
@@ -120,7 +121,7 @@ def test_measure_group_rows(tiny, monkeypatch):
 def test_sweep_rows_and_derived_columns(tiny, tmp_path):
     _, lm = tiny
     out = tmp_path / "sweep.csv"
-    df = run_sweep(lm, PROPOSAL, TAU_IND, TAU_JOINT, SETTINGS, out, predictor=predictor,
+    df = run_sweep(lm, TauCurve(PROPOSAL, TAU_IND, TAU_JOINT), SETTINGS, out, predictor=predictor,
                    meta={"hardware": "test-hw"}, progress=False)
     assert list(df.columns) == SWEEP_COLUMNS and len(df) == 2 * 2 * 4
     keys = list(df[["batch", "context", "nodes"]].itertuples(index=False, name=None))
@@ -151,12 +152,12 @@ def test_sweep_rows_and_derived_columns(tiny, tmp_path):
 def test_sweep_without_predictor_and_size_clipping(tiny, tmp_path):
     _, lm = tiny
     settings = SweepSettings((0, 2, 64), (1,), (8,), repeats=3, warmup=0)
-    df = run_sweep(lm, CHAIN, TAU_IND[:4], None, settings, tmp_path / "s.csv", progress=False)
+    df = run_sweep(lm, TauCurve(CHAIN, TAU_IND[:4], None), settings, tmp_path / "s.csv", progress=False)
     assert df["nodes"].tolist() == [0, 2, 3]  # 64 > the chain's 3 nodes: measured at 3
     assert df["tau_joint"].isna().all() and (df["tau"] == df["tau_independent"]).all()
     assert df["predicted_speedup"].isna().all()
-    with pytest.raises(UserError, match="tau_independent needs a value per tree size 0..3"):
-        run_sweep(lm, CHAIN, TAU_IND[:3], None, settings, tmp_path / "t.csv", progress=False)
+    with pytest.raises(UserError, match=r"tau \(independent\): expected 4 values \(tree sizes 0..3\)"):
+        run_sweep(lm, TauCurve(CHAIN, TAU_IND[:3], None), settings, tmp_path / "t.csv", progress=False)
     with pytest.raises(UserError, match="sweep batches"):
         SweepSettings((1,), (0,), (8,))
 
@@ -166,19 +167,19 @@ def test_resume(tiny, tmp_path, monkeypatch):
     out = tmp_path / "sweep.csv"
     one = SweepSettings((1, 3), (1,), (8, 16), repeats=3, warmup=1)
     calls = count_groups(monkeypatch)
-    first = run_sweep(lm, PROPOSAL, TAU_IND, TAU_JOINT, one, out, predictor=predictor, progress=False)
+    first = run_sweep(lm, TauCurve(PROPOSAL, TAU_IND, TAU_JOINT), one, out, predictor=predictor, progress=False)
     assert calls == [(1, 8), (1, 16)]
 
     # same settings: nothing measured again, same rows
     calls.clear()
-    again = run_sweep(lm, PROPOSAL, TAU_IND, TAU_JOINT, one, out, predictor=predictor, resume=True,
+    again = run_sweep(lm, TauCurve(PROPOSAL, TAU_IND, TAU_JOINT), one, out, predictor=predictor, resume=True,
                       progress=False)
     assert calls == []
     pd.testing.assert_frame_equal(again, first, check_exact=False, rtol=1e-12, check_dtype=False)
 
     # more batch sizes: only the new groups are measured, the done ones keep their numbers
     more = SweepSettings((1, 3), (1, 2), (8, 16), repeats=3, warmup=1)
-    grown = run_sweep(lm, PROPOSAL, TAU_IND, TAU_JOINT, more, out, predictor=predictor, resume=True,
+    grown = run_sweep(lm, TauCurve(PROPOSAL, TAU_IND, TAU_JOINT), more, out, predictor=predictor, resume=True,
                       progress=False)
     assert calls == [(2, 8), (2, 16)]
     pd.testing.assert_frame_equal(grown[grown["batch"] == 1].reset_index(drop=True), first,
@@ -192,17 +193,18 @@ def test_resume(tiny, tmp_path, monkeypatch):
             (SweepSettings((1, 2, 3), (1,), (8, 16), repeats=3, warmup=1), PROPOSAL, "sizes"),
             (one, make_tree([[0], [1], [2], [3]]), "proposal: a different tree")):
         with pytest.raises(UserError, match=match) as exc:
-            run_sweep(lm, proposal, TAU_IND, TAU_JOINT, settings, out, resume=True, progress=False)
+            run_sweep(lm, TauCurve(proposal, TAU_IND[:proposal.size + 1], TAU_JOINT[:proposal.size + 1]), settings,
+                      out, resume=True, progress=False)
         assert str(out) in str(exc.value) and "cannot resume" in str(exc.value)
     assert (out.read_bytes(), meta_path(out).read_bytes()) == before
 
     meta_path(out).unlink()
     with pytest.raises(UserError, match="sweep.meta.json beside it; cannot resume"):
-        run_sweep(lm, PROPOSAL, TAU_IND, TAU_JOINT, one, out, resume=True, progress=False)
+        run_sweep(lm, TauCurve(PROPOSAL, TAU_IND, TAU_JOINT), one, out, resume=True, progress=False)
 
     # without --resume the file starts afresh
     calls.clear()
-    fresh = run_sweep(lm, PROPOSAL, TAU_IND, TAU_JOINT, one, out, progress=False)
+    fresh = run_sweep(lm, TauCurve(PROPOSAL, TAU_IND, TAU_JOINT), one, out, progress=False)
     assert calls == [(1, 8), (1, 16)] and len(fresh) == 6
 
 
@@ -212,7 +214,7 @@ def test_interrupted_sweep_keeps_finished_groups_and_resumes(tiny, tmp_path, mon
     settings = SweepSettings((1, 3), (1, 2), (8,), repeats=3, warmup=1)
     calls = count_groups(monkeypatch, fail_on=2)
     with pytest.raises(KeyboardInterrupt):
-        run_sweep(lm, PROPOSAL, TAU_IND, None, settings, out, progress=False)
+        run_sweep(lm, TauCurve(PROPOSAL, TAU_IND, None), settings, out, progress=False)
     assert calls == [(1, 8), (2, 8)]
     partial = pd.read_csv(out)
     assert partial[["batch", "context"]].drop_duplicates().values.tolist() == [[1, 8]]
@@ -220,7 +222,7 @@ def test_interrupted_sweep_keeps_finished_groups_and_resumes(tiny, tmp_path, mon
     assert sorted(p.name for p in tmp_path.iterdir()) == ["sweep.csv", "sweep.meta.json"]  # no temp files
 
     calls.clear()
-    done = run_sweep(lm, PROPOSAL, TAU_IND, None, settings, out, resume=True, progress=False)
+    done = run_sweep(lm, TauCurve(PROPOSAL, TAU_IND, None), settings, out, resume=True, progress=False)
     assert calls == [(2, 8)]
     assert done[["batch", "nodes"]].values.tolist() == [[1, 0], [1, 1], [1, 3], [2, 0], [2, 1], [2, 3]]
     pd.testing.assert_frame_equal(done[done["batch"] == 1].reset_index(drop=True),
@@ -231,10 +233,10 @@ def test_interrupted_sweep_keeps_finished_groups_and_resumes(tiny, tmp_path, mon
     out2 = tmp_path / "early.csv"
     calls = count_groups(monkeypatch, fail_on=1)
     with pytest.raises(KeyboardInterrupt):
-        run_sweep(lm, PROPOSAL, TAU_IND, None, settings, out2, progress=False)
+        run_sweep(lm, TauCurve(PROPOSAL, TAU_IND, None), settings, out2, progress=False)
     assert pd.read_csv(out2).empty and meta_path(out2).is_file()
     calls = count_groups(monkeypatch)
-    assert len(run_sweep(lm, PROPOSAL, TAU_IND, None, settings, out2, resume=True, progress=False)) == 6
+    assert len(run_sweep(lm, TauCurve(PROPOSAL, TAU_IND, None), settings, out2, resume=True, progress=False)) == 6
     assert calls == [(1, 8), (2, 8)]
 
 
@@ -276,16 +278,16 @@ def test_resume_recomputes_derived_columns_and_carries_end_to_end(tiny, tmp_path
     monkeypatch.setattr(sweep_mod, "measure_group", fake)
     out = tmp_path / "sweep.csv"
     one = SweepSettings((1, 3), (1,), (8,), repeats=3, warmup=1)
-    df = run_sweep(lm, PROPOSAL, TAU_IND, None, one, out, progress=False)
+    df = run_sweep(lm, TauCurve(PROPOSAL, TAU_IND, None), one, out, progress=False)
     np.testing.assert_allclose(df["speedup"], [1.0, 1.5 / 1.1, 2.0 / 1.3])
     assert df["predicted_speedup"].isna().all()
-    # the end-to-end columns as pipeline.add_end_to_end writes them
+    # the end-to-end columns as treeopt.app.sweep.add_end_to_end writes them
     df["e2e_tokens_per_s"] = [100.0, 120.0, 150.0]
     df["e2e_tokens_per_step"] = [1.0, 1.4, 1.8]
     df["e2e_speedup"] = [1.0, 1.2, 1.5]
     df.to_csv(out, index=False)
 
-    again = run_sweep(lm, PROPOSAL, TAU_IND, TAU_JOINT, one, out, predictor=predictor, resume=True,
+    again = run_sweep(lm, TauCurve(PROPOSAL, TAU_IND, TAU_JOINT), one, out, predictor=predictor, resume=True,
                       progress=False)
     assert calls == [(1, 8)]  # nothing re-measured
     np.testing.assert_allclose(again["speedup"], TAU_JOINT[[0, 1, 3]] / np.array([1.0, 1.1, 1.3]))
@@ -293,7 +295,7 @@ def test_resume_recomputes_derived_columns_and_carries_end_to_end(tiny, tmp_path
     assert pd.read_csv(out)["predicted_speedup"].notna().all()  # the file is refreshed too
 
     wider = SweepSettings((1, 3), (1,), (8, 32), repeats=3, warmup=1)
-    grown = run_sweep(lm, PROPOSAL, TAU_IND, None, wider, out, resume=True, progress=False)
+    grown = run_sweep(lm, TauCurve(PROPOSAL, TAU_IND, None), wider, out, resume=True, progress=False)
     assert calls == [(1, 8), (1, 32)]
     new = grown[grown["context"] == 32]
     assert new["e2e_speedup"].tolist() == [1.0, 1.2, 1.5]
@@ -303,8 +305,8 @@ def test_resume_recomputes_derived_columns_and_carries_end_to_end(tiny, tmp_path
     # a compatible one resumed
     calls.clear()
     other = SweepSettings((1, 3), (1,), (8,), repeats=5, warmup=1)
-    fresh = run_sweep(lm, PROPOSAL, TAU_IND, None, other, out, resume="auto", progress=False)
+    fresh = run_sweep(lm, TauCurve(PROPOSAL, TAU_IND, None), other, out, resume="auto", progress=False)
     assert calls == [(1, 8)] and len(fresh) == 3 and fresh["e2e_speedup"].isna().all()
     assert json.loads(meta_path(out).read_text())["measurement"]["repeats"] == 5
-    run_sweep(lm, PROPOSAL, TAU_IND, None, other, out, resume="auto", progress=False)
+    run_sweep(lm, TauCurve(PROPOSAL, TAU_IND, None), other, out, resume="auto", progress=False)
     assert calls == [(1, 8)]

@@ -20,6 +20,7 @@ from calibration.sweep import measure_end_to_end
 from calibration.validate import ACCEPTANCE_COLUMNS, latency_errors, measure_acceptance, relative_error
 from treeopt.accuracy import AccuracyTable
 from treeopt.errors import UserError
+from treeopt.tau import TauCurve
 from treeopt.tree import make_tree
 
 VOCAB, NUM_HEADS = 64, 3
@@ -90,7 +91,7 @@ def oracle_lm(tiny):
 
 def test_oracle_heads_make_a_chain_accept_everything(oracle_lm):
     tau = np.array([1.0, 1.9, 2.6, 3.2])
-    df = measure_acceptance(oracle_lm, CHAIN, [0, 1, 2, 3], PROMPTS, tau_independent=tau, tau_joint=None,
+    df = measure_acceptance(oracle_lm, TauCurve(CHAIN, tau, None), [0, 1, 2, 3], PROMPTS,
                             max_new_tokens=13, batch_size=2, progress=False)
     assert list(df.columns) == ACCEPTANCE_COLUMNS and df["nodes"].tolist() == [0, 1, 2, 3]
     assert oracle_lm.heads.hits > 0
@@ -115,7 +116,7 @@ def test_random_heads_acceptance(tiny):
     tau_i = np.array([1.0, 1.2, 1.3, 1.35, 1.4, 1.42, 1.43])
     tau_j = tau_i * 0.95
     tau_j[0] = 1.0
-    df = measure_acceptance(lm, tree, [0, 2, 6], PROMPTS, tau_independent=tau_i, tau_joint=tau_j,
+    df = measure_acceptance(lm, TauCurve(tree, tau_i, tau_j), [0, 2, 6], PROMPTS,
                             max_new_tokens=8, batch_size=3, progress=False)
     m = df["measured_tokens_per_step"].to_numpy()
     assert m[0] == 1.0 and (m >= 1.0).all() and (m <= 1 + np.array([0, 2, 3])).all()
@@ -123,9 +124,9 @@ def test_random_heads_acceptance(tiny):
     np.testing.assert_allclose(df["error_joint"], (tau_j[[0, 2, 6]] - m) / m, rtol=1e-12)
     assert df["error_independent"].iloc[0] == 0.0
     with pytest.raises(UserError, match="--sizes: 9 nodes"):
-        measure_acceptance(lm, tree, [9], PROMPTS, tau_independent=tau_i, tau_joint=None, max_new_tokens=4)
+        measure_acceptance(lm, TauCurve(tree, tau_i, None), [9], PROMPTS, max_new_tokens=4)
     with pytest.raises(UserError, match="max-new-tokens"):
-        measure_acceptance(lm, tree, [1], PROMPTS, tau_independent=tau_i, tau_joint=None, max_new_tokens=1)
+        measure_acceptance(lm, TauCurve(tree, tau_i, None), [1], PROMPTS, max_new_tokens=1)
 
 
 def test_latency_errors_by_hand():

@@ -37,6 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
+from treeopt.accuracy import load_accuracy
 from treeopt.errors import UserError
 from treeopt.fileio import atomic_path
 from treeopt.tree import Tree
@@ -294,8 +295,6 @@ def load_rank_vectors(accuracy_path, *, table=None) -> tuple[np.ndarray, np.ndar
     if ranks.shape[0] and np.any(np.diff(sequence) < 0):
         raise UserError(f"{side}: 'sequence' is not non-decreasing (rows must be grouped by sequence)")
     if table is None and Path(accuracy_path).is_file():
-        from treeopt.accuracy import load_accuracy
-
         table = load_accuracy(accuracy_path)
     if table is not None:
         _check_against_table(side, ranks, int(width), table)

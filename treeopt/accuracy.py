@@ -341,10 +341,11 @@ def joint_counts_from_ranks(ranks, width: int) -> dict[tuple[int, ...], int]:
 # Readers
 
 
-def load_accuracy(path, *, model: str | None = None) -> AccuracyTable:
+def load_accuracy(path, *, model: str | None = None, default_model: str | None = None) -> AccuracyTable:
     """Read an accuracy table: treeopt.accuracy/v1 JSON, a JSON per-rank matrix (list of K
     lists of R exact-rank accuracies), or a CSV of cumulative top-k accuracies per head (like
-    treeopt/data/medusa_train_accuracy.csv; `model` picks the row set)."""
+    treeopt/data/medusa_train_accuracy.csv; `model` picks the row set; without it, a CSV of
+    several models takes the rows of `default_model` when it has them)."""
     p = Path(path)
     src = str(path)
     if not p.exists():
@@ -358,7 +359,7 @@ def load_accuracy(path, *, model: str | None = None) -> AccuracyTable:
     except OSError as err:
         raise UserError(f"{src}: cannot read: {err.strerror or err}") from None
     if p.suffix.lower() == ".csv" or (not text.lstrip().startswith(("{", "[")) and "," in text):
-        return _read_csv(text, src, p.name, model)
+        return _read_csv(text, src, p.name, model, default_model)
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as err:
@@ -405,7 +406,7 @@ def _check_accuracies(row: np.ndarray, where: str) -> None:
         )
 
 
-def _read_csv(text: str, src: str, name: str, model: str | None) -> AccuracyTable:
+def _read_csv(text: str, src: str, name: str, model: str | None, default_model: str | None = None) -> AccuracyTable:
     notes = []
     lines = []
     for lineno, line in enumerate(text.splitlines(), start=1):
@@ -461,6 +462,8 @@ def _read_csv(text: str, src: str, name: str, model: str | None) -> AccuracyTabl
         raise UserError(f"{src}: no data rows")
 
     models = list(by_model)
+    if model is None and default_model in by_model:
+        model = default_model
     if model is None:
         if len(models) > 1:
             raise UserError(f"{src}: holds several models ({', '.join(models)}); choose one with --csv-model")

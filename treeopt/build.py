@@ -38,9 +38,9 @@ def _limits(K: int, R: int, max_depth, max_children) -> tuple[int, list[int]]:
     if max_depth is None:
         max_depth = K
     if isinstance(max_depth, bool) or not isinstance(max_depth, (int, np.integer)) or max_depth < 1:
-        raise UserError(f"max_depth: must be a positive integer, got {max_depth!r}")
+        raise UserError(param="max_depth", message=f"must be a positive integer, got {max_depth!r}")
     if max_depth > K:
-        raise UserError(f"max_depth: {max_depth} exceeds the accuracy table's {K} heads")
+        raise UserError(param="max_depth", message=f"{max_depth} exceeds the accuracy table's {K} heads")
     D = int(max_depth)
     if max_children is None:
         widths = [R] * D
@@ -48,13 +48,13 @@ def _limits(K: int, R: int, max_depth, max_children) -> tuple[int, list[int]]:
         widths = [int(max_children)] * D
     else:
         if len(max_children) < D:
-            raise UserError(f"max_children: {len(max_children)} values for max depth {D} (one per depth needed)")
+            raise UserError(param="max_children", message=f"{len(max_children)} values for max depth {D} (one per depth needed)")
         widths = max_children[:D]
     for d, w in enumerate(widths, start=1):
         if w < 0:
-            raise UserError(f"max_children: {w} at depth {d} is negative")
+            raise UserError(param="max_children", message=f"{w} at depth {d} is negative")
         if w > R:
-            raise UserError(f"max_children: {w} at depth {d} exceeds the accuracy table's width {R}")
+            raise UserError(param="max_children", message=f"{w} at depth {d} exceeds the accuracy table's width {R}")
     return D, widths
 
 
@@ -73,13 +73,11 @@ def max_nodes(num_heads: int, width: int, *, max_depth=None, max_children=None) 
 
 def _check_nodes(nodes, D: int, widths: list[int]) -> int:
     if isinstance(nodes, bool) or not isinstance(nodes, (int, np.integer)) or nodes < 0:
-        raise UserError(f"nodes: must be a non-negative integer, got {nodes!r}")
+        raise UserError(param="nodes", message=f"must be a non-negative integer, got {nodes!r}")
     cap = _capacity(widths)
     if nodes > cap:
-        raise UserError(
-            f"nodes: {nodes} exceeds the {cap} nodes a tree can have with max depth {D} "
-            f"and max children {','.join(map(str, widths))}"
-        )
+        raise UserError(param="nodes", message=f"{nodes} exceeds the {cap} nodes a tree can have with max depth {D} "
+                                               f"and max children {','.join(map(str, widths))}")
     return int(nodes)
 
 
@@ -163,7 +161,7 @@ def optimal_tree(acc, nodes: int, *, max_depth=None, max_children=None) -> Tree:
         picks[d] = stage
         g = best
     if not np.isfinite(g[n]):  # cannot happen once _check_nodes passed; keep the guard cheap
-        raise UserError(f"nodes: no tree of {n} nodes fits the limits")
+        raise UserError(param="nodes", message=f"no tree of {n} nodes fits the limits")
 
     out: list[tuple[float, tuple[int, ...]]] = []
     stack = [((), 1.0, n)]  # (node path, its value, nodes to place below it)
@@ -203,9 +201,8 @@ def joint_tree(table: AccuracyTable, nodes: int, *, max_depth=None, max_children
         if c > 0 and len(p) <= D and all(r < widths[j] for j, r in enumerate(p))
     ]
     if n > len(items):
-        raise UserError(
-            f"nodes: {n} exceeds the {len(items)} prefixes observed in {src}'s joint statistics within the limits"
-        )
+        raise UserError(param="nodes", message=f"{n} exceeds the {len(items)} prefixes observed in {src}'s joint "
+                                               "statistics within the limits")
     top = heapq.nsmallest(n, items, key=lambda pc: (-pc[1], len(pc[0]), pc[0]))
     return Tree(tuple(p for p, _ in top), name="joint")
 

@@ -21,11 +21,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from treeopt.accuracy import load_accuracy
 from treeopt.errors import UserError
+from treeopt.tau import proposal_sequence
 from treeopt.tree import Tree, make_tree
 
-__all__ = ["SWEEP_COLUMNS", "REQUIRED", "read_sweep", "select", "measured_speedup", "prediction_regret",
-           "proposal_from_meta", "sweep_meta_path"]
+__all__ = ["SWEEP_COLUMNS", "REQUIRED", "SELECTION_FORMAT", "read_sweep", "select", "measured_speedup",
+           "prediction_regret", "proposal_from_meta", "sweep_meta_path", "best_per_cell", "selection_from_grid",
+           "format_selection", "format_speedup", "selection_from_grid_file"]
 
 # Columns of a sweep CSV (calibration/sweep.py writes them; all numeric):
 #   batch, context, nodes          the configuration (nodes 0 = plain decoding)
@@ -45,6 +48,7 @@ SWEEP_COLUMNS = [
     "e2e_tokens_per_s", "e2e_tokens_per_step", "e2e_speedup",
 ]
 REQUIRED = ("batch", "context", "nodes", "speedup")
+SELECTION_FORMAT = "treeopt.selection/v1"
 SELECTION_SOURCE = {"measured": "measured sweep", "predicted": "roofline prediction (the sweep's predicted columns)"}
 
 
@@ -168,8 +172,6 @@ def select(sweep: pd.DataFrame, proposal: Tree, *, by: str = "measured", hardwar
     `threshold`. Every cell also carries `measured_speedup` and (where the sweep has
     predictions) `predicted_speedup` of the chosen size, side by side, and `measured_by`.
     """
-    from roofline.grid import selection_from_grid
-
     source = source or sweep.attrs.get("source", "sweep")
     if by not in ("measured", "predicted"):
         raise UserError(f"--by: must be 'measured' or 'predicted', got '{by}'")
@@ -221,6 +223,103 @@ def select(sweep: pd.DataFrame, proposal: Tree, *, by: str = "measured", hardwar
             if isinstance(cell.get(name), float) and not math.isfinite(cell[name]):
                 cell[name] = None
     return doc
+
+
+def best_per_cell(grid: pd.DataFrame, *, threshold: float = 1.0) -> pd.DataFrame:
+    """Per (batch, context): the tree size of largest speedup (the smallest on ties), or 0 when
+    no tree beats `threshold`. Columns batch, context, nodes, tau, overhead, speedup,
+    fits_memory (False: not even plain decoding fits; nodes 0, speedup NaN)."""
+    missing = [c for c in ("batch", "context", "nodes", "speedup") if c not in grid.columns]
+    if missing:
+        raise UserError(f"grid: missing column '{missing[0]}'")
+    g = grid.copy()
+    if "tau" not in g.columns:
+        g["tau"] = np.nan
+    if "overhead" not in g.columns:
+        g["overhead"] = np.nan
+    key = g["speedup"].fillna(-np.inf).to_numpy()
+    g = g.assign(_key=key).sort_values(["batch", "context", "_key", "nodes"],
+                                       ascending=[True, True, False, True], kind="mergesort")
+    best = g.groupby(["batch", "context"], sort=True).head(1).copy()
+    plain = grid[grid["nodes"] == 0].drop_duplicates(["batch", "context"]).set_index(["batch", "context"])
+    out = []
+    for row in best.itertuples(index=False):
+        speed = row.speedup
+        fits = bool(np.isfinite(speed))
+        if not fits or speed <= threshold or row.nodes == 0:
+            # no plain-decoding row (a grid of trees only): plain decoding is taken to fit
+            p = plain.loc[(row.batch, row.context)] if (row.batch, row.context) in plain.index else None
+            plain_ok = p is None or bool(np.isfinite(p["speedup"]))
+            out.append({"batch": int(row.batch), "context": int(row.context), "nodes": 0, "tau": 1.0,
+                        "overhead": 1.0 if plain_ok else np.nan,
+                        "speedup": 1.0 if plain_ok else np.nan, "fits_memory": bool(plain_ok)})
+        else:
+            out.append({"batch": int(row.batch), "context": int(row.context), "nodes": int(row.nodes),
+                        "tau": float(row.tau), "overhead": float(row.overhead), "speedup": float(speed),
+                        "fits_memory": True})
+    return pd.DataFrame(out, columns=["batch", "context", "nodes", "tau", "overhead", "speedup", "fits_memory"])
+
+
+def selection_from_grid(grid_df: pd.DataFrame, proposal_tree, hardware_name: str, model_name: str,
+                        *, threshold: float = 1.0, extra: dict | None = None) -> dict:
+    """The `treeopt.selection/v1` document: per (batch, context) the best tree size and its
+    medusa_choices (proposal_tree.prefix(nodes)); nodes 0 and [] for no speculation. Cells
+    where not even plain decoding fits in memory are listed under "out_of_memory" instead."""
+    best = best_per_cell(grid_df, threshold=threshold)
+    size = getattr(proposal_tree, "size", None)
+    if size is None:
+        raise UserError("selection: proposal_tree must be a treeopt Tree")
+    cells, oom = [], []
+    for row in best.itertuples(index=False):
+        if not row.fits_memory:
+            oom.append({"batch": int(row.batch), "context": int(row.context)})
+            continue
+        nodes = int(row.nodes)
+        if nodes > size:
+            raise UserError(f"selection: the grid picks {nodes} nodes but the proposal tree has {size}")
+        choices = proposal_tree.prefix(nodes).to_choices() if nodes else []
+        cells.append({"batch": int(row.batch), "context": int(row.context), "nodes": nodes,
+                      "speedup": round(float(row.speedup), 6), "tau": round(float(row.tau), 6),
+                      "overhead": round(float(row.overhead), 6), "medusa_choices": choices})
+    doc = {"format": SELECTION_FORMAT, "hardware": hardware_name, "model": model_name,
+           "source": "roofline prediction", "cells": cells}
+    if oom:
+        doc["out_of_memory"] = oom
+    if extra:
+        doc.update(extra)
+    return doc
+
+
+def selection_from_grid_file(grid_file, accuracy, *, csv_model: str | None = None, threshold: float = 1.0) -> dict:
+    """The selection from a predicted grid CSV (`treeopt roofline speedup -o`) and the accuracy
+    table whose greedy proposal sequence it was computed for."""
+    if accuracy is None:
+        raise UserError("--grid: needs --accuracy (the table whose proposal sequence the grid used)")
+    try:
+        grid = pd.read_csv(grid_file)
+    except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as err:
+        raise UserError(f"{grid_file}: cannot read ({_first_line(err)})") from None
+    if "nodes" not in grid.columns:
+        raise UserError(f"{grid_file}: missing column 'nodes' (not a treeopt grid CSV)")
+    table = load_accuracy(accuracy, model=csv_model)
+    proposal = proposal_sequence(table, int(grid["nodes"].max()), method="greedy")
+    return selection_from_grid(grid, proposal, "", "", threshold=threshold)
+
+
+def format_speedup(v) -> str:
+    """A speedup for people: "1.23x", or "--" where the selection JSON has null (NaN)."""
+    return "--" if v is None or not np.isfinite(v) else f"{v:.2f}x"
+
+
+def format_selection(doc: dict) -> str:
+    lines = [f"best tree per (batch, context) -- {doc.get('source', '')}"]
+    for c in doc["cells"]:
+        what = "no speculation" if c["nodes"] == 0 else f"{c['nodes']:3d} nodes"
+        extra = ""
+        if "measured_speedup" in c and "predicted_speedup" in c:
+            extra = f"  (measured {format_speedup(c['measured_speedup'])}, predicted {format_speedup(c['predicted_speedup'])})"
+        lines.append(f"  batch {c['batch']:4d}  context {c['context']:6d}: {what}  speedup {format_speedup(c['speedup'])}{extra}")
+    return "\n".join(lines)
 
 
 def _round(x) -> float | None:

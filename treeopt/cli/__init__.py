@@ -1,11 +1,15 @@
 """The `treeopt` command line: a thin layer over the library.
 
-Each command module registers its commands on `cli`. Bad input anywhere ends in one line on
-stderr and exit status 2, never a traceback.
+Commands are registered by name and imported only when invoked (`LazyGroup`), so that a
+tree-only command such as `treeopt build` never loads torch, while every command module keeps
+its imports at the top. Bad input anywhere ends in one line on stderr and exit status 2, never a
+traceback.
 """
 
 from __future__ import annotations
 
+import importlib
+import os
 import sys
 
 import click
@@ -13,42 +17,112 @@ import click
 from treeopt import __version__
 from treeopt.errors import UserError
 
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+
+class LazyGroup(click.Group):
+    """A click group whose subcommands live in other modules: `commands` maps a name to
+    ("module:attribute", short help). The short help is kept here so that `--help` lists the
+    commands without importing them."""
+
+    def __init__(self, *args, lazy: dict[str, tuple[str, str]], **kwargs):
+        super().__init__(*args, **kwargs)
+        self.lazy = lazy
+
+    def list_commands(self, ctx):
+        return sorted(set(super().list_commands(ctx)) | set(self.lazy))
+
+    def get_command(self, ctx, name):
+        if name not in self.lazy:
+            return super().get_command(ctx, name)
+        module, attribute = self.lazy[name][0].split(":")
+        command = getattr(importlib.import_module(module), attribute)
+        command.name = name
+        return command
+
+    def format_commands(self, ctx, formatter):
+        rows = [(name, self.lazy[name][1] if name in self.lazy else self.commands[name].get_short_help_str())
+                for name in self.list_commands(ctx)]
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
+def _lazy_group(name: str, help_text: str, lazy: dict[str, tuple[str, str]]) -> LazyGroup:
+    return LazyGroup(name=name, help=help_text, lazy=lazy, context_settings=CONTEXT)
+
+
+hw = _lazy_group("hw", "Hardware profiles: the built-in datasheet table and calibrated profiles.", {
+    "list": ("treeopt.cli.roofline_cmds:hw_list", "List the built-in hardware profiles."),
+    "calibrate": ("treeopt.cli.calibration_cmds:hw_calibrate",
+                  "Measure this machine and write a hardware profile."),
+})
+roofline = _lazy_group("roofline", "The operator-level latency model and the predicted speedup grid.", {
+    "ops": ("treeopt.cli.roofline_cmds:roofline_ops", "Every operator of one forward pass, with its roof."),
+    "speedup": ("treeopt.cli.roofline_cmds:roofline_speedup",
+                "Predicted speedup for every batch x context x tree size."),
+})
+demo = _lazy_group("demo", "The bundled demo model (a small Llama with Medusa heads trained on Python's stdlib).", {
+    "train": ("treeopt.cli.run_cmds:demo_train", "Train the demo model (the recipe behind the bundled one)."),
+})
+
+
+@click.group(cls=LazyGroup, context_settings=CONTEXT, lazy={
+    "build": ("treeopt.cli.tree_cmds:build_cmd", "Build a tree of N nodes from an accuracy table."),
+    "show": ("treeopt.cli.tree_cmds:show_cmd", "Draw a tree with its statistics, and tau given --accuracy."),
+    "buffers": ("treeopt.cli.tree_cmds:buffers_cmd", "Medusa's verification buffers of a tree, as text or JSON."),
+    "compare": ("treeopt.cli.tree_cmds:compare_cmd", "tau of several trees under one accuracy table, side by side."),
+    "select": ("treeopt.cli.tree_cmds:select_cmd", "Pick the best tree per (batch, context) from a sweep or grid."),
+    "report": ("treeopt.cli.roofline_cmds:report_cmd", "Write a predicted report: plots, grid, selection."),
+    "calibrate": ("treeopt.cli.calibration_cmds:calibrate_cmd", "Measure per-rank accuracies of draft heads."),
+    "decode": ("treeopt.cli.decode_cmds:decode_cmd", "Generate with the reference tree decoder."),
+    "sweep": ("treeopt.cli.run_cmds:sweep_cmd", "Measure step latency per tree size x batch x context."),
+    "validate": ("treeopt.cli.run_cmds:validate_cmd", "Check predicted tau and step latency against measurements."),
+    "run": ("treeopt.cli.run_cmds:run_cmd", "The main job: calibrate, build, predict, sweep, select, validate."),
+})
 @click.version_option(__version__, prog_name="treeopt")
 def cli() -> None:
     """Find the best static speculative-decoding tree (medusa_choices) for your model,
     draft heads, hardware and batch size."""
 
 
-def _register() -> None:
-    # Command modules import their heavy dependencies (torch, matplotlib) inside the commands,
-    # so `treeopt build` never pays for loading torch.
-    import importlib
-
-    for name in ("tree_cmds", "roofline_cmds", "calibration_cmds", "decode_cmds", "run_cmds"):
-        try:
-            importlib.import_module(f"treeopt.cli.{name}")
-        except ModuleNotFoundError as err:
-            if err.name != f"treeopt.cli.{name}":
-                raise
+cli.add_command(hw)
+cli.add_command(roofline)
+cli.add_command(demo)
 
 
-_register()
+def _option_name(param: str) -> str:
+    """A library argument (max_depth) as the option that sets it (--max-depth)."""
+    return param if param.startswith("-") or param.isupper() else "--" + param.replace("_", "-")
+
+
+def _bad_parameter(err: click.BadParameter) -> str:
+    if isinstance(err, click.MissingParameter) and err.param is not None:
+        name = max(err.param.opts, key=len) if isinstance(err.param, click.Option) else err.param.human_readable_name
+        metavar = err.param.metavar if isinstance(err.param, click.Option) else None
+        return f"{name} {metavar} is required" if metavar else f"{name} is required"
+    if isinstance(err.param, click.Option):
+        name = max(err.param.opts, key=len)
+    elif err.param is not None:
+        name = err.param.human_readable_name
+    else:
+        name = err.param_hint or "value"
+    return f"{name}: {err.message}"
 
 
 def main(argv: list[str] | None = None) -> None:
     try:
         cli.main(args=argv, prog_name="treeopt", standalone_mode=False)
     except UserError as err:
-        click.echo(f"treeopt: error: {err}", err=True)
+        message = f"{_option_name(err.param)}: {err.detail}" if err.param else str(err)
+        click.echo(f"treeopt: error: {message}", err=True)
         sys.exit(2)
-    except click.exceptions.Abort:
+    except (click.exceptions.Abort, KeyboardInterrupt):
         click.echo("treeopt: interrupted", err=True)
         sys.exit(130)
-    except KeyboardInterrupt:
-        click.echo("treeopt: interrupted", err=True)
-        sys.exit(130)
+    except click.BadParameter as err:
+        click.echo(f"treeopt: error: {_bad_parameter(err)}", err=True)
+        sys.exit(2)
     except click.UsageError as err:
         # One line, like every other bad input; `--help` shows the usage.
         where = f" ({err.ctx.command_path})" if err.ctx is not None else ""
@@ -58,4 +132,7 @@ def main(argv: list[str] | None = None) -> None:
         click.echo(f"treeopt: error: {err.format_message()}", err=True)
         sys.exit(2 if err.exit_code in (1, 2) else err.exit_code)
     except BrokenPipeError:
+        # The reader went away (`treeopt hw list | head -1`): not an error. Point stdout at
+        # devnull so that the interpreter's final flush does not fail again.
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115
         sys.exit(0)

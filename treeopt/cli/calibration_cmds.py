@@ -1,12 +1,18 @@
-"""`treeopt calibrate`: measure the draft heads' per-rank and joint accuracies."""
+"""`treeopt calibrate` and `treeopt hw calibrate`: measure the draft heads' per-rank and joint
+accuracies, and this machine's hardware profile (torch)."""
 
 from __future__ import annotations
 
 import sys
 
 import click
+import numpy as np
 
-from treeopt.cli import cli
+from calibration.medusa_import import import_medusa_accuracy
+from calibration.runner import CalibrationInterrupted, run_calibration
+from roofline.hwcalibrate import calibrate_hardware
+from treeopt.acceptance import rank_vectors_path
+from treeopt.cli.options import AtLeast
 from treeopt.errors import UserError
 
 _RUN_OPTIONS = ("model", "heads", "data", "steps", "topk", "labels", "batch_size", "prompt_tokens",
@@ -14,7 +20,7 @@ _RUN_OPTIONS = ("model", "heads", "data", "steps", "topk", "labels", "batch_size
                 "threads", "no_joint")
 
 
-@cli.command("calibrate")
+@click.command("calibrate")
 @click.option("--model", default="demo", show_default=True, metavar="demo|DIR",
               help="Base model: the bundled demo or a local transformers model directory.")
 @click.option("--heads", default=None, metavar="DIR",
@@ -25,27 +31,27 @@ _RUN_OPTIONS = ("model", "heads", "data", "steps", "topk", "labels", "batch_size
                    "text or turns), a text/code file, or a directory of them (cut into prompts).")
 @click.option("--labels", type=click.Choice(["greedy", "data"]), default="greedy", show_default=True,
               help="greedy: the base model's own greedy continuation; data: the text itself.")
-@click.option("--steps", type=int, default=32, show_default=True,
+@click.option("--steps", type=AtLeast(1), default=32, show_default=True,
               help="Tokens generated per prompt (greedy labels).")
-@click.option("--topk", type=int, default=10, show_default=True,
+@click.option("--topk", type=AtLeast(1), default=10, show_default=True,
               help="Ranks recorded per head (table width), up to the vocabulary size.")
-@click.option("--batch-size", type=int, default=8, show_default=True,
+@click.option("--batch-size", type=AtLeast(1), default=8, show_default=True,
               help="Prompts per batch (left-padded; counts do not depend on it).")
-@click.option("--prompt-tokens", type=int, default=128, show_default=True,
+@click.option("--prompt-tokens", type=AtLeast(1), default=128, show_default=True,
               help="Chunk size for text files; longer JSON-lines prompts keep their first N tokens.")
-@click.option("--max-prompts", type=int, default=None, help="Use only the first N prompts.")
+@click.option("--max-prompts", type=AtLeast(1), default=None, help="Use only the first N prompts.")
 @click.option("--checkpoint", default=None, metavar="FILE",
               help="Checkpoint of partial counts. Default: OUTPUT.partial.")
-@click.option("--checkpoint-every", type=int, default=64, show_default=True, metavar="N",
+@click.option("--checkpoint-every", type=AtLeast(1), default=64, show_default=True, metavar="N",
               help="Write the checkpoint every N prompts.")
 @click.option("--resume", is_flag=True, help="Continue from the checkpoint (same inputs required).")
-@click.option("--seed", type=int, default=0, show_default=True,
+@click.option("--seed", type=AtLeast(0), default=0, show_default=True,
               help="Torch seed, recorded in the provenance (greedy calibration draws nothing "
                    "random: same inputs and seed give the same file).")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda, cuda:N or mps.")
 @click.option("--dtype", default="auto", show_default=True,
               help="auto (fp32 on CPU, bf16/fp16 on GPUs), float32, bfloat16 or float16.")
-@click.option("--threads", type=int, default=None, metavar="N",
+@click.option("--threads", type=AtLeast(1), default=None, metavar="N",
               help="CPU threads for torch. Default: 1 for models under 100M parameters on the "
                    "CPU (much faster on a busy machine), else one per core.")
 @click.option("--no-joint", is_flag=True, help="Skip the joint rank-vector prefix counts.")
@@ -72,10 +78,6 @@ def calibrate_cmd(ctx, model, heads, data, labels, steps, topk, batch_size, prom
                  if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE]
         if given:
             raise UserError(f"--import: cannot be combined with --{given[0].replace('_', '-')}")
-        from calibration.medusa_import import import_medusa_accuracy
-
-        from treeopt.acceptance import rank_vectors_path
-
         table = import_medusa_accuracy(import_file)
         table.save(output)
         # Medusa's file has no rank vectors: a sidecar left by an earlier run would be stale.
@@ -84,8 +86,6 @@ def calibrate_cmd(ctx, model, heads, data, labels, steps, topk, batch_size, prom
             _summary(table, f"imported {import_file}: {table.num_heads} heads, width {table.width}")
             click.echo(f"wrote {output}")
         return
-
-    from calibration.runner import CalibrationInterrupted, run_calibration
 
     try:
         result = run_calibration(
@@ -118,8 +118,6 @@ def calibrate_cmd(ctx, model, heads, data, labels, steps, topk, batch_size, prom
 
 
 def _summary(table, headline: str) -> None:
-    import numpy as np
-
     hits, pos = np.asarray(table.hits, float), np.asarray(table.positions, float)
     width = hits.shape[1]
     cum = hits.cumsum(axis=1)
@@ -142,3 +140,44 @@ def _wilson(hits: float, n: float, z: float = 1.96) -> tuple[float, float, float
     centre = (p + z * z / (2 * n)) / denom
     half = z * (p * (1 - p) / n + z * z / (4 * n * n)) ** 0.5 / denom
     return p, max(0.0, centre - half), min(1.0, centre + half)
+
+
+@click.command("calibrate")
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
+@click.option("--model", default="demo", show_default=True, metavar="NAME|CONFIG|DIR|demo",
+              help="Model whose weight shapes are measured (and whose forward pass fixes the overheads).")
+@click.option("--dtype", default=None, help="Compute dtype [default: fp32 on cpu, bf16 on cuda].")
+@click.option("--threads", type=AtLeast(1), default=None, help="torch CPU threads [default: torch's setting].")
+@click.option("--quick", is_flag=True, help="Fewer row counts and rounds (seconds; still a usable profile).")
+@click.option("--name", default=None, help="Profile name [default: cpu-calibrated / cuda-calibrated].")
+@click.option("--no-validate", is_flag=True, help="Skip the full-model validation forwards.")
+@click.option("-o", "--out", "out", default=None, type=click.Path(dir_okay=False),
+              help="Profile JSON to write [default: hardware-DEVICE.json].")
+def hw_calibrate(device, model, dtype, threads, quick, name, no_validate, out) -> None:
+    """Measure this machine (bandwidth, GEMM efficiency by rows for the model's weight shapes,
+    attention, elementwise work, per-kernel and per-forward framework overhead) and write a
+    hardware profile the other commands accept as --hardware."""
+    prof = calibrate_hardware(device, model, dtype=dtype, quick=quick, threads=threads, name=name,
+                              validate=not no_validate, progress=lambda m: click.echo(f"  {m}", err=True))
+    out = out or f"hardware-{device}.json"
+    prof.save(out)
+    cal = prof.calibration
+    dt = cal["dtype"]
+    click.echo(f"{prof.name}: {prof.description}")
+    click.echo(f"  peak {dt} GEMM {prof.peak(dt) / 1e9:.1f} GFLOP/s; streaming {prof.bandwidth_bytes_per_s / 1e9:.1f} GB/s "
+               f"(weights stream at x{prof.eta_memory:.2f}); elementwise {prof.elementwise_rate / 1e9:.1f} GB/s")
+    click.echo("  GEMM efficiency by rows: " + ", ".join(
+        f"{int(r)}:{v:.2f}" for r, v in zip(prof.gemm_efficiency.rows, prof.gemm_efficiency.values)))
+    click.echo(f"  overheads: {prof.kernel_overhead_s * 1e6:.2f} us per kernel, {prof.forward_overhead_s * 1e3:.3f} ms "
+               f"per forward + {prof.layer_overhead_s * 1e3:.3f} ms per layer + {prof.head_overhead_s * 1e3:.3f} ms "
+               f"per draft head; per layer {prof.token_overhead_s * 1e6:.2f} us per token row and "
+               f"{prof.context_overhead_s * 1e9:.1f} ns per cached token in a tree step, "
+               f"{prof.plain_context_overhead_s * 1e9:.1f} ns in plain decoding")
+    for v in cal.get("validation", []):
+        ratio = (f"; T(q)/T(1) measured {v['ratio_measured']:.2f}, predicted {v['ratio_predicted']:.2f}"
+                 if "ratio_measured" in v else "")
+        click.echo(f"  check b={v['batch']} q={v['tokens']} s={v['context']}: measured {v['measured_s'] * 1e3:.2f} ms, "
+                   f"predicted {v['predicted_s'] * 1e3:.2f} ms ({v['error'] * 100:+.0f}%){ratio}")
+    for note in cal.get("notes", []):
+        click.echo(f"  note: {note}")
+    click.echo(f"wrote {out} ({cal['seconds']:.0f} s)")

@@ -1,32 +1,23 @@
-"""`treeopt decode`: run the reference Medusa tree decoder on prompts and show what it did.
-
-Numeric options are parsed here rather than by click types so that a bad value ends as one
-`treeopt: error:` line naming the option.
-"""
+"""`treeopt decode`: run the reference tree decoder on prompts and show what it did."""
 
 from __future__ import annotations
 
 import sys
+import time
 
 import click
+import numpy as np
+import torch
 
-from treeopt.cli import cli
-from treeopt.cli.options import parse_int
+from calibration.data import load_prompts
+from calibration.decoder import TreeDecoder, cut_tree, greedy_decode
+from calibration.models import load_model
+from calibration.threads import torch_threads
+from treeopt.cli.options import AtLeast, FiniteAtLeast
 from treeopt.errors import UserError
+from treeopt.tree import load_tree
 
-
-def _int(value, name: str, *, minimum: int) -> int:
-    return parse_int(value, name, minimum=minimum)
-
-
-def _float(value, name: str, *, minimum: float = 0.0) -> float:
-    try:
-        x = float(str(value).strip())
-    except ValueError:
-        raise UserError(f"{name}: {value!r} is not a number") from None
-    if not x >= minimum or x != x or x == float("inf"):
-        raise UserError(f"{name}: must be a finite number >= {minimum:g}, got {value}")
-    return x
+NON_NEGATIVE = FiniteAtLeast(0.0)
 
 
 def _label(tree) -> str:
@@ -37,7 +28,7 @@ def _note(msg: str) -> None:
     click.echo(f"treeopt: {msg}", err=True)
 
 
-@cli.command("decode")
+@click.command("decode")
 @click.option("--model", "model_name", metavar="demo|PATH", default="demo", show_default=True,
               help="'demo' (the bundled model) or a local transformers model directory.")
 @click.option("--heads", metavar="PATH", default=None, help="Medusa heads directory (default: MODEL/heads).")
@@ -48,50 +39,48 @@ def _note(msg: str) -> None:
 @click.option("--data", metavar="FILE", default=None,
               help="Prompts from a file: 'demo', JSON lines ({\"prompt\": ...}), a text file or a "
                    "directory (cut into --prompt-tokens pieces).")
-@click.option("--max-prompts", metavar="N", default="4", show_default=True, help="With --data: first N prompts.")
-@click.option("--prompt-tokens", metavar="N", default="128", show_default=True,
+@click.option("--max-prompts", metavar="N", type=AtLeast(1), default=4, show_default=True,
+              help="With --data: first N prompts.")
+@click.option("--prompt-tokens", metavar="N", type=AtLeast(1), default=128, show_default=True,
               help="With --data: prompt length in tokens.")
-@click.option("--max-new-tokens", metavar="N", default="64", show_default=True)
-@click.option("--batch-size", metavar="B", default="1", show_default=True,
+@click.option("--max-new-tokens", metavar="N", type=AtLeast(1), default=64, show_default=True)
+@click.option("--batch-size", metavar="B", type=AtLeast(1), default=1, show_default=True,
               help="Prompts decoded together (left padded).")
-@click.option("--temperature", metavar="T", default="0", show_default=True,
+@click.option("--temperature", metavar="T", type=NON_NEGATIVE, default=0.0, show_default=True,
               help="0: greedy (lossless); > 0: typical acceptance, sampled root/bonus tokens.")
-@click.option("--posterior-threshold", metavar="EPS", default="0.09", show_default=True,
+@click.option("--posterior-threshold", metavar="EPS", type=NON_NEGATIVE, default=0.09, show_default=True,
               help="Typical acceptance epsilon.")
-@click.option("--posterior-alpha", metavar="ALPHA", default="0.3", show_default=True, help="Typical acceptance alpha.")
-@click.option("--topk", metavar="K", default="10", show_default=True, help="Candidates per head.")
-@click.option("--seed", metavar="N", default="0", show_default=True, help="Sampling seed (temperature > 0).")
+@click.option("--posterior-alpha", metavar="ALPHA", type=NON_NEGATIVE, default=0.3, show_default=True,
+              help="Typical acceptance alpha.")
+@click.option("--topk", metavar="K", type=AtLeast(1), default=10, show_default=True, help="Candidates per head.")
+@click.option("--seed", metavar="N", type=AtLeast(0), default=0, show_default=True,
+              help="Sampling seed (temperature > 0).")
 @click.option("--device", metavar="DEV", default="auto", show_default=True, help="auto, cpu, cuda, cuda:N, mps.")
 @click.option("--dtype", metavar="DTYPE", default="auto", show_default=True, help="auto, float32, bfloat16, float16.")
+@click.option("--threads", type=AtLeast(1), default=None,
+              help="torch CPU threads [default: 1 for models under 100M parameters, else torch's].")
 @click.option("--compare", is_flag=True,
               help="Also run plain greedy decoding: speed ratio and whether the tokens match.")
 def decode_cmd(model_name, heads, tree_spec, prompts, data, max_prompts, prompt_tokens,
                max_new_tokens, batch_size, temperature, posterior_threshold, posterior_alpha,
-               topk, seed, device, dtype, compare):
+               topk, seed, device, dtype, threads, compare):
     """Decode prompts with Medusa tree decoding; print the text and the tokens per step."""
-    max_new = _int(max_new_tokens, "--max-new-tokens", minimum=1)
-    batch = _int(batch_size, "--batch-size", minimum=1)
-    topk_n = _int(topk, "--topk", minimum=1)
-    seed_n = _int(seed, "--seed", minimum=0)
-    temp = _float(temperature, "--temperature")
-    eps = _float(posterior_threshold, "--posterior-threshold")
-    alpha = _float(posterior_alpha, "--posterior-alpha")
+    max_new, batch, topk_n, seed_n = max_new_tokens, batch_size, topk, seed
+    temp, eps, alpha = temperature, posterior_threshold, posterior_alpha
     if bool(prompts) == bool(data):
         raise UserError("give prompts with --prompt or --data (one of them)")
     if compare and temp > 0:
         raise UserError("--compare: needs --temperature 0 (greedy decoding is the reference)")
 
-    from treeopt.tree import load_tree
-
     tree = load_tree(tree_spec)  # validated before the model loads: bad trees fail fast
-
-    import numpy as np
-    import torch
-
-    from calibration.decoder import TreeDecoder, cut_tree, greedy_decode
-    from calibration.models import load_model
-
     loaded = load_model(model_name, heads, device=device, dtype=dtype)
+    with torch_threads(loaded.model, loaded.device, threads):
+        _decode(loaded, tree, prompts, data, max_prompts, prompt_tokens, max_new, batch, temp, eps, alpha,
+                topk_n, seed_n, compare)
+
+
+def _decode(loaded, tree, prompts, data, max_prompts, prompt_tokens, max_new, batch, temp, eps, alpha,
+            topk_n, seed_n, compare) -> None:
     tok = loaded.tokenizer
     k = loaded.heads.num_heads
     cut = cut_tree(tree, k, topk_n)
@@ -100,10 +89,7 @@ def decode_cmd(model_name, heads, tree_spec, prompts, data, max_prompts, prompt_
     tree = cut
 
     if data:
-        from calibration.data import load_prompts
-
-        pset = load_prompts(data, tok, prompt_tokens=_int(prompt_tokens, "--prompt-tokens", minimum=1),
-                            max_prompts=_int(max_prompts, "--max-prompts", minimum=1))
+        pset = load_prompts(data, tok, prompt_tokens=prompt_tokens, max_prompts=max_prompts)
         token_lists = [list(p) for p in pset.token_ids]
     else:
         token_lists = []
@@ -129,8 +115,6 @@ def decode_cmd(model_name, heads, tree_spec, prompts, data, max_prompts, prompt_
             ids[i, length - len(t):] = torch.tensor(t)
             mask[i, length - len(t):] = 1
         return ids.to(loaded.device), mask.to(loaded.device)
-
-    import time
 
     results, outputs, plain_s, plain_tokens, same = [], [], 0.0, 0, True
     for start in range(0, len(token_lists), batch):

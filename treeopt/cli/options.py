@@ -1,34 +1,94 @@
-"""Option parsing shared by the command modules: every bad value is a one-line UserError
-naming the option (click's own type errors would print a usage block)."""
+"""Option types and option sets shared by the command modules. Every bad value becomes one
+line naming the option (`treeopt.cli.main` formats click's BadParameter that way)."""
 
 from __future__ import annotations
 
-from treeopt.errors import UserError
+import math
+
+import click
 
 
-def parse_int(value, option: str, *, minimum: int) -> int:
-    try:
-        n = int(str(value).strip())
-    except ValueError:
-        raise UserError(f"{option}: {value!r} is not an integer") from None
-    if n < minimum:
-        raise UserError(f"{option}: must be at least {minimum}, got {n}")
-    return n
+class AtLeast(click.ParamType):
+    """An integer >= `minimum`."""
+
+    name = "integer"
+
+    def __init__(self, minimum: int):
+        self.minimum = minimum
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int) and not isinstance(value, bool):
+            n = value
+        else:
+            try:
+                n = int(str(value).strip())
+            except ValueError:
+                self.fail(f"{value!r} is not an integer", param, ctx)
+        if n < self.minimum:
+            self.fail(f"must be at least {self.minimum}, got {n}", param, ctx)
+        return n
 
 
-def parse_int_list(value: str | None, option: str, *, minimum: int, default=None) -> tuple[int, ...]:
-    """'1,2,4' -> (1, 2, 4), sorted and distinct; None -> `default`."""
-    if value is None:
-        if default is None:
-            raise UserError(f"{option}: required")
-        return tuple(default)
-    try:
-        items = [int(part) for part in str(value).split(",") if part.strip()]
-    except ValueError:
-        raise UserError(f"{option}: expected comma-separated integers, got '{value}'") from None
-    if not items:
-        raise UserError(f"{option}: expected at least one integer")
-    bad = [v for v in items if v < minimum]
-    if bad:
-        raise UserError(f"{option}: values must be >= {minimum}, got {bad[0]}")
-    return tuple(sorted(set(items)))
+class FiniteAtLeast(click.ParamType):
+    """A finite number >= `minimum`."""
+
+    name = "number"
+
+    def __init__(self, minimum: float):
+        self.minimum = minimum
+
+    def convert(self, value, param, ctx):
+        try:
+            x = float(str(value).strip())
+        except ValueError:
+            self.fail(f"{value!r} is not a number", param, ctx)
+        if not (math.isfinite(x) and x >= self.minimum):
+            self.fail(f"must be a finite number >= {self.minimum:g}, got {value}", param, ctx)
+        return x
+
+
+class IntList(click.ParamType):
+    """'1,2,4' -> (1, 2, 4): integers >= `minimum`, sorted and distinct (or in the order given,
+    repeats allowed, with `ordered`)."""
+
+    name = "list"
+
+    def __init__(self, minimum: int, *, ordered: bool = False):
+        self.minimum = minimum
+        self.ordered = ordered
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, tuple):
+            return value
+        try:
+            items = [int(part) for part in str(value).split(",") if part.strip()]
+        except ValueError:
+            self.fail(f"expected comma-separated integers, got '{value}'", param, ctx)
+        if not items:
+            self.fail("expected at least one integer", param, ctx)
+        bad = [v for v in items if v < self.minimum]
+        if bad:
+            self.fail(f"values must be >= {self.minimum}, got {bad[0]}", param, ctx)
+        return tuple(items) if self.ordered else tuple(sorted(set(items)))
+
+
+def apply(options):
+    """Decorate a command with a list of click options, in order."""
+    def decorate(fn):
+        for option in reversed(options):
+            fn = option(fn)
+        return fn
+    return decorate
+
+
+#: options of every command that loads and runs a model (torch)
+RUN_MODEL_OPTIONS = [
+    click.option("--model", default="demo", show_default=True, metavar="demo|DIR",
+                 help="Base model: the bundled demo or a local transformers model directory."),
+    click.option("--heads", default=None, metavar="DIR", help="Medusa heads directory [default: MODEL/heads]."),
+    click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda, cuda:N or mps."),
+    click.option("--dtype", default="auto", show_default=True,
+                 help="auto (fp32 on CPU, bf16/fp16 on GPUs), float32, bfloat16 or float16."),
+    click.option("--threads", type=AtLeast(1), default=None,
+                 help="torch CPU threads [default: 1 for models under 100M parameters, else torch's]."),
+]

@@ -1,5 +1,5 @@
-"""`treeopt hw list|calibrate`, `treeopt roofline ops|speedup`, `treeopt report`: the
-analytical half (roofline/)."""
+"""`treeopt hw list`, `treeopt roofline ops|speedup`, `treeopt report`: the analytical half
+(roofline/). numpy only: no torch is loaded."""
 
 from __future__ import annotations
 
@@ -9,82 +9,73 @@ import sys
 
 import click
 
-from treeopt.cli import cli
-from treeopt.cli.options import parse_int_list
+from roofline.grid import DEFAULT_BATCHES, DEFAULT_CONTEXTS, heads_used_by_prefix, speedup_grid
+from roofline.hardware import builtin_hardware, hardware_aliases, load_hardware
+from roofline.latency import framework_overhead_s, memory_required_bytes, op_timings
+from roofline.report import build_report
+from treeopt.accuracy import load_accuracy
+from treeopt.app.models import heads_of, shape_of
+from treeopt.cli.options import AtLeast, IntList, apply
 from treeopt.errors import UserError
-
-
-def _int_list(value: str | None, option: str, default, minimum: int) -> tuple[int, ...]:
-    return parse_int_list(value, option, minimum=minimum, default=default)
-
-
-def _shape(model: str, dtype: str | None):
-    from roofline.shapes import model_shape
-
-    return model_shape(model, dtype=dtype)
+from treeopt.fileio import atomic_path, write_json
+from treeopt.selection import best_per_cell, selection_from_grid
+from treeopt.tau import first_heads, proposal_sequence, tau_curves
 
 
 def _load_acc(path: str, csv_model: str | None, model_name: str):
-    from treeopt.accuracy import load_accuracy
+    """The table and how to name it; a CSV of several models gives the rows named like --model."""
+    table = load_accuracy(path, model=csv_model, default_model=None if csv_model else model_name.lower())
+    rows = table.provenance.get("model")
+    return table, f"`{path}` (rows of {rows})" if rows and path.lower().endswith(".csv") else f"`{path}`"
 
-    if csv_model is not None:
-        return load_accuracy(path, model=csv_model), f"`{path}` (rows of {csv_model})"
-    try:
-        return load_accuracy(path), f"`{path}`"
-    except UserError as err:
-        # a CSV holding several models: take the rows named like --model, if there are any
-        if "several models" in str(err):
-            try:
-                return load_accuracy(path, model=model_name.lower()), f"`{path}` (rows of {model_name.lower()})"
-            except UserError:
-                pass
-        raise
+
+def _greedy_tau(table, max_nodes: int, num_heads: int, joint: bool):
+    """Medusa's greedy proposal sequence over the first `num_heads` heads and its tau (joint:
+    from the table's joint prefix counts)."""
+    if joint and table.joint is None:
+        raise UserError("--joint: the accuracy table has no joint prefix counts")
+    if joint and num_heads < table.num_heads:
+        raise UserError("--joint: cannot cut a table with joint counts to fewer heads")
+    table = first_heads(table, num_heads)
+    curves = tau_curves(table, proposal_sequence(table, max_nodes, method="greedy"))
+    return curves.proposal, curves.joint if joint else curves.independent
 
 
 def _command_line() -> str:
     return "treeopt " + " ".join(shlex.quote(a) for a in sys.argv[1:])
 
 
-_model_opts = [
+MODEL_OPTIONS = [
     click.option("--model", "model", required=True, metavar="NAME|CONFIG|DIR|demo",
                  help="Built-in shape (llama-7b, vicuna-7b, llama-3-8b, mistral-7b, ...), a config.json, "
                       "a model directory, or demo."),
     click.option("--dtype", default=None, metavar="DTYPE",
                  help="Compute dtype (fp32, bf16, fp16) [default: the model's]."),
 ]
-_hw_opt = click.option("--hardware", "hardware", required=True, metavar="NAME|PROFILE.json",
-                       help="Built-in profile (see `treeopt hw list`) or a profile JSON from `treeopt hw calibrate`.")
-_heads_opts = [
-    click.option("--heads", "num_heads", type=int, default=None,
+HARDWARE_OPTION = click.option("--hardware", "hardware", required=True, metavar="NAME|PROFILE.json",
+                               help="Built-in profile (see `treeopt hw list`) or a profile JSON from "
+                                    "`treeopt hw calibrate`.")
+HEADS_OPTIONS = [
+    click.option("--heads", "num_heads", type=AtLeast(0), default=None,
                  help="Number of draft heads K [default: the accuracy table's, else the Medusa heads config "
                       "next to the model, else 5]; 0 = none."),
-    click.option("--head-layers", type=int, default=None, help="ResBlocks per head [default: 1]."),
-    click.option("--head-tokens", type=int, default=None,
+    click.option("--head-layers", type=AtLeast(0), default=None, help="ResBlocks per head [default: 1]."),
+    click.option("--head-tokens", type=AtLeast(1), default=None,
                  help="Tokens per sequence the heads run on [default: all q, as Medusa's code; a decoder "
                       "that runs them on the accepted token only: 1]."),
 ]
+GRID_OPTIONS = [
+    click.option("--batch", "batches", type=IntList(1), default=",".join(map(str, DEFAULT_BATCHES)),
+                 show_default=True, help="Comma-separated batch sizes."),
+    click.option("--context", "contexts", type=IntList(0), default=",".join(map(str, DEFAULT_CONTEXTS)),
+                 show_default=True, help="Comma-separated context lengths."),
+]
 
 
-def _apply(opts):
-    def deco(f):
-        for opt in reversed(opts):
-            f = opt(f)
-        return f
-    return deco
-
-
-# ---------------------------------------------------------------------------------------------
-@cli.group("hw")
-def hw_group() -> None:
-    """Hardware profiles: the built-in datasheet table and calibrated profiles."""
-
-
-@hw_group.command("list")
+@click.command("list")
 @click.option("--json", "as_json", is_flag=True, help="Print the profiles as JSON.")
 def hw_list(as_json: bool) -> None:
     """List the built-in hardware profiles."""
-    from roofline.hardware import builtin_hardware, hardware_aliases
-
     profiles = builtin_hardware()
     if as_json:
         click.echo(json.dumps([p.to_dict() for p in profiles.values()], indent=1))
@@ -104,80 +95,24 @@ def hw_list(as_json: bool) -> None:
                "Calibrate your own machine with `treeopt hw calibrate`.")
 
 
-@hw_group.command("calibrate")
-@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
-@click.option("--model", default="demo", show_default=True, metavar="NAME|CONFIG|DIR|demo",
-              help="Model whose weight shapes are measured (and whose forward pass fixes the overheads).")
-@click.option("--dtype", default=None, help="Compute dtype [default: fp32 on cpu, bf16 on cuda].")
-@click.option("--threads", type=int, default=None, help="torch CPU threads [default: torch's setting].")
-@click.option("--quick", is_flag=True, help="Fewer row counts and rounds (seconds; still a usable profile).")
-@click.option("--name", default=None, help="Profile name [default: cpu-calibrated / cuda-calibrated].")
-@click.option("--no-validate", is_flag=True, help="Skip the full-model validation forwards.")
-@click.option("-o", "--out", "out", default=None, type=click.Path(dir_okay=False),
-              help="Profile JSON to write [default: hardware-DEVICE.json].")
-def hw_calibrate(device, model, dtype, threads, quick, name, no_validate, out) -> None:
-    """Measure this machine (bandwidth, GEMM efficiency by rows for the model's weight shapes,
-    attention, elementwise work, per-kernel and per-forward framework overhead) and write a
-    hardware profile the other commands accept as --hardware."""
-    from roofline.hwcalibrate import calibrate_hardware
-
-    prof = calibrate_hardware(device, model, dtype=dtype, quick=quick, threads=threads, name=name,
-                              validate=not no_validate, progress=lambda m: click.echo(f"  {m}", err=True))
-    out = out or f"hardware-{device}.json"
-    prof.save(out)
-    cal = prof.calibration
-    dt = cal["dtype"]
-    click.echo(f"{prof.name}: {prof.description}")
-    click.echo(f"  peak {dt} GEMM {prof.peak(dt) / 1e9:.1f} GFLOP/s; streaming {prof.bandwidth_bytes_per_s / 1e9:.1f} GB/s "
-               f"(weights stream at x{prof.eta_memory:.2f}); elementwise {prof.elementwise_rate / 1e9:.1f} GB/s")
-    click.echo("  GEMM efficiency by rows: " + ", ".join(
-        f"{int(r)}:{v:.2f}" for r, v in zip(prof.gemm_efficiency.rows, prof.gemm_efficiency.values)))
-    click.echo(f"  overheads: {prof.kernel_overhead_s * 1e6:.2f} us per kernel, {prof.forward_overhead_s * 1e3:.3f} ms "
-               f"per forward + {prof.layer_overhead_s * 1e3:.3f} ms per layer + {prof.head_overhead_s * 1e3:.3f} ms "
-               f"per draft head; per layer {prof.token_overhead_s * 1e6:.2f} us per token row and "
-               f"{prof.context_overhead_s * 1e9:.1f} ns per cached token in a tree step, "
-               f"{prof.plain_context_overhead_s * 1e9:.1f} ns in plain decoding")
-    for v in cal.get("validation", []):
-        ratio = (f"; T(q)/T(1) measured {v['ratio_measured']:.2f}, predicted {v['ratio_predicted']:.2f}"
-                 if "ratio_measured" in v else "")
-        click.echo(f"  check b={v['batch']} q={v['tokens']} s={v['context']}: measured {v['measured_s'] * 1e3:.2f} ms, "
-                   f"predicted {v['predicted_s'] * 1e3:.2f} ms ({v['error'] * 100:+.0f}%){ratio}")
-    for note in cal.get("notes", []):
-        click.echo(f"  note: {note}")
-    click.echo(f"wrote {out} ({cal['seconds']:.0f} s)")
-
-
-# ---------------------------------------------------------------------------------------------
-@cli.group("roofline")
-def roofline_group() -> None:
-    """The operator-level latency model and the predicted speedup grid."""
-
-
-@roofline_group.command("ops")
-@_apply(_model_opts)
-@_hw_opt
-@_apply(_heads_opts)
-@click.option("--batch", "batch", type=int, default=1, show_default=True, help="Sequences b.")
-@click.option("--tokens", "tokens", type=int, default=1, show_default=True,
+@click.command("ops")
+@apply(MODEL_OPTIONS)
+@HARDWARE_OPTION
+@apply(HEADS_OPTIONS)
+@click.option("--batch", "batch", type=AtLeast(1), default=1, show_default=True, help="Sequences b.")
+@click.option("--tokens", "tokens", type=AtLeast(1), default=1, show_default=True,
               help="New tokens per sequence q (1 = decode, n+1 = tree of n nodes, prompt length = prefill).")
-@click.option("--context", "context", type=int, default=0, show_default=True, help="Cached tokens s.")
+@click.option("--context", "context", type=AtLeast(0), default=0, show_default=True, help="Cached tokens s.")
 @click.option("--attention", type=click.Choice(["fused", "unfused"]), default="fused", show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list of operators.")
 def roofline_ops(model, dtype, hardware, num_heads, head_layers, head_tokens, batch, tokens, context, attention,
                  as_json) -> None:
     """Every operator of one forward pass: FLOPs, bytes, intensity, predicted time, binding roof."""
-    from roofline.hardware import load_hardware
-    from roofline.latency import framework_overhead_s, memory_required_bytes, op_timings
-    from roofline.shapes import resolve_heads
-
-    shape = _shape(model, dtype)
+    shape = shape_of(model, dtype)
     hw = load_hardware(hardware)
     if num_heads is None and tokens == 1:
         num_heads = 0  # plain decoding runs no heads unless asked
-    heads = resolve_heads(model, shape, num_heads=num_heads, num_layers=head_layers, tokens_per_sequence=head_tokens)
-    for name, v, lo in (("--batch", batch, 1), ("--tokens", tokens, 1), ("--context", context, 0)):
-        if v < lo:
-            raise UserError(f"{name}: must be >= {lo}, got {v}")
+    heads = heads_of(model, shape, num_heads=num_heads, num_layers=head_layers, tokens_per_sequence=head_tokens)
     timings = op_timings(shape, heads, hw, batch=batch, tokens=tokens, context=context, attention=attention)
     fixed = float(framework_overhead_s(shape, hw, batch=batch, tokens=tokens, context=context))
     total = fixed + sum(float(t.total_s) for t in timings)
@@ -217,16 +152,15 @@ def roofline_ops(model, dtype, hardware, num_heads, head_layers, head_tokens, ba
                f"intensity {tot_flops / tot_bytes:.1f} FLOP/B (ridge {hw.ridge_intensity(shape.dtype):.0f})")
 
 
-@roofline_group.command("speedup")
-@_apply(_model_opts)
-@_hw_opt
-@click.option("--accuracy", "accuracy", required=True, type=click.Path(),
+@click.command("speedup")
+@apply(MODEL_OPTIONS)
+@HARDWARE_OPTION
+@click.option("--accuracy", "accuracy", required=True, metavar="FILE",
               help="Accuracy table (treeopt.accuracy/v1 JSON, per-rank matrix JSON, or cumulative top-k CSV).")
 @click.option("--csv-model", default=None, help="Row set of a CSV holding several models [default: --model].")
-@_apply(_heads_opts)
-@click.option("--batch", "batch", default=None, help="Comma-separated batch sizes [default: 1,2,4,...,64].")
-@click.option("--context", "context", default=None, help="Comma-separated context lengths [default: 128,...,8192].")
-@click.option("--max-nodes", type=int, default=64, show_default=True, help="Largest tree size.")
+@apply(HEADS_OPTIONS)
+@apply(GRID_OPTIONS)
+@click.option("--max-nodes", type=AtLeast(0), default=64, show_default=True, help="Largest tree size.")
 @click.option("--attention", type=click.Choice(["fused", "unfused"]), default="fused", show_default=True)
 @click.option("--joint", is_flag=True, help="tau from the table's joint prefix counts.")
 @click.option("--heads-in-baseline", is_flag=True, help="Plain decoding (n = 0) also runs the heads.")
@@ -234,26 +168,18 @@ def roofline_ops(model, dtype, hardware, num_heads, head_layers, head_tokens, ba
 @click.option("-o", "--out", "out", default=None, type=click.Path(dir_okay=False), help="Grid CSV to write.")
 @click.option("--select", "select", default=None, type=click.Path(dir_okay=False),
               help="Selection JSON (treeopt.selection/v1) to write.")
-def roofline_speedup(model, dtype, hardware, accuracy, csv_model, num_heads, head_layers, head_tokens, batch, context,
-                     max_nodes, attention, joint, heads_in_baseline, used_heads, out, select) -> None:
+def roofline_speedup(model, dtype, hardware, accuracy, csv_model, num_heads, head_layers, head_tokens, batches,
+                     contexts, max_nodes, attention, joint, heads_in_baseline, used_heads, out, select) -> None:
     """Predicted overhead, tau and speedup for every batch x context x tree size, and the best
     tree per cell ("none" when no tree beats plain decoding)."""
-    from roofline.grid import (DEFAULT_BATCHES, DEFAULT_CONTEXTS, best_per_cell, heads_used_by_prefix,
-                               proposal_from_accuracy, selection_from_grid, speedup_grid)
-    from roofline.hardware import load_hardware
-    from roofline.shapes import resolve_heads
-    from treeopt.fileio import atomic_path, write_json
-
-    shape = _shape(model, dtype)
+    shape = shape_of(model, dtype)
     hw = load_hardware(hardware)
-    batches = _int_list(batch, "--batch", DEFAULT_BATCHES, 1)
-    contexts = _int_list(context, "--context", DEFAULT_CONTEXTS, 0)
     table, label = _load_acc(accuracy, csv_model, model)
-    heads = resolve_heads(model, shape, num_heads=num_heads, num_layers=head_layers, accuracy_heads=table.num_heads,
-                          tokens_per_sequence=head_tokens)
+    heads = heads_of(model, shape, num_heads=num_heads, num_layers=head_layers, accuracy_heads=table.num_heads,
+                     tokens_per_sequence=head_tokens)
     if heads.num_heads < 1:
         raise UserError("--heads: a speedup grid needs at least one draft head")
-    tree, tau = proposal_from_accuracy(table, max_nodes, num_heads=heads.num_heads, joint=joint)
+    tree, tau = _greedy_tau(table, max_nodes, heads.num_heads, joint)
     grid = speedup_grid(shape, heads, hw, tau, batches, contexts, attention=attention,
                         heads_in_baseline=heads_in_baseline,
                         heads_used=heads_used_by_prefix(tree) if used_heads else None)
@@ -265,7 +191,7 @@ def roofline_speedup(model, dtype, hardware, accuracy, csv_model, num_heads, hea
         write_json(select, selection_from_grid(grid, tree, hw.name, shape.name,
                                                extra={"heads": heads.num_heads, "attention": attention}))
     click.echo(f"{shape.describe()}; {heads.describe()}; hardware {hw.name}; accuracy {label}")
-    click.echo(f"tau of the greedy proposal sequence: " + ", ".join(
+    click.echo("tau of the greedy proposal sequence: " + ", ".join(
         f"n={n}: {tau[n]:.3f}" for n in (1, 4, 16, 32, 64) if n < len(tau)))
     click.echo("best tree size (predicted speedup) per batch (rows) and context (columns):")
     ctxs = sorted(best["context"].unique())
@@ -288,49 +214,42 @@ def roofline_speedup(model, dtype, hardware, accuracy, csv_model, num_heads, hea
             click.echo(f"wrote {what} {path}")
 
 
-# ---------------------------------------------------------------------------------------------
-@cli.command("report")
-@_apply(_model_opts)
-@_hw_opt
-@click.option("--accuracy", "accuracy", default=None, type=click.Path(),
+@click.command("report")
+@apply(MODEL_OPTIONS)
+@HARDWARE_OPTION
+@click.option("--accuracy", "accuracy", default=None, metavar="FILE",
               help="Accuracy table; without it the report has no tau, speedup or best-tree plots.")
 @click.option("--csv-model", default=None, help="Row set of a CSV holding several models [default: --model].")
-@_apply(_heads_opts)
-@click.option("--batch", "batch", default=None, help="Comma-separated batch sizes [default: 1,2,4,...,64].")
-@click.option("--context", "context", default=None, help="Comma-separated context lengths [default: 128,...,8192].")
-@click.option("--plot-context", type=int, default=None, help="Context of the speedup curves [default: ~1024].")
-@click.option("--max-nodes", type=int, default=64, show_default=True)
+@apply(HEADS_OPTIONS)
+@apply(GRID_OPTIONS)
+@click.option("--plot-context", type=AtLeast(0), default=None, help="Context of the speedup curves [default: ~1024].")
+@click.option("--max-nodes", type=AtLeast(0), default=64, show_default=True)
 @click.option("--attention", type=click.Choice(["fused", "unfused"]), default="fused", show_default=True)
 @click.option("--joint", is_flag=True, help="tau from the table's joint prefix counts.")
 @click.option("--used-heads", is_flag=True, help="A tree runs only the heads it reaches (its depth), not all K.")
 @click.option("--title", default=None, help="Report title.")
 @click.option("--note", "notes", multiple=True, help="A note for index.md (repeatable).")
 @click.option("-o", "--out", "out", required=True, type=click.Path(file_okay=False), help="Report directory.")
-def report_cmd(model, dtype, hardware, accuracy, csv_model, num_heads, head_layers, head_tokens, batch, context,
+def report_cmd(model, dtype, hardware, accuracy, csv_model, num_heads, head_layers, head_tokens, batches, contexts,
                plot_context, max_nodes, attention, joint, used_heads, title, notes, out) -> None:
     """Write a report directory: roofline chart, speedup curves, best-tree heatmaps (PNG),
     grid.csv, selection.json and an index.md stating inputs and assumptions."""
-    from roofline.grid import DEFAULT_BATCHES, DEFAULT_CONTEXTS
-    from roofline.hardware import builtin_hardware, load_hardware
-    from roofline.report import build_report
-    from roofline.shapes import resolve_heads
-
-    shape = _shape(model, dtype)
+    shape = shape_of(model, dtype)
     hw = load_hardware(hardware)
-    batches = _int_list(batch, "--batch", DEFAULT_BATCHES, 1)
-    contexts = _int_list(context, "--context", DEFAULT_CONTEXTS, 0)
     table, label = (None, "")
     if accuracy:
         table, label = _load_acc(accuracy, csv_model, model)
-    heads = resolve_heads(model, shape, num_heads=num_heads, num_layers=head_layers,
-                          accuracy_heads=table.num_heads if table is not None else None,
-                          tokens_per_sequence=head_tokens)
+    heads = heads_of(model, shape, num_heads=num_heads, num_layers=head_layers,
+                     accuracy_heads=table.num_heads if table is not None else None, tokens_per_sequence=head_tokens)
     if table is not None and heads.num_heads < 1:
         raise UserError("--heads: a speedup report needs at least one draft head")
     if plot_context is not None and plot_context not in contexts:
         raise UserError(f"--plot-context: {plot_context} is not one of the --context values")
+    proposal = tau = None
+    if table is not None:
+        proposal, tau = _greedy_tau(table, max_nodes, heads.num_heads, joint)
     summary = build_report(shape, heads, hw, out, accuracy=table, accuracy_label=label, batches=batches,
                            contexts=contexts, max_nodes=max_nodes, attention=attention, plot_context=plot_context,
                            command=_command_line(), title=title, joint=joint, used_heads=used_heads, notes=notes,
-                           save_hardware=hw.name not in builtin_hardware())
+                           proposal=proposal, tau=tau, save_hardware=hw.name not in builtin_hardware())
     click.echo(f"wrote {out}/index.md with " + ", ".join(v for k, v in summary["files"].items() if k != "index"))

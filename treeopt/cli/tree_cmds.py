@@ -1,64 +1,41 @@
-"""`treeopt build | show | buffers | compare`: trees from accuracy tables, and their buffers.
-
-Options are parsed here rather than by click types so that every bad value ends as one
-`treeopt: error:` line naming the option (click's own errors print a usage block).
-"""
+"""`treeopt build | show | buffers | compare | select`: trees from accuracy tables, their
+buffers, and the selection of the best tree per cell. numpy only: no torch is loaded."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import sys
+from pathlib import Path
 
 import click
 import numpy as np
 
-from treeopt.cli import cli
-from treeopt.cli.options import parse_int
+from treeopt.accuracy import expected_tokens, load_accuracy, node_values, unmeasured_nodes
+from treeopt.build import METHODS, build_tree
+from treeopt.cli.options import AtLeast
 from treeopt.errors import UserError
-
-_BUILDERS = ("greedy", "optimal", "joint")
-
-
-# ---------------------------------------------------------------------------------------------
-# Option parsing and output
+from treeopt.export import FORMATS, compact_json, draw_tree, format_tree
+from treeopt.fileio import write_json, write_text
+from treeopt.selection import format_selection, read_sweep, select, proposal_from_meta, selection_from_grid_file
+from treeopt.tree import load_tree, tree_buffers
 
 
-def _int_option(value, name: str, *, minimum: int) -> int | None:
-    return None if value is None else parse_int(value, name, minimum=minimum)
+class Widths(click.ParamType):
+    """--max-children: one width for every depth, or one per depth ('3' or '4,2,1')."""
 
+    name = "widths"
 
-def _children_option(value) -> list[int] | int | None:
-    if value is None:
-        return None
-    parts = [p.strip() for p in str(value).split(",")]
-    try:
-        widths = [int(p) for p in parts]
-    except ValueError:
-        raise UserError(f"--max-children: {value!r} is not a comma-separated list of integers") from None
-    for w in widths:
-        if w < 0:
-            raise UserError(f"--max-children: {w} is negative")
-    return widths[0] if len(widths) == 1 else widths
-
-
-def _choice(value: str, name: str, choices) -> str:
-    if value not in choices:
-        raise UserError(f"{name}: {value!r} is not one of {', '.join(choices)}")
-    return value
-
-
-@contextlib.contextmanager
-def _option_names():
-    """Library errors name parameters (max_depth:); on the command line say --max-depth:."""
-    try:
-        yield
-    except UserError as err:
-        msg = str(err)
-        for lib, opt in (("max_depth:", "--max-depth:"), ("max_children:", "--max-children:"), ("nodes:", "--nodes:")):
-            if msg.startswith(lib):
-                raise UserError(opt + msg[len(lib):]) from None
-        raise
+    def convert(self, value, param, ctx):
+        if isinstance(value, (int, list)):
+            return value
+        try:
+            widths = [int(p.strip()) for p in str(value).split(",")]
+        except ValueError:
+            self.fail(f"{value!r} is not a comma-separated list of integers", param, ctx)
+        for w in widths:
+            if w < 0:
+                self.fail(f"{w} is negative", param, ctx)
+        return widths[0] if len(widths) == 1 else widths
 
 
 def _can_draw_unicode() -> bool:
@@ -74,8 +51,6 @@ def _emit(text: str, output: str | None, what: str = "") -> None:
     if output is None:
         click.echo(text, nl=False)
         return
-    from treeopt.fileio import write_text
-
     try:
         write_text(output, text)
     except OSError as err:
@@ -84,8 +59,6 @@ def _emit(text: str, output: str | None, what: str = "") -> None:
 
 
 def _load_table(path, csv_model):
-    from treeopt.accuracy import load_accuracy
-
     if path is None:
         raise UserError("--accuracy FILE is required")
     return load_accuracy(path, model=csv_model)
@@ -100,8 +73,6 @@ def _table_label(table) -> str:
 
 
 def _coverage_notes(tree, table) -> list[str]:
-    from treeopt.accuracy import unmeasured_nodes
-
     deep, wide = unmeasured_nodes(tree, table.num_heads, table.width)
     notes = []
     if wide:
@@ -135,37 +106,25 @@ def _display_name(name: str, width: int = 28) -> str:
 # Commands
 
 
-@cli.command("build")
+@click.command("build")
 @click.option("--accuracy", "accuracy_path", metavar="FILE",
               help="[required] Accuracy table: treeopt.accuracy/v1 JSON, per-rank matrix JSON, or cumulative top-k CSV.")
 @click.option("--csv-model", metavar="NAME", help="Row set of a multi-model CSV (e.g. vicuna-7b).")
-@click.option("--nodes", metavar="N", help="[required] Tree size (tokens per step = N + 1).")
-@click.option("--method", default="greedy", show_default=True, metavar="greedy|optimal|joint",
+@click.option("--nodes", metavar="N", required=True, type=AtLeast(1), help="Tree size (tokens per step = N + 1).")
+@click.option("--method", default="greedy", show_default=True, type=click.Choice(METHODS),
               help="Medusa's greedy, the exact optimum under independent heads, or the most frequent joint prefixes.")
-@click.option("--max-depth", metavar="D", help="Deepest level (default: the number of heads).")
-@click.option("--max-children", metavar="W[,W...]",
+@click.option("--max-depth", metavar="D", type=AtLeast(1), help="Deepest level (default: the number of heads).")
+@click.option("--max-children", metavar="W[,W...]", type=Widths(),
               help="Ranks allowed per depth (< W), one value for all depths or one per depth.")
-@click.option("--format", "fmt", default="text", show_default=True, metavar="text|python|json|trtllm|vllm",
+@click.option("--format", "fmt", default="text", show_default=True, type=click.Choice(FORMATS),
               help="Output format.")
 @click.option("-o", "--output", metavar="FILE", help="Write to FILE instead of stdout.")
 def build_cmd(accuracy_path, csv_model, nodes, method, max_depth, max_children, fmt, output):
     """Build a tree of N nodes from an accuracy table."""
-    from treeopt.accuracy import expected_tokens, node_values
-    from treeopt.build import build_tree
-    from treeopt.export import FORMATS, format_tree
-
-    method = _choice(method, "--method", _BUILDERS)
-    fmt = _choice(fmt, "--format", FORMATS)
-    if nodes is None:
-        raise UserError("--nodes N is required")
-    n = _int_option(nodes, "--nodes", minimum=1)
-    depth = _int_option(max_depth, "--max-depth", minimum=1)
-    widths = _children_option(max_children)
     table = _load_table(accuracy_path, csv_model)
     if method == "joint" and table.joint is None:
         raise UserError(f"{accuracy_path}: has no joint statistics, which --method joint needs")
-    with _option_names():
-        tree = build_tree(table, n, method, max_depth=depth, max_children=widths)
+    tree = build_tree(table, nodes, method, max_depth=max_depth, max_children=max_children)
     joint = method == "joint"
     tau = expected_tokens(tree, table, joint=joint)
     if fmt != "text":
@@ -186,25 +145,17 @@ def build_cmd(accuracy_path, csv_model, nodes, method, max_depth, max_children, 
     _emit(text, output, f" ({tree.size} nodes, tau = {tau:.4f})")
 
 
-@cli.command("show", short_help="Draw a tree with its statistics, and tau given --accuracy.")
+@click.command("show")
 @click.argument("tree_spec", metavar="TREE")
 @click.option("--accuracy", "accuracy_path", metavar="FILE", help="Accuracy table for node values and tau.")
 @click.option("--csv-model", metavar="NAME", help="Row set of a multi-model CSV.")
-@click.option("--topk", metavar="K", help="Check ranks against this candidate width.")
-@click.option("--num-heads", metavar="K", help="Check depth against this number of heads.")
+@click.option("--topk", metavar="K", type=AtLeast(1), help="Check ranks against this candidate width.")
+@click.option("--num-heads", metavar="K", type=AtLeast(1), help="Check depth against this number of heads.")
 @click.option("--json", "as_json", is_flag=True, help="Statistics as JSON.")
 def show_cmd(tree_spec, accuracy_path, csv_model, topk, num_heads, as_json):
     """Draw TREE (a reference name such as mc_sim_7b_63, a JSON file, or a list literal) with
     its statistics, and tau when an accuracy table is given."""
-    from treeopt.accuracy import expected_tokens, node_values
-    from treeopt.export import compact_json, draw_tree
-    from treeopt.tree import load_tree
-
-    tree = load_tree(
-        tree_spec,
-        topk=_int_option(topk, "--topk", minimum=1),
-        num_heads=_int_option(num_heads, "--num-heads", minimum=1),
-    )
+    tree = load_tree(tree_spec, topk=topk, num_heads=num_heads)
     table = _load_table(accuracy_path, csv_model) if accuracy_path is not None else None
     if table is None and csv_model is not None:
         raise UserError("--csv-model: only meaningful with --accuracy")
@@ -240,16 +191,14 @@ def show_cmd(tree_spec, accuracy_path, csv_model, topk, num_heads, as_json):
     click.echo(draw_tree(tree, tau=tau, values=values, ascii=not _can_draw_unicode()), nl=False)
 
 
-@cli.command("buffers", short_help="Medusa's verification buffers of a tree, as text or JSON.")
+@click.command("buffers")
 @click.argument("tree_spec", metavar="TREE")
-@click.option("--topk", default="10", show_default=True, metavar="K", help="Candidates per head (TOPK).")
+@click.option("--topk", default=10, show_default=True, metavar="K", type=AtLeast(1), help="Candidates per head (TOPK).")
 @click.option("--json", "as_json", is_flag=True, help="JSON: attention_mask, position_ids, tree_indices, retrieve_indices.")
 @click.option("-o", "--output", metavar="FILE", help="Write to FILE instead of stdout.")
 def buffers_cmd(tree_spec, topk, as_json, output):
     """Medusa's verification buffers for TREE (token 0 the root, nodes in (depth, path) order)."""
-    from treeopt.tree import load_tree, tree_buffers
-
-    k = _int_option(topk, "--topk", minimum=1)
+    k = topk
     tree = load_tree(tree_spec, topk=k, allow_empty=True)
     buf = tree_buffers(tree, k)
     if as_json:
@@ -269,11 +218,11 @@ def buffers_cmd(tree_spec, topk, as_json, output):
     _emit(text, output)
 
 
-@cli.command("compare", short_help="tau of several trees under one accuracy table, side by side.")
+@click.command("compare")
 @click.argument("tree_specs", metavar="TREE...", nargs=-1)
 @click.option("--accuracy", "accuracy_path", metavar="FILE", help="[required] Accuracy table used for every tree.")
 @click.option("--csv-model", metavar="NAME", help="Row set of a multi-model CSV.")
-@click.option("--nodes", metavar="N",
+@click.option("--nodes", metavar="N", type=AtLeast(1),
               help="Truncate each tree to its first N nodes; size of the trees built by greedy/optimal/joint.")
 @click.option("--json", "as_json", is_flag=True, help="The comparison as JSON.")
 def compare_cmd(tree_specs, accuracy_path, csv_model, nodes, as_json):
@@ -282,23 +231,18 @@ def compare_cmd(tree_specs, accuracy_path, csv_model, nodes, as_json):
     TREE is a reference name (mc_sim_7b_63, ...), a JSON file, a list literal, or one of
     greedy, optimal, joint: the tree that builder makes from the table with --nodes N.
     """
-    from treeopt.accuracy import expected_tokens
-    from treeopt.build import build_tree
-    from treeopt.tree import load_tree
-
     if not tree_specs:
         raise UserError("TREE: give at least one tree to compare")
-    n = _int_option(nodes, "--nodes", minimum=1)
+    n = nodes
     table = _load_table(accuracy_path, csv_model)
     trees = []
     for spec in tree_specs:
-        if spec in _BUILDERS and not _is_file(spec):
+        if spec in METHODS and not Path(spec).is_file():
             if n is None:
                 raise UserError(f"TREE {spec}: building a tree for comparison needs --nodes N")
             if spec == "joint" and table.joint is None:
                 raise UserError(f"{accuracy_path}: has no joint statistics, which TREE joint needs")
-            with _option_names():
-                trees.append(build_tree(table, n, spec))
+            trees.append(build_tree(table, n, spec))
             continue
         tree = load_tree(spec)
         if n is not None and tree.size > n:
@@ -335,7 +279,33 @@ def compare_cmd(tree_specs, accuracy_path, csv_model, nodes, as_json):
     click.echo("\n".join(lines + notes))
 
 
-def _is_file(spec: str) -> bool:
-    from pathlib import Path
-
-    return Path(spec).is_file()
+@click.command("select")
+@click.option("--sweep", "sweep_file", default=None, metavar="FILE.csv", help="A sweep from `treeopt sweep`.")
+@click.option("--grid", "grid_file", default=None, metavar="FILE.csv",
+              help="Or a predicted grid from `treeopt roofline speedup` (needs --accuracy).")
+@click.option("--accuracy", default=None, metavar="FILE",
+              help="With --grid: the table whose proposal sequence the grid used.")
+@click.option("--csv-model", default=None, metavar="NAME", help="With --grid: row set of a multi-model accuracy CSV.")
+@click.option("--by", type=click.Choice(["measured", "predicted"]), default="measured", show_default=True,
+              help="Select by the measured speedup or by the roofline prediction stored in the sweep.")
+@click.option("--threshold", type=float, default=1.0, show_default=True,
+              help="A tree must beat this speedup, else no speculation.")
+@click.option("-o", "--output", default=None, metavar="FILE.json", help="Selection JSON [default: stdout].")
+def select_cmd(sweep_file, grid_file, accuracy, csv_model, by, threshold, output):
+    """Pick the best tree per (batch, context): from a measured sweep, or from predictions
+    alone for hardware you don't have."""
+    if (sweep_file is None) == (grid_file is None):
+        raise UserError("select: give exactly one of --sweep or --grid")
+    if sweep_file is not None:
+        df, meta = read_sweep(sweep_file)
+        doc = select(df, proposal_from_meta(meta, str(sweep_file)), by=by, threshold=threshold,
+                     hardware=meta.get("hardware", meta.get("device", "")), model=meta.get("model", ""))
+    else:
+        doc = selection_from_grid_file(grid_file, accuracy, csv_model=csv_model, threshold=threshold)
+    if output:
+        write_json(output, doc)
+        click.echo(format_selection(doc))
+        click.echo(f"wrote {output}")
+    else:  # stdout is the JSON alone, so that it can be piped; the summary goes to stderr
+        click.echo(format_selection(doc), err=True)
+        click.echo(json.dumps(doc, indent=1))

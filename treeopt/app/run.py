@@ -1,0 +1,245 @@
+"""`treeopt run`: the whole loop on one model, each stage kept in the output folder so that a
+rerun resumes where the last one stopped: calibrate -> proposal trees -> hardware profile ->
+prediction -> measured sweep -> selection -> validation -> report (docs/architecture.md
+"The main job")."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from calibration.models import load_model
+from calibration.runner import run_calibration
+from calibration.sweep import SweepSettings
+from calibration.threads import default_threads
+from roofline.hardware import load_hardware
+from roofline.hwcalibrate import calibrate_hardware
+from roofline.report import build_report
+from roofline.shapes import DraftHeadsShape
+from treeopt.accuracy import AccuracyTable
+from treeopt.app.models import is_demo, shape_of
+from treeopt.app.sweep import DEMO_VALIDATION, sweep
+from treeopt.app.validation import ValidationResult, format_validation, validate
+from treeopt.errors import UserError
+from treeopt.export import format_tree
+from treeopt.fileio import write_json, write_text
+from treeopt.selection import format_selection, format_speedup, select
+from treeopt.tau import load_tau_curves
+from treeopt.tree import Tree
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    model: str = "demo"
+    heads: str | None = None
+    data: str = "demo"
+    validation_data: str = DEMO_VALIDATION
+    device: str = "auto"
+    dtype: str = "auto"
+    steps: int = 32                       # generated tokens per calibration prompt
+    topk: int = 10
+    max_nodes: int = 64
+    method: str = "auto"                  # proposal sequence: joint when available, else greedy
+    sizes: tuple[int, ...] = (0, 1, 2, 4, 8, 16, 32, 64)
+    batches: tuple[int, ...] = (1, 2, 4, 8)
+    contexts: tuple[int, ...] = (128, 512)
+    repeats: int = 10
+    validation_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
+    validation_prompts: int | None = None
+    hw_quick: bool = False
+    threads: int | None = None            # torch CPU threads; None: 1 for small models on CPU
+    seed: int = 0
+
+
+def _stage(out: Path, name: str, settings: dict, log) -> bool:
+    """Whether stage `name` is already done in `out` with these settings (a rerun resumes)."""
+    state_file = out / "run_state.json"
+    state = json.loads(state_file.read_text()) if state_file.is_file() else {}
+    done = state.get(name) == settings
+    if done:
+        log(f"[{name}] done earlier with the same settings: kept")
+    return done
+
+
+def _mark(out: Path, name: str, settings: dict) -> None:
+    state_file = out / "run_state.json"
+    state = json.loads(state_file.read_text()) if state_file.is_file() else {}
+    state[name] = settings
+    write_json(state_file, state)
+
+
+def run_main_job(out_dir, settings: RunSettings = RunSettings(), *, log=print, progress: bool = True) -> dict:
+    """calibrate -> proposal trees -> hardware profile -> prediction -> sweep -> selection ->
+    validation -> report, all into `out_dir`. Each stage's result is kept; a rerun (after an
+    interruption) skips the stages already done with the same settings."""
+    out = Path(out_dir)
+    fresh = not out.exists()
+    try:
+        return _run_main_job(out, settings, log=log, progress=progress)
+    except UserError:
+        # bad input found before anything was written: leave no empty report folder behind
+        if fresh and out.is_dir() and not any(out.iterdir()):
+            out.rmdir()
+        raise
+
+
+def _run_main_job(out: Path, settings: RunSettings, *, log, progress: bool) -> dict:
+    out.mkdir(parents=True, exist_ok=True)
+    t_start = time.perf_counter()
+    timings = {}
+    s = settings
+
+    # 1. calibration statistics
+    t0 = time.perf_counter()
+    cal_settings = {"model": s.model, "heads": s.heads, "data": s.data, "steps": s.steps, "topk": s.topk,
+                    "dtype": s.dtype, "seed": s.seed}
+    done = _stage(out, "calibrate", cal_settings, log)
+    acc_file = out / "accuracy.json"
+    if not (done and acc_file.is_file()):
+        log(f"[calibrate] {s.model} on {s.data}: {s.steps} greedy tokens per prompt, top-{s.topk}")
+        run_calibration(s.model, s.heads, s.data, output=acc_file, device=s.device, dtype=s.dtype,
+                        steps=s.steps, topk=s.topk, seed=s.seed, resume=True, progress=progress)
+        _mark(out, "calibrate", cal_settings)
+    timings["calibrate_s"] = time.perf_counter() - t0
+
+    # 2. proposal trees
+    table, tau = load_tau_curves(acc_file, s.max_nodes, method=s.method)
+    proposal = tau.proposal
+    method = "joint" if (s.method == "auto" and table.joint) else ("greedy" if s.method == "auto" else s.method)
+    write_text(out / "proposal_tree.json",
+               format_tree(proposal, "json", tau=float(tau.joint[-1] if tau.joint is not None else tau.independent[-1]),
+                           method=method, provenance=table.provenance))
+    log(f"[trees] {method} proposal sequence of {proposal.size} nodes; tau({proposal.size}) = "
+        f"{tau.independent[-1]:.3f} independent" + (f", {tau.joint[-1]:.3f} joint" if tau.joint is not None else "")
+        + (f", {tau.walked[-1]:.3f} walked" if tau.walked is not None else ""))
+
+    lm = load_model(s.model, s.heads, device=s.device, dtype=s.dtype)
+    if lm.device.type == "cpu":
+        # One thread count for every measurement of the run (profile, sweep, validation).
+        threads = s.threads or default_threads(lm.model, lm.device) or torch.get_num_threads()
+        torch.set_num_threads(threads)
+        log(f"[setup] {threads} torch thread(s) on the CPU")
+    dtype_name = str(lm.dtype).replace("torch.", "")
+    shape = shape_of(s.model, dtype=dtype_name)
+
+    # 3. hardware profile of this machine
+    t0 = time.perf_counter()
+    hw_settings = {"device": str(lm.device), "dtype": dtype_name, "model": s.model, "quick": s.hw_quick}
+    done = _stage(out, "hardware", hw_settings, log)
+    hw_file = out / "hardware.json"
+    if not (done and hw_file.is_file()):
+        log(f"[hardware] microbenchmarks on {lm.device} ({dtype_name})")
+        hw = calibrate_hardware(lm.device.type, shape, dtype=dtype_name, quick=s.hw_quick,
+                                progress=progress)
+        hw.save(hw_file)
+        _mark(out, "hardware", hw_settings)
+    hw = load_hardware(hw_file)
+    timings["hardware_s"] = time.perf_counter() - t0
+
+    # 4. prediction: the roofline report for this machine, for the trees and tau the sweep uses
+    t0 = time.perf_counter()
+    heads_shape = DraftHeadsShape(lm.heads.num_heads, lm.heads.num_layers, lm.heads.hidden_size,
+                                  lm.heads.vocab_size, tokens_per_sequence=1)
+    build_report(shape, heads_shape, hw, out / "prediction", accuracy=table,
+                 accuracy_label=f"calibrated on {s.data} ({acc_file.name})", batches=s.batches,
+                 contexts=s.contexts, max_nodes=s.max_nodes, joint=table.joint is not None,
+                 proposal=proposal, tau=tau.best, used_heads=True,
+                 tau_source=f"The {method} proposal sequence of {proposal.size} nodes the sweep measures; τ "
+                            + tau.describe(),
+                 title=f"Predicted: {s.model} with {lm.heads.num_heads} Medusa heads on {hw.name}")
+    timings["predict_s"] = time.perf_counter() - t0
+
+    # 5. measured sweep
+    t0 = time.perf_counter()
+    sizes = tuple(n for n in s.sizes if n <= proposal.size)
+    sw = SweepSettings(sizes, s.batches, s.contexts, repeats=s.repeats, topk=s.topk)
+    log(f"[sweep] sizes {list(sizes)} x batch {list(s.batches)} x context {list(s.contexts)}, "
+        f"{s.repeats} rounds each")
+    sweep_df = sweep(lm, table, tau, sw, out / "sweep.csv", hardware=hw, resume="auto", progress=progress)
+    timings["sweep_s"] = time.perf_counter() - t0
+
+    # 6. selection
+    selection = select(sweep_df, proposal, by="measured", hardware=hw.name, model=s.model)
+    write_json(out / "selection.json", selection)
+    log(format_selection(selection))
+
+    # 7. validation on held-out prompts
+    t0 = time.perf_counter()
+    val_sizes = tuple(n for n in s.validation_sizes if n <= proposal.size)
+    log(f"[validate] decoder on {s.validation_data}, tree sizes {list(val_sizes)}")
+    result = validate(lm, tau, val_sizes, s.validation_data, sweep_df=sweep_df, max_new_tokens=s.steps, max_prompts=s.validation_prompts,
+                      topk=s.topk, out_dir=out, progress=progress)
+    log(format_validation(result))
+    timings["validate_s"] = time.perf_counter() - t0
+    timings["total_s"] = time.perf_counter() - t_start
+
+    write_text(out / "index.md", _run_index(s, table, proposal, hw, selection, result, sweep_df, timings, method))
+    log(f"report: {out / 'index.md'} ({timings['total_s']:.0f} s)")
+    return {"selection": selection, "validation": result, "timings": timings}
+
+
+def _md_table(df: pd.DataFrame, floatfmt: str = "{:.3f}") -> str:
+    cols = list(df.columns)
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for row in df.itertuples(index=False):
+        cells = []
+        for v in row:
+            if isinstance(v, (float, np.floating)):
+                cells.append(floatfmt.format(v) if np.isfinite(v) else "--")
+            else:
+                cells.append(str(v))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _run_index(s: RunSettings, table: AccuracyTable, proposal: Tree, hw, selection: dict,
+               result: ValidationResult, sweep_df: pd.DataFrame, timings: dict, method: str) -> str:
+    acc = table.accuracy
+    K = table.num_heads
+    L = [f"# treeopt run: {s.model} on {hw.name}", "",
+         "Calibrate the draft heads, build the proposal trees, calibrate this machine's roofline profile, "
+         "predict, measure, select, and check the predictions against measurements on held-out prompts.", "",
+         "Regenerate with `treeopt run" + ("" if is_demo(s.model) else f" --model {s.model}") + " -o <dir>`.", "",
+         "## 1. Head accuracies", "",
+         f"Greedy-label calibration on `{s.data}` ({int(table.positions[0])} positions for head 1), "
+         f"per-rank accuracy, top-1 and top-{table.width} (in `accuracy.json`):", "",
+         "| head | top-1 | top-" + str(table.width) + " | positions |", "|---|---|---|---|"]
+    for k in range(K):
+        L.append(f"| {k + 1} | {acc[k, 0]:.3f} | {acc[k].sum():.3f} | {int(table.positions[k])} |")
+    L += ["", "## 2. Proposal trees", "",
+          f"{method} proposal sequence of {proposal.size} nodes (`proposal_tree.json`); every prefix is the "
+          "tree of that size.", "",
+          "## 3. Selection: the best tree per batch size on this machine", "",
+          "By measured speedup τ·T(0)/T(n) (`selection.json`; `sweep.csv` has every measurement):", "",
+          "| batch | context | best nodes | measured speedup | predicted speedup |", "|---|---|---|---|---|"]
+    for c in selection["cells"]:
+        L.append(f"| {c['batch']} | {c['context']} | {c['nodes'] or 'no speculation'} | "
+                 f"{format_speedup(c['measured_speedup'])} | {format_speedup(c.get('predicted_speedup'))} |")
+    L += ["", "## 4. Validation on held-out prompts", "",
+          "Measured tokens per step of the reference decoder against τ predicted from the table:", "",
+          "![acceptance](validation_acceptance.png)", "",
+          _md_table(result.acceptance[["nodes", "measured_tokens_per_step", "tau_independent", "error_independent",
+                                       "tau_joint", "error_joint", "tau_walk", "error_walk", "steps"]]), "",
+          "tau_independent multiplies per-head per-rank accuracies; tau_joint averages the calibration's joint "
+          "rank-vector statistics over every position; tau_walk walks the same rank vectors the way the decoder "
+          "steps (after accepting A tokens the next step starts A positions on), which removes the length bias "
+          "of a per-position average where acceptance comes in runs.", ""]
+    if result.latency is not None:
+        err = result.latency["overhead_error"].abs()
+        L += ["Step-latency ratio T(n)/T(0), measured against the roofline prediction for this machine's "
+              f"calibrated profile: median |error| {err.median():.1%}, max {err.max():.1%} over {len(err)} "
+              "configurations.", "", "![latency](validation_latency.png)", ""]
+    if result.regret is not None:
+        L += ["Tree chosen by prediction alone against the measured best (fraction of the best measured "
+              "speedup):", "", _md_table(result.regret), ""]
+    L += ["## 5. The prediction for this machine", "",
+          "The roofline report of this machine's profile: [prediction/index.md](prediction/index.md).", "",
+          "![roofline](prediction/roofline.png)", "", "![speedup](prediction/speedup.png)", "",
+          "## Run time", "", ", ".join(f"{k.removesuffix('_s')} {v:.0f} s" for k, v in timings.items()), ""]
+    return "\n".join(L)

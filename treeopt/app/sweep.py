@@ -1,0 +1,85 @@
+"""The measured sweep joined to the roofline: the reference decoder's step time beside the
+prediction for the same step, and the end-to-end throughput beside both."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from calibration.data import read_jsonl_prompts
+from calibration.demo_files import DEMO_PROMPTS, DEMO_VALIDATION_PROMPTS
+from calibration.sweep import E2E_COLUMNS, SweepSettings, measure_end_to_end, run_sweep
+from roofline.hardware import HardwareProfile, load_hardware
+from roofline.latency import step_time_s
+from roofline.shapes import DraftHeadsShape
+from treeopt.app.models import shape_of
+from treeopt.fileio import atomic_path
+from treeopt.selection import SWEEP_COLUMNS
+from treeopt.tau import TauCurve
+from treeopt.tree import Tree
+
+DEMO_VALIDATION = "demo-validation"
+
+
+def load_prompt_texts(data: str) -> list[str]:
+    """Prompts of a JSON-lines file, or of the demo's calibration / validation sets."""
+    if data == DEMO_VALIDATION:
+        return read_jsonl_prompts(DEMO_VALIDATION_PROMPTS)
+    if data == "demo":
+        return read_jsonl_prompts(DEMO_PROMPTS)
+    return read_jsonl_prompts(data)
+
+
+def step_predictor(lm, proposal: Tree, hardware: HardwareProfile):
+    """predict(batch, tokens, context) -> seconds of one decoding step as the reference decoder
+    runs it: the base model over q tokens plus, for q > 1, the heads the tree reaches, run on one
+    token per sequence (docs/decoder.md "Where the heads run")."""
+    shape = shape_of(lm.name, dtype=str(lm.dtype).replace("torch.", ""))
+    heads = lm.heads
+
+    def predict(batch: int, tokens: int, context: int) -> float:
+        n = tokens - 1
+        used = proposal.prefix(n).depth if n else 0
+        draft = DraftHeadsShape(used, heads.num_layers, heads.hidden_size, heads.vocab_size,
+                                tokens_per_sequence=1) if used else None
+        return float(step_time_s(shape, draft, hardware, batch=batch, tokens=tokens, context=context,
+                                 on_oom="ignore"))
+
+    return predict
+
+
+def sweep(lm, table, tau: TauCurve, settings: SweepSettings, output, *, hardware=None,
+          resume: bool | str = False, progress: bool = True) -> pd.DataFrame:
+    """`calibration.sweep.run_sweep` with the roofline's prediction of every step when a
+    hardware profile (name, file or profile) is given."""
+    predictor, meta = None, {"accuracy": table.provenance}
+    if hardware is not None:
+        hw = hardware if isinstance(hardware, HardwareProfile) else load_hardware(hardware)
+        predictor = step_predictor(lm, tau.proposal, hw)
+        meta["hardware"] = hw.name
+    return run_sweep(lm, tau, settings, output, predictor=predictor, meta=meta, resume=resume, progress=progress)
+
+
+def add_end_to_end(lm, proposal: Tree, df: pd.DataFrame, settings: SweepSettings, data: str,
+                   max_new_tokens: int, output, *, max_prompts: int = 32, progress: bool = True) -> pd.DataFrame:
+    """Measure the real decoder end to end on prompts and merge its throughput into the sweep."""
+    prompts = load_prompt_texts(data)[:max_prompts]
+    e2e = measure_end_to_end(lm, proposal, settings.sizes, settings.batches, prompts,
+                             max_new_tokens=max_new_tokens, topk=settings.topk, progress=progress)
+    df = df.drop(columns=E2E_COLUMNS, errors="ignore")
+    df = df.merge(e2e, on=["batch", "nodes"], how="left").reindex(columns=SWEEP_COLUMNS)
+    with atomic_path(Path(output)) as tmp:
+        df.to_csv(tmp, index=False)
+    return df
+
+
+def format_sweep(df: pd.DataFrame) -> str:
+    cols = ["batch", "context", "nodes", "tau", "step_time_s", "overhead", "speedup"]
+    if df["predicted_overhead"].notna().any():
+        cols += ["predicted_overhead", "predicted_speedup"]
+    if df["e2e_speedup"].notna().any():
+        cols += ["e2e_tokens_per_s", "e2e_speedup"]
+    view = df[cols].copy()
+    view["step_time_ms"] = view.pop("step_time_s") * 1e3
+    return view.to_string(index=False, float_format=lambda v: f"{v:.3f}")

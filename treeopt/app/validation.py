@@ -1,0 +1,130 @@
+"""Validation: the decoder's measured tokens per step on held-out prompts against the
+predicted tau, and the roofline's step-latency ratios against the measured sweep
+(docs/statistics.md "Validation")."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+from calibration.validate import latency_errors, measure_acceptance
+from treeopt.app.sweep import load_prompt_texts
+from treeopt.fileio import atomic_path
+from treeopt.selection import prediction_regret, read_sweep
+from treeopt.tau import TauCurve
+
+
+@dataclass(frozen=True)
+class ValidationResult:
+    acceptance: pd.DataFrame        # per tree size: measured tokens/step vs tau
+    latency: pd.DataFrame | None    # per (batch, context, size): measured vs predicted overhead
+    regret: pd.DataFrame | None     # per (batch, context): prediction's pick vs measured best
+
+
+def validate(lm, tau: TauCurve, sizes, data, *, sweep_file=None, sweep_df=None, max_new_tokens: int = 32,
+             batch_size: int = 8, max_prompts=None, topk: int = 10, out_dir=None,
+             progress: bool = True) -> ValidationResult:
+    """Measured tokens per step of the decoder on held-out prompts against every tau, and
+    (given a sweep with predictions) the roofline's step-latency ratios and picks against the
+    measured ones."""
+    prompts = load_prompt_texts(data)
+    if max_prompts:
+        prompts = prompts[:max_prompts]
+    sizes = [n for n in sizes if n <= tau.proposal.size]
+    acceptance = measure_acceptance(lm, tau, sizes, prompts, max_new_tokens=max_new_tokens,
+                                    batch_size=batch_size, topk=topk, progress=progress)
+    if sweep_df is None and sweep_file is not None:
+        sweep_df, _ = read_sweep(sweep_file)
+    latency = regret = None
+    if (sweep_df is not None and "predicted_overhead" in sweep_df.columns
+            and sweep_df["predicted_overhead"].notna().any()):
+        latency = latency_errors(sweep_df)
+        regret = prediction_regret(sweep_df)
+    result = ValidationResult(acceptance, latency, regret)
+    if out_dir is not None:
+        write_validation(result, out_dir)
+    return result
+
+
+def write_validation(result: ValidationResult, out_dir) -> list[str]:
+    """CSV files and the validation plots; returns the PNG names written."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for name, df in (("validation_acceptance.csv", result.acceptance),
+                     ("validation_latency.csv", result.latency),
+                     ("validation_selection.csv", result.regret)):
+        if df is not None:
+            with atomic_path(out_dir / name) as tmp:
+                df.to_csv(tmp, index=False)
+    return plot_validation(result, out_dir)
+
+
+def plot_validation(result: ValidationResult, out_dir: Path) -> list[str]:
+    written = []
+    acc = result.acceptance
+    fig = Figure(figsize=(6.4, 4.4), dpi=120)
+    ax = fig.subplots()
+    ax.plot(acc["nodes"], acc["measured_tokens_per_step"], "o-", color="black", label="measured (decoder)")
+    ax.plot(acc["nodes"], acc["tau_independent"], "s--", label="predicted, independent heads")
+    if acc["tau_joint"].notna().any():
+        ax.plot(acc["nodes"], acc["tau_joint"], "^--", label="predicted, joint statistics (per position)")
+    if "tau_walk" in acc.columns and acc["tau_walk"].notna().any():
+        ax.plot(acc["nodes"], acc["tau_walk"], "D--", label="predicted, joint statistics walked step by step")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("tree size (nodes)")
+    ax.set_ylabel("tokens per step")
+    ax.set_title("Acceptance on held-out prompts: measured vs predicted")
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    with atomic_path(out_dir / "validation_acceptance.png") as tmp:
+        fig.savefig(tmp, format="png")
+    written.append("validation_acceptance.png")
+
+    if result.latency is not None:
+        lat = result.latency
+        contexts = sorted(lat["context"].unique())
+        fig = Figure(figsize=(5.2 * len(contexts), 4.4), dpi=120)
+        axes = fig.subplots(1, len(contexts), squeeze=False, sharey=True)
+        for ax, s in zip(axes[0], contexts):
+            sub = lat[lat["context"] == s]
+            for i, (b, g) in enumerate(sub.groupby("batch")):
+                color = f"C{i}"
+                ax.plot(g["nodes"], g["overhead"], "o-", color=color, label=f"batch {b} measured")
+                ax.plot(g["nodes"], g["predicted_overhead"], "x--", color=color, label=f"batch {b} predicted")
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("tree size (nodes)")
+            ax.set_title(f"context {s} tokens")
+            ax.grid(True, alpha=0.3)
+        axes[0][0].set_ylabel("step latency / plain decoding step")
+        axes[0][-1].legend(fontsize=7, ncol=2)
+        fig.suptitle("Step-latency overhead: measured vs roofline prediction")
+        fig.tight_layout()
+        with atomic_path(out_dir / "validation_latency.png") as tmp:
+            fig.savefig(tmp, format="png")
+        written.append("validation_latency.png")
+    return written
+
+
+def format_validation(result: ValidationResult) -> str:
+    acc = result.acceptance
+    lines = ["acceptance (tokens per step) on held-out prompts:",
+             "  nodes  measured  tau_indep (err)    tau_joint (err)    tau_walk (err)    steps"]
+    for r in acc.itertuples(index=False):
+        joint = f"{r.tau_joint:8.3f} ({r.error_joint:+6.1%})" if np.isfinite(r.tau_joint) else "      --          "
+        walk = f"{r.tau_walk:8.3f} ({r.error_walk:+6.1%})" if np.isfinite(r.tau_walk) else "      --          "
+        lines.append(f"  {r.nodes:5d}  {r.measured_tokens_per_step:8.3f}  {r.tau_independent:8.3f} "
+                     f"({r.error_independent:+6.1%})  {joint}  {walk}  {r.steps:6d}")
+    if result.latency is not None:
+        err = result.latency["overhead_error"].abs()
+        lines.append(f"step-latency overhead, predicted vs measured over {len(err)} configurations: "
+                     f"median |error| {err.median():.1%}, max {err.max():.1%}")
+    if result.regret is not None:
+        worst = result.regret["fraction_of_best"].min()
+        lines.append(f"tree picked by prediction alone reaches >= {worst:.1%} of the measured best "
+                     f"speedup in every (batch, context) cell")
+    return "\n".join(lines)
