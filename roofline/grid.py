@@ -1,6 +1,6 @@
 """The predicted speedup grid: batch x context x tree size, and the selection it implies.
 
-For a proposal sequence T_1 ⊂ T_2 ⊂ ... (DESIGN section 5) with expected tokens per step
+For a proposal sequence T_1 ⊂ T_2 ⊂ ... (docs/builders.md "Proposal sequence") with expected tokens per step
 tau[n] (tau[0] = 1: plain decoding), the model predicts
     overhead(b, s, n) = T(b, q = n + 1, s) / T(b, q = 1, s)
     speedup(b, s, n)  = tau[n] / overhead(b, s, n)

@@ -1,17 +1,17 @@
 """Hardware profiles: the roofs and the overheads the latency model uses.
 
-Built-in profiles are the datasheet table of DESIGN section 6 (dense fp16/bf16 tensor-core
+Built-in profiles are the datasheet table of docs/performance-model.md "Built-in hardware" (dense fp16/bf16 tensor-core
 FLOP/s, memory bandwidth, capacity), plus the vector (non-tensor) fp32 rate where the vendor
 prints one. Efficiencies for them:
 
 - eta_memory = 0.78: the middle of the published 77-80% of peak bandwidth reached by
-  single-token decode on A100, H100 and A40 (DESIGN section 6). Decode is where bandwidth
+  single-token decode on A100, H100 and A40 (docs/performance-model.md "Efficiencies"). Decode is where bandwidth
   binds, so this is the number that sets plain-decoding latency.
 - eta_compute = 0.74: the middle of the 71-76% of peak FLOP/s reached by large GEMMs.
 - gemm_efficiency: a relative efficiency (x eta_compute) that depends on the GEMM's row
   count M = batch x tokens. DEFAULT_GPU_GEMM_CURVE is fitted so that the predicted step time
   of Vicuna-7B (fp16, batch 1, 512 cached tokens, no heads) on `a100-80gb-sxm` reproduces
-  the skinny-GEMM measurement quoted in DESIGN section 6: flat to ~64 tokens, 1.27x the
+  the skinny-GEMM measurement quoted in docs/performance-model.md "GEMM row efficiency": flat to ~64 tokens, 1.27x the
   1-token time at 96 tokens, 1.9x at 256 (tile and wave quantisation make rows 64-256 cost
   more than a pure max(compute, memory) says). It is reused for the other GPUs; calibrate
   (`treeopt hw calibrate --device cuda`) to replace it by measurements.
@@ -261,7 +261,7 @@ def _gpu(name, bf16_tflops, gbps, gb, fp32_tflops, description, note=""):
     peaks = {"bf16": bf16_tflops * TFLOPS, "fp16": bf16_tflops * TFLOPS}
     if fp32_tflops:
         peaks["fp32"] = fp32_tflops * TFLOPS
-    src = ("vendor datasheet via DESIGN section 6 (dense fp16/bf16, no sparsity); fp32 = "
+    src = ("vendor datasheet, see docs/performance-model.md (dense fp16/bf16, no sparsity); fp32 = "
            "non-tensor-core rate from the vendor datasheet" + (f"; {note}" if note else ""))
     return HardwareProfile(name=name, peak_flops=peaks, bandwidth_bytes_per_s=gbps * GB,
                            capacity_bytes=gb * GB, description=description, source=src)

@@ -1,4 +1,4 @@
-"""Operators of one forward pass: FLOPs and minimum bytes moved (DESIGN section 6, the
+"""Operators of one forward pass: FLOPs and minimum bytes moved (docs/performance-model.md "Operators", the
 Medusa paper's Appendix G, Table 5).
 
 A step processes q new tokens per sequence for b sequences that already have s cached tokens:

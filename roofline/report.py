@@ -147,7 +147,7 @@ def build_report(shape: ModelShape, heads: DraftHeadsShape | None, hw: HardwareP
         sizes = [n for n in (0, 1, 2, 4, 8, 16, 32, 48, 64, 96, 128) if n < len(tau)]
         what = tau_source or (f"Medusa's greedy proposal sequence of {len(tau) - 1} nodes built from it; "
                               "expected tokens per step τ of its prefixes "
-                              f"({'joint statistics' if joint else 'independent heads, DESIGN section 4'})")
+                              f"({'joint statistics' if joint else 'independent heads, docs/statistics.md'})")
         L += ["", f"- **Accuracy table**: {accuracy_label}. {what}:", "",
               "  | n | " + " | ".join(str(n) for n in sizes) + " |",
               "  |---|" + "---|" * len(sizes),
@@ -157,7 +157,7 @@ def build_report(shape: ModelShape, heads: DraftHeadsShape | None, hw: HardwareP
     L += ["## Assumptions", "",
           "- Step time = framework overhead (per forward, per layer, per token row and cached token) + Σ over operators of "
           "max(FLOPs / compute rate, bytes / memory rate) + kernels × kernel overhead. Operators and their "
-          "FLOPs and minimum bytes follow DESIGN section 6 (Medusa paper Appendix G, Table 5), plus norms, "
+          "FLOPs and minimum bytes follow docs/performance-model.md, \"Operators\" (Medusa paper Appendix G, Table 5), plus norms, "
           "rotary, residuals, the activation and the KV-cache write.",
           "- GEMM compute rate = peak × η_c × efficiency(rows = b·q); attention matmuls use the attention "
           "efficiency by query rows per KV head; vector work runs at the fp32 (non-tensor) rate.",

@@ -21,7 +21,7 @@ def value(path, acc):
 
 
 def greedy_reference(acc, n, max_depth, max_children):
-    """DESIGN section 5, word for word: walk the chosen nodes in insertion order, propose the
+    """docs/builders.md "Medusa's greedy", word for word: walk the chosen nodes in insertion order, propose the
     next sibling then the first child, skip chosen ones, keep the strictly greatest."""
     chosen = [(0,)]
     while len(chosen) < n:

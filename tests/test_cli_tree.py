@@ -53,7 +53,7 @@ def test_build_text(capsys, vicuna7b):
     tau = expected_tokens(tree, vicuna7b)
     assert f"tau = {tau:.4f}" in out
     assert out.splitlines()[0].startswith("greedy tree of 16 nodes from medusa_train_accuracy.csv (vicuna-7b)")
-    assert "├─ [0]  0.5604" in out and "│  ├─ [0, 0]  0.1773" in out  # 0.5604 * 0.3164
+    assert "├── [0]  0.5604" in out and "│   ├── [0, 0]  0.1773" in out  # 0.5604 * 0.3164
     assert out.rstrip().endswith(f"medusa_choices = {tree.to_choices()}")
     assert err == ""
 

@@ -4,7 +4,8 @@ on calibration sequences.
 Under greedy verification the tokens a decoding step produces depend only on where it starts:
 a step that starts at position t (its root is x_{t+1}, the heads read h_t) accepts the node
 (i_1 .. i_d) exactly when head j's rank of its label x_{t+j+1} is i_j for every j <= d
-(DESIGN section 3). With the rank vector R_t = (r_1(t) .. r_K(t)) the step produces
+(docs/statistics.md "Joint statistics and rank vectors"). With the rank vector
+R_t = (r_1(t) .. r_K(t)) the step produces
 
     A_T(t) = 1 + max{ d : (r_1(t), .., r_d(t)) is a node of T }       (1 with no node matched)
 
@@ -18,7 +19,7 @@ the decoder's mean tokens per step is below tau. `simulate_tokens_per_step` walk
 calibration sequence the way the decoder does and returns that mean exactly (for the calibration
 sequences, under greedy verification).
 
-Rank vectors (the `treeopt calibrate` sidecar, see docs/accuracy-format.md): ``ranks`` (N, K)
+Rank vectors (the `treeopt calibrate` sidecar, see docs/formats.md): ``ranks`` (N, K)
 int, one row per position, ``ranks[i, k]`` the exact rank of head k+1's label (0 = top-1), a
 value < 0 where head k+1 has no label there, a value >= the table's width for a miss;
 ``sequence`` (N,) int, the sequence (prompt) each row belongs to. The rows of one sequence are

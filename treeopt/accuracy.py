@@ -1,9 +1,9 @@
 """Draft-head accuracy tables and the expected number of tokens per step of a tree.
 
-Per-rank accuracy acc[k][r] = P(head k+1's rank-r proposal is the label), exact rank (DESIGN
-section 3). Optional joint statistics keep the dependence between heads: for each node path
+Per-rank accuracy acc[k][r] = P(head k+1's rank-r proposal is the label), exact rank
+(docs/statistics.md "Per-rank accuracy"). Optional joint statistics keep the dependence between heads: for each node path
 the number of positions whose rank vector starts with it. The file format is documented in
-docs/accuracy-format.md.
+docs/formats.md.
 """
 
 from __future__ import annotations
@@ -507,7 +507,7 @@ def _as_acc(table_or_acc, joint: bool) -> tuple[np.ndarray, AccuracyTable | None
 
 
 def node_values(tree: Tree, table_or_acc, *, joint: bool = False, strict: bool = True) -> np.ndarray:
-    """Each node's acceptance probability, insertion order (DESIGN section 4).
+    """Each node's acceptance probability, insertion order (docs/statistics.md "Expected tokens per step (tau)").
 
     Independent heads: the product of acc[j][i_j] along the path. Joint: count(path) /
     positions[depth - 1]. A node deeper than the table's heads or with a rank >= its width is
@@ -559,5 +559,5 @@ def unmeasured_nodes(tree: Tree, num_heads: int, width: int) -> tuple[int, int]:
 
 
 def expected_tokens(tree: Tree, table_or_acc, *, joint: bool = False, strict: bool = True) -> float:
-    """tau(T) = 1 + sum of node values: expected tokens per step (DESIGN section 4)."""
+    """tau(T) = 1 + sum of node values: expected tokens per step (docs/statistics.md)."""
     return 1.0 + float(node_values(tree, table_or_acc, joint=joint, strict=strict).sum())

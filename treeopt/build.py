@@ -1,5 +1,5 @@
 """Tree builders: Medusa's greedy, the exact optimum under independent heads, and the most
-frequent prefixes under joint statistics (DESIGN section 5).
+frequent prefixes under joint statistics (docs/builders.md).
 
 Limits shared by all builders: `max_depth` (default: the number of heads) and `max_children`,
 an int or one int per depth: at depth d only ranks < max_children[d-1] may be used. That is
@@ -82,7 +82,7 @@ def _check_nodes(nodes, D: int, widths: list[int]) -> int:
 
 
 def greedy_tree(acc, nodes: int, *, max_depth=None, max_children=None) -> Tree:
-    """Medusa's greedy (DESIGN section 5); the paths are the proposal sequence, so
+    """Medusa's greedy (docs/builders.md "Medusa's greedy"); the paths are the proposal sequence, so
     `.prefix(n)` is the greedy tree of n nodes.
 
     Every node is proposed by exactly one chosen node (its previous sibling, or its parent if

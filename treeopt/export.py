@@ -1,10 +1,16 @@
-"""A tree in the formats people paste it into (DESIGN section 2), and as readable text."""
+"""A tree in the formats people paste it into (docs/trees.md "Formats"), and as readable text."""
 
 from __future__ import annotations
 
+import io
 import json
 
 import numpy as np
+from rich import box
+from rich.console import Console
+from rich.table import Table as RichTable
+from rich.text import Text
+from rich.tree import Tree as RichTree
 
 from treeopt.errors import UserError
 from treeopt.tree import TREE_FORMAT, Tree, _node_str
@@ -57,23 +63,41 @@ def compact_json(doc: dict) -> str:
     return "{\n" + body + "\n}\n"
 
 
+class _AsciiText(io.StringIO):
+    """A text buffer that tells rich it cannot encode box-drawing characters."""
+
+    encoding = "ascii"
+
+
+def render(renderable, *, ascii: bool = False, width: int = 200) -> str:
+    """A rich renderable (tree, table) as plain text: no colour, no markup, no wrapping of
+    long rows (`width`)."""
+    buffer = _AsciiText() if ascii else io.StringIO()
+    console = Console(file=buffer, width=width, color_system=None, force_terminal=False, highlight=False,
+                      emoji=False, soft_wrap=True)
+    console.print(renderable)
+    return "".join(line.rstrip() + "\n" for line in buffer.getvalue().splitlines())
+
+
 def draw_tree(tree: Tree, *, tau=None, values=None, ascii: bool = False) -> str:
-    """Indented drawing, children in rank order, each node with its value when given."""
-    tee, last, bar, gap = ("|- ", "`- ", "|  ", "   ") if ascii else ("├─ ", "└─ ", "│  ", "   ")
+    """The tree drawn with its children in rank order, each node with its value when given."""
     value_of = {} if values is None else dict(zip(tree.paths, np.asarray(values, dtype=float)))
-    children: dict[tuple[int, ...], list[tuple[int, ...]]] = {}
-    for p in tree.sorted_paths:
-        children.setdefault(p[:-1], []).append(p)
-    lines = ["root" + (f"  (tau = {tau:.4f} expected tokens per step)" if tau is not None else "")]
-    # Explicit stack, not recursion: depth is small but trees can be wide.
-    stack = [(c, "", i == len(children.get((), [])) - 1) for i, c in enumerate(children.get((), []))][::-1]
-    while stack:
-        path, indent, is_last = stack.pop()
-        label = _node_str(path)
-        if path in value_of:
-            label += f"  {value_of[path]:.4f}"
-        lines.append(indent + (last if is_last else tee) + label)
-        kids = children.get(path, [])
-        sub = indent + (gap if is_last else bar)
-        stack.extend([(c, sub, i == len(kids) - 1) for i, c in enumerate(kids)][::-1])
-    return "\n".join(lines) + "\n"
+    root = RichTree(Text("root" + (f"  (tau = {tau:.4f} expected tokens per step)" if tau is not None else "")))
+    drawn = {(): root}
+    for path in tree.sorted_paths:  # (depth, path) order: a parent before its children, siblings by rank
+        label = _node_str(path) + (f"  {value_of[path]:.4f}" if path in value_of else "")
+        drawn[path] = drawn[path[:-1]].add(Text(label))
+    return render(root, ascii=ascii)
+
+
+def text_table(columns, rows, *, title: str | None = None, ascii: bool = False) -> str:
+    """Rows of already formatted cells as an aligned plain-text table; a column named with a
+    leading '<' is left-aligned (the rest are right-aligned numbers)."""
+    table = RichTable(box=box.ASCII if ascii else box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
+                      title=title, title_justify="left")
+    for name in columns:
+        left = name.startswith("<")
+        table.add_column(name.lstrip("<"), justify="left" if left else "right", no_wrap=True)
+    for row in rows:
+        table.add_row(*(Text(str(cell)) for cell in row))
+    return render(table, ascii=ascii, width=1000)

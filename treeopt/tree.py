@@ -1,7 +1,7 @@
 """Static candidate trees (Medusa's `medusa_choices`) and their verification buffers.
 
 A node is a path of 0-based ranks `(i_1, ..., i_d)`: its depth-j token is head j's rank-i_j
-proposal. The root (the base model's own next token) is implicit. See DESIGN section 2.
+proposal. The root (the base model's own next token) is implicit. See docs/trees.md "Nodes".
 """
 
 from __future__ import annotations
@@ -217,7 +217,7 @@ def _short(s: str, n: int = 40) -> str:
 
 @dataclass(frozen=True, eq=False)
 class TreeBuffers:
-    """Medusa's verification buffers (DESIGN section 2). Token 0 is the root, token i+1 the
+    """Medusa's verification buffers (docs/trees.md "Buffers"). Token 0 is the root, token i+1 the
     i-th node in canonical (depth, path) order; q = n + 1."""
 
     attention_mask: np.ndarray  # (q, q) bool: row i attends to its ancestors and itself

@@ -17,6 +17,7 @@ from treeopt.accuracy import load_accuracy
 from treeopt.app.models import heads_of, shape_of
 from treeopt.cli.options import AtLeast, IntList, apply
 from treeopt.errors import UserError
+from treeopt.export import text_table
 from treeopt.fileio import atomic_path, write_json
 from treeopt.selection import best_per_cell, selection_from_grid
 from treeopt.tau import first_heads, proposal_sequence, tau_curves
@@ -83,12 +84,13 @@ def hw_list(as_json: bool) -> None:
     aliases: dict[str, list[str]] = {}
     for a, n in hardware_aliases().items():
         aliases.setdefault(n, []).append(a)
-    click.echo(f"{'name':<16} {'bf16 TFLOP/s':>12} {'fp32 TFLOP/s':>12} {'GB/s':>7} {'GB':>5}  description")
+    rows = []
     for name, p in profiles.items():
         fp32 = p.peak_flops.get("fp32")
         al = f" (alias {', '.join(aliases[name])})" if name in aliases else ""
-        click.echo(f"{name:<16} {p.peak('bf16') / 1e12:>12.4g} {fp32 / 1e12 if fp32 else float('nan'):>12.4g} "
-                   f"{p.bandwidth_bytes_per_s / 1e9:>7.0f} {p.capacity_bytes / 1e9:>5.0f}  {p.description}{al}")
+        rows.append([name, f"{p.peak('bf16') / 1e12:.4g}", f"{fp32 / 1e12:.4g}" if fp32 else "-",
+                     f"{p.bandwidth_bytes_per_s / 1e9:.0f}", f"{p.capacity_bytes / 1e9:.0f}", p.description + al])
+    click.echo(text_table(["<name", "bf16 TFLOP/s", "fp32 TFLOP/s", "GB/s", "GB", "<description"], rows), nl=False)
     p = next(iter(profiles.values()))
     click.echo(f"\nAll: eta_compute {p.eta_compute}, eta_memory {p.eta_memory}, {p.kernel_overhead_s * 1e6:g} us "
                "per kernel, row-dependent GEMM efficiency fitted to A100 7B measurements (see roofline/hardware.py). "
@@ -139,13 +141,12 @@ def roofline_ops(model, dtype, hardware, num_heads, head_layers, head_tokens, ba
         click.echo(f"draft heads: {heads.describe()}")
     click.echo(f"hardware: {hw.describe()}")
     click.echo(f"b={batch} q={tokens} s={context} attention={attention}; memory needed {need / 1e9:.2f} GB")
-    click.echo(f"{'operator':<14} {'count':>5} {'GFLOP':>10} {'MB':>10} {'FLOP/B':>8} {'time/us':>10} "
-               f"{'total/us':>10} {'share':>6}  bound")
-    for r in rows:
-        oi = f"{r['intensity']:.1f}" if r["intensity"] is not None else "-"
-        click.echo(f"{r['name']:<14} {r['count']:>5} {r['flops'] / 1e9:>10.4g} {r['bytes'] / 1e6:>10.4g} {oi:>8} "
-                   f"{r['time_s'] * 1e6:>10.2f} {r['time_s'] * r['count'] * 1e6:>10.1f} "
-                   f"{r['time_s'] * r['count'] / total * 100:>5.1f}%  {r['bound']}")
+    click.echo(text_table(
+        ["<operator", "count", "GFLOP", "MB", "FLOP/B", "time/us", "total/us", "share", "<bound"],
+        [[row["name"], row["count"], f"{row['flops'] / 1e9:.4g}", f"{row['bytes'] / 1e6:.4g}",
+          f"{row['intensity']:.1f}" if row["intensity"] is not None else "-", f"{row['time_s'] * 1e6:.2f}",
+          f"{row['time_s'] * row['count'] * 1e6:.1f}", f"{row['time_s'] * row['count'] / total:.1%}", row["bound"]]
+         for row in rows]), nl=False)
     tot_flops = sum(r["flops"] * r["count"] for r in rows)
     tot_bytes = sum(r["bytes"] * r["count"] for r in rows)
     click.echo(f"step: {total * 1e3:.3f} ms; {tot_flops / 1e9:.4g} GFLOP, {tot_bytes / 1e6:.4g} MB moved, "
@@ -195,18 +196,11 @@ def roofline_speedup(model, dtype, hardware, accuracy, csv_model, num_heads, hea
         f"n={n}: {tau[n]:.3f}" for n in (1, 4, 16, 32, 64) if n < len(tau)))
     click.echo("best tree size (predicted speedup) per batch (rows) and context (columns):")
     ctxs = sorted(best["context"].unique())
-    click.echo(f"{'batch':>6} " + " ".join(f"{c:>13}" for c in ctxs))
-    for b in sorted(best["batch"].unique()):
-        cells = []
-        for c in ctxs:
-            r = best[(best["batch"] == b) & (best["context"] == c)].iloc[0]
-            if not r["fits_memory"]:
-                cells.append(f"{'OOM':>13}")
-            elif r["nodes"] == 0:
-                cells.append(f"{'none':>13}")
-            else:
-                cells.append(f"{int(r['nodes']):>5} ({r['speedup']:.2f}x)")
-        click.echo(f"{b:>6} " + " ".join(cells))
+    cell = {(int(b), int(c)): ("OOM" if not fits else "none" if n == 0 else f"{int(n)} ({s:.2f}x)")
+            for b, c, n, s, fits in best[["batch", "context", "nodes", "speedup", "fits_memory"]].itertuples(index=False)}
+    click.echo(text_table(["batch"] + [str(c) for c in ctxs],
+                          [[b] + [cell[(int(b), int(c))] for c in ctxs] for b in sorted(best["batch"].unique())]),
+               nl=False)
     if not best["fits_memory"].all():
         click.echo(f"OOM: not even plain decoding fits in {hw.capacity_bytes / 1e9:.0f} GB", err=True)
     for path, what in ((out, "grid"), (select, "selection")):

@@ -14,7 +14,7 @@ from treeopt.accuracy import expected_tokens, load_accuracy, node_values, unmeas
 from treeopt.build import METHODS, build_tree
 from treeopt.cli.options import AtLeast
 from treeopt.errors import UserError
-from treeopt.export import FORMATS, compact_json, draw_tree, format_tree
+from treeopt.export import FORMATS, compact_json, draw_tree, format_tree, text_table
 from treeopt.fileio import write_json, write_text
 from treeopt.selection import format_selection, read_sweep, select, proposal_from_meta, selection_from_grid_file
 from treeopt.tree import load_tree, tree_buffers
@@ -265,18 +265,15 @@ def compare_cmd(tree_specs, accuracy_path, csv_model, nodes, as_json):
         doc = {"accuracy": table.provenance, "trees": rows, "notes": [x.removeprefix("note: ") for x in notes]}
         click.echo(json.dumps(doc, indent=1))
         return
-    name_w = max(4, *(len(_display_name(r["tree"])) for r in rows))
     cols = ["nodes", "depth", "leaves", "tau"] + (["tau_joint"] if table.joint is not None else [])
-    lines = [
-        f"accuracy: {_table_label(table)}: {table.num_heads} heads, width {table.width}; "
-        "tau = expected tokens per step" + (" (independent heads; tau_joint from joint statistics)"
-                                            if table.joint is not None else " (independent heads)"),
-        f"{'tree':<{name_w}}" + "".join(f"{c:>10}" for c in cols),
-    ]
-    for r in rows:
-        cells = "".join(f"{r[c]:>10.4f}" if c.startswith("tau") else f"{r[c]:>10}" for c in cols)
-        lines.append(f"{_display_name(r['tree']):<{name_w}}" + cells)
-    click.echo("\n".join(lines + notes))
+    click.echo(f"accuracy: {_table_label(table)}: {table.num_heads} heads, width {table.width}; "
+               "tau = expected tokens per step" + (" (independent heads; tau_joint from joint statistics)"
+                                                   if table.joint is not None else " (independent heads)"))
+    click.echo(text_table(["<tree"] + cols, [[_display_name(r["tree"])] + [
+        f"{r[c]:.4f}" if c.startswith("tau") else r[c] for c in cols] for r in rows],
+        ascii=not _can_draw_unicode()), nl=False)
+    if notes:
+        click.echo("\n".join(notes))
 
 
 @click.command("select")
