@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from calibration.heads import MedusaHeads
-from treeopt.dtypes import normalize_dtype
+from treeopt.dtypes import TORCH_NAMES, normalize_dtype
 from treeopt.errors import UserError
 from treeopt.layout import default_heads_dir
 
@@ -21,7 +21,7 @@ DEMO_PROMPTS = Path(__file__).parent / "data" / "demo_prompts.jsonl"
 #: development machine")
 SMALL_MODEL_PARAMS = 100_000_000
 #: the canonical dtype names (`treeopt.dtypes`) a model can run in, as torch dtypes
-TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+TORCH_DTYPES = {name: getattr(torch, TORCH_NAMES[name]) for name in ("fp32", "bf16", "fp16")}
 
 
 @dataclass

@@ -10,7 +10,7 @@ import pytest
 from scipy.stats import binomtest
 
 from treeopt.accuracy import rank_hits, wilson_interval
-from treeopt.dtypes import DTYPE_BYTES, dtype_bytes, normalize_dtype
+from treeopt.dtypes import DTYPE_BYTES, TORCH_NAMES, dtype_bytes, normalize_dtype
 from treeopt.errors import UserError
 from treeopt.fileio import read_json_input, read_text_input
 from treeopt.layout import default_heads_dir
@@ -120,6 +120,8 @@ def test_dtype_names():
         assert normalize_dtype(spelling) == canonical
     assert {name: dtype_bytes(name) for name in DTYPE_BYTES} == \
         {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
+    # every canonical name has a torch name, and that name normalises back to it
+    assert {normalize_dtype(TORCH_NAMES[name]) for name in DTYPE_BYTES} == set(DTYPE_BYTES)
     with pytest.raises(UserError, match=r"--dtype: unknown dtype 'fp7' \(use one of fp32, bf16"):
         normalize_dtype("fp7", what="--dtype")
     with pytest.raises(UserError, match=r"unknown dtype 'int8' \(use one of fp32, fp16\)"):

@@ -6,10 +6,14 @@ from __future__ import annotations
 
 from treeopt.errors import UserError
 
-__all__ = ["DTYPE_ALIASES", "DTYPE_BYTES", "dtype_bytes", "normalize_dtype"]
+__all__ = ["DTYPE_ALIASES", "DTYPE_BYTES", "TORCH_NAMES", "dtype_bytes", "normalize_dtype"]
 
 #: canonical name -> bytes per element
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
+#: canonical name -> the name of the torch dtype (``getattr(torch, name)``), for the packages
+#: that run torch; kept as strings so that the core imports no torch
+TORCH_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "fp8": "float8_e4m3fn",
+               "int8": "int8"}
 #: accepted spelling (lower case, without a ``torch.`` prefix) -> canonical name; torch's and
 #: Hugging Face ``torch_dtype`` names are accepted so that config files and ``str(torch dtype)``
 #: normalise directly
