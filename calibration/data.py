@@ -28,7 +28,9 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from calibration.models import DEMO_PROMPTS
 from treeopt.errors import UserError
+from treeopt.fileio import read_json_input, read_text_input
 
 PROMPT_FIELDS = ("prompt", "instruction", "text", "turns")
 JSONL_SUFFIXES = (".jsonl", ".jsonlines", ".ndjson")
@@ -111,11 +113,7 @@ def read_json_prompts(path: str | Path) -> list[str]:
     """The prompts of a JSON file holding a list of records (objects with a prompt field, as in
     Medusa's and Alpaca's evaluation sets, or plain strings)."""
     path = Path(path)
-    text = _read_text(path)
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise UserError(f"{path}: not valid JSON (line {err.lineno}: {err.msg})") from None
+    doc = read_json_input(path, "a JSON list of prompts")
     if not isinstance(doc, list):
         raise UserError(f"{path}: expected a JSON list of prompts (objects with one of the fields "
                         f"{', '.join(PROMPT_FIELDS)}), found {type(doc).__name__}")
@@ -153,16 +151,6 @@ def _sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def _read_text(path: Path) -> str:
-    try:
-        return path.read_bytes().decode("utf-8")
-    except OSError as err:
-        raise UserError(f"{path}: cannot read ({err.strerror or err})") from None
-    except UnicodeDecodeError as err:
-        raise UserError(f"{path}: not valid UTF-8 (byte {err.start}); convert it to UTF-8 "
-                        "or pass a JSON-lines file") from None
-
-
 def load_prompts(data: str | Path, tokenizer, *, prompt_tokens: int = 128,
                  max_prompts: int | None = None) -> PromptSet:
     """Load and tokenise the calibration prompts named by `data` (see the module docstring).
@@ -170,8 +158,6 @@ def load_prompts(data: str | Path, tokenizer, *, prompt_tokens: int = 128,
     `max_prompts` keeps the first prompts only (after chunking). Raises `UserError` for a
     missing, unreadable, malformed or empty source.
     """
-    from calibration.models import DEMO_PROMPTS
-
     if prompt_tokens < 1:
         raise UserError(f"--prompt-tokens: must be at least 1, got {prompt_tokens}")
     if max_prompts is not None and max_prompts < 1:
@@ -225,7 +211,8 @@ def load_prompts(data: str | Path, tokenizer, *, prompt_tokens: int = 128,
         sha = _sha256_file(path)
     else:
         kind = "text"
-        prompts = chunk_ids(_encode(tokenizer, _read_text(path)), prompt_tokens, prefix)
+        prompts = chunk_ids(_encode(tokenizer, read_text_input(path, "a text file")), prompt_tokens,
+                            prefix)
         sha = _sha256_file(path)
 
     if max_prompts is not None:

@@ -9,13 +9,15 @@ vocabulary. Subclassing ModuleList makes the state-dict keys exactly Medusa's:
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
 from torch import nn
 
 from treeopt.errors import UserError
+from treeopt.fileio import atomic_path, read_json_input, write_json
 
 CONFIG_NAME = "config.json"
 WEIGHTS_SAFETENSORS = "medusa_lm_head.safetensors"
@@ -58,16 +60,15 @@ class MedusaHeads(nn.ModuleList):
                 head[-1].weight.copy_(lm_head_weight)
 
     @classmethod
-    def from_pretrained(cls, path, *, device=None, dtype=None) -> "MedusaHeads":
+    def from_pretrained(cls, path, *, device=None, dtype=None) -> MedusaHeads:
         """Load a Medusa heads directory: config.json + medusa_lm_head.{safetensors,pt}."""
         path = Path(path)
         config_file = path / CONFIG_NAME
         if not config_file.is_file():
             raise UserError(f"{path}: not a Medusa heads directory (no {CONFIG_NAME})")
-        try:
-            config = json.loads(config_file.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as err:
-            raise UserError(f"{config_file}: not valid JSON ({err})") from None
+        config = read_json_input(config_file, "a Medusa heads config")
+        if not isinstance(config, dict):
+            raise UserError(f"{config_file}: expected a JSON object (a Medusa heads config)")
         for key in ("medusa_num_heads", "medusa_num_layers"):
             if not isinstance(config.get(key), int) or config[key] < (1 if key == "medusa_num_heads" else 0):
                 raise UserError(f"{config_file}: missing or invalid '{key}'")
@@ -93,10 +94,6 @@ class MedusaHeads(nn.ModuleList):
         return heads.to(device=device, dtype=dtype).eval()
 
     def save_pretrained(self, path, *, base_model_name_or_path: str = "", dtype=torch.bfloat16) -> None:
-        from safetensors.torch import save_file
-
-        from treeopt.fileio import atomic_path, write_json
-
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         state = {k: v.detach().to("cpu", dtype).contiguous() for k, v in self.state_dict().items()}
@@ -116,9 +113,6 @@ class MedusaHeads(nn.ModuleList):
 
 def _load_state_dict(path: Path) -> dict[str, torch.Tensor]:
     if (path / WEIGHTS_SAFETENSORS).is_file():
-        from safetensors import SafetensorError
-        from safetensors.torch import load_file
-
         try:
             return load_file(str(path / WEIGHTS_SAFETENSORS))
         except (SafetensorError, OSError) as err:
@@ -126,7 +120,7 @@ def _load_state_dict(path: Path) -> dict[str, torch.Tensor]:
     if (path / WEIGHTS_PT).is_file():
         try:
             state = torch.load(path / WEIGHTS_PT, map_location="cpu", weights_only=True)
-        except Exception as err:  # torch raises many types for a corrupt pickle
+        except Exception as err:  # noqa: BLE001 - torch.load raises many types for a corrupt pickle
             raise UserError(f"{path / WEIGHTS_PT}: cannot read ({err})") from None
         if not isinstance(state, dict):
             raise UserError(f"{path / WEIGHTS_PT}: expected a state dict, found {type(state).__name__}")

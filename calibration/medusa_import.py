@@ -7,11 +7,13 @@ greedy token) at that position. Each head has its own number of rows (head k los
 positions at the end of every prompt), and the authors' tree script then divided every head by
 one hard-coded count; here each head is normalised by its own number of rows.
 
-Conversion:
-- ``positions[k]`` = number of rows of head k; a row with no True is a miss (rank >= width);
+Conversion, through the rank vectors every table is counted from
+(`treeopt.accuracy.rank_hits`):
 - a row's rank is the column of its first True (Medusa's proposals are distinct tokens, so a
-  row has at most one True; should one have several, only the first counts);
-- ``hits[k, r]`` = number of rows of head k whose rank is r; width R = number of columns;
+  row has at most one True; should one have several, only the first counts); a row with no
+  True is a miss (rank R, the number of columns);
+- ``positions[k]`` = number of rows of head k; ``hits[k, r]`` = number of rows of head k whose
+  rank is r;
 - joint prefix counts only when every head has the same number of rows, taking row i of all
   heads as one position (true when the file was written that way, e.g. with a single head).
   Medusa's own files have different row counts per head, whose rows are not aligned, so they
@@ -24,14 +26,16 @@ import hashlib
 from pathlib import Path
 
 import numpy as np
+import torch
 
+from calibration.runner import run_date, tool_versions
+from treeopt.accuracy import AccuracyTable, joint_counts_from_ranks, rank_hits
 from treeopt.errors import UserError
 
 
-def medusa_rank_matrix(results, source: str = "results") -> list[np.ndarray]:
-    """Per head, the rank of each row (first True column, -1 if none), from Medusa's list."""
-    import torch
-
+def medusa_rank_matrix(results, source: str = "results") -> np.ndarray:
+    """Medusa's list as rank vectors (N, K) int64, N the most rows of any head: row i of head k
+    is the column of its first True, the width for a miss, -1 past the head's own rows."""
     if isinstance(results, torch.Tensor) and results.ndim == 3:
         results = list(results)
     if not isinstance(results, (list, tuple)) or not results:
@@ -60,39 +64,30 @@ def medusa_rank_matrix(results, source: str = "results") -> list[np.ndarray]:
         t = t.cpu()
         any_true = t.any(dim=1)
         first = t.to(torch.uint8).argmax(dim=1)  # first maximal element = first True
-        ranks.append(np.where(any_true.numpy(), first.numpy().astype(np.int64), -1))
-    return ranks
+        ranks.append(np.where(any_true.numpy(), first.numpy().astype(np.int64), width))
+    matrix = np.full((max(len(r) for r in ranks), len(ranks)), -1, np.int64)
+    for k, r in enumerate(ranks):  # heads only; each head's rows are one slice
+        matrix[:len(r), k] = r
+    return matrix
 
 
 def import_medusa_accuracy(path: str | Path):
     """Read Medusa's ``*_heads_accuracy.pt`` and return an `AccuracyTable` (see module doc)."""
-    import torch
-
-    from calibration.runner import _tool_versions, run_date
-    from treeopt.accuracy import AccuracyTable, joint_counts_from_ranks
-
     path = Path(path)
     if not path.is_file():
         raise UserError(f"--import: {path} does not exist")
     try:
         results = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # torch raises many types for a damaged or foreign file
+    except Exception as err:  # noqa: BLE001 - torch.load raises many types for a foreign file
         raise UserError(f"{path}: not a readable torch file ({str(err).splitlines()[0]})") from None
     ranks = medusa_rank_matrix(results, source=str(path))
     width = int(results[0].shape[1])
-    num_heads = len(ranks)
-    hits = np.zeros((num_heads, width), np.float64)
-    positions = np.zeros(num_heads, np.float64)
-    for k, r in enumerate(ranks):
-        positions[k] = len(r)
-        hits[k] = np.bincount(r[r >= 0], minlength=width)
-    if positions.min() == 0:
-        raise UserError(f"{path}: head {int(np.argmin(positions))} has no positions")
+    counts = rank_hits(ranks, width)
+    if counts.positions.min() == 0:
+        raise UserError(f"{path}: head {int(np.argmin(counts.positions))} has no positions")
     joint = None
-    if len({len(r) for r in ranks}) == 1:
-        joint = {tuple(int(i) for i in p): int(n)
-                 for p, n in joint_counts_from_ranks(np.stack(ranks, axis=1), width).items()}
-        joint = dict(sorted(joint.items()))
+    if len(set(counts.positions.tolist())) == 1:
+        joint = dict(sorted(joint_counts_from_ranks(ranks, width).items()))
     provenance = {
         "model": None,
         "heads": None,
@@ -102,10 +97,11 @@ def import_medusa_accuracy(path: str | Path):
         "source_format": "Medusa heads_accuracy.py output (list over heads of positions x ranks booleans)",
         "imported_sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
         "topk": width,
-        "positions": int(positions[0]),
+        "positions": int(counts.positions[0]),
         "joint": "rows aligned across heads" if joint is not None
                  else "none: heads have different row counts, rows not aligned",
         "date": run_date(),
-        **_tool_versions(),
+        **tool_versions(),
     }
-    return AccuracyTable(hits=hits, positions=positions, joint=joint, provenance=provenance)
+    return AccuracyTable(hits=counts.hits, positions=counts.positions, joint=joint,
+                         provenance=provenance)

@@ -2,24 +2,26 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from calibration.heads import MedusaHeads
+from treeopt.dtypes import TORCH_NAMES, normalize_dtype
 from treeopt.errors import UserError
+from treeopt.layout import default_heads_dir
 
 DEMO_MODEL_DIR = Path(__file__).parent / "demo_model"
 DEMO_HEADS_DIR = DEMO_MODEL_DIR / "heads"
 DEMO_PROMPTS = Path(__file__).parent / "data" / "demo_prompts.jsonl"
 
-_DTYPES = {
-    "float32": torch.float32, "fp32": torch.float32,
-    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
-    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-}
+#: below this many base-model parameters a CPU run uses one torch thread unless told otherwise:
+#: per-operator overhead bounds such models (docs/performance-model.md, "Measured on the
+#: development machine")
+SMALL_MODEL_PARAMS = 100_000_000
+#: the canonical dtype names (`treeopt.dtypes`) a model can run in, as torch dtypes
+TORCH_DTYPES = {name: getattr(torch, TORCH_NAMES[name]) for name in ("fp32", "bf16", "fp16")}
 
 
 @dataclass
@@ -51,34 +53,23 @@ def resolve_device(name: str = "auto") -> torch.device:
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    # fp32 on CPU: bf16 is slower there for small GEMVs (DESIGN section 9) and fp16 matmuls are
-    # emulated; accelerators get bf16 where supported.
+    """The torch dtype for `--dtype` (any spelling `treeopt.dtypes` accepts, or auto)."""
+    # why fp32 on a CPU: docs/performance-model.md, "Measured on the development machine"
+    # (bf16 is slower there for small GEMVs and fp16 matmuls are emulated); accelerators get
+    # bf16 where supported.
     if name == "auto":
         if device.type == "cuda":
             return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
         return torch.float16 if device.type == "mps" else torch.float32
-    if name not in _DTYPES:
-        raise UserError(f"--dtype: unknown dtype '{name}' (use auto, float32, bfloat16 or float16)")
-    return _DTYPES[name]
-
-
-def _default_heads_dir(model_dir: Path) -> Path | None:
-    for candidate in (model_dir / "heads", model_dir / "medusa_heads"):
-        if (candidate / "config.json").is_file():
-            return candidate
-    # A published Medusa checkpoint is itself a heads directory next to nothing else.
-    if (model_dir / "config.json").is_file():
-        cfg = json.loads((model_dir / "config.json").read_text())
-        if "medusa_num_heads" in cfg:
-            return model_dir
-    return None
+    return TORCH_DTYPES[normalize_dtype(name, what="--dtype", choices=tuple(TORCH_DTYPES))]
 
 
 def load_model(model: str = "demo", heads: str | None = None, *, device: str = "auto",
                dtype: str = "auto") -> LoadedModel:
     """Load `model` ("demo" or a local directory) with transformers and its Medusa heads.
 
-    Heads come from `heads` (a Medusa heads directory) or, when omitted, from `MODEL/heads`.
+    Heads come from `heads` (a Medusa heads directory) or, when omitted, from the model's own
+    (`treeopt.layout.default_heads_dir`).
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
@@ -93,7 +84,7 @@ def load_model(model: str = "demo", heads: str | None = None, *, device: str = "
         model_dir = Path(model)
         if not (model_dir / "config.json").is_file():
             raise UserError(f"--model: {model} is not a model directory (no config.json)")
-    heads_dir = Path(heads) if heads else _default_heads_dir(model_dir)
+    heads_dir = Path(heads) if heads else default_heads_dir(model_dir)
     if heads_dir is None:
         raise UserError(f"--heads: no Medusa heads found in {model_dir}/heads; pass --heads DIR")
 
@@ -122,7 +113,7 @@ def tiny_model_for_tests(path, *, vocab: int = 64, hidden: int = 32, layers: int
                          seed: int = 0) -> Path:
     """Write a random tiny Llama with random Medusa heads (in `path/heads`) and a byte-ish
     tokenizer to `path`, for tests that need a real model and no downloads."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, decoders
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
     from transformers.utils import logging as hf_logging
 

@@ -12,7 +12,12 @@ import torch
 from safetensors.torch import save_file
 
 from calibration.heads import MedusaHeads
-from calibration.models import load_model, resolve_device, resolve_dtype, tiny_model_for_tests
+from calibration.models import (
+    load_model,
+    resolve_device,
+    resolve_dtype,
+    tiny_model_for_tests,
+)
 from treeopt.cli import main
 from treeopt.errors import UserError
 
@@ -224,6 +229,10 @@ def test_bad_model_arguments(tmp_path):
         resolve_dtype("int8", torch.device("cpu"))
     assert resolve_dtype("auto", torch.device("cpu")) == torch.float32
     assert resolve_dtype("bf16", torch.device("cpu")) == torch.bfloat16
+    # the spellings of treeopt.dtypes: torch's names, any case, a torch. prefix
+    for spelling, dtype in [("float32", torch.float32), ("FP16", torch.float16),
+                            ("half", torch.float16), ("torch.bfloat16", torch.bfloat16)]:
+        assert resolve_dtype(spelling, torch.device("cpu")) == dtype
     if not torch.cuda.is_available():
         with pytest.raises(UserError, match="CUDA is not available"):
             resolve_device("cuda")

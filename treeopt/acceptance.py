@@ -38,14 +38,19 @@ from pathlib import Path
 
 import numpy as np
 
-from treeopt.accuracy import load_accuracy
+from treeopt.accuracy import load_accuracy, rank_hits
 from treeopt.errors import UserError
 from treeopt.fileio import atomic_path
 from treeopt.tree import Tree
 
 __all__ = [
-    "accepted_lengths", "simulate_tokens_per_step", "simulated_tau_curve",
-    "rank_vectors_path", "save_rank_vectors", "load_rank_vectors", "RANK_VECTORS_SUFFIX",
+    "RANK_VECTORS_SUFFIX",
+    "accepted_lengths",
+    "load_rank_vectors",
+    "rank_vectors_path",
+    "save_rank_vectors",
+    "simulate_tokens_per_step",
+    "simulated_tau_curve",
 ]
 
 #: the sidecar of ``acc.json`` is ``acc.ranks.npz``
@@ -254,14 +259,14 @@ def save_rank_vectors(path, ranks, sequence, width: int, fingerprint: dict | Non
     arrays = {"ranks": np.asarray(ranks), "sequence": np.asarray(sequence),
               "width": np.asarray(int(width), np.int64),
               "fingerprint": np.asarray(json.dumps(fingerprint or {}, sort_keys=True))}
-    with atomic_path(path) as tmp:
-        with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED, allowZip64=True) as zf:
-            for key, value in arrays.items():
-                info = zipfile.ZipInfo(key + ".npy", date_time=(1980, 1, 1, 0, 0, 0))
-                info.compress_type = zipfile.ZIP_DEFLATED
-                info.external_attr = 0o600 << 16
-                with zf.open(info, "w", force_zip64=True) as fid:
-                    np.lib.format.write_array(fid, value, allow_pickle=False)
+    with atomic_path(path) as tmp, \
+            zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED, allowZip64=True) as zf:
+        for key, value in arrays.items():
+            info = zipfile.ZipInfo(key + ".npy", date_time=(1980, 1, 1, 0, 0, 0))
+            info.compress_type = zipfile.ZIP_DEFLATED
+            info.external_attr = 0o600 << 16
+            with zf.open(info, "w", force_zip64=True) as fid:
+                np.lib.format.write_array(fid, value, allow_pickle=False)
 
 
 def load_rank_vectors(accuracy_path, *, table=None) -> tuple[np.ndarray, np.ndarray] | None:
@@ -308,10 +313,9 @@ def _check_against_table(side: Path, ranks: np.ndarray, width: int, table) -> No
     if ranks.shape[1] != K or width != R:
         problem = f"{ranks.shape[1]} heads x width {width}, the table has {K} x {R}"
     else:
-        r = ranks.astype(np.int64)
-        positions = (r >= 0).sum(0)
-        hits = np.stack([np.bincount(c[(c >= 0) & (c < R)], minlength=R)[:R] for c in r.T])
-        if not (np.array_equal(positions, table.positions) and np.array_equal(hits, table.hits)):
+        counts = rank_hits(ranks, R)
+        if not (np.array_equal(counts.positions, table.positions)
+                and np.array_equal(counts.hits, table.hits)):
             problem = "its per-head, per-rank counts differ from the table's"
     if problem:
         raise UserError(f"{side}: does not belong to the accuracy table beside it ({problem}); "

@@ -11,17 +11,17 @@ from __future__ import annotations
 import csv
 import datetime
 import io
-import json
 import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from scipy.stats import norm
 
 from treeopt import __version__
 from treeopt.errors import UserError
-from treeopt.fileio import write_json
+from treeopt.fileio import parse_json_input, read_text_input, write_json
 from treeopt.tree import Tree, _node_str
 
 ACCURACY_FORMAT = "treeopt.accuracy/v1"
@@ -73,16 +73,12 @@ class AccuracyTable:
         """(K, R) exact-rank accuracy hits / positions."""
         return self.hits / self.positions[:, None]
 
-    def wilson(self, z: float = 1.96) -> tuple[np.ndarray, np.ndarray]:
-        """Wilson score interval (lo, hi) of each per-rank accuracy, (K, R) each. Meaningless
-        (very wide) for tables derived from published accuracies, whose positions are 1."""
-        n = self.positions[:, None]
-        p = self.accuracy
-        z2 = z * z
-        denom = 1 + z2 / n
-        center = (p + z2 / (2 * n)) / denom
-        half = z * np.sqrt(np.maximum(p * (1 - p), 0) / n + z2 / (4 * n * n)) / denom
-        return np.clip(center - half, 0, 1), np.clip(center + half, 0, 1)
+    def wilson(self, confidence: float = 0.95) -> tuple[np.ndarray, np.ndarray]:
+        """Wilson score interval (lo, hi) of each per-rank accuracy, (K, R) each
+        (`wilson_interval`). Meaningless (very wide) for tables derived from published
+        accuracies, whose positions are 1."""
+        interval = wilson_interval(self.hits, self.positions[:, None], confidence=confidence)
+        return interval.low, interval.high
 
     def to_dict(self) -> dict:
         acc = self.accuracy
@@ -109,7 +105,7 @@ class AccuracyTable:
         }
 
     @classmethod
-    def from_dict(cls, d, source: str = "accuracy table") -> "AccuracyTable":
+    def from_dict(cls, d, source: str = "accuracy table") -> AccuracyTable:
         """Parse and validate a treeopt.accuracy/v1 document; errors name `source` and the field."""
         if not isinstance(d, dict):
             raise UserError(f"{source}: expected a JSON object with \"format\": \"{ACCURACY_FORMAT}\"")
@@ -179,25 +175,15 @@ class AccuracyTable:
         write_json(path, self.to_dict())
 
     @classmethod
-    def from_ranks(cls, ranks, width: int, *, provenance=None, joint: bool = True) -> "AccuracyTable":
+    def from_ranks(cls, ranks, width: int, *, provenance=None, joint: bool = True) -> AccuracyTable:
         """A table from observed ranks: `ranks` (N, K) int, rank of the label under head k at
         position t; < 0 = no label (not counted), >= width = labelled but missed."""
-        ranks = np.asarray(ranks)
-        if ranks.ndim != 2 or ranks.shape[1] < 1:
-            raise UserError(f"ranks: expected an (N, K) array, got shape {ranks.shape}")
-        K = ranks.shape[1]
-        labelled = ranks >= 0
-        positions = labelled.sum(axis=0).astype(np.float64)
-        hits = np.zeros((K, width))
-        for k in range(K):
-            col = ranks[:, k]
-            col = col[(col >= 0) & (col < width)]
-            hits[k] = np.bincount(col, minlength=width)[:width]
+        counts = rank_hits(ranks, width)
         prov = {"date": datetime.date.today().isoformat(), "tool_version": __version__}
         prov.update(provenance or {})
         return cls(
-            hits=hits,
-            positions=positions,
+            hits=counts.hits,
+            positions=counts.positions,
             joint=joint_counts_from_ranks(ranks, width) if joint else None,
             provenance=prov,
         )
@@ -290,6 +276,68 @@ def _validate_joint(joint: dict, width: int, positions: np.ndarray, src: str) ->
             )
 
 
+@dataclass(frozen=True)
+class RankHits:
+    """Per-rank hit counts of rank vectors: ``hits`` (K, R) int64, positions where head k's
+    label had exact rank r < R; ``positions`` (K,) int64, positions where head k has a label
+    (its own denominator, docs/statistics.md "Per-head normalisation")."""
+
+    hits: np.ndarray
+    positions: np.ndarray
+
+
+def rank_hits(ranks, width: int) -> RankHits:
+    """Count rank vectors into per-rank hits (docs/statistics.md, "Per-rank accuracy").
+
+    ranks (N, K) int, the exact rank of head k's label at each position: < 0 = no label (not
+    counted), >= width = labelled but missed (counted in positions only). One bincount over
+    the flattened (head, rank) cells, no loop over heads or positions.
+    """
+    ranks = np.asarray(ranks)
+    if ranks.ndim != 2 or ranks.shape[1] < 1:
+        raise UserError(f"ranks: expected an (N, K) array, got shape {ranks.shape}")
+    if width < 1:
+        raise UserError(f"width: must be >= 1, got {width}")
+    num_heads = ranks.shape[1]
+    ranks = ranks.astype(np.int64, copy=False)
+    hit = (ranks >= 0) & (ranks < width)
+    cell = (np.arange(num_heads, dtype=np.int64) * width)[None, :] + ranks
+    hits = np.bincount(cell[hit], minlength=num_heads * width).reshape(num_heads, width)
+    return RankHits(hits=hits, positions=(ranks >= 0).sum(axis=0, dtype=np.int64))
+
+
+@dataclass(frozen=True)
+class ConfidenceInterval:
+    """Lower and upper bounds of a proportion, elementwise (same shape as the counts)."""
+
+    low: np.ndarray
+    high: np.ndarray
+
+
+def wilson_interval(hits, positions, *, confidence: float = 0.95) -> ConfidenceInterval:
+    """Wilson score interval of the proportion hits / positions (docs/statistics.md,
+    "Confidence intervals"), elementwise over broadcast arrays; fractional counts allowed.
+
+    The closed form of Wilson (1927) with z the two-sided normal quantile of `confidence`;
+    NaN where positions <= 0 (no observation, no interval).
+    """
+    if not 0 < confidence < 1:
+        raise UserError(f"confidence: must be between 0 and 1, got {confidence}")
+    hits, n = np.broadcast_arrays(np.asarray(hits, np.float64), np.asarray(positions, np.float64))
+    z = float(norm.ppf(0.5 + confidence / 2))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        p = hits / n
+        z2n = z * z / n
+        centre = (p + z2n / 2) / (1 + z2n)
+        half = z * np.sqrt(np.maximum(p * (1 - p), 0) / n + z2n / (4 * n)) / (1 + z2n)
+    # at p = 0 (p = 1) the bound is exactly 0 (1); centre -/+ half leaves rounding error there
+    low = np.where(hits <= 0, 0.0, np.clip(centre - half, 0, 1))
+    high = np.where(hits >= n, 1.0, np.clip(centre + half, 0, 1))
+    empty = n <= 0
+    low, high = np.where(empty, np.nan, low), np.where(empty, np.nan, high)
+    return ConfidenceInterval(low=low, high=high)
+
+
 def joint_counts_from_ranks(ranks, width: int) -> dict[tuple[int, ...], int]:
     """Count, for every path, the positions whose rank vector starts with it.
 
@@ -348,22 +396,10 @@ def load_accuracy(path, *, model: str | None = None, default_model: str | None =
     several models takes the rows of `default_model` when it has them)."""
     p = Path(path)
     src = str(path)
-    if not p.exists():
-        raise UserError(f"{src}: no such file")
-    if p.is_dir():
-        raise UserError(f"{src}: is a directory, not an accuracy file")
-    try:
-        text = p.read_text(encoding="utf-8-sig")  # tolerate a BOM (spreadsheet exports)
-    except UnicodeDecodeError:
-        raise UserError(f"{src}: not a UTF-8 text file") from None
-    except OSError as err:
-        raise UserError(f"{src}: cannot read: {err.strerror or err}") from None
+    text = read_text_input(p, "an accuracy file")
     if p.suffix.lower() == ".csv" or (not text.lstrip().startswith(("{", "[")) and "," in text):
         return _read_csv(text, src, p.name, model, default_model)
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise UserError(f"{src}: not valid JSON (line {err.lineno}: {err.msg}) and not a .csv file") from None
+    doc = parse_json_input(text, src)
     if model is not None:
         raise UserError(f"{src}: a model row set (--csv-model {model}) can only be chosen in a CSV file")
     if isinstance(doc, list):

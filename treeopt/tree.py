@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from treeopt.errors import UserError
+from treeopt.fileio import read_json_input
 
 TREE_FORMAT = "treeopt.tree/v1"
 
@@ -122,7 +123,7 @@ class Tree:
         m.setflags(write=False)
         return m
 
-    def prefix(self, n: int) -> "Tree":
+    def prefix(self, n: int) -> Tree:
         """The first n nodes in insertion order; an error if they do not form a tree."""
         if not 0 <= n <= self.size:
             raise ValueError(f"prefix length {n} outside 0..{self.size}")
@@ -161,15 +162,6 @@ def reference_trees_about() -> str:
     return _reference_data()["about"]
 
 
-def _read_text(path: Path, source: str) -> str:
-    try:
-        return path.read_text(encoding="utf-8-sig")
-    except UnicodeDecodeError:
-        raise UserError(f"{source}: not a UTF-8 text file") from None
-    except OSError as err:
-        raise UserError(f"{source}: cannot read: {err.strerror or err}") from None
-
-
 def load_tree(spec: str, *, topk=None, num_heads=None, allow_empty=False) -> Tree:
     """A tree from a reference name, a JSON file (a list, or a treeopt.tree/v1 document), or a
     Python/JSON literal such as "[[0], [0, 0], (1,)]"."""
@@ -185,12 +177,7 @@ def load_tree(spec: str, *, topk=None, num_heads=None, allow_empty=False) -> Tre
             raise UserError(
                 f"{spec}: no such file, and not a reference tree ({names}) or a list literal"
             )
-        if path.is_dir():
-            raise UserError(f"{spec}: is a directory, not a tree file")
-        try:
-            doc = json.loads(_read_text(path, spec))
-        except json.JSONDecodeError as err:
-            raise UserError(f"{spec}: not valid JSON (line {err.lineno}: {err.msg})") from None
+        doc = read_json_input(spec, "a tree file")
         if isinstance(doc, dict):
             if doc.get("format") != TREE_FORMAT:
                 raise UserError(

@@ -1,0 +1,166 @@
+"""The model passes of a calibration: greedy continuations with the KV cache, and the rank of
+every head's label at the counted positions (docs/statistics.md, "Labels").
+
+Tokens x_0 .. x_{L-1} of one sequence (prompt + generation, or the data text). At position t
+the base model's last hidden state h_t predicts x_{t+1}; head k (0-based) reads h_t and is
+labelled by x_{t+k+2}, when that token exists in the sequence. The rank of the label under
+head k's logits at t is the number of vocabulary entries whose logit is *strictly greater*
+than the label's (ties count in the label's favour: with exactly tied logits the label gets the
+best rank of the tie; this matters only for low-precision logits).
+
+Hidden states come from one teacher-forced forward of the decoder body (`decoder_body`, no base
+``lm_head``) over prompt + generation; the heads run only at the labelled positions, in chunks
+of rows, and a rank is one fused ``(logits > label_logit).sum(-1)`` per chunk.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import numpy as np
+import torch
+from transformers import DynamicCache
+
+from treeopt.errors import UserError
+
+#: ``greedy``: the base model's own greedy continuation (self-distillation); ``data``: the text
+LABEL_MODES = ("greedy", "data")
+#: logits elements (rows x vocabulary) materialised at once when ranking: 16 MB of fp32 on a
+#: CPU (stays in cache), 256 MB on an accelerator (fewer, larger kernels)
+CHUNK_ELEMENTS = {"cpu": 1 << 22, "other": 1 << 26}
+
+
+def pad_left(seqs, pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Left-pad token lists -> input_ids, attention_mask, position_ids (B, T) on `device`."""
+    lengths = [len(s) for s in seqs]
+    width = max(lengths)
+    ids = np.full((len(seqs), width), pad_id, np.int64)
+    mask = np.zeros((len(seqs), width), np.int64)
+    for i, s in enumerate(seqs):
+        ids[i, width - len(s):] = s
+        mask[i, width - len(s):] = 1
+    ids_t = torch.from_numpy(ids).to(device)
+    mask_t = torch.from_numpy(mask).to(device)
+    pos_t = (mask_t.cumsum(-1) - 1).clamp_(min=0)
+    return ids_t, mask_t, pos_t
+
+
+def _logits_to_keep_kwarg(model) -> dict:
+    params = inspect.signature(model.forward).parameters
+    for name in ("logits_to_keep", "num_logits_to_keep"):
+        if name in params:
+            return {name: 1}
+    return {}
+
+
+def pad_token_id(model, tokenizer=None) -> int:
+    """Any valid id for padding (the value never matters: padded slots are masked out)."""
+    for src in (tokenizer, getattr(model, "config", None)):
+        for attr in ("pad_token_id", "eos_token_id"):
+            value = getattr(src, attr, None) if src is not None else None
+            if isinstance(value, (list, tuple)):
+                value = value[0] if value else None
+            if isinstance(value, int) and value >= 0:
+                return value
+    return 0
+
+
+@torch.inference_mode()
+def greedy_continuations(model, prompts, steps: int, *, pad_id: int = 0) -> list[list[int]]:
+    """Generate `steps` tokens greedily after each prompt, batched, with the KV cache.
+
+    `prompts` is a list of token-id lists of any lengths; they are left-padded with an
+    attention mask and explicit position ids (cumsum of the mask - 1) so each continuation
+    equals an unbatched greedy run. EOS does not stop generation. Returns the generated ids.
+    """
+    device = next(model.parameters()).device
+    ids, mask, pos = pad_left(prompts, pad_id, device)
+    cache = DynamicCache()
+    keep = _logits_to_keep_kwarg(model)
+    out = model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache,
+                use_cache=True, **keep)
+    nxt = out.logits[:, -1].argmax(-1)
+    generated = [nxt]
+    ones = torch.ones((len(prompts), 1), dtype=mask.dtype, device=device)
+    last_pos = pos[:, -1:]
+    for _ in range(steps - 1):
+        mask = torch.cat([mask, ones], dim=1)
+        last_pos = last_pos + 1
+        out = model(input_ids=nxt[:, None], attention_mask=mask, position_ids=last_pos,
+                    past_key_values=out.past_key_values, use_cache=True)
+        nxt = out.logits[:, -1].argmax(-1)
+        generated.append(nxt)
+    return torch.stack(generated, 1).cpu().tolist()
+
+
+def decoder_body(model):
+    """The transformer body of a causal LM (its last hidden states, no base lm_head)."""
+    get = getattr(model, "get_decoder", None)
+    body = get() if callable(get) else None
+    if body is None:
+        body = getattr(model, "model", None)
+    if body is None:
+        raise UserError(f"{type(model).__name__}: cannot find the decoder body (no get_decoder())")
+    return body
+
+
+def label_rows(lengths, starts, num_heads: int):
+    """Index the counted positions of a batch of sequences.
+
+    lengths[i] = L_i, starts[i] = first counted position. Rows are the positions
+    t = start_i .. L_i - 3 (where head 0 has a label), sequence by sequence. Returns (seq, t)
+    int64 arrays and the (N, K) bool matrix `has_label` (t + k + 2 <= L_i - 1).
+    """
+    lengths = np.asarray(lengths, np.int64)
+    starts = np.asarray(starts, np.int64)
+    nrows = np.maximum(lengths - 2 - starts, 0)
+    seq = np.repeat(np.arange(len(lengths)), nrows)
+    first = np.cumsum(nrows) - nrows
+    t = starts[seq] + np.arange(int(nrows.sum())) - first[seq]
+    has = (t[:, None] + np.arange(num_heads)[None, :] + 2) <= (lengths[seq] - 1)[:, None]
+    return seq, t, has
+
+
+@torch.inference_mode()
+def label_ranks(model, heads, sequences, starts, *, pad_id: int = 0,
+                chunk_elements: int | None = None) -> np.ndarray:
+    """Ranks of each head's label at the counted positions of `sequences` (module doc).
+
+    One teacher-forced forward of the decoder body over the left-padded batch, then each head
+    on its labelled positions only. Returns (N, K) int64: the exact rank (number of logits
+    strictly greater than the label's), -1 where head k has no label. Rows follow
+    `label_rows(lengths, starts)`.
+    """
+    device = next(model.parameters()).device
+    lengths = [len(s) for s in sequences]
+    num_heads = heads.num_heads
+    seq, t, has = label_rows(lengths, starts, num_heads)
+    ranks = np.full(has.shape, -1, np.int64)
+    if len(seq) == 0:
+        return ranks
+    ids, mask, pos = pad_left(sequences, pad_id, device)
+    # Sequences are right-aligned and no head has a label at the last two positions of any
+    # sequence, so the last two columns need no hidden state.
+    hidden = decoder_body(model)(input_ids=ids[:, :-2], attention_mask=mask[:, :-2],
+                                 position_ids=pos[:, :-2], use_cache=False).last_hidden_state
+    width = ids.shape[1]
+    col = (width - np.asarray(lengths, np.int64))[seq] + t  # column of position t
+    vocab = heads.vocab_size
+    if chunk_elements is None:
+        chunk_elements = CHUNK_ELEMENTS["cpu" if device.type == "cpu" else "other"]
+    rows_per_chunk = max(1, chunk_elements // vocab)
+    for k in range(num_heads):
+        sel = np.nonzero(has[:, k])[0]
+        if len(sel) == 0:
+            continue
+        b = torch.from_numpy(seq[sel]).to(device)
+        c = torch.from_numpy(col[sel]).to(device)
+        h = hidden[b, c]
+        labels = ids[b, c + k + 2]
+        out = torch.empty(len(sel), dtype=torch.int64, device=device)
+        for i in range(0, len(sel), rows_per_chunk):
+            logits = heads[k](h[i:i + rows_per_chunk])
+            lab = logits.gather(1, labels[i:i + rows_per_chunk, None])
+            out[i:i + rows_per_chunk] = (logits > lab).sum(-1)
+        ranks[sel, k] = out.cpu().numpy()
+    return ranks
