@@ -36,8 +36,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from calibration.models import DEMO_MODEL_DIR, load_model, tiny_model_for_tests  # noqa: E402
-from calibration.runner import _decoder, greedy_continuations, label_ranks  # noqa: E402
+from calibration.demo_files import DEMO_MODEL_DIR  # noqa: E402
+from calibration.models import load_model, tiny_model_for_tests  # noqa: E402
+from calibration.labels import decoder_body, greedy_continuations, label_ranks  # noqa: E402
 
 
 def timed(fn) -> float:
@@ -104,7 +105,7 @@ def main(argv=None) -> list[tuple]:
         model(input_ids=ids).logits.sum().item()
 
     def bare_heads():
-        hidden = _decoder(model)(input_ids=ids).last_hidden_state
+        hidden = decoder_body(model)(input_ids=ids).last_hidden_state
         model.lm_head(hidden).sum().item()
         for head in heads:
             head(hidden).sum().item()

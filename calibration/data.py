@@ -1,7 +1,7 @@
 """Calibration prompts: where they come from and how they become token ids.
 
 `--data` accepts
-- ``demo``: the bundled held-out prompts (`calibration.models.DEMO_PROMPTS`, JSON lines);
+- ``demo``: the bundled held-out prompts (`calibration.demo_files.DEMO_PROMPTS`, JSON lines);
 - a JSON-lines file (``.jsonl``, ``.jsonlines``, ``.ndjson``): one JSON object per line, the
   prompt is the first present of the fields ``prompt``, ``instruction``, ``text``, ``turns``
   (for ``turns``, a list of strings as in MT-bench, the first turn). Blank lines are skipped;
@@ -28,7 +28,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from calibration.models import DEMO_PROMPTS
+from calibration.demo_files import DEMO_PROMPTS
 from treeopt.errors import UserError
 from treeopt.fileio import read_json_input, read_text_input
 

@@ -7,14 +7,12 @@ from pathlib import Path
 
 import torch
 
+from calibration.demo_files import DEMO_MODEL_DIR
 from calibration.heads import MedusaHeads
 from treeopt.dtypes import TORCH_NAMES, normalize_dtype
 from treeopt.errors import UserError
 from treeopt.layout import default_heads_dir
 
-DEMO_MODEL_DIR = Path(__file__).parent / "demo_model"
-DEMO_HEADS_DIR = DEMO_MODEL_DIR / "heads"
-DEMO_PROMPTS = Path(__file__).parent / "data" / "demo_prompts.jsonl"
 
 #: below this many base-model parameters a CPU run uses one torch thread unless told otherwise:
 #: per-operator overhead bounds such models (docs/performance-model.md, "Measured on the

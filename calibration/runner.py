@@ -61,7 +61,9 @@ from calibration.labels import (
     label_rows,
     pad_token_id,
 )
-from calibration.models import DEMO_HEADS_DIR, SMALL_MODEL_PARAMS, load_model
+from calibration.demo_files import DEMO_HEADS_DIR
+from calibration.models import load_model
+from calibration.threads import torch_threads
 from treeopt.acceptance import rank_vectors_path, save_rank_vectors
 from treeopt.accuracy import AccuracyTable
 from treeopt.errors import UserError
@@ -268,16 +270,12 @@ def run_calibration(model: str = "demo", heads: str | None = None, data: str = "
     (`treeopt.acceptance.rank_vectors_path`, `save_rank_vectors`).
 
     `checkpoint="auto"`: `OUTPUT.partial` when `output` is given, else no checkpoints.
-    `threads`: CPU threads for torch. None: 1 for a small model
-    (`calibration.models.SMALL_MODEL_PARAMS`) on the CPU, else torch's default (one per core).
-    Other keyword arguments go to `calibrate`.
+    `threads`: CPU threads for torch (None: `calibration.threads.default_threads`). Other keyword
+    arguments go to `calibrate`.
     """
     if threads is not None and threads < 1:
         raise UserError(f"--threads: must be at least 1, got {threads}")
     loaded = load_model(model, heads, device=device, dtype=dtype)
-    if threads is None and loaded.device.type == "cpu" and \
-            sum(p.numel() for p in loaded.model.parameters()) < SMALL_MODEL_PARAMS:
-        threads = 1
     # One prompt beyond --max-prompts tells whether the run leaves data unused (then the
     # checkpoint stays for --resume).
     prompts = load_prompts(data, loaded.tokenizer, prompt_tokens=prompt_tokens,
@@ -294,14 +292,9 @@ def run_calibration(model: str = "demo", heads: str | None = None, data: str = "
         heads_source = None if found is None else str(found)
     if checkpoint == "auto":
         checkpoint = Path(str(output) + ".partial") if output is not None else None
-    previous_threads = torch.get_num_threads()
-    if threads is not None:
-        torch.set_num_threads(threads)
-    try:  # the thread count is restored afterwards: callers (the pipeline) time other things
+    with torch_threads(loaded.model, loaded.device, threads):
         result = calibrate(loaded, prompts, max_prompts=max_prompts, checkpoint=checkpoint,
                            heads_source=heads_source, **options)
-    finally:
-        torch.set_num_threads(previous_threads)
     if output is not None:
         # the sidecar first: a table never sits beside rank vectors of another run for long
         save_rank_vectors(rank_vectors_path(output), result.ranks, result.sequence,

@@ -12,10 +12,8 @@ import contextlib
 
 import torch
 
+from calibration.models import SMALL_MODEL_PARAMS
 from treeopt.errors import UserError
-
-#: below this many parameters a model runs on one CPU thread unless told otherwise
-SMALL_MODEL_PARAMS = 100_000_000
 
 
 def default_threads(model, device: torch.device) -> int | None:

@@ -26,14 +26,13 @@ including the framework's fixed cost per forward pass and per layer, and are sto
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 
 from treeopt.errors import UserError
-from treeopt.fileio import write_json
+from treeopt.fileio import read_json_input, write_json
 
 __all__ = ["EfficiencyCurve", "HardwareProfile", "load_hardware", "builtin_hardware",
            "DEFAULT_GPU_GEMM_CURVE", "HARDWARE_FORMAT"]
@@ -311,13 +310,7 @@ def load_hardware(name_or_path) -> HardwareProfile:
         return _BUILTIN[_ALIASES[key]]
     path = Path(spec)
     if path.is_file():
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as err:
-            raise UserError(f"{path}: not valid JSON ({err.msg}, line {err.lineno})") from None
-        except (OSError, UnicodeDecodeError) as err:
-            raise UserError(f"{path}: cannot read ({err})") from None
-        return HardwareProfile.from_dict(data, source=str(path))
+        return HardwareProfile.from_dict(read_json_input(path, "a hardware profile"), source=str(path))
     if path.suffix == ".json" or "/" in spec:
         raise UserError(f"--hardware: {spec}: no such file")
     names = ", ".join(sorted(_BUILTIN))

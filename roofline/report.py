@@ -43,7 +43,7 @@ def _hardware_section(hw: HardwareProfile, dtype: str) -> list[str]:
         f"  | memory capacity | {hw.capacity_bytes / GB:.4g} GB |",
         f"  | attained fraction of peak FLOP/s for large GEMMs (η_c) | {hw.eta_compute:.3g} |",
         f"  | attained fraction of bandwidth (η_m) | {hw.eta_memory:.3g} |",
-        f"  | GEMM efficiency by rows b·q (× η_c) | " + ", ".join(
+        "  | GEMM efficiency by rows b·q (× η_c) | " + ", ".join(
             f"{int(r)}: {v:.2f}" for r, v in zip(hw.gemm_efficiency.rows, hw.gemm_efficiency.values)) + " |",
         f"  | kernel overhead | {_fmt_s(hw.kernel_overhead_s)} per kernel |",
         f"  | framework overhead | {_fmt_s(hw.forward_overhead_s)} per forward + {_fmt_s(hw.layer_overhead_s)} per layer"

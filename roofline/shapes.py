@@ -8,33 +8,19 @@ application layer resolves `--model demo` to the bundled demo model's directory.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from treeopt.dtypes import DTYPE_BYTES, normalize_dtype
 from treeopt.errors import UserError
+from treeopt.fileio import read_json_input
+from treeopt.layout import default_heads_dir
 
 __all__ = [
     "ModelShape", "DraftHeadsShape", "model_shape", "builtin_shapes",
     "draft_heads_shape", "load_heads_shape", "DTYPE_BYTES", "normalize_dtype",
     "heads_config_near", "resolve_heads", "shape_from_config",
 ]
-
-DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
-_DTYPE_NAMES = {
-    "float32": "fp32", "fp32": "fp32", "float": "fp32",
-    "bfloat16": "bf16", "bf16": "bf16",
-    "float16": "fp16", "fp16": "fp16", "half": "fp16",
-    "fp8": "fp8", "float8_e4m3fn": "fp8", "int8": "int8",
-}
-
-
-def normalize_dtype(name: str, *, what: str = "dtype") -> str:
-    key = str(name).lower().replace("torch.", "")
-    if key not in _DTYPE_NAMES:
-        raise UserError(f"{what}: unknown dtype '{name}' (use one of fp32, bf16, fp16, fp8, int8)")
-    return _DTYPE_NAMES[key]
-
 
 @dataclass(frozen=True)
 class ModelShape:
@@ -229,16 +215,7 @@ _NOT_LLAMA_HINT = {
 
 
 def _read_json(file: Path) -> dict:
-    try:
-        text = file.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise UserError(f"{file}: no such file") from None
-    except OSError as err:
-        raise UserError(f"{file}: cannot read ({err.strerror})") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise UserError(f"{file}: not valid JSON ({err.msg}, line {err.lineno})") from None
+    data = read_json_input(file, "a model config.json")
     if not isinstance(data, dict):
         raise UserError(f"{file}: expected a JSON object")
     return data
@@ -329,20 +306,12 @@ def model_shape(name_or_path, *, dtype: str | None = None, name: str | None = No
 
 
 def heads_config_near(model_spec) -> Path | None:
-    """The Medusa heads config.json next to a model: MODEL_DIR/heads or MODEL_DIR/medusa_heads.
-    None when there is none."""
+    """The Medusa heads config.json of a model directory (or of the directory of a config.json),
+    by the one rule of `treeopt.layout.default_heads_dir`; None when there is none."""
     path = Path(str(model_spec))
-    if path.is_file():
-        base = path.parent
-    elif path.is_dir():
-        base = path
-    else:
-        return None
-    for sub in ("heads", "medusa_heads"):
-        cfg = base / sub / "config.json"
-        if cfg.is_file():
-            return cfg
-    return None
+    base = path.parent if path.is_file() else path if path.is_dir() else None
+    found = default_heads_dir(base) if base is not None else None
+    return None if found is None else found / "config.json"
 
 
 def resolve_heads(model_spec, shape: ModelShape, *, num_heads: int | None = None, num_layers: int | None = None,

@@ -22,12 +22,8 @@ from calibration.data import (
 )
 from calibration.labels import greedy_continuations, label_ranks, pad_left
 from calibration.medusa_import import import_medusa_accuracy
-from calibration.models import (
-    DEMO_MODEL_DIR,
-    DEMO_PROMPTS,
-    load_model,
-    tiny_model_for_tests,
-)
+from calibration.demo_files import DEMO_MODEL_DIR, DEMO_PROMPTS
+from calibration.models import load_model, tiny_model_for_tests
 from calibration.runner import CalibrationInterrupted, calibrate, run_calibration
 from treeopt.acceptance import load_rank_vectors, rank_vectors_path
 from treeopt.accuracy import AccuracyTable, joint_counts_from_ranks, load_accuracy
@@ -538,7 +534,6 @@ def test_walked_rank_vectors_reproduce_the_decoder_exactly():
     is a function of the rank vector at the step's start), for every prefix of the proposal."""
     from calibration.data import load_prompts
     from calibration.decoder import TreeDecoder
-    from calibration.models import DEMO_PROMPTS
     from treeopt.acceptance import simulated_tau_curve
     from treeopt.build import joint_tree
 

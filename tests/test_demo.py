@@ -7,7 +7,8 @@ import sys
 import pytest
 
 from calibration.demo import DemoRecipe, held_out_prompts, is_held_out, stdlib_files
-from calibration.models import DEMO_HEADS_DIR, DEMO_MODEL_DIR, DEMO_PROMPTS, load_model
+from calibration.demo_files import DEMO_HEADS_DIR, DEMO_MODEL_DIR, DEMO_PROMPTS
+from calibration.models import load_model
 
 TRAINING = json.loads((DEMO_MODEL_DIR / "training.json").read_text())
 

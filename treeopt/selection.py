@@ -14,7 +14,6 @@ measures `proposal.prefix(n)`.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -23,6 +22,7 @@ import pandas as pd
 
 from treeopt.accuracy import load_accuracy
 from treeopt.errors import UserError
+from treeopt.fileio import read_json_input
 from treeopt.tau import proposal_sequence
 from treeopt.tree import Tree, make_tree
 
@@ -110,10 +110,7 @@ def read_sweep(path) -> tuple[pd.DataFrame, dict]:
     meta_file = sweep_meta_path(path)
     if not meta_file.is_file():
         raise UserError(f"{path}: its metadata {meta_file.name} (with the proposal tree) is missing")
-    try:
-        meta = json.loads(meta_file.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise UserError(f"{meta_file}: not valid JSON ({_first_line(err)})") from None
+    meta = read_json_input(meta_file, "a sweep metadata file")
     if not isinstance(meta, dict) or "proposal" not in meta:
         raise UserError(f"{meta_file}: no 'proposal' tree (not a treeopt sweep metadata file)")
     proposal = proposal_from_meta(meta, str(meta_file))

@@ -12,8 +12,10 @@ from calibration.medusa_import import import_medusa_accuracy
 from calibration.runner import CalibrationInterrupted, run_calibration
 from roofline.hwcalibrate import calibrate_hardware
 from treeopt.acceptance import rank_vectors_path
+from treeopt.accuracy import wilson_interval
 from treeopt.cli.options import AtLeast
 from treeopt.errors import UserError
+from treeopt.export import text_table
 
 _RUN_OPTIONS = ("model", "heads", "data", "steps", "topk", "labels", "batch_size", "prompt_tokens",
                 "max_prompts", "checkpoint", "checkpoint_every", "resume", "seed", "device", "dtype",
@@ -120,26 +122,17 @@ def calibrate_cmd(ctx, model, heads, data, labels, steps, topk, batch_size, prom
 def _summary(table, headline: str) -> None:
     hits, pos = np.asarray(table.hits, float), np.asarray(table.positions, float)
     width = hits.shape[1]
-    cum = hits.cumsum(axis=1)
+    cumulative = hits.cumsum(axis=1)
     click.echo(headline)
-    click.echo(f"{'head':>4}  {'positions':>9}  {'top-1':>22}  {'top-' + str(width):>22}")
+    rows = []
     for k in range(hits.shape[0]):
         cells = []
-        for h in (cum[k, 0], cum[k, -1]):
-            p, lo, hi = _wilson(h, pos[k])
-            cells.append(f"{p:.3f} [{lo:.3f}, {hi:.3f}]")
-        click.echo(f"{k + 1:>4}  {int(pos[k]):>9}  {cells[0]:>22}  {cells[1]:>22}")
+        for h in (cumulative[k, 0], cumulative[k, -1]):
+            interval = wilson_interval(h, pos[k])
+            cells.append(f"{h / pos[k]:.3f} [{float(interval.low):.3f}, {float(interval.high):.3f}]")
+        rows.append([k + 1, int(pos[k]), *cells])
+    click.echo(text_table(["head", "positions", "top-1", f"top-{width}"], rows), nl=False)
     click.echo("(heads numbered from 1 as in the Medusa paper; [95% Wilson interval])")
-
-
-def _wilson(hits: float, n: float, z: float = 1.96) -> tuple[float, float, float]:
-    if n <= 0:
-        return float("nan"), float("nan"), float("nan")
-    p = hits / n
-    denom = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / denom
-    half = z * (p * (1 - p) / n + z * z / (4 * n * n)) ** 0.5 / denom
-    return p, max(0.0, centre - half), min(1.0, centre + half)
 
 
 @click.command("calibrate")
