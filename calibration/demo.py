@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import pickle
 import sys
 import sysconfig
 import time
@@ -24,8 +25,12 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers.utils import logging as hf_logging
 
 from calibration.heads import MedusaHeads
+from treeopt.errors import UserError
 from treeopt.fileio import atomic_path, write_json, write_text
 
 EOS = "<|endoftext|>"
@@ -72,8 +77,6 @@ def read_source(path: Path) -> str:
 
 
 def train_tokenizer(texts, vocab_size: int):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -121,6 +124,19 @@ def _batch(tokens: np.ndarray, seed: int, step: int, batch: int, seq: int) -> to
     return torch.from_numpy(np.stack([tokens[s:s + seq + 1] for s in starts]).astype(np.int64))
 
 
+def _load_checkpoint(path: Path, recipe: DemoRecipe) -> dict:
+    """A training checkpoint of this recipe. Loaded with weights_only: a checkpoint holds
+    tensors and plain containers, and a crafted pickle must not run code."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, OSError) as err:
+        raise UserError(f"{path}: not a demo training checkpoint ({str(err).strip().splitlines()[0]}); "
+                        "delete it or pass --fresh") from None
+    if not isinstance(state, dict) or state.get("recipe") != asdict(recipe):
+        raise UserError(f"{path}: written by another recipe or seed; delete it or pass --fresh")
+    return state
+
+
 def _log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
@@ -129,9 +145,6 @@ def train_demo(out_dir, recipe: DemoRecipe = DemoRecipe(), *, work_dir=None, res
     """Train the demo model into `out_dir` (base model + tokenizer, heads in out_dir/heads,
     prompts in out_dir/../data). Checkpoints go to `work_dir` every 50 steps; an interrupted
     run continues from there."""
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-    from transformers.utils import logging as hf_logging
-
     hf_logging.disable_progress_bar()
     out_dir = Path(out_dir)
     work_dir = Path(work_dir or out_dir.parent / "demo_work")
@@ -146,7 +159,6 @@ def train_demo(out_dir, recipe: DemoRecipe = DemoRecipe(), *, work_dir=None, res
 
     tok_file = work_dir / "tokenizer.json"
     if tok_file.exists() and resume:
-        from tokenizers import Tokenizer
         tok = Tokenizer.from_file(str(tok_file))
     else:
         tok = train_tokenizer((read_source(root / f) for f in train_files), recipe.vocab_size)
@@ -195,7 +207,7 @@ def train_demo(out_dir, recipe: DemoRecipe = DemoRecipe(), *, work_dir=None, res
     step, log = 0, {"base": [], "heads": []}
     opt = torch.optim.AdamW(model.parameters(), lr=recipe.base_lr, betas=(0.9, 0.95), weight_decay=0.1)
     if ckpt.exists() and resume:
-        state = torch.load(ckpt, weights_only=False)
+        state = _load_checkpoint(ckpt, recipe)
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["opt"])
         step, log = state["step"], state["log"]
@@ -223,7 +235,8 @@ def train_demo(out_dir, recipe: DemoRecipe = DemoRecipe(), *, work_dir=None, res
             _log(f"base {step}/{recipe.base_steps} " + " ".join(f"{k}={v}" for k, v in entry.items() if k != "step"))
         if step % 50 == 0 or step == recipe.base_steps:
             with atomic_path(ckpt) as tmp:
-                torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "log": log}, tmp)
+                torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "log": log,
+                            "recipe": asdict(recipe)}, tmp)
 
     # Stage 2: Medusa-1 heads on the frozen base.
     model.eval()
@@ -233,7 +246,7 @@ def train_demo(out_dir, recipe: DemoRecipe = DemoRecipe(), *, work_dir=None, res
     step = 0
     opt = torch.optim.AdamW(heads.parameters(), lr=recipe.head_lr, betas=(0.9, 0.95), weight_decay=0.0)
     if ckpt.exists() and resume:
-        state = torch.load(ckpt, weights_only=False)
+        state = _load_checkpoint(ckpt, recipe)
         heads.load_state_dict(state["heads"])
         opt.load_state_dict(state["opt"])
         step, log = state["step"], state["log"]
@@ -267,7 +280,8 @@ def train_demo(out_dir, recipe: DemoRecipe = DemoRecipe(), *, work_dir=None, res
             _log(f"heads {step}/{recipe.head_steps} losses={entry['losses']} tokens_per_s={entry['tokens_per_s']}")
         if step % 50 == 0 or step == recipe.head_steps:
             with atomic_path(ckpt) as tmp:
-                torch.save({"heads": heads.state_dict(), "opt": opt.state_dict(), "step": step, "log": log}, tmp)
+                torch.save({"heads": heads.state_dict(), "opt": opt.state_dict(), "step": step, "log": log,
+                            "recipe": asdict(recipe)}, tmp)
 
     # Save everything in 16-bit.
     out_dir.mkdir(parents=True, exist_ok=True)
