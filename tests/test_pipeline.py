@@ -67,3 +67,34 @@ def test_run_missing_model_leaves_no_report_folder(capsys, tmp_path):
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("treeopt: error: --model:") and "no-model" in err[-1]
     assert not (tmp_path / "r").exists()
+
+
+def test_step_predictor_charges_only_the_heads_the_tree_reaches():
+    """The reference decoder runs a draft head only when the tree reaches its depth, on one token
+    per sequence: a 2-node tree of depth 1 pays for one head, the same size at depth 2 for two,
+    and plain decoding for none."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from roofline.hardware import load_hardware
+    from roofline.latency import step_time_s
+    from roofline.shapes import DraftHeadsShape
+    from treeopt.app.models import shape_of
+    from treeopt.app.sweep import step_predictor
+
+    heads = SimpleNamespace(num_heads=4, num_layers=1, hidden_size=256, vocab_size=4096)
+    lm = SimpleNamespace(name="demo", dtype=torch.float32, heads=heads)
+    hw = load_hardware("a100")
+    shape = shape_of("demo", dtype="float32")
+
+    def direct(used_heads, tokens):
+        draft = DraftHeadsShape(used_heads, 1, 256, 4096, tokens_per_sequence=1) if used_heads else None
+        return float(step_time_s(shape, draft, hw, batch=2, tokens=tokens, context=64))
+
+    wide = step_predictor(lm, make_tree([[0], [1], [0, 0]]), hw)    # prefix(2) has depth 1
+    deep = step_predictor(lm, make_tree([[0], [0, 0], [1]]), hw)    # prefix(2) has depth 2
+    assert wide(2, 1, 64) == deep(2, 1, 64) == direct(0, 1)
+    assert wide(2, 3, 64) == direct(1, 3)
+    assert deep(2, 3, 64) == direct(2, 3)
+    assert deep(2, 3, 64) > wide(2, 3, 64)
