@@ -14,6 +14,10 @@ from treeopt.errors import UserError
 DEMO_MODEL_DIR = Path(__file__).parent / "demo_model"
 DEMO_HEADS_DIR = DEMO_MODEL_DIR / "heads"
 DEMO_PROMPTS = Path(__file__).parent / "data" / "demo_prompts.jsonl"
+# Parameters up to which a model counts as small: run whole on this machine (hardware
+# calibration's full-model forwards) and fastest on one CPU thread (docs/performance-model.md,
+# "CPU facts measured on the dev machine").
+SMALL_MODEL_PARAMS = 100_000_000
 
 _DTYPES = {
     "float32": torch.float32, "fp32": torch.float32,
