@@ -365,9 +365,9 @@ def run_main_job(out_dir, settings: RunSettings = RunSettings(), *, log=print, p
 def _run_main_job(out: Path, settings: RunSettings, *, log, progress: bool) -> dict:
     from calibration.models import load_model
     from calibration.runner import run_calibration
-    from roofline.hwcalibrate import calibrate_hardware
     from roofline.report import build_report
     from roofline.shapes import DraftHeadsShape, model_shape
+    from treeopt.app.hwcalibrate import calibrate_hardware
 
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()

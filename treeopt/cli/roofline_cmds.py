@@ -119,10 +119,10 @@ def hw_calibrate(device, model, dtype, threads, quick, name, no_validate, out) -
     """Measure this machine (bandwidth, GEMM efficiency by rows for the model's weight shapes,
     attention, elementwise work, per-kernel and per-forward framework overhead) and write a
     hardware profile the other commands accept as --hardware."""
-    from roofline.hwcalibrate import calibrate_hardware
+    from treeopt.app.hwcalibrate import calibrate_hardware
 
     prof = calibrate_hardware(device, model, dtype=dtype, quick=quick, threads=threads, name=name,
-                              validate=not no_validate, progress=lambda m: click.echo(f"  {m}", err=True))
+                              validate=not no_validate, progress=True)
     out = out or f"hardware-{device}.json"
     prof.save(out)
     cal = prof.calibration

@@ -1,0 +1,1 @@
+"""The application layer: workflows that join the core, roofline and calibration."""
