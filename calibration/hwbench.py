@@ -80,7 +80,8 @@ ATTN_QUERIES = (1, 4, 16, 64, 256)
 QUICK_ATTN_QUERIES = (1, 16, 64)
 ATTN_CONTEXT_TOKENS = 256
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-# weights cycled through by the GEMM measurements: enough to spill the caches a forward spills
+# weights cycled through by the GEMM measurements: enough to spill the caches a forward
+# spills (docs/performance-model.md, "GEMM row efficiency")
 GEMM_POOL_BYTES = 512 << 20
 
 
@@ -415,7 +416,8 @@ def _forward_fn(model, dev, *, batch: int, tokens: int, context: int, vocab: int
     dtype = next(model.parameters()).dtype
     if tokens == 1:
         # Plain decoding takes the framework's ordinary causal path (a 2D padding mask), as
-        # the sweep's T(0) and serving engines do; a custom 4D mask costs more per cached key.
+        # the sweep's T(0) and serving engines do; a custom 4D mask costs more per cached key
+        # (docs/performance-model.md, "framework overheads").
         mask = torch.ones(batch, context + 1, device=dev, dtype=torch.long)
     else:
         mask = torch.zeros(batch, 1, tokens, context + tokens, device=dev, dtype=dtype)

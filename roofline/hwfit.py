@@ -75,7 +75,8 @@ __all__ = [
 # the framework's elementwise operators of a decoder layer, as calibration.hwbench times them
 LAYER_ELEMENTWISE_OPS = ("attn_norm", "rotary", "attn_residual", "mlp_norm", "act", "mlp_residual")
 KERNEL_OVERHEAD_FLOOR_S = 1e-7
-# busy time never below this fraction of the measured time (the kernel cost may be overfitted)
+# busy time never below this fraction of the measured time: the fitted kernel cost may exceed
+# a fast kernel's whole time (docs/performance-model.md, "hardware calibration")
 MIN_BUSY_FRACTION = 0.05
 
 
@@ -244,6 +245,7 @@ def fit_gemm(samples: tuple[GemmSample, ...], weights: tuple[WeightShape, ...], 
     peak = max(peak, float(np.max(flops / busy)))
     # weight streaming from the smallest row count (memory bound there by construction); if it
     # beats the streaming read, that read was the one disturbed: trust the GEMV
+    # (docs/performance-model.md, "hardware calibration")
     gemv_rate = nbytes[0] / busy[0]
     note = None
     bandwidth = bandwidth_bytes_per_s
@@ -407,7 +409,8 @@ def fit_hardware_profile(measurements: HardwareMeasurements, shape: ModelShape, 
         attention_efficiency=attention_efficiency(m.attention, shape, kernel_s=kernel.fixed_s, peak=peaks[dt]),
         vector_flops=None if is_cuda else float(peaks["fp32"]),
         elementwise_bytes_per_s=float(mix_rate),
-        # transformers' cache copies the whole cache every forward
+        # the decoder's cache (transformers' DynamicCache) copies the whole cache every forward
+        # (docs/performance-model.md, "hardware calibration")
         kv_cache_update="concat",
         kv_update_bytes_per_s=float(kv_update_rate(m.kv_update, shape)),
         attention_block_overhead_s=float(attention_block_overhead_s(m.attention, shape)),
