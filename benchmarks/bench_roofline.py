@@ -6,7 +6,7 @@ Target: the full default speedup grid -- batch 1..64 (powers of 2) x context 128
 (powers of 2) x 65 tree sizes (0..64) for Vicuna-7B with 5 heads on an A100 -- computes in
 under 1 s, including the greedy proposal sequence, tau, the best tree per cell and the
 selection document. Also timed: the bare vectorised grid, and step_time_s over 100,000
-(batch, tokens, context) configurations. Medians of repeated runs (roofline.timing.measure),
+(batch, tokens, context) configurations. Medians of repeated runs (treeopt.timing.measure),
 since this shared VM has bursts of slowdown.
 
 `main()` returns [(name, seconds, target_seconds), ...] for run_all.py; prints PASS/FAIL.
@@ -26,8 +26,8 @@ from roofline.grid import proposal_from_accuracy, selection_from_grid, speedup_g
 from roofline.hardware import load_hardware  # noqa: E402
 from roofline.latency import step_time_s  # noqa: E402
 from roofline.shapes import draft_heads_shape, model_shape  # noqa: E402
-from roofline.timing import measure  # noqa: E402
 from treeopt.accuracy import load_accuracy  # noqa: E402
+from treeopt.timing import measure  # noqa: E402
 
 CSV = Path(__file__).resolve().parents[1] / "treeopt" / "data" / "medusa_train_accuracy.csv"
 

@@ -3,7 +3,7 @@ size, batch size and context length on the machine at hand, next to the roofline
 
 For each (batch, context) group one KV cache of `context` random tokens per sequence is built
 (`step_bench`); then every tree size's step and the plain step are timed on it in interleaved
-rounds (`roofline.timing.measure_interleaved`), so that a slowdown burst of this shared
+rounds (`treeopt.timing.measure_interleaved`), so that a slowdown burst of this shared
 machine lands on a few samples of every configuration rather than on all samples of one;
 samples far above their median are re-measured.
 
@@ -175,7 +175,7 @@ def measure_group(lm, proposal: Tree, sizes, batch: int, context: int, *, repeat
                   topk: int, seed: int) -> list[dict]:
     """Time every size of `sizes` (0 added) for one (batch, context): one row per size with
     the MEASURED_COLUMNS (and batch, context, nodes), sizes ascending."""
-    from roofline.timing import measure_interleaved
+    from treeopt.timing import measure_interleaved
 
     bench = step_bench(lm, proposal, sizes, batch, context, topk=topk, seed=seed)
     gc_was_enabled = gc.isenabled()

@@ -3,8 +3,8 @@ the speedup grid and the roofline plots. No torch at module level.
 
 Modules: shapes (ModelShape, DraftHeadsShape, model_shape), hardware (HardwareProfile,
 load_hardware), ops (operators), latency (step_time_s, op_timings), grid (speedup_grid,
-best_per_cell, selection_from_grid), timing (measure), hwcalibrate (calibrate_hardware, needs
-torch), plots and report (matplotlib). The names below are also importable from `roofline`
+best_per_cell, selection_from_grid), hwfit (hardware profile from measured timings), plots
+and report (matplotlib). The names below are also importable from `roofline`
 directly; each module is imported on first use.
 """
 
@@ -20,8 +20,7 @@ _EXPORTS = {
     "fits_memory": "latency", "step_breakdown": "latency",
     "speedup_grid": "grid", "best_per_cell": "grid", "selection_from_grid": "grid",
     "proposal_from_accuracy": "grid", "heads_used_by_prefix": "grid",
-    "measure": "timing", "measure_interleaved": "timing", "TimingStats": "timing",
-    "calibrate_hardware": "hwcalibrate",
+    "fit_hardware_profile": "hwfit",
     "build_report": "report",
 }
 

@@ -19,7 +19,7 @@ from calibration.runner import run_calibration
 from calibration.sweep import SweepSettings
 from calibration.threads import default_threads
 from roofline.hardware import load_hardware
-from roofline.hwcalibrate import calibrate_hardware
+from treeopt.app.hwcalibrate import calibrate_hardware
 from roofline.report import build_report
 from roofline.shapes import DraftHeadsShape
 from treeopt.accuracy import AccuracyTable

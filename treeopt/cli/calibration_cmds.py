@@ -10,7 +10,7 @@ import numpy as np
 
 from calibration.medusa_import import import_medusa_accuracy
 from calibration.runner import CalibrationInterrupted, run_calibration
-from roofline.hwcalibrate import calibrate_hardware
+from treeopt.app.hwcalibrate import calibrate_hardware
 from treeopt.acceptance import rank_vectors_path
 from treeopt.accuracy import wilson_interval
 from treeopt.cli.options import AtLeast
@@ -151,7 +151,7 @@ def hw_calibrate(device, model, dtype, threads, quick, name, no_validate, out) -
     attention, elementwise work, per-kernel and per-forward framework overhead) and write a
     hardware profile the other commands accept as --hardware."""
     prof = calibrate_hardware(device, model, dtype=dtype, quick=quick, threads=threads, name=name,
-                              validate=not no_validate, progress=lambda m: click.echo(f"  {m}", err=True))
+                              validate=not no_validate, progress=True)
     out = out or f"hardware-{device}.json"
     prof.save(out)
     cal = prof.calibration

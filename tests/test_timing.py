@@ -1,8 +1,8 @@
-"""roofline.timing: medians, quantiles, outlier re-measurement, interleaving (fake clock)."""
+"""treeopt.timing: medians, quantiles, outlier re-measurement, interleaving (fake clock)."""
 
 import pytest
 
-from roofline.timing import TimingStats, measure, measure_interleaved
+from treeopt.timing import TimingStats, measure, measure_interleaved
 
 
 class FakeClock:

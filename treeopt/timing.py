@@ -1,10 +1,10 @@
 """Robust wall-clock timing on a noisy, shared machine (pure Python, no torch).
 
-This VM has multi-second bursts of 5-10x slowdown (DESIGN section 9), so one timing loop
-gives a number that may be off by that much. The helpers here take many short samples, use
-the median, re-measure samples that are far above the median (a burst, not the code), and
-interleave several configurations so that a burst hits all of them a little rather than one
-of them entirely.
+This VM has multi-second bursts of 5-10x slowdown (docs/performance-model.md, "CPU facts
+measured on the dev machine"), so one timing loop gives a number that may be off by that
+much. The helpers here take many short samples, use the median, re-measure samples that are
+far above the median (a burst, not the code), and interleave several configurations so that
+a burst hits all of them a little rather than one of them entirely.
 
 `fn` must do its own synchronisation (e.g. `torch.cuda.synchronize()`) if it launches
 asynchronous work.
@@ -15,10 +15,10 @@ from __future__ import annotations
 import random
 import statistics
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
-__all__ = ["TimingStats", "measure", "measure_interleaved"]
+__all__ = ["TimingStats", "calls_per_sample", "measure", "measure_interleaved"]
 
 
 @dataclass(frozen=True)
@@ -67,7 +67,7 @@ def _stats(samples: list[float], remeasured: int) -> TimingStats:
     )
 
 
-def _auto_inner(fn: Callable[[], object], target_s: float, clock) -> int:
+def calls_per_sample(fn: Callable[[], object], target_s: float, clock) -> int:
     """Calls per sample so that one sample lasts about `target_s` (for microsecond functions)."""
     inner = 1
     while True:
@@ -121,7 +121,7 @@ def measure(fn: Callable[[], object], *, repeats: int = 15, warmup: int = 2,
     for _ in range(max(0, warmup)):
         fn()
     if inner is None:
-        inner = _auto_inner(fn, target_sample_s, clock)
+        inner = calls_per_sample(fn, target_sample_s, clock)
     samples = [_sample(fn, inner, clock) for _ in range(repeats)]
     remeasured = 0
     if repeats >= 3:
@@ -133,12 +133,13 @@ def measure(fn: Callable[[], object], *, repeats: int = 15, warmup: int = 2,
 def measure_interleaved(fns: Sequence[Callable[[], object]], *, rounds: int = 15,
                         warmup: int = 1, inner: int | Sequence[int] | None = 1,
                         target_sample_s: float = 2e-3, outlier_factor: float = 3.0,
-                        seed: int = 0, clock: Callable[[], float] = time.perf_counter
-                        ) -> list[TimingStats]:
+                        seed: int = 0, clock: Callable[[], float] = time.perf_counter,
+                        after_round: Callable[[], object] | None = None) -> list[TimingStats]:
     """Time several functions in `rounds` rounds; each round takes one sample of every
     function in a fresh random order. A slowdown burst then lands on a few samples of many
     configurations instead of on all samples of one. Outliers (> outlier_factor x that
     function's median) are re-taken at the end. Returns one TimingStats per function.
+    after_round: called once after every round (a progress bar), outside the timed samples.
     """
     fns = list(fns)
     if not fns:
@@ -149,7 +150,7 @@ def measure_interleaved(fns: Sequence[Callable[[], object]], *, rounds: int = 15
         for _ in range(max(0, warmup)):
             fn()
     if inner is None:
-        inners = [_auto_inner(fn, target_sample_s, clock) for fn in fns]
+        inners = [calls_per_sample(fn, target_sample_s, clock) for fn in fns]
     elif isinstance(inner, int):
         inners = [inner] * len(fns)
     else:
@@ -163,11 +164,13 @@ def measure_interleaved(fns: Sequence[Callable[[], object]], *, rounds: int = 15
         rng.shuffle(order)
         for i in order:
             samples[i].append(_sample(fns[i], inners[i], clock))
+        if after_round is not None:
+            after_round()
     out = []
     for i, fn in enumerate(fns):
         remeasured = 0
         if rounds >= 3:
-            remeasured = _replace_outliers(samples[i], lambda: _sample(fn, inners[i], clock),
+            remeasured = _replace_outliers(samples[i], lambda fn=fn, inner=inners[i]: _sample(fn, inner, clock),
                                            outlier_factor, rounds)
         out.append(_stats(samples[i], remeasured))
     return out

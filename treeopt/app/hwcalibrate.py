@@ -1,0 +1,76 @@
+"""`treeopt hw calibrate`: measure the machine at hand and write a hardware profile
+(docs/performance-model.md, "hardware calibration").
+
+The model's shape (roofline) sizes the microbenchmarks, calibration.hwbench runs them with
+torch, roofline.hwfit turns the timings into a profile and checks it against full-model
+forwards.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from calibration.hwbench import TORCH_DTYPES, device_available, run_hardware_bench
+from calibration.models import SMALL_MODEL_PARAMS
+from roofline.hardware import HardwareProfile
+from roofline.hwfit import fit_hardware_profile
+from roofline.shapes import ModelShape, normalize_dtype
+from treeopt.app.models import shape_of
+from treeopt.errors import UserError
+from treeopt.hwmeasurements import ModelDims
+
+__all__ = ["calibrate_hardware", "framework_probe"]
+
+# A proxy's dimensions: small enough that its forwards are all framework overhead, with the
+# model's ratio of query to KV heads (docs/performance-model.md, "framework overheads")
+PROXY_HIDDEN, PROXY_INTERMEDIATE, PROXY_KV_HEADS, PROXY_HEAD_DIM, PROXY_VOCAB = 128, 256, 2, 64, 512
+
+
+def calibrate_hardware(device: str = "cpu", model="demo", *, dtype: str | None = None, quick: bool = False,
+                       name: str | None = None, validate: bool = True, progress: bool = True, seed: int = 0,
+                       threads: int | None = None) -> HardwareProfile:
+    """Measure `device` for `model` (a ModelShape or a model spec: demo, a built-in name, a config.json or directory) and return
+    the profile. dtype: the compute dtype (default fp32 on CPU, bf16 on CUDA). quick: fewer row
+    counts and rounds (seconds instead of about a minute; still usable). validate: compare
+    with full-model forwards (models of at most SMALL_MODEL_PARAMS parameters). threads: torch
+    CPU threads while measuring (default: torch's setting). progress: a bar on stderr."""
+    shape = model if isinstance(model, ModelShape) else shape_of(model)
+    if device not in ("cpu", "cuda") and not str(device).startswith("cuda:"):
+        raise UserError(f"--device: must be cpu or cuda, got '{device}'")
+    if not device_available(device):
+        raise UserError("--device cuda: CUDA is not available on this machine")
+    dt = normalize_dtype(dtype or ("fp32" if device == "cpu" else "bf16"), what="--dtype")
+    if dt not in TORCH_DTYPES:
+        raise UserError(f"--dtype: calibration supports fp32, bf16 and fp16, not {dt}")
+    if threads is not None and threads < 1:
+        raise UserError("--threads: must be >= 1")
+    shape = shape.with_dtype(dt)
+    probe = framework_probe(shape)
+    small = probe is shape
+    notes = []
+    if not small:
+        notes.append(f"framework overhead measured on a small proxy of {shape.name} (hidden {probe.hidden}, "
+                     f"{probe.heads} heads / {probe.kv_heads} KV heads, vocab {probe.vocab}) and extrapolated to "
+                     f"{shape.layers} layers")
+    if validate and not small:
+        notes.append("no full-model validation: the model is too large to run here")
+    measurements = run_hardware_bench(device, _dims(shape), None if small else _dims(probe), quick=quick,
+                                      validate=validate and small, threads=threads, progress=progress, seed=seed)
+    return fit_hardware_profile(measurements, shape, probe, name=name, notes=tuple(notes))
+
+
+def framework_probe(shape: ModelShape) -> ModelShape:
+    """The model whose forwards give the framework overhead: `shape` itself when it is small
+    enough to run (at most SMALL_MODEL_PARAMS parameters), else a small proxy with its layers."""
+    if shape.params <= SMALL_MODEL_PARAMS:
+        return shape
+    group = shape.heads // shape.kv_heads
+    return replace(shape, name=f"{shape.name}-proxy", hidden=PROXY_HIDDEN, intermediate=PROXY_INTERMEDIATE,
+                   heads=PROXY_KV_HEADS * group, kv_heads=PROXY_KV_HEADS, head_dim=PROXY_HEAD_DIM,
+                   vocab=PROXY_VOCAB)
+
+
+def _dims(shape: ModelShape) -> ModelDims:
+    return ModelDims(name=shape.name, layers=shape.layers, hidden=shape.hidden, intermediate=shape.intermediate,
+                     heads=shape.heads, kv_heads=shape.kv_heads, head_dim=shape.head_dim, vocab=shape.vocab,
+                     dtype=shape.dtype, tied_embeddings=shape.tied_embeddings, weight_bytes=shape.weight_bytes)
