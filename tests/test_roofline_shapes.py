@@ -5,8 +5,15 @@ import json
 import pytest
 
 from roofline import shapes as shapes_mod
-from roofline.shapes import (DraftHeadsShape, ModelShape, builtin_shapes, draft_heads_shape, load_heads_shape,
-                             model_shape, resolve_heads)
+from roofline.shapes import (
+    DraftHeadsShape,
+    ModelShape,
+    builtin_shapes,
+    draft_heads_shape,
+    load_heads_shape,
+    model_shape,
+    resolve_heads,
+)
 from treeopt.errors import UserError
 
 LLAMA_CFG = {
