@@ -17,9 +17,26 @@ def _read(path):
     return [json.loads(line)["prompt"] for line in path.read_text().splitlines()]
 
 
+def _crc32(data: bytes) -> int:
+    """CRC-32 (IEEE 802.3, reflected polynomial 0xEDB88320), bit by bit: a reference written
+    from the definition, independent of zlib."""
+    crc = 0xFFFFFFFF
+    for byte in data:
+        crc ^= byte
+        for _ in range(8):
+            crc = (crc >> 1) ^ (0xEDB88320 if crc & 1 else 0)
+    return crc ^ 0xFFFFFFFF
+
+
 def test_split_is_a_fixed_rule_on_relative_paths():
-    assert is_held_out("json/encoder.py") == is_held_out("json/encoder.py")
-    root, files = stdlib_files()
+    # the published CRC-32 check value: crc32("123456789") = 0xCBF43926
+    assert _crc32(b"123456789") == 0xCBF43926
+    # held out when crc32(path) % 10 == 0: random.py 0x8AEA31EA = 2330604010, os.py 0x90FFC377
+    # = 2432680823; a salted hash() would change the split between interpreter runs
+    assert _crc32(b"random.py") == 0x8AEA31EA and is_held_out("random.py")
+    assert _crc32(b"os.py") == 0x90FFC377 and not is_held_out("os.py")
+    _, files = stdlib_files()
+    assert [is_held_out(f) for f in files] == [_crc32(f.encode()) % 10 == 0 for f in files]
     held = [f for f in files if is_held_out(f)]
     assert 0.05 < len(held) / len(files) < 0.15
     assert all(not f.startswith("/") for f in files)

@@ -1,18 +1,25 @@
 """roofline.grid: the speedup grid, the best tree per cell, the selection document."""
 
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pytest
 
-from roofline.grid import (DEFAULT_BATCHES, DEFAULT_CONTEXTS, GRID_COLUMNS, best_per_cell, proposal_from_accuracy,
-                           selection_from_grid, speedup_grid)
-from roofline.hardware import load_hardware
+from roofline.grid import (
+    DEFAULT_BATCHES,
+    DEFAULT_CONTEXTS,
+    GRID_COLUMNS,
+    best_per_cell,
+    proposal_from_accuracy,
+    selection_from_grid,
+    speedup_grid,
+)
+from roofline.hardware import HardwareProfile, load_hardware
 from roofline.latency import step_time_s
-from roofline.shapes import draft_heads_shape, model_shape
+from roofline.shapes import DraftHeadsShape, ModelShape, draft_heads_shape, model_shape
 from treeopt.accuracy import load_accuracy
 from treeopt.errors import UserError
-
-from pathlib import Path
 
 CSV = Path(__file__).resolve().parents[1] / "treeopt" / "data" / "medusa_train_accuracy.csv"
 V7 = model_shape("vicuna-7b")
@@ -40,7 +47,6 @@ def test_grid_shape_and_columns(grid, proposal):
     ok = grid[grid["fits_memory"]]
     plain = ok[ok["nodes"] == 0]
     assert (plain["overhead"] == 1).all() and (plain["speedup"] == 1).all() and (plain["tau"] == 1).all()
-    assert np.allclose(ok["speedup"], ok["tau"] / ok["overhead"])
 
 
 def test_grid_matches_step_time(grid):
@@ -50,6 +56,54 @@ def test_grid_matches_step_time(grid):
         assert row["step_time_s"] == pytest.approx(step_time_s(V7, heads, A100, batch=b, tokens=n + 1, context=s))
         t0 = step_time_s(V7, None, A100, batch=b, tokens=1, context=s)
         assert row["overhead"] == pytest.approx(row["step_time_s"] / t0)
+
+
+# A toy model on a profile where only framework costs take time (every roof at 1e30/s): a step
+# of b sequences x q tokens with k heads costs 1e-3 + 2 layers x 1e-4 x b q + k x 1e-4 seconds.
+TOY = ModelShape("toy", layers=2, hidden=32, intermediate=64, heads=8, kv_heads=2, head_dim=4, vocab=16,
+                 dtype="fp16", dtype_bytes=2)
+TOY_HEADS = DraftHeadsShape(num_heads=2, num_layers=1, hidden=32, vocab=16)
+FRAMEWORK_ONLY = HardwareProfile(name="framework-only", peak_flops={"fp16": 1e30}, vector_flops=1e30,
+                                 bandwidth_bytes_per_s=1e30, capacity_bytes=1e12, kernel_overhead_s=0.0,
+                                 forward_overhead_s=1e-3, token_overhead_s=1e-4, head_overhead_s=1e-4)
+
+
+def cells(grid, batch):
+    return grid[grid["batch"] == batch].set_index("nodes")
+
+
+def test_grid_by_hand_on_framework_costs():
+    tau = [1.0, 1.5, 1.8, 1.95]
+    grid = speedup_grid(TOY, TOY_HEADS, FRAMEWORK_ONLY, tau, [1, 4], [8])
+    # b = 1: plain (q = 1, no heads) 1.2e-3; n = 1, 2, 3 (q = n + 1, 2 heads) 1.6e-3, 1.8e-3, 2.0e-3
+    # overhead 4/3, 3/2, 5/3; speedup 1.5 x 3/4 = 1.125, 1.8 / 1.5 = 1.2, 1.95 x 3/5 = 1.17
+    b1 = cells(grid, 1)
+    assert b1["step_time_s"].tolist() == pytest.approx([1.2e-3, 1.6e-3, 1.8e-3, 2.0e-3], rel=1e-9)
+    assert b1["overhead"].tolist() == pytest.approx([1.0, 4 / 3, 1.5, 5 / 3], rel=1e-9)
+    assert b1["speedup"].tolist() == pytest.approx([1.0, 1.125, 1.2, 1.17], rel=1e-9)
+    # b = 4: plain 1e-3 + 8e-4 = 1.8e-3; n = 1: 1e-3 + 1.6e-3 + 2e-4 = 2.8e-3, speedup 1.5 x 1.8 / 2.8
+    b4 = cells(grid, 4)
+    assert b4["step_time_s"].tolist() == pytest.approx([1.8e-3, 2.8e-3, 3.6e-3, 4.4e-3], rel=1e-9)
+    assert b4["speedup"].tolist() == pytest.approx([1.0, 1.5 * 1.8 / 2.8, 1.8 * 1.8 / 3.6, 1.95 * 1.8 / 4.4],
+                                                   rel=1e-9)
+    best = best_per_cell(grid).set_index("batch")
+    # b = 1: 2 nodes; b = 4: nothing beats plain decoding
+    assert (best.loc[1, "nodes"], best.loc[1, "speedup"]) == (2, pytest.approx(1.2, rel=1e-9))
+    assert (best.loc[4, "nodes"], best.loc[4, "speedup"]) == (0, 1.0)
+
+
+def test_grid_by_hand_with_the_heads_each_prefix_uses():
+    tau = [1.0, 1.5, 1.8, 1.95]
+    # the trees of 1 and 2 nodes need head 1 only, the tree of 3 heads 1 and 2
+    grid = speedup_grid(TOY, TOY_HEADS, FRAMEWORK_ONLY, tau, [1], [8], heads_used=[0, 1, 1, 2])
+    # b = 1: 1.2e-3; 1e-3 + 4e-4 + 1e-4 = 1.5e-3; 1.7e-3; 1e-3 + 8e-4 + 2e-4 = 2.0e-3
+    assert grid["step_time_s"].tolist() == pytest.approx([1.2e-3, 1.5e-3, 1.7e-3, 2.0e-3], rel=1e-9)
+    assert grid["speedup"].tolist() == pytest.approx([1.0, 1.2, 1.8 * 1.2 / 1.7, 1.95 * 1.2 / 2.0], rel=1e-9)
+    assert best_per_cell(grid).iloc[0]["nodes"] == 2
+    # heads in the baseline: plain decoding runs both heads too, 1.2e-3 + 2e-4 = 1.4e-3
+    grid = speedup_grid(TOY, TOY_HEADS, FRAMEWORK_ONLY, tau, [1], [8], heads_in_baseline=True)
+    assert grid["step_time_s"].tolist() == pytest.approx([1.4e-3, 1.6e-3, 1.8e-3, 2.0e-3], rel=1e-9)
+    assert grid["speedup"].tolist() == pytest.approx([1.0, 1.5 * 1.4 / 1.6, 1.4, 1.95 * 1.4 / 2.0], rel=1e-9)
 
 
 def test_best_tree_shrinks_with_batch(grid):

@@ -1,4 +1,5 @@
-"""roofline.ops: FLOPs and bytes per operator against hand-derived values (DESIGN section 6)."""
+"""roofline.ops: FLOPs and bytes per operator against values derived by hand from the operator
+table (docs/performance-model.md, "Operators"; the Medusa paper, Appendix G, Table 5)."""
 
 import numpy as np
 import pytest
@@ -46,11 +47,68 @@ def test_hand_derived_values_b3_q5_s7():
     assert float(ops["q_proj"].rows) == 15 and float(ops["qk"].rows) == 5 * 2  # q x heads per KV head
 
 
+# Grouped-query attention with several KV heads: h = 32 = n_h x d, i = 64, V = 16, 2 layers, fp16.
+# With one KV head (TINY) n_h / n_kv = n_h, so a term that forgets to divide by n_kv or uses
+# n_h where n_kv belongs cannot be told apart; with 2 of 8 (and 8 of 8) it can.
+GQA = ModelShape("gqa", layers=2, hidden=32, intermediate=64, heads=8, kv_heads=2, head_dim=4, vocab=16,
+                 dtype="fp16", dtype_bytes=2)
+MHA = ModelShape("mha", layers=2, hidden=32, intermediate=64, heads=8, kv_heads=8, head_dim=4, vocab=16,
+                 dtype="fp16", dtype_bytes=2)
+
+# b = 2, q = 3, s = 5: b q = 6 token rows, s + q = 8 keys, b n_h q (s+q) = 2*8*3*8 = 384 scores,
+# b n_h q d = 2*8*3*4 = 192 query elements. Bytes are element counts x beta = 2.
+GQA_EXPECT = {  # name: (FLOPs, bytes fused+append, bytes unfused or concat, rows)
+    "q_proj": (2 * 6 * 32 * 32, 2 * (32 * 32 + 6 * 32 + 6 * 32), None, 6),           # 12288, 2816
+    # n_kv d = 2*4 = 8 outputs
+    "k_proj": (2 * 6 * 32 * 8, 2 * (32 * 8 + 6 * 32 + 6 * 8), None, 6),              # 3072, 992
+    "v_proj": (3072, 992, None, 6),
+    # rotary on the 8 query and 2 key heads: 3 FLOP/elem; read+write 6*10*4, cos/sin 2*3*4
+    "rotary": (3 * 6 * 10 * 4, 2 * (2 * 6 * 10 * 4 + 2 * 3 * 4), None, 6),           # 720, 1008
+    # append: read and write the new K and V rows, 2 * (2 * b q n_kv d) = 2 * 2 * 48;
+    # concat: K and V each: read b s n_kv d = 80 cached, read 48 new, write b (s+q) n_kv d = 128
+    "kv_cache": (0, 2 * 2 * (2 * 6 * 8), 2 * 2 * (2 * 5 * 8 + 6 * 8 + 2 * 8 * 8), 6),  # 384, 1024
+    # QK^T: 2 b n_h q (s+q) d; Q in (192) + K in b n_kv (s+q) d = 2*2*8*4 = 128 (+ scores out)
+    # rows per KV head: q n_h / n_kv = 3 * 4 = 12
+    "qk": (2 * 2 * 8 * 3 * 8 * 4, 2 * (192 + 128), 2 * (192 + 128 + 384), 12),       # 3072, 640, 1408
+    "softmax": (5 * 384, 0, 2 * 2 * 384, 12),                                        # 1920, 0, 1536
+    "pv": (3072, 2 * (128 + 192), 2 * (384 + 128 + 192), 12),
+    "o_proj": (2 * 6 * 32 * 32, 2 * (32 * 32 + 6 * 32 + 6 * 32), None, 6),
+}
+MHA_EXPECT = {  # n_kv = n_h = 8: n_kv d = 32; K in b n_kv (s+q) d = 2*8*8*4 = 512
+    "k_proj": (2 * 6 * 32 * 32, 2 * (32 * 32 + 6 * 32 + 6 * 32), None, 6),           # 12288, 2816
+    "v_proj": (12288, 2816, None, 6),
+    "rotary": (3 * 6 * 16 * 4, 2 * (2 * 6 * 16 * 4 + 2 * 3 * 4), None, 6),           # 1152, 1584
+    "kv_cache": (0, 2 * 2 * (2 * 6 * 32), 2 * 2 * (2 * 5 * 32 + 6 * 32 + 2 * 8 * 32), 6),  # 1536, 4096
+    "qk": (3072, 2 * (192 + 512), 2 * (192 + 512 + 384), 3),                         # 1408, 2176
+    "softmax": (1920, 0, 1536, 3),
+    "pv": (3072, 2 * (512 + 192), 2 * (384 + 512 + 192), 3),
+}
+
+
+@pytest.mark.parametrize("shape, expect", [(GQA, GQA_EXPECT), (MHA, MHA_EXPECT)], ids=["kv2of8", "kv8of8"])
+def test_attention_and_kv_terms_with_several_kv_heads(shape, expect):
+    fused = by_name(operators(shape, None, batch=2, tokens=3, context=5))
+    unfused = by_name(operators(shape, None, batch=2, tokens=3, context=5, attention="unfused"))
+    concat = by_name(operators(shape, None, batch=2, tokens=3, context=5, kv_cache_update="concat"))
+    for name, (flops, nbytes, other_bytes, rows) in expect.items():
+        assert float(fused[name].flops) == flops, name
+        assert float(fused[name].bytes) == nbytes, name
+        assert float(fused[name].rows) == rows, name
+        if name == "kv_cache":
+            assert float(concat[name].bytes) == other_bytes
+        elif other_bytes is not None:
+            assert float(unfused[name].bytes) == other_bytes, name
+            assert float(unfused[name].flops) == flops, name
+    # an attention call runs one block per (sequence, query head): 2 x 8
+    assert float(fused["qk"].blocks) == 16 and float(fused["pv"].blocks) == 16
+
+
 def test_unfused_attention_writes_and_reads_the_scores():
     fused = by_name(operators(TINY, None, batch=3, tokens=5, context=7, attention="fused"))
     unfused = by_name(operators(TINY, None, batch=3, tokens=5, context=7, attention="unfused"))
     scores_bytes = 2 * 360
-    # DESIGN table: QK^T  b n_h q d + b n_kv (s+q) d + b n_h q (s+q);  softmax 2 b n_h q (s+q)
+    # docs/performance-model.md, "Operators": QK^T  b n_h q d + b n_kv (s+q) d + b n_h q (s+q);
+    # softmax 2 b n_h q (s+q)
     assert float(unfused["qk"].bytes) == float(fused["qk"].bytes) + scores_bytes
     assert float(unfused["softmax"].bytes) == 2 * scores_bytes
     assert float(unfused["pv"].bytes) == float(fused["pv"].bytes) + scores_bytes
@@ -117,10 +175,10 @@ def test_prefill_has_no_cache():
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    (dict(batch=0, tokens=1, context=0), "--batch"),
-    (dict(batch=1, tokens=0, context=0), "--tokens"),
-    (dict(batch=1, tokens=1, context=-1), "--context"),
-    (dict(batch=1.5, tokens=1, context=0), "--batch"),
+    ({"batch": 0, "tokens": 1, "context": 0}, "--batch"),
+    ({"batch": 1, "tokens": 0, "context": 0}, "--tokens"),
+    ({"batch": 1, "tokens": 1, "context": -1}, "--context"),
+    ({"batch": 1.5, "tokens": 1, "context": 0}, "--batch"),
 ])
 def test_bad_sizes(kwargs, match):
     with pytest.raises(UserError, match=match):

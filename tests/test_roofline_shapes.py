@@ -5,8 +5,15 @@ import json
 import pytest
 
 from roofline import shapes as shapes_mod
-from roofline.shapes import (DraftHeadsShape, ModelShape, builtin_shapes, draft_heads_shape, load_heads_shape,
-                             model_shape, resolve_heads)
+from roofline.shapes import (
+    DraftHeadsShape,
+    ModelShape,
+    builtin_shapes,
+    draft_heads_shape,
+    load_heads_shape,
+    model_shape,
+    resolve_heads,
+)
 from treeopt.errors import UserError
 
 LLAMA_CFG = {
@@ -140,7 +147,8 @@ def test_draft_heads_shape():
     s = model_shape("vicuna-7b")
     hd = draft_heads_shape(s, 5, 1)
     assert hd.params == 5 * (4096 * 4096 + 4096 + 4096 * 32000)
-    assert resolve_heads("vicuna-7b", s) == hd  # default: 5 heads, 1 ResBlock
+    # default: 5 heads of 1 ResBlock, the model's hidden size and vocabulary
+    assert resolve_heads("vicuna-7b", s) == DraftHeadsShape(5, 1, 4096, 32000)
     with pytest.raises(UserError, match="num_heads"):
         DraftHeadsShape(-1, 1, 8, 8)
 

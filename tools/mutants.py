@@ -1,0 +1,355 @@
+"""Mutation testing: plant one known bug at a time and check that the tests catch it.
+
+    python tools/mutants.py                  # every mutant (a few minutes on 2 cores)
+    python tools/mutants.py --only PATTERN   # mutants whose id, file or description contains PATTERN
+    python tools/mutants.py --skip PATTERN   # all but those
+    python tools/mutants.py --list           # print the list and check every snippet, run nothing
+
+Run it with the project's interpreter from anywhere; it finds the repository from its own path.
+Each mutant replaces one exact snippet of one file by a wrong variant (a dropped term, a wrong
+index, an off-by-one, s where s + q belongs, a missing division by n_kv, an efficiency that
+is ignored, ...). The repository is copied once to a scratch directory (the working tree is
+never modified, so Ctrl-C is safe); in the copy each mutant is applied, `python -m pytest -x
+-q <tests>` runs on the mutant's narrow test selection, and the file is restored.
+
+    KILLED    the tests failed (or timed out, or could not import the mutated module)
+    SURVIVED  the tests passed: no test notices this bug
+    ERROR     pytest could not run the selection (a test file that is not there)
+
+Before any mutant, every selection runs once on the unmutated copy: it must pass, or the run
+stops. Exit status: 0 every mutant killed; 1 some survived; 2 a snippet is not found exactly
+once, a selection cannot run or fails without a mutant (the code moved: update MUTANTS);
+130 interrupted.
+
+Mutants with `pending` name the branch whose tests are to kill them; until it is merged they
+are expected to survive (`--skip pending` leaves them out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+COPY_IGNORE = shutil.ignore_patterns(".git", "__pycache__", ".pytest_cache", ".ruff_cache", ".venv", "*.pyc")
+# pytest exit codes (pytest.ExitCode): 0 passed, 1 tests failed, 2 interrupted (a collection
+# error: the mutant broke an import), 3 internal error, 4 usage error, 5 no tests collected
+KILLING_CODES = (1, 2, 3)
+
+OPS_TESTS = ("tests/test_roofline_ops.py", "tests/test_roofline_terms.py")
+LATENCY_TESTS = ("tests/test_roofline_terms.py", "tests/test_roofline_latency.py")
+GRID_TESTS = ("tests/test_roofline_grid.py",)
+BUILD_TESTS = ("tests/test_build.py",)
+ACCURACY_TESTS = ("tests/test_accuracy.py", "tests/test_build.py")
+ACCEPTANCE_TESTS = ("tests/test_acceptance.py",)
+
+
+@dataclass(frozen=True)
+class Mutant:
+    id: str
+    file: str           # path relative to the repository root
+    original: str       # must occur exactly once in the file
+    replacement: str
+    description: str
+    tests: tuple[str, ...]
+    pending: str = ""   # branch expected to add the killing test, if none kills it yet
+
+
+MUTANTS = (
+    # ---- roofline/ops.py: operator FLOPs, bytes and rows
+    Mutant("ops-att-rows-nkv", "roofline/ops.py", "att_rows = q * (nh / nkv)", "att_rows = q * nh",
+           "attention rows per KV head without dividing by the KV-head count", OPS_TESTS),
+    Mutant("ops-k-read-nh", "roofline/ops.py",
+           "qk_flops, b * nh * q * d + b * nkv * keys * d, att_rows, kernels=1.0",
+           "qk_flops, b * nh * q * d + b * nh * keys * d, att_rows, kernels=1.0",
+           "fused QK reads n_h instead of n_kv key heads", OPS_TESTS),
+    Mutant("ops-kproj-nh", "roofline/ops.py", 'linear("k_proj", L, h, nkv * d)', 'linear("k_proj", L, h, nh * d)',
+           "k_proj with n_h output heads under GQA", OPS_TESTS),
+    Mutant("ops-vproj-nh", "roofline/ops.py", 'linear("v_proj", L, h, nkv * d)', 'linear("v_proj", L, h, nh * d)',
+           "v_proj with n_h output heads under GQA", OPS_TESTS),
+    Mutant("ops-kv-append-half", "roofline/ops.py", "2 * (2 * bq * nkv * d)", "2 * (bq * nkv * d)",
+           "KV-cache append counts K or V, not both", OPS_TESTS),
+    Mutant("ops-kv-concat-no-read", "roofline/ops.py",
+           "2 * (b * s * nkv * d + bq * nkv * d + b * keys * nkv * d)", "2 * (bq * nkv * d + b * keys * nkv * d)",
+           "concat KV update without reading the s cached rows", OPS_TESTS),
+    Mutant("ops-keys-off-by-one", "roofline/ops.py", "keys = s + q\n", "keys = s + q - 1\n",
+           "attention over s + q - 1 keys (off by one)", OPS_TESTS),
+    Mutant("ops-softmax-flops", "roofline/ops.py", "sm_flops = 5 * scores", "sm_flops = scores",
+           "softmax at 1 FLOP per score instead of 5", OPS_TESTS),
+    Mutant("ops-rotary-no-kv", "roofline/ops.py", "3 * bq * (nh + nkv) * d, 2 * bq * (nh + nkv) * d",
+           "3 * bq * nh * d, 2 * bq * nh * d", "rotary on the queries only, not the keys", OPS_TESTS),
+    Mutant("ops-unfused-pv-no-scores", "roofline/ops.py",
+           "pv_flops, scores + b * nkv * keys * d + b * nh * q * d, att_rows)",
+           "pv_flops, b * nkv * keys * d + b * nh * q * d, att_rows)",
+           "unfused PV does not read the scores back", OPS_TESTS),
+    Mutant("ops-gemm-rows-q", "roofline/ops.py", "k_in * n_out + bq * k_in + bq * n_out, bq, kernels)",
+           "k_in * n_out + bq * k_in + bq * n_out, q, kernels)",
+           "GEMM efficiency read at q rows instead of b x q", OPS_TESTS),
+    Mutant("ops-heads-rows-no-b", "roofline/ops.py", "b * np.minimum(q, heads.tokens_per_sequence)",
+           "np.minimum(q, heads.tokens_per_sequence)", "heads on one token per sequence forget the batch",
+           OPS_TESTS),
+    Mutant("ops-blocks-nkv", "roofline/ops.py", "blocks = np.asarray(b * nh, dtype=float)",
+           "blocks = np.asarray(b * nkv, dtype=float)", "attention blocks per KV head instead of per query head",
+           OPS_TESTS),
+    # ---- roofline/latency.py: rates, overheads, memory
+    Mutant("lat-attention-eff-ignored", "roofline/latency.py",
+           "rate_c = peak * hw.eta_compute * hw.attention_curve(op.rows)",
+           "rate_c = peak * hw.eta_compute * hw.gemm_efficiency(op.rows)",
+           "the profile's attention efficiency ignored", LATENCY_TESTS),
+    Mutant("lat-vector-eta-ignored", "roofline/latency.py", "rate_c = hw.vector_flops_per_s * hw.eta_compute",
+           "rate_c = hw.vector_flops_per_s", "vector work without eta_compute", LATENCY_TESTS),
+    Mutant("lat-elementwise-rate-ignored", "roofline/latency.py", "rate_m = hw.elementwise_rate",
+           "rate_m = hw.bandwidth_bytes_per_s * hw.eta_memory",
+           "elementwise kernels at the bandwidth roof, not elementwise_bytes_per_s", LATENCY_TESTS),
+    Mutant("lat-kv-rate-ignored", "roofline/latency.py",
+           "rate_m = hw.kv_update_bytes_per_s or hw.bandwidth_bytes_per_s * hw.eta_memory",
+           "rate_m = hw.bandwidth_bytes_per_s * hw.eta_memory", "kv_update_bytes_per_s ignored", LATENCY_TESTS),
+    Mutant("lat-memory-s-not-s-plus-q", "roofline/latency.py", "kv = b * (s + q) * shape.kv_bytes_per_token",
+           "kv = b * s * shape.kv_bytes_per_token", "memory counts s instead of s + q cached tokens",
+           LATENCY_TESTS),
+    Mutant("lat-memory-scores-nkv", "roofline/latency.py", "scores = b * shape.heads * q * (s + q) * beta",
+           "scores = b * shape.kv_heads * q * (s + q) * beta", "unfused scores memory per KV head",
+           LATENCY_TESTS),
+    Mutant("lat-memory-no-head-logits", "roofline/latency.py",
+           "logits = b * (q + head_rows * (heads.num_heads if heads is not None else 0)) * shape.vocab * beta",
+           "logits = b * q * shape.vocab * beta", "memory without the draft heads' logits", LATENCY_TESTS),
+    Mutant("lat-max-becomes-sum", "roofline/latency.py",
+           "return np.maximum(self.compute_s, self.memory_s) + self.overhead_s",
+           "return self.compute_s + self.memory_s + self.overhead_s",
+           "operator time adds the two roofs instead of taking the larger", LATENCY_TESTS),
+    Mutant("lat-blocks-on-fused-pv", "roofline/latency.py",
+           'if op.kind == "attention" and op.kernels > 0 and hw.attention_block_overhead_s:',
+           'if op.kind == "attention" and hw.attention_block_overhead_s:',
+           "attention block overhead also on the kernel-less fused PV", LATENCY_TESTS),
+    Mutant("lat-head-overhead-once", "roofline/latency.py",
+           "overhead = overhead + heads.num_heads * hw.head_overhead_s", "overhead = overhead + hw.head_overhead_s",
+           "head overhead once instead of per head", LATENCY_TESTS),
+    Mutant("lat-plain-key-cost", "roofline/latency.py",
+           "per_key = np.where(q > 1, hw.context_overhead_s, hw.plain_context_overhead_s)",
+           "per_key = np.where(q >= 1, hw.context_overhead_s, hw.plain_context_overhead_s)",
+           "plain decoding pays the tree step's cost per cached key", LATENCY_TESTS),
+    Mutant("lat-token-overhead-no-b", "roofline/latency.py", "hw.token_overhead_s * b * q", "hw.token_overhead_s * q",
+           "framework cost per token row forgets the batch", LATENCY_TESTS),
+    # ---- roofline/hardware.py: curves, fallbacks, defaults
+    Mutant("hw-curve-linear-rows", "roofline/hardware.py",
+           "x = np.log2(np.maximum(np.asarray(rows, dtype=float), 1.0))\n"
+           "        return np.interp(x, np.log2(np.asarray(self.rows, dtype=float)),",
+           "x = np.maximum(np.asarray(rows, dtype=float), 1.0)\n"
+           "        return np.interp(x, np.asarray(self.rows, dtype=float),",
+           "efficiency curve interpolated linearly in rows, not in log2(rows)", LATENCY_TESTS),
+    Mutant("hw-vector-fallback", "roofline/hardware.py", "return max(self.peak_flops.values()) / 16.0",
+           "return max(self.peak_flops.values()) / 8.0", "vector rate fallback at 1/8 of the peak", LATENCY_TESTS),
+    Mutant("hw-elementwise-fallback", "roofline/hardware.py", "return self.bandwidth_bytes_per_s * self.eta_memory",
+           "return self.bandwidth_bytes_per_s", "elementwise rate fallback without eta_memory", LATENCY_TESTS),
+    Mutant("hw-attention-curve-json", "roofline/hardware.py", 'for key in ("gemm_efficiency", "attention_efficiency"):',
+           'for key in ("gemm_efficiency",):', "attention curve not parsed from a profile JSON", LATENCY_TESTS),
+    Mutant("hw-eta-memory-default", "roofline/hardware.py", "eta_memory: float = 0.78",
+           "eta_memory: float = 0.8", "eta_memory default off the published 77-80% middle", LATENCY_TESTS),
+    # ---- roofline/grid.py
+    Mutant("grid-q-off-by-one", "roofline/grid.py", "q = n + 1\n", "q = np.maximum(n, 1)\n",
+           "a tree of n nodes verifies n tokens, not n + 1", GRID_TESTS),
+    Mutant("grid-heads-in-baseline", "roofline/grid.py", "base_heads = heads_shape if heads_in_baseline else None",
+           "base_heads = heads_shape", "plain decoding always pays for the heads", GRID_TESTS),
+    Mutant("grid-ties-larger", "roofline/grid.py", "ascending=[True, True, False, True]",
+           "ascending=[True, True, False, False]", "ties go to the larger tree", GRID_TESTS),
+    Mutant("grid-heads-used-no-max", "roofline/grid.py", "np.maximum.accumulate(lengths)", "lengths",
+           "heads a prefix uses = depth of its last node, not of its deepest", GRID_TESTS),
+    Mutant("grid-overhead-base", "roofline/grid.py", "overhead = step / step[:, :, :1]",
+           "overhead = step / step[:, :, 1:2]", "overhead against the 1-node tree, not plain decoding",
+           GRID_TESTS),
+    # ---- treeopt/build.py
+    Mutant("build-greedy-sibling-rank", "treeopt/build.py", "-(pv * a[d - 1, r + 1])", "-(pv * a[d - 1, r])",
+           "greedy values a sibling with its predecessor's rank", BUILD_TESTS),
+    Mutant("build-greedy-child-value", "treeopt/build.py", "-(-neg * a[d, 0])", "-(pv * a[d, 0])",
+           "greedy values a child from its grandparent", BUILD_TESTS),
+    Mutant("build-optimal-dropped-term", "treeopt/build.py", "inner = 1.0 + g[:-1]", "inner = g[:-1]",
+           "optimal DP forgets the child node itself", BUILD_TESTS),
+    Mutant("build-tau-no-bonus", "treeopt/build.py", "np.concatenate(([1.0], 1.0 + np.cumsum(vals)))",
+           "np.concatenate(([1.0], np.cumsum(vals)))", "tau curve without the bonus token", BUILD_TESTS),
+    Mutant("build-joint-depth-off-by-one", "treeopt/build.py", "if c > 0 and len(p) <= D and",
+           "if c > 0 and len(p) < D and", "joint builder drops prefixes at the maximum depth", BUILD_TESTS),
+    Mutant("build-capacity", "treeopt/build.py", "total += level", "total += w",
+           "tree capacity adds widths instead of level sizes", BUILD_TESTS),
+    # ---- treeopt/accuracy.py
+    Mutant("acc-node-values-head", "treeopt/accuracy.py", "vals[inside] *= acc[j, col[inside]]",
+           "vals[inside] *= acc[0, col[inside]]", "node value uses head 1 at every depth", ACCURACY_TESTS),
+    Mutant("acc-joint-positions-depth", "treeopt/accuracy.py", "counts[ok] / table.positions[depth[ok] - 1]",
+           "counts[ok] / table.positions[0]", "joint value normalised by head 1's positions at every depth",
+           ACCURACY_TESTS),
+    Mutant("acc-miss-ends-prefix", "treeopt/accuracy.py",
+           "alive = np.logical_and.accumulate((ranks >= 0) & (ranks < width), axis=1)",
+           "alive = (ranks >= 0) & (ranks < width)", "a miss does not end the joint prefix", ACCURACY_TESTS),
+    Mutant("acc-per-head-normalisation", "treeopt/accuracy.py", "return self.hits / self.positions[:, None]",
+           "return self.hits / self.positions[0]", "every head normalised by head 1's positions",
+           ACCURACY_TESTS),
+    Mutant("acc-wilson-center", "treeopt/accuracy.py", "center = (p + z2 / (2 * n)) / denom",
+           "center = (p + z2 / n) / denom", "Wilson interval centre off by a factor 2 in z^2/n", ACCURACY_TESTS),
+    # ---- treeopt/acceptance.py
+    Mutant("accept-no-bonus", "treeopt/acceptance.py", "return 1 + (_matched_nodes(ranks, tree) >= 0).sum(1)",
+           "return (_matched_nodes(ranks, tree) >= 0).sum(1)", "accepted length without the bonus token",
+           ACCEPTANCE_TESTS),
+    Mutant("accept-walk-advance", "treeopt/acceptance.py", "steps += a.size\n        ptr = ptr + a",
+           "steps += a.size\n        ptr = ptr + 1", "the walk advances one row instead of the accepted run",
+           ACCEPTANCE_TESTS),
+    Mutant("accept-start-rows", "treeopt/acceptance.py", "ends = np.minimum(ends, starts + int(start_rows))",
+           "ends = np.minimum(ends, starts + int(start_rows) - 1)", "start_rows off by one", ACCEPTANCE_TESTS),
+    Mutant("accept-curve-prefix", "treeopt/acceptance.py", "a = 1 + (chain[ptr] < m[:, None]).sum(1)",
+           "a = 1 + (chain[ptr] <= m[:, None]).sum(1)", "walked tau of prefix m counts node m too",
+           ACCEPTANCE_TESTS),
+    # ---- killed by tests other branches add (paths as of this branch)
+    Mutant("pipeline-every-head", "treeopt/pipeline.py", "used = proposal.prefix(n).depth if n else 0",
+           "used = heads.num_heads if n else 0", "the run's prediction runs every head, not those the tree uses",
+           ("tests/test_pipeline.py",), pending="pipeline tests"),
+    Mutant("sweep-first-sample", "calibration/sweep.py",
+           "ratio = float(np.median(np.asarray(st.samples, dtype=float) / base)) if n else 1.0",
+           "ratio = float(st.samples[0] / base[0]) if n else 1.0",
+           "sweep overhead from the first sample instead of the median", ("tests/test_sweep.py",),
+           pending="sweep tests"),
+    Mutant("hwcal-attention-flops", "roofline/hwcalibrate.py", "a_flops.append(4.0 * nh * qn * keys * d)",
+           "a_flops.append(2.0 * nh * qn * keys * d)", "hardware calibration fits attention with half its FLOPs",
+           ("tests/test_roofline_cli.py::test_calibrate_quick_writes_a_usable_profile",), pending="wt-hwcal"),
+    Mutant("hwcal-attention-block", "roofline/hwcalibrate.py", "attn_block_s = max(0.0, (t8 - 8 * t1) / (8 * nh))",
+           "attn_block_s = max(0.0, (t8 - t1) / (8 * nh))",
+           "hardware calibration's attention block overhead without the 8 x linear part",
+           ("tests/test_roofline_cli.py::test_calibrate_quick_writes_a_usable_profile",), pending="wt-hwcal"),
+)
+
+
+def _matches(m: Mutant, pattern: str) -> bool:
+    p = pattern.lower()
+    return any(p in field.lower() for field in (m.id, m.file, m.description, "pending" if m.pending else ""))
+
+
+def select(mutants, only: list[str], skip: list[str]) -> list[Mutant]:
+    chosen = [m for m in mutants if not only or any(_matches(m, p) for p in only)]
+    return [m for m in chosen if not any(_matches(m, p) for p in skip)]
+
+
+def snippet_problems(root: Path, mutants) -> list[str]:
+    """One line per mutant whose file is missing or whose snippet is not there exactly once."""
+    problems = []
+    for m in mutants:
+        path = root / m.file
+        if not path.is_file():
+            problems.append(f"{m.id}: {m.file} is not there")
+            continue
+        count = path.read_text(encoding="utf-8").count(m.original)
+        if count != 1:
+            problems.append(f"{m.id}: {m.file} holds the snippet {count} times, not once: {m.original!r}")
+    return problems
+
+
+def run_pytest(root: Path, tests, python: str, timeout_s: float) -> tuple[int | None, float, str]:
+    """(pytest exit code or None on timeout, seconds, last lines of output) in the copy `root`."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(root) + os.pathsep + env.get("PYTHONPATH", "")
+    # no bytecode: a mutant of the same size written within the same second as the original
+    # would otherwise be served from a stale .pyc
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    env.setdefault("OMP_NUM_THREADS", "1")
+    cmd = [python, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests]
+    t0 = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=timeout_s,
+                              check=False)
+    except subprocess.TimeoutExpired:
+        return None, time.perf_counter() - t0, ""
+    tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-3:])
+    return proc.returncode, time.perf_counter() - t0, tail
+
+
+def check_imports_resolve_to(root: Path, python: str) -> None:
+    """The copy, not an installed checkout, must be what the tests import."""
+    env = dict(os.environ, PYTHONPATH=str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    out = subprocess.run([python, "-c", "import roofline, treeopt; print(roofline.__file__); print(treeopt.__file__)"],
+                         cwd=root, env=env, capture_output=True, text=True, check=True).stdout.split()
+    for file in out:
+        if not Path(file).resolve().is_relative_to(root.resolve()):
+            raise SystemExit(f"mutants: the tests would import {file}, not the scratch copy under {root}")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--only", action="append", default=[], metavar="PATTERN",
+                    help="run only mutants whose id, file or description contains PATTERN (repeatable)")
+    ap.add_argument("--skip", action="append", default=[], metavar="PATTERN",
+                    help="leave out mutants matching PATTERN ('pending': those other branches will kill)")
+    ap.add_argument("--list", action="store_true", help="list the selected mutants, check their snippets, run nothing")
+    ap.add_argument("--timeout", type=float, default=300.0, help="seconds per pytest run (a timeout kills)")
+    ap.add_argument("--python", default=sys.executable, help="interpreter that runs pytest")
+    args = ap.parse_args(argv)
+
+    mutants = select(MUTANTS, args.only, args.skip)
+    if not mutants:
+        print("mutants: no mutant matches", file=sys.stderr)
+        return 2
+    problems = snippet_problems(REPO, mutants)
+    if args.list:
+        for m in mutants:
+            note = f"  [pending: {m.pending}]" if m.pending else ""
+            print(f"{m.id:30s} {m.file:24s} {m.description}{note}\n{'':30s} tests: {' '.join(m.tests)}")
+    for line in problems:
+        print(f"mutants: {line}", file=sys.stderr)
+    if problems:
+        print("mutants: the code moved; update MUTANTS in tools/mutants.py", file=sys.stderr)
+        return 2
+    if args.list:
+        return 0
+
+    results: list[tuple[Mutant, str, float]] = []
+    try:
+        with tempfile.TemporaryDirectory(prefix="treeopt-mutants-") as tmp:
+            root = Path(tmp) / "repo"
+            shutil.copytree(REPO, root, ignore=COPY_IGNORE)
+            check_imports_resolve_to(root, args.python)
+            for tests in sorted({m.tests for m in mutants}):
+                code, secs, tail = run_pytest(root, tests, args.python, args.timeout)
+                if code != 0:
+                    print(f"mutants: without any mutant, pytest {' '.join(tests)} "
+                          f"{'timed out' if code is None else f'exits {code}'}:\n{tail}", file=sys.stderr)
+                    return 2
+            for i, m in enumerate(mutants, 1):
+                path = root / m.file
+                original = path.read_text(encoding="utf-8")
+                path.write_text(original.replace(m.original, m.replacement, 1), encoding="utf-8")
+                try:
+                    code, secs, tail = run_pytest(root, m.tests, args.python, args.timeout)
+                finally:
+                    path.write_text(original, encoding="utf-8")
+                if code is None:
+                    verdict = "KILLED"
+                    how = " (timeout)"
+                elif code == 0:
+                    verdict, how = "SURVIVED", f" [pending: {m.pending}]" if m.pending else ""
+                elif code in KILLING_CODES:
+                    verdict, how = "KILLED", ""
+                else:
+                    verdict, how = "ERROR", f" (pytest exit {code}: {tail.splitlines()[-1] if tail else ''})"
+                results.append((m, verdict, secs))
+                print(f"[{i:2d}/{len(mutants)}] {verdict:8s} {m.id:30s} {secs:5.1f}s  {m.description}{how}",
+                      flush=True)
+    except KeyboardInterrupt:
+        print("\nmutants: interrupted; the working tree was never modified", file=sys.stderr)
+        return 130
+
+    counts = {v: sum(1 for _, verdict, _ in results if verdict == v) for v in ("KILLED", "SURVIVED", "ERROR")}
+    total_s = sum(s for _, _, s in results)
+    print(f"{counts['KILLED']} killed, {counts['SURVIVED']} survived, {counts['ERROR']} errors "
+          f"of {len(results)} mutants ({total_s:.0f} s of tests)")
+    for m, verdict, _ in results:
+        if verdict != "KILLED":
+            print(f"  {verdict}: {m.id} ({m.file}): {m.description}")
+    if counts["ERROR"]:
+        return 2
+    return 1 if counts["SURVIVED"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
