@@ -1,4 +1,5 @@
-"""roofline.grid: the speedup grid, the best tree per cell, the selection document."""
+"""roofline.grid and the selection built from it: the speedup grid, the best tree per cell, the
+selection document (treeopt.selection), the greedy proposal of the first K heads (treeopt.tau)."""
 
 from pathlib import Path
 
@@ -6,20 +7,21 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from roofline.grid import (
-    DEFAULT_BATCHES,
-    DEFAULT_CONTEXTS,
-    GRID_COLUMNS,
-    best_per_cell,
-    proposal_from_accuracy,
-    selection_from_grid,
-    speedup_grid,
-)
+from roofline.grid import DEFAULT_BATCHES, DEFAULT_CONTEXTS, GRID_COLUMNS, speedup_grid
 from roofline.hardware import HardwareProfile, load_hardware
 from roofline.latency import step_time_s
 from roofline.shapes import DraftHeadsShape, ModelShape, draft_heads_shape, model_shape
-from treeopt.accuracy import load_accuracy
+from treeopt.accuracy import AccuracyTable, load_accuracy
 from treeopt.errors import UserError
+from treeopt.selection import best_per_cell, selection_from_grid
+from treeopt.tau import first_heads, proposal_sequence, tau_curves
+
+
+def proposal_from_accuracy(table, max_nodes, *, num_heads=None):
+    """Medusa's greedy proposal of the first `num_heads` heads and its independent tau."""
+    table = first_heads(table, num_heads)
+    curves = tau_curves(table, proposal_sequence(table, max_nodes, method="greedy"))
+    return curves.proposal, curves.independent
 
 CSV = Path(__file__).resolve().parents[1] / "treeopt" / "data" / "medusa_train_accuracy.csv"
 V7 = model_shape("vicuna-7b")
@@ -174,7 +176,8 @@ def test_proposal_from_accuracy_cuts_heads_and_size():
     table = load_accuracy(CSV, model="vicuna-7b")
     tree, tau = proposal_from_accuracy(table, 64, num_heads=2)
     assert tree.depth == 2 and tree.size == 5 + 25 and len(tau) == 31  # all a 2-deep, 5-wide tree holds
-    tree, tau = proposal_from_accuracy(np.array([[0.5, 0.2]]), 64)  # one head of width 2: at most 2 nodes
+    one_head = AccuracyTable(hits=[[0.5, 0.2]], positions=[1.0])
+    tree, tau = proposal_from_accuracy(one_head, 64)  # one head of width 2: at most 2 nodes
     assert tree.size == 2 and tau.tolist() == pytest.approx([1.0, 1.5, 1.7])
     with pytest.raises(UserError, match="--heads: 6 heads asked for, the accuracy table has 5"):
         proposal_from_accuracy(table, 8, num_heads=6)

@@ -4,7 +4,6 @@ import json
 
 import pytest
 
-from roofline import shapes as shapes_mod
 from roofline.shapes import (
     DraftHeadsShape,
     ModelShape,
@@ -124,23 +123,28 @@ def test_config_errors(tmp_path):
         model_shape("llama-7b", dtype="fp7")
 
 
-def test_demo_resolved_lazily(tmp_path, monkeypatch):
-    monkeypatch.setattr(shapes_mod, "demo_model_dir", lambda: tmp_path / "demo_model")
-    with pytest.raises(UserError, match="demo model is not there yet"):
-        model_shape("demo")
+def test_demo_and_heads_next_to_the_model(tmp_path, monkeypatch):
+    """`--model demo` resolves, in the application layer, to the bundled model's directory; the
+    Medusa heads config next to a model gives the head count and layers unless told otherwise."""
+    import treeopt.app.models as app_models
+
+    monkeypatch.setattr(app_models, "DEMO_MODEL_DIR", tmp_path / "demo_model")
+    with pytest.raises(UserError, match="demo model is not there"):
+        app_models.shape_of("demo")
     (tmp_path / "demo_model" / "heads").mkdir(parents=True)
     write_cfg(tmp_path / "demo_model", dict(LLAMA_CFG, hidden_size=256, intermediate_size=704, num_hidden_layers=5,
                                             num_attention_heads=4, num_key_value_heads=4, vocab_size=4096,
                                             torch_dtype="bfloat16"))
     (tmp_path / "demo_model" / "heads" / "config.json").write_text(json.dumps(
         {"medusa_num_heads": 4, "medusa_num_layers": 1, "hidden_size": 256, "vocab_size": 4096}))
-    s = model_shape("demo", dtype="fp32")
+    s = app_models.shape_of("demo", dtype="fp32")
     assert (s.name, s.hidden, s.layers, s.dtype, s.dtype_bytes) == ("demo", 256, 5, "fp32", 4)
-    heads = resolve_heads("demo", s)
+    heads = app_models.heads_of("demo", s)
     assert heads == DraftHeadsShape(4, 1, 256, 4096)
     # explicit and accuracy-table head counts win over the config next to the model
-    assert resolve_heads("demo", s, accuracy_heads=3).num_heads == 3
-    assert resolve_heads("demo", s, num_heads=2, accuracy_heads=3, num_layers=2) == DraftHeadsShape(2, 2, 256, 4096)
+    assert resolve_heads(tmp_path / "demo_model", s, accuracy_heads=3).num_heads == 3
+    assert resolve_heads(tmp_path / "demo_model", s, num_heads=2, accuracy_heads=3,
+                         num_layers=2) == DraftHeadsShape(2, 2, 256, 4096)
 
 
 def test_draft_heads_shape():
