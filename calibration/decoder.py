@@ -556,8 +556,9 @@ class TreeDecoder:
         # poison the keys and values of the next layers' padding slots).
         mask = (causal[None] & valid[:, None, :]) | torch.eye(length, dtype=torch.bool, device=self.device)
         cache = new_cache(self.model, max(capacity, length))
+        mask = _additive(mask, self.dtype)[:, None]
         with _force_sdpa_gqa(self.force_gqa):
-            hidden = model_forward_hidden(self.model, input_ids, attention_mask=_additive(mask, self.dtype)[:, None],
+            hidden = model_forward_hidden(self.model, input_ids, attention_mask=mask,
                                           position_ids=positions, cache=cache)
         last = length - 1 - valid.flip(-1).long().argmax(-1)  # index of each row's last real token
         rows = torch.arange(b, device=self.device)
@@ -659,13 +660,15 @@ class TreeDecoder:
     # ---- one step --------------------------------------------------------------------------
 
     @torch.inference_mode()
-    def step(self, state: DecodeState, clock: _PhaseClock, **rule):
-        """One decoding step for every active sequence (`rule`: `accept`'s keywords). Updates
-        `state` in place and returns (tokens (b, D + 1) the step produced per sequence, in
-        order, valid up to n_keep; n_keep (b,) = accepted nodes + 1)."""
-        # 1. draft: each head k guesses the token k + 1 after the root from the hidden state of
-        #    the token that produced the root (Medusa paper section 2.1.1); the heads are model
-        #    work, timed with the verification.
+    def step(self, state: DecodeState, clock: _PhaseClock | None = None, **rule):
+        """One decoding step for every active sequence (`rule`: `accept`'s keywords; `clock`:
+        where the phases' wall times go, None = not timed). Updates `state` in place and
+        returns (tokens (b, D + 1) the step produced per sequence, in order, valid up to
+        n_keep; n_keep (b,) = accepted nodes + 1)."""
+        clock = clock or _PhaseClock(False, self.device)
+        # 1. draft: head k (1..D) guesses the k-th token after the root from the hidden state
+        #    of the token that produced the root (Medusa paper section 2.1.1); the heads are
+        #    model work, timed with the verification.
         with clock("verify"):
             head_logits = _run_heads(self.heads, state.hidden, self.num_draft_heads)
         with clock("draft"):
@@ -686,11 +689,11 @@ class TreeDecoder:
             kept = torch.arange(keep, device=self.device)[None] < n_keep[:, None]
             state.valid = torch.cat([state.valid, kept], dim=1)
             state.next_pos = state.next_pos + n_keep
-            rows = torch.arange(tokens.shape[0], device=self.device)
-            state.hidden = hidden[rows, last]
+            bi = torch.arange(tokens.shape[0], device=self.device)
+            state.hidden = hidden[bi, last]
             state.root = bonus
             new = torch.cat([tokens.gather(1, path[:, 1:]), bonus[:, None]], dim=1)
-            new[rows, n_keep - 1] = bonus  # the accepted nodes, then the bonus
+            new[bi, n_keep - 1] = bonus  # the accepted nodes, then the bonus
         return new, n_keep
 
     def _drop_finished(self, state: DecodeState, finished: list[bool]) -> None:
@@ -741,14 +744,15 @@ class TreeDecoder:
             gen = torch.Generator(device=self.device)
             gen.manual_seed(seed)
         rule = {"temperature": temperature, "posterior_threshold": posterior_threshold,
-                    "posterior_alpha": posterior_alpha, "generator": gen}
+                "posterior_alpha": posterior_alpha, "generator": gen}
         clock = _PhaseClock(self.timing, self.device)
 
         with clock("prefill"):
             # Room for the prompt, the new tokens and one tree: one sequence never grows the
             # cache; ragged acceptance in a batch (holes) may, by doubling.
-            state = self.prefill(input_ids, attention_mask, capacity=input_ids.shape[1] + max_new_tokens + self.q,
-                                 temperature=temperature, generator=gen)
+            capacity = input_ids.shape[1] + max_new_tokens + self.q
+            state = self.prefill(input_ids, attention_mask, capacity=capacity, temperature=temperature,
+                                 generator=gen)
             finished = []
             for i, t in enumerate(state.root.tolist()):
                 out[i].append(t)
