@@ -24,9 +24,10 @@ position id. A step keeps ``max(1 + accepted)`` slots for every sequence; a sequ
 accepted fewer leaves holes, masked out of its attention. Prompt padding is handled the same way.
 
 GQA: with a custom mask and q > 1, transformers' sdpa path repeats the whole KV cache to all
-query heads on every forward. On CPU the decoder sets ``TRANSFORMERS_SDPA_FORCE_GQA=1`` around
-its own forwards (torch's CPU sdpa then runs grouped attention itself; exact, tested). On CUDA
-the masked GQA path of torch falls back to the math kernel, so the library default stays there.
+query heads on every forward (docs/performance-model.md, "CPU facts"). On CPU the decoder sets
+``TRANSFORMERS_SDPA_FORCE_GQA=1`` around its own forwards (torch's CPU sdpa then runs grouped
+attention itself; exact, tested). On CUDA the masked GQA path of torch falls back to the math
+kernel, so the library default stays there.
 """
 
 from __future__ import annotations
@@ -234,7 +235,8 @@ class KVCache(Cache):
     def keep_slots(self, start: int, slots: torch.Tensor) -> None:
         """Per sequence, slot ``start + j`` takes the entries of slot ``slots[:, j]`` (slots
         (b, k) int64, any slots below the length) in every layer; the length becomes
-        ``start + k``. One gather and one copy over the whole buffer."""
+        ``start + k``. One gather and one copy over the whole buffer: keeping a step's accepted
+        path (docs/decoder.md, "KV cache handling"; Medusa's reference code does the same)."""
         n_layers, _, b, heads, _, head_dim = self.buffer.shape
         k = slots.shape[1]
         index = slots[None, None, :, None, :, None].expand(n_layers, 2, b, heads, k, head_dim)
@@ -251,9 +253,8 @@ class KVCache(Cache):
         self.batch_select_indices(beam_idx)
 
 
-def _num_layers(model) -> int:
-    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    return int(cfg.num_hidden_layers)
+def _text_config(model):
+    return model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
 
 
 def new_cache(model, capacity: int = 0) -> KVCache:
@@ -261,7 +262,7 @@ def new_cache(model, capacity: int = 0) -> KVCache:
     sequence without reallocating (0: as many as the first forward writes, then doubling).
     Pass it as `past_key_values` to the model's forward; batch, heads, dtype and device come
     from the first keys written."""
-    return KVCache(_num_layers(model), capacity)
+    return KVCache(int(_text_config(model).num_hidden_layers), capacity)
 
 
 # --------------------------------------------------------------------------------------------
@@ -350,8 +351,7 @@ def _eos_set(eos_token_id) -> frozenset[int]:
 
 
 def _check_full_attention(model) -> None:
-    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    types = getattr(cfg, "layer_types", None) or []
+    types = getattr(_text_config(model), "layer_types", None) or []
     other = sorted({t for t in types if t != "full_attention"})
     if other:
         raise UserError(f"model: layer types {other} are not supported by the reference tree "
@@ -682,7 +682,7 @@ class TreeDecoder:
             # 4. update: the cache keeps, per sequence, the root and the accepted nodes (slots
             #    C..C+q-1 hold the tree; path[:, j] is the j-th kept token's tree index); a
             #    sequence that accepted fewer than the batch's longest keeps holes, masked out
-            #    (docs/decoder.md, "KV cache", "batches with holes").
+            #    (docs/decoder.md, "KV cache handling", "batches with holes").
             c = state.valid.shape[1]
             keep = int(n_keep.max())
             state.cache.keep_slots(c, c + path[:, :keep])
