@@ -3,7 +3,7 @@
     python benchmarks/bench_decoder.py [--model demo|PATH] [--runs N] [--max-new-tokens N]
 
 Target: the non-model work of a decoding step (draft = head top-k, candidate layout, mask and
-positions; update = acceptance, bonus, KV pruning, bookkeeping) stays under 15% of the step
+positions; update = acceptance, bonus, KV-cache update, bookkeeping) stays under 15% of the step
 at tree size 64 on the demo model (batch 1). Also printed, not targets: tokens per second and
 tokens per step of tree decoding (64 nodes) against plain greedy decoding (the ordinary
 transformers path) and against the decoder with the empty tree, and whether the tokens agree.

@@ -1,37 +1,33 @@
-"""The reference Medusa tree decoder: static candidate tree, tree attention, greedy or typical
-verification, over a transformers causal LM with its Medusa heads and a `DynamicCache`.
+"""The reference Medusa tree decoder: a static candidate tree, tree attention, greedy or typical
+verification, over a transformers causal LM with its Medusa heads and a KV cache kept in one
+preallocated buffer (docs/decoder.md).
 
-One decoding step (DESIGN sections 2 and 7), for every sequence of the batch at once:
+One decoding step (`TreeDecoder.step`), for every sequence of the batch at once, vectorised
+over the batch and the tree:
 
-1. draft: the flat candidate vector ``[root, head 1 top-TOPK, head 2 top-TOPK, ...]`` from the
-   root token (the base model's pick, already emitted) and the heads' logits at the token that
-   produced it; the tree tokens are ``flat[tree_indices]``; the 4D additive attention mask is
-   ``[cache slots this sequence may see | tree ancestor mask]`` and the position ids are
-   ``next position + depth``;
-2. verify: one forward pass of the base model over the q = n + 1 tree tokens; the Medusa heads
-   then run on one token per sequence, the last accepted one (Medusa's reference code runs
-   them on all q tokens and keeps one: the same numbers for K times less head work);
-3. update: acceptance (greedy: a token is accepted when it equals the base argmax at its
-   parent and its parent is accepted; typical: when p(x) > min(eps, alpha * exp(-H(p))) at the
-   parent), the longest accepted root-to-leaf path (first on ties for greedy, most likely for
-   typical, as Medusa), the bonus token (argmax / sample at the last accepted token), and the
-   cache keeps only the root and the accepted nodes of the step.
+1. draft: the heads the tree uses run on the last accepted token's hidden state; their top-k
+   fill Medusa's flat candidate vector ``[root, head 1 top-TOPK, head 2 top-TOPK, ...]``; the
+   tree tokens are ``flat[tree_indices]``, the attention mask is ``[cache slots the sequence
+   may see | tree ancestor mask]``, the position ids ``next position + depth``;
+2. verify: one forward of the base model over the q = n + 1 tree tokens;
+3. accept: greedy (a token equal to the base argmax at its parent, under an accepted parent)
+   or typical (p(x) > min(eps, alpha * exp(-H(p))) at the parent); the longest accepted
+   root-to-leaf path and the bonus token after it;
+4. update: the cache keeps the step's root and accepted nodes, the sequences get their tokens,
+   finished ones (eos, max_new_tokens) leave the batch.
 
 Tokens emitted per step per sequence = accepted nodes + 1 (the bonus, which is the next root).
 The first token comes from the prefill, so with the empty tree this is plain greedy decoding.
 
 Batches: every sequence keeps its own validity mask over the cache slots and its own next
-position id. A step appends ``max(1 + accepted)`` slots to every sequence's cache; a sequence
-that accepted fewer leaves holes, masked out of its attention. Left (or any) padding of the
-prompt is handled the same way. Finished sequences (eos, or max_new_tokens reached) leave the
-batch, so they cost nothing afterwards. Everything is vectorised over the batch and the tree:
-no Python loop over tree nodes (there is a loop over layers for the cache update).
+position id. A step keeps ``max(1 + accepted)`` slots for every sequence; a sequence that
+accepted fewer leaves holes, masked out of its attention. Prompt padding is handled the same way.
 
 GQA: with a custom mask and q > 1, transformers' sdpa path repeats the whole KV cache to all
-query heads on every forward (DESIGN section 9). On CPU the decoder sets
-``TRANSFORMERS_SDPA_FORCE_GQA=1`` around its own forward calls (torch's CPU sdpa then runs
-grouped attention itself; exact, tested). On CUDA the masked GQA path of torch would fall back
-to the math kernel, so the library default (repeat) is kept there.
+query heads on every forward (docs/performance-model.md, "CPU facts"). On CPU the decoder sets
+``TRANSFORMERS_SDPA_FORCE_GQA=1`` around its own forwards (torch's CPU sdpa then runs grouped
+attention itself; exact, tested). On CUDA the masked GQA path of torch falls back to the math
+kernel, so the library default stays there.
 """
 
 from __future__ import annotations
@@ -43,18 +39,20 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+from transformers import DynamicCache
+from transformers.cache_utils import Cache, CacheLayerMixin
 
 from treeopt.errors import UserError
 from treeopt.tree import Tree, make_tree, tree_buffers
 
 __all__ = [
-    "DecodeResult", "DecodeState", "TreeDecoder", "greedy_decode", "plain_step_forward",
-    "cut_tree", "model_forward_hidden", "new_cache",
+    "DecodeResult", "DecodeState", "KVCache", "TreeDecoder", "cut_tree", "greedy_decode",
+    "model_forward_hidden", "new_cache", "plain_step_forward",
 ]
 
 
 # --------------------------------------------------------------------------------------------
-# Results
+# Results and state
 
 
 @dataclass
@@ -69,9 +67,9 @@ class DecodeResult:
     emitted:  (steps, b) int64, tokens actually appended to `tokens` per step (the step's
               accepted count cut at eos / max_new_tokens). ``1 + emitted.sum(0) == len(tokens)``.
     draft_s, verify_s, update_s: (steps,) wall seconds per step: candidate layout (head top-k,
-              tree tokens, mask, positions); model work (the tree forward and the heads); the
-              rest (acceptance, bonus, cache pruning, bookkeeping).
-    prefill_s: wall seconds of the prefill (forward over the prompts, first token, heads).
+              tree tokens, mask, positions); model work (the heads and the tree forward); the
+              rest (acceptance, bonus, cache update, bookkeeping).
+    prefill_s: wall seconds of the prefill (forward over the prompts, first token).
     """
 
     tokens: list[list[int]]
@@ -112,21 +110,159 @@ class DecodeResult:
 class DecodeState:
     """The decoder's state between steps, for the b sequences still active.
 
-    cache:     transformers `DynamicCache`, (b, kv_heads, C, head_dim) per layer.
-    valid:     (b, C) bool, cache slots each sequence may attend to (False = padding or hole).
-    next_pos:  (b,) int64, position id of the root token (number of valid slots).
-    root:      (b,) int64, the next token (already emitted, not yet in the cache).
-    head_logits: (D, b, V), the first D heads' logits at the token that produced `root`
-               (D = tree depth, the heads the tree uses).
-    rows:      (b,) int64, each active sequence's index in the caller's batch.
+    cache:    `KVCache` holding C slots per sequence.
+    valid:    (b, C) bool, cache slots each sequence may attend to (False = padding or hole).
+    next_pos: (b,) int64, position id of the root token (number of valid slots).
+    root:     (b,) int64, the next token (already emitted, not yet in the cache).
+    hidden:   (b, h), the base model's last hidden state at the token that produced `root`:
+              the heads draft the next step from it.
+    rows:     (b,) int64, each active sequence's index in the caller's batch.
     """
 
-    cache: object
+    cache: KVCache
     valid: torch.Tensor
     next_pos: torch.Tensor
     root: torch.Tensor
-    head_logits: torch.Tensor
+    hidden: torch.Tensor
     rows: torch.Tensor
+
+
+# --------------------------------------------------------------------------------------------
+# The KV cache: one buffer for all layers, updated by index
+
+
+class _BufferLayer(CacheLayerMixin):
+    """Layer `index` of a `KVCache`: the per-layer interface transformers' attention calls.
+    Keys and values are views of the shared buffer, not tensors of their own."""
+
+    is_sliding = False
+    is_croppable = True
+    is_compileable = False
+    supports_early_init = False
+
+    def __init__(self, cache: KVCache, index: int):
+        # CacheLayerMixin.__init__ would store keys/values tensors: here they are views (below).
+        self.cache, self.index = cache, index
+        self.length = 0
+
+    @property
+    def is_initialized(self) -> bool:
+        return self.cache.buffer is not None
+
+    @property
+    def keys(self) -> torch.Tensor | None:
+        """(b, kv_heads, length, head_dim) view of the buffer."""
+        buf = self.cache.buffer
+        return None if buf is None else buf[self.index, 0, :, :, : self.length]
+
+    @property
+    def values(self) -> torch.Tensor | None:
+        buf = self.cache.buffer
+        return None if buf is None else buf[self.index, 1, :, :, : self.length]
+
+    def lazy_initialization(self, key_states, value_states) -> None:
+        self.cache.reserve(self.length + key_states.shape[-2], key_states)
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        """Write the q new keys/values at this layer's length; return views of the filled
+        slots, so attention costs O(length), not O(capacity)."""
+        start, end = self.length, self.length + key_states.shape[-2]
+        buf = self.cache.reserve(end, key_states)
+        buf[self.index, 0, :, :, start:end] = key_states
+        buf[self.index, 1, :, :, start:end] = value_states
+        self.length = end
+        return self.keys, self.values
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.length + query_length, 0
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def get_max_length(self) -> int:
+        return -1  # grows on demand
+
+    def crop(self, tokens_to_remove: int) -> None:
+        if tokens_to_remove > 0:
+            raise ValueError(f"crop: expected a negative count of tokens to remove, got {tokens_to_remove}")
+        self.length = max(0, self.length + tokens_to_remove)
+
+    def reset(self) -> None:
+        self.length = 0
+
+
+class KVCache(Cache):
+    """A transformers `Cache` whose layers share one preallocated tensor, updated by index, as
+    gpt-fast keeps its static cache and Medusa's reference code its KV buffer.
+
+    buffer: (layers, 2, b, kv_heads, capacity, head_dim), keys at [:, 0] and values at [:, 1];
+    slot s holds the same token in every layer. Allocated at the first write (batch, heads,
+    head size, dtype and device from the keys written) with at least `capacity` slots; a write
+    past the capacity doubles it (one copy). `crop(-n)` forgets the last n slots in O(1);
+    `keep_slots` and `batch_select_indices` move entries of all layers in one indexing op.
+    """
+
+    def __init__(self, num_layers: int, capacity: int = 0):
+        self.buffer: torch.Tensor | None = None
+        self.min_capacity = int(capacity)
+        super().__init__(layers=[_BufferLayer(self, i) for i in range(num_layers)])
+
+    @property
+    def length(self) -> int:
+        """Filled slots per sequence (of layer 0; all layers agree between forwards)."""
+        return self.layers[0].length
+
+    @property
+    def capacity(self) -> int:
+        return 0 if self.buffer is None else int(self.buffer.shape[4])
+
+    def reserve(self, slots: int, like: torch.Tensor) -> torch.Tensor:
+        """The buffer, allocated (shaped like `like`, (b, kv_heads, *, head_dim)) or grown so
+        that it holds at least `slots` slots."""
+        if self.buffer is None:
+            b, heads, _, head_dim = like.shape
+            size = max(slots, self.min_capacity)
+            self.buffer = like.new_empty((len(self.layers), 2, b, heads, size, head_dim))
+        elif slots > self.capacity:
+            shape = list(self.buffer.shape)
+            shape[4] = max(slots, 2 * self.capacity)
+            grown = self.buffer.new_empty(shape)
+            filled = max(layer.length for layer in self.layers)
+            grown[:, :, :, :, :filled] = self.buffer[:, :, :, :, :filled]
+            self.buffer = grown
+        return self.buffer
+
+    def keep_slots(self, start: int, slots: torch.Tensor) -> None:
+        """Per sequence, slot ``start + j`` takes the entries of slot ``slots[:, j]`` (slots
+        (b, k) int64, any slots below the length) in every layer; the length becomes
+        ``start + k``. One gather and one copy over the whole buffer: keeping a step's accepted
+        path (docs/decoder.md, "KV cache handling"; Medusa's reference code does the same)."""
+        n_layers, _, b, heads, _, head_dim = self.buffer.shape
+        k = slots.shape[1]
+        index = slots[None, None, :, None, :, None].expand(n_layers, 2, b, heads, k, head_dim)
+        self.buffer[:, :, :, :, start:start + k] = torch.gather(self.buffer, 4, index)
+        for layer in self.layers:
+            layer.length = start + k
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        """Keep the sequences `indices` (the cache's batch order), all layers at once."""
+        if self.buffer is not None:
+            self.buffer = self.buffer.index_select(2, indices.to(self.buffer.device))
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        self.batch_select_indices(beam_idx)
+
+
+def _text_config(model):
+    return model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+
+
+def new_cache(model, capacity: int = 0) -> KVCache:
+    """An empty `KVCache` for `model` (full-attention layers), holding `capacity` slots per
+    sequence without reallocating (0: as many as the first forward writes, then doubling).
+    Pass it as `past_key_values` to the model's forward; batch, heads, dtype and device come
+    from the first keys written."""
+    return KVCache(int(_text_config(model).num_hidden_layers), capacity)
 
 
 # --------------------------------------------------------------------------------------------
@@ -185,11 +321,12 @@ def _softcap(model, logits: torch.Tensor) -> torch.Tensor:
 
 
 def model_forward_hidden(model, input_ids, *, attention_mask, position_ids, cache):
-    """The base model's last hidden states (b, q, h) (after the final norm), appending the
-    q tokens' keys and values to `cache`. `attention_mask` is 4D additive (b, 1, q, C + q)
-    or 2D (b, C + q); `position_ids` (b, q)."""
+    """The base model's last hidden states (b, q, h) (after the final norm), appending the q
+    tokens' keys and values to `cache` (None: no cache). `attention_mask` is 4D additive
+    (b, 1, q, C + q), 2D (b, C + q) or None; `position_ids` (b, q)."""
     out = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask,
-                              position_ids=position_ids, past_key_values=cache, use_cache=True)
+                              position_ids=position_ids, past_key_values=cache,
+                              use_cache=cache is not None)
     return out.last_hidden_state
 
 
@@ -204,22 +341,6 @@ def _run_heads(heads, hidden: torch.Tensor, num: int) -> torch.Tensor:
     return torch.stack([heads[k](hidden) for k in range(num)])
 
 
-def _new_cache(model=None):
-    """A DynamicCache of plain full-attention layers (the tree decoder rewrites their tensors;
-    `model` given: laid out from its config, as `generate` does)."""
-    from transformers import DynamicCache
-
-    if model is not None:
-        try:
-            return DynamicCache(config=model.config)
-        except TypeError:  # older transformers
-            pass
-    return DynamicCache()
-
-
-new_cache = _new_cache
-
-
 def _eos_set(eos_token_id) -> frozenset[int]:
     """None | int | iterable of ints -> the set of end-of-sequence token ids."""
     if eos_token_id is None:
@@ -230,8 +351,7 @@ def _eos_set(eos_token_id) -> frozenset[int]:
 
 
 def _check_full_attention(model) -> None:
-    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    types = getattr(cfg, "layer_types", None) or []
+    types = getattr(_text_config(model), "layer_types", None) or []
     other = sorted({t for t in types if t != "full_attention"})
     if other:
         raise UserError(f"model: layer types {other} are not supported by the reference tree "
@@ -262,6 +382,41 @@ def _check_inputs(input_ids, attention_mask):
     return attention_mask
 
 
+class _PhaseClock:
+    """Wall seconds per phase ("prefill", "draft", "verify", "update"), summed over the times
+    a phase is entered; ``with clock("verify"): ...``. Disabled: no clock reads and no CUDA
+    synchronisation. On CUDA every read synchronises, so a phase owns the kernels it queued."""
+
+    def __init__(self, enabled: bool, device: torch.device):
+        self.enabled = enabled
+        self.cuda = device if device.type == "cuda" else None
+        self.seconds = {"prefill": 0.0, "draft": 0.0, "verify": 0.0, "update": 0.0}
+        self._phase, self._t0 = "", 0.0
+
+    def _now(self) -> float:
+        if self.cuda is not None:
+            torch.cuda.synchronize(self.cuda)
+        return time.perf_counter()
+
+    def __call__(self, phase: str) -> _PhaseClock:
+        self._phase = phase
+        return self
+
+    def __enter__(self) -> None:
+        if self.enabled:
+            self._t0 = self._now()
+
+    def __exit__(self, *exc) -> None:
+        if self.enabled:
+            self.seconds[self._phase] += self._now() - self._t0
+
+    def lap(self) -> dict[str, float]:
+        """The seconds so far, then zero."""
+        out = dict(self.seconds)
+        self.seconds = dict.fromkeys(self.seconds, 0.0)
+        return out
+
+
 # --------------------------------------------------------------------------------------------
 # The plain reference
 
@@ -270,8 +425,9 @@ def _check_inputs(input_ids, attention_mask):
 def greedy_decode(model, input_ids, attention_mask=None, *, max_new_tokens: int,
                   eos_token_id: int | list[int] | None = None) -> list[list[int]]:
     """Plain cached greedy decoding (the reference the tree decoder must reproduce), through
-    the model's ordinary forward with a 2D padding mask: one token per step for every
-    sequence. Returns the new tokens per sequence (eos included if hit, nothing after)."""
+    the model's ordinary forward with a 2D padding mask and the library's own `DynamicCache`:
+    one token per step for every sequence. Returns the new tokens per sequence (eos included
+    if hit, nothing after)."""
     eos = _eos_set(eos_token_id)
     device = _model_device(model)
     input_ids = input_ids.to(device)
@@ -281,7 +437,7 @@ def greedy_decode(model, input_ids, attention_mask=None, *, max_new_tokens: int,
     done = [False] * b
     if max_new_tokens <= 0:
         return out
-    cache = _new_cache(model)
+    cache = DynamicCache(config=model.config)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     logits = model(input_ids=input_ids, attention_mask=mask, position_ids=positions,
                    past_key_values=cache, use_cache=True).logits[:, -1]
@@ -307,8 +463,8 @@ def plain_step_forward(model, heads, cache, input_ids, attention_mask, position_
     """One plain decoding step (q = 1) with the Medusa heads: the work T(0) of decoding
     without speculation (plus the heads, which a Medusa deployment runs anyway).
 
-    cache:          a `DynamicCache` holding C slots per sequence; ONE slot is appended (call
-                    ``cache.crop(-1)`` to undo when timing repeatedly).
+    cache:          a cache (`new_cache`) holding C slots per sequence; ONE slot is appended
+                    (``cache.crop(-1)`` undoes it, e.g. between timing repeats).
     input_ids:      (b, 1) int64, the token to feed.
     attention_mask: (b, C + 1) 2D padding mask (1 = real token), the library's ordinary path.
     position_ids:   (b, 1) int64, the token's position.
@@ -330,8 +486,8 @@ class TreeDecoder:
     (`MedusaHeads` on the same device and dtype) over the static `tree`, candidates from the
     heads' top-`topk`. See the module docstring for the algorithm.
 
-    `timing=True` records per-step wall times (synchronising CUDA devices before each clock
-    read); with False the times are zeros and nothing is synchronised.
+    `timing=True` records per-step wall times of the phases (synchronising CUDA devices before
+    each clock read); with False the times are zeros and nothing is synchronised.
     """
 
     def __init__(self, model, heads, tree: Tree, *, topk: int = 10, timing: bool = True):
@@ -348,16 +504,14 @@ class TreeDecoder:
         self.model, self.heads, self.tree, self.topk, self.timing = model, heads, tree, topk, timing
         self.device = _model_device(model)
         self.dtype = model.get_output_embeddings().weight.dtype
-        dev = self.device
         self.q = tree.size + 1
         self.num_draft_heads = tree.depth  # the heads the tree uses
         self.buffers = buf
 
         def t(a):
-            return torch.from_numpy(np.array(a, copy=True)).to(dev)
+            return torch.from_numpy(np.array(a, copy=True)).to(self.device)
 
-        self.tree_mask = t(buf.attention_mask)  # (q, q) bool
-        self.tree_mask_add = _additive(self.tree_mask, self.dtype)[None, None]  # (1, 1, q, q)
+        self.tree_mask_add = _additive(t(buf.attention_mask), self.dtype)[None, None]  # (1, 1, q, q)
         self.depth = t(buf.depth)  # (q,)
         self.tree_indices = t(buf.tree_indices)  # (q,)
         self.parent = t(np.maximum(buf.parent, 0))  # root -> itself
@@ -365,26 +519,33 @@ class TreeDecoder:
         self.retrieve = t(np.maximum(ri, 0))  # (L, D + 1)
         self.retrieve_valid = t(ri >= 0)
         # Only the ranks the tree uses need sorting out of each head's logits; the flat layout
-        # keeps Medusa's stride `topk`.
+        # keeps Medusa's stride `topk` (docs/trees.md, "Medusa buffers").
         self.topk_used = 1 + max((p[-1] for p in tree.paths), default=-1)
         self.force_gqa = self.device.type == "cpu" and _uses_gqa(model)
 
-    # ---- clock ---------------------------------------------------------------------------
+    # ---- the pieces of a step --------------------------------------------------------------
 
-    def _now(self) -> float:
-        if not self.timing:
-            return 0.0
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        return time.perf_counter()
+    def _forward(self, cache, tokens, mask, positions) -> tuple[torch.Tensor, torch.Tensor]:
+        """(base logits (b, q, V), last hidden states (b, q, h)) of tokens (b, q) appended to
+        `cache`."""
+        with _force_sdpa_gqa(self.force_gqa):
+            hidden = model_forward_hidden(self.model, tokens, attention_mask=mask,
+                                          position_ids=positions, cache=cache)
+        return _lm_head(self.model, hidden), hidden
 
-    # ---- prefill ---------------------------------------------------------------------------
+    def _pick(self, logits, temperature, generator):
+        """Argmax (temperature 0) or a sample from softmax(logits / T); logits (b, V)."""
+        if temperature <= 0:
+            return _argmax(logits)
+        probs = torch.softmax(logits.float() / temperature, dim=-1)
+        return torch.multinomial(probs, 1, generator=generator)[:, 0]
 
     @torch.inference_mode()
-    def prefill(self, input_ids: torch.Tensor, attention_mask=None, *, temperature: float = 0.0,
-                generator: torch.Generator | None = None) -> DecodeState:
+    def prefill(self, input_ids: torch.Tensor, attention_mask=None, *, capacity: int = 0,
+                temperature: float = 0.0, generator: torch.Generator | None = None) -> DecodeState:
         """Run the prompts (b, L) through the model (padding anywhere, where attention_mask
-        is 0) and return the state whose `root` is each sequence's first new token."""
+        is 0) into a fresh cache of at least `capacity` slots and return the state whose
+        `root` is each sequence's first new token."""
         input_ids = input_ids.to(self.device)
         valid = _check_inputs(input_ids, attention_mask)
         b, length = input_ids.shape
@@ -394,40 +555,17 @@ class TreeDecoder:
         # A padding row sees itself only: its output is unused, but must not be NaN (it would
         # poison the keys and values of the next layers' padding slots).
         mask = (causal[None] & valid[:, None, :]) | torch.eye(length, dtype=torch.bool, device=self.device)
-        cache = _new_cache()
+        cache = new_cache(self.model, max(capacity, length))
+        mask = _additive(mask, self.dtype)[:, None]
         with _force_sdpa_gqa(self.force_gqa):
-            hidden = model_forward_hidden(self.model, input_ids, attention_mask=_additive(mask, self.dtype)[:, None],
+            hidden = model_forward_hidden(self.model, input_ids, attention_mask=mask,
                                           position_ids=positions, cache=cache)
         last = length - 1 - valid.flip(-1).long().argmax(-1)  # index of each row's last real token
-        h_last = hidden[torch.arange(b, device=self.device), last]  # (b, h)
-        logits = _lm_head(self.model, h_last)
-        root = self._pick(logits, temperature, generator)
+        rows = torch.arange(b, device=self.device)
+        h_last = hidden[rows, last]  # (b, h)
         return DecodeState(cache=cache, valid=valid, next_pos=valid.sum(-1),
-                           root=root, head_logits=_run_heads(self.heads, h_last, self.num_draft_heads),
-                           rows=torch.arange(b, device=self.device))
-
-    def _pick(self, logits, temperature, generator):
-        """Argmax (temperature 0) or a sample from softmax(logits / T); logits (b, V)."""
-        if temperature <= 0:
-            return _argmax(logits)
-        probs = torch.softmax(logits.float() / temperature, dim=-1)
-        return torch.multinomial(probs, 1, generator=generator)[:, 0]
-
-    # ---- one step's pieces -----------------------------------------------------------------
-
-    @torch.inference_mode()
-    def draft(self, state: DecodeState):
-        """(tree tokens (b, q), 4D additive mask (b, 1, q, C + q), position ids (b, q))."""
-        b = state.root.shape[0]
-        parts = [state.root[:, None]]
-        if self.num_draft_heads:
-            top = state.head_logits.topk(self.topk_used, dim=-1).indices  # (D, b, r)
-            if self.topk_used < self.topk:
-                top = torch.nn.functional.pad(top, (0, self.topk - self.topk_used))
-            parts.append(top.permute(1, 0, 2).reshape(b, -1))
-        flat = torch.cat(parts, dim=1)  # (b, 1 + D * topk)
-        tokens = flat[:, self.tree_indices]
-        return tokens, self.step_mask(state.valid), state.next_pos[:, None] + self.depth[None]
+                           root=self._pick(_lm_head(self.model, h_last), temperature, generator),
+                           hidden=h_last, rows=rows)
 
     def step_mask(self, valid: torch.Tensor) -> torch.Tensor:
         """The 4D additive mask (b, 1, q, C + q) of a step: row i sees the cache slots its
@@ -436,42 +574,39 @@ class TreeDecoder:
         return torch.cat([_additive(valid, self.dtype)[:, None, None, :].expand(b, 1, self.q, c),
                           self.tree_mask_add.expand(b, 1, self.q, self.q)], dim=-1)
 
-    def _forward_base(self, cache, tree_tokens, mask, positions):
-        with _force_sdpa_gqa(self.force_gqa):
-            hidden = model_forward_hidden(self.model, tree_tokens, attention_mask=mask,
-                                          position_ids=positions, cache=cache)
-        return _lm_head(self.model, hidden), hidden
+    def draft(self, state: DecodeState, head_logits: torch.Tensor):
+        """The candidate tree from the heads' logits (D, b, V) at the token that produced the
+        root: (tree tokens (b, q), 4D additive mask (b, 1, q, C + q), position ids (b, q))."""
+        b = state.root.shape[0]
+        parts = [state.root[:, None]]
+        if self.num_draft_heads:
+            top = head_logits.topk(self.topk_used, dim=-1).indices  # (D, b, r)
+            if self.topk_used < self.topk:
+                top = torch.nn.functional.pad(top, (0, self.topk - self.topk_used))
+            parts.append(top.permute(1, 0, 2).reshape(b, -1))
+        flat = torch.cat(parts, dim=1)  # (b, 1 + D * topk): [root, head 1 top-k, head 2 top-k, ...]
+        tokens = flat[:, self.tree_indices]
+        # why: tree attention, Medusa paper section 2.1.2: a node attends to the context and its
+        # ancestors only and sits at position root + depth, so every node's logits are those of
+        # a causal run of its root-to-node path (docs/decoder.md, "step").
+        return tokens, self.step_mask(state.valid), state.next_pos[:, None] + self.depth[None]
 
     @torch.inference_mode()
-    def verify_forward(self, cache, tree_tokens, cache_valid, positions, *, head_index=None):
-        """One tree forward: exactly the model work of one decoding step.
+    def verify_forward(self, cache, tree_tokens, cache_valid, positions):
+        """Exactly the model work of one decoding step: the tree forward over `tree_tokens`
+        (b, q) against `cache`, the base lm_head on all q tokens, the heads the tree uses on
+        one token per sequence (the root here; a step runs them at its last accepted token:
+        the same cost).
 
-        cache:       `DynamicCache` with C slots per sequence (b, kv_heads, C, head_dim). The
-                     q tree tokens' keys and values are APPENDED (C -> C + q); call
-                     ``cache.crop(-q)`` to undo (e.g. between timing repeats).
-        tree_tokens: (b, q) int64, the candidate tokens in buffer order (token 0 = root), q =
-                     tree.size + 1; any token ids work for timing.
-        cache_valid: (b, C) bool, True where the sequence may attend to the cache slot (its own
-                     context), False for padding / holes.
-        positions:   (b,) int64, the position id of each sequence's root token (= its number
-                     of valid context tokens); node positions are this + depth.
-        head_index:  where the Medusa heads run. None (default): one token per sequence (the
-                     root, index 0; a decoding step runs them at its last accepted token: the
-                     same cost) -> head logits (D, b, 1, V); a (b,) tensor of token indices: at
-                     those tokens, (D, b, 1, V); "all": at every tree token, (D, b, q, V)
-                     (Medusa's reference code does this; K times the head work).
-                     D = the tree's depth: the heads the tree uses (0 for the empty tree).
-        Returns (base logits (b, q, V), head logits as above).
+        cache:       `KVCache` with C slots per sequence; the q tree tokens are APPENDED
+                     (``cache.crop(-q)`` undoes it, e.g. between timing repeats).
+        cache_valid: (b, C) bool, the cache slots each sequence may attend to.
+        positions:   (b,) int64, each sequence's root position (its number of valid slots).
+        Returns (base logits (b, q, V), head logits (D, b, 1, V)), D = the tree's depth.
         """
-        b = tree_tokens.shape[0]
-        logits, hidden = self._forward_base(cache, tree_tokens, self.step_mask(cache_valid),
-                                            positions[:, None] + self.depth[None])
-        if isinstance(head_index, str) and head_index == "all":
-            return logits, _run_heads(self.heads, hidden, self.num_draft_heads)
-        if head_index is None:
-            head_index = torch.zeros(b, dtype=torch.long, device=hidden.device)
-        h = hidden[torch.arange(b, device=hidden.device), head_index][:, None]  # (b, 1, h)
-        return logits, _run_heads(self.heads, h, self.num_draft_heads)
+        logits, hidden = self._forward(cache, tree_tokens, self.step_mask(cache_valid),
+                                       positions[:, None] + self.depth[None])
+        return logits, _run_heads(self.heads, hidden[:, :1], self.num_draft_heads)
 
     @torch.inference_mode()
     def accept(self, tree_tokens, logits, *, temperature=0.0, posterior_threshold=0.09,
@@ -484,25 +619,30 @@ class TreeDecoder:
         b = tree_tokens.shape[0]
         bi = torch.arange(b, device=tree_tokens.device)
         if temperature <= 0:
+            # why: greedy verification is lossless: a node is accepted when it is the base
+            # model's own argmax after its parent (docs/decoder.md, "acceptance rules").
             pred = _argmax(logits)  # (b, q)
             match = tree_tokens == pred[:, self.parent]
             loglik = None
         else:
+            # why: typical acceptance, Medusa paper section 2.3.1: accept x when
+            # p(x) > min(eps, alpha * exp(-H(p))) at the parent (H with Medusa's +1e-5).
             probs = torch.softmax(logits.float() / temperature, dim=-1)  # (b, q, V)
-            entropy = -(probs * torch.log(probs + 1e-5)).sum(-1)  # (b, q)  (Medusa's formula)
+            entropy = -(probs * torch.log(probs + 1e-5)).sum(-1)  # (b, q)
             threshold = torch.clamp(posterior_alpha * torch.exp(-entropy), max=posterior_threshold)
             cand_p = probs[bi[:, None], self.parent[None], tree_tokens]  # p at parent of token
             match = cand_p > threshold[:, self.parent]
             loglik = torch.log(cand_p)
         match[:, 0] = True  # the root is the base model's own token
+        # A path is accepted up to its first rejected node: cumprod along each root-to-leaf path.
         on_path = match[:, self.retrieve] & self.retrieve_valid  # (b, L, D + 1)
         accepted = on_path.long().cumprod(-1)
         lengths = accepted.sum(-1)  # (b, L), root included
         n_keep = lengths.max(-1).values
         if loglik is None:
-            best = lengths.argmax(-1)  # first maximum
+            best = lengths.argmax(-1)  # the first longest path, as Medusa's reference code
         else:
-            # Medusa: among the longest, the most likely accepted path.
+            # why: Medusa's reference code takes, among the longest, the most likely path.
             counted = accepted.bool()
             counted[..., 0] = False  # the root's own probability does not count
             path_ll = torch.where(counted, loglik[:, self.retrieve], 0.0).sum(-1)
@@ -510,31 +650,69 @@ class TreeDecoder:
             best = path_ll.argmax(-1)
         path = self.retrieve[best]  # (b, D + 1)
         last = path[bi, n_keep - 1]
+        # The bonus: the base model's own next token after the last accepted one.
         if temperature <= 0:
             bonus = pred[bi, last]
         else:
             bonus = torch.multinomial(probs[bi, last], 1, generator=generator)[:, 0]
         return path, n_keep, last, bonus
 
+    # ---- one step --------------------------------------------------------------------------
+
     @torch.inference_mode()
-    def prune_cache(self, state: DecodeState, path, n_keep):
-        """Keep, per sequence, the cache prefix plus the step's root and accepted nodes: the
-        cache holds C + q slots after the forward and C + max(n_keep) after this."""
-        cache = state.cache
-        c = state.valid.shape[1]
-        keep = int(n_keep.max())
-        idx = c + path[:, :keep]  # (b, keep) slot of the j-th kept token (padding: root again)
-        for layer in cache.layers:
-            for name in ("keys", "values"):
-                t = getattr(layer, name)
-                g = idx[:, None, :, None].expand(t.shape[0], t.shape[1], keep, t.shape[3])
-                sel = torch.gather(t, 2, g)
-                t = t[:, :, : c + keep]
-                t[:, :, c:] = sel
-                setattr(layer, name, t)
-        new_valid = torch.arange(keep, device=idx.device)[None] < n_keep[:, None]
-        state.valid = torch.cat([state.valid, new_valid], dim=1)
-        state.next_pos = state.next_pos + n_keep
+    def step(self, state: DecodeState, clock: _PhaseClock | None = None, **rule):
+        """One decoding step for every active sequence (`rule`: `accept`'s keywords; `clock`:
+        where the phases' wall times go, None = not timed). Updates `state` in place and
+        returns (tokens (b, D + 1) the step produced per sequence, in order, valid up to
+        n_keep; n_keep (b,) = accepted nodes + 1)."""
+        clock = clock or _PhaseClock(False, self.device)
+        # 1. draft: head k (1..D) guesses the k-th token after the root from the hidden state
+        #    of the token that produced the root (Medusa paper section 2.1.1); the heads are
+        #    model work, timed with the verification.
+        with clock("verify"):
+            head_logits = _run_heads(self.heads, state.hidden, self.num_draft_heads)
+        with clock("draft"):
+            tokens, mask, positions = self.draft(state, head_logits)
+        # 2. verify: one forward over the whole tree scores every candidate at once.
+        with clock("verify"):
+            logits, hidden = self._forward(state.cache, tokens, mask, positions)
+        with clock("update"):
+            # 3. accept: the longest accepted root-to-leaf path and the bonus token after it.
+            path, n_keep, last, bonus = self.accept(tokens, logits, **rule)
+            # 4. update: the cache keeps, per sequence, the root and the accepted nodes (slots
+            #    C..C+q-1 hold the tree; path[:, j] is the j-th kept token's tree index); a
+            #    sequence that accepted fewer than the batch's longest keeps holes, masked out
+            #    (docs/decoder.md, "KV cache handling", "batches with holes").
+            c = state.valid.shape[1]
+            keep = int(n_keep.max())
+            state.cache.keep_slots(c, c + path[:, :keep])
+            kept = torch.arange(keep, device=self.device)[None] < n_keep[:, None]
+            state.valid = torch.cat([state.valid, kept], dim=1)
+            state.next_pos = state.next_pos + n_keep
+            bi = torch.arange(tokens.shape[0], device=self.device)
+            state.hidden = hidden[bi, last]
+            state.root = bonus
+            new = torch.cat([tokens.gather(1, path[:, 1:]), bonus[:, None]], dim=1)
+            new[bi, n_keep - 1] = bonus  # the accepted nodes, then the bonus
+        return new, n_keep
+
+    def _drop_finished(self, state: DecodeState, finished: list[bool]) -> None:
+        """Finished sequences leave the batch (they cost nothing afterwards), and so do cache
+        slots no remaining sequence may see (holes of dropped rows, shared padding)."""
+        if not any(finished):
+            return
+        idx = torch.tensor([not f for f in finished], device=self.device).nonzero()[:, 0]
+        state.rows = state.rows[idx]
+        if idx.numel() == 0:
+            return
+        state.cache.batch_select_indices(idx)
+        state.valid, state.next_pos = state.valid[idx], state.next_pos[idx]
+        state.root, state.hidden = state.root[idx], state.hidden[idx]
+        used = state.valid.any(0)
+        if not bool(used.all()):
+            cols = used.nonzero()[:, 0]
+            state.cache.keep_slots(0, cols[None].expand(idx.numel(), -1))
+            state.valid = state.valid[:, cols]
 
     # ---- the loop --------------------------------------------------------------------------
 
@@ -557,95 +735,53 @@ class TreeDecoder:
             raise UserError(f"temperature: must be >= 0, got {temperature}")
         b = input_ids.shape[0]
         out: list[list[int]] = [[] for _ in range(b)]
-        empty = np.zeros(0)
         if max_new_tokens == 0:
-            return DecodeResult(out, np.zeros((0, b), np.int64), empty, empty, empty, 0.0,
+            none = np.zeros(0)
+            return DecodeResult(out, np.zeros((0, b), np.int64), none, none, none, 0.0,
                                 np.zeros((0, b), np.int64))
         gen = None
         if temperature > 0:
             gen = torch.Generator(device=self.device)
             gen.manual_seed(seed)
-        kw = dict(temperature=temperature, posterior_threshold=posterior_threshold,
-                  posterior_alpha=posterior_alpha, generator=gen)
+        rule = {"temperature": temperature, "posterior_threshold": posterior_threshold,
+                "posterior_alpha": posterior_alpha, "generator": gen}
+        clock = _PhaseClock(self.timing, self.device)
 
-        t0 = self._now()
-        state = self.prefill(input_ids, attention_mask, temperature=temperature, generator=gen)
-        first = state.root.tolist()
-        finished = []
-        for i, t in enumerate(first):
-            out[i].append(t)
-            finished.append(t in eos or max_new_tokens <= 1)
-        self._drop_finished(state, finished)
-        prefill_s = self._now() - t0
-
-        accepted_rows, emitted_rows, draft_s, verify_s, update_s = [], [], [], [], []
-        while state.rows.numel():
-            t0 = self._now()
-            tokens, mask, positions = self.draft(state)
-            t1 = self._now()
-            logits, hidden = self._forward_base(state.cache, tokens, mask, positions)
-            t2 = self._now()
-            path, n_keep, last, bonus = self.accept(tokens, logits, **kw)
-            t3 = self._now()
-            bsz = tokens.shape[0]
-            ar = torch.arange(bsz, device=self.device)
-            state.head_logits = _run_heads(self.heads, hidden[ar, last], self.num_draft_heads)
-            t4 = self._now()
-            self.prune_cache(state, path, n_keep)
-            state.root = bonus
-            # New tokens: the accepted nodes, then the bonus.
-            new = torch.cat([tokens.gather(1, path[:, 1:]), bonus[:, None]], dim=1)
-            new[ar, n_keep - 1] = bonus
-            rows, counts, new = state.rows.tolist(), n_keep.tolist(), new.tolist()
-            acc_row = np.zeros(b, np.int64)
-            emi_row = np.zeros(b, np.int64)
+        with clock("prefill"):
+            # Room for the prompt, the new tokens and one tree: one sequence never grows the
+            # cache; ragged acceptance in a batch (holes) may, by doubling.
+            capacity = input_ids.shape[1] + max_new_tokens + self.q
+            state = self.prefill(input_ids, attention_mask, capacity=capacity, temperature=temperature,
+                                 generator=gen)
             finished = []
-            for j, i in enumerate(rows):  # loop over sequences, not tree nodes
-                acc_row[i] = counts[j]
-                take = new[j][: counts[j]][: max_new_tokens - len(out[i])]
-                stop = next((p for p, t in enumerate(take) if t in eos), None)
-                if stop is not None:
-                    take = take[: stop + 1]
-                    done = True
-                else:
-                    done = len(out[i]) + len(take) >= max_new_tokens
-                out[i].extend(take)
-                emi_row[i] = len(take)
-                finished.append(done)
+            for i, t in enumerate(state.root.tolist()):
+                out[i].append(t)
+                finished.append(t in eos or max_new_tokens <= 1)
             self._drop_finished(state, finished)
-            t5 = self._now()
-            accepted_rows.append(acc_row)
-            emitted_rows.append(emi_row)
-            draft_s.append(t1 - t0)
-            verify_s.append((t2 - t1) + (t4 - t3))
-            update_s.append((t3 - t2) + (t5 - t4))
+        prefill_s = clock.lap()["prefill"]
 
-        def arr(rows_):
-            return np.array(rows_, dtype=np.int64).reshape(len(rows_), b)
+        accepted, emitted, seconds = [], [], []
+        while state.rows.numel():
+            new, n_keep = self.step(state, clock, **rule)
+            with clock("update"):
+                acc_row, emi_row = np.zeros(b, np.int64), np.zeros(b, np.int64)
+                finished = []
+                for i, count, toks in zip(state.rows.tolist(), n_keep.tolist(), new.tolist()):
+                    take = toks[:count][: max_new_tokens - len(out[i])]  # loop over sequences
+                    stop = next((p for p, t in enumerate(take) if t in eos), None)
+                    if stop is not None:
+                        take = take[: stop + 1]
+                    out[i].extend(take)
+                    acc_row[i], emi_row[i] = count, len(take)
+                    finished.append(stop is not None or len(out[i]) >= max_new_tokens)
+                self._drop_finished(state, finished)
+            accepted.append(acc_row)
+            emitted.append(emi_row)
+            seconds.append(clock.lap())
 
-        return DecodeResult(out, arr(accepted_rows), np.array(draft_s), np.array(verify_s),
-                            np.array(update_s), prefill_s, arr(emitted_rows))
+        def col(phase):
+            return np.array([s[phase] for s in seconds])
 
-    def _drop_finished(self, state: DecodeState, finished: list[bool]) -> None:
-        if not any(finished):
-            return
-        keep = torch.tensor([not f for f in finished], device=self.device)
-        idx = keep.nonzero()[:, 0]
-        state.rows = state.rows[idx]
-        if idx.numel() == 0:
-            return
-        for layer in state.cache.layers:
-            layer.keys = layer.keys[idx]
-            layer.values = layer.values[idx]
-        state.valid = state.valid[idx]
-        # Slots no remaining sequence may see (holes of dropped rows, shared padding) go too.
-        used = state.valid.any(0)
-        if not bool(used.all()):
-            cols = used.nonzero()[:, 0]
-            for layer in state.cache.layers:
-                layer.keys = layer.keys[:, :, cols]
-                layer.values = layer.values[:, :, cols]
-            state.valid = state.valid[:, cols]
-        state.next_pos = state.next_pos[idx]
-        state.root = state.root[idx]
-        state.head_logits = state.head_logits[:, idx]
+        return DecodeResult(out, np.array(accepted, np.int64).reshape(-1, b), col("draft"),
+                            col("verify"), col("update"), prefill_s,
+                            np.array(emitted, np.int64).reshape(-1, b))

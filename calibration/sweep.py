@@ -94,7 +94,8 @@ class StepBench:
     """What `measure_group` times for one (batch, context): `fns[i]` runs one decoding step of
     tree size `sizes[i]` (sizes[0] = 0, the plain step) on `cache` and crops it back.
 
-    cache:       DynamicCache holding `context` random tokens per sequence (`context_ids`).
+    cache:       `calibration.decoder.KVCache` holding `context` random tokens per sequence
+                 (`context_ids`), with room for the largest step.
     valid:       (b, context) bool, all True (the cache slots each sequence sees).
     positions:   (b,) int64, the root's position id (= context).
     inputs:      size -> the token ids fed: (b, 1) for 0, (b, n + 1) tree tokens otherwise.
@@ -127,14 +128,19 @@ def step_bench(lm, proposal: Tree, sizes, batch: int, context: int, *, topk: int
     """Build the cache of `context` random tokens for `batch` sequences and one closure per
     tree size (0 first) running exactly one decoding step's model work, then undoing its cache
     append. The closures call `torch.cuda.synchronize()` on CUDA."""
-    from calibration.decoder import TreeDecoder, _new_cache, model_forward_hidden, plain_step_forward
+    from calibration.decoder import (
+        TreeDecoder,
+        model_forward_hidden,
+        new_cache,
+        plain_step_forward,
+    )
 
     sizes = sorted(set(int(n) for n in sizes) | {0})
     model, heads, device = lm.model, lm.heads, lm.device
     vocab = heads.vocab_size
     gen = torch.Generator().manual_seed(seed)
     context_ids = torch.randint(0, vocab, (batch, context), generator=gen).to(device)
-    cache = _new_cache(model)
+    cache = new_cache(model, capacity=context + max(sizes) + 1)
     with torch.inference_mode():
         model_forward_hidden(model, context_ids, attention_mask=torch.ones_like(context_ids),
                              position_ids=torch.arange(context, device=device).expand(batch, -1),

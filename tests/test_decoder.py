@@ -11,9 +11,16 @@ import os
 import numpy as np
 import pytest
 import torch
+from transformers import DynamicCache
 
 from calibration.decoder import (
-    TreeDecoder, cut_tree, greedy_decode, model_forward_hidden, plain_step_forward,
+    KVCache,
+    TreeDecoder,
+    cut_tree,
+    greedy_decode,
+    model_forward_hidden,
+    new_cache,
+    plain_step_forward,
 )
 from calibration.heads import MedusaHeads
 from calibration.models import load_model, tiny_model_for_tests
@@ -85,7 +92,7 @@ def trees():
 
 
 class OracleHead(torch.nn.Module):
-    def __init__(self, oracle: "OracleHeads", k: int):
+    def __init__(self, oracle: OracleHeads, k: int):
         super().__init__()
         self.oracle, self.k = [oracle], k  # list: not a submodule
 
@@ -146,8 +153,9 @@ class OracleHeads(MedusaHeads):
 
 
 def test_tree_logits_equal_causal_runs_of_paths(tiny):
-    """Every node's base logits (and head logits) from one tree forward over a padded batch
-    equal a plain causal run of prompt + its root-to-node path; with and without forced GQA."""
+    """Every node's base logits and hidden state (hence head logits) from one tree forward over
+    a padded batch equal a plain causal run of prompt + its root-to-node path; with and
+    without forced GQA."""
     _, lm = tiny
     model, heads = lm.model, lm.heads
     tree = make_tree(DESIGN_EXAMPLE)
@@ -162,10 +170,17 @@ def test_tree_logits_equal_causal_runs_of_paths(tiny):
         c = state.valid.shape[1]
         g = torch.Generator().manual_seed(2)
         tokens = torch.randint(3, VOCAB, (2, dec.q), generator=g)
-        logits, head_all = dec.verify_forward(state.cache, tokens, state.valid, state.next_pos,
-                                              head_index="all")
-        assert logits.shape == (2, dec.q, VOCAB) and head_all.shape == (tree.depth, 2, dec.q, VOCAB)
-        assert state.cache.layers[0].keys.shape[2] == c + dec.q
+        logits, head_root = dec.verify_forward(state.cache, tokens, state.valid, state.next_pos)
+        assert logits.shape == (2, dec.q, VOCAB) and head_root.shape == (tree.depth, 2, 1, VOCAB)
+        assert state.cache.layers[0].keys.shape[2] == c + dec.q == state.cache.get_seq_length()
+        # the hidden states of every node, through the same tree mask and positions
+        state.cache.crop(-dec.q)
+        with torch.inference_mode():
+            hidden = model_forward_hidden(model, tokens, attention_mask=dec.step_mask(state.valid),
+                                          position_ids=state.next_pos[:, None] + torch.tensor(buf.depth)[None],
+                                          cache=state.cache)
+            head_all = torch.stack([heads[k](hidden) for k in range(tree.depth)])
+        torch.testing.assert_close(head_root[:, :, 0], head_all[:, :, 0])
         with torch.inference_mode():
             for i, prompt in enumerate(prompts):
                 for j in range(dec.q):
@@ -180,12 +195,133 @@ def test_tree_logits_equal_causal_runs_of_paths(tiny):
                     torch.testing.assert_close(logits[i, j], ref, atol=2e-5, rtol=1e-5)
                     ref_heads = heads(h[0, -1])[: tree.depth]
                     torch.testing.assert_close(head_all[:, i, j], ref_heads, atol=2e-5, rtol=1e-5)
-        # default: heads at the root token only, the cost of a real step
-        state.cache.crop(-dec.q)
-        _, head_root = dec.verify_forward(state.cache, tokens, state.valid, state.next_pos)
-        assert head_root.shape == (tree.depth, 2, 1, VOCAB)
-        torch.testing.assert_close(head_root[:, :, 0], head_all[:, :, 0])
     assert "TRANSFORMERS_SDPA_FORCE_GQA" not in os.environ
+
+
+def _prefill_mask(valid):
+    """4D additive prefill mask built by hand: causal, padding hidden, a padding row sees itself."""
+    n = valid.shape[1]
+    see = (torch.ones(n, n).tril().bool()[None] & valid.bool()[:, None, :]) | torch.eye(n).bool()
+    return torch.where(see, 0.0, torch.finfo(torch.float32).min)[:, None]
+
+
+def _keep_rows(cache: DynamicCache, c: int, slots: torch.Tensor) -> None:
+    """The accepted path kept in the library's own cache, row by row: slot c + j <- slots[i, j]."""
+    for layer in cache.layers:
+        for name in ("keys", "values"):
+            t = getattr(layer, name)
+            kept = torch.stack([t[i, :, slots[i]] for i in range(t.shape[0])])
+            setattr(layer, name, torch.cat([t[:, :, :c], kept], dim=2))
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+@pytest.mark.parametrize("fixture", ["tiny", "tiny_mha"])
+def test_kv_cache_tree_steps_equal_the_librarys_dynamic_cache(request, attn, fixture):
+    """Two tree steps on the preallocated KVCache (the second after keeping a ragged accepted
+    path) give exactly the logits and cache entries of the same steps on transformers'
+    DynamicCache pruned row by row; and greedy tree decoding stays lossless (sdpa and eager,
+    GQA and not)."""
+    path, _ = request.getfixturevalue(fixture)
+    lm = load_model(str(path), device="cpu", dtype="float32")
+    lm.model.set_attn_implementation(attn)
+    model = lm.model
+    dec = TreeDecoder(model, lm.heads, make_tree(DESIGN_EXAMPLE))
+    ids, mask = ragged_batch([6, 3], seed=12)
+    state = dec.prefill(ids, mask)
+    assert isinstance(state.cache, KVCache) and state.cache.length == 6
+    ref = DynamicCache()
+    with torch.inference_mode():
+        model_forward_hidden(model, ids, attention_mask=_prefill_mask(mask),
+                             position_ids=(mask.cumsum(-1) - 1).clamp(min=0), cache=ref)
+        for layer, ref_layer in zip(state.cache.layers, ref.layers):
+            assert torch.equal(layer.keys, ref_layer.keys) and torch.equal(layer.values, ref_layer.values)
+        g = torch.Generator().manual_seed(4)
+        valid = state.valid
+        for step in range(2):
+            tokens = torch.randint(3, VOCAB, (2, dec.q), generator=g)
+            logits, heads_ = dec.verify_forward(state.cache, tokens, valid, state.next_pos)
+            ref_logits, ref_heads = dec.verify_forward(ref, tokens, valid, state.next_pos)
+            assert torch.equal(logits, ref_logits) and torch.equal(heads_, ref_heads)
+            # keep root + [1] + [1, 2] for row 0 (buffer indices 0, 2, 8), the root only for row 1
+            c = valid.shape[1]
+            slots = c + torch.tensor([[0, 2, 8], [0, 0, 0]])
+            state.cache.keep_slots(c, slots)
+            _keep_rows(ref, c, slots)
+            valid = torch.cat([valid, torch.tensor([[True, True, True], [True, False, False]])], dim=1)
+            state.next_pos = state.next_pos + torch.tensor([3, 1])
+            assert state.cache.length == ref.get_seq_length() == c + 3
+            for layer, ref_layer in zip(state.cache.layers, ref.layers):
+                assert torch.equal(layer.keys, ref_layer.keys) and torch.equal(layer.values, ref_layer.values)
+    ids, mask = ragged_batch([5, 9, 2], seed=13)
+    n = 16
+    plain = greedy_decode(model, ids, mask, max_new_tokens=n)
+    prompts = unpadded(ids, mask)
+    oracle = OracleHeads(model, [p + r for p, r in zip(prompts, plain)], [len(p) for p in prompts])
+    res = TreeDecoder(model, oracle, trees()["mc_sim_7b_63_cut"]).generate(ids, mask, max_new_tokens=n)
+    assert res.tokens == plain and res.tokens_per_step > 1.5
+
+
+def test_kv_cache_by_hand():
+    """KVCache bookkeeping on hand-made entries: writes land at the length, the cache grows by
+    doubling keeping its contents, keep_slots / crop / batch_select_indices move what they say."""
+    cache = KVCache(num_layers=2)
+    assert cache.capacity == 0 and cache.length == 0 and not cache.is_initialized
+
+    def entries(b, start, n, layer, kv):
+        # value = 1000 * layer + 100 * kv + 10 * row + slot, one head, head_dim 1
+        slot = torch.arange(start, start + n, dtype=torch.float32)
+        return (1000 * layer + 100 * kv + 10 * torch.arange(b)[:, None] + slot[None])[:, None, :, None]
+
+    def write(start, n, b=3):
+        for layer in range(2):
+            k, v = cache.update(entries(b, start, n, layer, 0), entries(b, start, n, layer, 1), layer)
+            assert k.shape == (b, 1, start + n, 1)
+            assert torch.equal(k, entries(b, 0, start + n, layer, 0))
+            assert torch.equal(v, entries(b, 0, start + n, layer, 1))
+
+    write(0, 3)
+    assert cache.capacity == 3 and cache.length == 3 == cache.get_seq_length()
+    write(3, 1)
+    assert cache.capacity == 6 and cache.length == 4  # doubled, contents kept (checked in write)
+    write(4, 3)
+    assert cache.capacity == 12 and cache.length == 7
+    cache.crop(-2)
+    assert cache.length == 5 and cache.layers[1].keys.shape[2] == 5
+    # rows keep slots (0, 4), (3, 3), (1, 2) after the first 2: slot 2 + j <- slot slots[i, j]
+    cache.keep_slots(2, torch.tensor([[0, 4], [3, 3], [1, 2]]))
+    assert cache.length == 4
+    want = torch.tensor([[0, 1, 0, 4], [10, 11, 13, 13], [20, 21, 21, 22]], dtype=torch.float32)
+    for layer in range(2):
+        for kv, t in enumerate((cache.layers[layer].keys, cache.layers[layer].values)):
+            assert torch.equal(t[:, 0, :, 0], want + 1000 * layer + 100 * kv)
+    cache.batch_select_indices(torch.tensor([2, 0]))
+    assert torch.equal(cache.layers[1].values[:, 0, :, 0], want[[2, 0]] + 1100)
+    with pytest.raises(ValueError):
+        cache.crop(1)
+
+
+def test_new_cache_with_the_models_ordinary_forward(tiny):
+    """new_cache(model) (no capacity) behind the library's ordinary 2D-mask forward: prompt, then
+    single tokens growing it past its first allocation, gives the logits of a DynamicCache."""
+    _, lm = tiny
+    ids, mask = ragged_batch([7, 4], seed=14)
+    ours, ref = new_cache(lm.model), DynamicCache()
+    assert len(ours.layers) == lm.model.config.num_hidden_layers
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    g = torch.Generator().manual_seed(5)
+    with torch.inference_mode():
+        for cache in (ours, ref):
+            lm.model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache)
+        assert ours.capacity == 7
+        m = mask
+        for i in range(9):
+            tok = torch.randint(3, VOCAB, (2, 1), generator=g)
+            m = torch.cat([m, torch.ones(2, 1, dtype=torch.long)], 1)
+            p = pos[:, -1:] + 1 + i
+            a, ha = plain_step_forward(lm.model, lm.heads, ours, tok, m, p)
+            b, hb = plain_step_forward(lm.model, lm.heads, ref, tok, m, p)
+            assert torch.equal(a, b) and torch.equal(ha, hb)
+    assert ours.length == ref.get_seq_length() == 16 and ours.capacity == 28
 
 
 def test_greedy_decode_matches_generate(tiny):
@@ -326,7 +462,7 @@ def test_typical_acceptance(tiny):
     tree = cut_tree(load_tree("mc_sim_7b_63"), NUM_HEADS, 10)
     dec = TreeDecoder(lm.model, lm.heads, tree)
     ids, mask = ragged_batch([5, 9, 2], seed=9)
-    kw = dict(max_new_tokens=16, temperature=0.8, posterior_threshold=0.09, posterior_alpha=0.3)
+    kw = {"max_new_tokens": 16, "temperature": 0.8, "posterior_threshold": 0.09, "posterior_alpha": 0.3}
     a = dec.generate(ids, mask, seed=1, **kw)
     b = dec.generate(ids, mask, seed=1, **kw)
     c = dec.generate(ids, mask, seed=2, **kw)
