@@ -19,7 +19,7 @@ from treeopt.export import FORMATS, compact_json, draw_tree, format_tree, text_t
 from treeopt.family_build import build_for_engine
 from treeopt.fileio import write_json, write_text
 from treeopt.selection import format_selection, read_sweep, select, proposal_from_meta, selection_from_grid_file
-from treeopt.tree import load_tree, tree_buffers
+from treeopt.tree import load_tree, make_tree, tree_buffers
 
 
 class Widths(click.ParamType):
@@ -320,8 +320,10 @@ def compare_cmd(tree_specs, accuracy_path, csv_model, nodes, engine, as_json):
               help="Select by the measured speedup or by the roofline prediction stored in the sweep.")
 @click.option("--threshold", type=float, default=1.0, show_default=True,
               help="A tree must beat this speedup, else no speculation.")
+@click.option("--engine", type=click.Choice(ENGINE_NAMES), default=None,
+              help="Add each cell's tree as the line this engine takes (engine_line); SGLang needs --accuracy.")
 @click.option("-o", "--output", default=None, metavar="FILE.json", help="Selection JSON [default: stdout].")
-def select_cmd(sweep_file, grid_file, accuracy, csv_model, by, threshold, output):
+def select_cmd(sweep_file, grid_file, accuracy, csv_model, by, threshold, engine, output):
     """Pick the best tree per (batch, context): from a measured sweep, or from predictions
     alone for hardware you don't have."""
     if (sweep_file is None) == (grid_file is None):
@@ -332,6 +334,8 @@ def select_cmd(sweep_file, grid_file, accuracy, csv_model, by, threshold, output
                      hardware=meta.get("hardware", meta.get("device", "")), model=meta.get("model", ""))
     else:
         doc = selection_from_grid_file(grid_file, accuracy, csv_model=csv_model, threshold=threshold)
+    if engine is not None:
+        _add_engine_lines(doc, get_engine(engine), accuracy, csv_model)
     if output:
         write_json(output, doc)
         click.echo(format_selection(doc))
@@ -339,6 +343,25 @@ def select_cmd(sweep_file, grid_file, accuracy, csv_model, by, threshold, output
     else:  # stdout is the JSON alone, so that it can be piped; the summary goes to stderr
         click.echo(format_selection(doc), err=True)
         click.echo(json.dumps(doc, indent=1))
+
+
+def _add_engine_lines(doc: dict, engine, accuracy, csv_model) -> None:
+    """Each selected cell's medusa_choices as the line `engine` takes (docs/engines.md "Exports"),
+    and whether the engine drafts it as written."""
+    table = _load_table(accuracy, csv_model) if accuracy is not None else None
+    acc = table.accuracy if table is not None else None
+    heads = table.num_heads if table is not None else None
+    doc["engine"] = engine.name
+    for cell in doc["cells"]:
+        if not cell["nodes"]:
+            cell["engine_line"] = None
+            continue
+        tree = make_tree(cell["medusa_choices"], source=f"cell batch={cell['batch']},context={cell['context']}")
+        drafted = check(tree, engine, heads=heads, accuracy=acc)
+        if not drafted.as_written:
+            raise UserError(f"--engine {engine.name}: {tree.name}: not drafted as written ({drafted.reason}); "
+                            f"build the sweep or grid with --engine {engine.name}")
+        cell["engine_line"] = export_for(engine, tree, heads=heads, accuracy=acc).line
 
 
 @click.command("check")
