@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from treeopt.accuracy import AccuracyTable, expected_tokens, load_accuracy
+from treeopt.cli import main
 from treeopt.engines import ENGINE_NAMES, check, export_for, get_engine, trtllm_max_draft_len
 from treeopt.errors import UserError
 from treeopt.family_build import build_for_engine, engine_proposal
@@ -359,3 +360,39 @@ def test_every_engine_has_a_name_and_tree_verification():
     assert {get_engine(n).verification for n in ENGINE_NAMES} == {"tree"}
     with pytest.raises(UserError, match="--engine: 'tgi' is not one of"):
         get_engine("tgi")
+
+
+# --- command line ----------------------------------------------------------------------------------
+
+
+def cli(capsys, *argv):
+    main([str(a) for a in argv])
+    return capsys.readouterr()
+
+
+def test_cli_build_for_vllm_ends_with_a_config_that_vllm_drafts_as_written(capsys):
+    out = cli(capsys, "build", "--accuracy", DEMO, "--nodes", 12, "--method", "optimal", "--engine", "vllm",
+              "--format", "engine").out
+    config, choices, drafted = vllm_parse(out.strip())
+    assert config["num_speculative_tokens"] == 12 and drafted == {tuple(c) for c in choices}
+
+
+def test_cli_check_reports_what_vllm_drafts_of_the_reference_tree(capsys):
+    out = cli(capsys, "check", "mc_sim_7b_63", "--engine", "vllm", "--json").out
+    doc = json.loads(out)
+    assert doc["as_written"] is False and doc["drafted_nodes"] == 30 and doc["nodes"] == 63
+
+
+def test_cli_compare_marks_trees_the_engine_does_not_draft(capsys):
+    out = cli(capsys, "compare", "--accuracy", DEMO, "--nodes", 16, "--engine", "vllm", "mc_sim_7b_63",
+              "optimal", "--json").out
+    rows = {r["tree"]: r for r in json.loads(out)["trees"]}
+    assert rows["mc_sim_7b_63"]["as_written"] == "no" and rows["optimal"]["as_written"] == "yes"
+    assert rows["mc_sim_7b_63"]["tau_drafted"] < rows["mc_sim_7b_63"]["tau"]
+
+
+def test_cli_engine_errors_are_one_line(capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli(capsys, "build", "--accuracy", DEMO, "--nodes", 4, "--engine", "vllm", "--max-depth", 2)
+    assert exc.value.code == 2
+    assert "leave out --max-depth" in capsys.readouterr().err
