@@ -396,3 +396,15 @@ def test_cli_engine_errors_are_one_line(capsys):
         cli(capsys, "build", "--accuracy", DEMO, "--nodes", 4, "--engine", "vllm", "--max-depth", 2)
     assert exc.value.code == 2
     assert "leave out --max-depth" in capsys.readouterr().err
+
+
+def test_joint_builder_keeps_depth_one_ranks_left_closed_for_trtllm():
+    # Head 1's rank 1 is the most frequent (5 of 8 positions): the free joint builder starts
+    # with [1], [1, 0]; TensorRT-LLM's family must take [0] first, then the best of [1] (5)
+    # and [0, 0] (2): {[0], [1]} (counted by hand).
+    ranks = np.array([[1, 0]] * 5 + [[0, 0]] * 2 + [[2, 0]])
+    table = AccuracyTable.from_ranks(ranks, 3)
+    assert set(build_for_engine(table, 2, "joint", get_engine("treeopt")).paths) == {(1,), (1, 0)}
+    for name in ("trtllm", "hydra"):
+        tree = build_for_engine(table, 2, "joint", get_engine(name))
+        assert set(tree.paths) == {(0,), (1,)}, name
