@@ -13,6 +13,7 @@ from roofline.latency import memory_required_bytes, op_timings, step_time_s
 from roofline.plots import best_heatmaps, default_cases, overhead_curves, roofline_chart, speedup_curves
 from roofline.shapes import DraftHeadsShape, ModelShape
 from treeopt import __version__
+from treeopt.engines import export_for
 from treeopt.errors import UserError
 from treeopt.fileio import atomic_path, write_json, write_text
 from treeopt.selection import best_per_cell, selection_from_grid
@@ -82,11 +83,12 @@ def build_report(shape: ModelShape, heads: DraftHeadsShape | None, hw: HardwareP
                  plot_context: int | None = None, command: str = "", title: str | None = None,
                  save_hardware: bool = False, joint: bool = False, used_heads: bool = False,
                  notes: list[str] | tuple = (), proposal=None, tau=None,
-                 tau_source: str | None = None) -> dict:
+                 tau_source: str | None = None, engine=None) -> dict:
     """Write the report into out_dir; returns a summary dict (paths, best cells).
 
     With `accuracy`, `proposal` (a proposal sequence) and `tau` (its tau curve) are the trees
-    the grid predicts for; `tau_source` says what they are."""
+    the grid predicts for; `tau_source` says what they are. With `engine` (a treeopt.engines.Engine)
+    index.md gives each cell's tree as the line that engine takes."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     files = {}
@@ -221,6 +223,8 @@ def build_report(shape: ModelShape, heads: DraftHeadsShape | None, hw: HardwareP
                 else:
                     cells.append(f"{int(r['nodes'])} ({r['speedup']:.2f}×)")
             L.append(f"| {b} | " + " | ".join(cells) + " |")
+        if engine is not None:
+            L += ["", *engine_lines(engine, tree, best, heads.num_heads if heads else None, accuracy)]
         L += ["", "`selection.json` (format `treeopt.selection/v1`) holds the medusa_choices of every cell; "
                   "`grid.csv` every (batch, context, tree size) with τ, step time, overhead and speedup.", ""]
     else:
@@ -232,3 +236,17 @@ def build_report(shape: ModelShape, heads: DraftHeadsShape | None, hw: HardwareP
     write_text(out / "index.md", "\n".join(L))
     files["index"] = "index.md"
     return summary
+
+
+def engine_lines(engine, proposal, best, num_heads, accuracy) -> list[str]:
+    """Markdown: per (batch, context) of `best` the chosen prefix of `proposal` as the line
+    `engine` takes (docs/engines.md "Exports")."""
+    L = [f"Paste-ready for {engine.title}, per cell:", "", "| batch | context | nodes | line |", "|---|---|---|---|"]
+    for b, c, n, fits in best[["batch", "context", "nodes", "fits_memory"]].itertuples(index=False):
+        if not fits or n == 0:
+            line = "OOM" if not fits else "no speculation"
+        else:
+            line = "`" + export_for(engine, proposal.prefix(int(n)), heads=num_heads,
+                                    accuracy=accuracy.accuracy).line + "`"
+        L.append(f"| {int(b)} | {int(c)} | {int(n)} | {line} |")
+    return L

@@ -49,6 +49,7 @@ GRID_TESTS = ("tests/test_roofline_grid.py",)
 BUILD_TESTS = ("tests/test_build.py",)
 ACCURACY_TESTS = ("tests/test_accuracy.py", "tests/test_build.py")
 ACCEPTANCE_TESTS = ("tests/test_acceptance.py",)
+ENGINE_TESTS = ("tests/test_engines.py",)
 
 
 @dataclass(frozen=True)
@@ -221,6 +222,19 @@ MUTANTS = (
            "return max(0.0, (many.time_s - one.time_s) / (many.batch * shape.heads))",
            "hardware calibration's attention block overhead without the B x one-sequence part",
            ("tests/test_hwfit.py",)),
+    Mutant("engine-vllm-children", "treeopt/engines.py", "return tuple(int(c) for c in hist // previous)",
+           "return tuple(int(c) for c in -(-hist // previous))",
+           "vLLM's children per node rounded up instead of n_l // n_{l-1}", ENGINE_TESTS),
+    Mutant("engine-trtllm-overrun", "treeopt/engines.py",
+           "return nodes + 1 if nodes > 0 and nodes % 32 == 0 else nodes",
+           "return nodes", "TensorRT-LLM max_draft_len ignores the packed-mask overrun", ENGINE_TESTS),
+    Mutant("engine-sglang-beams", "treeopt/engines.py", 'keep = np.argsort(-flat, kind="stable")[:topk]',
+           "keep = np.arange(topk)", "SGLang expands the first beams instead of the best-scored", ENGINE_TESTS),
+    Mutant("engine-grounded-size", "treeopt/family_build.py", "min_size = 2 if grounded else 1",
+           "min_size = 1", "Hydra's optimum lets an expanded rank be a leaf", ENGINE_TESTS),
+    Mutant("engine-left-closed", "treeopt/family_build.py", "if d + 1 <= limits.left_closed_depth:",
+           "if d + 1 < limits.left_closed_depth:", "family greedy forgets the left-closed rule at its last depth",
+           ENGINE_TESTS),
 )
 
 

@@ -22,15 +22,18 @@ from roofline.hardware import load_hardware
 from treeopt.app.hwcalibrate import calibrate_hardware
 from roofline.report import build_report
 from roofline.shapes import DraftHeadsShape
-from treeopt.accuracy import AccuracyTable
+from treeopt.acceptance import load_rank_vectors
+from treeopt.accuracy import AccuracyTable, load_accuracy
 from treeopt.app.models import is_demo, shape_of
 from treeopt.app.sweep import DEMO_VALIDATION, sweep
 from treeopt.app.validation import ValidationResult, format_validation, validate
+from treeopt.engines import export_for, get_engine
 from treeopt.errors import UserError
 from treeopt.export import format_tree
+from treeopt.family_build import engine_proposal
 from treeopt.fileio import write_json, write_text
 from treeopt.selection import format_selection, format_speedup, select
-from treeopt.tau import load_tau_curves
+from treeopt.tau import load_tau_curves, tau_curves
 from treeopt.tree import Tree
 
 
@@ -55,6 +58,7 @@ class RunSettings:
     hw_quick: bool = False
     threads: int | None = None            # torch CPU threads; None: 1 for small models on CPU
     seed: int = 0
+    engine: str | None = None             # proposal trees from this engine's family (docs/engines.md)
 
 
 def _stage(out: Path, name: str, settings: dict, log) -> bool:
@@ -109,7 +113,13 @@ def _run_main_job(out: Path, settings: RunSettings, *, log, progress: bool) -> d
     timings["calibrate_s"] = time.perf_counter() - t0
 
     # 2. proposal trees
-    table, tau = load_tau_curves(acc_file, s.max_nodes, method=s.method)
+    target = get_engine(s.engine, topk=s.topk) if s.engine else None
+    if target is None:
+        table, tau = load_tau_curves(acc_file, s.max_nodes, method=s.method)
+    else:
+        table = load_accuracy(acc_file)
+        tau = tau_curves(table, engine_proposal(table, s.max_nodes, target, method=s.method),
+                         load_rank_vectors(acc_file, table=table))
     proposal = tau.proposal
     method = "joint" if (s.method == "auto" and table.joint) else ("greedy" if s.method == "auto" else s.method)
     write_text(out / "proposal_tree.json",
@@ -152,7 +162,7 @@ def _run_main_job(out: Path, settings: RunSettings, *, log, progress: bool) -> d
                  proposal=proposal, tau=tau.best, used_heads=True,
                  tau_source=f"The {method} proposal sequence of {proposal.size} nodes the sweep measures; τ "
                             + tau.describe(),
-                 title=f"Predicted: {s.model} with {lm.heads.num_heads} Medusa heads on {hw.name}")
+                 title=f"Predicted: {s.model} with {lm.heads.num_heads} Medusa heads on {hw.name}", engine=target)
     timings["predict_s"] = time.perf_counter() - t0
 
     # 5. measured sweep
@@ -221,6 +231,14 @@ def _run_index(s: RunSettings, table: AccuracyTable, proposal: Tree, hw, selecti
     for c in selection["cells"]:
         L.append(f"| {c['batch']} | {c['context']} | {c['nodes'] or 'no speculation'} | "
                  f"{format_speedup(c['measured_speedup'])} | {format_speedup(c.get('predicted_speedup'))} |")
+    if s.engine:
+        target = get_engine(s.engine, topk=s.topk)
+        L += ["", f"Paste-ready for {target.title} (the proposal trees are from its family):", "",
+              "| batch | context | line |", "|---|---|---|"]
+        for c in selection["cells"]:
+            line = ("no speculation" if not c["nodes"] else "`" + export_for(
+                target, proposal.prefix(c["nodes"]), heads=K, accuracy=acc).line + "`")
+            L.append(f"| {c['batch']} | {c['context']} | {line} |")
     L += ["", "## 4. Validation on held-out prompts", "",
           "Measured tokens per step of the reference decoder against τ predicted from the table:", "",
           "![acceptance](validation_acceptance.png)", "",

@@ -72,6 +72,7 @@ demo = _lazy_group("demo", "The bundled demo model (a small Llama with Medusa he
     "show": ("treeopt.cli.tree_cmds:show_cmd", "Draw a tree with its statistics, and tau given --accuracy."),
     "buffers": ("treeopt.cli.tree_cmds:buffers_cmd", "Medusa's verification buffers of a tree, as text or JSON."),
     "compare": ("treeopt.cli.tree_cmds:compare_cmd", "tau of several trees under one accuracy table, side by side."),
+    "check": ("treeopt.cli.tree_cmds:check_cmd", "Whether an engine drafts a tree as written, and what instead."),
     "select": ("treeopt.cli.tree_cmds:select_cmd", "Pick the best tree per (batch, context) from a sweep or grid."),
     "report": ("treeopt.cli.roofline_cmds:report_cmd", "Write a predicted report: plots, grid, selection."),
     "calibrate": ("treeopt.cli.calibration_cmds:calibrate_cmd", "Measure per-rank accuracies of draft heads."),

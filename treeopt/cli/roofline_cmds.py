@@ -20,6 +20,8 @@ from treeopt.errors import UserError
 from treeopt.export import text_table
 from treeopt.fileio import atomic_path, write_json
 from treeopt.selection import best_per_cell, selection_from_grid
+from treeopt.engines import ENGINE_NAMES, get_engine
+from treeopt.family_build import engine_proposal
 from treeopt.tau import first_heads, proposal_sequence, tau_curves
 
 
@@ -30,15 +32,17 @@ def _load_acc(path: str, csv_model: str | None, model_name: str):
     return table, f"`{path}` (rows of {rows})" if rows and path.lower().endswith(".csv") else f"`{path}`"
 
 
-def _greedy_tau(table, max_nodes: int, num_heads: int, joint: bool):
+def _greedy_tau(table, max_nodes: int, num_heads: int, joint: bool, engine=None):
     """Medusa's greedy proposal sequence over the first `num_heads` heads and its tau (joint:
-    from the table's joint prefix counts)."""
+    from the table's joint prefix counts); with `engine`, the greedy within its family."""
     if joint and table.joint is None:
         raise UserError("--joint: the accuracy table has no joint prefix counts")
     if joint and num_heads < table.num_heads:
         raise UserError("--joint: cannot cut a table with joint counts to fewer heads")
     table = first_heads(table, num_heads)
-    curves = tau_curves(table, proposal_sequence(table, max_nodes, method="greedy"))
+    proposal = (engine_proposal(table, max_nodes, engine, method="greedy") if engine is not None
+                else proposal_sequence(table, max_nodes, method="greedy"))
+    curves = tau_curves(table, proposal)
     return curves.proposal, curves.joint if joint else curves.independent
 
 
@@ -65,6 +69,8 @@ HEADS_OPTIONS = [
                  help="Tokens per sequence the heads run on [default: all q, as Medusa's code; a decoder "
                       "that runs them on the accepted token only: 1]."),
 ]
+ENGINE_OPTION = click.option("--engine", type=click.Choice(ENGINE_NAMES), default=None,
+                             help="Trees only from this engine's family; the report shows the line it takes.")
 GRID_OPTIONS = [
     click.option("--batch", "batches", type=IntList(1), default=",".join(map(str, DEFAULT_BATCHES)),
                  show_default=True, help="Comma-separated batch sizes."),
@@ -167,10 +173,12 @@ def roofline_ops(model, dtype, hardware, num_heads, head_layers, head_tokens, ba
 @click.option("--heads-in-baseline", is_flag=True, help="Plain decoding (n = 0) also runs the heads.")
 @click.option("--used-heads", is_flag=True, help="A tree runs only the heads it reaches (its depth), not all K.")
 @click.option("-o", "--out", "out", default=None, type=click.Path(dir_okay=False), help="Grid CSV to write.")
+@ENGINE_OPTION
 @click.option("--select", "select", default=None, type=click.Path(dir_okay=False),
               help="Selection JSON (treeopt.selection/v1) to write.")
 def roofline_speedup(model, dtype, hardware, accuracy, csv_model, num_heads, head_layers, head_tokens, batches,
-                     contexts, max_nodes, attention, joint, heads_in_baseline, used_heads, out, select) -> None:
+                     contexts, max_nodes, attention, joint, heads_in_baseline, used_heads, engine, out,
+                     select) -> None:
     """Predicted overhead, tau and speedup for every batch x context x tree size, and the best
     tree per cell ("none" when no tree beats plain decoding)."""
     shape = shape_of(model, dtype)
@@ -180,7 +188,7 @@ def roofline_speedup(model, dtype, hardware, accuracy, csv_model, num_heads, hea
                      tokens_per_sequence=head_tokens)
     if heads.num_heads < 1:
         raise UserError("--heads: a speedup grid needs at least one draft head")
-    tree, tau = _greedy_tau(table, max_nodes, heads.num_heads, joint)
+    tree, tau = _greedy_tau(table, max_nodes, heads.num_heads, joint, get_engine(engine) if engine else None)
     grid = speedup_grid(shape, heads, hw, tau, batches, contexts, attention=attention,
                         heads_in_baseline=heads_in_baseline,
                         heads_used=heads_used_by_prefix(tree) if used_heads else None)
@@ -221,11 +229,12 @@ def roofline_speedup(model, dtype, hardware, accuracy, csv_model, num_heads, hea
 @click.option("--attention", type=click.Choice(["fused", "unfused"]), default="fused", show_default=True)
 @click.option("--joint", is_flag=True, help="tau from the table's joint prefix counts.")
 @click.option("--used-heads", is_flag=True, help="A tree runs only the heads it reaches (its depth), not all K.")
+@ENGINE_OPTION
 @click.option("--title", default=None, help="Report title.")
 @click.option("--note", "notes", multiple=True, help="A note for index.md (repeatable).")
 @click.option("-o", "--out", "out", required=True, type=click.Path(file_okay=False), help="Report directory.")
 def report_cmd(model, dtype, hardware, accuracy, csv_model, num_heads, head_layers, head_tokens, batches, contexts,
-               plot_context, max_nodes, attention, joint, used_heads, title, notes, out) -> None:
+               plot_context, max_nodes, attention, joint, used_heads, engine, title, notes, out) -> None:
     """Write a report directory: roofline chart, speedup curves, best-tree heatmaps (PNG),
     grid.csv, selection.json and an index.md stating inputs and assumptions."""
     shape = shape_of(model, dtype)
@@ -241,9 +250,10 @@ def report_cmd(model, dtype, hardware, accuracy, csv_model, num_heads, head_laye
         raise UserError(f"--plot-context: {plot_context} is not one of the --context values")
     proposal = tau = None
     if table is not None:
-        proposal, tau = _greedy_tau(table, max_nodes, heads.num_heads, joint)
+        proposal, tau = _greedy_tau(table, max_nodes, heads.num_heads, joint, get_engine(engine) if engine else None)
     summary = build_report(shape, heads, hw, out, accuracy=table, accuracy_label=label, batches=batches,
                            contexts=contexts, max_nodes=max_nodes, attention=attention, plot_context=plot_context,
                            command=_command_line(), title=title, joint=joint, used_heads=used_heads, notes=notes,
-                           proposal=proposal, tau=tau, save_hardware=hw.name not in builtin_hardware())
+                           proposal=proposal, tau=tau, save_hardware=hw.name not in builtin_hardware(),
+                           engine=get_engine(engine) if engine else None)
     click.echo(f"wrote {out}/index.md with " + ", ".join(v for k, v in summary["files"].items() if k != "index"))

@@ -17,6 +17,7 @@ from treeopt.app.run import RunSettings, run_main_job
 from treeopt.app.sweep import DEMO_VALIDATION, add_end_to_end, format_sweep, sweep
 from treeopt.app.validation import format_validation, validate
 from treeopt.cli.options import RUN_MODEL_OPTIONS, AtLeast, IntList, apply
+from treeopt.engines import ENGINE_NAMES
 from treeopt.tau import PROPOSAL_METHODS, load_tau_curves
 
 METHOD_OPTION = click.option(
@@ -120,9 +121,11 @@ def validate_cmd(model, heads, device, dtype, threads, accuracy, sweep_file, met
 @click.option("--steps", type=AtLeast(2), default=32, show_default=True,
               help="Tokens generated per prompt (calibration and validation).")
 @click.option("--quick", is_flag=True, help="Quick hardware calibration and fewer validation prompts.")
+@click.option("--engine", type=click.Choice(ENGINE_NAMES), default=None,
+              help="Proposal trees from this engine's family; index.md gives each cell's line for it.")
 @click.option("-o", "--output", default="reports/run", show_default=True, metavar="DIR")
 def run_cmd(model, heads, device, dtype, threads, data, validation_data, batches, contexts, sizes, repeats, steps,
-            quick, output):
+            quick, engine, output):
     """The main job: calibrate -> build trees -> calibrate the hardware profile -> predict ->
     sweep -> select -> validate -> report. Stages already done in DIR are kept, so an
     interrupted run continues where it stopped."""
@@ -130,5 +133,6 @@ def run_cmd(model, heads, device, dtype, threads, data, validation_data, batches
                            device=device, dtype=dtype, steps=steps, sizes=sizes, max_nodes=max(max(sizes), 1),
                            batches=batches, contexts=contexts, repeats=repeats,
                            validation_sizes=tuple(n for n in sizes if n > 0) or (1,),
-                           hw_quick=quick, threads=threads, validation_prompts=32 if quick else None)
+                           hw_quick=quick, threads=threads, validation_prompts=32 if quick else None,
+                           engine=engine)
     run_main_job(output, settings, log=lambda m: click.echo(m, err=True))

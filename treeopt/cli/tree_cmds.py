@@ -13,11 +13,13 @@ import numpy as np
 from treeopt.accuracy import expected_tokens, load_accuracy, node_values, unmeasured_nodes
 from treeopt.build import METHODS, build_tree
 from treeopt.cli.options import AtLeast
+from treeopt.engines import ENGINE_NAMES, check, export_for, get_engine
 from treeopt.errors import UserError
 from treeopt.export import FORMATS, compact_json, draw_tree, format_tree, text_table
+from treeopt.family_build import build_for_engine
 from treeopt.fileio import write_json, write_text
 from treeopt.selection import format_selection, read_sweep, select, proposal_from_meta, selection_from_grid_file
-from treeopt.tree import load_tree, tree_buffers
+from treeopt.tree import load_tree, make_tree, tree_buffers
 
 
 class Widths(click.ParamType):
@@ -116,23 +118,40 @@ def _display_name(name: str, width: int = 28) -> str:
 @click.option("--max-depth", metavar="D", type=AtLeast(1), help="Deepest level (default: the number of heads).")
 @click.option("--max-children", metavar="W[,W...]", type=Widths(),
               help="Ranks allowed per depth (< W), one value for all depths or one per depth.")
-@click.option("--format", "fmt", default="text", show_default=True, type=click.Choice(FORMATS),
-              help="Output format.")
+@click.option("--engine", type=click.Choice(ENGINE_NAMES), default=None,
+              help="Search only the trees this engine drafts as written, and end with the line it takes.")
+@click.option("--heads", "engine_heads", metavar="K", type=AtLeast(1), default=None,
+              help="With --engine: the draft heads the engine runs [default: the table's].")
+@click.option("--format", "fmt", default="text", show_default=True, type=click.Choice(FORMATS + ("engine",)),
+              help="Output format; 'engine': only what --engine takes.")
 @click.option("-o", "--output", metavar="FILE", help="Write to FILE instead of stdout.")
-def build_cmd(accuracy_path, csv_model, nodes, method, max_depth, max_children, fmt, output):
+def build_cmd(accuracy_path, csv_model, nodes, method, max_depth, max_children, engine, engine_heads, fmt, output):
     """Build a tree of N nodes from an accuracy table."""
     table = _load_table(accuracy_path, csv_model)
     if method == "joint" and table.joint is None:
         raise UserError(f"{accuracy_path}: has no joint statistics, which --method joint needs")
-    tree = build_tree(table, nodes, method, max_depth=max_depth, max_children=max_children)
+    if engine is None and (fmt == "engine" or engine_heads is not None):
+        raise UserError("--format engine and --heads need --engine E")
+    target = get_engine(engine) if engine else None
+    if target is not None:
+        if max_depth is not None or max_children is not None:
+            raise UserError("--engine: the engine's family sets the limits; leave out --max-depth/--max-children")
+        tree = build_for_engine(table, nodes, method, target, heads=engine_heads)
+    else:
+        tree = build_tree(table, nodes, method, max_depth=max_depth, max_children=max_children)
     joint = method == "joint"
     tau = expected_tokens(tree, table, joint=joint)
-    if fmt != "text":
+    paste = (export_for(target, tree, heads=engine_heads or table.num_heads, accuracy=table.accuracy)
+             if target is not None else None)
+    if fmt == "engine":
+        text = paste.text
+    elif fmt != "text":
         text = format_tree(tree, fmt, tau=tau, method=method, provenance=table.provenance)
     else:
         tau_kind = "joint statistics" if joint else "independent heads"
+        family = f" within {target.name}'s family" if target is not None else ""
         head = (
-            f"{method} tree of {tree.size} nodes from {_table_label(table)}: depth {tree.depth}, "
+            f"{method} tree of {tree.size} nodes{family} from {_table_label(table)}: depth {tree.depth}, "
             f"tau = {tau:.4f} expected tokens per step ({tau_kind})\n"
         )
         if table.joint is not None and not joint:
@@ -141,7 +160,10 @@ def build_cmd(accuracy_path, csv_model, nodes, method, max_depth, max_children, 
             tree, "text", tau=tau, values=node_values(tree, table, joint=joint),
             ascii=output is None and not _can_draw_unicode(),
         )
-        text = head + drawing + f"medusa_choices = {tree.to_choices()}\n"
+        if paste is None:
+            text = head + drawing + f"medusa_choices = {tree.to_choices()}\n"
+        else:
+            text = head + drawing + f"for {target.title}:\n" + paste.text
     _emit(text, output, f" ({tree.size} nodes, tau = {tau:.4f})")
 
 
@@ -224,8 +246,10 @@ def buffers_cmd(tree_spec, topk, as_json, output):
 @click.option("--csv-model", metavar="NAME", help="Row set of a multi-model CSV.")
 @click.option("--nodes", metavar="N", type=AtLeast(1),
               help="Truncate each tree to its first N nodes; size of the trees built by greedy/optimal/joint.")
+@click.option("--engine", type=click.Choice(ENGINE_NAMES), default=None,
+              help="Build greedy/optimal/joint within this engine's family; add what it drafts of each tree.")
 @click.option("--json", "as_json", is_flag=True, help="The comparison as JSON.")
-def compare_cmd(tree_specs, accuracy_path, csv_model, nodes, as_json):
+def compare_cmd(tree_specs, accuracy_path, csv_model, nodes, engine, as_json):
     """tau of each TREE under one accuracy table, side by side.
 
     TREE is a reference name (mc_sim_7b_63, ...), a JSON file, a list literal, or one of
@@ -235,6 +259,7 @@ def compare_cmd(tree_specs, accuracy_path, csv_model, nodes, as_json):
         raise UserError("TREE: give at least one tree to compare")
     n = nodes
     table = _load_table(accuracy_path, csv_model)
+    target = get_engine(engine) if engine else None
     trees = []
     for spec in tree_specs:
         if spec in METHODS and not Path(spec).is_file():
@@ -242,7 +267,7 @@ def compare_cmd(tree_specs, accuracy_path, csv_model, nodes, as_json):
                 raise UserError(f"TREE {spec}: building a tree for comparison needs --nodes N")
             if spec == "joint" and table.joint is None:
                 raise UserError(f"{accuracy_path}: has no joint statistics, which TREE joint needs")
-            trees.append(build_tree(table, n, spec))
+            trees.append(build_for_engine(table, n, spec, target) if target else build_tree(table, n, spec))
             continue
         tree = load_tree(spec)
         if n is not None and tree.size > n:
@@ -259,6 +284,11 @@ def compare_cmd(tree_specs, accuracy_path, csv_model, nodes, as_json):
         }
         if table.joint is not None:
             row["tau_joint"] = expected_tokens(tree, table, joint=True, strict=False)
+        if target is not None:
+            drafted = check(tree, target, heads=table.num_heads, accuracy=table.accuracy)
+            row["as_written"] = "yes" if drafted.as_written else ("refused" if drafted.refused else "no")
+            row["drafted"] = drafted.drafted.size
+            row["tau_drafted"] = expected_tokens(drafted.drafted, table, strict=False)
         rows.append(row)
         notes += _coverage_notes(tree, table)
     if as_json:
@@ -266,9 +296,12 @@ def compare_cmd(tree_specs, accuracy_path, csv_model, nodes, as_json):
         click.echo(json.dumps(doc, indent=1))
         return
     cols = ["nodes", "depth", "leaves", "tau"] + (["tau_joint"] if table.joint is not None else [])
+    if target is not None:
+        cols += ["as_written", "drafted", "tau_drafted"]
     click.echo(f"accuracy: {_table_label(table)}: {table.num_heads} heads, width {table.width}; "
                "tau = expected tokens per step" + (" (independent heads; tau_joint from joint statistics)"
-                                                   if table.joint is not None else " (independent heads)"))
+                                                   if table.joint is not None else " (independent heads)")
+               + (f"; as_written, drafted, tau_drafted: what {target.name} drafts" if target is not None else ""))
     click.echo(text_table(["<tree"] + cols, [[_display_name(r["tree"])] + [
         f"{r[c]:.4f}" if c.startswith("tau") else r[c] for c in cols] for r in rows],
         ascii=not _can_draw_unicode()), nl=False)
@@ -287,8 +320,10 @@ def compare_cmd(tree_specs, accuracy_path, csv_model, nodes, as_json):
               help="Select by the measured speedup or by the roofline prediction stored in the sweep.")
 @click.option("--threshold", type=float, default=1.0, show_default=True,
               help="A tree must beat this speedup, else no speculation.")
+@click.option("--engine", type=click.Choice(ENGINE_NAMES), default=None,
+              help="Add each cell's tree as the line this engine takes (engine_line); SGLang needs --accuracy.")
 @click.option("-o", "--output", default=None, metavar="FILE.json", help="Selection JSON [default: stdout].")
-def select_cmd(sweep_file, grid_file, accuracy, csv_model, by, threshold, output):
+def select_cmd(sweep_file, grid_file, accuracy, csv_model, by, threshold, engine, output):
     """Pick the best tree per (batch, context): from a measured sweep, or from predictions
     alone for hardware you don't have."""
     if (sweep_file is None) == (grid_file is None):
@@ -299,6 +334,8 @@ def select_cmd(sweep_file, grid_file, accuracy, csv_model, by, threshold, output
                      hardware=meta.get("hardware", meta.get("device", "")), model=meta.get("model", ""))
     else:
         doc = selection_from_grid_file(grid_file, accuracy, csv_model=csv_model, threshold=threshold)
+    if engine is not None:
+        _add_engine_lines(doc, get_engine(engine), accuracy, csv_model)
     if output:
         write_json(output, doc)
         click.echo(format_selection(doc))
@@ -306,3 +343,67 @@ def select_cmd(sweep_file, grid_file, accuracy, csv_model, by, threshold, output
     else:  # stdout is the JSON alone, so that it can be piped; the summary goes to stderr
         click.echo(format_selection(doc), err=True)
         click.echo(json.dumps(doc, indent=1))
+
+
+def _add_engine_lines(doc: dict, engine, accuracy, csv_model) -> None:
+    """Each selected cell's medusa_choices as the line `engine` takes (docs/engines.md "Exports"),
+    and whether the engine drafts it as written."""
+    table = _load_table(accuracy, csv_model) if accuracy is not None else None
+    acc = table.accuracy if table is not None else None
+    heads = table.num_heads if table is not None else None
+    doc["engine"] = engine.name
+    for cell in doc["cells"]:
+        if not cell["nodes"]:
+            cell["engine_line"] = None
+            continue
+        tree = make_tree(cell["medusa_choices"], source=f"cell batch={cell['batch']},context={cell['context']}")
+        drafted = check(tree, engine, heads=heads, accuracy=acc)
+        if not drafted.as_written:
+            raise UserError(f"--engine {engine.name}: {tree.name}: not drafted as written ({drafted.reason}); "
+                            f"build the sweep or grid with --engine {engine.name}")
+        cell["engine_line"] = export_for(engine, tree, heads=heads, accuracy=acc).line
+
+
+@click.command("check")
+@click.argument("tree_spec", metavar="TREE")
+@click.option("--engine", required=True, type=click.Choice(ENGINE_NAMES), help="The engine that gets the tree.")
+@click.option("--accuracy", "accuracy_path", metavar="FILE",
+              help="Accuracy table: tau of the tree and of what the engine drafts (SGLang needs it).")
+@click.option("--csv-model", metavar="NAME", help="Row set of a multi-model CSV.")
+@click.option("--heads", "engine_heads", metavar="K", type=AtLeast(1), default=None,
+              help="Draft heads the engine runs [default: the table's, else unbounded].")
+@click.option("--topk", metavar="K", type=AtLeast(1), default=None, help="treeopt's decoder: candidates per head.")
+@click.option("--json", "as_json", is_flag=True, help="The answer as JSON.")
+def check_cmd(tree_spec, engine, accuracy_path, csv_model, engine_heads, topk, as_json):
+    """Whether ENGINE drafts TREE as written; if not, what it drafts instead, with tau of both."""
+    tree = load_tree(tree_spec)
+    table = _load_table(accuracy_path, csv_model) if accuracy_path is not None else None
+    target = get_engine(engine, topk=topk)
+    heads = engine_heads or (table.num_heads if table is not None else None)
+    result = check(tree, target, heads=heads, accuracy=table.accuracy if table is not None else None)
+    taus = {}
+    if table is not None:
+        taus = {"tau": expected_tokens(tree, table, strict=False),
+                "tau_drafted": expected_tokens(result.drafted, table, strict=False)}
+    paste = None
+    if result.as_written:
+        paste = export_for(target, tree, heads=heads, accuracy=table.accuracy if table is not None else None)
+    if as_json:
+        doc = {"tree": tree.name, "engine": target.name, "as_written": result.as_written, "refused": result.refused,
+               "reason": result.reason, "nodes": tree.size, "drafted_nodes": result.drafted.size,
+               "drafted": result.drafted.to_choices(), **taus, "paste": paste.line if paste else None}
+        if result.triple is not None:
+            doc["sglang_flags"] = list(result.triple)
+        click.echo(compact_json(doc), nl=False)
+        return
+    verdict = ("drafts it as written" if result.as_written else
+               "refuses it" if result.refused else "does NOT draft it as written")
+    lines = [f"{tree.name}: {tree.size} nodes; {target.title} {verdict}", f"  {result.reason}"]
+    if not result.as_written:
+        lines.append(f"  drafted instead: {result.drafted.size} nodes {result.drafted.to_choices()}")
+    if taus:
+        lines.append(f"  tau = {taus['tau']:.4f} as written, {taus['tau_drafted']:.4f} as drafted "
+                     f"({_table_label(table)}, independent heads)")
+    if paste is not None:
+        lines.append(paste.text.rstrip("\n"))
+    click.echo("\n".join(lines))
