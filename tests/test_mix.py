@@ -5,11 +5,15 @@ the mix inputs and their errors."""
 from __future__ import annotations
 
 import itertools
+import json
 
 import numpy as np
 import pandas as pd
 import pytest
 
+from tests.test_cli_tree import MEDUSA_CSV
+from tests.test_selection import PROPOSAL, write_sweep
+from treeopt.cli import main
 from treeopt.errors import UserError
 from treeopt.mix import choose_mix_tree, mix_section, parse_mix
 from treeopt.tree import make_tree
@@ -172,3 +176,66 @@ def test_mix_section_holds_the_trees_choices():
     assert section["nodes"] == 2 and section["medusa_choices"] == [[0], [1]]
     assert section["speculate_up_to_batch"] == 1 and section["off_from_batch"] == 4
     assert [c["mix_nodes"] for c in section["cells"]] == [2, 0]
+
+
+# ---- the command line: `select --mix`, `roofline speedup --mix`, selection cells as trees
+
+def _run(capsys, *argv):
+    main([str(a) for a in argv])
+    return capsys.readouterr()
+
+
+def _fail(capsys, *argv) -> str:
+    with pytest.raises(SystemExit) as exc:
+        main([str(a) for a in argv])
+    err = capsys.readouterr().err.splitlines()
+    assert exc.value.code == 2 and len(err) == 1 and err[0].startswith("treeopt: error: "), err
+    return err[0]
+
+
+def test_select_mix_from_a_measured_sweep_and_its_cells_as_trees(tmp_path, capsys):
+    sweep = write_sweep(tmp_path)
+    out = tmp_path / "sel.json"
+    printed = _run(capsys, "select", "--sweep", sweep, "--mix", "1@128:1,4@128:1", "-o", out).out
+    mix = json.loads(out.read_text())["mix"]
+    # hand_sweep: T(0) = 10 ms, plain 100 * b tokens/s; E(2, all on) = 0.5*100*1.8 + 0.5*400*1.3 = 350
+    # beats E(1, all on) = 335, E(4, all on) = 320, E(2, up to 1) = 290
+    assert (mix["nodes"], mix["speculate_up_to_batch"], mix["off_from_batch"]) == (2, 4, None)
+    assert mix["expected_tokens_per_s"] == pytest.approx(350.0)
+    assert mix["medusa_choices"] == PROPOSAL.prefix(2).to_choices()
+    assert "one tree for the mix" in printed and "2 nodes" in printed
+
+    shown = json.loads(_run(capsys, "show", f"{out}:mix", "--json").out)
+    assert shown["medusa_choices"] == [[0], [1]]
+    shown = json.loads(_run(capsys, "show", f"{out}:batch=4,context=128", "--json").out)
+    assert shown["medusa_choices"] == PROPOSAL.prefix(1).to_choices()
+    assert _run(capsys, "build", "--tree", f"{out}:batch=1,context=128", "--format", "python").out == "[[0], [1]]\n"
+    table = _run(capsys, "compare", "--accuracy", MEDUSA_CSV, "--csv-model", "vicuna-7b", f"{out}:mix").out
+    assert f"{out}:mix"[:20] in table
+
+    assert "no speculation (0 nodes)" in _fail(capsys, "show", f"{out}:batch=1,context=512")
+    err = _fail(capsys, "show", f"{out}:batch=4")
+    assert "batch 4 has 2 cells: add context=S" in err
+    err = _fail(capsys, "show", f"{out}:batch=2,context=128")
+    assert "no such cell in the selection (cells: batch=1,context=128; batch=1,context=512; " in err
+    assert "the cell must be 'batch=B,context=S' or 'mix', got 'size=3'" in _fail(capsys, "show", f"{out}:size=3")
+    plain = tmp_path / "plain.json"
+    _run(capsys, "select", "--sweep", sweep, "-o", plain)
+    assert "no traffic-mix tree (write it with `treeopt select --mix`)" in _fail(capsys, "show", f"{plain}:mix")
+
+
+def test_select_mix_names_a_missing_cell(tmp_path, capsys):
+    err = _fail(capsys, "select", "--sweep", write_sweep(tmp_path), "--mix", "2@128:1")
+    assert "cell batch 2 context 128 is not in" in err and "(it has 1@128, 1@512, 4@128, 4@512)" in err
+
+
+def test_roofline_speedup_mix_cells_join_the_grid(tmp_path, capsys):
+    sel = tmp_path / "sel.json"
+    printed = _run(capsys, "roofline", "speedup", "--model", "vicuna-7b", "--hardware", "h100-sxm",
+                   "--accuracy", MEDUSA_CSV, "--csv-model", "vicuna-7b", "--batch", "1", "--context", "1024",
+                   "--max-nodes", "16", "--mix", "1:0.5,3:0.5", "--select", sel).out
+    doc = json.loads(sel.read_text())
+    assert [(c["batch"], c["context"]) for c in doc["cells"]] == [(1, 1024), (3, 1024)]
+    assert [(c["batch"], c["weight"]) for c in doc["mix"]["cells"]] == [(1, 0.5), (3, 0.5)]
+    assert doc["mix"]["expected_tokens_per_s"] <= doc["mix"]["per_cell_best_tokens_per_s"]
+    assert "one tree for the mix" in printed
