@@ -239,3 +239,9 @@ def test_roofline_speedup_mix_cells_join_the_grid(tmp_path, capsys):
     assert [(c["batch"], c["weight"]) for c in doc["mix"]["cells"]] == [(1, 0.5), (3, 0.5)]
     assert doc["mix"]["expected_tokens_per_s"] <= doc["mix"]["per_cell_best_tokens_per_s"]
     assert "one tree for the mix" in printed
+
+
+def test_run_bad_mix_is_one_line_and_leaves_no_folder(tmp_path, capsys):
+    assert "--mix '1:x': entry '1:x': weight 'x' is not a number" in _fail(
+        capsys, "run", "--mix", "1:x", "-o", tmp_path / "r")
+    assert not (tmp_path / "r").exists()

@@ -29,6 +29,7 @@ from treeopt.app.validation import ValidationResult, format_validation, validate
 from treeopt.errors import UserError
 from treeopt.export import format_tree
 from treeopt.fileio import write_json, write_text
+from treeopt.mix import choose_mix_tree, format_mix, mix_grid_from_sweep, mix_section, parse_mix
 from treeopt.selection import format_selection, format_speedup, select
 from treeopt.tau import load_tau_curves
 from treeopt.tree import Tree
@@ -55,6 +56,7 @@ class RunSettings:
     hw_quick: bool = False
     threads: int | None = None            # torch CPU threads; None: 1 for small models on CPU
     seed: int = 0
+    mix: str | None = None                # traffic mix (CSV or inline spec): also choose one tree for it
 
 
 def _stage(out: Path, name: str, settings: dict, log) -> bool:
@@ -90,10 +92,11 @@ def run_main_job(out_dir, settings: RunSettings = RunSettings(), *, log=print, p
 
 
 def _run_main_job(out: Path, settings: RunSettings, *, log, progress: bool) -> dict:
+    s = settings
+    mix = parse_mix(s.mix) if s.mix is not None else None  # bad input fails before any work
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
     timings = {}
-    s = settings
 
     # 1. calibration statistics
     t0 = time.perf_counter()
@@ -166,8 +169,13 @@ def _run_main_job(out: Path, settings: RunSettings, *, log, progress: bool) -> d
 
     # 6. selection
     selection = select(sweep_df, proposal, by="measured", hardware=hw.name, model=s.model)
+    if mix is not None:
+        choice = choose_mix_tree(mix_grid_from_sweep(sweep_df), mix, source=str(out / "sweep.csv"))
+        selection["mix"] = mix_section(choice, proposal, mix)
     write_json(out / "selection.json", selection)
     log(format_selection(selection))
+    if mix is not None:
+        log(format_mix(selection["mix"]))
 
     # 7. validation on held-out prompts
     t0 = time.perf_counter()
@@ -182,6 +190,31 @@ def _run_main_job(out: Path, settings: RunSettings, *, log, progress: bool) -> d
     write_text(out / "index.md", _run_index(s, table, proposal, hw, selection, result, sweep_df, timings, method))
     log(f"report: {out / 'index.md'} ({timings['total_s']:.0f} s)")
     return {"selection": selection, "validation": result, "timings": timings}
+
+
+def _mix_markdown(mix: dict) -> str:
+    """The traffic-mix tree and what it loses, cell by cell, against each cell's own best
+    (docs/builders.md "One tree for a traffic mix")."""
+    n = mix["nodes"]
+    if n:
+        off = mix["off_from_batch"]
+        where = (f"speculation on up to batch {mix['speculate_up_to_batch']}"
+                 + (f", off from batch {off}" if off is not None else " (every batch of the mix)"))
+        what = f"**{n} nodes**, {where}: `medusa_choices = {mix['medusa_choices']}`"
+    else:
+        what = "**no speculation**: no tree pays on this mix"
+    ratio = mix["expected_tokens_per_s"] / mix["per_cell_best_tokens_per_s"]
+    L = ["### One tree for the traffic mix", "",
+         f"For the mix `{mix['source']}`, the one static tree of largest expected throughput is {what}. "
+         f"Expected {mix['expected_tokens_per_s']:.4g} tokens/s, {ratio:.1%} of every cell with its own best "
+         f"tree ({mix['per_cell_best_tokens_per_s']:.4g}); plain decoding {mix['plain_tokens_per_s']:.4g}.", "",
+         "| batch | context | weight | best nodes | best speedup | mix tree nodes | mix tree speedup | loss |",
+         "|---|---|---|---|---|---|---|---|"]
+    for c in mix["cells"]:
+        L.append(f"| {c['batch']} | {c['context']} | {c['weight']:.3f} | {c['best_nodes'] or 'none'} | "
+                 f"{format_speedup(c['best_speedup'])} | {c['mix_nodes'] or 'off'} | "
+                 f"{format_speedup(c['mix_speedup'])} | {c['loss_fraction']:.1%} |")
+    return "\n".join(L)
 
 
 def _md_table(df: pd.DataFrame, floatfmt: str = "{:.3f}") -> str:
@@ -221,6 +254,8 @@ def _run_index(s: RunSettings, table: AccuracyTable, proposal: Tree, hw, selecti
     for c in selection["cells"]:
         L.append(f"| {c['batch']} | {c['context']} | {c['nodes'] or 'no speculation'} | "
                  f"{format_speedup(c['measured_speedup'])} | {format_speedup(c.get('predicted_speedup'))} |")
+    if "mix" in selection:
+        L += ["", _mix_markdown(selection["mix"])]
     L += ["", "## 4. Validation on held-out prompts", "",
           "Measured tokens per step of the reference decoder against τ predicted from the table:", "",
           "![acceptance](validation_acceptance.png)", "",

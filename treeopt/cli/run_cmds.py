@@ -120,9 +120,12 @@ def validate_cmd(model, heads, device, dtype, threads, accuracy, sweep_file, met
 @click.option("--steps", type=AtLeast(2), default=32, show_default=True,
               help="Tokens generated per prompt (calibration and validation).")
 @click.option("--quick", is_flag=True, help="Quick hardware calibration and fewer validation prompts.")
+@click.option("--mix", "mix", default=None, metavar="FILE.csv|SPEC",
+              help="Also choose one tree for this traffic mix over the swept cells (CSV batch,context,weight "
+                   "or '1@128:0.5,8@512:0.5').")
 @click.option("-o", "--output", default="reports/run", show_default=True, metavar="DIR")
 def run_cmd(model, heads, device, dtype, threads, data, validation_data, batches, contexts, sizes, repeats, steps,
-            quick, output):
+            quick, mix, output):
     """The main job: calibrate -> build trees -> calibrate the hardware profile -> predict ->
     sweep -> select -> validate -> report. Stages already done in DIR are kept, so an
     interrupted run continues where it stopped."""
@@ -130,5 +133,5 @@ def run_cmd(model, heads, device, dtype, threads, data, validation_data, batches
                            device=device, dtype=dtype, steps=steps, sizes=sizes, max_nodes=max(max(sizes), 1),
                            batches=batches, contexts=contexts, repeats=repeats,
                            validation_sizes=tuple(n for n in sizes if n > 0) or (1,),
-                           hw_quick=quick, threads=threads, validation_prompts=32 if quick else None)
+                           hw_quick=quick, threads=threads, validation_prompts=32 if quick else None, mix=mix)
     run_main_job(output, settings, log=lambda m: click.echo(m, err=True))
