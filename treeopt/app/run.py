@@ -39,6 +39,7 @@ from treeopt.tree import Tree
 class RunSettings:
     model: str = "demo"
     heads: str | None = None
+    num_heads: int | None = None          # heads used of those the weights hold; None: the config's
     data: str = "demo"
     validation_data: str = DEMO_VALIDATION
     device: str = "auto"
@@ -101,13 +102,13 @@ def _run_main_job(out: Path, settings: RunSettings, *, log, progress: bool) -> d
     # 1. calibration statistics
     t0 = time.perf_counter()
     cal_settings = {"model": s.model, "heads": s.heads, "data": s.data, "steps": s.steps, "topk": s.topk,
-                    "dtype": s.dtype, "seed": s.seed}
+                    "dtype": s.dtype, "seed": s.seed} | ({"num_heads": s.num_heads} if s.num_heads else {})
     done = _stage(out, "calibrate", cal_settings, log)
     acc_file = out / "accuracy.json"
     if not (done and acc_file.is_file()):
         log(f"[calibrate] {s.model} on {s.data}: {s.steps} greedy tokens per prompt, top-{s.topk}")
         run_calibration(s.model, s.heads, s.data, output=acc_file, device=s.device, dtype=s.dtype,
-                        steps=s.steps, topk=s.topk, seed=s.seed, resume=True, progress=progress)
+                        num_heads=s.num_heads, steps=s.steps, topk=s.topk, seed=s.seed, resume=True, progress=progress)
         _mark(out, "calibrate", cal_settings)
     timings["calibrate_s"] = time.perf_counter() - t0
 
@@ -122,7 +123,7 @@ def _run_main_job(out: Path, settings: RunSettings, *, log, progress: bool) -> d
         f"{tau.independent[-1]:.3f} independent" + (f", {tau.joint[-1]:.3f} joint" if tau.joint is not None else "")
         + (f", {tau.walked[-1]:.3f} walked" if tau.walked is not None else ""))
 
-    lm = load_model(s.model, s.heads, device=s.device, dtype=s.dtype)
+    lm = load_model(s.model, s.heads, device=s.device, dtype=s.dtype, num_heads=s.num_heads)
     if lm.device.type == "cpu":
         # One thread count for every measurement of the run (profile, sweep, validation).
         threads = s.threads or default_threads(lm.model, lm.device) or torch.get_num_threads()

@@ -17,7 +17,7 @@ from treeopt.cli.options import AtLeast
 from treeopt.errors import UserError
 from treeopt.export import text_table
 
-_RUN_OPTIONS = ("model", "heads", "data", "steps", "topk", "labels", "batch_size", "prompt_tokens",
+_RUN_OPTIONS = ("model", "heads", "num_heads", "data", "steps", "topk", "labels", "batch_size", "prompt_tokens",
                 "max_prompts", "checkpoint", "checkpoint_every", "resume", "seed", "device", "dtype",
                 "threads", "no_joint")
 
@@ -28,6 +28,8 @@ _RUN_OPTIONS = ("model", "heads", "data", "steps", "topk", "labels", "batch_size
 @click.option("--heads", default=None, metavar="DIR",
               help="Medusa heads directory (config.json + medusa_lm_head.safetensors/.pt). "
                    "Default: MODEL/heads.")
+@click.option("--num-heads", type=AtLeast(1), default=None, metavar="K",
+              help="Use this many of the Medusa heads the weights hold [default: the heads config's medusa_num_heads].")
 @click.option("--data", default="demo", show_default=True, metavar="demo|FILE|DIR",
               help="Prompts: the bundled demo set, a JSON-lines file (field prompt, instruction, "
                    "text or turns), a text/code file, or a directory of them (cut into prompts).")
@@ -62,7 +64,7 @@ _RUN_OPTIONS = ("model", "heads", "data", "steps", "topk", "labels", "batch_size
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar and no summary.")
 @click.option("-o", "--output", required=True, metavar="FILE", help="Accuracy table to write (JSON).")
 @click.pass_context
-def calibrate_cmd(ctx, model, heads, data, labels, steps, topk, batch_size, prompt_tokens, max_prompts,
+def calibrate_cmd(ctx, model, heads, num_heads, data, labels, steps, topk, batch_size, prompt_tokens, max_prompts,
                   checkpoint, checkpoint_every, resume, seed, device, dtype, threads, no_joint,
                   import_file, quiet, output):
     """Measure how often each draft head's rank-r proposal is right, and write an accuracy
@@ -91,7 +93,7 @@ def calibrate_cmd(ctx, model, heads, data, labels, steps, topk, batch_size, prom
 
     try:
         result = run_calibration(
-            model, heads, data, output=output, device=device, dtype=dtype,
+            model, heads, data, output=output, device=device, dtype=dtype, num_heads=num_heads,
             prompt_tokens=prompt_tokens, max_prompts=max_prompts, threads=threads,
             checkpoint=checkpoint if checkpoint is not None else "auto",
             steps=steps, topk=topk, labels=labels, batch_size=batch_size,
