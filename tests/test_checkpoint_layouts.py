@@ -7,13 +7,17 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
 from calibration.heads import MedusaHeads
+from calibration.medusa_import import import_medusa_accuracy
 from calibration.models import load_model, tiny_model_for_tests
 from roofline.shapes import DraftHeadsShape, load_heads_shape
+from treeopt.accuracy import load_accuracy
+from treeopt.build import build_tree
 from treeopt.cli import main
 from treeopt.errors import UserError
 
@@ -204,3 +208,57 @@ def test_load_model_full_checkpoint_and_num_heads(tmp_path, capsys):
     assert lm.heads.num_heads == 3
     for key, value in heads_state.items():
         torch.testing.assert_close(lm.heads.state_dict()[key], value)
+
+
+def _authors_greedy(acc, max_depth: int, max_child: int, num_iterations: int) -> set:
+    """medusa/eval/gen_results.py `explore_graph`, restated: start from (0,), repeatedly add
+    the best neighbour (next sibling rank, or first child) by the product of accuracies."""
+    def value(node):
+        v = 1.0
+        for depth, r in enumerate(node):
+            v *= float(acc[depth, r])
+        return v
+    accepted = [(0,)]
+    for _ in range(num_iterations):
+        neighbours = []
+        for node in accepted:
+            if node[-1] < max_child - 1:
+                neighbours.append(node[:-1] + (node[-1] + 1,))
+            if len(node) < max_depth:
+                neighbours.append(node + (0,))
+        best, best_value = None, 0.0
+        for n in neighbours:
+            if n not in accepted and value(n) > best_value:
+                best, best_value = n, value(n)
+        accepted.append(best)
+    return set(accepted)
+
+
+def test_import_normalize_medusa_rebuilds_the_authors_tree(tmp_path, capsys):
+    rng = np.random.default_rng(3)
+    rows = (900, 880, 860)
+    results = []
+    for k, n in enumerate(rows):
+        t = torch.zeros(n, 10, dtype=torch.bool)
+        rank = rng.geometric(0.45 - 0.1 * k, size=n) - 1
+        hit = rank < 10
+        t[np.flatnonzero(hit), rank[hit]] = True
+        results.append(t)
+    path = tmp_path / "heads_accuracy.pt"
+    torch.save(results, path)
+    out = tmp_path / "acc.json"
+    main(["calibrate", "--import", str(path), "--normalize", "medusa", "-o", str(out)])
+    table = load_accuracy(out)
+    # gen_results.py: test_accuracy[i].sum(0) / 16100
+    authors = torch.stack([t.sum(0) / 16100 for t in results]).numpy()
+    np.testing.assert_allclose(table.accuracy, authors)
+    assert table.joint is None and "16100" in table.provenance["normalization"]
+    tree = build_tree(table, 12, "greedy")
+    assert set(tree.paths) == _authors_greedy(authors, max_depth=3, max_child=10, num_iterations=11)
+    # each head by its own rows: a different table, so possibly a different tree
+    own = import_medusa_accuracy(path)
+    np.testing.assert_allclose(own.accuracy[1], results[1].sum(0).numpy() / 880)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exc:
+        main(["calibrate", "--normalize", "medusa", "-o", str(tmp_path / "x.json")])
+    assert exc.value.code == 2 and "--normalize: only meaningful with --import" in capsys.readouterr().err

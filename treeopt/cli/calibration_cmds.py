@@ -8,7 +8,7 @@ import sys
 import click
 import numpy as np
 
-from calibration.medusa_import import import_medusa_accuracy
+from calibration.medusa_import import NORMALIZATIONS, import_medusa_accuracy
 from calibration.runner import CalibrationInterrupted, run_calibration
 from treeopt.app.hwcalibrate import calibrate_hardware
 from treeopt.acceptance import rank_vectors_path
@@ -61,12 +61,15 @@ _RUN_OPTIONS = ("model", "heads", "num_heads", "data", "steps", "topk", "labels"
 @click.option("--no-joint", is_flag=True, help="Skip the joint rank-vector prefix counts.")
 @click.option("--import", "import_file", default=None, metavar="FILE.pt",
               help="Instead of running, convert the output of Medusa's heads_accuracy.py.")
+@click.option("--normalize", type=click.Choice(NORMALIZATIONS), default="own", show_default=True,
+              help="With --import: each head by its own positions, or every head by one count as Medusa's "
+                   "gen_results.py does (to rebuild the authors' tree from the file).")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar and no summary.")
 @click.option("-o", "--output", required=True, metavar="FILE", help="Accuracy table to write (JSON).")
 @click.pass_context
 def calibrate_cmd(ctx, model, heads, num_heads, data, labels, steps, topk, batch_size, prompt_tokens, max_prompts,
                   checkpoint, checkpoint_every, resume, seed, device, dtype, threads, no_joint,
-                  import_file, quiet, output):
+                  import_file, normalize, quiet, output):
     """Measure how often each draft head's rank-r proposal is right, and write an accuracy
     table (treeopt.accuracy/v1) for `treeopt build`.
 
@@ -77,12 +80,14 @@ def calibrate_cmd(ctx, model, heads, num_heads, data, labels, steps, topk, batch
           --steps 64 --batch-size 16 --device cuda -o acc.json
       treeopt calibrate --import vicuna_heads_accuracy.pt -o acc.json
     """
+    if import_file is None and ctx.get_parameter_source("normalize") == click.core.ParameterSource.COMMANDLINE:
+        raise UserError("--normalize: only meaningful with --import")
     if import_file is not None:
         given = [name for name in _RUN_OPTIONS
                  if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE]
         if given:
             raise UserError(f"--import: cannot be combined with --{given[0].replace('_', '-')}")
-        table = import_medusa_accuracy(import_file)
+        table = import_medusa_accuracy(import_file, normalize=normalize)
         table.save(output)
         # Medusa's file has no rank vectors: a sidecar left by an earlier run would be stale.
         rank_vectors_path(output).unlink(missing_ok=True)
