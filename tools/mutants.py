@@ -49,6 +49,7 @@ GRID_TESTS = ("tests/test_roofline_grid.py",)
 BUILD_TESTS = ("tests/test_build.py",)
 ACCURACY_TESTS = ("tests/test_accuracy.py", "tests/test_build.py")
 ACCEPTANCE_TESTS = ("tests/test_acceptance.py",)
+MIX_TESTS = ("tests/test_mix.py",)
 
 
 @dataclass(frozen=True)
@@ -221,6 +222,18 @@ MUTANTS = (
            "return max(0.0, (many.time_s - one.time_s) / (many.batch * shape.heads))",
            "hardware calibration's attention block overhead without the B x one-sequence part",
            ("tests/test_hwfit.py",)),
+    # ---- treeopt/mix.py: one tree for a traffic mix; calibration/medusa_import.py normalisation
+    Mutant("mix-mean-speedup", "treeopt/mix.py",
+           "gain = weight[:, None] * plain_tps[:, None] * (speed - threshold)",
+           "gain = weight[:, None] * (speed - threshold)",
+           "the mix weighs speedups, not tokens per second", MIX_TESTS),
+    Mutant("mix-no-cutoff-cumsum", "treeopt/mix.py",
+           "np.cumsum(per_batch, axis=0)", "per_batch",
+           "speculation on for one batch only instead of every batch up to the cut-off", MIX_TESTS),
+    Mutant("mix-loss-inverted", "treeopt/mix.py", "float(1.0 - ms / bs)", "float(1.0 - bs / ms)",
+           "the per-cell loss inverted", MIX_TESTS),
+    Mutant("import-medusa-count", "calibration/medusa_import.py", "MEDUSA_GEN_RESULTS_COUNT = 16100",
+           "MEDUSA_GEN_RESULTS_COUNT = 16000", "gen_results.py's count wrong", ("tests/test_checkpoint_layouts.py",)),
 )
 
 
