@@ -9,10 +9,11 @@ vocabulary. Subclassing ModuleList makes the state-dict keys exactly Medusa's:
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
@@ -22,6 +23,10 @@ from treeopt.fileio import atomic_path, read_json_input, write_json
 CONFIG_NAME = "config.json"
 WEIGHTS_SAFETENSORS = "medusa_lm_head.safetensors"
 WEIGHTS_PT = "medusa_lm_head.pt"
+# a Medusa-1.0 full checkpoint: the heads live in the model's own weight files under this prefix
+FULL_PREFIX = "medusa_head."
+MODEL_SAFETENSORS = "model.safetensors"
+MODEL_BIN = "pytorch_model.bin"
 
 
 class ResBlock(nn.Module):
@@ -60,24 +65,56 @@ class MedusaHeads(nn.ModuleList):
                 head[-1].weight.copy_(lm_head_weight)
 
     @classmethod
-    def from_pretrained(cls, path, *, device=None, dtype=None) -> MedusaHeads:
-        """Load a Medusa heads directory: config.json + medusa_lm_head.{safetensors,pt}."""
+    def from_pretrained(cls, path, *, device=None, dtype=None, num_heads: int | None = None,
+                        lm_head_weight: torch.Tensor | None = None, warn=None) -> MedusaHeads:
+        """Load Medusa heads in any of the layouts of docs/formats.md "Medusa heads": a heads
+        directory (config.json + medusa_lm_head.{safetensors,pt}), a Medusa-1.0 full checkpoint
+        (`medusa_head.*` keys inside the model's weights, possibly sharded), or "medusa2" heads
+        (`"version": "2"`: ResBlocks only, the projection is the base model's `lm_head_weight`).
+
+        num_heads: use this many heads of the weights instead of config.json's medusa_num_heads.
+        When the weights hold more heads than the config says (the published Vicuna v1.3
+        configs say 2 while the weights hold 5), `warn` gets one line and the config's count is
+        used unless num_heads says otherwise."""
         path = Path(path)
+        warn = warn or _warn
         config_file = path / CONFIG_NAME
         if not config_file.is_file():
             raise UserError(f"{path}: not a Medusa heads directory (no {CONFIG_NAME})")
         config = read_json_input(config_file, "a Medusa heads config")
         if not isinstance(config, dict):
             raise UserError(f"{config_file}: expected a JSON object (a Medusa heads config)")
-        for key in ("medusa_num_heads", "medusa_num_layers"):
-            if not isinstance(config.get(key), int) or config[key] < (1 if key == "medusa_num_heads" else 0):
-                raise UserError(f"{config_file}: missing or invalid '{key}'")
+        configured = config.get("medusa_num_heads")
+        if isinstance(configured, bool) or not isinstance(configured, int) or configured < 1:
+            raise UserError(f"{config_file}: missing or invalid 'medusa_num_heads'")
+        # why 1: a config without medusa_num_layers means one ResBlock in the Medusa authors'
+        # MedusaConfig (docs/formats.md "Medusa heads")
+        num_layers = config.get("medusa_num_layers", 1)
+        if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 0:
+            raise UserError(f"{config_file}: invalid 'medusa_num_layers' {num_layers!r}")
+        shares_lm_head = str(config.get("version", "1")) == "2"
         state = _load_state_dict(path)
-        num_heads, num_layers = config["medusa_num_heads"], config["medusa_num_layers"]
-        proj = state.get(f"0.{num_layers}.weight")
-        if proj is None or proj.ndim != 2:
-            raise UserError(f"{path}: weights lack key '0.{num_layers}.weight' (head 0's projection)")
-        vocab_size, hidden_size = proj.shape
+        stored = _heads_in(state)
+        if num_heads is None:
+            num_heads = configured
+            if stored > configured:
+                warn(f"treeopt: warning: {path}: the weights hold {stored} heads but {CONFIG_NAME} says "
+                     f"medusa_num_heads {configured}; using {configured} (the Medusa authors' code uses all "
+                     f"{stored}: pass --num-heads {stored} to do the same)")
+        elif num_heads < 1 or num_heads > stored:
+            raise UserError(f"--num-heads: {path} holds {stored} heads, asked for {num_heads}")
+        if shares_lm_head:
+            if lm_head_weight is None:
+                raise UserError(f"{path}: medusa2 heads (\"version\": \"2\") project with the base model's "
+                                "lm_head, which was not given")
+            vocab_size, hidden_size = lm_head_weight.shape
+            state = {**state, **{f"{k}.{num_layers}.weight": lm_head_weight.detach().to("cpu")
+                                 for k in range(num_heads)}}
+        else:
+            proj = state.get(f"0.{num_layers}.weight")
+            if proj is None or proj.ndim != 2:
+                raise UserError(f"{path}: weights lack key '0.{num_layers}.weight' (head 0's projection)")
+            vocab_size, hidden_size = proj.shape
         heads = cls(hidden_size, vocab_size, num_heads, num_layers)
         expected = heads.state_dict()
         missing = [k for k in expected if k not in state]
@@ -93,12 +130,27 @@ class MedusaHeads(nn.ModuleList):
         heads.base_model_name_or_path = config.get("base_model_name_or_path", "")
         return heads.to(device=device, dtype=dtype).eval()
 
-    def save_pretrained(self, path, *, base_model_name_or_path: str = "", dtype=torch.bfloat16) -> None:
+    def save_pretrained(self, path, *, base_model_name_or_path: str = "", dtype=torch.bfloat16,
+                        format: str = "safetensors", warn=None) -> None:
+        """config.json + medusa_lm_head.safetensors, or medusa_lm_head.pt (format="pt") for
+        the Medusa authors' loader, which reads only the .pt file."""
+        if format not in ("safetensors", "pt"):
+            raise UserError(f"format: must be 'safetensors' or 'pt', got {format!r}")
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         state = {k: v.detach().to("cpu", dtype).contiguous() for k, v in self.state_dict().items()}
-        with atomic_path(path / WEIGHTS_SAFETENSORS) as tmp:
-            save_file(state, str(tmp))
+        if format == "pt":
+            if self.num_layers >= 2:
+                # why: the authors' loader builds `[ResBlock(h)] * L`, one module object repeated,
+                # so the L stored ResBlocks collapse into one (docs/formats.md "Medusa heads")
+                (warn or _warn)(f"treeopt: warning: {path / WEIGHTS_PT}: heads with {self.num_layers} ResBlocks "
+                                "load wrong in the Medusa authors' code (it shares one ResBlock object across "
+                                "layers); treeopt and weights-only loaders read them correctly")
+            with atomic_path(path / WEIGHTS_PT) as tmp:
+                torch.save(state, tmp)
+        else:
+            with atomic_path(path / WEIGHTS_SAFETENSORS) as tmp:
+                save_file(state, str(tmp))
         write_json(
             path / CONFIG_NAME,
             {
@@ -111,6 +163,16 @@ class MedusaHeads(nn.ModuleList):
         )
 
 
+def _warn(message: str) -> None:
+    print(message, file=sys.stderr)
+
+
+def _heads_in(state: dict) -> int:
+    """The number of heads a state dict holds: 1 + the largest leading index `{k}.`."""
+    ks = [int(key.split(".", 1)[0]) for key in state if key.split(".", 1)[0].isdigit()]
+    return max(ks) + 1 if ks else 0
+
+
 def _load_state_dict(path: Path) -> dict[str, torch.Tensor]:
     if (path / WEIGHTS_SAFETENSORS).is_file():
         try:
@@ -118,11 +180,52 @@ def _load_state_dict(path: Path) -> dict[str, torch.Tensor]:
         except (SafetensorError, OSError) as err:
             raise UserError(f"{path / WEIGHTS_SAFETENSORS}: cannot read ({err})") from None
     if (path / WEIGHTS_PT).is_file():
-        try:
-            state = torch.load(path / WEIGHTS_PT, map_location="cpu", weights_only=True)
-        except Exception as err:  # noqa: BLE001 - torch.load raises many types for a corrupt pickle
-            raise UserError(f"{path / WEIGHTS_PT}: cannot read ({err})") from None
+        state = _torch_load(path / WEIGHTS_PT)
         if not isinstance(state, dict):
             raise UserError(f"{path / WEIGHTS_PT}: expected a state dict, found {type(state).__name__}")
         return state
-    raise UserError(f"{path}: no {WEIGHTS_SAFETENSORS} or {WEIGHTS_PT}")
+    state = _full_checkpoint_heads(path)
+    if state is None:
+        raise UserError(f"{path}: no {WEIGHTS_SAFETENSORS} or {WEIGHTS_PT}, and no '{FULL_PREFIX}*' weights in "
+                        "the model's weight files")
+    return state
+
+
+def _torch_load(file: Path):
+    try:
+        return torch.load(file, map_location="cpu", weights_only=True)
+    except Exception as err:  # noqa: BLE001 - torch.load raises many types for a corrupt pickle
+        raise UserError(f"{file}: cannot read ({err})") from None
+
+
+def _full_checkpoint_heads(path: Path) -> dict[str, torch.Tensor] | None:
+    """The heads of a Medusa-1.0 full checkpoint: the `medusa_head.` keys of the model's weight
+    files (one file, or shards listed by an index JSON), with that prefix removed."""
+    files: list[Path] = []
+    for single, index in ((MODEL_SAFETENSORS, MODEL_SAFETENSORS + ".index.json"),
+                          (MODEL_BIN, MODEL_BIN + ".index.json")):
+        if (path / index).is_file():
+            doc = read_json_input(path / index, "a weights index")
+            weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
+            if not isinstance(weight_map, dict):
+                raise UserError(f"{path / index}: no 'weight_map' (not a sharded-weights index)")
+            files = sorted({path / f for k, f in weight_map.items() if k.startswith(FULL_PREFIX)})
+        elif (path / single).is_file():
+            files = [path / single]
+        if files:
+            break
+    state: dict[str, torch.Tensor] = {}
+    for file in files:
+        if file.suffix == ".safetensors":
+            try:
+                with safe_open(str(file), framework="pt") as f:
+                    state.update({k: f.get_tensor(k) for k in f.keys() if k.startswith(FULL_PREFIX)})
+            except (SafetensorError, OSError) as err:
+                raise UserError(f"{file}: cannot read ({err})") from None
+        else:
+            loaded = _torch_load(file)
+            if not isinstance(loaded, dict):
+                raise UserError(f"{file}: expected a state dict, found {type(loaded).__name__}")
+            state.update({k: v for k, v in loaded.items() if k.startswith(FULL_PREFIX)})
+    state = {k.removeprefix(FULL_PREFIX): v for k, v in state.items()}
+    return state or None

@@ -18,6 +18,11 @@ Conversion, through the rank vectors every table is counted from
   heads as one position (true when the file was written that way, e.g. with a single head).
   Medusa's own files have different row counts per head, whose rows are not aligned, so they
   get no joint statistics (``joint`` is None).
+
+With ``normalize="medusa"`` the table reproduces the authors' ``medusa/eval/gen_results.py``
+instead: it divides every head's per-rank hit count by one hard-coded count, 16100
+(``test_accuracy[i].sum(0)/16100``), whatever the file's row counts. A tree built from that
+table is the authors' tree for the file (docs/formats.md "Medusa's heads_accuracy.py output").
 """
 
 from __future__ import annotations
@@ -31,6 +36,10 @@ import torch
 from calibration.runner import run_date, tool_versions
 from treeopt.accuracy import AccuracyTable, joint_counts_from_ranks, rank_hits
 from treeopt.errors import UserError
+
+NORMALIZATIONS = ("own", "medusa")
+#: the count `medusa/eval/gen_results.py` divides every head by (`load_accuracy_table`)
+MEDUSA_GEN_RESULTS_COUNT = 16100
 
 
 def medusa_rank_matrix(results, source: str = "results") -> np.ndarray:
@@ -71,8 +80,12 @@ def medusa_rank_matrix(results, source: str = "results") -> np.ndarray:
     return matrix
 
 
-def import_medusa_accuracy(path: str | Path):
-    """Read Medusa's ``*_heads_accuracy.pt`` and return an `AccuracyTable` (see module doc)."""
+def import_medusa_accuracy(path: str | Path, normalize: str = "own"):
+    """Read Medusa's ``*_heads_accuracy.pt`` and return an `AccuracyTable` (see module doc):
+    normalize="own" divides each head by its own rows, "medusa" every head by gen_results.py's
+    16100."""
+    if normalize not in NORMALIZATIONS:
+        raise UserError(f"--normalize: must be one of {', '.join(NORMALIZATIONS)}, got {normalize!r}")
     path = Path(path)
     if not path.is_file():
         raise UserError(f"--import: {path} does not exist")
@@ -86,7 +99,14 @@ def import_medusa_accuracy(path: str | Path):
     if counts.positions.min() == 0:
         raise UserError(f"{path}: head {int(np.argmin(counts.positions))} has no positions")
     joint = None
-    if len(set(counts.positions.tolist())) == 1:
+    positions = counts.positions
+    if normalize == "medusa":
+        positions = np.full(positions.shape, float(MEDUSA_GEN_RESULTS_COUNT))
+        over = np.flatnonzero(counts.hits.sum(axis=1) > MEDUSA_GEN_RESULTS_COUNT)
+        if over.size:
+            raise UserError(f"{path}: head {int(over[0])} has more hits than gen_results.py's count "
+                            f"{MEDUSA_GEN_RESULTS_COUNT}: --normalize medusa cannot apply to this file")
+    elif len(set(counts.positions.tolist())) == 1:
         joint = dict(sorted(joint_counts_from_ranks(ranks, width).items()))
     provenance = {
         "model": None,
@@ -99,9 +119,12 @@ def import_medusa_accuracy(path: str | Path):
         "topk": width,
         "positions": int(counts.positions[0]),
         "joint": "rows aligned across heads" if joint is not None
+                 else "none: --normalize medusa" if normalize == "medusa"
                  else "none: heads have different row counts, rows not aligned",
+        "normalization": (f"every head divided by {MEDUSA_GEN_RESULTS_COUNT}, as Medusa's gen_results.py"
+                          if normalize == "medusa" else "each head divided by its own rows"),
         "date": run_date(),
         **tool_versions(),
     }
-    return AccuracyTable(hits=counts.hits, positions=counts.positions, joint=joint,
+    return AccuracyTable(hits=counts.hits, positions=positions, joint=joint,
                          provenance=provenance)

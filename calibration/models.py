@@ -63,11 +63,13 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 
 def load_model(model: str = "demo", heads: str | None = None, *, device: str = "auto",
-               dtype: str = "auto") -> LoadedModel:
+               dtype: str = "auto", num_heads: int | None = None) -> LoadedModel:
     """Load `model` ("demo" or a local directory) with transformers and its Medusa heads.
 
     Heads come from `heads` (a Medusa heads directory) or, when omitted, from the model's own
-    (`treeopt.layout.default_heads_dir`).
+    (`treeopt.layout.default_heads_dir`: a heads sub-directory, or the model directory itself
+    for a Medusa-1.0 full checkpoint). num_heads overrides the heads config's
+    medusa_num_heads (`MedusaHeads.from_pretrained`).
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
@@ -95,7 +97,8 @@ def load_model(model: str = "demo", heads: str | None = None, *, device: str = "
     except (OSError, ValueError, KeyError) as err:
         raise UserError(f"--model: cannot load {model_dir}: {str(err).splitlines()[0]}") from None
     base = base.to(torch_device).eval()
-    draft = MedusaHeads.from_pretrained(heads_dir, device=torch_device, dtype=torch_dtype)
+    draft = MedusaHeads.from_pretrained(heads_dir, device=torch_device, dtype=torch_dtype, num_heads=num_heads,
+                                        lm_head_weight=base.get_output_embeddings().weight)
 
     hidden, vocab = base.config.hidden_size, base.get_output_embeddings().weight.shape[0]
     if draft.hidden_size != hidden:

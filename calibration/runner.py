@@ -264,18 +264,18 @@ def run_calibration(model: str = "demo", heads: str | None = None, data: str = "
                     output: str | Path | None = None, device: str = "auto", dtype: str = "auto",
                     prompt_tokens: int = 128, max_prompts: int | None = None,
                     checkpoint: str | Path | None = "auto", threads: int | None = None,
-                    **options) -> CalibrationResult:
+                    num_heads: int | None = None, **options) -> CalibrationResult:
     """Load model, heads and data, calibrate, and save the table to `output` (if given) and
     its rank vectors beside it, ``<output stem>.ranks.npz``
     (`treeopt.acceptance.rank_vectors_path`, `save_rank_vectors`).
 
     `checkpoint="auto"`: `OUTPUT.partial` when `output` is given, else no checkpoints.
-    `threads`: CPU threads for torch (None: `calibration.threads.default_threads`). Other keyword
-    arguments go to `calibrate`.
+    `threads`: CPU threads for torch (None: `calibration.threads.default_threads`). `num_heads`:
+    heads used of those the weights hold (`load_model`). Other keyword arguments go to `calibrate`.
     """
     if threads is not None and threads < 1:
         raise UserError(f"--threads: must be at least 1, got {threads}")
-    loaded = load_model(model, heads, device=device, dtype=dtype)
+    loaded = load_model(model, heads, device=device, dtype=dtype, num_heads=num_heads)
     # One prompt beyond --max-prompts tells whether the run leaves data unused (then the
     # checkpoint stays for --resume).
     prompts = load_prompts(data, loaded.tokenizer, prompt_tokens=prompt_tokens,

@@ -153,16 +153,28 @@ def draft_heads_shape(shape: ModelShape, num_heads: int, num_layers: int = 1) ->
     return DraftHeadsShape(int(num_heads), int(num_layers), shape.hidden, shape.vocab)
 
 
-def load_heads_shape(path) -> DraftHeadsShape:
-    """Read a Medusa heads `config.json` (or the directory holding it)."""
+def load_heads_shape(path, *, hidden_size: int | None = None, vocab_size: int | None = None) -> DraftHeadsShape:
+    """Read a Medusa heads `config.json` (or the directory holding it).
+
+    The published heads configs hold only medusa_num_heads/medusa_num_layers (docs/formats.md
+    "Medusa heads"): hidden size and vocabulary then come from `hidden_size`/`vocab_size` (the
+    model's) or from the config.json of the model directory the heads sit in. A config without
+    medusa_num_layers means 1 ResBlock, as in the Medusa authors' code."""
     path = Path(path)
     file = path / "config.json" if path.is_dir() else path
     cfg = _read_json(file)
-    missing = [k for k in ("medusa_num_heads", "hidden_size", "vocab_size") if k not in cfg]
-    if missing:
-        raise UserError(f"{file}: missing key '{missing[0]}' (not a Medusa heads config)")
+    if "medusa_num_heads" not in cfg:
+        raise UserError(f"{file}: missing key 'medusa_num_heads' (not a Medusa heads config)")
+    model_cfg_file = file.parent.parent / "config.json"
+    model_cfg = _read_json(model_cfg_file) if model_cfg_file.is_file() and model_cfg_file != file else {}
+    dims = {}
+    for key, given in (("hidden_size", hidden_size), ("vocab_size", vocab_size)):
+        value = cfg.get(key, given if given is not None else model_cfg.get(key))
+        if value is None:
+            raise UserError(f"{file}: missing key '{key}' (and no model config beside it to take it from)")
+        dims[key] = int(value)
     return DraftHeadsShape(int(cfg["medusa_num_heads"]), int(cfg.get("medusa_num_layers", 1)),
-                           int(cfg["hidden_size"]), int(cfg["vocab_size"]))
+                           dims["hidden_size"], dims["vocab_size"])
 
 
 # --- built-in shapes -------------------------------------------------------------------------
@@ -320,7 +332,7 @@ def resolve_heads(model_spec, shape: ModelShape, *, num_heads: int | None = None
     Medusa heads config next to the model, else 5; L = num_layers, else that config's, else 1.
     Hidden size and vocabulary are the model's."""
     near = heads_config_near(model_spec)
-    near_shape = load_heads_shape(near) if near is not None else None
+    near_shape = load_heads_shape(near, hidden_size=shape.hidden, vocab_size=shape.vocab) if near is not None else None
     if num_heads is None:
         num_heads = accuracy_heads if accuracy_heads is not None else (
             near_shape.num_heads if near_shape is not None else 5)

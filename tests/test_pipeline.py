@@ -1,11 +1,12 @@
 """The main job end to end on the bundled demo model, at a small size."""
 
 import json
+from dataclasses import replace
 
 import pytest
 
-from treeopt.cli import main
 from treeopt.app.run import RunSettings, run_main_job
+from treeopt.cli import main
 from treeopt.tree import make_tree
 
 SMALL = RunSettings(steps=8, sizes=(0, 1, 4), max_nodes=4, batches=(1, 2), contexts=(32,), repeats=3,
@@ -44,11 +45,16 @@ def test_run_main_job_writes_a_consistent_report_and_resumes(tmp_path):
     index = (out / "index.md").read_text()
     assert "validation_acceptance.png" in index and "prediction/index.md" in index
 
-    # a rerun keeps every stage done with the same settings
+    # a rerun keeps every stage done with the same settings; a traffic mix adds its tree
     logs.clear()
-    run_main_job(out, SMALL, log=logs.append, progress=False)
+    run_main_job(out, replace(SMALL, mix="1:0.5,2:0.5"), log=logs.append, progress=False)
     assert any("[calibrate] done earlier" in m for m in logs)
     assert any("[hardware] done earlier" in m for m in logs)
+    mix = json.loads((out / "selection.json").read_text())["mix"]
+    assert [(c["batch"], c["context"], c["weight"]) for c in mix["cells"]] == [(1, 32, 0.5), (2, 32, 0.5)]
+    assert mix["medusa_choices"] == proposal.prefix(mix["nodes"]).to_choices()
+    assert mix["expected_tokens_per_s"] <= mix["per_cell_best_tokens_per_s"] * (1 + 1e-9)
+    assert "### One tree for the traffic mix" in (out / "index.md").read_text()
 
 
 def test_run_bad_option_is_one_line(capsys, tmp_path):

@@ -50,6 +50,7 @@ BUILD_TESTS = ("tests/test_build.py",)
 ACCURACY_TESTS = ("tests/test_accuracy.py", "tests/test_build.py")
 ACCEPTANCE_TESTS = ("tests/test_acceptance.py",)
 ENGINE_TESTS = ("tests/test_engines.py",)
+MIX_TESTS = ("tests/test_mix.py",)
 
 
 @dataclass(frozen=True)
@@ -235,6 +236,18 @@ MUTANTS = (
     Mutant("engine-left-closed", "treeopt/family_build.py", "if d + 1 <= limits.left_closed_depth:",
            "if d + 1 < limits.left_closed_depth:", "family greedy forgets the left-closed rule at its last depth",
            ENGINE_TESTS),
+    # ---- treeopt/mix.py: one tree for a traffic mix; calibration/medusa_import.py normalisation
+    Mutant("mix-mean-speedup", "treeopt/mix.py",
+           "gain = weight[:, None] * plain_tps[:, None] * (speed - threshold)",
+           "gain = weight[:, None] * (speed - threshold)",
+           "the mix weighs speedups, not tokens per second", MIX_TESTS),
+    Mutant("mix-no-cutoff-cumsum", "treeopt/mix.py",
+           "np.cumsum(per_batch, axis=0)", "per_batch",
+           "speculation on for one batch only instead of every batch up to the cut-off", MIX_TESTS),
+    Mutant("mix-loss-inverted", "treeopt/mix.py", "float(1.0 - ms / bs)", "float(1.0 - bs / ms)",
+           "the per-cell loss inverted", MIX_TESTS),
+    Mutant("import-medusa-count", "calibration/medusa_import.py", "MEDUSA_GEN_RESULTS_COUNT = 16100",
+           "MEDUSA_GEN_RESULTS_COUNT = 16000", "gen_results.py's count wrong", ("tests/test_checkpoint_layouts.py",)),
 )
 
 

@@ -28,7 +28,7 @@ from treeopt.tree import Tree, make_tree
 
 __all__ = ["SWEEP_COLUMNS", "REQUIRED", "SELECTION_FORMAT", "read_sweep", "select", "measured_speedup",
            "prediction_regret", "proposal_from_meta", "sweep_meta_path", "best_per_cell", "selection_from_grid",
-           "format_selection", "format_speedup", "selection_from_grid_file"]
+           "format_selection", "format_speedup", "selection_from_grid_file", "read_grid_with_proposal"]
 
 # Columns of a sweep CSV (calibration/sweep.py writes them; all numeric):
 #   batch, context, nodes          the configuration (nodes 0 = plain decoding)
@@ -290,6 +290,12 @@ def selection_from_grid(grid_df: pd.DataFrame, proposal_tree, hardware_name: str
 def selection_from_grid_file(grid_file, accuracy, *, csv_model: str | None = None, threshold: float = 1.0) -> dict:
     """The selection from a predicted grid CSV (`treeopt roofline speedup -o`) and the accuracy
     table whose greedy proposal sequence it was computed for."""
+    grid, proposal = read_grid_with_proposal(grid_file, accuracy, csv_model=csv_model)
+    return selection_from_grid(grid, proposal, "", "", threshold=threshold)
+
+
+def read_grid_with_proposal(grid_file, accuracy, *, csv_model: str | None = None) -> tuple[pd.DataFrame, Tree]:
+    """A predicted grid CSV and the greedy proposal sequence of the accuracy table it used."""
     if accuracy is None:
         raise UserError("--grid: needs --accuracy (the table whose proposal sequence the grid used)")
     try:
@@ -299,8 +305,7 @@ def selection_from_grid_file(grid_file, accuracy, *, csv_model: str | None = Non
     if "nodes" not in grid.columns:
         raise UserError(f"{grid_file}: missing column 'nodes' (not a treeopt grid CSV)")
     table = load_accuracy(accuracy, model=csv_model)
-    proposal = proposal_sequence(table, int(grid["nodes"].max()), method="greedy")
-    return selection_from_grid(grid, proposal, "", "", threshold=threshold)
+    return grid, proposal_sequence(table, int(grid["nodes"].max()), method="greedy")
 
 
 def format_speedup(v) -> str:

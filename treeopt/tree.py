@@ -163,14 +163,20 @@ def reference_trees_about() -> str:
 
 
 def load_tree(spec: str, *, topk=None, num_heads=None, allow_empty=False) -> Tree:
-    """A tree from a reference name, a JSON file (a list, or a treeopt.tree/v1 document), or a
-    Python/JSON literal such as "[[0], [0, 0], (1,)]"."""
+    """A tree from a reference name, a JSON file (a list, or a treeopt.tree/v1 document), a
+    selection cell (`selection.json:batch=8,context=1024`, or `selection.json:mix` for the
+    traffic-mix tree), or a Python/JSON literal such as "[[0], [0, 0], (1,)]"."""
     spec = str(spec)
     refs = _reference_data()["trees"]
     if spec in refs:
         return make_tree(refs[spec], topk=topk, num_heads=num_heads, source=spec)
     path = Path(spec)
     stripped = spec.strip()
+    if not stripped.startswith(("[", "(")) and not path.exists() and ":" in spec:
+        file_part, cell = spec.rsplit(":", 1)
+        if Path(file_part).is_file():
+            choices = selection_cell_choices(file_part, cell)
+            return make_tree(choices, topk=topk, num_heads=num_heads, allow_empty=allow_empty, source=spec)
     if not stripped.startswith(("[", "(")):
         if not path.exists():
             names = ", ".join(refs)
@@ -195,6 +201,50 @@ def load_tree(spec: str, *, topk=None, num_heads=None, allow_empty=False) -> Tre
     return make_tree(
         choices, topk=topk, num_heads=num_heads, allow_empty=allow_empty, source=f"tree literal {_short(spec)}"
     )
+
+
+# The document `treeopt select` writes (treeopt/selection.py; docs/formats.md "Selections").
+_SELECTION_FORMAT = "treeopt.selection/v1"
+
+
+def _cell_name(cell: dict) -> str:
+    return f"batch={cell.get('batch')},context={cell.get('context')}"
+
+
+def selection_cell_choices(path, cell: str) -> list:
+    """medusa_choices of one cell of a selection JSON: `batch=B,context=S` (context may be left
+    out where the batch has one cell) or `mix` (docs/formats.md "Selections")."""
+    spec = f"{path}:{cell}"
+    doc = read_json_input(path, "a selection file")
+    if not isinstance(doc, dict) or doc.get("format") != _SELECTION_FORMAT or not isinstance(doc.get("cells"), list):
+        raise UserError(f"{spec}: {path} is not a {_SELECTION_FORMAT} document (from `treeopt select`)")
+    if cell.strip() == "mix":
+        mix = doc.get("mix")
+        if not isinstance(mix, dict) or "medusa_choices" not in mix:
+            raise UserError(f"{spec}: the selection has no traffic-mix tree (write it with `treeopt select --mix`)")
+        if not mix["medusa_choices"]:
+            raise UserError(f"{spec}: the traffic-mix choice is no speculation (0 nodes): there is no tree to load")
+        return mix["medusa_choices"]
+    want: dict[str, int] = {}
+    for part in cell.split(","):
+        key, eq, value = part.partition("=")
+        key = key.strip()
+        if not eq or key not in ("batch", "context") or not value.strip().isdigit():
+            raise UserError(f"{spec}: the cell must be 'batch=B,context=S' or 'mix', got {cell!r}")
+        want[key] = int(value)
+    if "batch" not in want:
+        raise UserError(f"{spec}: the cell needs batch=B (and context=S)")
+    found = [c for c in doc["cells"] if all(c.get(k) == v for k, v in want.items())]
+    available = "; ".join(_cell_name(c) for c in doc["cells"]) or "none"
+    if not found:
+        raise UserError(f"{spec}: no such cell in the selection (cells: {available})")
+    if len(found) > 1:
+        raise UserError(f"{spec}: batch {want['batch']} has {len(found)} cells: add context=S "
+                        f"(cells: {'; '.join(_cell_name(c) for c in found)})")
+    choices = found[0].get("medusa_choices")
+    if not choices:
+        raise UserError(f"{spec}: that cell's choice is no speculation (0 nodes): there is no tree to load")
+    return choices
 
 
 def _short(s: str, n: int = 40) -> str:

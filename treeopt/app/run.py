@@ -32,6 +32,7 @@ from treeopt.errors import UserError
 from treeopt.export import format_tree
 from treeopt.family_build import engine_proposal
 from treeopt.fileio import write_json, write_text
+from treeopt.mix import choose_mix_tree, format_mix, mix_grid_from_sweep, mix_section, parse_mix
 from treeopt.selection import format_selection, format_speedup, select
 from treeopt.tau import load_tau_curves, tau_curves
 from treeopt.tree import Tree
@@ -41,6 +42,7 @@ from treeopt.tree import Tree
 class RunSettings:
     model: str = "demo"
     heads: str | None = None
+    num_heads: int | None = None          # heads used of those the weights hold; None: the config's
     data: str = "demo"
     validation_data: str = DEMO_VALIDATION
     device: str = "auto"
@@ -59,6 +61,7 @@ class RunSettings:
     threads: int | None = None            # torch CPU threads; None: 1 for small models on CPU
     seed: int = 0
     engine: str | None = None             # proposal trees from this engine's family (docs/engines.md)
+    mix: str | None = None                # traffic mix (CSV or inline spec): also choose one tree for it
 
 
 def _stage(out: Path, name: str, settings: dict, log) -> bool:
@@ -94,21 +97,22 @@ def run_main_job(out_dir, settings: RunSettings = RunSettings(), *, log=print, p
 
 
 def _run_main_job(out: Path, settings: RunSettings, *, log, progress: bool) -> dict:
+    s = settings
+    mix = parse_mix(s.mix) if s.mix is not None else None  # bad input fails before any work
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
     timings = {}
-    s = settings
 
     # 1. calibration statistics
     t0 = time.perf_counter()
     cal_settings = {"model": s.model, "heads": s.heads, "data": s.data, "steps": s.steps, "topk": s.topk,
-                    "dtype": s.dtype, "seed": s.seed}
+                    "dtype": s.dtype, "seed": s.seed} | ({"num_heads": s.num_heads} if s.num_heads else {})
     done = _stage(out, "calibrate", cal_settings, log)
     acc_file = out / "accuracy.json"
     if not (done and acc_file.is_file()):
         log(f"[calibrate] {s.model} on {s.data}: {s.steps} greedy tokens per prompt, top-{s.topk}")
         run_calibration(s.model, s.heads, s.data, output=acc_file, device=s.device, dtype=s.dtype,
-                        steps=s.steps, topk=s.topk, seed=s.seed, resume=True, progress=progress)
+                        num_heads=s.num_heads, steps=s.steps, topk=s.topk, seed=s.seed, resume=True, progress=progress)
         _mark(out, "calibrate", cal_settings)
     timings["calibrate_s"] = time.perf_counter() - t0
 
@@ -129,7 +133,7 @@ def _run_main_job(out: Path, settings: RunSettings, *, log, progress: bool) -> d
         f"{tau.independent[-1]:.3f} independent" + (f", {tau.joint[-1]:.3f} joint" if tau.joint is not None else "")
         + (f", {tau.walked[-1]:.3f} walked" if tau.walked is not None else ""))
 
-    lm = load_model(s.model, s.heads, device=s.device, dtype=s.dtype)
+    lm = load_model(s.model, s.heads, device=s.device, dtype=s.dtype, num_heads=s.num_heads)
     if lm.device.type == "cpu":
         # One thread count for every measurement of the run (profile, sweep, validation).
         threads = s.threads or default_threads(lm.model, lm.device) or torch.get_num_threads()
@@ -176,8 +180,13 @@ def _run_main_job(out: Path, settings: RunSettings, *, log, progress: bool) -> d
 
     # 6. selection
     selection = select(sweep_df, proposal, by="measured", hardware=hw.name, model=s.model)
+    if mix is not None:
+        choice = choose_mix_tree(mix_grid_from_sweep(sweep_df), mix, source=str(out / "sweep.csv"))
+        selection["mix"] = mix_section(choice, proposal, mix)
     write_json(out / "selection.json", selection)
     log(format_selection(selection))
+    if mix is not None:
+        log(format_mix(selection["mix"]))
 
     # 7. validation on held-out prompts
     t0 = time.perf_counter()
@@ -192,6 +201,31 @@ def _run_main_job(out: Path, settings: RunSettings, *, log, progress: bool) -> d
     write_text(out / "index.md", _run_index(s, table, proposal, hw, selection, result, sweep_df, timings, method))
     log(f"report: {out / 'index.md'} ({timings['total_s']:.0f} s)")
     return {"selection": selection, "validation": result, "timings": timings}
+
+
+def _mix_markdown(mix: dict) -> str:
+    """The traffic-mix tree and what it loses, cell by cell, against each cell's own best
+    (docs/builders.md "One tree for a traffic mix")."""
+    n = mix["nodes"]
+    if n:
+        off = mix["off_from_batch"]
+        where = (f"speculation on up to batch {mix['speculate_up_to_batch']}"
+                 + (f", off from batch {off}" if off is not None else " (every batch of the mix)"))
+        what = f"**{n} nodes**, {where}: `medusa_choices = {mix['medusa_choices']}`"
+    else:
+        what = "**no speculation**: no tree pays on this mix"
+    ratio = mix["expected_tokens_per_s"] / mix["per_cell_best_tokens_per_s"]
+    L = ["### One tree for the traffic mix", "",
+         f"For the mix `{mix['source']}`, the one static tree of largest expected throughput is {what}. "
+         f"Expected {mix['expected_tokens_per_s']:.4g} tokens/s, {ratio:.1%} of every cell with its own best "
+         f"tree ({mix['per_cell_best_tokens_per_s']:.4g}); plain decoding {mix['plain_tokens_per_s']:.4g}.", "",
+         "| batch | context | weight | best nodes | best speedup | mix tree nodes | mix tree speedup | loss |",
+         "|---|---|---|---|---|---|---|---|"]
+    for c in mix["cells"]:
+        L.append(f"| {c['batch']} | {c['context']} | {c['weight']:.3f} | {c['best_nodes'] or 'none'} | "
+                 f"{format_speedup(c['best_speedup'])} | {c['mix_nodes'] or 'off'} | "
+                 f"{format_speedup(c['mix_speedup'])} | {c['loss_fraction']:.1%} |")
+    return "\n".join(L)
 
 
 def _md_table(df: pd.DataFrame, floatfmt: str = "{:.3f}") -> str:
@@ -239,6 +273,8 @@ def _run_index(s: RunSettings, table: AccuracyTable, proposal: Tree, hw, selecti
             line = ("no speculation" if not c["nodes"] else "`" + export_for(
                 target, proposal.prefix(c["nodes"]), heads=K, accuracy=acc).line + "`")
             L.append(f"| {c['batch']} | {c['context']} | {line} |")
+    if "mix" in selection:
+        L += ["", _mix_markdown(selection["mix"])]
     L += ["", "## 4. Validation on held-out prompts", "",
           "Measured tokens per step of the reference decoder against τ predicted from the table:", "",
           "![acceptance](validation_acceptance.png)", "",

@@ -8,7 +8,7 @@ import sys
 import click
 import numpy as np
 
-from calibration.medusa_import import import_medusa_accuracy
+from calibration.medusa_import import NORMALIZATIONS, import_medusa_accuracy
 from calibration.runner import CalibrationInterrupted, run_calibration
 from treeopt.app.hwcalibrate import calibrate_hardware
 from treeopt.acceptance import rank_vectors_path
@@ -17,7 +17,7 @@ from treeopt.cli.options import AtLeast
 from treeopt.errors import UserError
 from treeopt.export import text_table
 
-_RUN_OPTIONS = ("model", "heads", "data", "steps", "topk", "labels", "batch_size", "prompt_tokens",
+_RUN_OPTIONS = ("model", "heads", "num_heads", "data", "steps", "topk", "labels", "batch_size", "prompt_tokens",
                 "max_prompts", "checkpoint", "checkpoint_every", "resume", "seed", "device", "dtype",
                 "threads", "no_joint")
 
@@ -28,6 +28,8 @@ _RUN_OPTIONS = ("model", "heads", "data", "steps", "topk", "labels", "batch_size
 @click.option("--heads", default=None, metavar="DIR",
               help="Medusa heads directory (config.json + medusa_lm_head.safetensors/.pt). "
                    "Default: MODEL/heads.")
+@click.option("--num-heads", type=AtLeast(1), default=None, metavar="K",
+              help="Use this many of the Medusa heads the weights hold [default: the heads config's medusa_num_heads].")
 @click.option("--data", default="demo", show_default=True, metavar="demo|FILE|DIR",
               help="Prompts: the bundled demo set, a JSON-lines file (field prompt, instruction, "
                    "text or turns), a text/code file, or a directory of them (cut into prompts).")
@@ -59,12 +61,15 @@ _RUN_OPTIONS = ("model", "heads", "data", "steps", "topk", "labels", "batch_size
 @click.option("--no-joint", is_flag=True, help="Skip the joint rank-vector prefix counts.")
 @click.option("--import", "import_file", default=None, metavar="FILE.pt",
               help="Instead of running, convert the output of Medusa's heads_accuracy.py.")
+@click.option("--normalize", type=click.Choice(NORMALIZATIONS), default="own", show_default=True,
+              help="With --import: each head by its own positions, or every head by one count as Medusa's "
+                   "gen_results.py does (to rebuild the authors' tree from the file).")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar and no summary.")
 @click.option("-o", "--output", required=True, metavar="FILE", help="Accuracy table to write (JSON).")
 @click.pass_context
-def calibrate_cmd(ctx, model, heads, data, labels, steps, topk, batch_size, prompt_tokens, max_prompts,
+def calibrate_cmd(ctx, model, heads, num_heads, data, labels, steps, topk, batch_size, prompt_tokens, max_prompts,
                   checkpoint, checkpoint_every, resume, seed, device, dtype, threads, no_joint,
-                  import_file, quiet, output):
+                  import_file, normalize, quiet, output):
     """Measure how often each draft head's rank-r proposal is right, and write an accuracy
     table (treeopt.accuracy/v1) for `treeopt build`.
 
@@ -75,12 +80,14 @@ def calibrate_cmd(ctx, model, heads, data, labels, steps, topk, batch_size, prom
           --steps 64 --batch-size 16 --device cuda -o acc.json
       treeopt calibrate --import vicuna_heads_accuracy.pt -o acc.json
     """
+    if import_file is None and ctx.get_parameter_source("normalize") == click.core.ParameterSource.COMMANDLINE:
+        raise UserError("--normalize: only meaningful with --import")
     if import_file is not None:
         given = [name for name in _RUN_OPTIONS
                  if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE]
         if given:
             raise UserError(f"--import: cannot be combined with --{given[0].replace('_', '-')}")
-        table = import_medusa_accuracy(import_file)
+        table = import_medusa_accuracy(import_file, normalize=normalize)
         table.save(output)
         # Medusa's file has no rank vectors: a sidecar left by an earlier run would be stale.
         rank_vectors_path(output).unlink(missing_ok=True)
@@ -91,7 +98,7 @@ def calibrate_cmd(ctx, model, heads, data, labels, steps, topk, batch_size, prom
 
     try:
         result = run_calibration(
-            model, heads, data, output=output, device=device, dtype=dtype,
+            model, heads, data, output=output, device=device, dtype=dtype, num_heads=num_heads,
             prompt_tokens=prompt_tokens, max_prompts=max_prompts, threads=threads,
             checkpoint=checkpoint if checkpoint is not None else "auto",
             steps=steps, topk=topk, labels=labels, batch_size=batch_size,

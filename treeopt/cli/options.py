@@ -86,6 +86,8 @@ RUN_MODEL_OPTIONS = [
     click.option("--model", default="demo", show_default=True, metavar="demo|DIR",
                  help="Base model: the bundled demo or a local transformers model directory."),
     click.option("--heads", default=None, metavar="DIR", help="Medusa heads directory [default: MODEL/heads]."),
+    click.option("--num-heads", type=AtLeast(1), default=None, metavar="K",
+                 help="Use this many of the Medusa heads the weights hold [default: the heads config's medusa_num_heads]."),
     click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda, cuda:N or mps."),
     click.option("--dtype", default="auto", show_default=True,
                  help="auto (fp32 on CPU, bf16/fp16 on GPUs), float32, bfloat16 or float16."),

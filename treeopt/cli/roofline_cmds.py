@@ -19,6 +19,7 @@ from treeopt.cli.options import AtLeast, IntList, apply
 from treeopt.errors import UserError
 from treeopt.export import text_table
 from treeopt.fileio import atomic_path, write_json
+from treeopt.mix import ANY_CONTEXT, choose_mix_tree, format_mix, mix_section, parse_mix
 from treeopt.selection import best_per_cell, selection_from_grid
 from treeopt.engines import ENGINE_NAMES, get_engine
 from treeopt.family_build import engine_proposal
@@ -176,11 +177,18 @@ def roofline_ops(model, dtype, hardware, num_heads, head_layers, head_tokens, ba
 @ENGINE_OPTION
 @click.option("--select", "select", default=None, type=click.Path(dir_okay=False),
               help="Selection JSON (treeopt.selection/v1) to write.")
+@click.option("--mix", "mix_spec", default=None, metavar="FILE.csv|SPEC",
+              help="Also choose one tree for this traffic mix (CSV batch,context,weight or '1:0.5,8@2048:0.5'); "
+                   "its cells join the grid.")
 def roofline_speedup(model, dtype, hardware, accuracy, csv_model, num_heads, head_layers, head_tokens, batches,
                      contexts, max_nodes, attention, joint, heads_in_baseline, used_heads, engine, out,
-                     select) -> None:
+                     select, mix_spec) -> None:
     """Predicted overhead, tau and speedup for every batch x context x tree size, and the best
     tree per cell ("none" when no tree beats plain decoding)."""
+    mix = parse_mix(mix_spec) if mix_spec is not None else None
+    if mix is not None:
+        batches = sorted(set(batches) | set(mix.batch))
+        contexts = sorted(set(contexts) | {c for c in mix.context if c != ANY_CONTEXT})
     shape = shape_of(model, dtype)
     hw = load_hardware(hardware)
     table, label = _load_acc(accuracy, csv_model, model)
@@ -193,12 +201,13 @@ def roofline_speedup(model, dtype, hardware, accuracy, csv_model, num_heads, hea
                         heads_in_baseline=heads_in_baseline,
                         heads_used=heads_used_by_prefix(tree) if used_heads else None)
     best = best_per_cell(grid)
+    mix_doc = mix_section(choose_mix_tree(grid, mix, source="the grid"), tree, mix) if mix is not None else None
     if out:
         with atomic_path(out) as tmp:
             grid.to_csv(tmp, index=False, float_format="%.6g")
     if select:
-        write_json(select, selection_from_grid(grid, tree, hw.name, shape.name,
-                                               extra={"heads": heads.num_heads, "attention": attention}))
+        extra = {"heads": heads.num_heads, "attention": attention} | ({"mix": mix_doc} if mix_doc else {})
+        write_json(select, selection_from_grid(grid, tree, hw.name, shape.name, extra=extra))
     click.echo(f"{shape.describe()}; {heads.describe()}; hardware {hw.name}; accuracy {label}")
     click.echo("tau of the greedy proposal sequence: " + ", ".join(
         f"n={n}: {tau[n]:.3f}" for n in (1, 4, 16, 32, 64) if n < len(tau)))
@@ -211,6 +220,8 @@ def roofline_speedup(model, dtype, hardware, accuracy, csv_model, num_heads, hea
                nl=False)
     if not best["fits_memory"].all():
         click.echo(f"OOM: not even plain decoding fits in {hw.capacity_bytes / 1e9:.0f} GB", err=True)
+    if mix_doc is not None:
+        click.echo(format_mix(mix_doc))
     for path, what in ((out, "grid"), (select, "selection")):
         if path:
             click.echo(f"wrote {what} {path}")

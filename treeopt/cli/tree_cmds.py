@@ -18,7 +18,15 @@ from treeopt.errors import UserError
 from treeopt.export import FORMATS, compact_json, draw_tree, format_tree, text_table
 from treeopt.family_build import build_for_engine
 from treeopt.fileio import write_json, write_text
-from treeopt.selection import format_selection, read_sweep, select, proposal_from_meta, selection_from_grid_file
+from treeopt.mix import choose_mix_tree, format_mix, mix_grid_from_sweep, mix_section, parse_mix
+from treeopt.selection import (
+    format_selection,
+    proposal_from_meta,
+    read_grid_with_proposal,
+    read_sweep,
+    select,
+    selection_from_grid_file,
+)
 from treeopt.tree import load_tree, make_tree, tree_buffers
 
 
@@ -112,7 +120,11 @@ def _display_name(name: str, width: int = 28) -> str:
 @click.option("--accuracy", "accuracy_path", metavar="FILE",
               help="[required] Accuracy table: treeopt.accuracy/v1 JSON, per-rank matrix JSON, or cumulative top-k CSV.")
 @click.option("--csv-model", metavar="NAME", help="Row set of a multi-model CSV (e.g. vicuna-7b).")
-@click.option("--nodes", metavar="N", required=True, type=AtLeast(1), help="Tree size (tokens per step = N + 1).")
+@click.option("--nodes", metavar="N", type=AtLeast(1),
+              help="[required without --tree] Tree size (tokens per step = N + 1).")
+@click.option("--tree", "tree_spec", metavar="TREE",
+              help="Re-export this tree instead of building one (a reference name, a JSON file, a list literal, "
+                   "or a selection cell such as selection.json:batch=8,context=1024 or selection.json:mix).")
 @click.option("--method", default="greedy", show_default=True, type=click.Choice(METHODS),
               help="Medusa's greedy, the exact optimum under independent heads, or the most frequent joint prefixes.")
 @click.option("--max-depth", metavar="D", type=AtLeast(1), help="Deepest level (default: the number of heads).")
@@ -125,8 +137,15 @@ def _display_name(name: str, width: int = 28) -> str:
 @click.option("--format", "fmt", default="text", show_default=True, type=click.Choice(FORMATS + ("engine",)),
               help="Output format; 'engine': only what --engine takes.")
 @click.option("-o", "--output", metavar="FILE", help="Write to FILE instead of stdout.")
-def build_cmd(accuracy_path, csv_model, nodes, method, max_depth, max_children, engine, engine_heads, fmt, output):
-    """Build a tree of N nodes from an accuracy table."""
+def build_cmd(accuracy_path, csv_model, nodes, tree_spec, method, max_depth, max_children, engine, engine_heads, fmt,
+              output):
+    """Build a tree of N nodes from an accuracy table (or, with --tree, write a given tree in
+    another format)."""
+    if tree_spec is not None:
+        _export_given_tree(tree_spec, accuracy_path, csv_model, nodes, fmt, output)
+        return
+    if nodes is None:
+        raise UserError("--nodes N is required (or give --tree TREE to re-export a tree)")
     table = _load_table(accuracy_path, csv_model)
     if method == "joint" and table.joint is None:
         raise UserError(f"{accuracy_path}: has no joint statistics, which --method joint needs")
@@ -165,6 +184,26 @@ def build_cmd(accuracy_path, csv_model, nodes, method, max_depth, max_children, 
         else:
             text = head + drawing + f"for {target.title}:\n" + paste.text
     _emit(text, output, f" ({tree.size} nodes, tau = {tau:.4f})")
+
+
+def _export_given_tree(tree_spec, accuracy_path, csv_model, nodes, fmt, output):
+    """`build --tree`: the tree as given (cut to --nodes), with tau when a table is given."""
+    tree = load_tree(tree_spec)
+    if nodes is not None and tree.size > nodes:
+        tree = tree.prefix(nodes)
+    table = _load_table(accuracy_path, csv_model) if accuracy_path is not None else None
+    tau = expected_tokens(tree, table, strict=False) if table is not None else None
+    if fmt != "text":
+        text = format_tree(tree, fmt, tau=tau, provenance=table.provenance if table is not None else None)
+    else:
+        values = node_values(tree, table, strict=False) if table is not None else None
+        head = f"{tree.name}: {tree.size} nodes, depth {tree.depth}" + (
+            f", tau = {tau:.4f} expected tokens per step ({_table_label(table)}, independent heads)"
+            if tau is not None else "") + "\n"
+        text = (head + format_tree(tree, "text", tau=tau, values=values,
+                                   ascii=output is None and not _can_draw_unicode())
+                + f"medusa_choices = {tree.to_choices()}\n")
+    _emit(text, output, f" ({tree.size} nodes)")
 
 
 @click.command("show")
@@ -322,8 +361,11 @@ def compare_cmd(tree_specs, accuracy_path, csv_model, nodes, engine, as_json):
               help="A tree must beat this speedup, else no speculation.")
 @click.option("--engine", type=click.Choice(ENGINE_NAMES), default=None,
               help="Add each cell's tree as the line this engine takes (engine_line); SGLang needs --accuracy.")
+@click.option("--mix", "mix_spec", default=None, metavar="FILE.csv|SPEC",
+              help="Also choose one tree for this traffic mix: a CSV batch,context,weight or inline "
+                   "'1:0.5,8:0.3,32@2048:0.2' (BATCH[@CONTEXT]:WEIGHT).")
 @click.option("-o", "--output", default=None, metavar="FILE.json", help="Selection JSON [default: stdout].")
-def select_cmd(sweep_file, grid_file, accuracy, csv_model, by, threshold, engine, output):
+def select_cmd(sweep_file, grid_file, accuracy, csv_model, by, threshold, engine, mix_spec, output):
     """Pick the best tree per (batch, context): from a measured sweep, or from predictions
     alone for hardware you don't have."""
     if (sweep_file is None) == (grid_file is None):
@@ -336,12 +378,18 @@ def select_cmd(sweep_file, grid_file, accuracy, csv_model, by, threshold, engine
         doc = selection_from_grid_file(grid_file, accuracy, csv_model=csv_model, threshold=threshold)
     if engine is not None:
         _add_engine_lines(doc, get_engine(engine), accuracy, csv_model)
+    if mix_spec is not None:
+        doc["mix"] = _mix_for_selection(mix_spec, sweep_file, grid_file, accuracy, csv_model, by, threshold)
     if output:
         write_json(output, doc)
         click.echo(format_selection(doc))
+        if "mix" in doc:
+            click.echo(format_mix(doc["mix"]))
         click.echo(f"wrote {output}")
     else:  # stdout is the JSON alone, so that it can be piped; the summary goes to stderr
         click.echo(format_selection(doc), err=True)
+        if "mix" in doc:
+            click.echo(format_mix(doc["mix"]), err=True)
         click.echo(json.dumps(doc, indent=1))
 
 
@@ -407,3 +455,14 @@ def check_cmd(tree_spec, engine, accuracy_path, csv_model, engine_heads, topk, a
     if paste is not None:
         lines.append(paste.text.rstrip("\n"))
     click.echo("\n".join(lines))
+def _mix_for_selection(mix_spec, sweep_file, grid_file, accuracy, csv_model, by, threshold) -> dict:
+    """The selection's `mix` section from the same sweep or grid the cells came from."""
+    mix = parse_mix(mix_spec)
+    if sweep_file is not None:
+        df, meta = read_sweep(sweep_file)
+        table, proposal, source = mix_grid_from_sweep(df, by), proposal_from_meta(meta, str(sweep_file)), sweep_file
+    else:
+        table, proposal = read_grid_with_proposal(grid_file, accuracy, csv_model=csv_model)
+        source = grid_file
+    choice = choose_mix_tree(table, mix, threshold=threshold, source=str(source))
+    return mix_section(choice, proposal, mix, threshold)
