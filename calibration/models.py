@@ -6,13 +6,21 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedTokenizerFast,
+)
+from transformers.utils import logging as hf_logging
 
 from calibration.demo_files import DEMO_MODEL_DIR
 from calibration.heads import MedusaHeads
 from treeopt.dtypes import TORCH_NAMES, normalize_dtype
 from treeopt.errors import UserError
 from treeopt.layout import default_heads_dir
-
 
 #: below this many base-model parameters a CPU run uses one torch thread unless told otherwise:
 #: per-operator overhead bounds such models (docs/performance-model.md, "Measured on the
@@ -71,9 +79,6 @@ def load_model(model: str = "demo", heads: str | None = None, *, device: str = "
     for a Medusa-1.0 full checkpoint). num_heads overrides the heads config's
     medusa_num_heads (`MedusaHeads.from_pretrained`).
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import logging as hf_logging
-
     hf_logging.disable_progress_bar()
 
     if model == "demo":
@@ -114,10 +119,6 @@ def tiny_model_for_tests(path, *, vocab: int = 64, hidden: int = 32, layers: int
                          seed: int = 0) -> Path:
     """Write a random tiny Llama with random Medusa heads (in `path/heads`) and a byte-ish
     tokenizer to `path`, for tests that need a real model and no downloads."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-    from transformers.utils import logging as hf_logging
-
     hf_logging.disable_progress_bar()
 
     path = Path(path)
