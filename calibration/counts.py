@@ -96,7 +96,7 @@ class CalibrationCounts:
         fail on valid input, so with Ctrl-C held back it is all or nothing."""
         self.hits += update.hits
         self.positions += update.positions
-        if self.joint is not None and update.joint:
+        if self.joint is not None and update.joint is not None:
             self._merge_joint(update.joint)
         if update.ranks is not None:
             self.rank_chunks.append(update.ranks)

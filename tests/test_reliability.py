@@ -9,7 +9,9 @@ force, hand-derived byte counts.
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -17,9 +19,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from calibration import runner
+from calibration.counts import CalibrationCounts
+from calibration.data import load_prompts
+from calibration.models import load_model, tiny_model_for_tests
+from calibration.runner import CalibrationInterrupted, calibrate, deferred_interrupts, run_calibration
+from treeopt.acceptance import load_rank_vectors, rank_vectors_path
+from treeopt.accuracy import AccuracyTable
 from treeopt.build import optimal_tree
 from treeopt.errors import UserError, first_line
 from treeopt.fileio import (
@@ -294,8 +304,6 @@ def test_huge_tree_buffers_refused_with_the_estimate_before_allocating():
 
 
 def test_first_line_of_torch_refusals(tmp_path):
-    import torch  # noqa: PLC0415 - torch only here: the rest of this module is torch-free
-
     class Payload:
         def __reduce__(self):
             return (os.system, ("true",))
@@ -311,3 +319,193 @@ def test_first_line_of_torch_refusals(tmp_path):
     assert first_line("Bad thing. Re-run with weights_only=False to load it.") == "Bad thing."
     assert first_line(KeyError()) == "KeyError"
 
+
+
+# --------------------------------------------------------------------------------------------
+# calibration: the count/commit window, the checkpoint-removal window, finished outputs
+
+PROMPTS = [
+    "def f(x):\n    return x + 1\n",
+    "import os\n",
+    "class A:\n    def __init__(self):\n        self.a = [1, 2, 3]\n",
+    "x = 1",
+    "for i in range(10):\n    print(i * i)\n",
+    "# comment\n",
+    "while True:\n    break\n",
+]
+SMALL = {"steps": 5, "batch_size": 2, "progress": False}
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return tiny_model_for_tests(tmp_path_factory.mktemp("tiny"), num_medusa_heads=3)
+
+
+@pytest.fixture(scope="module")
+def loaded(tiny):
+    return load_model(str(tiny), device="cpu", dtype="float32")
+
+
+@pytest.fixture
+def work(tmp_path):
+    """A folder holding only the prompts file, and the file."""
+    folder = tmp_path / "work"
+    folder.mkdir()
+    prompts = folder / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
+    return folder, prompts
+
+
+@pytest.fixture(autouse=True)
+def fixed_date(monkeypatch):
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
+
+
+def test_deferred_interrupts_holds_ctrl_c_to_the_end_of_the_block():
+    steps = []
+    with pytest.raises(KeyboardInterrupt), deferred_interrupts():
+        os.kill(os.getpid(), signal.SIGINT)
+        steps.append("after the signal")  # still runs: the interrupt is held back
+    assert steps == ["after the signal"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
+    with deferred_interrupts():  # no signal: nothing raised
+        steps.append("quiet")
+    assert steps[-1] == "quiet"
+
+
+def test_sigint_inside_the_count_update_never_double_counts(loaded, work, monkeypatch):
+    """The worst point: a batch's hits added, its prompts_done not yet. Without the unit
+    commit, the checkpoint holds the batch's hits and a resume counts the batch again."""
+    folder, prompts_file = work
+    prompts = load_prompts(prompts_file, loaded.tokenizer)
+    full = calibrate(loaded, prompts, **SMALL)
+    ckpt = folder / "c.partial"
+    merges = []
+    real_merge = CalibrationCounts._merge_joint
+
+    def merge_then_interrupt(self, joint):
+        real_merge(self, joint)
+        merges.append(1)
+        if len(merges) == 2:  # inside the second batch's commit, hits already added
+            os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(CalibrationCounts, "_merge_joint", merge_then_interrupt)
+    with pytest.raises(CalibrationInterrupted) as stop:
+        calibrate(loaded, prompts, checkpoint=ckpt, checkpoint_every=100, **SMALL)
+    assert stop.value.prompts_done == 4  # the second batch was committed whole
+    saved = json.loads(ckpt.read_text())
+    assert saved["prompts_done"] == 4
+    monkeypatch.setattr(CalibrationCounts, "_merge_joint", real_merge)
+    resumed = calibrate(loaded, prompts, checkpoint=ckpt, resume=True, **SMALL)
+    assert resumed.table.to_dict() == full.table.to_dict()
+    np.testing.assert_array_equal(resumed.ranks, full.ranks)
+    np.testing.assert_array_equal(resumed.counts.positions, full.counts.positions)
+
+
+def test_failed_table_write_keeps_the_checkpoint_and_resume_does_no_prompt_again(
+        tiny, work, monkeypatch):
+    folder, prompts_file = work
+    reference = folder / "reference.json"
+    run_calibration(str(tiny), data=str(prompts_file), output=reference, device="cpu",
+                    dtype="float32", **SMALL)
+    out = folder / "acc.json"
+    before = snapshot(folder)
+
+    def disk_full(self, path):
+        raise OSError(28, "No space left on device")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(AccuracyTable, "save", disk_full)
+        with pytest.raises(OSError, match="No space left"):
+            run_calibration(str(tiny), data=str(prompts_file), output=out, device="cpu",
+                            dtype="float32", **SMALL)
+    left = snapshot(folder)
+    ckpt = folder / "acc.json.partial"
+    assert set(left) - set(before) == {"acc.json.partial"}  # no table, no sidecar, no temporary
+    assert json.loads(left["acc.json.partial"])["prompts_done"] == len(PROMPTS)
+
+    calls = []
+    monkeypatch.setattr(runner, "label_ranks", lambda *a, **k: calls.append(1))
+    result = run_calibration(str(tiny), data=str(prompts_file), output=out, device="cpu",
+                             dtype="float32", resume=True, **SMALL)
+    assert calls == [] and result.complete and result.resumed_prompts == len(PROMPTS)
+    assert not ckpt.exists()
+    assert out.read_bytes() == reference.read_bytes()  # as if nothing had failed
+    assert rank_vectors_path(out).read_bytes() == rank_vectors_path(reference).read_bytes()
+
+
+def test_resume_on_a_finished_output(tiny, work, monkeypatch, capsys):
+    folder, prompts_file = work
+    out = folder / "acc.json"
+    args = {"data": str(prompts_file), "output": out, "device": "cpu", "dtype": "float32"}
+    run_calibration(str(tiny), **args, **SMALL)
+    before = snapshot(folder)
+    calls = []
+    monkeypatch.setattr(runner, "label_ranks", lambda *a, **k: calls.append(1))
+    result = run_calibration(str(tiny), **args, resume=True, refuse_other_output=True, **SMALL)
+    assert result.already_complete and result.complete and calls == []
+    assert "already complete" in capsys.readouterr().err
+    assert result.table.to_dict() == json.loads(out.read_text()) | {"format": "treeopt.accuracy/v1"}
+    assert snapshot(folder) == before  # nothing rewritten
+
+    with pytest.raises(UserError) as err:
+        run_calibration(str(tiny), **args, resume=True, refuse_other_output=True,
+                        **{**SMALL, "steps": 6})
+    assert "\n" not in str(err.value)
+    assert str(err.value).startswith(f"{out}: already calibrated from other inputs (steps: 5 vs now 6)")
+    assert calls == [] and snapshot(folder) == before
+
+
+def test_table_and_sidecar_share_a_run_id_checked_by_the_reader(tiny, work):
+    folder, prompts_file = work
+    args = {"data": str(prompts_file), "device": "cpu", "dtype": "float32"}
+    a, b = folder / "a.json", folder / "b.json"
+    run_calibration(str(tiny), output=a, seed=0, **args, **SMALL)
+    run_calibration(str(tiny), output=b, seed=1, **args, **SMALL)  # same counts, other run
+    table_a = json.loads(a.read_text())
+    with np.load(rank_vectors_path(a)) as z:
+        assert str(z["run_id"]) == table_a["provenance"]["run_id"]
+        assert len(table_a["provenance"]["run_id"]) == 16
+    assert table_a["provenance"]["run_id"] != json.loads(b.read_text())["provenance"]["run_id"]
+    assert load_rank_vectors(a) is not None
+    # b's sidecar beside a's table: equal counts (greedy labels draw nothing random), so only
+    # the run_id tells them apart
+    rank_vectors_path(a).write_bytes(rank_vectors_path(b).read_bytes())
+    with pytest.raises(UserError, match=r"a\.ranks\.npz: does not belong to the accuracy table "
+                                        r"beside it \(run_id"):
+        load_rank_vectors(a)
+
+
+def test_second_calibration_to_the_same_output_fails_before_loading(tiny, work, monkeypatch):
+    folder, prompts_file = work
+    out = folder / "acc.json"
+    holder = start_holder(out)
+    try:
+        before = snapshot(folder)
+        monkeypatch.setattr(runner, "load_model", lambda *a, **k: pytest.fail("model loaded"))
+        with pytest.raises(UserError, match=f"is being written by another treeopt process "
+                                            f"\\(pid {holder.pid}\\)"):
+            run_calibration(str(tiny), data=str(prompts_file), output=out, **SMALL)
+        assert snapshot(folder) == before
+    finally:
+        holder.communicate("done\n", timeout=60)
+
+
+def test_calibration_outputs_checked_before_the_model_loads(tiny, work, monkeypatch):
+    folder, prompts_file = work
+    monkeypatch.setattr(runner, "load_model", lambda *a, **k: pytest.fail("model loaded"))
+    before = snapshot(folder)
+    bad = {
+        prompts_file: "is also an input",
+        folder: "is a directory",
+        folder / "prompts.jsonl" / "acc.json": "is not a directory",
+        Path("/proc/treeopt-test/acc.json"): "cannot be written in /proc",
+    }
+    for output, problem in bad.items():
+        with pytest.raises(UserError) as err:
+            run_calibration(str(tiny), data=str(prompts_file), output=output, **SMALL)
+        assert problem in str(err.value) and "\n" not in str(err.value)
+    with pytest.raises(UserError, match="is also an input"):
+        run_calibration(str(tiny), data=str(prompts_file), output=folder / "acc.json",
+                        checkpoint=prompts_file, **SMALL)
+    assert snapshot(folder) == before
