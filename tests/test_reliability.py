@@ -23,13 +23,14 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from calibration import runner
+from calibration import demo, runner
 from calibration.counts import CalibrationCounts
 from calibration.data import load_prompts
+from calibration.demo import DemoRecipe
 from calibration.models import load_model, tiny_model_for_tests
 from calibration.runner import CalibrationInterrupted, calibrate, deferred_interrupts, run_calibration
 from treeopt.acceptance import load_rank_vectors, rank_vectors_path
-from treeopt.accuracy import AccuracyTable
+from treeopt.accuracy import AccuracyTable, load_accuracy
 from treeopt.build import optimal_tree
 from treeopt.errors import UserError, first_line
 from treeopt.fileio import (
@@ -509,3 +510,71 @@ def test_calibration_outputs_checked_before_the_model_loads(tiny, work, monkeypa
         run_calibration(str(tiny), data=str(prompts_file), output=folder / "acc.json",
                         checkpoint=prompts_file, **SMALL)
     assert snapshot(folder) == before
+
+
+# --------------------------------------------------------------------------------------------
+# demo train writes only under its output and work folders
+
+TINY_RECIPE = DemoRecipe(vocab_size=300, hidden_size=32, intermediate_size=64, num_layers=1,
+                         num_attention_heads=2, seq_len=16, batch_size=2, base_steps=2,
+                         num_medusa_heads=2, head_steps=2, warmup_steps=1)
+
+
+@pytest.fixture
+def fake_stdlib(tmp_path, monkeypatch):
+    """A small corpus in place of the interpreter's standard library: some files held out."""
+    root = tmp_path / "stdlib"
+    root.mkdir()
+    body = "".join(f"def function_{i}(x):\n    return x * {i} + len(str(x))\n\n" for i in range(40))
+    names = [f"mod{i}.py" for i in range(30)]
+    for name in names:
+        (root / name).write_text(f"# {name}\n" + body)
+    assert any(demo.is_held_out(n) for n in names) and not all(demo.is_held_out(n) for n in names)
+    monkeypatch.setattr(demo, "stdlib_files", lambda: (root, sorted(names)))
+    return root
+
+
+def test_demo_train_writes_only_under_its_output(tmp_path, fake_stdlib):
+    parent = tmp_path / "parent"
+    out = parent / "model"
+    out.mkdir(parents=True)
+    demo.train_demo(out, TINY_RECIPE)
+    assert sorted(p.name for p in parent.iterdir()) == ["model"]  # no ../data, no ../demo_work
+    names = {str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()}
+    assert {"config.json", "model.safetensors", "tokenizer.json", "training.json",
+            "heads/config.json", "data/demo_prompts.jsonl", "data/demo_prompts_validation.jsonl",
+            ".work/base.pt", ".work/heads.pt", ".work/recipe.json"} <= names
+    assert all(n.startswith((".work/", "heads/", "data/")) or "/" not in n for n in names)
+
+
+def test_demo_train_refuses_other_recipes_and_crafted_checkpoints(tmp_path, fake_stdlib):
+    out, work_dir = tmp_path / "model", tmp_path / "work"
+    demo.train_demo(out, TINY_RECIPE, work_dir=work_dir)
+    before = snapshot(tmp_path)
+    with pytest.raises(UserError, match=r"work: holds the work of another recipe or seed \(seed differ\)"):
+        demo.train_demo(out, DemoRecipe(**{**TINY_RECIPE.__dict__, "seed": 1}), work_dir=work_dir)
+    assert snapshot(tmp_path) == before
+
+    class Payload:
+        def __reduce__(self):
+            return (os.system, (f"touch {tmp_path / 'pwned'}",))
+
+    torch.save(Payload(), work_dir / "base.pt")
+    with pytest.raises(UserError) as err:
+        demo.train_demo(out, TINY_RECIPE, work_dir=work_dir)
+    assert not (tmp_path / "pwned").exists()
+    message = str(err.value)
+    assert message.startswith(f"{work_dir / 'base.pt'}: not a demo training checkpoint (holds Python objects")
+    assert "\n" not in message and "weights_only" not in message
+    (work_dir / "base.pt").write_bytes(b"not a torch file at all")
+    with pytest.raises(UserError, match="base.pt: not a demo training checkpoint"):
+        demo.train_demo(out, TINY_RECIPE, work_dir=work_dir)
+
+
+def test_accuracy_run_id_must_be_a_string(tmp_path):
+    doc = {"format": "treeopt.accuracy/v1", "num_heads": 1, "width": 1,
+           "heads": [{"head": 1, "positions": 2, "hits": [1]}], "provenance": {"run_id": 5}}
+    path = tmp_path / "acc.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(UserError, match=r"acc\.json: field 'provenance\.run_id' must be a string, got 5"):
+        load_accuracy(path)
