@@ -258,6 +258,8 @@ def test_optimal_equals_the_unpruned_dp(K, R, n, ties, data):
     tree = optimal_tree(acc, n, max_children=widths)
     assert tree.size == n and all(p[d] < widths[d] for p in tree.paths for d in range(len(p)))
     assert tau(tree, acc) == pytest.approx(reference_dp(acc, n, widths), rel=1e-12, abs=1e-12)
+    m = data.draw(st.integers(0, n))  # every prefix is a tree, and optimal for its size
+    assert tau(tree.prefix(m), acc) == pytest.approx(reference_dp(acc, m, widths), rel=1e-12, abs=1e-12)
 
 
 def test_optimal_on_a_wide_non_monotone_table_beats_the_top_ranks():

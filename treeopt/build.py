@@ -134,7 +134,7 @@ def optimal_tree(acc, nodes: int, *, max_depth=None, max_children=None) -> Tree:
     Cost: O(D R log R) for the sort and O(n log n) for the greedy, O(n + D R) memory: a
     table of 8 heads x 1,000 ranks at 2,048 nodes takes milliseconds.
     Paths come out in decreasing value (ties: shallower, then smaller path), so every prefix
-    is a valid tree, though only the full size is guaranteed optimal.
+    is a valid tree, and an optimal one of its size: it holds the largest admissible values.
     """
     a = _check_acc(acc)
     D, widths = _limits(*a.shape, max_depth, max_children)
@@ -153,7 +153,10 @@ def optimal_tree(acc, nodes: int, *, max_depth=None, max_children=None) -> Tree:
     used = sorted_ranks >= 0
     depth_of_column = np.arange(sorted_ranks.shape[1])[None, :]
     ranks = np.where(used, order[depth_of_column, np.maximum(sorted_ranks, 0)], -1)
-    values = np.where(used, a[depth_of_column, np.maximum(ranks, 0)], 1.0).prod(axis=1)
+    factors = np.where(used, a[depth_of_column, np.maximum(ranks, 0)], 1.0)
+    values = np.ones(len(ranks))
+    for d in range(factors.shape[1]):  # root to leaf, as the greedy multiplies: a child never
+        values *= factors[:, d]        # rounds above its parent, so value order is tree order
     paths = [tuple(r for r in row if r >= 0) for row in ranks.tolist()]
     out = sorted(zip(values.tolist(), paths, strict=True), key=lambda vp: (-vp[0], len(vp[1]), vp[1]))
     return Tree(tuple(p for _, p in out), name="optimal")
