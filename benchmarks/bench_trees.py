@@ -1,4 +1,4 @@
-"""Speed targets of the tree builders (issue 2). Run:
+"""Speed targets of the tree builders (issues 2 and 13: the exact optimum on wide tables). Run:
 
     python benchmarks/bench_trees.py
 
