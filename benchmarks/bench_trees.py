@@ -1,4 +1,4 @@
-"""Speed targets of the tree builders (issue 2). Run:
+"""Speed targets of the tree builders (issues 2 and 13: the exact optimum on wide tables). Run:
 
     python benchmarks/bench_trees.py
 
@@ -58,6 +58,10 @@ def main(repeats: int = 7) -> list[tuple[str, float, float]]:
 
     t = _median_time(lambda: optimal_tree(acc, 256, max_depth=5), repeats)
     results.append(("optimal tree, 256 nodes, depth 5, 10 ranks", t, 1.0))
+
+    wide = _accuracy(8, 1000, seed=1)
+    t = _median_time(lambda: optimal_tree(wide, 2048), max(3, repeats // 2))
+    results.append(("optimal tree, 2048 nodes, 8 heads x 1000 ranks (non-monotone tails)", t, 5.0))
 
     ranks = _ranks(1_000_000, 5, 10)
 

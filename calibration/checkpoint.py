@@ -27,6 +27,7 @@ __all__ = [
     "counts_from_json",
     "counts_to_json",
     "load_checkpoint",
+    "run_id",
     "save_checkpoint",
 ]
 
@@ -82,6 +83,15 @@ def counts_from_json(doc: dict) -> CalibrationCounts:
 
 def _fingerprint_sha256(fingerprint: dict) -> str:
     return hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()
+
+
+def run_id(fingerprint: dict, counts: CalibrationCounts) -> str:
+    """The provenance key shared by an accuracy table and its rank-vector sidecar: the first
+    16 hex digits of the sha256 of the inputs' fingerprint and the counts (in their checkpoint
+    encoding, which is deterministic). Equal runs get equal ids; a table beside a sidecar of
+    another run is told by the mismatch (docs/formats.md, "Output safety")."""
+    doc = {"fingerprint": fingerprint, **counts_to_json(counts)}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def save_checkpoint(path: Path, fingerprint: dict, counts: CalibrationCounts) -> None:

@@ -6,6 +6,12 @@ Rank vectors: (N, K) int, ``ranks[i, k]`` the exact rank of head k's label at ro
 head k has no label, a rank >= the width for a miss. The kept copy is capped at the width
 (``width`` = miss) and stored as `rank_dtype(width)`; ``sequence`` (N,) int32 holds each row's
 prompt index (docs/formats.md, "Rank-vector sidecar").
+
+A batch is counted in two steps so that the counts and their progress marker move together
+(docs/formats.md, "Calibration checkpoint"): `CalibrationCounts.batch_update` computes
+everything a batch adds without touching the counts, and `CalibrationCounts.commit` applies
+it, progress included, with no work left that can fail; the runner holds Ctrl-C back while it
+runs, so a checkpoint never holds a batch's hits without the prompts that produced them.
 """
 
 from __future__ import annotations
@@ -20,6 +26,20 @@ from treeopt.accuracy import joint_counts_from_ranks, rank_hits
 def rank_dtype(width: int) -> np.dtype:
     """int16 for the kept rank vectors (values -1 .. width), int32 when width does not fit."""
     return np.dtype(np.int16 if width < np.iinfo(np.int16).max else np.int32)
+
+
+@dataclass(frozen=True)
+class BatchUpdate:
+    """What one batch adds to the counts, computed before any of it is applied."""
+
+    hits: np.ndarray               # (K, R) int64
+    positions: np.ndarray          # (K,) int64
+    joint: dict[tuple[int, ...], int] | None
+    ranks: np.ndarray | None       # (n, K) capped rank vectors to keep, or None
+    sequence: np.ndarray | None    # (n,) int32 prompt index of each kept row
+    prompts_done: int              # the progress marker after this batch
+    tokens: int                    # teacher-forced tokens of the batch
+    generated: int                 # generated tokens of the batch
 
 
 @dataclass
@@ -48,21 +68,50 @@ class CalibrationCounts:
     def width(self) -> int:
         return self.hits.shape[1]
 
-    def add_ranks(self, ranks: np.ndarray, sequence: np.ndarray | None = None) -> None:
-        """Add rank vectors (N, K): exact ranks >= 0, -1 where the head has no label. With
-        `sequence` (N,) (each row's prompt index) the vectors are kept as well, capped at the
-        width (module doc)."""
+    def batch_update(self, ranks: np.ndarray, sequence: np.ndarray | None = None, *,
+                     prompts_done: int | None = None, tokens: int = 0,
+                     generated: int = 0) -> BatchUpdate:
+        """What adding rank vectors (N, K) would change (exact ranks >= 0, -1 where the head
+        has no label), computed without changing the counts. With `sequence` (N,) (each row's
+        prompt index) the vectors are kept as well, capped at the width (module doc).
+        `prompts_done` is the progress after the batch (None: unchanged)."""
         ranks = np.asarray(ranks, np.int64)
+        K, width = self.hits.shape
         if ranks.size:
-            batch = rank_hits(ranks, self.width)
-            self.hits += batch.hits
-            self.positions += batch.positions
-            if self.joint is not None:
-                for path, n in joint_counts_from_ranks(ranks, self.width).items():
-                    self.joint[path] = self.joint.get(path, 0) + n
+            batch = rank_hits(ranks, width)
+            hits, positions = batch.hits.astype(np.int64), batch.positions.astype(np.int64)
+            joint = joint_counts_from_ranks(ranks, width) if self.joint is not None else None
+        else:
+            hits, positions, joint = np.zeros((K, width), np.int64), np.zeros(K, np.int64), None
+        kept = seq = None
         if sequence is not None:
-            self.rank_chunks.append(np.minimum(ranks, self.width).astype(rank_dtype(self.width)))
-            self.sequence_chunks.append(np.asarray(sequence, np.int32))
+            kept = np.minimum(ranks, width).astype(rank_dtype(width))
+            seq = np.asarray(sequence, np.int32)
+        return BatchUpdate(hits, positions, joint, kept, seq,
+                           self.prompts_done if prompts_done is None else int(prompts_done),
+                           int(tokens), int(generated))
+
+    def commit(self, update: BatchUpdate) -> None:
+        """Apply a `batch_update`: counts, kept rank vectors and progress. Nothing in it can
+        fail on valid input, so with Ctrl-C held back it is all or nothing."""
+        self.hits += update.hits
+        self.positions += update.positions
+        if self.joint is not None and update.joint is not None:
+            self._merge_joint(update.joint)
+        if update.ranks is not None:
+            self.rank_chunks.append(update.ranks)
+            self.sequence_chunks.append(update.sequence)
+        self.prompts_done = update.prompts_done
+        self.tokens += update.tokens
+        self.generated += update.generated
+
+    def _merge_joint(self, joint: dict[tuple[int, ...], int]) -> None:
+        for path, n in joint.items():
+            self.joint[path] = self.joint.get(path, 0) + n
+
+    def add_ranks(self, ranks: np.ndarray, sequence: np.ndarray | None = None) -> None:
+        """Add rank vectors (N, K) at once (`batch_update` + `commit`), progress unchanged."""
+        self.commit(self.batch_update(ranks, sequence))
 
     def rank_vectors(self) -> tuple[np.ndarray, np.ndarray]:
         """(ranks (N, K), sequence (N,)) kept so far, in order (module doc for the encoding)."""

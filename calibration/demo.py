@@ -8,13 +8,19 @@ a ~5M-parameter LlamaForCausalLM; freeze it and train Medusa-1 heads on top (los
 for head k, ResBlocks zero-initialised, projections initialised from lm_head). The result is
 committed in 16-bit safetensors under calibration/demo_model, together with held-out prompts
 for calibration and validation, so the main job never trains.
+
+Where training writes (`train_demo`): only under its output folder OUT and its work folder
+(default OUT/.work). The model and tokenizer go to OUT, the heads to OUT/heads, the prompts to
+OUT/data, except when OUT is the bundled calibration/demo_model: then the prompts replace the
+bundled ones that ``--data demo`` reads (calibration/data). The work folder keeps the
+tokenizer, the tokenised corpus and the checkpoints, tied to the recipe by ``recipe.json``: a
+resume with another recipe or seed is refused, never mixed (docs/formats.md, "Output safety").
 """
 
 from __future__ import annotations
 
 import json
 import math
-import pickle
 import sys
 import sysconfig
 import time
@@ -29,9 +35,10 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 from transformers.utils import logging as hf_logging
 
+from calibration.demo_files import DEMO_MODEL_DIR, DEMO_PROMPTS, DEMO_VALIDATION_PROMPTS
 from calibration.heads import MedusaHeads
-from treeopt.errors import UserError
-from treeopt.fileio import atomic_path, write_json, write_text
+from treeopt.errors import UserError, first_line
+from treeopt.fileio import atomic_path, read_json_input, write_json, write_text
 
 EOS = "<|endoftext|>"
 HELD_OUT_EVERY = 10  # a file is held out when crc32(relative path) % 10 == 0
@@ -129,12 +136,41 @@ def _load_checkpoint(path: Path, recipe: DemoRecipe) -> dict:
     tensors and plain containers, and a crafted pickle must not run code."""
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
-    except (pickle.UnpicklingError, RuntimeError, EOFError, OSError) as err:
-        raise UserError(f"{path}: not a demo training checkpoint ({str(err).strip().splitlines()[0]}); "
+    except Exception as err:  # noqa: BLE001 - torch.load raises many types for a damaged file
+        raise UserError(f"{path}: not a demo training checkpoint ({first_line(err)}); "
                         "delete it or pass --fresh") from None
     if not isinstance(state, dict) or state.get("recipe") != asdict(recipe):
         raise UserError(f"{path}: written by another recipe or seed; delete it or pass --fresh")
     return state
+
+
+#: what a run keeps in its work folder, reused by a resume of the same recipe
+_WORK_FILES = ("tokenizer.json", "tokens.npz", "base.pt", "heads.pt")
+
+
+def _check_work_dir(work_dir: Path, recipe: DemoRecipe, resume: bool) -> None:
+    """Tie the work folder to `recipe`: its tokenizer and tokenised corpus are reused only by
+    the same recipe (UserError otherwise, before any training); a fresh run claims it."""
+    stamp = work_dir / "recipe.json"
+    if resume and stamp.exists():
+        theirs = read_json_input(stamp, "a demo recipe stamp")
+        if theirs != asdict(recipe):
+            diff = sorted(k for k in asdict(recipe) if not isinstance(theirs, dict)
+                          or theirs.get(k) != asdict(recipe)[k])
+            raise UserError(f"{work_dir}: holds the work of another recipe or seed "
+                            f"({', '.join(diff[:3]) or 'format'} differ); pass --fresh or another "
+                            "--work-dir")
+    elif resume and any((work_dir / name).exists() for name in _WORK_FILES):
+        raise UserError(f"{work_dir}: holds the work of an unknown recipe (no recipe.json); "
+                        "pass --fresh or another --work-dir")
+    write_json(stamp, asdict(recipe))
+
+
+def _prompt_files(out_dir: Path) -> tuple[Path, Path]:
+    """Where the calibration and validation prompts go (module doc)."""
+    if out_dir.resolve() == DEMO_MODEL_DIR.resolve():
+        return DEMO_PROMPTS, DEMO_VALIDATION_PROMPTS
+    return out_dir / "data" / DEMO_PROMPTS.name, out_dir / "data" / DEMO_VALIDATION_PROMPTS.name
 
 
 def _log(msg: str) -> None:
@@ -143,12 +179,14 @@ def _log(msg: str) -> None:
 
 def train_demo(out_dir, recipe: DemoRecipe = DemoRecipe(), *, work_dir=None, resume: bool = True) -> dict:
     """Train the demo model into `out_dir` (base model + tokenizer, heads in out_dir/heads,
-    prompts in out_dir/../data). Checkpoints go to `work_dir` every 50 steps; an interrupted
-    run continues from there."""
+    prompts as the module doc says). Checkpoints go to `work_dir` (default out_dir/.work)
+    every 50 steps; an interrupted run continues from there (`resume`), with the same recipe
+    only. Nothing is written outside `out_dir` and `work_dir`."""
     hf_logging.disable_progress_bar()
     out_dir = Path(out_dir)
-    work_dir = Path(work_dir or out_dir.parent / "demo_work")
+    work_dir = Path(work_dir) if work_dir is not None else out_dir / ".work"
     work_dir.mkdir(parents=True, exist_ok=True)
+    _check_work_dir(work_dir, recipe, resume)
     torch.manual_seed(recipe.seed)
     t_start = time.time()
 
@@ -162,7 +200,8 @@ def train_demo(out_dir, recipe: DemoRecipe = DemoRecipe(), *, work_dir=None, res
         tok = Tokenizer.from_file(str(tok_file))
     else:
         tok = train_tokenizer((read_source(root / f) for f in train_files), recipe.vocab_size)
-        tok.save(str(tok_file))
+        with atomic_path(tok_file) as tmp:
+            tok.save(str(tmp))
     eos_id = tok.token_to_id(EOS)
 
     def encode(file_list):
@@ -174,11 +213,16 @@ def train_demo(out_dir, recipe: DemoRecipe = DemoRecipe(), *, work_dir=None, res
 
     tokens_file = work_dir / "tokens.npz"
     if tokens_file.exists() and resume:
-        data = np.load(tokens_file)
-        train_tokens, held_tokens = data["train"], data["held"]
+        try:
+            with np.load(tokens_file, allow_pickle=False) as data:
+                train_tokens, held_tokens = data["train"], data["held"]
+        except (OSError, ValueError, KeyError, EOFError) as err:
+            raise UserError(f"{tokens_file}: not a tokenised corpus ({first_line(err)}); delete it "
+                            "or pass --fresh") from None
     else:
         train_tokens, held_tokens = encode(train_files), encode(held_files)
-        np.savez(tokens_file, train=train_tokens, held=held_tokens)
+        with atomic_path(tokens_file) as tmp, open(tmp, "wb") as fh:
+            np.savez(fh, train=train_tokens, held=held_tokens)
     _log(f"tokens: {len(train_tokens):,} train, {len(held_tokens):,} held out")
 
     config = LlamaConfig(
@@ -295,10 +339,9 @@ def train_demo(out_dir, recipe: DemoRecipe = DemoRecipe(), *, work_dir=None, res
     prompts = held_out_prompts(root, files)
     # Even-indexed prompts calibrate, odd-indexed ones validate: disjoint, both spread over
     # every held-out file.
-    data_dir = out_dir.parent / "data"
-    write_text(data_dir / "demo_prompts.jsonl", "".join(json.dumps({"prompt": p}) + "\n" for p in prompts[0::2]))
-    write_text(data_dir / "demo_prompts_validation.jsonl",
-               "".join(json.dumps({"prompt": p}) + "\n" for p in prompts[1::2]))
+    calibration_file, validation_file = _prompt_files(out_dir)
+    write_text(calibration_file, "".join(json.dumps({"prompt": p}) + "\n" for p in prompts[0::2]))
+    write_text(validation_file, "".join(json.dumps({"prompt": p}) + "\n" for p in prompts[1::2]))
     summary = {
         "recipe": asdict(recipe),
         "python": sys.version.split()[0],

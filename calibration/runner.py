@@ -27,9 +27,16 @@ data set (file order).
 
 Checkpoints (`calibration.checkpoint`) hold the counts so far, the number of prompts done and a
 fingerprint of the inputs; ``resume=True`` continues from one and refuses a checkpoint whose
-fingerprint differs. Prompts are processed in file order in batches aligned to multiples of
-``batch_size`` (so a resumed run sees the same batches as an uninterrupted one, except the one
-batch that ``max_prompts`` may have cut).
+fingerprint differs. Nothing is lost (docs/formats.md, "Calibration checkpoint"): a batch's
+counts and the progress marker are committed as one unit with Ctrl-C held back
+(`deferred_interrupts`); `run_calibration` removes the checkpoint only after the table and its
+sidecar are durably in place, and ``resume=True`` on an output that is already complete for
+the same inputs returns it instead of starting over. `run_calibration` holds an output lock for
+the whole run, so a second calibration to the same output fails at once.
+
+Prompts are processed in file order in batches aligned to multiples of ``batch_size`` (so a
+resumed run sees the same batches as an uninterrupted one, except the one batch that
+``max_prompts`` may have cut).
 
 Reproducibility: same inputs, seed and machine -> byte-identical output. The provenance holds
 the date (a day, no time of day) of the run, or of ``SOURCE_DATE_EPOCH`` when that environment
@@ -38,10 +45,14 @@ variable is set; it is the only field that varies between runs on different days
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import os
+import signal
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,9 +62,10 @@ import transformers
 from tqdm import tqdm
 
 import treeopt
-from calibration.checkpoint import load_checkpoint, save_checkpoint
+from calibration.checkpoint import load_checkpoint, run_id, save_checkpoint
 from calibration.counts import CalibrationCounts
 from calibration.data import PromptSet, load_prompts
+from calibration.demo_files import DEMO_HEADS_DIR
 from calibration.labels import (
     LABEL_MODES,
     greedy_continuations,
@@ -61,12 +73,17 @@ from calibration.labels import (
     label_rows,
     pad_token_id,
 )
-from calibration.demo_files import DEMO_HEADS_DIR
 from calibration.models import load_model
 from calibration.threads import torch_threads
-from treeopt.acceptance import rank_vectors_path, save_rank_vectors
-from treeopt.accuracy import AccuracyTable
+from treeopt.acceptance import (
+    load_rank_vectors,
+    rank_vectors_fingerprint,
+    rank_vectors_path,
+    save_rank_vectors,
+)
+from treeopt.accuracy import AccuracyTable, load_accuracy
 from treeopt.errors import UserError
+from treeopt.fileio import atomic_outputs, check_writable, output_lock, refuse_overwriting_inputs
 from treeopt.layout import default_heads_dir
 
 
@@ -93,6 +110,32 @@ class CalibrationResult:
     ranks: np.ndarray | None = None
     sequence: np.ndarray | None = None  # (N,) int32 prompt index (file order) of each row
     fingerprint: dict | None = None     # the inputs (as in the checkpoint)
+    already_complete: bool = False      # resumed on an output already complete: nothing was run
+
+
+@contextlib.contextmanager
+def deferred_interrupts() -> Iterator[None]:
+    """Hold Ctrl-C (SIGINT) back for the block and deliver it when the block ends.
+
+    For the few statements that must happen together (a batch's counts and the progress
+    marker): an interrupt between them would save hits without the prompts that produced them,
+    and a resumed run would count the batch twice (docs/formats.md, "Calibration checkpoint").
+    Outside the main thread Python raises no KeyboardInterrupt, so there is nothing to hold.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if received:
+        if callable(previous):
+            previous(signal.SIGINT, None)
+        elif previous == signal.SIG_DFL:
+            raise KeyboardInterrupt
 
 
 def run_date() -> str:
@@ -120,19 +163,62 @@ def _device_name(device: torch.device) -> str:
     return str(device)
 
 
+def _finished_output(output: Path, fingerprint: dict, total: int, *,
+                     refuse_other: bool) -> CalibrationResult | None:
+    """The result of an output already complete for these inputs (None when `output` is not a
+    calibration's complete output for `total` prompts). An output from other inputs is
+    refused (UserError) when `refuse_other`, else the run starts over and replaces it."""
+    if not output.is_file():
+        return None
+    theirs = rank_vectors_fingerprint(output)
+    if theirs is None:  # no sidecar: not from a calibration, nothing to compare
+        return None
+    if theirs != fingerprint:
+        diff = sorted(k for k in set(theirs) | set(fingerprint) if theirs.get(k) != fingerprint.get(k))
+        detail = ", ".join(f"{k}: {theirs.get(k)!r} vs now {fingerprint.get(k)!r}" for k in diff[:3])
+        if refuse_other:
+            raise UserError(f"{output}: already calibrated from other inputs ({detail}); rerun "
+                            "without --resume to replace it")
+        print(f"treeopt: {output} was calibrated from other inputs ({detail}); calibrating anew",
+              file=sys.stderr)
+        return None
+    table = load_accuracy(output)
+    prompts_done = table.provenance.get("prompts")
+    if prompts_done != total:
+        return None
+    ranks, sequence = load_rank_vectors(output, table=table)
+    counts = CalibrationCounts(table.hits.astype(np.int64), table.positions.astype(np.int64),
+                               None if table.joint is None else dict(table.joint), prompts_done,
+                               int(table.provenance.get("tokens", 0)),
+                               int(table.provenance.get("steps", 0)) * prompts_done)
+    counts.rank_chunks, counts.sequence_chunks = [ranks], [sequence]
+    print(f"treeopt: {output} is already complete for these inputs ({prompts_done} prompts); "
+          "nothing to do", file=sys.stderr)
+    return CalibrationResult(table, counts, True, None, 0.0, prompts_done, 0, ranks, sequence,
+                             fingerprint, already_complete=True)
+
+
 def calibrate(loaded, prompts: PromptSet, *, steps: int = 32, topk: int = 10,
               labels: str = "greedy", batch_size: int = 8, max_prompts: int | None = None,
               checkpoint: str | Path | None = None, resume: bool = False,
               checkpoint_every: int = 64, heads_source: str | None = None, seed: int = 0,
               joint: bool = True, progress: bool | None = None,
-              chunk_elements: int | None = None) -> CalibrationResult:
+              chunk_elements: int | None = None, keep_checkpoint: bool = False,
+              finished_output: str | Path | None = None,
+              refuse_other_output: bool = False) -> CalibrationResult:
     """Calibrate `loaded` (a `calibration.models.LoadedModel`) on `prompts`.
 
     Returns the accuracy table (hits/positions/joint/provenance) and the raw counts.
     `checkpoint` is the checkpoint file (None: no checkpoints); it is written atomically every
     `checkpoint_every` prompts (at batch boundaries), when the run stops at `max_prompts` short of
     the data, and on Ctrl-C (then `CalibrationInterrupted` is raised); it is removed when the
-    whole data set is done. `progress`: tqdm on stderr (None = only on a terminal).
+    whole data set is done, unless `keep_checkpoint`: then it is written complete and left for
+    the caller to remove once its outputs are in place (`run_calibration`).
+    `finished_output`: with `resume` and no checkpoint, an accuracy table already complete for
+    these inputs is returned as is (``already_complete``); one from other inputs is replaced
+    (the run starts over), or refused with `refuse_other_output` (`treeopt calibrate --resume`:
+    a resume must not silently replace a table made from other inputs).
+    `progress`: tqdm on stderr (None = only on a terminal).
     """
     model, heads = loaded.model, loaded.heads
     vocab = heads.vocab_size
@@ -175,6 +261,11 @@ def calibrate(loaded, prompts: PromptSet, *, steps: int = 32, topk: int = 10,
             raise UserError(f"{ckpt}: checkpoint already covers {counts.prompts_done} prompts, "
                             f"more than the {total} asked for")
     elif resume:
+        finished = None if finished_output is None else \
+            _finished_output(Path(finished_output), fingerprint, total,
+                             refuse_other=refuse_other_output)
+        if finished is not None:
+            return finished
         print(f"treeopt: no checkpoint at {ckpt}; starting from the beginning", file=sys.stderr)
 
     pad = pad_token_id(model, loaded.tokenizer)
@@ -191,17 +282,18 @@ def calibrate(loaded, prompts: PromptSet, *, steps: int = 32, topk: int = 10,
             batch = [list(p) for p in prompts.token_ids[lo:hi]]
             if gen_steps:
                 gen = greedy_continuations(model, batch, gen_steps, pad_id=pad)
-                seqs = [p + g for p, g in zip(batch, gen)]
+                seqs = [p + g for p, g in zip(batch, gen, strict=True)]
                 starts = [len(p) - 1 for p in batch]
             else:
                 seqs, starts = batch, [0] * len(batch)
             ranks = label_ranks(model, heads, seqs, starts, pad_id=pad, chunk_elements=chunk_elements)
             # label_ranks' rows follow label_rows: prompt by prompt, t increasing
             row_seq, _, _ = label_rows([len(s) for s in seqs], starts, heads.num_heads)
-            counts.add_ranks(ranks, sequence=lo + row_seq)
-            counts.prompts_done = hi
-            counts.tokens += sum(len(s) for s in seqs)
-            counts.generated += gen_steps * len(seqs)
+            update = counts.batch_update(ranks, lo + row_seq, prompts_done=hi,
+                                         tokens=sum(len(s) for s in seqs),
+                                         generated=gen_steps * len(seqs))
+            with deferred_interrupts():  # the batch's counts and prompts_done: one unit
+                counts.commit(update)
             bar.update(hi - lo)
             rate = (counts.tokens - tokens_at_start) / max(time.perf_counter() - start_time, 1e-9)
             bar.set_postfix_str(f"{rate:,.0f} tok/s", refresh=False)
@@ -220,7 +312,7 @@ def calibrate(loaded, prompts: PromptSet, *, steps: int = 32, topk: int = 10,
 
     complete = counts.prompts_done >= len(prompts)
     if ckpt is not None:
-        if complete:
+        if complete and not keep_checkpoint:
             ckpt.unlink(missing_ok=True)
         else:
             save_checkpoint(ckpt, fingerprint, counts)
@@ -244,6 +336,7 @@ def calibrate(loaded, prompts: PromptSet, *, steps: int = 32, topk: int = 10,
         "positions": int(counts.positions[0]),
         "tokens": counts.tokens,
         "seed": seed,
+        "run_id": run_id(fingerprint, counts),
         "rank_ties": "rank = number of logits strictly greater than the label's",
         "date": run_date(),
         **tool_versions(),
@@ -275,6 +368,25 @@ def run_calibration(model: str = "demo", heads: str | None = None, data: str = "
     """
     if threads is not None and threads < 1:
         raise UserError(f"--threads: must be at least 1, got {threads}")
+    if checkpoint == "auto":
+        checkpoint = Path(str(output) + ".partial") if output is not None else None
+    outputs = [] if output is None else [output, rank_vectors_path(output)]
+    outputs += [checkpoint] if checkpoint is not None else []
+    inputs = [p for p in (model, heads, data) if p is not None and Path(p).is_file()]
+    refuse_overwriting_inputs(outputs, inputs)
+    if output is not None and checkpoint is not None:
+        refuse_overwriting_inputs([checkpoint], [output, rank_vectors_path(output)])
+    check_writable(outputs)  # before the model loads and hours of calibration
+    lock = output_lock(output) if output is not None else contextlib.nullcontext()
+    with lock:
+        return _run_calibration_locked(model, heads, data, output=output, device=device,
+                                       dtype=dtype, prompt_tokens=prompt_tokens,
+                                       max_prompts=max_prompts, checkpoint=checkpoint,
+                                       threads=threads, num_heads=num_heads, **options)
+
+
+def _run_calibration_locked(model, heads, data, *, output, device, dtype, prompt_tokens,
+                            max_prompts, checkpoint, threads, num_heads, **options) -> CalibrationResult:
     loaded = load_model(model, heads, device=device, dtype=dtype, num_heads=num_heads)
     # One prompt beyond --max-prompts tells whether the run leaves data unused (then the
     # checkpoint stays for --resume).
@@ -290,14 +402,25 @@ def run_calibration(model: str = "demo", heads: str | None = None, data: str = "
     else:
         found = default_heads_dir(model)
         heads_source = None if found is None else str(found)
-    if checkpoint == "auto":
-        checkpoint = Path(str(output) + ".partial") if output is not None else None
     with torch_threads(loaded.model, loaded.device, threads):
         result = calibrate(loaded, prompts, max_prompts=max_prompts, checkpoint=checkpoint,
-                           heads_source=heads_source, **options)
-    if output is not None:
-        # the sidecar first: a table never sits beside rank vectors of another run for long
-        save_rank_vectors(rank_vectors_path(output), result.ranks, result.sequence,
-                          result.table.width, result.fingerprint)
-        result.table.save(output)
+                           heads_source=heads_source, keep_checkpoint=output is not None,
+                           finished_output=output, **options)
+    if output is not None and not result.already_complete:
+        save_outputs(output, result)
+        if result.complete and checkpoint is not None:
+            # only now: every output is on disk, so the counts are never in neither place
+            Path(checkpoint).unlink(missing_ok=True)
     return result
+
+
+def save_outputs(output: str | Path, result: CalibrationResult) -> None:
+    """Write the accuracy table `output` and its rank-vector sidecar together, durably
+    (`treeopt.fileio.atomic_outputs`). The sidecar is renamed first and the table, which
+    readers open first, last; both carry the run's ``run_id`` (docs/formats.md, "Output
+    safety")."""
+    with atomic_outputs() as out:
+        save_rank_vectors(out.path(rank_vectors_path(output)), result.ranks, result.sequence,
+                          result.table.width, result.fingerprint,
+                          run_id=result.table.provenance["run_id"])
+        result.table.save(out.path(output))

@@ -51,6 +51,7 @@ ACCURACY_TESTS = ("tests/test_accuracy.py", "tests/test_build.py")
 ACCEPTANCE_TESTS = ("tests/test_acceptance.py",)
 ENGINE_TESTS = ("tests/test_engines.py",)
 MIX_TESTS = ("tests/test_mix.py",)
+RELIABILITY_TESTS = ("tests/test_reliability.py",)
 
 
 @dataclass(frozen=True)
@@ -171,14 +172,34 @@ MUTANTS = (
            "greedy values a sibling with its predecessor's rank", BUILD_TESTS),
     Mutant("build-greedy-child-value", "treeopt/build.py", "-(-neg * a[d, 0])", "-(pv * a[d, 0])",
            "greedy values a child from its grandparent", BUILD_TESTS),
-    Mutant("build-optimal-dropped-term", "treeopt/build.py", "inner = 1.0 + g[:-1]", "inner = g[:-1]",
-           "optimal DP forgets the child node itself", BUILD_TESTS),
+    Mutant("build-optimal-sort-ascending", "treeopt/build.py",
+           'np.argsort(-a[d, :widths[d]], kind="stable")', 'np.argsort(a[d, :widths[d]], kind="stable")',
+           "optimal builder sorts the ranks worst first", BUILD_TESTS + RELIABILITY_TESTS),
+    Mutant("build-optimal-no-relabel", "treeopt/build.py",
+           "ranks = np.where(used, order[depth_of_column, np.maximum(sorted_ranks, 0)], -1)",
+           "ranks = sorted_ranks", "optimal builder returns sorted labels, not the original ranks",
+           BUILD_TESTS + RELIABILITY_TESTS),
+    Mutant("build-optimal-unsorted-output", "treeopt/build.py", "key=lambda vp: (-vp[0], len(vp[1]), vp[1])",
+           "key=lambda vp: (len(vp[1]), -vp[0], vp[1])", "optimal tree's prefixes are not by value",
+           RELIABILITY_TESTS),
     Mutant("build-tau-no-bonus", "treeopt/build.py", "np.concatenate(([1.0], 1.0 + np.cumsum(vals)))",
            "np.concatenate(([1.0], np.cumsum(vals)))", "tau curve without the bonus token", BUILD_TESTS),
     Mutant("build-joint-depth-off-by-one", "treeopt/build.py", "if c > 0 and len(p) <= D and",
            "if c > 0 and len(p) < D and", "joint builder drops prefixes at the maximum depth", BUILD_TESTS),
     Mutant("build-capacity", "treeopt/build.py", "total += level", "total += w",
            "tree capacity adds widths instead of level sizes", BUILD_TESTS),
+    # ---- issue 13: size guards, the commit and checkpoint windows, the shared run_id
+    Mutant("tree-buffer-bytes-no-retrieve", "treeopt/tree.py", "q * q + 8 * (q + leaves) * (depth + 1) + 5 * 8 * q",
+           "q * q + 8 * q * (depth + 1) + 5 * 8 * q", "buffer estimate forgets the retrieve indices",
+           RELIABILITY_TESTS),
+    Mutant("runner-commit-not-deferred", "calibration/runner.py",
+           "with deferred_interrupts():  # the batch", "with contextlib.nullcontext():  # the batch",
+           "a Ctrl-C inside the count update splits a batch from its progress", RELIABILITY_TESTS),
+    Mutant("runner-checkpoint-removed-first", "calibration/runner.py", "keep_checkpoint=output is not None,",
+           "keep_checkpoint=False,", "checkpoint removed before the outputs are written", RELIABILITY_TESTS),
+    Mutant("sidecar-run-id-unchecked", "treeopt/acceptance.py",
+           "if (side_id is not None or table_id is not None) and side_id != table_id:", "if False:",
+           "a sidecar of another run with equal counts passes", RELIABILITY_TESTS),
     # ---- treeopt/accuracy.py
     Mutant("acc-node-values-head", "treeopt/accuracy.py", "vals[inside] *= acc[j, col[inside]]",
            "vals[inside] *= acc[0, col[inside]]", "node value uses head 1 at every depth", ACCURACY_TESTS),

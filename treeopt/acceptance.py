@@ -47,6 +47,7 @@ __all__ = [
     "RANK_VECTORS_SUFFIX",
     "accepted_lengths",
     "load_rank_vectors",
+    "rank_vectors_fingerprint",
     "rank_vectors_path",
     "save_rank_vectors",
     "simulate_tokens_per_step",
@@ -250,8 +251,10 @@ def rank_vectors_path(accuracy_path) -> Path:
     return p.with_suffix(RANK_VECTORS_SUFFIX) if p.suffix else p.with_name(p.name + RANK_VECTORS_SUFFIX)
 
 
-def save_rank_vectors(path, ranks, sequence, width: int, fingerprint: dict | None = None) -> None:
-    """Write an .npz (keys ranks, sequence, width, fingerprint as a JSON string) atomically.
+def save_rank_vectors(path, ranks, sequence, width: int, fingerprint: dict | None = None,
+                      run_id: str | None = None) -> None:
+    """Write an .npz (keys ranks, sequence, width, fingerprint as a JSON string, and run_id
+    when given: the provenance key its accuracy table carries too) atomically.
 
     The archive is what ``np.savez_compressed`` writes, with a fixed member timestamp so that
     equal inputs give byte-identical files (numpy stamps the current time).
@@ -259,6 +262,8 @@ def save_rank_vectors(path, ranks, sequence, width: int, fingerprint: dict | Non
     arrays = {"ranks": np.asarray(ranks), "sequence": np.asarray(sequence),
               "width": np.asarray(int(width), np.int64),
               "fingerprint": np.asarray(json.dumps(fingerprint or {}, sort_keys=True))}
+    if run_id is not None:
+        arrays["run_id"] = np.asarray(str(run_id))
     with atomic_path(path) as tmp, \
             zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED, allowZip64=True) as zf:
         for key, value in arrays.items():
@@ -274,9 +279,11 @@ def load_rank_vectors(accuracy_path, *, table=None) -> tuple[np.ndarray, np.ndar
     sequence (N,)), or None when there is no sidecar (tables from elsewhere).
 
     The sidecar is checked against the table (`table`, else the accuracy file when it exists):
-    its per-head, per-rank counts must equal the table's hits and positions, so a sidecar left
-    from another run (e.g. the table was overwritten by ``calibrate --import``) is an error, not
-    a silently wrong prediction. UserError naming the file when it is unreadable or inconsistent.
+    its per-head, per-rank counts must equal the table's hits and positions, and its
+    ``run_id`` the table's ``provenance.run_id`` when either has one, so a sidecar left from
+    another run (e.g. the table was overwritten by ``calibrate --import``, or by a concurrent
+    calibration) is an error, not a silently wrong prediction (docs/formats.md, "Output
+    safety"). UserError naming the file when it is unreadable or inconsistent.
     """
     side = rank_vectors_path(accuracy_path)
     if not side.exists():
@@ -287,6 +294,7 @@ def load_rank_vectors(accuracy_path, *, table=None) -> tuple[np.ndarray, np.ndar
             if missing:
                 raise UserError(f"{side}: not a rank-vector file (no '{missing[0]}' array)")
             ranks, sequence, width = z["ranks"], z["sequence"], z["width"]
+            side_id = _text_member(z, "run_id", side)
     except UserError:
         raise
     except (OSError, ValueError, EOFError, zipfile.BadZipFile, KeyError) as err:
@@ -303,14 +311,51 @@ def load_rank_vectors(accuracy_path, *, table=None) -> tuple[np.ndarray, np.ndar
     if table is None and Path(accuracy_path).is_file():
         table = load_accuracy(accuracy_path)
     if table is not None:
-        _check_against_table(side, ranks, int(width), table)
+        _check_against_table(side, ranks, int(width), table, side_id)
     return ranks, sequence
 
 
-def _check_against_table(side: Path, ranks: np.ndarray, width: int, table) -> None:
+def _text_member(z, key: str, side: Path) -> str | None:
+    """A string member of the archive (None when absent); UserError when it is not one."""
+    if key not in z.files:
+        return None
+    value = z[key]
+    if value.shape != () or value.dtype.kind != "U":
+        raise UserError(f"{side}: '{key}' must be a string")
+    return str(value)
+
+
+def rank_vectors_fingerprint(accuracy_path) -> dict | None:
+    """The inputs' fingerprint recorded in the sidecar of `accuracy_path` (what
+    `calibration.runner` compares before resuming a finished output), None when there is no
+    sidecar. UserError when it is unreadable."""
+    side = rank_vectors_path(accuracy_path)
+    if not side.exists():
+        return None
+    try:
+        with np.load(side, allow_pickle=False) as z:
+            text = _text_member(z, "fingerprint", side)
+    except UserError:
+        raise
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, KeyError) as err:
+        raise UserError(f"{side}: not a readable rank-vector file ({err})") from None
+    try:
+        fingerprint = json.loads(text) if text is not None else None
+    except json.JSONDecodeError:
+        fingerprint = None
+    if not isinstance(fingerprint, dict):
+        raise UserError(f"{side}: 'fingerprint' must be a JSON object")
+    return fingerprint
+
+
+def _check_against_table(side: Path, ranks: np.ndarray, width: int, table,
+                         side_id: str | None = None) -> None:
     K, R = table.hits.shape
     problem = None
-    if ranks.shape[1] != K or width != R:
+    table_id = table.provenance.get("run_id")
+    if (side_id is not None or table_id is not None) and side_id != table_id:
+        problem = f"run_id {side_id}, the table's is {table_id}"
+    elif ranks.shape[1] != K or width != R:
         problem = f"{ranks.shape[1]} heads x width {width}, the table has {K} x {R}"
     else:
         counts = rank_hits(ranks, R)

@@ -1,9 +1,9 @@
 """Draft-head accuracy tables and the expected number of tokens per step of a tree.
 
 Per-rank accuracy acc[k][r] = P(head k+1's rank-r proposal is the label), exact rank
-(docs/statistics.md "Per-rank accuracy"). Optional joint statistics keep the dependence between heads: for each node path
-the number of positions whose rank vector starts with it. The file format is documented in
-docs/formats.md.
+(docs/statistics.md "Per-rank accuracy"). Optional joint statistics keep the dependence
+between heads: for each node path the number of positions whose rank vector starts with it.
+The file format is documented in docs/formats.md.
 """
 
 from __future__ import annotations
@@ -168,6 +168,9 @@ class AccuracyTable:
             prov = {}
         if not isinstance(prov, dict):
             raise UserError(f"{source}: field 'provenance' must be an object")
+        if "run_id" in prov and not isinstance(prov["run_id"], str):
+            # the key its rank-vector sidecar is matched by (docs/formats.md, "Output safety")
+            raise UserError(f"{source}: field 'provenance.run_id' must be a string, got {prov['run_id']!r}")
         return cls(hits=hits, positions=positions, joint=joint, provenance=prov)
 
     def save(self, path) -> None:
@@ -362,7 +365,7 @@ def joint_counts_from_ranks(ranks, width: int) -> dict[tuple[int, ...], int]:
             if sel.shape[0] == 0:
                 break
             paths, counts = np.unique(sel, axis=0, return_counts=True)
-            out.update(zip(map(tuple, paths.tolist()), counts.tolist()))
+            out.update(zip(map(tuple, paths.tolist()), counts.tolist(), strict=True))
         return out
     digits = np.where(alive, ranks + 1, 0)
     codes = digits @ base ** np.arange(K - 1, -1, -1, dtype=np.int64)
@@ -381,7 +384,7 @@ def joint_counts_from_ranks(ranks, width: int) -> dict[tuple[int, ...], int]:
         counts = np.add.reduceat(w, first)
         powers = base ** np.arange(d - 1, -1, -1, dtype=np.int64)
         paths = (prefix[first][:, None] // powers[None, :]) % base - 1
-        out.update(zip(map(tuple, paths.tolist()), counts.tolist()))
+        out.update(zip(map(tuple, paths.tolist()), counts.tolist(), strict=True))
     return out
 
 
@@ -469,7 +472,7 @@ def _read_csv(text: str, src: str, name: str, model: str | None, default_model: 
     i_model = header.index("model") if "model" in header else None
 
     by_model: dict[str, dict[int, tuple[int, np.ndarray]]] = {}
-    for (lineno, _), row in zip(lines[1:], rows[1:]):
+    for (lineno, _), row in zip(lines[1:], rows[1:], strict=False):
         if len(row) != len(header):
             raise UserError(f"{src}: line {lineno}: {len(row)} fields, the header has {len(header)}")
         m = row[i_model].strip() if i_model is not None else ""
@@ -492,7 +495,8 @@ def _read_csv(text: str, src: str, name: str, model: str | None, default_model: 
                 )
         heads = by_model.setdefault(m, {})
         if head in heads:
-            raise UserError(f"{src}: line {lineno}: head {head} of {m or 'the table'} appears twice (line {heads[head][0]})")
+            raise UserError(f"{src}: line {lineno}: head {head} of {m or 'the table'} appears twice "
+                            f"(line {heads[head][0]})")
         heads[head] = (lineno, cum)
     if not by_model:
         raise UserError(f"{src}: no data rows")
@@ -581,7 +585,8 @@ def node_values(tree: Tree, table_or_acc, *, joint: bool = False, strict: bool =
 def _check_fits(tree: Tree, K: int, R: int) -> None:
     for p in tree.paths:
         if len(p) > K:
-            raise UserError(f"{tree.name}: node {_node_str(p)} has depth {len(p)}, but the accuracy table has {K} heads")
+            raise UserError(f"{tree.name}: node {_node_str(p)} has depth {len(p)}, but the accuracy "
+                            f"table has {K} heads")
         if max(p) >= R:
             raise UserError(f"{tree.name}: node {_node_str(p)} has rank {max(p)}, but the accuracy table has width {R}")
 

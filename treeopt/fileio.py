@@ -1,7 +1,10 @@
 """File input and output shared by every package.
 
 Output is atomic: a reader never sees a half-written file, and a failed or interrupted run
-leaves nothing behind. Input files given by the user are read through `read_text_input` /
+leaves nothing behind. A command checks its outputs before any long work
+(`refuse_overwriting_inputs`, `check_writable`), holds `output_lock` on each while it works,
+and writes several outputs that belong together through `atomic_outputs` (docs/formats.md,
+"Output safety"). Input files given by the user are read through `read_text_input` /
 `read_json_input`, so that a missing, unreadable or malformed file is one `UserError` line with
 the same wording whichever command reads it (docs/formats.md).
 """
@@ -9,10 +12,12 @@ the same wording whichever command reads it (docs/formats.md).
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import json
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from treeopt.errors import UserError
@@ -82,3 +87,177 @@ def parse_json_input(text: str, source) -> object:
 def read_json_input(path: str | os.PathLike, what: str) -> object:
     """A user's JSON input file parsed (`read_text_input`, then `parse_json_input`)."""
     return parse_json_input(read_text_input(path, what), path)
+
+
+# --------------------------------------------------------------------------------------------
+# output safety (docs/formats.md, "Output safety")
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them does not exist (yet): compare where they would resolve to
+        return os.path.realpath(a) == os.path.realpath(b)
+
+
+def refuse_overwriting_inputs(outputs: Iterable, inputs: Iterable) -> None:
+    """UserError (one line naming both) when an output is one of the inputs: the same file
+    after resolving links, or, for an output that does not exist yet, the same resolved path.
+    None entries are skipped, so optional inputs and outputs can be passed as they are."""
+    ins = [Path(i) for i in inputs if i is not None]
+    for out in outputs:
+        if out is None:
+            continue
+        for inp in ins:
+            if _same_file(Path(out), inp):
+                raise UserError(f"{os.fspath(out)}: is also an input ({os.fspath(inp)}); writing it "
+                                "would destroy that input, choose another output file")
+
+
+def _probe_directory(directory: Path) -> str | None:
+    """None when a file can be created in `directory`, else why not. Tries it for real: a
+    read-only mount or a special file system refuses a write that os.access (as root) allows."""
+    try:
+        fd, probe = tempfile.mkstemp(dir=directory, prefix=".treeopt-probe.")
+    except OSError as err:
+        return err.strerror or str(err)
+    os.close(fd)
+    os.unlink(probe)
+    return None
+
+
+def check_writable(outputs: Iterable) -> None:
+    """Check every output location before any long work: the output is not a directory, and
+    its folder exists and is writable, or can be created (its nearest existing ancestor is a
+    writable directory). Creates nothing that stays. UserError, one line, naming the output."""
+    for out in outputs:
+        if out is None:
+            continue
+        name = os.fspath(out)
+        path = Path(out)
+        if path.is_dir():
+            raise UserError(f"{name}: is a directory; give a file name to write")
+        ancestor = path.absolute().parent
+        while not ancestor.exists() and not ancestor.is_symlink():
+            ancestor = ancestor.parent
+        if not ancestor.is_dir():
+            raise UserError(f"{name}: cannot be written: {ancestor} is not a directory")
+        problem = _probe_directory(ancestor)
+        if problem:
+            raise UserError(f"{name}: cannot be written in {ancestor} ({problem})")
+
+
+def _fsync_path(path: Path, *, directory: bool = False) -> None:
+    fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if directory else 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class AtomicOutputs:
+    """The outputs collected by `atomic_outputs`: `path(final)` gives the temporary file to
+    write in place of `final`."""
+
+    def __init__(self):
+        self._pending: list[tuple[Path, Path]] = []  # (temporary, final), in rename order
+
+    def path(self, final: str | os.PathLike) -> Path:
+        """A temporary path beside `final`, renamed onto it when the block ends without an
+        exception. Outputs are renamed in the order their paths were asked for."""
+        final = Path(final)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=final.parent, prefix=f".{final.name}.", suffix=".tmp")
+        os.close(fd)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
+        self._pending.append((Path(tmp), final))
+        return Path(tmp)
+
+    def _discard(self) -> None:
+        for tmp, _ in self._pending:
+            tmp.unlink(missing_ok=True)
+
+    def _commit(self) -> None:
+        for tmp, _ in self._pending:
+            _fsync_path(tmp)  # the data is on disk before any name points at it
+        for tmp, final in self._pending:
+            os.replace(tmp, final)
+        for directory in {final.parent for _, final in self._pending}:
+            _fsync_path(directory, directory=True)  # and the renames themselves
+
+
+@contextlib.contextmanager
+def atomic_outputs() -> Iterator[AtomicOutputs]:
+    """Write several outputs together: all or none.
+
+    Each ``outputs.path(final)`` is a temporary file beside `final`. When the block ends
+    normally every temporary is flushed to disk (fsync), then renamed onto its final name in
+    the order the paths were asked for, then the directories are synced. On an exception
+    nothing is renamed and every temporary is removed.
+
+    Limits: renaming N files is N atomic operations, not one. A crash between two renames
+    leaves the first outputs new and the rest old. So ask for the path a reader checks last,
+    last (e.g. the rank-vector sidecar before the accuracy table), and give outputs that
+    belong together one shared fingerprint, which readers compare (docs/formats.md,
+    "Output safety").
+    """
+    outputs = AtomicOutputs()
+    try:
+        yield outputs
+    except BaseException:
+        outputs._discard()
+        raise
+    try:
+        outputs._commit()
+    except BaseException:
+        outputs._discard()
+        raise
+
+
+def lock_path(output: str | os.PathLike) -> Path:
+    """The lock file of `output`: ``.NAME.lock`` beside it."""
+    output = Path(output)
+    return output.with_name(f".{output.name}.lock")
+
+
+@contextlib.contextmanager
+def output_lock(output: str | os.PathLike) -> Iterator[Path]:
+    """Hold an advisory exclusive lock on `output` for the block (fcntl.flock on
+    `lock_path(output)`, which holds the owner's pid). A second treeopt process that asks for
+    the same output fails at once: UserError "OUTPUT: is being written by another treeopt
+    process (pid N)". The lock file is removed on release while still held, so it never
+    outlives its writer; a process that opened it just before is told by the inode check
+    and takes the new one. The lock dies with its process (SIGKILL included): the
+    kernel releases a flock when the file is closed."""
+    path = lock_path(output)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as err:
+            if err.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                os.close(fd)
+                raise UserError(f"{os.fspath(output)}: cannot lock ({err.strerror or err})") from None
+            try:
+                owner = os.read(fd, 32).decode("ascii", "replace").strip() or "unknown"
+            finally:
+                os.close(fd)
+            raise UserError(f"{os.fspath(output)}: is being written by another treeopt process "
+                            f"(pid {owner})") from None
+        try:
+            current = os.stat(path)
+        except FileNotFoundError:
+            current = None
+        if current is not None and current.st_ino == os.fstat(fd).st_ino:
+            break
+        os.close(fd)  # the holder removed this file as we opened it: lock the new one
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        yield path
+    finally:
+        path.unlink(missing_ok=True)
+        os.close(fd)

@@ -273,8 +273,25 @@ class TreeBuffers:
         }
 
 
-def tree_buffers(tree: Tree, topk: int) -> TreeBuffers:
-    """Buffers in Medusa's exact convention for candidate width `topk`."""
+#: the most memory `tree_buffers` allocates before refusing (the q x q mask dominates)
+BUFFER_BYTES_LIMIT = 512 * 2**20
+
+
+def buffer_bytes(num_nodes: int, depth: int, leaves: int) -> int:
+    """Bytes `tree_buffers` allocates for a tree of `num_nodes` nodes, `depth` and `leaves`
+    leaves: the (q, q) bool mask, the (q, depth+1) int64 root-to-node chains, the
+    (leaves, depth+1) int64 retrieve indices and five (q,) int64 vectors; q = n + 1."""
+    q = num_nodes + 1
+    return q * q + 8 * (q + leaves) * (depth + 1) + 5 * 8 * q
+
+
+def tree_buffers(tree: Tree, topk: int, *, max_bytes: int = BUFFER_BYTES_LIMIT) -> TreeBuffers:
+    """Buffers in Medusa's exact convention for candidate width `topk`.
+
+    UserError with the estimate when they would take more than `max_bytes` (`buffer_bytes`):
+    the mask grows as the square of the tree (docs/trees.md "Buffers"), 9.3 GiB at 100,000
+    nodes, far beyond any tree a GPU verifies in one step.
+    """
     if isinstance(topk, bool) or not isinstance(topk, (int, np.integer)) or topk < 1:
         raise UserError(f"topk: must be a positive integer, got {topk!r}")
     _check_paths(tree.paths, tree.name, topk=topk)
@@ -289,6 +306,12 @@ def tree_buffers(tree: Tree, topk: int) -> TreeBuffers:
         parent[i] = index.get(p[:-1], 0)
         last[i] = p[-1]
     tree_indices = np.where(depth > 0, 1 + topk * (depth - 1) + last, 0)
+    leaf_count = q - len(np.unique(parent[1:]))
+    need = buffer_bytes(q - 1, int(depth.max()), leaf_count)
+    if need > max_bytes:
+        raise UserError(f"{tree.name}: the buffers of {q - 1} nodes (depth {int(depth.max())}, "
+                        f"{leaf_count} leaves) would take {need / 2**30:.2f} GiB, more than the "
+                        f"{max_bytes / 2**30:.2f} GiB limit")
 
     # Canonical order puts every depth level after its parents' level, so one vectorised pass
     # per depth fills both the ancestor mask and the root-to-node paths.
