@@ -138,8 +138,9 @@ def operators(shape: ModelShape, heads: DraftHeadsShape | None = None, *, batch,
     linear("q_proj", L, h, nh * d)
     linear("k_proj", L, h, nkv * d)
     linear("v_proj", L, h, nkv * d)
-    # rotary on q and k: read, write, and the cos/sin tables; ~3 FLOP per element
-    add("rotary", "vector", L, 3 * bq * (nh + nkv) * d, 2 * bq * (nh + nkv) * d + 2 * q * d, bq)
+    # rotary on q and k: read, write, and the cos/sin tables of the positions one attending
+    # sequence covers (k of them); ~3 FLOP per element
+    add("rotary", "vector", L, 3 * bq * (nh + nkv) * d, 2 * bq * (nh + nkv) * d + 2 * k * d, bq)
     if kv_cache_update == "append":
         add("kv_cache", "vector", L, zeros, 2 * (2 * bq * nkv * d), bq)    # read new K,V; write them
     else:
