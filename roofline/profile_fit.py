@@ -31,9 +31,9 @@ from roofline.latency import step_time_s
 from roofline.shapes import DraftHeadsShape, ModelShape
 from treeopt.errors import UserError
 
-__all__ = ["STEP_COLUMNS", "OPTIONAL_COLUMNS", "FIT_TERMS", "StepPoints", "ProfileFit", "read_step_points",
-           "step_points_frame", "predict_step_s", "identifiable_terms", "fit_profile", "apply_terms",
-           "error_summary"]
+__all__ = ["STEP_COLUMNS", "OPTIONAL_COLUMNS", "FIT_TERMS", "StepPoints", "ProfileFit", "BatchTransfer",
+           "read_step_points", "step_points_frame", "sweep_step_points", "predict_step_s", "identifiable_terms",
+           "fit_profile", "apply_terms", "batch_transfer", "error_summary"]
 
 STEP_COLUMNS = ("batch", "context", "tokens", "step_ms")
 OPTIONAL_COLUMNS = ("candidates", "draft_stages")
@@ -274,3 +274,58 @@ def error_summary(errors) -> str:
 def _summary_dict(errors) -> dict:
     e = np.abs(np.asarray(errors, dtype=float))
     return {"median_abs": float(np.median(e)), "worst_abs": float(np.max(e))}
+
+
+def sweep_step_points(sweep: pd.DataFrame, heads_by_nodes) -> StepPoints:
+    """StepPoints of a measured sweep (treeopt.selection SWEEP_COLUMNS: batch, context, nodes,
+    step_time_s): q = nodes + 1 under a tree mask; heads_by_nodes[n] draft heads run with the
+    tree of n nodes (the reference decoder runs those its depth reaches, docs/decoder.md)."""
+    nodes = sweep["nodes"].to_numpy(dtype=int)
+    heads = np.asarray(heads_by_nodes, dtype=float)
+    n = len(sweep)
+    return StepPoints(batch=sweep["batch"].to_numpy(dtype=float), context=sweep["context"].to_numpy(dtype=float),
+                      tokens=nodes + 1.0, candidates=np.ones(n), draft_stages=np.zeros(n), draft_heads=heads[nodes],
+                      step_s=sweep["step_time_s"].to_numpy(dtype=float))
+
+
+@dataclass(frozen=True)
+class BatchTransfer:
+    """A profile fitted on the batch-1 rows of a sweep, judged on the other batch sizes: per
+    (batch, context) cell the median and worst relative error of T(n)/T(0), and the best tree
+    size measured and predicted (by tau x T(0)/T(n)) with whether they are at most one swept
+    size apart ("within one proposal step")."""
+
+    fit: ProfileFit
+    cells: pd.DataFrame
+
+
+def batch_transfer(shape: ModelShape, heads: DraftHeadsShape | None, base: HardwareProfile, sweep: pd.DataFrame,
+                   heads_by_nodes, *, fit_batch: int = 1, fit_terms: tuple[str, ...] | None = None) -> BatchTransfer:
+    """Fit `base` on the rows of batch `fit_batch` and predict the other batch sizes.
+    fit_terms: the terms to fit (default: those the rows identify; () keeps `base` as it is)."""
+    points = sweep_step_points(sweep, heads_by_nodes)
+    train = points.batch == fit_batch
+    if not np.any(train) or np.all(train):
+        raise UserError(f"sweep: the fit needs rows of batch {fit_batch} and of other batch sizes")
+    fit = fit_profile(shape, heads, base, points.take(train), leave_one_out=False, terms=fit_terms,
+                      source=f"the batch-{fit_batch} rows of a sweep")
+    frame = sweep.assign(predicted_s=predict_step_s(shape, heads, fit.profile, points))
+    sizes = np.sort(frame["nodes"].unique())
+    rows = []
+    for (b, s), cell in frame[~train].groupby(["batch", "context"]):   # one entry per measured cell
+        cell = cell.sort_values("nodes")
+        plain = cell[cell["nodes"] == 0]
+        if plain.empty:
+            continue
+        measured = cell["step_time_s"].to_numpy() / float(plain["step_time_s"].iloc[0])
+        predicted = cell["predicted_s"].to_numpy() / float(plain["predicted_s"].iloc[0])
+        spec = cell["nodes"].to_numpy() > 0
+        err = predicted[spec] / measured[spec] - 1.0
+        tau = cell["tau"].to_numpy()
+        best_m = int(cell["nodes"].iloc[int(np.argmax(tau / measured))])
+        best_p = int(cell["nodes"].iloc[int(np.argmax(tau / predicted))])
+        apart = abs(int(np.searchsorted(sizes, best_m)) - int(np.searchsorted(sizes, best_p)))
+        rows.append({"batch": int(b), "context": int(s), "median_ratio_error": float(np.median(np.abs(err))),
+                     "worst_ratio_error": float(np.max(np.abs(err))), "best_measured": best_m,
+                     "best_predicted": best_p, "within_one_step": bool(apart <= 1)})
+    return BatchTransfer(fit, pd.DataFrame(rows))
