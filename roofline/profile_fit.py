@@ -127,7 +127,7 @@ def step_points_frame(df: pd.DataFrame, *, source: str, heads: int = 0) -> StepP
 
 
 def read_step_points(path, *, heads: int = 0) -> StepPoints:
-    """The measurements CSV at `path` (docs/formats.md "Step measurements")."""
+    """The measurements CSV at `path` (docs/performance-model.md "Fitting a profile to measured steps")."""
     try:
         df = pd.read_csv(path, comment="#", skipinitialspace=True)
     except FileNotFoundError:

@@ -299,7 +299,7 @@ def report_cmd(model, dtype, hardware, accuracy, csv_model, num_heads, head_laye
               help="The base profile whose roofs are kept: the GPU's built-in name, or a profile JSON.")
 @click.option("--measurements", required=True, metavar="STEPS.csv",
               help="Measured step times: columns batch, context, tokens, step_ms [, candidates, draft_stages] "
-                   "(docs/formats.md).")
+                   "(docs/performance-model.md, \"Fitting a profile to measured steps\").")
 @click.option("--heads", "num_heads", type=AtLeast(0), default=0, show_default=True,
               help="Draft heads whose operators the prediction of a speculative step includes (0: the drafting "
                    "cost is left to the fitted engine terms). Use the same value wherever the profile is used.")
