@@ -205,7 +205,9 @@ def build_report(shape: ModelShape, heads: DraftHeadsShape | None, hw: HardwareP
           "decode reaches on A100, H100 and A40), η_c = 0.74 (the middle of the 71–76% large GEMMs reach), "
           "3 µs per kernel, no framework overhead (an engine replaying CUDA graphs). The row curve is fitted "
           "so that Vicuna-7B on an A100-80GB-SXM reproduces the measured skinny-GEMM cost (flat to ~64 "
-          "tokens, 1.27× the one-token step at 96, 1.9× at 256); it is reused for other GPUs.",
+          "tokens, 1.27× the one-token step at 96, 1.9× at 256); every built-in GPU profile starts from it, and its "
+          "knee is not checked against a public measurement on any GPU (docs/performance-model.md, \"GEMM row "
+          "efficiency\").",
           "- Plain decoding (n = 0) runs the base model alone (q = 1, no heads); a tree of n nodes verifies "
           "q = n + 1 tokens per sequence and runs " + ("the heads its depth needs" if used_heads else "all draft heads")
           + " on " + ("all of them" if heads is None or heads.tokens_per_sequence is None
@@ -214,7 +216,7 @@ def build_report(shape: ModelShape, heads: DraftHeadsShape | None, hw: HardwareP
           "- τ assumes greedy verification; speedup = τ / overhead; the best tree per cell is the smallest "
           "size of largest speedup, and \"none\" (n = 0) when no tree beats 1.0.",
           "- Memory: weights + heads + KV cache of b·(s + q) tokens + the largest activation must fit in the "
-          f"capacity ({hw.capacity_text()}); cells that do not are marked OOM, not predicted.", ""]
+          f"capacity, {hw.capacity_text()}; cells that do not are marked OOM, not predicted.", ""]
 
     if notes:
         L += ["## Notes", ""] + [f"- {n}" for n in notes] + [""]
