@@ -22,6 +22,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from _targets import exit_status, print_time_targets  # noqa: E402
+
 from roofline.grid import speedup_grid  # noqa: E402
 from roofline.hardware import load_hardware  # noqa: E402
 from roofline.latency import step_time_s  # noqa: E402
