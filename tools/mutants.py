@@ -171,7 +171,8 @@ MUTANTS = (
            "return self.bandwidth_bytes_per_s", "elementwise rate fallback without eta_memory", LATENCY_TESTS),
     Mutant("hw-attention-curve-json", "roofline/hardware.py",
            'for key in ("gemm_efficiency", "attention_efficiency", "attention_kv_efficiency"):',
-           'for key in ("gemm_efficiency", "attention_kv_efficiency"):', "attention curve not parsed from a profile JSON", LATENCY_TESTS),
+           'for key in ("gemm_efficiency", "attention_kv_efficiency"):',
+           "attention curve not parsed from a profile JSON", LATENCY_TESTS),
     Mutant("hw-eta-memory-default", "roofline/hardware.py", "eta_memory: float = 0.78",
            "eta_memory: float = 0.8", "eta_memory default off the published 77-80% middle", LATENCY_TESTS),
     # ---- roofline/grid.py
