@@ -22,11 +22,14 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from _targets import exit_status, print_time_targets  # noqa: E402
-from roofline.grid import proposal_from_accuracy, selection_from_grid, speedup_grid  # noqa: E402
+
+from roofline.grid import speedup_grid  # noqa: E402
 from roofline.hardware import load_hardware  # noqa: E402
 from roofline.latency import step_time_s  # noqa: E402
 from roofline.shapes import draft_heads_shape, model_shape  # noqa: E402
 from treeopt.accuracy import load_accuracy  # noqa: E402
+from treeopt.selection import selection_from_grid  # noqa: E402
+from treeopt.tau import proposal_sequence, tau_curves  # noqa: E402
 from treeopt.timing import measure  # noqa: E402
 
 CSV = Path(__file__).resolve().parents[1] / "treeopt" / "data" / "medusa_train_accuracy.csv"
@@ -37,6 +40,10 @@ def main(repeats: int = 9) -> list[tuple[str, float, float]]:
     heads = draft_heads_shape(shape, 5)
     hw = load_hardware("a100-80gb-sxm")
     table = load_accuracy(CSV, model="vicuna-7b")
+
+    def proposal_from_accuracy(table, nodes):
+        curves = tau_curves(table, proposal_sequence(table, nodes, method="greedy"))
+        return curves.proposal, curves.best
 
     def full():
         tree, tau = proposal_from_accuracy(table, 64)

@@ -7,6 +7,10 @@ tau[n] (tau[0] = 1: plain decoding), the model predicts
 where T is `roofline.latency.step_time_s`; T(b, 1, s) is plain decoding without draft heads
 (unless heads_in_baseline). The best tree per (batch, context) is the n of largest speedup;
 n = 0 ("no speculation") when nothing beats 1.0.
+
+Verification "candidates" (an engine without tree attention) verifies the prefix tree of n
+nodes as its root-to-leaf paths, each a sequence of its depth + 1 tokens (the root repeated):
+`candidates_by_prefix` (docs/performance-model.md "Verification modes").
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from roofline.shapes import DraftHeadsShape, ModelShape
 from treeopt.errors import UserError
 
 __all__ = ["DEFAULT_BATCHES", "DEFAULT_CONTEXTS", "GRID_COLUMNS", "speedup_grid", "heads_used_by_prefix",
-           "check_tau"]
+           "candidates_by_prefix", "check_tau"]
 
 DEFAULT_BATCHES = (1, 2, 4, 8, 16, 32, 64)
 DEFAULT_CONTEXTS = (128, 256, 512, 1024, 2048, 4096, 8192)
@@ -55,9 +59,36 @@ def heads_used_by_prefix(tree) -> np.ndarray:
     return np.concatenate(([0], np.maximum.accumulate(lengths))) if lengths.size else np.zeros(1, np.int64)
 
 
+def candidates_by_prefix(tree) -> tuple[np.ndarray, np.ndarray]:
+    """(tokens, candidates), each (n + 1,): what verifying the prefix of m nodes as root-to-leaf
+    candidate sequences costs, m = 0..n. A candidate is a leaf's path with the root in front
+    (depth + 1 tokens); m = 0 is plain decoding, one candidate of one token.
+
+    Adding node i adds a leaf of depth d_i + 1 tokens; when it is its parent's first child the
+    parent (depth d_i - 1) stops being a leaf, taking d_i tokens away."""
+    ranks = tree.rank_matrix
+    n = ranks.shape[0]
+    if n == 0:
+        return np.ones(1), np.ones(1)
+    depth = (ranks >= 0).sum(axis=1)
+    # a node's parent is the row equal to its own with the last rank cleared
+    trunk = ranks.copy()
+    trunk[np.arange(n), depth - 1] = -1
+    same = (trunk[:, None, :] == ranks[None, :, :]).all(axis=2)
+    has_parent = same.any(axis=1)
+    parent = np.where(has_parent, same.argmax(axis=1), -1)
+    # first child: no earlier node shares its (non-root) parent
+    earlier = np.tril(parent[:, None] == parent[None, :], k=-1).any(axis=1)
+    first_child = has_parent & ~earlier
+    leaves = np.arange(1, n + 1) - np.cumsum(first_child)
+    tokens = np.cumsum(depth + 1) - np.cumsum(np.where(first_child, depth, 0))
+    return (np.concatenate(([1.0], tokens)).astype(float), np.concatenate(([1.0], leaves)).astype(float))
+
+
 def speedup_grid(shape: ModelShape, heads_shape: DraftHeadsShape | None, hw: HardwareProfile,
                  tau_by_nodes, batches=DEFAULT_BATCHES, contexts=DEFAULT_CONTEXTS, *,
-                 attention: str = "fused", heads_in_baseline: bool = False, heads_used=None) -> pd.DataFrame:
+                 attention: str = "fused", heads_in_baseline: bool = False, heads_used=None,
+                 verification: str = "tree", tree=None, draft_stages=None) -> pd.DataFrame:
     """One row per (batch, context, nodes) with columns GRID_COLUMNS, sorted in that order.
 
     tau_by_nodes: (N + 1,) expected tokens per step of the proposal tree of n nodes,
@@ -66,16 +97,29 @@ def speedup_grid(shape: ModelShape, heads_shape: DraftHeadsShape | None, hw: Har
     heads_used: optional (N + 1,) number of heads a step with the tree of n nodes runs (e.g.
     `heads_used_by_prefix(tree)` for a decoder that runs only the heads its tree reaches);
     default: all of heads_shape for every n >= 1.
+    verification: "tree" (q = n + 1 under a tree mask) or "candidates" (the prefix's
+    root-to-leaf paths as separate sequences; needs `tree`, the proposal sequence).
+    draft_stages: optional (N + 1,) sequential draft stages per step (e.g. the prefix depth for a
+    drafter that drafts depth by depth); default none.
     """
     tau = check_tau(tau_by_nodes)
     b = _positive_ints(batches, "--batch", 1)[:, None, None]
     s = _positive_ints(contexts, "--context", 0)[None, :, None]
     n = np.arange(tau.size)[None, None, :]
     q = n + 1
+    cands = None
+    if verification == "candidates":
+        if tree is None or tree.size < tau.size - 1:
+            raise UserError("--verification candidates: needs the proposal tree of every size in the grid")
+        tokens_c, leaves = candidates_by_prefix(tree.prefix(tau.size - 1))
+        q, cands = tokens_c[None, None, :], leaves[None, None, :]
+    elif verification != "tree":
+        raise UserError(f"--verification: must be 'tree' or 'candidates', got '{verification}'")
+    stages = 0 if draft_stages is None else np.asarray(draft_stages, dtype=float)[None, None, :]
     full = (b.shape[0], s.shape[1], n.shape[2])
     if heads_used is None or heads_shape is None:
         t_tree = step_time_s(shape, heads_shape, hw, batch=b, tokens=q, context=s, attention=attention,
-                             on_oom="ignore")
+                             on_oom="ignore", candidates=cands, draft_stages=stages)
         t_tree = np.broadcast_to(t_tree, full)
     else:
         used = np.asarray(heads_used, dtype=np.int64)
@@ -85,7 +129,7 @@ def speedup_grid(shape: ModelShape, heads_shape: DraftHeadsShape | None, hw: Har
         for k in np.unique(used):  # at most K + 1 distinct head counts
             hk = replace(heads_shape, num_heads=int(k)) if k else None
             t_k = np.broadcast_to(step_time_s(shape, hk, hw, batch=b, tokens=q, context=s, attention=attention,
-                                              on_oom="ignore"), full)
+                                              on_oom="ignore", candidates=cands, draft_stages=stages), full)
             sel = np.broadcast_to((used == k)[None, None, :], full)
             t_tree[sel] = t_k[sel]
     base_heads = heads_shape if heads_in_baseline else None
@@ -95,7 +139,7 @@ def speedup_grid(shape: ModelShape, heads_shape: DraftHeadsShape | None, hw: Har
     step = t_tree.copy()
     step[:, :, :1] = t_plain                              # n = 0 is plain decoding
     fits = np.broadcast_to(fits_memory(shape, heads_shape, hw, batch=b, tokens=q, context=s,
-                                       attention=attention), step.shape).copy()
+                                       attention=attention, candidates=cands), step.shape).copy()
     fits[:, :, :1] = np.broadcast_to(fits_memory(shape, base_heads, hw, batch=b, tokens=1, context=s,
                                                  attention=attention), fits[:, :, :1].shape)
     step = np.where(fits, step, np.nan)

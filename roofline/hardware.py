@@ -18,6 +18,12 @@ prints one. Efficiencies for them:
 - kernel_overhead_s = 3 us per kernel: the minimum cost of a launched kernel (launch gap plus
   the smallest kernel's duration) in an engine that replays CUDA graphs; eager PyTorch costs
   more. forward_overhead_s = 0 for the built-ins (no framework overhead assumed).
+- the engine terms (docs/performance-model.md "Engine terms of a speculative step"):
+  spec_step_overhead_s, verified_token_s, draft_stage_s and the attention kernel's KV
+  bandwidth by context length. The built-ins describe an ideal engine (0, 0, 0, the streaming
+  bandwidth); a profile fitted to an engine's measured step times (`treeopt hw fit`) sets them.
+- capacity: NVIDIA and AMD print HBM/GDDR sizes in binary units ("80 GB" = 80 GiB), so the
+  built-ins hold capacity_sold_gb x 2^30 bytes (docs/performance-model.md "Memory capacity").
 
 Calibrated profiles (`treeopt hw calibrate`) measure all of these on the machine at hand,
 including the framework's fixed cost per forward pass and per layer, and are stored as JSON
@@ -35,10 +41,14 @@ from treeopt.errors import UserError
 from treeopt.fileio import read_json_input, write_json
 
 __all__ = ["EfficiencyCurve", "HardwareProfile", "load_hardware", "builtin_hardware",
-           "DEFAULT_GPU_GEMM_CURVE", "HARDWARE_FORMAT"]
+           "DEFAULT_GPU_GEMM_CURVE", "HARDWARE_FORMAT", "GIB", "VERIFICATION_MODES"]
+
+# how a step verifies its draft tokens (docs/performance-model.md "Verification modes")
+VERIFICATION_MODES = ("tree", "candidates")
 
 HARDWARE_FORMAT = "treeopt.hardware/v1"
 GB = 1e9
+GIB = 2.0 ** 30
 TFLOPS = 1e12
 
 
@@ -68,7 +78,7 @@ class EfficiencyCurve:
         return {"rows": list(self.rows), "values": list(self.values)}
 
     @classmethod
-    def from_dict(cls, d, *, source: str = "curve") -> "EfficiencyCurve":
+    def from_dict(cls, d, *, source: str = "curve") -> EfficiencyCurve:
         if not isinstance(d, dict) or "rows" not in d or "values" not in d:
             raise UserError(f"{source}: expected an object with 'rows' and 'values'")
         try:
@@ -120,6 +130,15 @@ class HardwareProfile:
     kv_update_bytes_per_s: throughput of that update (None = bandwidth x eta_memory).
     attention_block_overhead_s: extra cost per (sequence x head) of an attention call (CPU
         kernels loop over these blocks).
+    spec_step_overhead_s: fixed cost of a speculative step (q > 1) beyond its forward pass:
+        drafting launches, candidate assembly, acceptance, host synchronisation.
+    verified_token_s: cost per verified token (b q of them) beyond the forward pass: logits,
+        sampling, bookkeeping.
+    draft_stage_s: cost per sequential draft stage (a drafter that drafts depth by depth).
+    attention_kv_efficiency: the attention kernel's achieved fraction of bandwidth x eta_memory
+        when it reads the KV cache, by keys per sequence (s + q) (None = 1: the streaming rate).
+    capacity_sold_gb: the capacity as printed on the datasheet, for display; capacity_bytes
+        is what the model may use.
     """
 
     name: str
@@ -142,6 +161,11 @@ class HardwareProfile:
     kv_cache_update: str = "append"
     kv_update_bytes_per_s: float | None = None
     attention_block_overhead_s: float = 0.0
+    spec_step_overhead_s: float = 0.0
+    verified_token_s: float = 0.0
+    draft_stage_s: float = 0.0
+    attention_kv_efficiency: EfficiencyCurve | None = None
+    capacity_sold_gb: float | None = None
     description: str = ""
     source: str = ""
     calibration: dict = field(default_factory=dict)
@@ -157,11 +181,12 @@ class HardwareProfile:
                 raise UserError(f"hardware {self.name}: '{key}' must be a positive number")
         for key in ("kernel_overhead_s", "forward_overhead_s", "layer_overhead_s", "head_overhead_s",
                     "token_overhead_s", "context_overhead_s", "plain_context_overhead_s",
-                    "attention_block_overhead_s"):
+                    "attention_block_overhead_s", "spec_step_overhead_s", "verified_token_s",
+                    "draft_stage_s"):
             value = getattr(self, key)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not np.isfinite(value) or value < 0:
                 raise UserError(f"hardware {self.name}: '{key}' must be a number >= 0")
-        for key in ("vector_flops", "elementwise_bytes_per_s", "kv_update_bytes_per_s"):
+        for key in ("vector_flops", "elementwise_bytes_per_s", "kv_update_bytes_per_s", "capacity_sold_gb"):
             value = getattr(self, key)
             if value is not None and not _positive(value):
                 raise UserError(f"hardware {self.name}: '{key}' must be a positive number or null")
@@ -197,6 +222,23 @@ class HardwareProfile:
     def attention_curve(self) -> EfficiencyCurve:
         return self.attention_efficiency or self.gemm_efficiency
 
+    def attention_kv_fraction(self, keys) -> np.ndarray:
+        """Achieved fraction of the streaming rate when attention reads `keys` cached keys per
+        sequence (1 without a curve)."""
+        if self.attention_kv_efficiency is None:
+            return np.ones_like(np.asarray(keys, dtype=float))
+        return self.attention_kv_efficiency(keys)
+
+    @property
+    def capacity_gib(self) -> float:
+        """Usable memory in GiB (2^30 bytes)."""
+        return self.capacity_bytes / GIB
+
+    def capacity_text(self) -> str:
+        """'80 GiB' or, for a datasheet figure, '80 GiB (sold as 80 GB)'."""
+        sold = f" (sold as {self.capacity_sold_gb:g} GB)" if self.capacity_sold_gb else ""
+        return f"{self.capacity_gib:.4g} GiB{sold}"
+
     def ridge_intensity(self, dtype: str) -> float:
         """FLOP per byte where the attained roofs meet."""
         return self.peak(dtype) * self.eta_compute / (self.bandwidth_bytes_per_s * self.eta_memory)
@@ -205,7 +247,7 @@ class HardwareProfile:
         unit, scale = ("TFLOP/s", TFLOPS) if max(self.peak_flops.values()) >= TFLOPS else ("GFLOP/s", 1e9)
         peaks = ", ".join(f"{k} {v / scale:.4g}" for k, v in sorted(self.peak_flops.items()))
         return (f"{self.name}: peak {unit} {peaks}; {self.bandwidth_bytes_per_s / GB:.4g} GB/s; "
-                f"{self.capacity_bytes / GB:.4g} GB; eta_c {self.eta_compute:.3g}, eta_m {self.eta_memory:.3g}")
+                f"{self.capacity_text()}; eta_c {self.eta_compute:.3g}, eta_m {self.eta_memory:.3g}")
 
     # --- (de)serialisation ---------------------------------------------------------------
     def to_dict(self) -> dict:
@@ -218,7 +260,7 @@ class HardwareProfile:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict, *, source: str = "hardware profile") -> "HardwareProfile":
+    def from_dict(cls, d: dict, *, source: str = "hardware profile") -> HardwareProfile:
         if not isinstance(d, dict):
             raise UserError(f"{source}: expected a JSON object")
         fmt = d.get("format", HARDWARE_FORMAT)
@@ -232,7 +274,7 @@ class HardwareProfile:
         if unknown:
             raise UserError(f"{source}: unknown key '{unknown[0]}'")
         kwargs = {k: v for k, v in d.items() if k in known}
-        for key in ("gemm_efficiency", "attention_efficiency"):
+        for key in ("gemm_efficiency", "attention_efficiency", "attention_kv_efficiency"):
             if kwargs.get(key) is not None:
                 kwargs[key] = EfficiencyCurve.from_dict(kwargs[key], source=f"{source}: {key}")
         if not isinstance(kwargs["peak_flops"], dict):
@@ -248,7 +290,7 @@ class HardwareProfile:
     def save(self, path) -> None:
         write_json(path, self.to_dict())
 
-    def with_(self, **changes) -> "HardwareProfile":
+    def with_(self, **changes) -> HardwareProfile:
         return replace(self, **changes)
 
 
@@ -262,8 +304,11 @@ def _gpu(name, bf16_tflops, gbps, gb, fp32_tflops, description, note=""):
         peaks["fp32"] = fp32_tflops * TFLOPS
     src = ("vendor datasheet, see docs/performance-model.md (dense fp16/bf16, no sparsity); fp32 = "
            "non-tensor-core rate from the vendor datasheet" + (f"; {note}" if note else ""))
+    # the "GB" printed on GPU datasheets counts binary gigabytes: an "80 GB" A100 reports
+    # 81920 MiB (docs/performance-model.md "Memory capacity")
     return HardwareProfile(name=name, peak_flops=peaks, bandwidth_bytes_per_s=gbps * GB,
-                           capacity_bytes=gb * GB, description=description, source=src)
+                           capacity_bytes=gb * GIB, capacity_sold_gb=float(gb), description=description,
+                           source=src)
 
 
 _BUILTIN = {

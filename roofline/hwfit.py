@@ -225,7 +225,7 @@ def fit_gemm(samples: tuple[GemmSample, ...], weights: tuple[WeightShape, ...], 
         busy = np.maximum(time_s - uses.sum() * kernel_s, MIN_BUSY_FRACTION * time_s)
         row_counts = rows
         points = tuple({"shape": "all", "rows": int(rc), "time_s": float(t), "tflops": float(f / t / 1e12)}
-                       for rc, t, f in zip(rows, time_s, flops))
+                       for rc, t, f in zip(rows, time_s, flops, strict=True))
     else:
         k = np.array([s.weight.in_features for s in samples], dtype=float)
         n = np.array([s.weight.out_features for s in samples], dtype=float)
@@ -241,7 +241,7 @@ def fit_gemm(samples: tuple[GemmSample, ...], weights: tuple[WeightShape, ...], 
         points = tuple({"shape": s.weight.label, "k": s.weight.in_features, "n": s.weight.out_features,
                         "rows": s.rows, "columns_timed": s.columns_timed, "time_s": float(t),
                         "tflops": float(2.0 * s.rows * s.weight.in_features * s.weight.out_features / t / 1e12)}
-                       for s, t in zip(samples, full_call))
+                       for s, t in zip(samples, full_call, strict=True))
     peak = max(peak, float(np.max(flops / busy)))
     # weight streaming from the smallest row count (memory bound there by construction); if it
     # beats the streaming read, that read was the one disturbed: trust the GEMV

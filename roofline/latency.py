@@ -2,15 +2,22 @@
 
     op time   = max(FLOPs / compute rate, bytes / memory rate) + kernels x kernel_overhead_s
                 (+ K x head_overhead_s for the K draft heads)
-    step time = framework + sum over ops of count x op time
+    step time = framework + sum over ops of count x op time + speculation
     framework = forward_overhead_s + layers x (layer_overhead_s + token_overhead_s x b q
                 + context_overhead_s or, for q = 1, plain_context_overhead_s x b s)
                 (zero for the datasheet GPUs)
+    speculation = spec_step_overhead_s (when q > 1) + verified_token_s x b q
+                + draft_stage_s x draft stages      (the engine terms; zero for the datasheet GPUs)
 
 Compute rate: GEMMs peak[dtype] x eta_compute x gemm_efficiency(rows = b*q); attention
 matmuls the same with attention_efficiency(q x heads/kv_heads); vector work (norms, rotary,
 activation, softmax) vector_flops x eta_compute. Memory rate: bandwidth x eta_memory for
-weights, activations of GEMMs and the KV cache; elementwise_bytes_per_s for vector work.
+weights and activations of GEMMs, times attention_kv_efficiency(keys) for attention's reads of
+the KV cache; elementwise_bytes_per_s for vector work.
+
+Verification "candidates" (candidates = c per sequence) verifies the q tokens as c sequences
+of q / c tokens that each re-read the context (roofline.ops; docs/performance-model.md
+"Verification modes").
 An operator is "compute", "memory" or "overhead" bound by the largest of its three terms.
 
 Memory: weights + draft heads + KV cache of b x (s + q) tokens + the largest activation
@@ -24,13 +31,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from roofline.hardware import HardwareProfile
+from roofline.hardware import GIB, VERIFICATION_MODES, HardwareProfile
 from roofline.ops import Op, operators
 from roofline.shapes import DraftHeadsShape, ModelShape
 from treeopt.errors import UserError
 
 __all__ = ["OpTiming", "op_timings", "step_time_s", "memory_required_bytes", "fits_memory",
-           "step_breakdown", "framework_overhead_s"]
+           "step_breakdown", "framework_overhead_s", "speculation_overhead_s", "candidates_of"]
 
 
 @dataclass(frozen=True)
@@ -69,7 +76,9 @@ def _time_terms(op: Op, shape: ModelShape, hw: HardwareProfile, heads=None):
         rate_m = hw.bandwidth_bytes_per_s * hw.eta_memory
     elif op.kind == "attention":
         rate_c = peak * hw.eta_compute * hw.attention_curve(op.rows)
-        rate_m = hw.bandwidth_bytes_per_s * hw.eta_memory
+        # the attention kernel's own achieved KV bandwidth, which depends on the keys it reads
+        # (docs/performance-model.md "Attention KV bandwidth")
+        rate_m = hw.bandwidth_bytes_per_s * hw.eta_memory * hw.attention_kv_fraction(op.keys)
     else:
         rate_c = hw.vector_flops_per_s * hw.eta_compute
         # the KV-cache update is a plain copy at memory speed; the rest is the framework's
@@ -88,20 +97,34 @@ def _time_terms(op: Op, shape: ModelShape, hw: HardwareProfile, heads=None):
     return compute, memory, overhead
 
 
+def candidates_of(verification: str, tokens, candidates):
+    """The `candidates` argument of roofline.ops.operators for a verification mode: None for
+    "tree"; for "candidates" the given counts (default: every token its own candidate)."""
+    if verification == "tree":
+        return None
+    if verification != "candidates":
+        raise UserError(f"--verification: must be one of {', '.join(VERIFICATION_MODES)}, got '{verification}'")
+    return tokens if candidates is None else candidates
+
+
 def op_timings(shape: ModelShape, heads: DraftHeadsShape | None, hw: HardwareProfile, *, batch,
-               tokens, context, attention: str = "fused") -> list[OpTiming]:
-    """Every operator of the forward pass with its compute, memory and overhead times."""
+               tokens, context, attention: str = "fused", candidates=None) -> list[OpTiming]:
+    """Every operator of the forward pass with its compute, memory and overhead times.
+    candidates: None for tree verification, else candidate sequences per sequence."""
     ops = operators(shape, heads, batch=batch, tokens=tokens, context=context, attention=attention,
-                    kv_cache_update=hw.kv_cache_update)
+                    kv_cache_update=hw.kv_cache_update, candidates=candidates)
     return [OpTiming(op, *_time_terms(op, shape, hw, heads)) for op in ops]
 
 
 def memory_required_bytes(shape: ModelShape, heads: DraftHeadsShape | None, *, batch, tokens,
-                          context, attention: str = "fused") -> np.ndarray:
-    """Weights + heads + KV cache + the largest transient activation, in bytes."""
+                          context, attention: str = "fused", candidates=None) -> np.ndarray:
+    """Weights + heads + KV cache + the largest transient activation, in bytes. Candidate
+    sequences share their sequence's cached keys (paged blocks), so only the unfused scores
+    grow with them."""
     b = np.asarray(batch, dtype=float)
     q = np.asarray(tokens, dtype=float)
     s = np.asarray(context, dtype=float)
+    c = np.ones(()) if candidates is None else np.asarray(candidates, dtype=float)
     beta = shape.dtype_bytes
     weights = float(shape.weight_bytes)
     if heads is not None and heads.num_heads > 0:
@@ -110,58 +133,84 @@ def memory_required_bytes(shape: ModelShape, heads: DraftHeadsShape | None, *, b
     head_rows = q if heads is None or heads.tokens_per_sequence is None else np.minimum(q, heads.tokens_per_sequence)
     logits = b * (q + head_rows * (heads.num_heads if heads is not None else 0)) * shape.vocab * beta
     mlp = b * q * shape.intermediate * beta * 2
-    scores = b * shape.heads * q * (s + q) * beta if attention == "unfused" else 0.0
+    scores = b * shape.heads * q * (s + q / c) * beta if attention == "unfused" else 0.0
     return weights + kv + np.maximum(np.maximum(logits, mlp), scores)
 
 
-def fits_memory(shape, heads, hw: HardwareProfile, *, batch, tokens, context, attention="fused") -> np.ndarray:
+def fits_memory(shape, heads, hw: HardwareProfile, *, batch, tokens, context, attention="fused",
+                candidates=None) -> np.ndarray:
     return memory_required_bytes(shape, heads, batch=batch, tokens=tokens, context=context,
-                                 attention=attention) <= hw.capacity_bytes
+                                 attention=attention, candidates=candidates) <= hw.capacity_bytes
 
 
 def step_time_s(shape: ModelShape, heads: DraftHeadsShape | None, hw: HardwareProfile, *, batch,
-                tokens, context, attention: str = "fused", on_oom: str = "nan"):
-    """Predicted seconds of one forward pass (b sequences, q new tokens each, s cached).
+                tokens, context, attention: str = "fused", on_oom: str = "nan", candidates=None,
+                draft_stages=0):
+    """Predicted seconds of one decoding step (b sequences, q new tokens each, s cached): the
+    forward pass plus, for q > 1, the profile's engine terms of a speculative step.
 
-    Vectorised: batch, tokens and context broadcast; returns a float for scalar inputs, else
-    an array. Configurations beyond memory capacity: on_oom="nan" gives NaN, "raise" a
-    UserError, "ignore" computes them anyway.
+    Vectorised: batch, tokens, context, candidates and draft_stages broadcast; returns a float
+    for scalar inputs, else an array. candidates: None (tree verification) or candidate
+    sequences per sequence. draft_stages: sequential draft stages the step runs. Configurations
+    beyond memory capacity: on_oom="nan" gives NaN, "raise" a UserError, "ignore" computes them
+    anyway.
     """
     if on_oom not in ("nan", "raise", "ignore"):
         raise ValueError("on_oom must be 'nan', 'raise' or 'ignore'")
-    timings = op_timings(shape, heads, hw, batch=batch, tokens=tokens, context=context, attention=attention)
-    total = framework_overhead_s(shape, hw, batch=batch, tokens=tokens, context=context)
+    timings = op_timings(shape, heads, hw, batch=batch, tokens=tokens, context=context, attention=attention,
+                         candidates=candidates)
+    total = framework_overhead_s(shape, hw, batch=batch, tokens=tokens, context=context, candidates=candidates)
     total = total + sum(t.total_s for t in timings)
+    total = total + speculation_overhead_s(hw, batch=batch, tokens=tokens, draft_stages=draft_stages)
     if on_oom != "ignore":
         need = memory_required_bytes(shape, heads, batch=batch, tokens=tokens, context=context,
-                                     attention=attention)
+                                     attention=attention, candidates=candidates)
         bad = need > hw.capacity_bytes
         if np.any(bad):
             if on_oom == "raise":
                 worst = float(np.max(need))
-                raise UserError(f"{shape.name} needs {worst / 1e9:.1f} GB (weights, KV cache, activations) "
-                                f"but {hw.name} has {hw.capacity_bytes / 1e9:.1f} GB")
+                raise UserError(f"{shape.name} needs {worst / GIB:.1f} GiB (weights, KV cache, activations) "
+                                f"but {hw.name} has {hw.capacity_text()}")
             total = np.where(bad, np.nan, total)
     total = np.asarray(total, dtype=float)
     return float(total) if total.ndim == 0 else total
 
 
-def framework_overhead_s(shape: ModelShape, hw: HardwareProfile, *, batch, tokens, context):
-    """Fixed and per-token framework costs of one forward pass (seconds, broadcasting)."""
+def framework_overhead_s(shape: ModelShape, hw: HardwareProfile, *, batch, tokens, context, candidates=None):
+    """Fixed and per-token framework costs of one forward pass (seconds, broadcasting). With
+    candidates, each of the b c candidate sequences is a sequence of q / c tokens to the
+    framework."""
     b = np.asarray(batch, dtype=float)
     q = np.asarray(tokens, dtype=float)
     s = np.asarray(context, dtype=float)
+    c = np.ones(()) if candidates is None else np.asarray(candidates, dtype=float)
     # Per cached key: a tree step (q > 1) pays for its custom attention mask; plain decoding
     # (q = 1) takes the framework's ordinary causal path, with its own, smaller cost.
-    per_key = np.where(q > 1, hw.context_overhead_s, hw.plain_context_overhead_s)
-    per_layer = hw.layer_overhead_s + hw.token_overhead_s * b * q + per_key * b * s
+    per_key = np.where(q / c > 1, hw.context_overhead_s, hw.plain_context_overhead_s)
+    per_layer = hw.layer_overhead_s + hw.token_overhead_s * b * q + per_key * b * c * s
     return hw.forward_overhead_s + shape.layers * per_layer
 
 
-def step_breakdown(shape, heads, hw, *, batch, tokens, context, attention="fused") -> dict[str, float]:
-    """Seconds per step by operator name (count included) plus 'overhead' (per-forward and
-    per-layer fixed costs), for scalar inputs."""
-    timings = op_timings(shape, heads, hw, batch=batch, tokens=tokens, context=context, attention=attention)
+def speculation_overhead_s(hw: HardwareProfile, *, batch, tokens, draft_stages=0):
+    """The engine's costs of a step beyond its forward pass (seconds, broadcasting): a fixed
+    cost per speculative step (q > 1), a cost per verified token (b q, plain decoding's one
+    included) and a cost per sequential draft stage (docs/performance-model.md "Engine terms
+    of a speculative step")."""
+    b = np.asarray(batch, dtype=float)
+    q = np.asarray(tokens, dtype=float)
+    stages = np.asarray(draft_stages, dtype=float)
+    return (np.where(q > 1, hw.spec_step_overhead_s, 0.0) + hw.verified_token_s * b * q
+            + hw.draft_stage_s * stages)
+
+
+def step_breakdown(shape, heads, hw, *, batch, tokens, context, attention="fused", candidates=None,
+                   draft_stages=0) -> dict[str, float]:
+    """Seconds per step by operator name (count included) plus 'framework' (per-forward and
+    per-layer fixed costs) and 'speculation' (the engine terms), for scalar inputs."""
+    timings = op_timings(shape, heads, hw, batch=batch, tokens=tokens, context=context, attention=attention,
+                         candidates=candidates)
     out = {t.op.name: float(t.total_s) for t in timings}
-    out["framework"] = float(framework_overhead_s(shape, hw, batch=batch, tokens=tokens, context=context))
+    out["framework"] = float(framework_overhead_s(shape, hw, batch=batch, tokens=tokens, context=context,
+                                                  candidates=candidates))
+    out["speculation"] = float(speculation_overhead_s(hw, batch=batch, tokens=tokens, draft_stages=draft_stages))
     return out

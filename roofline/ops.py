@@ -11,6 +11,12 @@ qk, softmax, pv, o_proj, attn_residual, mlp_norm, gate, up, act, down, mlp_resid
 Once per step: embedding, final_norm, lm_head, draft_heads (K heads on every one of the q
 tokens, or on `tokens_per_sequence` of them; absent when there are no heads).
 
+Verification (docs/performance-model.md "Verification modes"): "tree" attends the q tokens of a
+sequence under a tree mask and reads its KV cache once; "candidates" splits them into c
+candidate sequences of q / c tokens each, verified as c independent sequences (batch
+expansion): every candidate re-reads its sequence's s cached keys. Only attention differs;
+every token-wise operator sees the same b q rows.
+
 Bytes are the minimum traffic in units of the model's dtype size β: weights once, inputs read
 once, outputs written once. Fused (flash) attention keeps the q x (s+q) scores on chip;
 unfused attention (Medusa's reference code) writes them, softmax reads and writes them, and PV
@@ -26,7 +32,7 @@ import numpy as np
 from roofline.shapes import DraftHeadsShape, ModelShape
 from treeopt.errors import UserError
 
-__all__ = ["Op", "operators", "LAYER_OPS", "STEP_OPS", "ATTENTION_MODES"]
+__all__ = ["Op", "operators", "check_candidates", "LAYER_OPS", "STEP_OPS", "ATTENTION_MODES"]
 
 ATTENTION_MODES = ("fused", "unfused")
 LAYER_OPS = ("attn_norm", "q_proj", "k_proj", "v_proj", "rotary", "kv_cache", "qk", "softmax", "pv",
@@ -52,6 +58,7 @@ class Op:
     rows: np.ndarray
     kernels: float = 1.0
     blocks: np.ndarray | float = 0.0   # attention: sequences x heads per call
+    keys: np.ndarray | float = 0.0     # attention: keys each attending sequence reads (s + its tokens)
 
     @property
     def intensity(self) -> np.ndarray:
@@ -61,19 +68,30 @@ class Op:
 
 def _check(name: str, value, minimum: int) -> np.ndarray:
     arr = np.asarray(value)
-    if arr.dtype.kind not in "iuf" or np.any(~np.isfinite(arr)) or np.any(arr < minimum) or np.any(arr != np.round(arr)):
+    if (arr.dtype.kind not in "iuf" or np.any(~np.isfinite(arr)) or np.any(arr < minimum)
+            or np.any(arr != np.round(arr))):
         raise UserError(f"{name}: must be an integer >= {minimum}, got {value!r}")
     return arr.astype(np.float64)
 
 
+def check_candidates(tokens, candidates) -> np.ndarray:
+    """Candidate sequences per sequence: integers in 1..tokens (ones for tree verification)."""
+    c = _check("--candidates", candidates, 1)
+    if np.any(c > np.asarray(tokens, dtype=float)):
+        raise UserError(f"--candidates: must be at most the tokens verified per sequence, got {candidates!r}")
+    return c
+
+
 def operators(shape: ModelShape, heads: DraftHeadsShape | None = None, *, batch, tokens, context,
-              attention: str = "fused", kv_cache_update: str = "append") -> list[Op]:
+              attention: str = "fused", kv_cache_update: str = "append", candidates=None) -> list[Op]:
     """Every operator of one forward pass over `tokens` new tokens per sequence.
 
     batch (b >= 1), tokens (q >= 1), context (s >= 0, cached tokens before this step) may be
     numpy arrays; they broadcast. heads=None or heads.num_heads == 0: no draft heads.
     kv_cache_update: "append" writes the q new K/V rows; "concat" (transformers'
     DynamicCache) reads the s cached rows and writes all s + q.
+    candidates: None (tree verification) or the c candidate sequences the q tokens of each
+    sequence are split into (batch expansion, 1 <= c <= q; broadcasts).
     """
     if attention not in ATTENTION_MODES:
         raise UserError(f"--attention: must be one of {', '.join(ATTENTION_MODES)}, got '{attention}'")
@@ -82,7 +100,8 @@ def operators(shape: ModelShape, heads: DraftHeadsShape | None = None, *, batch,
     b = _check("--batch", batch, 1)
     q = _check("--tokens", tokens, 1)
     s = _check("--context", context, 0)
-    b, q, s = np.broadcast_arrays(b, q, s)
+    c = np.ones(()) if candidates is None else check_candidates(tokens, candidates)
+    b, q, s, c = np.broadcast_arrays(b, q, s, c)
     beta = float(shape.dtype_bytes)
     h, i, V = float(shape.hidden), float(shape.intermediate), float(shape.vocab)
     nh, nkv, d = float(shape.heads), float(shape.kv_heads), float(shape.head_dim)
@@ -92,11 +111,18 @@ def operators(shape: ModelShape, heads: DraftHeadsShape | None = None, *, batch,
     zeros = np.zeros_like(bq)
     ops: list[Op] = []
 
+    # attention sees b c sequences of k = q / c query tokens, each over s + k keys; tree
+    # verification is c = 1 (docs/performance-model.md "Verification modes")
+    seqs = b * c
+    k = q / c
+    att_keys = s + k
+
     def add(name, kind, count, flops, nbytes, rows, kernels=1.0):
-        blocks = np.asarray(b * nh, dtype=float) if kind == "attention" else 0.0
+        attending = kind == "attention"
+        blocks = np.asarray(seqs * nh, dtype=float) if attending else 0.0
         ops.append(Op(name, kind, count, np.asarray(flops + zeros, dtype=float),
                       np.asarray(nbytes * beta + zeros, dtype=float), np.asarray(rows + zeros, dtype=float),
-                      float(kernels), blocks))
+                      float(kernels), blocks, np.asarray(att_keys + zeros, dtype=float) if attending else 0.0))
 
     def linear(name, count, k_in, n_out, kernels=1.0):
         add(name, "gemm", count, 2 * bq * k_in * n_out, k_in * n_out + bq * k_in + bq * n_out, bq, kernels)
@@ -112,26 +138,28 @@ def operators(shape: ModelShape, heads: DraftHeadsShape | None = None, *, batch,
     linear("q_proj", L, h, nh * d)
     linear("k_proj", L, h, nkv * d)
     linear("v_proj", L, h, nkv * d)
-    # rotary on q and k: read, write, and the cos/sin tables; ~3 FLOP per element
-    add("rotary", "vector", L, 3 * bq * (nh + nkv) * d, 2 * bq * (nh + nkv) * d + 2 * q * d, bq)
+    # rotary on q and k: read, write, and the cos/sin tables of the positions one attending
+    # sequence covers (k of them); ~3 FLOP per element
+    add("rotary", "vector", L, 3 * bq * (nh + nkv) * d, 2 * bq * (nh + nkv) * d + 2 * k * d, bq)
     if kv_cache_update == "append":
         add("kv_cache", "vector", L, zeros, 2 * (2 * bq * nkv * d), bq)    # read new K,V; write them
     else:
         add("kv_cache", "vector", L, zeros, 2 * (b * s * nkv * d + bq * nkv * d + b * keys * nkv * d), bq)
-    att_rows = q * (nh / nkv)
-    scores = b * nh * q * keys
-    qk_flops = 2 * b * nh * q * keys * d
+    att_rows = k * (nh / nkv)
+    scores = seqs * nh * k * att_keys
+    qk_flops = 2 * scores * d
     sm_flops = 5 * scores
-    pv_flops = 2 * b * nh * q * keys * d
+    pv_flops = 2 * scores * d
+    kv_read = seqs * nkv * att_keys * d
     if attention == "unfused":
-        add("qk", "attention", L, qk_flops, b * nh * q * d + b * nkv * keys * d + scores, att_rows)
+        add("qk", "attention", L, qk_flops, b * nh * q * d + kv_read + scores, att_rows)
         add("softmax", "vector", L, sm_flops, 2 * scores, att_rows)
-        add("pv", "attention", L, pv_flops, scores + b * nkv * keys * d + b * nh * q * d, att_rows)
+        add("pv", "attention", L, pv_flops, scores + kv_read + b * nh * q * d, att_rows)
     else:
         # one kernel: Q and K in, scores on chip; softmax on chip; V in, output out
-        add("qk", "attention", L, qk_flops, b * nh * q * d + b * nkv * keys * d, att_rows, kernels=1.0)
+        add("qk", "attention", L, qk_flops, b * nh * q * d + kv_read, att_rows, kernels=1.0)
         add("softmax", "vector", L, sm_flops, zeros, att_rows, kernels=0.0)
-        add("pv", "attention", L, pv_flops, b * nkv * keys * d + b * nh * q * d, att_rows, kernels=0.0)
+        add("pv", "attention", L, pv_flops, kv_read + b * nh * q * d, att_rows, kernels=0.0)
     linear("o_proj", L, nh * d, h)
     add("attn_residual", "vector", L, bq * h, 3 * bq * h, bq)
     rmsnorm("mlp_norm", L)

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from roofline.grid import heads_used_by_prefix, speedup_grid
-from roofline.hardware import GB, HardwareProfile
+from roofline.hardware import GB, GIB, HardwareProfile
 from roofline.latency import memory_required_bytes, op_timings, step_time_s
 from roofline.plots import best_heatmaps, default_cases, overhead_curves, roofline_chart, speedup_curves
 from roofline.shapes import DraftHeadsShape, ModelShape
@@ -31,6 +31,13 @@ def _fmt_s(t: float) -> str:
     return f"{t * 1e6:.1f} µs"
 
 
+def _kv_curve_text(hw: HardwareProfile) -> str:
+    curve = hw.attention_kv_efficiency
+    if curve is None:
+        return "1 (the streaming rate)"
+    return ", ".join(f"{int(r)} keys: {v:.2f}" for r, v in zip(curve.rows, curve.values, strict=True))
+
+
 def _hardware_section(hw: HardwareProfile, dtype: str) -> list[str]:
     unit, scale = ("TFLOP/s", 1e12) if max(hw.peak_flops.values()) >= 1e12 else ("GFLOP/s", 1e9)
     peaks = ", ".join(f"{k} {v / scale:.3g}" for k, v in sorted(hw.peak_flops.items()))
@@ -41,15 +48,20 @@ def _hardware_section(hw: HardwareProfile, dtype: str) -> list[str]:
         "  |---|---|",
         f"  | peak matrix throughput ({unit}) | {peaks} (this report uses {dtype}: {hw.peak(dtype) / scale:.3g}) |",
         f"  | memory bandwidth | {hw.bandwidth_bytes_per_s / GB:.4g} GB/s |",
-        f"  | memory capacity | {hw.capacity_bytes / GB:.4g} GB |",
+        f"  | memory capacity | {hw.capacity_text()} |",
         f"  | attained fraction of peak FLOP/s for large GEMMs (η_c) | {hw.eta_compute:.3g} |",
         f"  | attained fraction of bandwidth (η_m) | {hw.eta_memory:.3g} |",
         "  | GEMM efficiency by rows b·q (× η_c) | " + ", ".join(
-            f"{int(r)}: {v:.2f}" for r, v in zip(hw.gemm_efficiency.rows, hw.gemm_efficiency.values)) + " |",
+            f"{int(r)}: {v:.2f}" for r, v in zip(hw.gemm_efficiency.rows, hw.gemm_efficiency.values, strict=True))
+        + " |",
         f"  | kernel overhead | {_fmt_s(hw.kernel_overhead_s)} per kernel |",
-        f"  | framework overhead | {_fmt_s(hw.forward_overhead_s)} per forward + {_fmt_s(hw.layer_overhead_s)} per layer"
-        f" + {_fmt_s(hw.head_overhead_s)} per draft head; per layer {hw.token_overhead_s * 1e6:.3g} µs per token row"
-        f" and {hw.context_overhead_s * 1e9:.3g} ns per cached token ({hw.plain_context_overhead_s * 1e9:.3g} ns in plain decoding) |",
+        f"  | framework overhead | {_fmt_s(hw.forward_overhead_s)} per forward + {_fmt_s(hw.layer_overhead_s)} per "
+        f"layer + {_fmt_s(hw.head_overhead_s)} per draft head; per layer {hw.token_overhead_s * 1e6:.3g} µs per token "
+        f"row and {hw.context_overhead_s * 1e9:.3g} ns per cached token ({hw.plain_context_overhead_s * 1e9:.3g} ns in "
+        "plain decoding) |",
+        f"  | engine terms of a speculative step | {_fmt_s(hw.spec_step_overhead_s)} per step + "
+        f"{_fmt_s(hw.verified_token_s)} per verified token + {_fmt_s(hw.draft_stage_s)} per sequential draft stage |",
+        f"  | attention's KV bandwidth (× bandwidth · η_m) | {_kv_curve_text(hw)} |",
         f"  | elementwise throughput | {hw.elementwise_rate / GB:.4g} GB/s |",
         f"  | KV-cache update | {hw.kv_cache_update} |",
         "",
@@ -57,7 +69,8 @@ def _hardware_section(hw: HardwareProfile, dtype: str) -> list[str]:
     ]
     cal = hw.calibration or {}
     if cal:
-        lines += ["", f"  Calibrated {cal.get('date', '?')} on {cal.get('device', '?')} with torch {cal.get('torch', '?')}, "
+        lines += ["", f"  Calibrated {cal.get('date', '?')} on {cal.get('device', '?')} with torch "
+                  f"{cal.get('torch', '?')}, "
                   f"{cal.get('framework', '')}, {cal.get('threads')} thread(s), dtype {cal.get('dtype')}, "
                   f"for model `{cal.get('model')}`, in {cal.get('seconds')} s (load average at the end: "
                   f"{cal.get('load_average')})."]
@@ -77,13 +90,30 @@ def _hardware_section(hw: HardwareProfile, dtype: str) -> list[str]:
     return lines
 
 
+def _engine_sentence(hw: HardwareProfile) -> str:
+    """Which serving engine the profile describes (docs/performance-model.md "Which engine a
+    profile describes")."""
+    fit = (hw.calibration or {}).get("fit")
+    if fit:
+        return (f"this profile was fitted to measured step times ({fit.get('source') or 'a measurements CSV'}, "
+                f"{fit.get('rows')} steps) over `{fit.get('base')}`, so it describes the engine that produced them.")
+    if hw.calibration:
+        return ("this profile was calibrated with `treeopt hw calibrate`: it describes treeopt's reference decoder "
+                "(eager PyTorch and transformers) on the machine named above.")
+    return ("this built-in profile describes an ideal engine on this GPU: fused kernels replayed as CUDA graphs, tree "
+            "attention, and no cost beyond the forward pass (no fixed cost per speculative step, none per verified "
+            "token). Production engines pay both, which makes the best tree smaller; fit a profile to your engine's "
+            "step times with `treeopt hw fit` before relying on the tree sizes.")
+
+
 def build_report(shape: ModelShape, heads: DraftHeadsShape | None, hw: HardwareProfile, out_dir, *,
                  accuracy=None, accuracy_label: str = "", batches=(1, 2, 4, 8, 16, 32, 64),
                  contexts=(128, 256, 512, 1024, 2048, 4096, 8192), max_nodes: int = 64, attention: str = "fused",
                  plot_context: int | None = None, command: str = "", title: str | None = None,
                  save_hardware: bool = False, joint: bool = False, used_heads: bool = False,
                  notes: list[str] | tuple = (), proposal=None, tau=None,
-                 tau_source: str | None = None, engine=None) -> dict:
+                 tau_source: str | None = None, engine=None, verification: str = "tree",
+                 sequential_draft: bool = False) -> dict:
     """Write the report into out_dir; returns a summary dict (paths, best cells).
 
     With `accuracy`, `proposal` (a proposal sequence) and `tau` (its tau curve) are the trees
@@ -109,13 +139,16 @@ def build_report(shape: ModelShape, heads: DraftHeadsShape | None, hw: HardwareP
         raise UserError("report: an accuracy table needs the proposal sequence and its tau")
     if accuracy is not None:
         grid = speedup_grid(shape, heads, hw, tau, batches, ctx_list, attention=attention,
-                            heads_used=heads_used_by_prefix(tree) if used_heads else None)
+                            heads_used=heads_used_by_prefix(tree) if used_heads else None,
+                            verification=verification, tree=tree,
+                            draft_stages=heads_used_by_prefix(tree) if sequential_draft else None)
         best = best_per_cell(grid)
         with atomic_path(out / "grid.csv") as tmp:
             grid.to_csv(tmp, index=False, float_format="%.6g")
         files["grid"] = "grid.csv"
         sel = selection_from_grid(grid, tree, hw.name, shape.name,
-                                  extra={"heads": heads.num_heads if heads else 0, "attention": attention})
+                                  extra={"heads": heads.num_heads if heads else 0, "attention": attention,
+                                         "verification": verification})
         write_json(out / "selection.json", sel)
         files["selection"] = "selection.json"
         speedup_curves(grid, out / "speedup.png", context=plot_context,
@@ -155,19 +188,29 @@ def build_report(shape: ModelShape, heads: DraftHeadsShape | None, hw: HardwareP
               "  |---|" + "---|" * len(sizes),
               "  | τ | " + " | ".join(f"{tau[n]:.3f}" for n in sizes) + " |"]
     L += ["", f"- **Grid**: batch {', '.join(map(str, batches))}; context (cached tokens) "
-              f"{', '.join(map(str, ctx_list))}; tree sizes 0..{max_nodes}; attention {attention}.", ""]
+              f"{', '.join(map(str, ctx_list))}; tree sizes 0..{max_nodes}; attention {attention}; verification "
+              f"{verification}.", ""]
     L += ["## Assumptions", "",
-          "- Step time = framework overhead (per forward, per layer, per token row and cached token) + Σ over operators of "
-          "max(FLOPs / compute rate, bytes / memory rate) + kernels × kernel overhead. Operators and their "
-          "FLOPs and minimum bytes follow docs/performance-model.md, \"Operators\" (Medusa paper Appendix G, Table 5), plus norms, "
-          "rotary, residuals, the activation and the KV-cache write.",
+          f"- **Engine**: {_engine_sentence(hw)}",
+          "- Step time = framework overhead (per forward, per layer, per token row and cached token) + Σ over "
+          "operators of max(FLOPs / compute rate, bytes / memory rate) + kernels × kernel overhead + the engine "
+          "terms of a speculative step (a fixed cost per step, a cost per verified token and per sequential draft "
+          "stage). Operators and their FLOPs and minimum bytes follow docs/performance-model.md, \"Operators\" "
+          "(Medusa paper Appendix G, Table 5), plus norms, rotary, residuals, the activation and the KV-cache write.",
+          "- Verification: " + ("a tree of n nodes is verified as q = n + 1 tokens per sequence under a tree mask, "
+                                "reading each sequence's KV cache once." if verification == "tree" else
+                                "a tree of n nodes is verified as its root-to-leaf paths, each a separate sequence "
+                                "of its depth + 1 tokens that re-reads the context (batch expansion, no tree "
+                                "attention)."),
           "- GEMM compute rate = peak × η_c × efficiency(rows = b·q); attention matmuls use the attention "
           "efficiency by query rows per KV head; vector work runs at the fp32 (non-tensor) rate.",
           "- Built-in GPU profiles: η_m = 0.78 (the middle of the 77–80% of peak bandwidth that single-token "
           "decode reaches on A100, H100 and A40), η_c = 0.74 (the middle of the 71–76% large GEMMs reach), "
           "3 µs per kernel, no framework overhead (an engine replaying CUDA graphs). The row curve is fitted "
           "so that Vicuna-7B on an A100-80GB-SXM reproduces the measured skinny-GEMM cost (flat to ~64 "
-          "tokens, 1.27× the one-token step at 96, 1.9× at 256); it is reused for other GPUs.",
+          "tokens, 1.27× the one-token step at 96, 1.9× at 256); every built-in GPU profile starts from it, and its "
+          "knee is not checked against a public measurement on any GPU (docs/performance-model.md, \"GEMM row "
+          "efficiency\").",
           "- Plain decoding (n = 0) runs the base model alone (q = 1, no heads); a tree of n nodes verifies "
           "q = n + 1 tokens per sequence and runs " + ("the heads its depth needs" if used_heads else "all draft heads")
           + " on " + ("all of them" if heads is None or heads.tokens_per_sequence is None
@@ -176,7 +219,7 @@ def build_report(shape: ModelShape, heads: DraftHeadsShape | None, hw: HardwareP
           "- τ assumes greedy verification; speedup = τ / overhead; the best tree per cell is the smallest "
           "size of largest speedup, and \"none\" (n = 0) when no tree beats 1.0.",
           "- Memory: weights + heads + KV cache of b·(s + q) tokens + the largest activation must fit in the "
-          "capacity; cells that do not are marked OOM, not predicted.", ""]
+          f"capacity, {hw.capacity_text()}; cells that do not are marked OOM, not predicted.", ""]
 
     if notes:
         L += ["## Notes", ""] + [f"- {n}" for n in notes] + [""]
@@ -189,14 +232,15 @@ def build_report(shape: ModelShape, heads: DraftHeadsShape | None, hw: HardwareP
         L += [f"Above the {shape.dtype} matrix roof: {', '.join(above)}. Their calibrated efficiency exceeds 1: "
               "the kernel computes in another precision than the roof's (CPU attention on bf16 inputs runs in "
               "fp32), so the roof does not bind them.", ""]
-    L += ["Predicted step time per configuration:", "", "| configuration | step time | memory needed |", "|---|---|---|"]
+    L += ["Predicted step time per configuration:", "", "| configuration | step time | memory needed |",
+          "|---|---|---|"]
     for c in cases:
         hd = heads if c.heads else None
         t = step_time_s(shape, hd, hw, batch=c.batch, tokens=c.tokens, context=c.context, attention=attention)
         need = float(memory_required_bytes(shape, hd, batch=c.batch, tokens=c.tokens, context=c.context,
                                            attention=attention))
         L.append(f"| {c.label}{' (+ heads)' if hd else ''} | {_fmt_s(t) if np.isfinite(t) else 'OOM'} | "
-                 f"{need / GB:.1f} GB |")
+                 f"{need / GIB:.1f} GiB |")
     dec = op_timings(shape, None, hw, batch=1, tokens=1, context=plot_context, attention=attention)
     tot = sum(float(t.total_s) for t in dec)
     L += ["", f"Where plain decoding (b = 1, s = {plot_context}) spends its time: " + ", ".join(

@@ -38,7 +38,9 @@ def test_builtin_table_matches_design_datasheet():
     for name, (tf, gbs, gb) in expect.items():
         p = hw[name]
         assert p.peak("bf16") == tf * 1e12 and p.peak("fp16") == tf * 1e12
-        assert p.bandwidth_bytes_per_s == gbs * 1e9 and p.capacity_bytes == gb * 1e9
+        # the datasheet's "80 GB" of device memory is 80 GiB (an A100 80GB reports 81920 MiB)
+        assert p.bandwidth_bytes_per_s == gbs * 1e9 and p.capacity_bytes == gb * 2**30
+        assert p.capacity_sold_gb == gb
         assert (p.eta_compute, p.eta_memory) == (0.74, 0.78)
     assert load_hardware("A100") is hw["a100-80gb-sxm"] and load_hardware("h100") is hw["h100-sxm"]
 
@@ -160,7 +162,7 @@ def test_beyond_capacity_is_flagged():
     need = memory_required_bytes(V7, None, batch=64, tokens=1, context=8192)
     assert need > 270e9
     assert np.isnan(step_time_s(V7, None, A100, batch=64, tokens=1, context=8192))
-    with pytest.raises(UserError, match="needs .* GB .* a100-80gb-sxm has 80.0 GB"):
+    with pytest.raises(UserError, match=r"needs .* GiB .* a100-80gb-sxm has 80 GiB \(sold as 80 GB\)"):
         step_time_s(V7, None, A100, batch=64, tokens=1, context=8192, on_oom="raise")
     assert np.isfinite(step_time_s(V7, None, A100, batch=64, tokens=1, context=8192, on_oom="ignore"))
     mixed = step_time_s(V7, None, A100, batch=np.array([1, 64]), tokens=1, context=8192)

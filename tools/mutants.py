@@ -52,6 +52,7 @@ ACCEPTANCE_TESTS = ("tests/test_acceptance.py",)
 ENGINE_TESTS = ("tests/test_engines.py",)
 MIX_TESTS = ("tests/test_mix.py",)
 RELIABILITY_TESTS = ("tests/test_reliability.py",)
+STEP_TESTS = ("tests/test_step_engine.py",)
 
 
 @dataclass(frozen=True)
@@ -66,12 +67,32 @@ class Mutant:
 
 
 MUTANTS = (
+    # ---- the step-cost model where trees are decided (engine terms, verification, fit)
+    Mutant("eng-candidates-no-reread", "roofline/ops.py", "seqs = b * c\n", "seqs = b\n",
+           "candidate sequences do not each re-read the context", STEP_TESTS),
+    Mutant("eng-spec-on-plain", "roofline/latency.py", "np.where(q > 1, hw.spec_step_overhead_s, 0.0)",
+           "hw.spec_step_overhead_s", "plain decoding pays the speculative step's fixed cost", STEP_TESTS),
+    Mutant("eng-verified-per-sequence", "roofline/latency.py", "hw.verified_token_s * b * q",
+           "hw.verified_token_s * b", "cost per verified token counted per sequence", STEP_TESTS),
+    Mutant("eng-stage-cost-ignored", "roofline/latency.py", "+ hw.draft_stage_s * stages", "+ 0.0 * stages",
+           "sequential draft stages cost nothing", STEP_TESTS),
+    Mutant("eng-kv-efficiency-ignored", "roofline/latency.py", " * hw.attention_kv_fraction(op.keys)", "",
+           "attention reads the KV cache at the streaming rate whatever the profile says", STEP_TESTS),
+    Mutant("eng-kv-keys-without-tokens", "roofline/ops.py", "att_keys = s + k\n", "att_keys = s + 0 * k\n",
+           "attention's keys per sequence leave out the step's own tokens", STEP_TESTS),
+    Mutant("eng-leaf-tokens", "roofline/grid.py", "np.cumsum(np.where(first_child, depth, 0))",
+           "np.cumsum(np.where(first_child, depth - 1, 0))",
+           "a parent that stops being a leaf takes back one token too few", STEP_TESTS),
+    Mutant("eng-capacity-decimal", "roofline/hardware.py", "capacity_bytes=gb * GIB", "capacity_bytes=gb * GB",
+           "datasheet GB read as 10^9 bytes", STEP_TESTS),
+    Mutant("eng-fit-not-robust", "roofline/profile_fit.py", 'loss="soft_l1"', 'loss="linear"',
+           "the fit squares every error, so one outlier row pulls every term", STEP_TESTS),
     # ---- roofline/ops.py: operator FLOPs, bytes and rows
-    Mutant("ops-att-rows-nkv", "roofline/ops.py", "att_rows = q * (nh / nkv)", "att_rows = q * nh",
+    Mutant("ops-att-rows-nkv", "roofline/ops.py", "att_rows = k * (nh / nkv)", "att_rows = k * nh",
            "attention rows per KV head without dividing by the KV-head count", OPS_TESTS),
     Mutant("ops-k-read-nh", "roofline/ops.py",
-           "qk_flops, b * nh * q * d + b * nkv * keys * d, att_rows, kernels=1.0",
-           "qk_flops, b * nh * q * d + b * nh * keys * d, att_rows, kernels=1.0",
+           "kv_read = seqs * nkv * att_keys * d",
+           "kv_read = seqs * nh * att_keys * d",
            "fused QK reads n_h instead of n_kv key heads", OPS_TESTS),
     Mutant("ops-kproj-nh", "roofline/ops.py", 'linear("k_proj", L, h, nkv * d)', 'linear("k_proj", L, h, nh * d)',
            "k_proj with n_h output heads under GQA", OPS_TESTS),
@@ -89,8 +110,8 @@ MUTANTS = (
     Mutant("ops-rotary-no-kv", "roofline/ops.py", "3 * bq * (nh + nkv) * d, 2 * bq * (nh + nkv) * d",
            "3 * bq * nh * d, 2 * bq * nh * d", "rotary on the queries only, not the keys", OPS_TESTS),
     Mutant("ops-unfused-pv-no-scores", "roofline/ops.py",
-           "pv_flops, scores + b * nkv * keys * d + b * nh * q * d, att_rows)",
-           "pv_flops, b * nkv * keys * d + b * nh * q * d, att_rows)",
+           "pv_flops, scores + kv_read + b * nh * q * d, att_rows)",
+           "pv_flops, kv_read + b * nh * q * d, att_rows)",
            "unfused PV does not read the scores back", OPS_TESTS),
     Mutant("ops-gemm-rows-q", "roofline/ops.py", "k_in * n_out + bq * k_in + bq * n_out, bq, kernels)",
            "k_in * n_out + bq * k_in + bq * n_out, q, kernels)",
@@ -98,8 +119,8 @@ MUTANTS = (
     Mutant("ops-heads-rows-no-b", "roofline/ops.py", "b * np.minimum(q, heads.tokens_per_sequence)",
            "np.minimum(q, heads.tokens_per_sequence)", "heads on one token per sequence forget the batch",
            OPS_TESTS),
-    Mutant("ops-blocks-nkv", "roofline/ops.py", "blocks = np.asarray(b * nh, dtype=float)",
-           "blocks = np.asarray(b * nkv, dtype=float)", "attention blocks per KV head instead of per query head",
+    Mutant("ops-blocks-nkv", "roofline/ops.py", "blocks = np.asarray(seqs * nh, dtype=float)",
+           "blocks = np.asarray(seqs * nkv, dtype=float)", "attention blocks per KV head instead of per query head",
            OPS_TESTS),
     # ---- roofline/latency.py: rates, overheads, memory
     Mutant("lat-attention-eff-ignored", "roofline/latency.py",
@@ -117,8 +138,8 @@ MUTANTS = (
     Mutant("lat-memory-s-not-s-plus-q", "roofline/latency.py", "kv = b * (s + q) * shape.kv_bytes_per_token",
            "kv = b * s * shape.kv_bytes_per_token", "memory counts s instead of s + q cached tokens",
            LATENCY_TESTS),
-    Mutant("lat-memory-scores-nkv", "roofline/latency.py", "scores = b * shape.heads * q * (s + q) * beta",
-           "scores = b * shape.kv_heads * q * (s + q) * beta", "unfused scores memory per KV head",
+    Mutant("lat-memory-scores-nkv", "roofline/latency.py", "scores = b * shape.heads * q * (s + q / c) * beta",
+           "scores = b * shape.kv_heads * q * (s + q / c) * beta", "unfused scores memory per KV head",
            LATENCY_TESTS),
     Mutant("lat-memory-no-head-logits", "roofline/latency.py",
            "logits = b * (q + head_rows * (heads.num_heads if heads is not None else 0)) * shape.vocab * beta",
@@ -135,8 +156,8 @@ MUTANTS = (
            "overhead = overhead + heads.num_heads * hw.head_overhead_s", "overhead = overhead + hw.head_overhead_s",
            "head overhead once instead of per head", LATENCY_TESTS),
     Mutant("lat-plain-key-cost", "roofline/latency.py",
-           "per_key = np.where(q > 1, hw.context_overhead_s, hw.plain_context_overhead_s)",
-           "per_key = np.where(q >= 1, hw.context_overhead_s, hw.plain_context_overhead_s)",
+           "per_key = np.where(q / c > 1, hw.context_overhead_s, hw.plain_context_overhead_s)",
+           "per_key = np.where(q / c >= 1, hw.context_overhead_s, hw.plain_context_overhead_s)",
            "plain decoding pays the tree step's cost per cached key", LATENCY_TESTS),
     Mutant("lat-token-overhead-no-b", "roofline/latency.py", "hw.token_overhead_s * b * q", "hw.token_overhead_s * q",
            "framework cost per token row forgets the batch", LATENCY_TESTS),
@@ -151,8 +172,10 @@ MUTANTS = (
            "return max(self.peak_flops.values()) / 8.0", "vector rate fallback at 1/8 of the peak", LATENCY_TESTS),
     Mutant("hw-elementwise-fallback", "roofline/hardware.py", "return self.bandwidth_bytes_per_s * self.eta_memory",
            "return self.bandwidth_bytes_per_s", "elementwise rate fallback without eta_memory", LATENCY_TESTS),
-    Mutant("hw-attention-curve-json", "roofline/hardware.py", 'for key in ("gemm_efficiency", "attention_efficiency"):',
-           'for key in ("gemm_efficiency",):', "attention curve not parsed from a profile JSON", LATENCY_TESTS),
+    Mutant("hw-attention-curve-json", "roofline/hardware.py",
+           'for key in ("gemm_efficiency", "attention_efficiency", "attention_kv_efficiency"):',
+           'for key in ("gemm_efficiency", "attention_kv_efficiency"):',
+           "attention curve not parsed from a profile JSON", LATENCY_TESTS),
     Mutant("hw-eta-memory-default", "roofline/hardware.py", "eta_memory: float = 0.78",
            "eta_memory: float = 0.8", "eta_memory default off the published 77-80% middle", LATENCY_TESTS),
     # ---- roofline/grid.py

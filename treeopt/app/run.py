@@ -25,7 +25,7 @@ from roofline.shapes import DraftHeadsShape
 from treeopt.acceptance import load_rank_vectors
 from treeopt.accuracy import AccuracyTable, load_accuracy
 from treeopt.app.models import is_demo, shape_of
-from treeopt.app.sweep import DEMO_VALIDATION, sweep
+from treeopt.app.sweep import DEMO_VALIDATION, fit_from_sweep, format_transfer, sweep
 from treeopt.app.validation import ValidationResult, format_validation, validate
 from treeopt.engines import export_for, get_engine
 from treeopt.errors import UserError
@@ -177,6 +177,8 @@ def _run_main_job(out: Path, settings: RunSettings, *, log, progress: bool) -> d
         f"{s.repeats} rounds each")
     sweep_df = sweep(lm, table, tau, sw, out / "sweep.csv", hardware=hw, resume="auto", progress=progress)
     timings["sweep_s"] = time.perf_counter() - t0
+    if len(set(s.batches)) > 1 and 1 in s.batches:
+        log(f"[fit] {format_transfer(fit_from_sweep(lm, proposal, hw, sweep_df, out))}")
 
     # 6. selection
     selection = select(sweep_df, proposal, by="measured", hardware=hw.name, model=s.model)

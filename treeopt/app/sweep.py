@@ -12,9 +12,10 @@ from calibration.demo_files import DEMO_PROMPTS, DEMO_VALIDATION_PROMPTS
 from calibration.sweep import E2E_COLUMNS, SweepSettings, measure_end_to_end, run_sweep
 from roofline.hardware import HardwareProfile, load_hardware
 from roofline.latency import step_time_s
+from roofline.profile_fit import BatchTransfer, batch_transfer, error_summary
 from roofline.shapes import DraftHeadsShape
 from treeopt.app.models import shape_of
-from treeopt.fileio import atomic_path
+from treeopt.fileio import atomic_path, write_text
 from treeopt.selection import SWEEP_COLUMNS
 from treeopt.tau import TauCurve
 from treeopt.tree import Tree
@@ -83,3 +84,30 @@ def format_sweep(df: pd.DataFrame) -> str:
     view = df[cols].copy()
     view["step_time_ms"] = view.pop("step_time_s") * 1e3
     return view.to_string(index=False, float_format=lambda v: f"{v:.3f}")
+
+
+def fit_from_sweep(lm, proposal: Tree, hardware: HardwareProfile, df: pd.DataFrame, out_dir) -> BatchTransfer:
+    """Fit the profile's engine terms to the batch-1 rows of the sweep just measured, predict
+    the other batch sizes (docs/performance-model.md "Fitting a profile to measured steps"), and
+    write `fitted_hardware.json` and `fit_transfer.csv` into out_dir."""
+    shape = shape_of(lm.name, dtype=str(lm.dtype).replace("torch.", ""))
+    heads = DraftHeadsShape(lm.heads.num_heads, lm.heads.num_layers, lm.heads.hidden_size, lm.heads.vocab_size,
+                            tokens_per_sequence=1)
+    depth = [proposal.prefix(n).depth for n in range(proposal.size + 1)]
+    result = batch_transfer(shape, heads, hardware, df, depth)
+    out = Path(out_dir)
+    result.fit.profile.save(out / "fitted_hardware.json")
+    with atomic_path(out / "fit_transfer.csv") as tmp:
+        result.cells.to_csv(tmp, index=False, float_format="%.6g")
+    write_text(out / "fit_transfer.md", format_transfer(result) + "\n")
+    return result
+
+
+def format_transfer(result: BatchTransfer) -> str:
+    """How a profile fitted on batch 1 predicts the other batch sizes, in a few lines."""
+    cells = result.cells
+    terms = ", ".join(f"{k} {v:.3g}" for k, v in result.fit.terms.items())
+    return (f"profile fitted on batch 1 ({terms}; {error_summary(result.fit.in_sample_error)} on its rows); on the "
+            f"other batch sizes T(n)/T(0) is off by a median {cells['median_ratio_error'].median() * 100:.1f}% "
+            f"(worst {cells['worst_ratio_error'].max() * 100:.1f}%), and the predicted best tree is within one "
+            f"swept size of the measured best in {int(cells['within_one_step'].sum())} of {len(cells)} cells")

@@ -56,11 +56,13 @@ hw = _lazy_group("hw", "Hardware profiles: the built-in datasheet table and cali
     "list": ("treeopt.cli.roofline_cmds:hw_list", "List the built-in hardware profiles."),
     "calibrate": ("treeopt.cli.calibration_cmds:hw_calibrate",
                   "Measure this machine and write a hardware profile."),
+    "fit": ("treeopt.cli.roofline_cmds:hw_fit", "Fit a profile's engine terms to measured step times of any engine."),
 })
 roofline = _lazy_group("roofline", "The operator-level latency model and the predicted speedup grid.", {
     "ops": ("treeopt.cli.roofline_cmds:roofline_ops", "Every operator of one forward pass, with its roof."),
     "speedup": ("treeopt.cli.roofline_cmds:roofline_speedup",
                 "Predicted speedup for every batch x context x tree size."),
+    "predict": ("treeopt.cli.roofline_cmds:roofline_predict", "Predicted step time for every row of a step CSV."),
 })
 demo = _lazy_group("demo", "The bundled demo model (a small Llama with Medusa heads trained on Python's stdlib).", {
     "train": ("treeopt.cli.run_cmds:demo_train", "Train the demo model (the recipe behind the bundled one)."),

@@ -1,5 +1,5 @@
-"""`treeopt hw list`, `treeopt roofline ops|speedup`, `treeopt report`: the analytical half
-(roofline/). numpy only: no torch is loaded."""
+"""`treeopt hw list|fit`, `treeopt roofline ops|speedup|predict`, `treeopt report`: the
+analytical half (roofline/). numpy only: no torch is loaded."""
 
 from __future__ import annotations
 
@@ -8,10 +8,19 @@ import shlex
 import sys
 
 import click
+import numpy as np
+import pandas as pd
 
 from roofline.grid import DEFAULT_BATCHES, DEFAULT_CONTEXTS, heads_used_by_prefix, speedup_grid
-from roofline.hardware import builtin_hardware, hardware_aliases, load_hardware
-from roofline.latency import framework_overhead_s, memory_required_bytes, op_timings
+from roofline.hardware import GIB, VERIFICATION_MODES, builtin_hardware, hardware_aliases, load_hardware
+from roofline.latency import (
+    candidates_of,
+    framework_overhead_s,
+    memory_required_bytes,
+    op_timings,
+    speculation_overhead_s,
+)
+from roofline.profile_fit import error_summary, fit_profile, predict_step_s, read_step_points, step_points_frame
 from roofline.report import build_report
 from treeopt.accuracy import load_accuracy
 from treeopt.app.models import heads_of, shape_of
@@ -72,6 +81,13 @@ HEADS_OPTIONS = [
 ]
 ENGINE_OPTION = click.option("--engine", type=click.Choice(ENGINE_NAMES), default=None,
                              help="Trees only from this engine's family; the report shows the line it takes.")
+VERIFICATION_OPTION = click.option(
+    "--verification", type=click.Choice(VERIFICATION_MODES), default="tree", show_default=True,
+    help="tree: the tree's tokens under a tree mask, one read of the context; candidates: its root-to-leaf "
+         "paths as separate sequences that each re-read the context (engines without tree attention).")
+SEQUENTIAL_DRAFT_OPTION = click.option(
+    "--sequential-draft", is_flag=True,
+    help="The drafter drafts depth by depth: a tree pays the profile's draft_stage_s once per level of depth.")
 GRID_OPTIONS = [
     click.option("--batch", "batches", type=IntList(1), default=",".join(map(str, DEFAULT_BATCHES)),
                  show_default=True, help="Comma-separated batch sizes."),
@@ -96,12 +112,13 @@ def hw_list(as_json: bool) -> None:
         fp32 = p.peak_flops.get("fp32")
         al = f" (alias {', '.join(aliases[name])})" if name in aliases else ""
         rows.append([name, f"{p.peak('bf16') / 1e12:.4g}", f"{fp32 / 1e12:.4g}" if fp32 else "-",
-                     f"{p.bandwidth_bytes_per_s / 1e9:.0f}", f"{p.capacity_bytes / 1e9:.0f}", p.description + al])
-    click.echo(text_table(["<name", "bf16 TFLOP/s", "fp32 TFLOP/s", "GB/s", "GB", "<description"], rows), nl=False)
+                     f"{p.bandwidth_bytes_per_s / 1e9:.0f}", f"{p.capacity_gib:.0f}", p.description + al])
+    click.echo(text_table(["<name", "bf16 TFLOP/s", "fp32 TFLOP/s", "GB/s", "GiB", "<description"], rows), nl=False)
     p = next(iter(profiles.values()))
     click.echo(f"\nAll: eta_compute {p.eta_compute}, eta_memory {p.eta_memory}, {p.kernel_overhead_s * 1e6:g} us "
-               "per kernel, row-dependent GEMM efficiency fitted to A100 7B measurements (see roofline/hardware.py). "
-               "Calibrate your own machine with `treeopt hw calibrate`.")
+               "per kernel, row-dependent GEMM efficiency fitted to A100 7B measurements (see roofline/hardware.py), "
+               "no engine costs beyond the forward pass; memory as sold (\"80 GB\" = 80 GiB). Fit a profile to your "
+               "engine's step times with `treeopt hw fit`, or calibrate this machine with `treeopt hw calibrate`.")
 
 
 @click.command("ops")
@@ -113,22 +130,34 @@ def hw_list(as_json: bool) -> None:
               help="New tokens per sequence q (1 = decode, n+1 = tree of n nodes, prompt length = prefill).")
 @click.option("--context", "context", type=AtLeast(0), default=0, show_default=True, help="Cached tokens s.")
 @click.option("--attention", type=click.Choice(["fused", "unfused"]), default="fused", show_default=True)
+@VERIFICATION_OPTION
+@click.option("--candidates", type=AtLeast(1), default=None,
+              help="With --verification candidates: candidate sequences the tokens are split into "
+                   "[default: every token its own].")
+@click.option("--draft-stages", type=AtLeast(0), default=0, show_default=True,
+              help="Sequential draft stages of this step (the profile's draft_stage_s each).")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list of operators.")
 def roofline_ops(model, dtype, hardware, num_heads, head_layers, head_tokens, batch, tokens, context, attention,
-                 as_json) -> None:
+                 verification, candidates, draft_stages, as_json) -> None:
     """Every operator of one forward pass: FLOPs, bytes, intensity, predicted time, binding roof."""
     shape = shape_of(model, dtype)
     hw = load_hardware(hardware)
     if num_heads is None and tokens == 1:
         num_heads = 0  # plain decoding runs no heads unless asked
     heads = heads_of(model, shape, num_heads=num_heads, num_layers=head_layers, tokens_per_sequence=head_tokens)
-    timings = op_timings(shape, heads, hw, batch=batch, tokens=tokens, context=context, attention=attention)
-    fixed = float(framework_overhead_s(shape, hw, batch=batch, tokens=tokens, context=context))
-    total = fixed + sum(float(t.total_s) for t in timings)
-    need = float(memory_required_bytes(shape, heads, batch=batch, tokens=tokens, context=context, attention=attention))
+    if candidates is not None and verification != "candidates":
+        raise UserError("--candidates: only with --verification candidates")
+    cands = candidates_of(verification, tokens, candidates)
+    timings = op_timings(shape, heads, hw, batch=batch, tokens=tokens, context=context, attention=attention,
+                         candidates=cands)
+    fixed = float(framework_overhead_s(shape, hw, batch=batch, tokens=tokens, context=context, candidates=cands))
+    engine = float(speculation_overhead_s(hw, batch=batch, tokens=tokens, draft_stages=draft_stages))
+    total = fixed + engine + sum(float(t.total_s) for t in timings)
+    need = float(memory_required_bytes(shape, heads, batch=batch, tokens=tokens, context=context, attention=attention,
+                                       candidates=cands))
     if need > hw.capacity_bytes:
-        click.echo(f"treeopt: warning: this configuration needs {need / 1e9:.1f} GB but {hw.name} has "
-                   f"{hw.capacity_bytes / 1e9:.1f} GB: it does not fit; times below are what it would take", err=True)
+        click.echo(f"treeopt: warning: this configuration needs {need / GIB:.1f} GiB but {hw.name} has "
+                   f"{hw.capacity_text()}: it does not fit; times below are what it would take", err=True)
     rows = []
     for t in timings:
         flops, nbytes = float(t.op.flops), float(t.op.bytes)
@@ -140,6 +169,10 @@ def roofline_ops(model, dtype, hardware, num_heads, head_layers, head_tokens, ba
         rows.append({"name": "framework", "count": 1, "flops": 0.0, "bytes": 0.0, "intensity": None,
                      "time_s": fixed, "bound": "overhead", "compute_s": 0.0, "memory_s": 0.0,
                      "overhead_s": fixed, "kernels": 0, "kind": "framework"})
+    if engine > 0:
+        rows.append({"name": "speculation", "count": 1, "flops": 0.0, "bytes": 0.0, "intensity": None,
+                     "time_s": engine, "bound": "overhead", "compute_s": 0.0, "memory_s": 0.0,
+                     "overhead_s": engine, "kernels": 0, "kind": "engine"})
     if as_json:
         click.echo(json.dumps(rows, indent=1))
         return
@@ -147,7 +180,8 @@ def roofline_ops(model, dtype, hardware, num_heads, head_layers, head_tokens, ba
     if heads.num_heads:
         click.echo(f"draft heads: {heads.describe()}")
     click.echo(f"hardware: {hw.describe()}")
-    click.echo(f"b={batch} q={tokens} s={context} attention={attention}; memory needed {need / 1e9:.2f} GB")
+    split = f" in {cands} candidates" if cands is not None else ""
+    click.echo(f"b={batch} q={tokens}{split} s={context} attention={attention}; memory needed {need / GIB:.2f} GiB")
     click.echo(text_table(
         ["<operator", "count", "GFLOP", "MB", "FLOP/B", "time/us", "total/us", "share", "<bound"],
         [[row["name"], row["count"], f"{row['flops'] / 1e9:.4g}", f"{row['bytes'] / 1e6:.4g}",
@@ -173,6 +207,8 @@ def roofline_ops(model, dtype, hardware, num_heads, head_layers, head_tokens, ba
 @click.option("--joint", is_flag=True, help="tau from the table's joint prefix counts.")
 @click.option("--heads-in-baseline", is_flag=True, help="Plain decoding (n = 0) also runs the heads.")
 @click.option("--used-heads", is_flag=True, help="A tree runs only the heads it reaches (its depth), not all K.")
+@VERIFICATION_OPTION
+@SEQUENTIAL_DRAFT_OPTION
 @click.option("-o", "--out", "out", default=None, type=click.Path(dir_okay=False), help="Grid CSV to write.")
 @ENGINE_OPTION
 @click.option("--select", "select", default=None, type=click.Path(dir_okay=False),
@@ -181,8 +217,8 @@ def roofline_ops(model, dtype, hardware, num_heads, head_layers, head_tokens, ba
               help="Also choose one tree for this traffic mix (CSV batch,context,weight or '1:0.5,8@2048:0.5'); "
                    "its cells join the grid.")
 def roofline_speedup(model, dtype, hardware, accuracy, csv_model, num_heads, head_layers, head_tokens, batches,
-                     contexts, max_nodes, attention, joint, heads_in_baseline, used_heads, engine, out,
-                     select, mix_spec) -> None:
+                     contexts, max_nodes, attention, joint, heads_in_baseline, used_heads, engine, verification,
+                     sequential_draft, out, select, mix_spec) -> None:
     """Predicted overhead, tau and speedup for every batch x context x tree size, and the best
     tree per cell ("none" when no tree beats plain decoding)."""
     mix = parse_mix(mix_spec) if mix_spec is not None else None
@@ -199,15 +235,18 @@ def roofline_speedup(model, dtype, hardware, accuracy, csv_model, num_heads, hea
     tree, tau = _greedy_tau(table, max_nodes, heads.num_heads, joint, get_engine(engine) if engine else None)
     grid = speedup_grid(shape, heads, hw, tau, batches, contexts, attention=attention,
                         heads_in_baseline=heads_in_baseline,
-                        heads_used=heads_used_by_prefix(tree) if used_heads else None)
+                        heads_used=heads_used_by_prefix(tree) if used_heads else None,
+                        verification=verification, tree=tree,
+                        draft_stages=heads_used_by_prefix(tree) if sequential_draft else None)
     best = best_per_cell(grid)
     mix_doc = mix_section(choose_mix_tree(grid, mix, source="the grid"), tree, mix) if mix is not None else None
     if out:
         with atomic_path(out) as tmp:
             grid.to_csv(tmp, index=False, float_format="%.6g")
     if select:
-        extra = {"heads": heads.num_heads, "attention": attention} | ({"mix": mix_doc} if mix_doc else {})
-        write_json(select, selection_from_grid(grid, tree, hw.name, shape.name, extra=extra))
+        extra = {"heads": heads.num_heads, "attention": attention, "verification": verification}
+        write_json(select, selection_from_grid(grid, tree, hw.name, shape.name,
+                                               extra=extra | ({"mix": mix_doc} if mix_doc else {})))
     click.echo(f"{shape.describe()}; {heads.describe()}; hardware {hw.name}; accuracy {label}")
     click.echo("tau of the greedy proposal sequence: " + ", ".join(
         f"n={n}: {tau[n]:.3f}" for n in (1, 4, 16, 32, 64) if n < len(tau)))
@@ -219,7 +258,7 @@ def roofline_speedup(model, dtype, hardware, accuracy, csv_model, num_heads, hea
                           [[b] + [cell[(int(b), int(c))] for c in ctxs] for b in sorted(best["batch"].unique())]),
                nl=False)
     if not best["fits_memory"].all():
-        click.echo(f"OOM: not even plain decoding fits in {hw.capacity_bytes / 1e9:.0f} GB", err=True)
+        click.echo(f"OOM: not even plain decoding fits in {hw.capacity_text()}", err=True)
     if mix_doc is not None:
         click.echo(format_mix(mix_doc))
     for path, what in ((out, "grid"), (select, "selection")):
@@ -241,11 +280,14 @@ def roofline_speedup(model, dtype, hardware, accuracy, csv_model, num_heads, hea
 @click.option("--joint", is_flag=True, help="tau from the table's joint prefix counts.")
 @click.option("--used-heads", is_flag=True, help="A tree runs only the heads it reaches (its depth), not all K.")
 @ENGINE_OPTION
+@VERIFICATION_OPTION
+@SEQUENTIAL_DRAFT_OPTION
 @click.option("--title", default=None, help="Report title.")
 @click.option("--note", "notes", multiple=True, help="A note for index.md (repeatable).")
 @click.option("-o", "--out", "out", required=True, type=click.Path(file_okay=False), help="Report directory.")
 def report_cmd(model, dtype, hardware, accuracy, csv_model, num_heads, head_layers, head_tokens, batches, contexts,
-               plot_context, max_nodes, attention, joint, used_heads, engine, title, notes, out) -> None:
+               plot_context, max_nodes, attention, joint, used_heads, engine, verification, sequential_draft, title,
+               notes, out) -> None:
     """Write a report directory: roofline chart, speedup curves, best-tree heatmaps (PNG),
     grid.csv, selection.json and an index.md stating inputs and assumptions."""
     shape = shape_of(model, dtype)
@@ -266,5 +308,85 @@ def report_cmd(model, dtype, hardware, accuracy, csv_model, num_heads, head_laye
                            contexts=contexts, max_nodes=max_nodes, attention=attention, plot_context=plot_context,
                            command=_command_line(), title=title, joint=joint, used_heads=used_heads, notes=notes,
                            proposal=proposal, tau=tau, save_hardware=hw.name not in builtin_hardware(),
-                           engine=get_engine(engine) if engine else None)
+                           engine=get_engine(engine) if engine else None, verification=verification,
+                           sequential_draft=sequential_draft)
     click.echo(f"wrote {out}/index.md with " + ", ".join(v for k, v in summary["files"].items() if k != "index"))
+
+
+@click.command("fit")
+@apply(MODEL_OPTIONS)
+@click.option("--hardware", "hardware", required=True, metavar="NAME|PROFILE.json",
+              help="The base profile whose roofs are kept: the GPU's built-in name, or a profile JSON.")
+@click.option("--measurements", required=True, metavar="STEPS.csv",
+              help="Measured step times: columns batch, context, tokens, step_ms [, candidates, draft_stages] "
+                   "(docs/performance-model.md, \"Fitting a profile to measured steps\").")
+@click.option("--heads", "num_heads", type=AtLeast(0), default=0, show_default=True,
+              help="Draft heads whose operators the prediction of a speculative step includes (0: the drafting "
+                   "cost is left to the fitted engine terms). Use the same value wherever the profile is used.")
+@click.option("--head-layers", type=AtLeast(0), default=None, help="ResBlocks per head [default: 1].")
+@click.option("--attention", type=click.Choice(["fused", "unfused"]), default="fused", show_default=True)
+@click.option("--name", default=None, help="Profile name [default: BASE-fitted].")
+@click.option("-o", "--out", "out", required=True, type=click.Path(dir_okay=False), help="Profile JSON to write.")
+def hw_fit(model, dtype, hardware, measurements, num_heads, head_layers, attention, name, out) -> None:
+    """Fit a hardware profile's engine terms to measured step times of any engine."""
+    shape = shape_of(model, dtype)
+    base = load_hardware(hardware)
+    heads = heads_of(model, shape, num_heads=num_heads, num_layers=head_layers) if num_heads else None
+    points = read_step_points(measurements, heads=num_heads)
+    result = fit_profile(shape, heads, base, points, attention=attention, name=name, source=measurements)
+    result.profile.save(out)
+    click.echo(f"fitted {len(points)} steps of {shape.name} over {base.name}; free terms: {', '.join(result.free)}")
+    rows = [[k, _term_text(k, v)] for k, v in result.terms.items()]
+    click.echo(text_table(["<term", "<value"], rows), nl=False)
+    click.echo(f"in-sample: {error_summary(result.in_sample_error)}")
+    if result.loo_error is not None:
+        click.echo(f"leave-one-out: {error_summary(result.loo_error)}")
+        worst = int(np.argmax(np.abs(result.loo_error)))
+        click.echo(f"worst row (leave-one-out): batch {int(points.batch[worst])}, "
+                   f"context {int(points.context[worst])}, tokens {int(points.tokens[worst])}: "
+                   f"{result.loo_error[worst] * 100:+.1f}%")
+    click.echo(f"wrote profile {out} (use it as --hardware {out})")
+
+
+def _term_text(name: str, value: float) -> str:
+    if name.endswith("_s"):
+        return f"{value * 1e3:.4g} ms"
+    return f"{value:.3g}"
+
+
+@click.command("predict")
+@apply(MODEL_OPTIONS)
+@HARDWARE_OPTION
+@click.option("--points", "points_path", required=True, metavar="POINTS.csv",
+              help="Rows of batch, context, tokens [, candidates, draft_stages, step_ms]: the steps to predict.")
+@click.option("--heads", "num_heads", type=AtLeast(0), default=0, show_default=True,
+              help="Draft heads a speculative step runs (the value the profile was fitted with).")
+@click.option("--head-layers", type=AtLeast(0), default=None, help="ResBlocks per head [default: 1].")
+@click.option("--attention", type=click.Choice(["fused", "unfused"]), default="fused", show_default=True)
+@click.option("-o", "--out", "out", required=True, type=click.Path(dir_okay=False),
+              help="CSV to write: the rows with predicted_step_ms (and error, when step_ms is given).")
+def roofline_predict(model, dtype, hardware, points_path, num_heads, head_layers, attention, out) -> None:
+    """Predicted step_ms for every row of a step CSV (compare any prediction with any measurement)."""
+    shape = shape_of(model, dtype)
+    hw = load_hardware(hardware)
+    heads = heads_of(model, shape, num_heads=num_heads, num_layers=head_layers) if num_heads else None
+    try:
+        frame = pd.read_csv(points_path, comment="#", skipinitialspace=True)
+    except FileNotFoundError:
+        raise UserError(f"--points: {points_path}: no such file") from None
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as err:
+        raise UserError(f"--points: {points_path}: not a CSV ({str(err).splitlines()[0]})") from None
+    frame.columns = [str(c).strip().lower() for c in frame.columns]
+    measured = "step_ms" in frame.columns
+    # rows to predict need no times; a placeholder keeps one reader for both files
+    points = step_points_frame(frame if measured else frame.assign(step_ms=1.0), source=f"--points: {points_path}",
+                               heads=num_heads)
+    predicted = predict_step_s(shape, heads, hw, points, attention=attention) * 1e3
+    frame["predicted_step_ms"] = predicted
+    if measured:
+        frame["error"] = predicted / (points.step_s * 1e3) - 1.0
+    with atomic_path(out) as tmp:
+        frame.to_csv(tmp, index=False, float_format="%.6g")
+    click.echo(f"predicted {len(frame)} steps of {shape.name} on {hw.name}"
+               + (f"; against step_ms: {error_summary(frame['error'])}" if measured else ""))
+    click.echo(f"wrote {out}")

@@ -13,8 +13,9 @@ from calibration.demo_files import DEMO_MODEL_DIR
 from calibration.models import load_model
 from calibration.sweep import SweepSettings
 from calibration.threads import torch_threads
+from roofline.hardware import load_hardware
 from treeopt.app.run import RunSettings, run_main_job
-from treeopt.app.sweep import DEMO_VALIDATION, add_end_to_end, format_sweep, sweep
+from treeopt.app.sweep import DEMO_VALIDATION, add_end_to_end, fit_from_sweep, format_sweep, format_transfer, sweep
 from treeopt.app.validation import format_validation, validate
 from treeopt.cli.options import RUN_MODEL_OPTIONS, AtLeast, IntList, apply
 from treeopt.engines import ENGINE_NAMES
@@ -78,6 +79,10 @@ def sweep_cmd(model, heads, num_heads, device, dtype, threads, accuracy, method,
             df = add_end_to_end(lm, tau.proposal, df, settings, data, max_new_tokens, output)
     click.echo(format_sweep(df))
     click.echo(f"wrote {output}")
+    if hardware and 1 in batches and len(batches) > 1:
+        # the engine terms of this machine's decoder, fitted on batch 1 and judged on the rest
+        fit = fit_from_sweep(lm, tau.proposal, load_hardware(hardware), df, Path(output).parent)
+        click.echo(f"{format_transfer(fit)}; wrote {Path(output).parent / 'fitted_hardware.json'}")
 
 
 @click.command("validate")
