@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from treeopt.accuracy import AccuracyTable, expected_tokens
-from treeopt.build import _maxplus, build_tree, greedy_tree, max_nodes, tau_curve
+from treeopt.build import build_tree, greedy_tree, max_nodes, tau_curve
 from treeopt.engines import Engine, sglang_candidates, sglang_pool_size, uniform_tree
 from treeopt.errors import UserError
 from treeopt.tree import Tree
@@ -43,6 +43,14 @@ class FamilyLimits:
     def widths(self) -> list[int]:
         return [self.width] * self.depth
 
+
+
+def _maxplus(old: np.ndarray, h: np.ndarray, diff: np.ndarray, valid: np.ndarray):
+    """new[m] = max_j old[m - j] + h[j] (a max-plus convolution step of the tree knapsack), and
+    the maximising j (the smallest on ties)."""
+    vals = np.where(valid, old[diff] + h[None, :], -np.inf)
+    pick = np.argmax(vals, axis=1)
+    return vals[np.arange(len(old)), pick], pick
 
 def family_limits(engine: Engine, num_heads: int, width: int, heads: int | None = None) -> FamilyLimits:
     if heads is not None and not 1 <= int(heads) <= num_heads:
