@@ -335,21 +335,22 @@ def _add_attention(bench, timed, keep, dev, tdt, dims: ModelDims, *, quick: bool
 
 
 def _add_kv_update(bench, timed, keep, dev, tdt, dims: ModelDims, probe_model, *, quick: bool) -> None:
-    """The KV-cache update as the decoder does it: one token's K and V into layer 0 of the
-    decoder's cache holding `s` tokens of the model's KV width (4 sequences), cropped back."""
-    batch = 4
-    for s_kv in ((64, 512) if quick else (64, 256, 1024)):
-        cache = new_cache(probe_model)
+    """The KV-cache update as the decoder does it: q tokens' K and V written in place into layer
+    0 of the decoder's preallocated cache holding 256 tokens (4 sequences), cropped back. The
+    bytes grow with q, not with the cached length (docs/performance-model.md, "KV-cache update")."""
+    batch, s_kv = 4, 256
+    for q in ((1, 64) if quick else (1, 16, 64)):
+        cache = new_cache(probe_model, capacity=s_kv + q)
         cache.update(torch.randn(batch, dims.kv_heads, s_kv, dims.head_dim, device=dev, dtype=tdt),
                      torch.randn(batch, dims.kv_heads, s_kv, dims.head_dim, device=dev, dtype=tdt), 0)
-        k_new = torch.randn(batch, dims.kv_heads, 1, dims.head_dim, device=dev, dtype=tdt)
-        v_new = torch.randn(batch, dims.kv_heads, 1, dims.head_dim, device=dev, dtype=tdt)
+        k_new = torch.randn(batch, dims.kv_heads, q, dims.head_dim, device=dev, dtype=tdt)
+        v_new = torch.randn(batch, dims.kv_heads, q, dims.head_dim, device=dev, dtype=tdt)
         keep.append((cache, k_new, v_new))
 
-        def update(cache=cache, k_new=k_new, v_new=v_new):
+        def update(cache=cache, k_new=k_new, v_new=v_new, q=q):
             cache.update(k_new, v_new, 0)
-            cache.crop(-1)
-        bench.add("kv", lambda st, s_kv=s_kv: KvUpdateSample(batch, s_kv, st.median_s), timed(update))
+            cache.crop(-q)
+        bench.add("kv", lambda st, q=q: KvUpdateSample(batch, s_kv, st.median_s, new_tokens=q), timed(update))
 
 
 def _add_framework_forwards(bench, models, dev, probe: ModelDims, layer_counts, sync, *, quick: bool) -> None:

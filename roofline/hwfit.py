@@ -295,12 +295,13 @@ def attention_block_overhead_s(samples: tuple[AttentionSample, ...], shape: Mode
 
 
 def kv_update_rate(samples: tuple[KvUpdateSample, ...], shape: ModelShape) -> float:
-    """Bytes per second of the KV-cache update: K and V each read the s cached rows and the
-    new one and write s + 1 (the "concat" update, roofline.ops "kv_cache")."""
+    """Bytes per second of the KV-cache update: K and V of the q new tokens each read and
+    written in place, 2 x (2 b q n_kv d) elements (the "append" update, roofline.ops
+    "kv_cache")."""
     b = np.array([s.batch for s in samples], dtype=float)
-    s_kv = np.array([s.context_tokens for s in samples], dtype=float)
+    q = np.array([s.new_tokens for s in samples], dtype=float)
     row = shape.kv_heads * shape.head_dim
-    nbytes = shape.dtype_bytes * 2 * (b * s_kv * row + b * row + b * (s_kv + 1) * row)
+    nbytes = shape.dtype_bytes * 2 * 2 * b * q * row
     return fit_line(nbytes, [s.time_s for s in samples]).bytes_per_s
 
 
@@ -411,7 +412,7 @@ def fit_hardware_profile(measurements: HardwareMeasurements, shape: ModelShape, 
         elementwise_bytes_per_s=float(mix_rate),
         # the decoder's cache (transformers' DynamicCache) copies the whole cache every forward
         # (docs/performance-model.md, "hardware calibration")
-        kv_cache_update="concat",
+        kv_cache_update="append",
         kv_update_bytes_per_s=float(kv_update_rate(m.kv_update, shape)),
         attention_block_overhead_s=float(attention_block_overhead_s(m.attention, shape)),
         description=f"calibrated on {dev.name}",

@@ -174,10 +174,10 @@ def test_attention_block_overhead_recovered():
 def test_kv_update_rate_recovered():
     rate, fixed = 2e10, 4e-6
     samples = []
-    for s in (64, 256, 1024):
-        # K and V each: read 4 x s and 4 x 1 rows of 2 x 16 values, write 4 x (s + 1) rows
-        nbytes = 2 * BETA * (4 * s * 32 + 4 * 32 + 4 * (s + 1) * 32)
-        samples.append(KvUpdateSample(4, s, fixed + nbytes / rate))
+    for q in (1, 16, 64):
+        # K and V each: read the 4 x q new rows of 2 x 16 values and write them in place
+        nbytes = 2 * BETA * (4 * q * 32 + 4 * q * 32)
+        samples.append(KvUpdateSample(4, 256, fixed + nbytes / rate, new_tokens=q))
     assert close(kv_update_rate(tuple(samples), SHAPE), rate)
 
 
@@ -248,7 +248,7 @@ def test_fit_hardware_profile_assembles_every_term():
     elementwise = tuple(ElementwiseSample(n, KERNEL_S + 3 * n * BETA / 8e9) for n in (1024, 8192, 65536, 1 << 19))
     rows = np.array([1, 64, 512])
     mix = tuple(LayerElementwiseSample(int(r), 1e-5 + b / 5e9) for r, b in zip(rows, layer_elementwise_bytes(SHAPE, rows)))
-    kv = tuple(KvUpdateSample(4, s, 1e-6 + 2 * BETA * (4 * s * 32 + 4 * 32 + 4 * (s + 1) * 32) / 2e10) for s in (64, 512))
+    kv = tuple(KvUpdateSample(4, 256, 1e-6 + 2 * BETA * (2 * 4 * q * 32) / 2e10, new_tokens=q) for q in (1, 64))
     attention = tuple(AttentionSample(1, q, 256, _attention_s(1, q)) for q in ATT_EFF)
     attention += (AttentionSample(8, 1, 256, 8 * _attention_s(1, 1) + 64 * 3e-7),)
     expected = HardwareProfile(
@@ -256,7 +256,7 @@ def test_fit_hardware_profile_assembles_every_term():
         eta_compute=1.0, eta_memory=ETA_MEMORY, kernel_overhead_s=KERNEL_S,
         gemm_efficiency=EfficiencyCurve(GEMM_ROWS, (0.3, 0.3, 0.3, 0.5, 0.9, 1.0)),
         attention_efficiency=EfficiencyCurve((4.0, 16.0, 64.0, 256.0), tuple(ATT_EFF.values())), vector_flops=PEAK,
-        elementwise_bytes_per_s=5e9, kv_cache_update="concat", kv_update_bytes_per_s=2e10,
+        elementwise_bytes_per_s=5e9, kv_cache_update="append", kv_update_bytes_per_s=2e10,
         attention_block_overhead_s=3e-7)
     facts = DeviceFacts("test cpu", "cpu", 64e9, 1, 2, "2", "transformers", (0.1, 0.1, 0.1), (0.2, 0.2, 0.2))
     m = HardwareMeasurements(

@@ -123,12 +123,13 @@ class AttentionSample:
 
 @dataclass(frozen=True)
 class KvUpdateSample:
-    """The decoder's KV-cache update of one layer: one new token's K and V appended to
+    """The decoder's KV-cache update of one layer: `new_tokens` tokens' K and V written after
     `context_tokens` cached ones for `batch` sequences, then cropped back."""
 
     batch: int
     context_tokens: int
     time_s: float
+    new_tokens: int = 1
 
 
 @dataclass(frozen=True)
