@@ -39,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from calibration.demo_files import DEMO_MODEL_DIR  # noqa: E402
 from calibration.models import load_model, tiny_model_for_tests  # noqa: E402
 from calibration.labels import decoder_body, greedy_continuations, label_ranks  # noqa: E402
+from treeopt.timing import measure_interleaved  # noqa: E402
 
 
 def timed(fn) -> float:
@@ -131,11 +132,12 @@ def main(argv=None) -> list[tuple]:
     # generation: KV cache, linear in steps
     prompts = [s[:P] for s in seqs]
     reps = max(3, args.repeats // 3)
-    gen = interleaved({
-        "S": lambda: greedy_continuations(model, prompts, S),
-        "2S": lambda: greedy_continuations(model, prompts, 2 * S),
-        "prefill": lambda: greedy_continuations(model, prompts, 1),
-    }, reps, rng)
+    # medians over interleaved rounds with slowdown outliers re-taken (treeopt.timing): the
+    # per-step figures are differences of whole runs, so one burst would swing them
+    stats = measure_interleaved([lambda: greedy_continuations(model, prompts, S),
+                                 lambda: greedy_continuations(model, prompts, 2 * S),
+                                 lambda: greedy_continuations(model, prompts, 1)], rounds=max(5, args.repeats))
+    gen = {name: st.median_s for name, st in zip(("S", "2S", "prefill"), stats)}
     per_step_s = (gen["S"] - gen["prefill"]) / (S - 1)
     per_step_2s = (gen["2S"] - gen["prefill"]) / (2 * S - 1)
     print(f"generation (KV cache): {S} steps {gen['S'] * 1e3:.0f} ms, {2 * S} steps "
