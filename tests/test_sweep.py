@@ -219,7 +219,7 @@ def test_interrupted_sweep_keeps_finished_groups_and_resumes(tiny, tmp_path, mon
     partial = pd.read_csv(out)
     assert partial[["batch", "context"]].drop_duplicates().values.tolist() == [[1, 8]]
     assert partial["nodes"].tolist() == [0, 1, 3]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["sweep.csv", "sweep.meta.json"]  # no temp files
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sweep.csv", "sweep.meta.json", "sweep.samples.npz"]  # no temp files
 
     calls.clear()
     done = run_sweep(lm, TauCurve(PROPOSAL, TAU_IND, None), settings, out, resume=True, progress=False)
