@@ -36,14 +36,16 @@ import json
 import random
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import pandas as pd
 import torch
+from tqdm import tqdm
 
+from calibration.decoder import TreeDecoder, model_forward_hidden, new_cache, plain_step_forward
 from treeopt.errors import UserError
 from treeopt.fileio import atomic_path, write_json
 from treeopt.selection import (
@@ -145,13 +147,6 @@ def step_bench(lm, proposal: Tree, sizes, batch: int, context: int, *, topk: int
     """Build the cache of `context` random tokens for `batch` sequences and one closure per
     tree size (0 first) running exactly one decoding step's model work, then undoing its cache
     append. The closures call `torch.cuda.synchronize()` on CUDA."""
-    from calibration.decoder import (
-        TreeDecoder,
-        model_forward_hidden,
-        new_cache,
-        plain_step_forward,
-    )
-
     sizes = sorted(set(int(n) for n in sizes) | {0})
     model, heads, device = lm.model, lm.heads, lm.device
     vocab = heads.vocab_size
@@ -396,8 +391,6 @@ def run_sweep(lm, tau: TauCurve, settings: SweepSettings, out_csv, *, predictor=
     `settings.time_budget_s` > 0, groups get extra rounds until they are decided
     (`measure_group`), the budget shared evenly among the groups still to measure.
     """
-    from tqdm import tqdm
-
     out_csv = Path(out_csv)
     mpath = meta_path(out_csv)
     spath = sweep_samples_path(out_csv)
@@ -545,10 +538,6 @@ def measure_end_to_end(lm, proposal: Tree, sizes, batches, prompts: list[str], *
     pairs, = accepted nodes + 1 (the first token comes from the prefill, not from a step); the
     measured counterpart of tau.
     """
-    from tqdm import tqdm
-
-    from calibration.decoder import TreeDecoder
-
     if max_new_tokens < 1:
         raise UserError(f"--max-new-tokens: must be >= 1, got {max_new_tokens}")
     sizes = effective_sizes(sizes, proposal)

@@ -115,7 +115,7 @@ def read_round_samples(path) -> dict:
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as err:
         raise UserError(f"{path}: not a sweep samples file ({_first_line(err)})") from None
     out = {}
-    for key in sorted(set(zip(b.tolist(), s.tolist()))):
+    for key in sorted(set(zip(b.tolist(), s.tolist(), strict=True))):
         sel = (b == key[0]) & (s == key[1])
         sizes = np.unique(n[sel])
         rounds = int(r[sel].max()) + 1

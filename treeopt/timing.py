@@ -159,7 +159,7 @@ def measure_interleaved(fns: Sequence[Callable[[], object]], *, rounds: int = 15
             raise ValueError("inner: one count per function")
     by_round = interleaved_rounds(fns, rounds=rounds, inners=inners, seed=seed, clock=clock,
                                   after_round=after_round)
-    samples = [list(col) for col in zip(*by_round)]
+    samples = [list(col) for col in zip(*by_round, strict=True)]
     out = []
     for i, fn in enumerate(fns):
         remeasured = 0
