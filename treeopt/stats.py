@@ -78,23 +78,25 @@ def interval(draws: np.ndarray, confidence: float = CONFIDENCE) -> tuple[np.ndar
 
 def impossible_sizes(samples, *, confidence: float = CONFIDENCE, draws: int = BOOTSTRAP_DRAWS,
                      seed: int = 0) -> np.ndarray:
-    """(sizes,) bool: sizes in a pair of consecutive sizes a < b whose step time falls with
-    the tree beyond the noise (the upper bound of the median same-round ratio T(b) / T(a) is
-    below 1 - MONOTONE_SLACK). The plain step (column 0) is never flagged: a tree faster than
-    it flags the tree."""
+    """(sizes,) bool: tree sizes measured faster than the plain step beyond the noise (the
+    upper bound of the median same-round ratio T(n) / T(0) is below 1 - MONOTONE_SLACK), and
+    both sizes of a pair of consecutive trees a < b whose step time falls as the tree grows
+    beyond the noise (the same test on T(b) / T(a)). The plain step (column 0) is never
+    flagged: a tree faster than it flags the tree."""
     x = np.asarray(samples, dtype=float)
     rounds, sizes = x.shape
     flags = np.zeros(sizes, dtype=bool)
     if sizes < 2:
         return flags
-    step = x[:, 1:] / x[:, :-1]                                       # (rounds, sizes - 1)
+    # columns: T(n)/T(0) for n = 1.., then T(k+1)/T(k) for consecutive trees k = 1..
+    ratios = np.hstack([x[:, 1:] / x[:, :1], x[:, 2:] / x[:, 1:-1]])
     rng = np.random.default_rng(seed + 1)
     pick = rng.integers(0, rounds, size=(draws, rounds))
-    _, hi = interval(np.median(step[pick], axis=1), confidence)
+    _, hi = interval(np.median(ratios[pick], axis=1), confidence)
     falls = hi < 1.0 - MONOTONE_SLACK
-    flags[1:] |= falls
-    flags[:-1] |= falls
-    flags[0] = False
+    flags[1:] |= falls[:sizes - 1]
+    flags[2:] |= falls[sizes - 1:]
+    flags[1:-1] |= falls[sizes - 1:]
     return flags
 
 

@@ -17,6 +17,7 @@ from treeopt.errors import UserError
 from treeopt.export import FORMATS, compact_json, draw_tree, format_tree, text_table
 from treeopt.fileio import write_json, write_text
 from treeopt.selection import format_selection, read_sweep, select, proposal_from_meta, selection_from_grid_file
+from treeopt.selection import read_round_samples, sweep_samples_path
 from treeopt.tree import load_tree, tree_buffers
 
 
@@ -296,7 +297,8 @@ def select_cmd(sweep_file, grid_file, accuracy, csv_model, by, threshold, output
     if sweep_file is not None:
         df, meta = read_sweep(sweep_file)
         doc = select(df, proposal_from_meta(meta, str(sweep_file)), by=by, threshold=threshold,
-                     hardware=meta.get("hardware", meta.get("device", "")), model=meta.get("model", ""))
+                     hardware=meta.get("hardware", meta.get("device", "")), model=meta.get("model", ""),
+                     samples=read_round_samples(sweep_samples_path(sweep_file)), threads=meta.get("threads"))
     else:
         doc = selection_from_grid_file(grid_file, accuracy, csv_model=csv_model, threshold=threshold)
     if output:
