@@ -269,9 +269,10 @@ def measure_group(lm, proposal: Tree, sizes, batch: int, context: int, *, repeat
     rows = []
     for i, n in enumerate(bench.sizes):
         st = samples[:, i]
-        # why: the same-round ratio cancels drift between rounds (docs/statistics.md
+        # why: the same-round ratio cancels drift between rounds, and a tree step does all of
+        # the plain step's work and more, so a median below 1 is noise (docs/statistics.md
         # "Measured speedup intervals")
-        ratio = float(np.median(st / base)) if n else 1.0
+        ratio = max(1.0, float(np.median(st / base))) if n else 1.0
         p10, p50, p90 = np.quantile(st, [0.1, 0.5, 0.9])
         rows.append({"batch": int(batch), "context": int(context), "nodes": int(n),
                      "step_time_s": float(p50), "step_time_p10_s": float(p10),

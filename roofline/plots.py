@@ -121,11 +121,12 @@ def roofline_chart(shape: ModelShape, heads: DraftHeadsShape | None, hw: Hardwar
     for ci in range(len(cases)):
         sub = pts[pts["case_index"] == ci]
         for r in sub.itertuples():
-            edge = "black" if _MARKERS.get(r.name, "o") in "ov^sDdp<>hX*" else None
+            filled = _MARKERS.get(r.name, "o") in "ov^sDdp<>hX*"
+            hollow = r.above_roof and filled
             ax.scatter(r.intensity, r.drawn_flops, marker=_MARKERS.get(r.name, "o"), s=46,
-                       color="none" if r.above_roof else colors(ci % 10),
-                       edgecolors=colors(ci % 10) if r.above_roof else edge,
-                       linewidths=1.2 if r.above_roof else 0.4, alpha=0.9, zorder=3)
+                       color="none" if hollow else colors(ci % 10),
+                       edgecolors=colors(ci % 10) if hollow else ("black" if filled else None),
+                       linewidths=1.2 if hollow else 0.4, alpha=0.9, zorder=3)
     if above.any():
         ax.scatter([], [], marker="o", s=46, color="none", edgecolors="0.3", linewidths=1.2,
                    label=f"hollow: {int(above.sum())} point(s) modelled above the roof, drawn on it")

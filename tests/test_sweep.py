@@ -16,8 +16,14 @@ import calibration.sweep as sweep_mod
 from calibration.decoder import plain_step_forward
 from calibration.models import load_model, tiny_model_for_tests
 from calibration.sweep import (
-    MEASURED_COLUMNS, SWEEP_COLUMNS, SweepSettings, measure_end_to_end, measure_group, meta_path,
-    run_sweep, step_bench,
+    MEASURED_COLUMNS,
+    SWEEP_COLUMNS,
+    SweepSettings,
+    measure_end_to_end,
+    measure_group,
+    meta_path,
+    run_sweep,
+    step_bench,
 )
 from treeopt.errors import UserError
 from treeopt.selection import format_selection, read_round_samples, read_sweep, select, sweep_samples_path
@@ -134,8 +140,8 @@ def test_sweep_rows_and_derived_columns(tiny, tmp_path):
     np.testing.assert_array_equal(df["tau_joint"], TAU_JOINT[n])
     np.testing.assert_array_equal(df["tau"], TAU_JOINT[n])  # joint statistics win when given
     np.testing.assert_allclose(df["speedup"], df["tau"] / df["overhead"], rtol=1e-12)
-    pred = np.array([predictor(b, k + 1, s) for b, s, k in zip(df["batch"], df["context"], n)])
-    plain = np.array([predictor(b, 1, s) for b, s in zip(df["batch"], df["context"])])
+    pred = np.array([predictor(b, k + 1, s) for b, s, k in zip(df["batch"], df["context"], n, strict=False)])
+    plain = np.array([predictor(b, 1, s) for b, s in zip(df["batch"], df["context"], strict=False)])
     np.testing.assert_allclose(df["predicted_step_time_s"], pred, rtol=1e-12)
     np.testing.assert_allclose(df["predicted_overhead"], pred / plain, rtol=1e-12)
     np.testing.assert_allclose(df["predicted_speedup"], df["tau"] * plain / pred, rtol=1e-12)
@@ -219,7 +225,8 @@ def test_interrupted_sweep_keeps_finished_groups_and_resumes(tiny, tmp_path, mon
     partial = pd.read_csv(out)
     assert partial[["batch", "context"]].drop_duplicates().values.tolist() == [[1, 8]]
     assert partial["nodes"].tolist() == [0, 1, 3]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["sweep.csv", "sweep.meta.json", "sweep.samples.npz"]  # no temp files
+    # no temp files
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sweep.csv", "sweep.meta.json", "sweep.samples.npz"]
 
     calls.clear()
     done = run_sweep(lm, TauCurve(PROPOSAL, TAU_IND, None), settings, out, resume=True, progress=False)

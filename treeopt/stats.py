@@ -62,10 +62,12 @@ def bootstrap_speedups(samples, tau, tau_se=None, *, draws: int = BOOTSTRAP_DRAW
     se = np.zeros_like(tau) if tau_se is None else np.nan_to_num(np.asarray(tau_se, dtype=float))
     rng = np.random.default_rng(seed)
     pick = rng.integers(0, rounds, size=(draws, rounds))
-    overhead = np.median(ratios[pick], axis=1)                        # (draws, sizes)
+    # why: a tree step does the plain step's work and more, so an overhead below 1 is noise
+    # (docs/statistics.md "Measured speedup intervals")
+    overhead = np.maximum(np.median(ratios[pick], axis=1), 1.0)      # (draws, sizes)
     z = rng.standard_normal((draws, 1))
     tau_draws = np.maximum(tau[None, :] + se[None, :] * z, 1.0)      # at least the bonus token
-    point = np.median(ratios, axis=0)
+    point = np.maximum(np.median(ratios, axis=0), 1.0)
     return SpeedupDraws(point, tau / point, overhead, tau_draws / overhead, rounds)
 
 
