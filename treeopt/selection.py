@@ -3,9 +3,11 @@
 Measured speedup of tree size n = tau(n) * T(0) / T(n): expected tokens per step over the
 measured step-latency ratio, or, in the (batch, context) cells where the sweep also ran the
 real decoder end to end (`treeopt sweep --end-to-end`), its measured tokens per second over
-plain decoding's. The predicted speedup is the same formula with the roofline's T. The best
-size is the argmax (the smallest size on ties); "no speculation" (0 nodes, medusa_choices [])
-when no tree beats the threshold (1.0).
+plain decoding's. The predicted speedup is the same formula with the roofline's T. By measured
+speedup, a cell gets the smallest tree statistically indistinguishable from the best, and "no
+speculation" (0 nodes, medusa_choices []) unless the best's lower bound beats the threshold
+(docs/statistics.md "Choosing a tree with intervals"); by prediction, the argmax (the smallest
+size on ties).
 
 The sweep file is a CSV with the columns SWEEP_COLUMNS (see calibration/sweep.py for their
 meaning) and a `NAME.meta.json` beside it that holds the proposal tree: row `nodes = n`
