@@ -321,5 +321,5 @@ def plot_measured_speedup(sweep: pd.DataFrame, selection: dict, path) -> None:
     level = selection.get("confidence", 0.95)
     leg = axes[-1].legend(handles, labels, loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8,
                           frameon=False, title=f"band: {level:.0%} interval", title_fontsize=8)
-    fig.suptitle("Measured speedup against tree size", fontsize=11)
-    _save(fig, path, extra=[leg])
+    title = fig.suptitle("Measured speedup against tree size", fontsize=11, y=1.02)
+    _save(fig, path, extra=[leg, title])

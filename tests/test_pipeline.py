@@ -7,8 +7,8 @@ import sys
 import pandas as pd
 import pytest
 
-from treeopt.cli import main
 from treeopt.app.run import RunSettings, run_main_job
+from treeopt.cli import main
 from treeopt.tree import make_tree
 
 SMALL = RunSettings(steps=8, sizes=(0, 1, 4), max_nodes=4, batches=(1, 2), contexts=(32,), repeats=3,
