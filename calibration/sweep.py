@@ -36,18 +36,29 @@ import json
 import random
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import pandas as pd
 import torch
+from tqdm import tqdm
 
+from calibration.decoder import TreeDecoder, model_forward_hidden, new_cache, plain_step_forward
 from treeopt.errors import UserError
 from treeopt.fileio import atomic_path, write_json
-from treeopt.selection import SWEEP_COLUMNS, sweep_meta_path
+from treeopt.selection import (
+    SWEEP_COLUMNS,
+    add_intervals,
+    read_round_samples,
+    sweep_meta_path,
+    sweep_samples_path,
+    write_round_samples,
+)
+from treeopt.stats import bootstrap_speedups, decide_cell, impossible_sizes, interval
 from treeopt.tau import TauCurve
+from treeopt.timing import interleaved_rounds
 from treeopt.tree import Tree
 
 __all__ = ["SWEEP_COLUMNS", "MEASURED_COLUMNS", "SWEEP_FORMAT", "SweepSettings", "StepBench", "meta_path",
@@ -55,7 +66,11 @@ __all__ = ["SWEEP_COLUMNS", "MEASURED_COLUMNS", "SWEEP_FORMAT", "SweepSettings",
            "left_padding", "prompt_batches"]
 
 SWEEP_FORMAT = "treeopt.sweep/v1"
-MEASURED_COLUMNS = ["step_time_s", "step_time_p10_s", "step_time_p90_s", "samples", "remeasured", "overhead"]
+MEASURED_COLUMNS = ["step_time_s", "step_time_p10_s", "step_time_p90_s", "samples", "remeasured", "overhead",
+                    "unreliable"]
+# The chosen tree's speedup interval the adaptive repeats aim for: +-5% of the speedup, finer
+# than the differences between tree sizes worth acting on (docs/statistics.md "Adaptive repeats").
+TARGET_HALF_WIDTH = 0.05
 E2E_COLUMNS = ["e2e_tokens_per_s", "e2e_tokens_per_step", "e2e_speedup"]
 meta_path = sweep_meta_path
 
@@ -69,6 +84,8 @@ class SweepSettings:
     warmup: int = 2              # untimed calls per configuration first
     topk: int = 10
     seed: int = 0
+    time_budget_s: float = 0.0   # seconds of extra rounds for undecided cells, the whole sweep
+    max_rounds_factor: int = 8   # at most this x repeats rounds per group
 
     def __post_init__(self):
         for name, minimum in (("sizes", 0), ("batches", 1), ("contexts", 1)):
@@ -76,7 +93,9 @@ class SweepSettings:
             if not values or any(isinstance(v, bool) or int(v) != v or v < minimum for v in values):
                 raise UserError(f"sweep {name}: expected integers >= {minimum}, got {list(values)}")
             object.__setattr__(self, name, tuple(sorted({int(v) for v in values})))
-        for name, minimum in (("repeats", 1), ("warmup", 0), ("topk", 1)):
+        if not float(self.time_budget_s) >= 0:
+            raise UserError(f"--time-budget: must be >= 0 seconds, got {self.time_budget_s}")
+        for name, minimum in (("repeats", 1), ("warmup", 0), ("topk", 1), ("max_rounds_factor", 1)):
             if int(getattr(self, name)) < minimum:
                 raise UserError(f"sweep {name}: must be >= {minimum}, got {getattr(self, name)}")
 
@@ -128,13 +147,6 @@ def step_bench(lm, proposal: Tree, sizes, batch: int, context: int, *, topk: int
     """Build the cache of `context` random tokens for `batch` sequences and one closure per
     tree size (0 first) running exactly one decoding step's model work, then undoing its cache
     append. The closures call `torch.cuda.synchronize()` on CUDA."""
-    from calibration.decoder import (
-        TreeDecoder,
-        model_forward_hidden,
-        new_cache,
-        plain_step_forward,
-    )
-
     sizes = sorted(set(int(n) for n in sizes) | {0})
     model, heads, device = lm.model, lm.heads, lm.device
     vocab = heads.vocab_size
@@ -177,32 +189,96 @@ def step_bench(lm, proposal: Tree, sizes, batch: int, context: int, *, topk: int
     return bench
 
 
-def measure_group(lm, proposal: Tree, sizes, batch: int, context: int, *, repeats: int, warmup: int,
-                  topk: int, seed: int) -> list[dict]:
-    """Time every size of `sizes` (0 added) for one (batch, context): one row per size with
-    the MEASURED_COLUMNS (and batch, context, nodes), sizes ascending."""
-    from treeopt.timing import measure_interleaved
+@dataclass(frozen=True)
+class GroupBudget:
+    """How long `measure_group` may go on adding rounds to settle a cell (docs/statistics.md
+    "Adaptive repeats"): `extra_s` seconds beyond the first `repeats` rounds, at most
+    `max_rounds` rounds in all; `tau` and `tau_se` (indexed by tree size) let it judge whether
+    the cell is decided."""
 
+    extra_s: float
+    max_rounds: int
+    tau: np.ndarray
+    tau_se: np.ndarray | None = None
+
+
+def _settled(samples: np.ndarray, sizes: list[int], reliable: np.ndarray, budget: GroupBudget) -> bool:
+    """Whether the cell's decision needs no more rounds: the speculation question is answered
+    and the chosen tree's interval is within TARGET_HALF_WIDTH of its speedup."""
+    idx = np.asarray(sizes)
+    se = None if budget.tau_se is None else budget.tau_se[idx]
+    draws = bootstrap_speedups(samples, budget.tau[idx], se)
+    lo, hi = interval(draws.speedup)
+    decision = decide_cell(draws.speedup_point, lo, hi, reliable)
+    if decision.reason in ("undecided", "unreliable"):
+        return False
+    if decision.reason == "no speculation":
+        return True
+    k = decision.index
+    return (hi[k] - lo[k]) / 2 <= TARGET_HALF_WIDTH * draws.speedup_point[k]
+
+
+def measure_group(lm, proposal: Tree, sizes, batch: int, context: int, *, repeats: int, warmup: int,
+                  topk: int, seed: int, budget: GroupBudget | None = None) -> list[dict]:
+    """Time every size of `sizes` (0 added) for one (batch, context) in paired rounds: one
+    row per size with the MEASURED_COLUMNS (and batch, context, nodes), sizes ascending, and
+    `round_samples`, the size's seconds per round (paired across sizes by round).
+
+    A group whose step time falls as the tree grows beyond the noise is measured again with
+    fresh rounds (once); sizes still impossible then are marked `unreliable`. With a `budget`,
+    rounds are added until the cell is settled (`_settled`) or the budget is spent."""
     bench = step_bench(lm, proposal, sizes, batch, context, topk=topk, seed=seed)
     gc_was_enabled = gc.isenabled()
     gc.disable()  # as timeit does: a collection would land on whichever sample is running
     try:
         with torch.inference_mode():
-            stats = measure_interleaved(bench.fns, rounds=repeats, warmup=warmup, seed=seed)
+            for fn in bench.fns:
+                for _ in range(warmup):
+                    fn()
+
+            def more(rounds: int, salt: int) -> np.ndarray:
+                return np.asarray(interleaved_rounds(bench.fns, rounds=rounds, seed=seed + salt), dtype=float)
+
+            samples = more(repeats, 0)
+            remeasured = 0
+            flags = impossible_sizes(samples)
+            if flags.any():
+                samples = more(repeats, 1)
+                remeasured = 1
+                flags = impossible_sizes(samples)
+            if budget is not None:
+                chunk = max(3, repeats // 2)
+                t0 = time.perf_counter()
+                per_round = None
+                while samples.shape[0] + chunk <= budget.max_rounds:
+                    if _settled(samples, bench.sizes, ~flags, budget):
+                        break
+                    spent = time.perf_counter() - t0
+                    per_round = per_round or float(samples[-1].sum())
+                    if spent + chunk * per_round > budget.extra_s:
+                        break
+                    samples = np.vstack([samples, more(chunk, 2 + samples.shape[0])])
+                    flags = impossible_sizes(samples)
     finally:
         if gc_was_enabled:
             gc.enable()
     if bench.cached_tokens() != context:  # every call must crop what it appended
         raise RuntimeError(f"sweep: the cache holds {bench.cached_tokens()} tokens after timing, "
                            f"expected the context of {context}")
-    base = np.asarray(stats[0].samples, dtype=float)
+    base = samples[:, 0]
     rows = []
-    for n, st in zip(bench.sizes, stats):
-        ratio = float(np.median(np.asarray(st.samples, dtype=float) / base)) if n else 1.0
+    for i, n in enumerate(bench.sizes):
+        st = samples[:, i]
+        # why: the same-round ratio cancels drift between rounds, and a tree step does all of
+        # the plain step's work and more, so a median below 1 is noise (docs/statistics.md
+        # "Measured speedup intervals")
+        ratio = max(1.0, float(np.median(st / base))) if n else 1.0
+        p10, p50, p90 = np.quantile(st, [0.1, 0.5, 0.9])
         rows.append({"batch": int(batch), "context": int(context), "nodes": int(n),
-                     "step_time_s": float(st.median_s), "step_time_p10_s": float(st.p10_s),
-                     "step_time_p90_s": float(st.p90_s), "samples": len(st.samples),
-                     "remeasured": int(st.remeasured), "overhead": ratio})
+                     "step_time_s": float(p50), "step_time_p10_s": float(p10),
+                     "step_time_p90_s": float(p90), "samples": int(samples.shape[0]),
+                     "remeasured": remeasured, "overhead": ratio, "unreliable": int(flags[i]),
+                     "round_samples": st.tolist()})
     return rows
 
 
@@ -217,6 +293,7 @@ def _fingerprint(lm, proposal: Tree, sizes: list[int], settings: SweepSettings) 
     """What a resumed sweep must share with the file it continues."""
     return _jsonable({
         "model": lm.name, "device": str(lm.device), "dtype": str(lm.dtype).replace("torch.", ""),
+        "threads": torch.get_num_threads(),
         "proposal": proposal.to_choices(),
         "measurement": {"sizes": sizes, "repeats": settings.repeats, "warmup": settings.warmup,
                         "topk": settings.topk, "seed": settings.seed},
@@ -252,7 +329,8 @@ def _read_done(out_csv: Path, mpath: Path, fingerprint: dict, sizes: list[int]) 
         done = pd.read_csv(out_csv)
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as err:
         raise UserError(f"{out_csv}: not a sweep CSV ({str(err).splitlines()[0]}); cannot resume") from None
-    missing = [c for c in ["batch", "context", "nodes"] + MEASURED_COLUMNS if c not in done.columns]
+    missing = [c for c in ["batch", "context", "nodes"] + MEASURED_COLUMNS
+               if c not in done.columns and c != "unreliable"]
     if missing:
         raise UserError(f"{out_csv}: missing column '{missing[0]}'; cannot resume")
     done = done.reindex(columns=SWEEP_COLUMNS)
@@ -262,15 +340,18 @@ def _read_done(out_csv: Path, mpath: Path, fingerprint: dict, sizes: list[int]) 
     return done[complete.astype(bool)].reset_index(drop=True), old
 
 
-def _derive(table: pd.DataFrame, tau: TauCurve, predict) -> pd.DataFrame:
+def _derive(table: pd.DataFrame, tau: TauCurve, predict, tau_se=None, samples: dict | None = None) -> pd.DataFrame:
     """The columns computed from the measured ones: every tau estimate, `tau` = the one
-    decisions use (`TauCurve.best`), speedup, the prediction."""
+    decisions use (`TauCurve.best`) and its standard error, speedup, the intervals (from the
+    per-round `samples`), the prediction."""
     t = table.copy()
     nodes = t["nodes"].to_numpy(dtype=np.int64)
     for column, curve in (("tau_independent", tau.independent), ("tau_joint", tau.joint), ("tau_walk", tau.walked)):
         t[column] = curve[nodes] if curve is not None else np.nan
     t["tau"] = tau.best[nodes]
+    t["tau_se"] = np.asarray(tau_se, dtype=float)[nodes] if tau_se is not None else np.nan
     t["speedup"] = t["tau"] / t["overhead"]
+    t = add_intervals(t, samples or {})
     if predict is None:
         for col in ("predicted_step_time_s", "predicted_overhead", "predicted_speedup"):
             t[col] = np.nan
@@ -291,7 +372,8 @@ def _write(table: pd.DataFrame, out_csv: Path) -> None:
 
 
 def run_sweep(lm, tau: TauCurve, settings: SweepSettings, out_csv, *, predictor=None,
-              meta: dict | None = None, resume: bool = False, progress: bool = True) -> pd.DataFrame:
+              meta: dict | None = None, resume: bool = False, progress: bool = True,
+              tau_se=None) -> pd.DataFrame:
     """Measure every (batch, context, size) of `settings`, writing `out_csv` (and its
     .meta.json) after each (batch, context) group; returns the table sorted by (batch,
     context, nodes).
@@ -303,11 +385,16 @@ def run_sweep(lm, tau: TauCurve, settings: SweepSettings, out_csv, *, predictor=
     in `out_csv` are kept (see the module docstring; a file measured with other settings is a
     UserError); with resume="auto" such a file is started afresh instead (for `treeopt run`,
     whose earlier stages may have changed the tree); without it the file is started afresh.
-    """
-    from tqdm import tqdm
 
+    The per-round step times go to `NAME.samples.npz` beside the CSV; the intervals of
+    overhead and speedup are bootstrapped from them, with `tau_se` (the standard error of
+    `tau.best`, per size; None: tau taken as exact) for tau's own error. With
+    `settings.time_budget_s` > 0, groups get extra rounds until they are decided
+    (`measure_group`), the budget shared evenly among the groups still to measure.
+    """
     out_csv = Path(out_csv)
     mpath = meta_path(out_csv)
+    spath = sweep_samples_path(out_csv)
     proposal = tau.proposal
     sizes = effective_sizes(settings.sizes, proposal)
     dropped = sorted({int(n) for n in settings.sizes} - set(sizes))
@@ -329,12 +416,15 @@ def run_sweep(lm, tau: TauCurve, settings: SweepSettings, out_csv, *, predictor=
             if progress:
                 print(f"sweep: starting afresh: {err}", file=sys.stderr)
             resume = False
+    round_samples: dict = {}
     if resume and out_csv.exists():
         batches |= set(old.get("batches", [])) | set(done["batch"].astype(int))
         contexts |= set(old.get("contexts", [])) | set(done["context"].astype(int))
+        round_samples = read_round_samples(spath)
     else:
         # Start afresh: never leave an old CSV next to new metadata.
         mpath.unlink(missing_ok=True)
+        spath.unlink(missing_ok=True)
         _write(done, out_csv)
     full_meta = {**_jsonable(meta or {}), "format": SWEEP_FORMAT, **fingerprint,
                  "batches": sorted(int(b) for b in batches), "contexts": sorted(int(s) for s in contexts),
@@ -357,17 +447,28 @@ def run_sweep(lm, tau: TauCurve, settings: SweepSettings, out_csv, *, predictor=
     def table_of() -> pd.DataFrame:
         frame = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=cols)
         frame = frame.astype({"batch": int, "context": int, "nodes": int})
-        t = _derive(frame, tau, predict if predictor is not None else None)
+        t = _derive(frame, tau, predict if predictor is not None else None, tau_se, round_samples)
         return t.reindex(columns=SWEEP_COLUMNS).sort_values(["batch", "context", "nodes"], ignore_index=True)
 
     bar = tqdm(total=len(groups), initial=len(groups) - len(todo), desc="sweep", unit="group",
                disable=not progress, file=sys.stderr)
+    deadline = time.perf_counter() + float(settings.time_budget_s)
     try:
-        for b, s in todo:
+        for i, (b, s) in enumerate(todo):
             bar.set_postfix_str(f"batch {b} context {s}")
-            group = pd.DataFrame(measure_group(lm, proposal, sizes, b, s, repeats=settings.repeats,
-                                               warmup=settings.warmup, topk=settings.topk,
-                                               seed=settings.seed))
+            budget = None
+            if settings.time_budget_s > 0:
+                share = max(0.0, deadline - time.perf_counter()) / (len(todo) - i)
+                budget = GroupBudget(share, settings.max_rounds_factor * settings.repeats, tau.best,
+                                     None if tau_se is None else np.asarray(tau_se, dtype=float))
+            rows = measure_group(lm, proposal, sizes, b, s, repeats=settings.repeats,
+                                 warmup=settings.warmup, topk=settings.topk, seed=settings.seed,
+                                 budget=budget)
+            if all("round_samples" in r for r in rows):
+                round_samples[(b, s)] = ([r["nodes"] for r in rows],
+                                         np.column_stack([r["round_samples"] for r in rows]))
+                write_round_samples(spath, round_samples)
+            group = pd.DataFrame([{k: v for k, v in r.items() if k != "round_samples"} for r in rows])
             # End-to-end figures are per (batch, nodes), the same for every context: carry
             # those already measured over to the new group.
             old = pd.concat(frames, ignore_index=True) if frames else None
@@ -438,10 +539,6 @@ def measure_end_to_end(lm, proposal: Tree, sizes, batches, prompts: list[str], *
     pairs, = accepted nodes + 1 (the first token comes from the prefill, not from a step); the
     measured counterpart of tau.
     """
-    from tqdm import tqdm
-
-    from calibration.decoder import TreeDecoder
-
     if max_new_tokens < 1:
         raise UserError(f"--max-new-tokens: must be >= 1, got {max_new_tokens}")
     sizes = effective_sizes(sizes, proposal)

@@ -17,7 +17,6 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import pandas as pd
 
-
 from treeopt.errors import UserError
 from treeopt.tau import TauCurve
 
@@ -36,6 +35,9 @@ class AcceptanceRow:
     error_joint: float
     tau_walk: float = float("nan")    # joint statistics walked as the decoder steps (NaN: no rank vectors)
     error_walk: float = float("nan")
+    # fraction of generated tokens equal to plain greedy decoding's (1.0 in float32; in bf16 /
+    # fp16 near-tied logits may flip, docs/decoder.md "Reduced precision")
+    agreement: float = float("nan")
 
 
 ACCEPTANCE_COLUMNS = [f for f in AcceptanceRow.__dataclass_fields__]
@@ -55,14 +57,16 @@ def relative_error(predicted, measured):
 def measure_acceptance(lm, tau: TauCurve, sizes, prompts: list[str], *, max_new_tokens: int,
                        batch_size: int = 8, topk: int = 10, progress: bool = True) -> pd.DataFrame:
     """Measured tokens per step of the greedy tree decoder for each size in `sizes` (trees
-    `tau.proposal.prefix(n)`), beside every tau estimate of those trees,, decoding every prompt (left-padded batches of `batch_size`, the
-    last one smaller) for `max_new_tokens` tokens without an eos stop. A step's count is its
+    `tau.proposal.prefix(n)`), beside every tau estimate of those trees, decoding every prompt
+    (left-padded batches of `batch_size`, the last one smaller) for `max_new_tokens` tokens
+    without an eos stop. A step's count is its
     verification outcome, accepted nodes + 1 (before the cut at max_new_tokens): what tau
     predicts. Columns ACCEPTANCE_COLUMNS, one row per size."""
+    # torch-side imports here: latency_errors (the rest of this module) is used without torch
     from tqdm import tqdm
 
-    from calibration.decoder import TreeDecoder
-    from calibration.sweep import left_padding
+    from calibration.decoder import TreeDecoder  # torch, see above
+    from calibration.sweep import left_padding  # torch, see above
 
     if not prompts:
         raise UserError("validate: no prompts to decode")
@@ -79,21 +83,32 @@ def measure_acceptance(lm, tau: TauCurve, sizes, prompts: list[str], *, max_new_
         encoded = [tok(prompts[i:i + batch_size], return_tensors="pt", padding=True)
                    for i in range(0, len(prompts), batch_size)]
     rows = []
-    for n in tqdm(sizes, desc="acceptance", unit="tree", disable=not progress):
+    plain_tokens = []
+    # the first pass is plain greedy decoding, the reference of `agreement`
+    for j, n in enumerate(tqdm([0] + sizes, desc="acceptance", unit="tree", disable=not progress)):
         decoder = TreeDecoder(lm.model, lm.heads, proposal.prefix(n), topk=topk, timing=False)
-        accepted = []
-        for enc in encoded:
+        accepted, same, total = [], 0, 0
+        for i, enc in enumerate(encoded):
             res = decoder.generate(enc["input_ids"].to(lm.device), enc["attention_mask"].to(lm.device),
                                    max_new_tokens=max_new_tokens)
+            if j == 0:
+                plain_tokens.append(res.tokens)
+                continue
+            for got, want in zip(res.tokens, plain_tokens[i], strict=True):
+                k = min(len(got), len(want))
+                same += int(np.sum(np.asarray(got[:k]) == np.asarray(want[:k])))
+                total += max(len(got), len(want))
             # res.accepted: (steps, b), 0 marks a sequence already finished.
             accepted.append(res.accepted[res.accepted > 0].ravel())
+        if j == 0:
+            continue
         accepted = np.concatenate(accepted) if accepted else np.zeros(0, np.int64)
         measured = float(accepted.mean()) if accepted.size else float("nan")
         ti, tj, tw = (float(curve[n]) if curve is not None else float("nan")
                       for curve in (tau.independent, tau.joint, tau.walked))
         rows.append(asdict(AcceptanceRow(n, measured, ti, tj, int(accepted.size),
                                          relative_error(ti, measured), relative_error(tj, measured),
-                                         tw, relative_error(tw, measured))))
+                                         tw, relative_error(tw, measured), same / total if total else float("nan"))))
     return pd.DataFrame(rows, columns=ACCEPTANCE_COLUMNS)
 
 

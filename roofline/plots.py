@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import matplotlib
+import matplotlib.colors
+import matplotlib.ticker
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
@@ -24,7 +26,19 @@ from roofline.latency import op_timings
 from roofline.shapes import DraftHeadsShape, ModelShape
 from treeopt.fileio import atomic_path
 
-__all__ = ["RooflineCase", "default_cases", "roofline_chart", "speedup_curves", "best_heatmaps"]
+__all__ = ["RooflineCase", "default_cases", "roofline_chart", "speedup_curves", "best_heatmaps", "log2_axis",
+           "plot_measured_speedup"]
+
+
+def log2_axis(ax, values) -> None:
+    """A base-2 log x axis labelled with the plain numbers 1, 2, 4, ... (not 2^0, 2^1, ...)."""
+    values = np.asarray(values, dtype=float)
+    values = values[np.isfinite(values) & (values > 0)]
+    ax.set_xscale("log", base=2)
+    if values.size:
+        ticks = 2.0 ** np.arange(np.floor(np.log2(values.min())), np.ceil(np.log2(values.max())) + 1)
+        ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
+        ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
 
 
 @dataclass(frozen=True)
@@ -95,12 +109,27 @@ def roofline_chart(shape: ModelShape, heads: DraftHeadsShape | None, hw: Hardwar
     ax.axvline(ridge, color="0.75", lw=0.8, ls=":")
     ax.text(ridge * 1.08, peak * 1.25, f"ridge {ridge:.0f} FLOP/B", fontsize=8, color="0.35", va="bottom")
     colors = matplotlib.colormaps["tab10"]
-    for ci, case in enumerate(cases):
+    above = np.zeros(0, dtype=bool)
+    if len(pts):
+        # A point above the peak roof would mean the model's time beats the hardware's bound
+        # (an operator whose time is not from this roof, e.g. a measured attention efficiency
+        # on another dtype's peak). It is drawn on the roof, hollow, rather than above it.
+        roof = np.minimum(peak, bw * pts["intensity"].to_numpy())
+        above = pts["attained_flops"].to_numpy() > roof * 1.0001
+        pts["drawn_flops"] = np.where(above, roof, pts["attained_flops"])
+        pts["above_roof"] = above
+    for ci in range(len(cases)):
         sub = pts[pts["case_index"] == ci]
         for r in sub.itertuples():
-            ax.scatter(r.intensity, r.attained_flops, marker=_MARKERS.get(r.name, "o"), s=46,
-                       color=colors(ci % 10), edgecolors="black" if _MARKERS.get(r.name, "o") in "ov^sDdp<>hX*" else None,
-                       linewidths=0.4, alpha=0.9, zorder=3)
+            filled = _MARKERS.get(r.name, "o") in "ov^sDdp<>hX*"
+            hollow = r.above_roof and filled
+            ax.scatter(r.intensity, r.drawn_flops, marker=_MARKERS.get(r.name, "o"), s=46,
+                       color="none" if hollow else colors(ci % 10),
+                       edgecolors=colors(ci % 10) if hollow else ("black" if filled else None),
+                       linewidths=1.2 if hollow else 0.4, alpha=0.9, zorder=3)
+    if above.any():
+        ax.scatter([], [], marker="o", s=46, color="none", edgecolors="0.3", linewidths=1.2,
+                   label=f"hollow: {int(above.sum())} point(s) modelled above the roof, drawn on it")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlim(x_lo, x_hi)
@@ -147,8 +176,10 @@ def speedup_curves(grid: pd.DataFrame, path, *, context: int, title: str | None 
         ax.plot(g["nodes"], g["speedup"], color=color, lw=1.6, label=label)
         ax2.plot(g["nodes"], g["overhead"], color=color, lw=1.6)
         if good:
-            ax.scatter([best["nodes"]], [best["speedup"]], marker="*", s=170, color=color, edgecolors="black",
-                       linewidths=0.6, zorder=4)
+            # several batches often pick the same size at nearly the same speedup: shrink the
+            # later stars so that every one stays visible
+            ax.scatter([best["nodes"]], [best["speedup"]], marker="*", s=260 - 150 * j / max(len(batches) - 1, 1),
+                       color=color, edgecolors="black", linewidths=0.6, zorder=4 + j)
     ax.axhline(1.0, color="0.4", lw=0.8, ls="--")
     ax.set_ylabel("predicted speedup (x plain decoding)")
     ax.grid(True, ls=":", lw=0.5, color="0.8")
@@ -194,14 +225,27 @@ def best_heatmaps(best: pd.DataFrame, path, *, title: str | None = None) -> None
     w = max(10, 0.8 * len(contexts) * 2 + 3)
     fig = Figure(figsize=(w, 0.55 * len(batches) + 2.6))
     axes = fig.subplots(1, 2)
+    node_values = np.unique(nodes.to_numpy(dtype=float)[np.isfinite(nodes.to_numpy(dtype=float))])
     for ax, data, label, cmap, fmt in [
         (axes[0], nodes.to_numpy(dtype=float), "best tree size (nodes)", "viridis", "{:.0f}"),
         (axes[1], speed.to_numpy(dtype=float), "predicted speedup (x)", "magma", "{:.2f}"),
     ]:
         ok = fits.to_numpy(dtype=bool)
+        discrete = label.startswith("best")
+        if discrete:
+            # one colour per tree size that occurs, "none" (0) in grey: node counts are
+            # categories, not a continuous scale with fractional ticks
+            data = np.searchsorted(node_values, data).astype(float) if node_values.size else data
         masked = np.ma.masked_where(~ok | ~np.isfinite(data), data)
         cm = matplotlib.colormaps[cmap].with_extremes(bad="0.85")
-        im = ax.imshow(masked, cmap=cm, aspect="auto", origin="upper")
+        norm = None
+        if discrete and node_values.size:
+            colours = [matplotlib.colormaps[cmap](k / max(node_values.size - 1, 1)) for k in range(node_values.size)]
+            if node_values[0] == 0:
+                colours[0] = (0.93, 0.93, 0.93, 1.0)
+            cm = matplotlib.colors.ListedColormap(colours).with_extremes(bad="0.85")
+            norm = matplotlib.colors.BoundaryNorm(np.arange(node_values.size + 1) - 0.5, node_values.size)
+        im = ax.imshow(masked, cmap=cm, norm=norm, aspect="auto", origin="upper")
         ax.set_xticks(range(len(contexts)), [str(c) for c in contexts])
         ax.set_yticks(range(len(batches)), [str(b) for b in batches])
         ax.set_xlabel("context length s (cached tokens)")
@@ -214,13 +258,68 @@ def best_heatmaps(best: pd.DataFrame, path, *, title: str | None = None) -> None
                 if not ok[i, j] or not np.isfinite(data[i, j]):
                     ax.text(j, i, "OOM", ha="center", va="center", fontsize=7.5, color="0.3")
                     continue
-                txt = fmt.format(data[i, j])
-                if label.startswith("best") and data[i, j] == 0:
-                    txt = "none"
-                ax.text(j, i, txt, ha="center", va="center", fontsize=8.5,
-                        color="black" if data[i, j] > mid else "white")
+                if discrete:
+                    value = node_values[int(data[i, j])]
+                    txt = "none" if value == 0 else f"{value:.0f}"
+                    dark = value == 0 or data[i, j] > (node_values.size - 1) / 2
+                else:
+                    txt = fmt.format(data[i, j])
+                    dark = data[i, j] > mid
+                ax.text(j, i, txt, ha="center", va="center", fontsize=8.5, color="black" if dark else "white")
         cbar = fig.colorbar(im, ax=ax, fraction=0.046, pad=0.03)
+        if discrete and node_values.size:
+            cbar.set_ticks(np.arange(node_values.size),
+                           labels=["none" if v == 0 else f"{v:.0f}" for v in node_values])
         cbar.ax.tick_params(labelsize=8)
     fig.suptitle(title or "Best tree per batch and context", fontsize=11)
     fig.tight_layout()
     _save(fig, path)
+
+
+def plot_measured_speedup(sweep: pd.DataFrame, selection: dict, path) -> None:
+    """Measured speedup against tree size with its interval band, one panel per context and
+    one colour per batch size, the pick of `selection` marked (a ring; a cross at 1 for no
+    speculation) and the predicted speedup dashed beside it."""
+    contexts = sorted(sweep["context"].unique())
+    batches = sorted(sweep["batch"].unique())
+    picks = {(c["batch"], c["context"]): c for c in selection.get("cells", [])}
+    fig = Figure(figsize=(5.4 * len(contexts) + 2.6, 4.6))
+    axes = fig.subplots(1, len(contexts), squeeze=False, sharey=True)[0]
+    cmap = matplotlib.colormaps["viridis"]
+    trees = sweep[sweep["nodes"] > 0]
+    for ax, s in zip(axes, contexts, strict=True):
+        for j, b in enumerate(batches):
+            color = cmap(j / max(len(batches) - 1, 1))
+            g = trees[(trees["batch"] == b) & (trees["context"] == s)].sort_values("nodes")
+            if g.empty:
+                continue
+            ax.plot(g["nodes"], g["speedup"], "o-", color=color, lw=1.6, ms=4, label=f"batch {b}")
+            if "speedup_lo" in g.columns and g["speedup_lo"].notna().any():
+                ax.fill_between(g["nodes"], g["speedup_lo"], g["speedup_hi"], color=color, alpha=0.18, lw=0)
+            if "predicted_speedup" in g.columns and g["predicted_speedup"].notna().any():
+                ax.plot(g["nodes"], g["predicted_speedup"], ls="--", color=color, lw=1.0, alpha=0.8)
+            if "unreliable" in g.columns and (g["unreliable"] > 0).any():
+                bad = g[g["unreliable"] > 0]
+                ax.scatter(bad["nodes"], bad["speedup"], marker="x", s=60, color="red", zorder=5)
+            pick = picks.get((b, s))
+            if pick is not None:
+                n = pick["nodes"]
+                y = float(g.loc[g["nodes"] == n, "speedup"].iloc[0]) if n else 1.0
+                x = n if n else float(g["nodes"].min())
+                ax.scatter([x], [y], marker="o" if n else "X", s=170 - 80 * j / max(len(batches) - 1, 1),
+                           facecolors="none" if n else color, edgecolors=color, linewidths=2.0, zorder=6)
+        ax.axhline(1.0, color="0.4", lw=0.8, ls=":")
+        log2_axis(ax, trees["nodes"])
+        ax.set_xlabel("tree size n (nodes)")
+        ax.set_title(f"context {s} tokens", fontsize=10)
+        ax.grid(True, ls=":", lw=0.5, color="0.8")
+    axes[0].set_ylabel("speedup over plain decoding (x)")
+    handles, labels = axes[-1].get_legend_handles_labels()
+    handles += [Line2D([], [], ls="--", color="0.3"), Line2D([], [], marker="o", ls="", mfc="none", mec="0.3", ms=10),
+                Line2D([], [], marker="X", ls="", color="0.3", ms=9), Line2D([], [], marker="x", ls="", color="red")]
+    labels += ["predicted", "picked tree", "picked: no speculation (at the smallest size)", "unreliable (not selected)"]
+    level = selection.get("confidence", 0.95)
+    leg = axes[-1].legend(handles, labels, loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8,
+                          frameon=False, title=f"band: {level:.0%} interval", title_fontsize=8)
+    title = fig.suptitle("Measured speedup against tree size", fontsize=11, y=1.02)
+    _save(fig, path, extra=[leg, title])

@@ -11,7 +11,8 @@ import pandas as pd
 import pytest
 
 from treeopt.errors import UserError
-from treeopt.selection import SWEEP_COLUMNS, measured_speedup, prediction_regret, read_sweep, select
+from treeopt.selection import SWEEP_COLUMNS, add_intervals, measured_speedup, prediction_regret, read_sweep, select
+from treeopt.stats import same_round_ratios
 from treeopt.tree import make_tree
 
 PROPOSAL = make_tree([[0], [1], [0, 0], [2], [0, 1]])
@@ -225,3 +226,30 @@ def test_select_cli(tmp_path, capsys):
         assert len(err) == 1 and err[0].startswith("treeopt: error: ") and name in err[0], err
         assert not target.exists()
         assert not list(tmp_path.glob(".new.json.*"))  # no temporary file either
+
+
+def interval_sweep(x, tau):
+    """A one-cell sweep table from per-round step times `x` (rounds, sizes 0, 1, 2, 4)."""
+    overhead = np.median(same_round_ratios(x), axis=0)
+    nodes = [0, 1, 2, 4]
+    df = pd.DataFrame({"batch": 1, "context": 128, "nodes": nodes, "tau": tau, "tau_se": 0.0,
+                       "overhead": overhead, "speedup": np.asarray(tau) / overhead, "samples": len(x),
+                       "unreliable": 0}).reindex(columns=SWEEP_COLUMNS)
+    samples = {(1, 128): (nodes, np.asarray(x))}
+    return add_intervals(df, samples), samples
+
+
+def test_ties_resolve_to_the_smaller_tree():
+    # 12 rounds; sizes 2 and 4 swing +-2% in opposite directions round by round, so their
+    # medians are exactly 1.25 and 1.5 x plain: speedups 2.0 / 1.25 = 1.6 and 2.412 / 1.5 =
+    # 1.608, the 0.5% gap well inside the swing: tied, and the smaller tree is chosen
+    swing = np.array([1.02, 0.98] * 6)
+    x = np.column_stack([np.full(12, 0.010), np.full(12, 0.010), 0.0125 * swing, 0.0150 * swing[::-1]])
+    df, samples = interval_sweep(x, [1.0, 1.3, 2.0, 2.412])
+    cell = select(df, PROPOSAL, samples=samples)["cells"][0]
+    assert cell["nodes"] == 2 and cell["reason"] == "tied-with-smaller" and cell["best_nodes"] == 4
+    # 4 nodes 25% ahead: the best
+    df, samples = interval_sweep(x, [1.0, 1.3, 2.0, 3.0])
+    cell = select(df, PROPOSAL, samples=samples)["cells"][0]
+    assert cell["nodes"] == 4 and cell["reason"] == "best" and cell["rounds"] == 12
+    assert cell["speedup_lo"] <= cell["speedup"] == 2.0 <= cell["speedup_hi"]

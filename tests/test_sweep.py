@@ -16,11 +16,17 @@ import calibration.sweep as sweep_mod
 from calibration.decoder import plain_step_forward
 from calibration.models import load_model, tiny_model_for_tests
 from calibration.sweep import (
-    MEASURED_COLUMNS, SWEEP_COLUMNS, SweepSettings, measure_end_to_end, measure_group, meta_path,
-    run_sweep, step_bench,
+    MEASURED_COLUMNS,
+    SWEEP_COLUMNS,
+    SweepSettings,
+    measure_end_to_end,
+    measure_group,
+    meta_path,
+    run_sweep,
+    step_bench,
 )
 from treeopt.errors import UserError
-from treeopt.selection import read_sweep
+from treeopt.selection import format_selection, read_round_samples, read_sweep, select, sweep_samples_path
 from treeopt.tau import TauCurve
 from treeopt.tree import make_tree
 
@@ -134,8 +140,8 @@ def test_sweep_rows_and_derived_columns(tiny, tmp_path):
     np.testing.assert_array_equal(df["tau_joint"], TAU_JOINT[n])
     np.testing.assert_array_equal(df["tau"], TAU_JOINT[n])  # joint statistics win when given
     np.testing.assert_allclose(df["speedup"], df["tau"] / df["overhead"], rtol=1e-12)
-    pred = np.array([predictor(b, k + 1, s) for b, s, k in zip(df["batch"], df["context"], n)])
-    plain = np.array([predictor(b, 1, s) for b, s in zip(df["batch"], df["context"])])
+    pred = np.array([predictor(b, k + 1, s) for b, s, k in zip(df["batch"], df["context"], n, strict=False)])
+    plain = np.array([predictor(b, 1, s) for b, s in zip(df["batch"], df["context"], strict=False)])
     np.testing.assert_allclose(df["predicted_step_time_s"], pred, rtol=1e-12)
     np.testing.assert_allclose(df["predicted_overhead"], pred / plain, rtol=1e-12)
     np.testing.assert_allclose(df["predicted_speedup"], df["tau"] * plain / pred, rtol=1e-12)
@@ -219,7 +225,8 @@ def test_interrupted_sweep_keeps_finished_groups_and_resumes(tiny, tmp_path, mon
     partial = pd.read_csv(out)
     assert partial[["batch", "context"]].drop_duplicates().values.tolist() == [[1, 8]]
     assert partial["nodes"].tolist() == [0, 1, 3]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["sweep.csv", "sweep.meta.json"]  # no temp files
+    # no temp files
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sweep.csv", "sweep.meta.json", "sweep.samples.npz"]
 
     calls.clear()
     done = run_sweep(lm, TauCurve(PROPOSAL, TAU_IND, None), settings, out, resume=True, progress=False)
@@ -310,3 +317,93 @@ def test_resume_recomputes_derived_columns_and_carries_end_to_end(tiny, tmp_path
     assert json.loads(meta_path(out).read_text())["measurement"]["repeats"] == 5
     run_sweep(lm, TauCurve(PROPOSAL, TAU_IND, None), other, out, resume="auto", progress=False)
     assert calls == [(1, 8)]
+
+
+def recorded_rounds(monkeypatch, passes):
+    """Replace the timer of measure_group: pass i of interleaved rounds returns passes[i]
+    (rounds x sizes seconds), whatever the functions do."""
+    left = list(passes)
+
+    def fake(fns, *, rounds, seed=0, **kw):
+        x = np.asarray(left.pop(0), dtype=float)
+        assert x.shape == (rounds, len(fns))
+        return x.tolist()
+
+    monkeypatch.setattr(sweep_mod, "interleaved_rounds", fake)
+    return left
+
+
+def test_overhead_is_the_median_of_same_round_ratios(tiny, monkeypatch):
+    _, lm = tiny
+    # plain [1, 2, 1] s, tree [3.0, 2.6, 1.4] s: same-round ratios [3, 1.3, 1.4] -> 1.4 (not the
+    # first sample's 3.0, nor median / median = 2.6 / 1)
+    recorded_rounds(monkeypatch, [[[1.0, 3.0], [2.0, 2.6], [1.0, 1.4]]])
+    rows = measure_group(lm, CHAIN, [1], 1, 8, repeats=3, warmup=0, topk=10, seed=0)
+    assert rows[1]["overhead"] == pytest.approx(1.4)
+    assert rows[1]["round_samples"] == [3.0, 2.6, 1.4] and rows[0]["round_samples"] == [1.0, 2.0, 1.0]
+    assert rows[1]["remeasured"] == 0 and rows[1]["unreliable"] == 0
+
+
+# step times of plain, 1, 2 and 3 nodes of CHAIN and their tau: true speedups 1.43, 1.64, 1.43
+TRUE_STEP = np.array([0.010, 0.0105, 0.011, 0.014])
+CHAIN_TAU = np.array([1.0, 1.5, 1.8, 2.0])
+
+
+def steady(rounds, seed):
+    rng = np.random.default_rng(seed)
+    return TRUE_STEP[None, :] * np.exp(rng.normal(0, 0.01, size=(rounds, 4)))
+
+
+def burst_in_plain(rounds, seed, hit):
+    """A 3x slowdown burst that lands on the plain step in the first `hit` rounds."""
+    x = steady(rounds, seed)
+    x[:hit, 0] *= 3.0
+    return x
+
+
+def test_burst_in_the_plain_step_is_never_selected_on(tiny, tmp_path, monkeypatch):
+    _, lm = tiny
+    # first pass: the burst covers the plain step of every round (every tree "faster than
+    # plain"); the re-measure still has it in 3 rounds of 10, which the median of same-round
+    # ratios outvotes
+    left = recorded_rounds(monkeypatch, [burst_in_plain(10, 0, 10), burst_in_plain(10, 1, 3)])
+    settings = SweepSettings((1, 2, 3), (1,), (8,), repeats=10, warmup=0)
+    out = tmp_path / "s.csv"
+    df = run_sweep(lm, TauCurve(CHAIN, CHAIN_TAU, None), settings, out, progress=False)
+    assert not left  # the disturbed rounds were measured again
+    assert (df["remeasured"] == 1).all() and (df["unreliable"] == 0).all()
+    back, meta = read_sweep(out)
+    doc = select(back, CHAIN, samples=read_round_samples(sweep_samples_path(out)))
+    cell = doc["cells"][0]
+    assert cell["nodes"] == 2 and cell["reason"] == "best"
+    assert cell["speedup_lo"] <= 1.8 / 1.1 <= cell["speedup_hi"]
+    assert (back["speedup"] <= back["tau"]).all()
+
+
+def test_impossible_cell_stays_flagged(tiny, tmp_path, monkeypatch):
+    _, lm = tiny
+    recorded_rounds(monkeypatch, [burst_in_plain(10, 0, 10), burst_in_plain(10, 1, 10)])
+    settings = SweepSettings((1, 2, 3), (1,), (8,), repeats=10, warmup=0)
+    out = tmp_path / "s.csv"
+    df = run_sweep(lm, TauCurve(CHAIN, CHAIN_TAU, None), settings, out, progress=False)
+    # every tree looks 3x faster than plain: impossible twice, so marked, and never chosen
+    assert df.loc[df["nodes"] > 0, "unreliable"].eq(1).all() and df.loc[df["nodes"] == 0, "unreliable"].eq(0).all()
+    doc = select(read_sweep(out)[0], CHAIN, samples=read_round_samples(sweep_samples_path(out)))
+    cell = doc["cells"][0]
+    assert cell["nodes"] == 0 and cell["reason"] == "unreliable" and cell["unreliable_nodes"] == [1, 2, 3]
+    assert doc["undecided"] == [{"batch": 1, "context": 8}]
+    assert "UNDECIDED" in format_selection(doc)
+
+
+def test_adaptive_rounds_until_decided(tiny, tmp_path, monkeypatch):
+    """A cell whose first rounds straddle 1 gets more rounds within the time budget."""
+    _, lm = tiny
+    rng = np.random.default_rng(5)
+    noisy = TRUE_STEP[None, :2] * np.exp(rng.normal(0, 0.15, size=(4, 2)))
+    more = [TRUE_STEP[None, :2] * np.exp(rng.normal(0, 0.01, size=(3, 2))) for _ in range(30)]
+    left = recorded_rounds(monkeypatch, [noisy] + more)
+    tau = np.array([1.0, 1.08])  # 1.08 / 1.05: a 3% speedup, hidden by the first rounds' noise
+    settings = SweepSettings((1,), (1,), (8,), repeats=4, warmup=0, time_budget_s=60, max_rounds_factor=8)
+    df = run_sweep(lm, TauCurve(make_tree([[0]]), tau, None), settings, tmp_path / "s.csv", progress=False)
+    used = 30 - len(left)
+    assert used >= 1 and df["samples"].iloc[0] == 4 + 3 * used <= 32

@@ -3,9 +3,11 @@
 Measured speedup of tree size n = tau(n) * T(0) / T(n): expected tokens per step over the
 measured step-latency ratio, or, in the (batch, context) cells where the sweep also ran the
 real decoder end to end (`treeopt sweep --end-to-end`), its measured tokens per second over
-plain decoding's. The predicted speedup is the same formula with the roofline's T. The best
-size is the argmax (the smallest size on ties); "no speculation" (0 nodes, medusa_choices [])
-when no tree beats the threshold (1.0).
+plain decoding's. The predicted speedup is the same formula with the roofline's T. By measured
+speedup, a cell gets the smallest tree statistically indistinguishable from the best, and "no
+speculation" (0 nodes, medusa_choices []) unless the best's lower bound beats the threshold
+(docs/statistics.md "Choosing a tree with intervals"); by prediction, the argmax (the smallest
+size on ties).
 
 The sweep file is a CSV with the columns SWEEP_COLUMNS (see calibration/sweep.py for their
 meaning) and a `NAME.meta.json` beside it that holds the proposal tree: row `nodes = n`
@@ -15,6 +17,7 @@ measures `proposal.prefix(n)`.
 from __future__ import annotations
 
 import math
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -22,33 +25,52 @@ import pandas as pd
 
 from treeopt.accuracy import load_accuracy
 from treeopt.errors import UserError
-from treeopt.fileio import read_json_input
+from treeopt.fileio import atomic_path, read_json_input
+from treeopt.stats import (
+    CONFIDENCE,
+    MONOTONE_SLACK,
+    SpeedupDraws,
+    bootstrap_speedups,
+    decide_cell,
+    interval,
+    paired_ties,
+)
 from treeopt.tau import proposal_sequence
 from treeopt.tree import Tree, make_tree
 
 __all__ = ["SWEEP_COLUMNS", "REQUIRED", "SELECTION_FORMAT", "read_sweep", "select", "measured_speedup",
            "prediction_regret", "proposal_from_meta", "sweep_meta_path", "best_per_cell", "selection_from_grid",
-           "format_selection", "format_speedup", "selection_from_grid_file", "read_grid_with_proposal"]
+           "format_selection", "format_speedup", "selection_from_grid_file", "read_grid_with_proposal",
+           "measured_decisions", "noise_summary", "sweep_samples_path", "read_round_samples", "write_round_samples",
+           "add_intervals", "cell_draws"]
 
 # Columns of a sweep CSV (calibration/sweep.py writes them; all numeric):
 #   batch, context, nodes          the configuration (nodes 0 = plain decoding)
 #   tau, tau_independent, tau_joint expected tokens per step of proposal.prefix(nodes)
 #                                  (tau = joint where available, else independent)
 #   step_time_s (+ p10, p90)       measured seconds of one decoding step (median of rounds)
-#   samples, remeasured            timed rounds kept; samples re-taken as slowdown outliers
-#   overhead                       median over rounds of T(n) / T(0) (same-round ratio)
-#   speedup                        tau / overhead (measured)
+#   tau_se                         standard error of tau from the calibration
+#   samples, remeasured            timed rounds kept; 1 when the group was measured again
+#                                  after a failed sanity check
+#   overhead (+ _lo, _hi)          median over rounds of T(n) / T(0) (same-round ratio), with
+#                                  its bootstrap interval (treeopt.stats)
+#   speedup (+ _lo, _hi)           tau / overhead (measured), with its interval
+#   unreliable                     1: failed the sanity checks twice, never selected
 #   predicted_*                    the roofline's step time, overhead and speedup
 #   e2e_*                          real decoder on prompts: tokens/s, tokens per step, speedup
 SWEEP_COLUMNS = [
-    "batch", "context", "nodes", "tau", "tau_independent", "tau_joint", "tau_walk",
+    "batch", "context", "nodes", "tau", "tau_independent", "tau_joint", "tau_walk", "tau_se",
     "step_time_s", "step_time_p10_s", "step_time_p90_s", "samples", "remeasured",
-    "overhead", "speedup",
+    "overhead", "overhead_lo", "overhead_hi", "speedup", "speedup_lo", "speedup_hi", "unreliable",
     "predicted_step_time_s", "predicted_overhead", "predicted_speedup",
     "e2e_tokens_per_s", "e2e_tokens_per_step", "e2e_speedup",
 ]
 REQUIRED = ("batch", "context", "nodes", "speedup")
 SELECTION_FORMAT = "treeopt.selection/v1"
+# A chosen tree whose speedup interval is wider than +-10% is reported as noisy: the
+# difference between neighbouring tree sizes is often smaller than that (docs/statistics.md
+# "Choosing a tree with intervals").
+NOISY_HALF_WIDTH = 0.10
 SELECTION_SOURCE = {"measured": "measured sweep", "predicted": "roofline prediction (the sweep's predicted columns)"}
 
 
@@ -56,6 +78,81 @@ def sweep_meta_path(csv_path) -> Path:
     """`DIR/NAME.csv` -> `DIR/NAME.meta.json`."""
     csv_path = Path(csv_path)
     return csv_path.with_name(csv_path.stem + ".meta.json")
+
+
+def sweep_samples_path(csv_path) -> Path:
+    """`DIR/NAME.csv` -> `DIR/NAME.samples.npz` (the per-round step times)."""
+    csv_path = Path(csv_path)
+    return csv_path.with_name(csv_path.stem + ".samples.npz")
+
+
+def write_round_samples(path, groups: dict) -> None:
+    """Write {(batch, context): (sizes, (rounds, len(sizes)) seconds)} in long form: arrays
+    batch, context, nodes, round, seconds, one entry per sample (docs/formats.md "Sweep CSV")."""
+    cols = {k: [] for k in ("batch", "context", "nodes", "round", "seconds")}
+    for (b, s), (sizes, x) in sorted(groups.items()):
+        x = np.asarray(x, dtype=float)
+        rounds, n = x.shape
+        cols["batch"].append(np.full(x.size, b, np.int64))
+        cols["context"].append(np.full(x.size, s, np.int64))
+        cols["nodes"].append(np.tile(np.asarray(sizes, np.int64), rounds))
+        cols["round"].append(np.repeat(np.arange(rounds, dtype=np.int64), n))
+        cols["seconds"].append(x.ravel())
+    arrays = {k: (np.concatenate(v) if v else np.zeros(0, np.float64 if k == "seconds" else np.int64))
+              for k, v in cols.items()}
+    with atomic_path(Path(path)) as tmp:
+        with open(tmp, "wb") as fh:
+            np.savez_compressed(fh, **arrays)
+
+
+def read_round_samples(path) -> dict:
+    """The per-round samples of `write_round_samples` ({} when the file is not there);
+    UserError naming the file when it is unreadable."""
+    path = Path(path)
+    if not path.is_file():
+        return {}
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            b, s, n, r, sec = (z[k] for k in ("batch", "context", "nodes", "round", "seconds"))
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as err:
+        raise UserError(f"{path}: not a sweep samples file ({_first_line(err)})") from None
+    out = {}
+    for key in sorted(set(zip(b.tolist(), s.tolist(), strict=True))):
+        sel = (b == key[0]) & (s == key[1])
+        sizes = np.unique(n[sel])
+        rounds = int(r[sel].max()) + 1
+        x = np.full((rounds, sizes.size), np.nan)
+        x[r[sel], np.searchsorted(sizes, n[sel])] = sec[sel]
+        if np.isnan(x).any() or sizes[0] != 0:
+            raise UserError(f"{path}: batch {key[0]} context {key[1]}: incomplete rounds")
+        out[key] = ([int(v) for v in sizes], x)
+    return out
+
+
+def cell_draws(cell: pd.DataFrame, samples: np.ndarray) -> SpeedupDraws:
+    """Bootstrap draws of one (batch, context) cell: `cell` its rows sorted by nodes (columns
+    tau, tau_se), `samples` its (rounds, sizes) step times."""
+    se = cell["tau_se"].to_numpy(dtype=float) if "tau_se" in cell.columns else None
+    return bootstrap_speedups(samples, cell["tau"].to_numpy(dtype=float), se)
+
+
+def add_intervals(table: pd.DataFrame, samples: dict) -> pd.DataFrame:
+    """`table` with overhead_lo/hi and speedup_lo/hi from the cells' per-round samples (NaN
+    where a cell has none)."""
+    t = table.copy()
+    for col in ("overhead_lo", "overhead_hi", "speedup_lo", "speedup_hi"):
+        t[col] = np.nan
+    for (b, s), idx in t.groupby(["batch", "context"]).groups.items():
+        got = samples.get((int(b), int(s)))
+        cell = t.loc[idx].sort_values("nodes")
+        if got is None or list(got[0]) != cell["nodes"].astype(int).tolist():
+            continue
+        draws = cell_draws(cell, got[1])
+        o_lo, o_hi = interval(draws.overhead)
+        s_lo, s_hi = interval(draws.speedup)
+        t.loc[cell.index, ["overhead_lo", "overhead_hi", "speedup_lo", "speedup_hi"]] = np.column_stack(
+            [o_lo, o_hi, s_lo, s_hi])
+    return t
 
 
 def _first_line(err: BaseException) -> str:
@@ -158,16 +255,70 @@ def _check_columns(sweep: pd.DataFrame, source: str) -> None:
         raise UserError(f"{source}: no rows")
 
 
+def measured_decisions(df: pd.DataFrame, measured: pd.Series, measured_by: pd.Series, *,
+                       threshold: float = 1.0, samples: dict | None = None) -> pd.DataFrame:
+    """Per (batch, context) the decision on measured speedups (`treeopt.stats.decide_cell`,
+    docs/statistics.md "Choosing a tree with intervals"): columns batch, context, nodes,
+    reason, best_nodes, speedup_lo, speedup_hi, rounds, unreliable_nodes, disagree_nodes.
+
+    Intervals come from the sweep's speedup_lo/hi (end-to-end cells: none, a point). Ties are
+    the paired bootstrap test where the cell's per-round `samples` are given, else overlapping
+    intervals. A speedup above tau beyond tau's error, or a size the sweep flagged
+    `unreliable`, is never chosen. `disagree_nodes`: sizes whose end-to-end speedup lies outside
+    their step-latency interval."""
+    rows = []
+    samples = samples or {}
+    for (b, s), idx in sorted(df.groupby(["batch", "context"]).groups.items()):
+        cell = df.loc[idx].sort_values("nodes")
+        nodes = cell["nodes"].to_numpy(dtype=np.int64)
+        speed = measured.loc[cell.index].to_numpy(dtype=float)
+        e2e = (measured_by.loc[cell.index] == "end-to-end").to_numpy()
+        step_lo = _col(cell, "speedup_lo")
+        step_hi = _col(cell, "speedup_hi")
+        lo = np.where(e2e, speed, step_lo)
+        hi = np.where(e2e, speed, step_hi)
+        tau = _col(cell, "tau")
+        tau_hi = tau + 1.96 * np.nan_to_num(_col(cell, "tau_se"))
+        # why: a step emits at most tau tokens on average, so a speedup above tau means the
+        # plain step was timed slow (docs/statistics.md "Sanity checks of a measurement")
+        above_tau = np.where(np.isfinite(lo), lo, speed) > tau_hi * (1 + MONOTONE_SLACK)
+        flagged = np.nan_to_num(_col(cell, "unreliable")) > 0
+        reliable = ~(flagged | (above_tau & (nodes > 0)))
+        decision = decide_cell(speed, lo, hi, reliable, threshold=threshold)
+        got = samples.get((int(b), int(s)))
+        paired = got is not None and not e2e.any() and list(got[0]) == nodes.tolist()
+        if paired and decision.reason in ("best", "tied-with-smaller"):
+            ties = paired_ties(cell_draws(cell, got[1]), decision.best)
+            decision = decide_cell(speed, lo, hi, reliable, tied=ties, threshold=threshold)
+        step_speed = cell["speedup"].to_numpy(dtype=float)
+        disagree = e2e & np.isfinite(step_lo) & ((speed < step_lo) | (speed > step_hi)) & (nodes > 0)
+        k = decision.index
+        rows.append({"batch": int(b), "context": int(s), "nodes": int(nodes[k]), "reason": decision.reason,
+                     "best_nodes": int(nodes[decision.best]), "speedup_lo": lo[k] if k else 1.0,
+                     "speedup_hi": hi[k] if k else 1.0, "step_speedup": step_speed[k] if k else 1.0,
+                     "rounds": int(np.nanmax(_col(cell, "samples"), initial=0)),
+                     "unreliable_nodes": nodes[~reliable].tolist(), "disagree_nodes": nodes[disagree].tolist()})
+    return pd.DataFrame(rows)
+
+
+def _col(df: pd.DataFrame, name: str) -> np.ndarray:
+    return df[name].to_numpy(dtype=float) if name in df.columns else np.full(len(df), np.nan)
+
+
 def select(sweep: pd.DataFrame, proposal: Tree, *, by: str = "measured", hardware: str = "",
-           model: str = "", threshold: float = 1.0, source: str | None = None) -> dict:
+           model: str = "", threshold: float = 1.0, source: str | None = None,
+           samples: dict | None = None, threads: int | None = None) -> dict:
     """The `treeopt.selection/v1` document from a sweep table.
 
     by="measured": the measured speedup (end to end where the sweep measured it, see
-    `measured_speedup`); by="predicted": the roofline prediction stored in the sweep (for
-    hardware you don't have). Per (batch, context) the size of largest speedup wins, the
-    smallest size on ties, 0 ("no speculation", medusa_choices []) unless it beats
-    `threshold`. Every cell also carries `measured_speedup` and (where the sweep has
-    predictions) `predicted_speedup` of the chosen size, side by side, and `measured_by`.
+    `measured_speedup`), decided with its interval (`measured_decisions`): per (batch,
+    context) the smallest tree indistinguishable from the best, "no speculation" unless the
+    best's lower bound beats `threshold`, "undecided" (no speculation) when the interval
+    straddles it; `samples` are the sweep's per-round step times (`read_round_samples`) for
+    the paired test. by="predicted": the roofline prediction stored in the sweep (for hardware
+    you don't have), the argmax (the smallest size on ties). Every cell also carries
+    `measured_speedup` and (where the sweep has predictions) `predicted_speedup` of the chosen
+    size, side by side, and `measured_by`; measured selections the interval, rounds and reason.
     """
     source = source or sweep.attrs.get("source", "sweep")
     if by not in ("measured", "predicted"):
@@ -200,6 +351,13 @@ def select(sweep: pd.DataFrame, proposal: Tree, *, by: str = "measured", hardwar
         # Where the end-to-end speedup decides, the cell's overhead is the effective one
         # (tau / speedup), so that speedup = tau / overhead holds in every cell.
         grid["overhead"] = grid["overhead"].where(measured_by == "step latency", grid["tau"] / measured)
+        decisions = measured_decisions(df, measured, measured_by, threshold=threshold, samples=samples)
+        chosen = grid.merge(decisions[["batch", "context", "nodes"]], on=["batch", "context", "nodes"])
+        plain = grid[grid["nodes"] == 0]
+        # the chosen rows alone (plain decoding where nothing is chosen), so that the argmax
+        # below returns the decision
+        grid = pd.concat([chosen, plain]).drop_duplicates(["batch", "context", "nodes"])
+        grid.loc[grid["nodes"] == 0, "speedup"] = 1.0
     doc = selection_from_grid(grid, proposal, hardware, model, threshold=threshold)
     uses_e2e = bool((measured_by == "end-to-end").any())
     doc["source"] = (SELECTION_SOURCE["measured"] + (" (end to end where measured)" if uses_e2e else "")
@@ -216,10 +374,42 @@ def select(sweep: pd.DataFrame, proposal: Tree, *, by: str = "measured", hardwar
         cell["measured_by"] = str(meas_by.get(k, "step latency"))
         if pred is not None:
             cell["predicted_speedup"] = _round(pred.get(k, np.nan)) if cell["nodes"] else 1.0
-        for name in ("speedup", "tau", "overhead"):  # strict JSON: no NaN
+    if by == "measured":
+        _add_decisions(doc, decisions)
+    if threads is not None:
+        doc["threads"] = int(threads)
+    for cell in doc["cells"]:
+        for name in ("speedup", "tau", "overhead", "speedup_lo", "speedup_hi"):  # strict JSON: no NaN
             if isinstance(cell.get(name), float) and not math.isfinite(cell[name]):
                 cell[name] = None
     return doc
+
+
+def _add_decisions(doc: dict, decisions: pd.DataFrame) -> None:
+    """Copy each cell's interval, rounds and reason into the document, and say at the top
+    which cells are undecided or too noisy to trust."""
+    by_key = {(r["batch"], r["context"]): r for r in decisions.to_dict("records")}
+    undecided, noisy = [], []
+    for cell in doc["cells"]:
+        d = by_key[(cell["batch"], cell["context"])]
+        cell["speedup_lo"] = _round(d["speedup_lo"])
+        cell["speedup_hi"] = _round(d["speedup_hi"])
+        cell["rounds"] = d["rounds"]
+        cell["reason"] = d["reason"]
+        cell["best_nodes"] = d["best_nodes"]
+        if d["unreliable_nodes"]:
+            cell["unreliable_nodes"] = d["unreliable_nodes"]
+        if d["disagree_nodes"]:
+            cell["step_and_end_to_end_disagree"] = d["disagree_nodes"]
+        where = {"batch": cell["batch"], "context": cell["context"]}
+        if d["reason"] in ("undecided", "unreliable"):
+            undecided.append(where)
+        elif cell["nodes"] and np.isfinite(d["speedup_hi"]) and \
+                (d["speedup_hi"] - d["speedup_lo"]) / 2 > NOISY_HALF_WIDTH * cell["speedup"]:
+            noisy.append(where)
+    doc["confidence"] = CONFIDENCE
+    doc["undecided"] = undecided
+    doc["noisy"] = noisy
 
 
 def best_per_cell(grid: pd.DataFrame, *, threshold: float = 1.0) -> pd.DataFrame:
@@ -314,14 +504,42 @@ def format_speedup(v) -> str:
 
 
 def format_selection(doc: dict) -> str:
+    """The console summary; says plainly which cells are undecided or noisy."""
     lines = [f"best tree per (batch, context) -- {doc.get('source', '')}"]
     for c in doc["cells"]:
         what = "no speculation" if c["nodes"] == 0 else f"{c['nodes']:3d} nodes"
         extra = ""
+        if c.get("speedup_lo") is not None and c["nodes"]:
+            extra += f" [{c['speedup_lo']:.2f}, {c['speedup_hi']:.2f}]"
         if "measured_speedup" in c and "predicted_speedup" in c:
-            extra = f"  (measured {format_speedup(c['measured_speedup'])}, predicted {format_speedup(c['predicted_speedup'])})"
-        lines.append(f"  batch {c['batch']:4d}  context {c['context']:6d}: {what}  speedup {format_speedup(c['speedup'])}{extra}")
+            extra += (f"  (measured {format_speedup(c['measured_speedup'])}, "
+                      f"predicted {format_speedup(c['predicted_speedup'])})")
+        if "reason" in c:
+            extra += f"  {c['reason']}" + (f", {c['rounds']} rounds" if c.get("rounds") else "")
+        lines.append(f"  batch {c['batch']:4d}  context {c['context']:6d}: {what}  "
+                     f"speedup {format_speedup(c['speedup'])}{extra}")
+        if c.get("unreliable_nodes"):
+            lines.append(f"      unreliable (failed the sanity checks, not selected): nodes {c['unreliable_nodes']}")
+        if c.get("step_and_end_to_end_disagree"):
+            lines.append("      step latency and end-to-end throughput disagree beyond the interval at nodes "
+                         f"{c['step_and_end_to_end_disagree']}: selected on end-to-end")
+    lines += noise_summary(doc)
     return "\n".join(lines)
+
+
+def noise_summary(doc: dict) -> list[str]:
+    """Lines that say which cells the measurement could not decide or measured noisily."""
+    out = []
+    cells = ", ".join
+    if doc.get("undecided"):
+        out.append("UNDECIDED: the machine was too noisy to decide (no speculation chosen) at "
+                   + cells(f"batch {u['batch']} context {u['context']}" for u in doc["undecided"])
+                   + "; re-run on a quiet machine or with a larger --time-budget")
+    if doc.get("noisy"):
+        out.append(f"NOISY: the chosen speedup's {doc.get('confidence', CONFIDENCE):.0%} interval is wider than "
+                   f"+-{NOISY_HALF_WIDTH:.0%} at "
+                   + cells(f"batch {u['batch']} context {u['context']}" for u in doc["noisy"]))
+    return out
 
 
 def _round(x) -> float | None:

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-__all__ = ["TimingStats", "calls_per_sample", "measure", "measure_interleaved"]
+__all__ = ["TimingStats", "calls_per_sample", "measure", "measure_interleaved", "interleaved_rounds"]
 
 
 @dataclass(frozen=True)
@@ -157,15 +157,9 @@ def measure_interleaved(fns: Sequence[Callable[[], object]], *, rounds: int = 15
         inners = list(inner)
         if len(inners) != len(fns):
             raise ValueError("inner: one count per function")
-    rng = random.Random(seed)
-    samples: list[list[float]] = [[] for _ in fns]
-    order = list(range(len(fns)))
-    for _ in range(rounds):
-        rng.shuffle(order)
-        for i in order:
-            samples[i].append(_sample(fns[i], inners[i], clock))
-        if after_round is not None:
-            after_round()
+    by_round = interleaved_rounds(fns, rounds=rounds, inners=inners, seed=seed, clock=clock,
+                                  after_round=after_round)
+    samples = [list(col) for col in zip(*by_round, strict=True)]
     out = []
     for i, fn in enumerate(fns):
         remeasured = 0
@@ -173,4 +167,28 @@ def measure_interleaved(fns: Sequence[Callable[[], object]], *, rounds: int = 15
             remeasured = _replace_outliers(samples[i], lambda fn=fn, inner=inners[i]: _sample(fn, inner, clock),
                                            outlier_factor, rounds)
         out.append(_stats(samples[i], remeasured))
+    return out
+
+
+def interleaved_rounds(fns: Sequence[Callable[[], object]], *, rounds: int, inners: Sequence[int] | None = None,
+                       seed: int = 0, clock: Callable[[], float] = time.perf_counter,
+                       after_round: Callable[[], object] | None = None) -> list[list[float]]:
+    """`rounds` rounds of one sample (seconds per call) of every function, in a fresh random
+    order each round: entry [r][i] is function i's sample of round r. Nothing is re-taken, so
+    the samples of one round stay paired: a slowdown burst lands on the round it happened in,
+    and a ratio of two functions' samples within one round cancels slow drift
+    (docs/statistics.md "Measured speedup intervals"). No warm-up: the caller does it."""
+    fns = list(fns)
+    inners = [1] * len(fns) if inners is None else list(inners)
+    rng = random.Random(seed)
+    order = list(range(len(fns)))
+    out: list[list[float]] = []
+    for _ in range(rounds):
+        rng.shuffle(order)
+        row = [0.0] * len(fns)
+        for i in order:
+            row[i] = _sample(fns[i], inners[i], clock)
+        out.append(row)
+        if after_round is not None:
+            after_round()
     return out

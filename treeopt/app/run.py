@@ -19,11 +19,12 @@ from calibration.runner import run_calibration
 from calibration.sweep import SweepSettings
 from calibration.threads import default_threads
 from roofline.hardware import load_hardware
-from treeopt.app.hwcalibrate import calibrate_hardware
+from roofline.plots import plot_measured_speedup
 from roofline.report import build_report
 from roofline.shapes import DraftHeadsShape
 from treeopt.acceptance import load_rank_vectors
 from treeopt.accuracy import AccuracyTable, load_accuracy
+from treeopt.app.hwcalibrate import calibrate_hardware
 from treeopt.app.models import is_demo, shape_of
 from treeopt.app.sweep import DEMO_VALIDATION, fit_from_sweep, format_transfer, sweep
 from treeopt.app.validation import ValidationResult, format_validation, validate
@@ -33,7 +34,14 @@ from treeopt.export import format_tree
 from treeopt.family_build import engine_proposal
 from treeopt.fileio import write_json, write_text
 from treeopt.mix import choose_mix_tree, format_mix, mix_grid_from_sweep, mix_section, parse_mix
-from treeopt.selection import format_selection, format_speedup, select
+from treeopt.selection import (
+    format_selection,
+    format_speedup,
+    noise_summary,
+    read_round_samples,
+    select,
+    sweep_samples_path,
+)
 from treeopt.tau import load_tau_curves, tau_curves
 from treeopt.tree import Tree
 
@@ -55,6 +63,7 @@ class RunSettings:
     batches: tuple[int, ...] = (1, 2, 4, 8)
     contexts: tuple[int, ...] = (128, 512)
     repeats: int = 10
+    time_budget_s: float = 60.0           # extra sweep rounds for undecided or noisy cells
     validation_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
     validation_prompts: int | None = None
     hw_quick: bool = False
@@ -81,6 +90,34 @@ def _mark(out: Path, name: str, settings: dict) -> None:
     write_json(state_file, state)
 
 
+def cpu_has_fast_bf16(cpuinfo: str | None = None) -> bool:
+    """Whether this CPU multiplies bfloat16 natively (AVX512-BF16 or AMX-BF16 in the CPU flags of
+    /proc/cpuinfo; False where the flags cannot be read). Without them bf16 GEMMs are converted
+    to float32 and slower than float32 itself (docs/performance-model.md "CPU facts measured on
+    the dev machine")."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return False
+    flags = set(cpuinfo.split())
+    return bool({"avx512_bf16", "amx_bf16"} & flags)
+
+
+def run_dtype(dtype: str, device: str) -> str:
+    """The dtype of the main job: `dtype` unless "auto"; on a CPU, bfloat16 where it is native
+    (`cpu_has_fast_bf16`), else float32. Why bf16: verifying a few extra tokens is nearly free
+    only where a step is bound by streaming the weights, as on a GPU; in bf16 this holds on such
+    a CPU too, while float32 makes the step cost grow with every token (docs/statistics.md
+    "The demo's regime")."""
+    if dtype != "auto":
+        return dtype
+    mps = getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()
+    if device == "cpu" or (device == "auto" and not torch.cuda.is_available() and not mps):
+        return "bfloat16" if cpu_has_fast_bf16() else "float32"
+    return "auto"
+
+
 def run_main_job(out_dir, settings: RunSettings = RunSettings(), *, log=print, progress: bool = True) -> dict:
     """calibrate -> proposal trees -> hardware profile -> prediction -> sweep -> selection ->
     validation -> report, all into `out_dir`. Each stage's result is kept; a rerun (after an
@@ -103,16 +140,18 @@ def _run_main_job(out: Path, settings: RunSettings, *, log, progress: bool) -> d
     t_start = time.perf_counter()
     timings = {}
 
-    # 1. calibration statistics
+    # 1. calibration statistics, in the dtype every later stage runs in
+    dtype = run_dtype(s.dtype, s.device)
     t0 = time.perf_counter()
     cal_settings = {"model": s.model, "heads": s.heads, "data": s.data, "steps": s.steps, "topk": s.topk,
-                    "dtype": s.dtype, "seed": s.seed} | ({"num_heads": s.num_heads} if s.num_heads else {})
+                    "dtype": dtype, "seed": s.seed} | ({"num_heads": s.num_heads} if s.num_heads else {})
     done = _stage(out, "calibrate", cal_settings, log)
     acc_file = out / "accuracy.json"
     if not (done and acc_file.is_file()):
         log(f"[calibrate] {s.model} on {s.data}: {s.steps} greedy tokens per prompt, top-{s.topk}")
-        run_calibration(s.model, s.heads, s.data, output=acc_file, device=s.device, dtype=s.dtype,
-                        num_heads=s.num_heads, steps=s.steps, topk=s.topk, seed=s.seed, resume=True, progress=progress)
+        run_calibration(s.model, s.heads, s.data, output=acc_file, device=s.device, dtype=dtype,
+                        num_heads=s.num_heads, steps=s.steps, topk=s.topk, seed=s.seed, resume=True,
+                        progress=progress, threads=s.threads)
         _mark(out, "calibrate", cal_settings)
     timings["calibrate_s"] = time.perf_counter() - t0
 
@@ -133,12 +172,13 @@ def _run_main_job(out: Path, settings: RunSettings, *, log, progress: bool) -> d
         f"{tau.independent[-1]:.3f} independent" + (f", {tau.joint[-1]:.3f} joint" if tau.joint is not None else "")
         + (f", {tau.walked[-1]:.3f} walked" if tau.walked is not None else ""))
 
-    lm = load_model(s.model, s.heads, device=s.device, dtype=s.dtype, num_heads=s.num_heads)
+    lm = load_model(s.model, s.heads, device=s.device, dtype=dtype, num_heads=s.num_heads)
+    threads = torch.get_num_threads()
     if lm.device.type == "cpu":
         # One thread count for every measurement of the run (profile, sweep, validation).
         threads = s.threads or default_threads(lm.model, lm.device) or torch.get_num_threads()
         torch.set_num_threads(threads)
-        log(f"[setup] {threads} torch thread(s) on the CPU")
+    log(f"[setup] {lm.device}, {str(lm.dtype).replace('torch.', '')}, {threads} torch thread(s)")
     dtype_name = str(lm.dtype).replace("torch.", "")
     shape = shape_of(s.model, dtype=dtype_name)
 
@@ -172,19 +212,23 @@ def _run_main_job(out: Path, settings: RunSettings, *, log, progress: bool) -> d
     # 5. measured sweep
     t0 = time.perf_counter()
     sizes = tuple(n for n in s.sizes if n <= proposal.size)
-    sw = SweepSettings(sizes, s.batches, s.contexts, repeats=s.repeats, topk=s.topk)
+    sw = SweepSettings(sizes, s.batches, s.contexts, repeats=s.repeats, topk=s.topk, time_budget_s=s.time_budget_s)
     log(f"[sweep] sizes {list(sizes)} x batch {list(s.batches)} x context {list(s.contexts)}, "
-        f"{s.repeats} rounds each")
-    sweep_df = sweep(lm, table, tau, sw, out / "sweep.csv", hardware=hw, resume="auto", progress=progress)
+        f"{s.repeats} rounds each (+ up to {s.time_budget_s:g} s of extra rounds where undecided), {dtype_name}")
+    sweep_df = sweep(lm, table, tau, sw, out / "sweep.csv", hardware=hw, resume="auto", progress=progress,
+                     accuracy_path=acc_file)
     timings["sweep_s"] = time.perf_counter() - t0
     if len(set(s.batches)) > 1 and 1 in s.batches:
         log(f"[fit] {format_transfer(fit_from_sweep(lm, proposal, hw, sweep_df, out))}")
 
     # 6. selection
-    selection = select(sweep_df, proposal, by="measured", hardware=hw.name, model=s.model)
+    selection = select(sweep_df, proposal, by="measured", hardware=hw.name, model=s.model,
+                       samples=read_round_samples(sweep_samples_path(out / "sweep.csv")), threads=threads)
+    selection["dtype"] = dtype_name
     if mix is not None:
         choice = choose_mix_tree(mix_grid_from_sweep(sweep_df), mix, source=str(out / "sweep.csv"))
         selection["mix"] = mix_section(choice, proposal, mix)
+    plot_measured_speedup(sweep_df, selection, out / "measured_speedup.png")
     write_json(out / "selection.json", selection)
     log(format_selection(selection))
     if mix is not None:
@@ -194,13 +238,15 @@ def _run_main_job(out: Path, settings: RunSettings, *, log, progress: bool) -> d
     t0 = time.perf_counter()
     val_sizes = tuple(n for n in s.validation_sizes if n <= proposal.size)
     log(f"[validate] decoder on {s.validation_data}, tree sizes {list(val_sizes)}")
-    result = validate(lm, tau, val_sizes, s.validation_data, sweep_df=sweep_df, max_new_tokens=s.steps, max_prompts=s.validation_prompts,
+    result = validate(lm, tau, val_sizes, s.validation_data, sweep_df=sweep_df, max_new_tokens=s.steps,
+                      max_prompts=s.validation_prompts,
                       topk=s.topk, out_dir=out, progress=progress)
     log(format_validation(result))
     timings["validate_s"] = time.perf_counter() - t0
     timings["total_s"] = time.perf_counter() - t_start
 
-    write_text(out / "index.md", _run_index(s, table, proposal, hw, selection, result, sweep_df, timings, method))
+    write_text(out / "index.md", _run_index(s, table, proposal, hw, selection, result, sweep_df, timings, method,
+                                            regime=f"{dtype_name}, {threads} torch thread(s)"))
     log(f"report: {out / 'index.md'} ({timings['total_s']:.0f} s)")
     return {"selection": selection, "validation": result, "timings": timings}
 
@@ -245,13 +291,16 @@ def _md_table(df: pd.DataFrame, floatfmt: str = "{:.3f}") -> str:
 
 
 def _run_index(s: RunSettings, table: AccuracyTable, proposal: Tree, hw, selection: dict,
-               result: ValidationResult, sweep_df: pd.DataFrame, timings: dict, method: str) -> str:
+               result: ValidationResult, sweep_df: pd.DataFrame, timings: dict, method: str,
+               regime: str = "") -> str:
     acc = table.accuracy
     K = table.num_heads
     L = [f"# treeopt run: {s.model} on {hw.name}", "",
          "Calibrate the draft heads, build the proposal trees, calibrate this machine's roofline profile, "
          "predict, measure, select, and check the predictions against measurements on held-out prompts.", "",
          "Regenerate with `treeopt run" + ("" if is_demo(s.model) else f" --model {s.model}") + " -o <dir>`.", "",
+         f"Measured in {regime}." if regime else "", ""] + [f"**{line}**" for line in noise_summary(selection)] + [
+         "",
          "## 1. Head accuracies", "",
          f"Greedy-label calibration on `{s.data}` ({int(table.positions[0])} positions for head 1), "
          f"per-rank accuracy, top-1 and top-{table.width} (in `accuracy.json`):", "",
@@ -262,11 +311,21 @@ def _run_index(s: RunSettings, table: AccuracyTable, proposal: Tree, hw, selecti
           f"{method} proposal sequence of {proposal.size} nodes (`proposal_tree.json`); every prefix is the "
           "tree of that size.", "",
           "## 3. Selection: the best tree per batch size on this machine", "",
-          "By measured speedup τ·T(0)/T(n) (`selection.json`; `sweep.csv` has every measurement):", "",
-          "| batch | context | best nodes | measured speedup | predicted speedup |", "|---|---|---|---|---|"]
+          "By measured speedup τ·T(0)/T(n) with its "
+          f"{selection.get('confidence', 0.95):.0%} interval (bootstrap over paired rounds, τ's calibration error "
+          "included): the smallest tree indistinguishable from the best; no speculation unless the best's lower "
+          "bound is above 1 (`selection.json`; `sweep.csv` and `sweep.samples.npz` hold every measurement):", "",
+          "| batch | context | chosen nodes | measured speedup | interval | rounds | reason | largest point speedup at "
+          "| predicted speedup |", "|---|---|---|---|---|---|---|---|---|"]
     for c in selection["cells"]:
+        span = (f"{c['speedup_lo']:.2f}–{c['speedup_hi']:.2f}" if c.get("speedup_lo") is not None and c["nodes"]
+                else "--")
         L.append(f"| {c['batch']} | {c['context']} | {c['nodes'] or 'no speculation'} | "
-                 f"{format_speedup(c['measured_speedup'])} | {format_speedup(c.get('predicted_speedup'))} |")
+                 f"{format_speedup(c['measured_speedup'])} | {span} | {c.get('rounds', '--')} | "
+                 f"{c.get('reason', '--')} | {c.get('best_nodes', '--')} | "
+                 f"{format_speedup(c.get('predicted_speedup'))} |")
+    L += ["", "Measured speedup against tree size per batch size, with its interval band, the pick marked "
+          "and the prediction beside it:", "", "![measured speedup](measured_speedup.png)"]
     if s.engine:
         target = get_engine(s.engine, topk=s.topk)
         L += ["", f"Paste-ready for {target.title} (the proposal trees are from its family):", "",

@@ -14,9 +14,11 @@ from roofline.hardware import HardwareProfile, load_hardware
 from roofline.latency import step_time_s
 from roofline.profile_fit import BatchTransfer, batch_transfer, error_summary
 from roofline.shapes import DraftHeadsShape
+from treeopt.acceptance import load_rank_vectors
 from treeopt.app.models import shape_of
 from treeopt.fileio import atomic_path, write_text
 from treeopt.selection import SWEEP_COLUMNS
+from treeopt.stats import tau_stderr
 from treeopt.tau import TauCurve
 from treeopt.tree import Tree
 
@@ -50,16 +52,28 @@ def step_predictor(lm, proposal: Tree, hardware: HardwareProfile):
     return predict
 
 
+def curve_stderr(table, tau: TauCurve, accuracy_path=None):
+    """Standard error of `tau.best` (docs/statistics.md "Measured speedup intervals"): batch
+    means over calibration sequences when the table's rank-vector sidecar is there, else the
+    independent-positions formula from head 1's position count."""
+    vectors = None
+    if accuracy_path is not None and str(accuracy_path).endswith(".json") and tau.walked is not None:
+        vectors = load_rank_vectors(accuracy_path, table=table)
+    return tau_stderr(tau.proposal, tau.best, positions=float(table.positions[0]), rank_vectors=vectors)
+
+
 def sweep(lm, table, tau: TauCurve, settings: SweepSettings, output, *, hardware=None,
-          resume: bool | str = False, progress: bool = True) -> pd.DataFrame:
+          resume: bool | str = False, progress: bool = True, accuracy_path=None) -> pd.DataFrame:
     """`calibration.sweep.run_sweep` with the roofline's prediction of every step when a
-    hardware profile (name, file or profile) is given."""
+    hardware profile (name, file or profile) is given, and tau's standard error from the
+    calibration (`curve_stderr`)."""
     predictor, meta = None, {"accuracy": table.provenance}
     if hardware is not None:
         hw = hardware if isinstance(hardware, HardwareProfile) else load_hardware(hardware)
         predictor = step_predictor(lm, tau.proposal, hw)
         meta["hardware"] = hw.name
-    return run_sweep(lm, tau, settings, output, predictor=predictor, meta=meta, resume=resume, progress=progress)
+    return run_sweep(lm, tau, settings, output, predictor=predictor, meta=meta, resume=resume, progress=progress,
+                     tau_se=curve_stderr(table, tau, accuracy_path))
 
 
 def add_end_to_end(lm, proposal: Tree, df: pd.DataFrame, settings: SweepSettings, data: str,

@@ -12,6 +12,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from calibration.validate import latency_errors, measure_acceptance
+from roofline.plots import log2_axis
 from treeopt.app.sweep import load_prompt_texts
 from treeopt.fileio import atomic_path
 from treeopt.selection import prediction_regret, read_sweep
@@ -74,7 +75,7 @@ def plot_validation(result: ValidationResult, out_dir: Path) -> list[str]:
         ax.plot(acc["nodes"], acc["tau_joint"], "^--", label="predicted, joint statistics (per position)")
     if "tau_walk" in acc.columns and acc["tau_walk"].notna().any():
         ax.plot(acc["nodes"], acc["tau_walk"], "D--", label="predicted, joint statistics walked step by step")
-    ax.set_xscale("log", base=2)
+    log2_axis(ax, acc["nodes"])
     ax.set_xlabel("tree size (nodes)")
     ax.set_ylabel("tokens per step")
     ax.set_title("Acceptance on held-out prompts: measured vs predicted")
@@ -90,13 +91,13 @@ def plot_validation(result: ValidationResult, out_dir: Path) -> list[str]:
         contexts = sorted(lat["context"].unique())
         fig = Figure(figsize=(5.2 * len(contexts), 4.4), dpi=120)
         axes = fig.subplots(1, len(contexts), squeeze=False, sharey=True)
-        for ax, s in zip(axes[0], contexts):
+        for ax, s in zip(axes[0], contexts, strict=True):
             sub = lat[lat["context"] == s]
             for i, (b, g) in enumerate(sub.groupby("batch")):
                 color = f"C{i}"
                 ax.plot(g["nodes"], g["overhead"], "o-", color=color, label=f"batch {b} measured")
                 ax.plot(g["nodes"], g["predicted_overhead"], "x--", color=color, label=f"batch {b} predicted")
-            ax.set_xscale("log", base=2)
+            log2_axis(ax, sub["nodes"])
             ax.set_xlabel("tree size (nodes)")
             ax.set_title(f"context {s} tokens")
             ax.grid(True, alpha=0.3)
@@ -119,6 +120,11 @@ def format_validation(result: ValidationResult) -> str:
         walk = f"{r.tau_walk:8.3f} ({r.error_walk:+6.1%})" if np.isfinite(r.tau_walk) else "      --          "
         lines.append(f"  {r.nodes:5d}  {r.measured_tokens_per_step:8.3f}  {r.tau_independent:8.3f} "
                      f"({r.error_independent:+6.1%})  {joint}  {walk}  {r.steps:6d}")
+    agree = acc["agreement"].to_numpy(dtype=float) if "agreement" in acc.columns else np.array([])
+    if np.isfinite(agree).any():
+        lines.append(f"agreement with plain greedy decoding: {np.nanmin(agree):.2%} of generated tokens identical "
+                     "at worst" + ("" if np.nanmin(agree) == 1.0 else
+                                   " (reduced precision: near-tied logits may flip, docs/decoder.md)"))
     if result.latency is not None:
         err = result.latency["overhead_error"].abs()
         lines.append(f"step-latency overhead, predicted vs measured over {len(err)} configurations: "

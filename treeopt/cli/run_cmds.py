@@ -17,7 +17,7 @@ from roofline.hardware import load_hardware
 from treeopt.app.run import RunSettings, run_main_job
 from treeopt.app.sweep import DEMO_VALIDATION, add_end_to_end, fit_from_sweep, format_sweep, format_transfer, sweep
 from treeopt.app.validation import format_validation, validate
-from treeopt.cli.options import RUN_MODEL_OPTIONS, AtLeast, IntList, apply
+from treeopt.cli.options import RUN_MODEL_OPTIONS, AtLeast, FiniteAtLeast, IntList, apply
 from treeopt.engines import ENGINE_NAMES
 from treeopt.tau import PROPOSAL_METHODS, load_tau_curves
 
@@ -58,6 +58,8 @@ def demo_train(out_dir, work_dir, base_steps, head_steps, seed, fresh) -> None:
 @click.option("--context", "contexts", type=IntList(1), default="128,512", show_default=True,
               help="Cached tokens per sequence.")
 @click.option("--repeats", type=AtLeast(3), default=15, show_default=True, help="Timed rounds per configuration.")
+@click.option("--time-budget", type=FiniteAtLeast(0), default=60, show_default=True, metavar="SECONDS",
+              help="Extra time for more rounds where a cell is undecided or noisy (0: none).")
 @click.option("--hardware", default=None, metavar="NAME|FILE",
               help="Profile for the prediction next to each measurement (e.g. from `treeopt hw calibrate`).")
 @click.option("--end-to-end", is_flag=True, help="Also measure tokens/s of the real decoder on prompts.")
@@ -66,15 +68,15 @@ def demo_train(out_dir, work_dir, base_steps, head_steps, seed, fresh) -> None:
 @click.option("--topk", type=AtLeast(1), default=10, show_default=True)
 @click.option("--resume", is_flag=True, help="Keep the (batch, context) groups already in OUTPUT.")
 @click.option("-o", "--output", required=True, metavar="FILE.csv")
-def sweep_cmd(model, heads, num_heads, device, dtype, threads, accuracy, method, sizes, batches, contexts, repeats, hardware,
-              end_to_end, data, max_new_tokens, topk, resume, output):
+def sweep_cmd(model, heads, num_heads, device, dtype, threads, accuracy, method, sizes, batches, contexts, repeats,
+              time_budget, hardware, end_to_end, data, max_new_tokens, topk, resume, output):
     """Measure one decoding step's latency for every tree size x batch x context on this
     machine (next to the roofline prediction), and the measured speedup tau * T(0) / T(n)."""
-    settings = SweepSettings(sizes, batches, contexts, repeats=repeats, topk=topk)
+    settings = SweepSettings(sizes, batches, contexts, repeats=repeats, topk=topk, time_budget_s=time_budget)
     table, tau = load_tau_curves(accuracy, max(sizes), method=method)
     lm = load_model(model, heads, device=device, dtype=dtype, num_heads=num_heads)
     with torch_threads(lm.model, lm.device, threads):
-        df = sweep(lm, table, tau, settings, output, hardware=hardware, resume=resume)
+        df = sweep(lm, table, tau, settings, output, hardware=hardware, resume=resume, accuracy_path=accuracy)
         if end_to_end:
             df = add_end_to_end(lm, tau.proposal, df, settings, data, max_new_tokens, output)
     click.echo(format_sweep(df))
@@ -123,6 +125,8 @@ def validate_cmd(model, heads, num_heads, device, dtype, threads, accuracy, swee
 @click.option("--sizes", type=IntList(0), default="0,1,2,4,8,16,32,64", show_default=True,
               help="Tree sizes to sweep.")
 @click.option("--repeats", type=AtLeast(3), default=10, show_default=True)
+@click.option("--time-budget", type=FiniteAtLeast(0), default=60, show_default=True, metavar="SECONDS",
+              help="Extra sweep time for more rounds where a cell is undecided or noisy (0: none).")
 @click.option("--steps", type=AtLeast(2), default=32, show_default=True,
               help="Tokens generated per prompt (calibration and validation).")
 @click.option("--quick", is_flag=True, help="Quick hardware calibration and fewer validation prompts.")
@@ -133,13 +137,13 @@ def validate_cmd(model, heads, num_heads, device, dtype, threads, accuracy, swee
                    "or '1@128:0.5,8@512:0.5').")
 @click.option("-o", "--output", default="reports/run", show_default=True, metavar="DIR")
 def run_cmd(model, heads, num_heads, device, dtype, threads, data, validation_data, batches, contexts, sizes, repeats,
-            steps, quick, engine, mix, output):
+            time_budget, steps, quick, engine, mix, output):
     """The main job: calibrate -> build trees -> calibrate the hardware profile -> predict ->
     sweep -> select -> validate -> report. Stages already done in DIR are kept, so an
     interrupted run continues where it stopped."""
     settings = RunSettings(model=model, heads=heads, num_heads=num_heads, data=data, validation_data=validation_data,
                            device=device, dtype=dtype, steps=steps, sizes=sizes, max_nodes=max(max(sizes), 1),
-                           batches=batches, contexts=contexts, repeats=repeats,
+                           batches=batches, contexts=contexts, repeats=repeats, time_budget_s=time_budget,
                            validation_sizes=tuple(n for n in sizes if n > 0) or (1,),
                            hw_quick=quick, threads=threads, validation_prompts=32 if quick else None,
                            engine=engine, mix=mix)

@@ -25,7 +25,9 @@ from treeopt.selection import (
     read_grid_with_proposal,
     read_sweep,
     select,
+    read_round_samples,
     selection_from_grid_file,
+    sweep_samples_path,
 )
 from treeopt.tree import load_tree, make_tree, tree_buffers
 
@@ -373,7 +375,8 @@ def select_cmd(sweep_file, grid_file, accuracy, csv_model, by, threshold, engine
     if sweep_file is not None:
         df, meta = read_sweep(sweep_file)
         doc = select(df, proposal_from_meta(meta, str(sweep_file)), by=by, threshold=threshold,
-                     hardware=meta.get("hardware", meta.get("device", "")), model=meta.get("model", ""))
+                     hardware=meta.get("hardware", meta.get("device", "")), model=meta.get("model", ""),
+                     samples=read_round_samples(sweep_samples_path(sweep_file)), threads=meta.get("threads"))
     else:
         doc = selection_from_grid_file(grid_file, accuracy, csv_model=csv_model, threshold=threshold)
     if engine is not None:
