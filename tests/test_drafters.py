@@ -18,6 +18,8 @@ from calibration.drafters import HydraHeads, MLPSpeculator, load_drafter
 from calibration.drafters.base import Drafter
 from calibration.labels import label_ranks, label_rows
 from calibration.models import load_model, tiny_model_for_tests
+from treeopt.accuracy import load_accuracy
+from treeopt.cli import main
 from treeopt.errors import UserError
 from treeopt.fileio import write_json
 from treeopt.tree import make_tree
@@ -306,3 +308,19 @@ def test_calibration_ranks_equal_slow_per_position_reference(tiny):
                 label = x[t[r] + k + 2]
                 assert ranks[r, k] == int((logits > logits[label]).sum()), (kind, r, k)
         assert (ranks[has] >= 0).all() and np.isin(ranks[~has], [-1]).all()
+
+
+def test_cli_decode_and_calibrate_take_the_drafter(tiny, tmp_path, capsys):
+    main(["decode", "--model", str(tiny), "--drafter", "hydra", "--tree", "[[0], [0, 0], [1]]",
+          "--prompt", "def f(x):", "--max-new-tokens", "8", "--topk", "4", "--device", "cpu", "--compare"])
+    out = capsys.readouterr().out
+    assert "identical to plain greedy: yes" in out
+    main(["calibrate", "--model", str(tiny), "--drafter", "mlp-speculator", "--data", "demo", "--max-prompts", "3",
+          "--steps", "8", "--topk", "4", "--device", "cpu", "-q", "-o", str(tmp_path / "acc.json")])
+    table = load_accuracy(tmp_path / "acc.json")
+    assert table.num_heads == 4  # one row per MLP speculator stage
+    with pytest.raises(SystemExit) as exc:
+        main(["decode", "--model", str(tiny), "--drafter", "hydra", "--heads", str(tiny / "mlp_speculator"),
+              "--tree", "[[0]]", "--prompt", "x", "--device", "cpu"])
+    assert exc.value.code == 2
+    assert "holds a mlp-speculator drafter, not hydra" in capsys.readouterr().err

@@ -50,6 +50,7 @@ class MLPSpeculator(nn.Module, Drafter):
         inner_dim = inner_dim or emb_dim
         self.hidden_size, self.inner_dim, self.vocab_size = emb_dim, inner_dim, vocab_size
         self.num_heads = self.n_predict = n_predict
+        self.num_layers = 1  # one projection per stage
         self.scale_input = scale_input
         self.top_k_tokens_per_head = list(top_k_tokens_per_head or [1] * n_predict)
         self.n_candidates = n_candidates or 1
