@@ -5,10 +5,14 @@ preallocated buffer (docs/decoder.md).
 One decoding step (`TreeDecoder.step`), for every sequence of the batch at once, vectorised
 over the batch and the tree:
 
-1. draft: the heads the tree uses run on the last accepted token's hidden state; their top-k
-   fill Medusa's flat candidate vector ``[root, head 1 top-TOPK, head 2 top-TOPK, ...]``; the
-   tree tokens are ``flat[tree_indices]``, the attention mask is ``[cache slots the sequence
-   may see | tree ancestor mask]``, the position ids ``next position + depth``;
+1. draft: Medusa heads (a drafter that ignores the path) run on the last accepted token's
+   hidden state; their top-k fill Medusa's flat candidate vector ``[root, head 1 top-TOPK,
+   head 2 top-TOPK, ...]`` and the tree tokens are ``flat[tree_indices]``. A sequential
+   drafter (Hydra, MLP speculator: `calibration.drafters`) drafts depth by depth: at depth d
+   it runs once on all nodes of depth d - 1 that have children, of all sequences together,
+   and each node takes its children's ranks from its own top-k. The attention mask is
+   ``[cache slots the sequence may see | tree ancestor mask]``, the position ids
+   ``next position + depth``;
 2. verify: one forward of the base model over the q = n + 1 tree tokens;
 3. accept: greedy (a token equal to the base argmax at its parent, under an accepted parent)
    or typical (p(x) > min(eps, alpha * exp(-H(p))) at the parent); the longest accepted
@@ -42,6 +46,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+from calibration.drafters.base import select_rows
 from treeopt.errors import UserError
 from treeopt.tree import Tree, make_tree, tree_buffers
 
@@ -341,6 +346,45 @@ def _run_heads(heads, hidden: torch.Tensor, num: int) -> torch.Tensor:
     return torch.stack([heads[k](hidden) for k in range(num)])
 
 
+_DRAFT_UNITS = {"medusa": "Medusa heads", "hydra": "Hydra heads", "mlp-speculator": "MLP speculator stages"}
+
+
+@dataclass(frozen=True)
+class _DraftLevel:
+    """One depth of sequential drafting (tensors on the decoder's device).
+
+    nodes:       (n,) tree indices of the nodes of this depth, in tree order.
+    parents:     how many nodes of the previous depth have children (the drafter's rows per
+                 sequence).
+    parent_slot: (n,) each node's parent's index among those rows.
+    rank:        (n,) each node's rank among its parent's children.
+    width:       1 + the largest rank (the top-k the drafter's logits are cut to).
+    expand:      indices into `nodes` of the nodes that have children themselves.
+    """
+
+    nodes: torch.Tensor
+    parents: int
+    parent_slot: torch.Tensor
+    rank: torch.Tensor
+    width: int
+    expand: torch.Tensor
+
+
+def _draft_levels(depth: np.ndarray, parent: np.ndarray, rank: np.ndarray, to_device) -> list[_DraftLevel]:
+    """The levels of sequential drafting of a tree given per node (tree order, root = 0) its
+    depth, parent (-1 for the root) and rank."""
+    has_children = np.zeros(len(depth), bool)
+    has_children[parent[parent >= 0]] = True
+    levels = []
+    for d in range(1, int(depth.max()) + 1 if len(depth) > 1 else 1):
+        nodes = np.flatnonzero(depth == d)
+        expanded_above = np.flatnonzero((depth == d - 1) & has_children)
+        slot = np.searchsorted(expanded_above, parent[nodes])
+        levels.append(_DraftLevel(to_device(nodes), len(expanded_above), to_device(slot), to_device(rank[nodes]),
+                                  int(rank[nodes].max()) + 1, to_device(np.flatnonzero(has_children[nodes]))))
+    return levels
+
+
 def _eos_set(eos_token_id) -> frozenset[int]:
     """None | int | iterable of ints -> the set of end-of-sequence token ids."""
     if eos_token_id is None:
@@ -472,6 +516,9 @@ def plain_step_forward(model, heads, cache, input_ids, attention_mask, position_
     Returns (logits (b, 1, V), head logits (num_heads, b, 1, V)).
     """
     num = heads.num_heads if num_heads is None else num_heads
+    if num and getattr(heads, "sequential", False):
+        raise UserError("plain_step_forward: a sequential drafter needs a path to draft from; "
+                        "pass num_heads=0")
     hidden = model_forward_hidden(model, input_ids, attention_mask=attention_mask,
                                   position_ids=position_ids, cache=cache)
     return _lm_head(model, hidden), _run_heads(heads, hidden, num)
@@ -492,8 +539,9 @@ class TreeDecoder:
 
     def __init__(self, model, heads, tree: Tree, *, topk: int = 10, timing: bool = True):
         if tree.depth > heads.num_heads:
-            raise UserError(f"{tree.name}: depth {tree.depth} needs {tree.depth} Medusa heads, "
-                            f"the heads have {heads.num_heads} (cut the tree with cut_tree)")
+            what = _DRAFT_UNITS.get(getattr(heads, "kind", "medusa"), "draft heads")
+            raise UserError(f"{tree.name}: depth {tree.depth} needs {tree.depth} {what}, "
+                            f"the drafter has {heads.num_heads} (cut the tree with cut_tree)")
         vocab = model.get_output_embeddings().weight.shape[0]
         if heads.vocab_size != vocab:
             raise UserError(f"heads: vocabulary {heads.vocab_size}, the model's is {vocab}")
@@ -522,6 +570,9 @@ class TreeDecoder:
         # keeps Medusa's stride `topk` (docs/trees.md, "Medusa buffers").
         self.topk_used = 1 + max((p[-1] for p in tree.paths), default=-1)
         self.force_gqa = self.device.type == "cpu" and _uses_gqa(model)
+        self.sequential = bool(getattr(heads, "sequential", False))
+        self.levels = _draft_levels(buf.depth, buf.parent, np.array([0, *(p[-1] for p in tree.sorted_paths)]),
+                                    t) if self.sequential else []
 
     # ---- the pieces of a step --------------------------------------------------------------
 
@@ -574,6 +625,27 @@ class TreeDecoder:
         return torch.cat([_additive(valid, self.dtype)[:, None, None, :].expand(b, 1, self.q, c),
                           self.tree_mask_add.expand(b, 1, self.q, self.q)], dim=-1)
 
+    def draft_sequential(self, hidden: torch.Tensor, root: torch.Tensor) -> torch.Tensor:
+        """The tree tokens (b, q) a sequential drafter drafts from `hidden` (b, h), the base
+        model's hidden state at the token that produced `root` (b,): depth by depth, one
+        drafter call per depth on the nodes of the previous depth that have children, of all
+        sequences together (docs/decoder.md, "Drafters")."""
+        b = root.shape[0]
+        tokens = root.new_zeros((b, self.q))
+        tokens[:, 0] = root
+        state = self.heads.begin(hidden, root)  # one row per sequence: the root
+        for d, level in enumerate(self.levels):
+            logits, carry = self.heads.depth_logits(state, d)  # rows (sequence, expanded node)
+            top = logits.topk(level.width, dim=-1).indices.view(b, level.parents, level.width)
+            children = top[:, level.parent_slot, level.rank]  # (b, nodes of depth d + 1)
+            tokens[:, level.nodes] = children
+            if level.expand.numel():
+                rows = (torch.arange(b, device=self.device)[:, None] * level.parents
+                        + level.parent_slot[level.expand][None]).reshape(-1)
+                state = self.heads.child_state(select_rows(carry, rows), d,
+                                               children[:, level.expand].reshape(-1))
+        return tokens
+
     def draft(self, state: DecodeState, head_logits: torch.Tensor):
         """The candidate tree from the heads' logits (D, b, V) at the token that produced the
         root: (tree tokens (b, q), 4D additive mask (b, 1, q, C + q), position ids (b, q))."""
@@ -602,10 +674,13 @@ class TreeDecoder:
                      (``cache.crop(-q)`` undoes it, e.g. between timing repeats).
         cache_valid: (b, C) bool, the cache slots each sequence may attend to.
         positions:   (b,) int64, each sequence's root position (its number of valid slots).
-        Returns (base logits (b, q, V), head logits (D, b, 1, V)), D = the tree's depth.
+        Returns (base logits (b, q, V), head logits (D, b, 1, V)), D = the tree's depth; for a
+        sequential drafter the second item is the tree it drafts from the root (b, q).
         """
         logits, hidden = self._forward(cache, tree_tokens, self.step_mask(cache_valid),
                                        positions[:, None] + self.depth[None])
+        if self.sequential:
+            return logits, self.draft_sequential(hidden[:, 0], tree_tokens[:, 0])
         return logits, _run_heads(self.heads, hidden[:, :1], self.num_draft_heads)
 
     @torch.inference_mode()
@@ -669,10 +744,17 @@ class TreeDecoder:
         # 1. draft: head k (1..D) guesses the k-th token after the root from the hidden state
         #    of the token that produced the root (Medusa paper section 2.1.1); the heads are
         #    model work, timed with the verification.
-        with clock("verify"):
-            head_logits = _run_heads(self.heads, state.hidden, self.num_draft_heads)
-        with clock("draft"):
-            tokens, mask, positions = self.draft(state, head_logits)
+        #    A sequential drafter drafts depth by depth, each depth reading the path so far.
+        if self.sequential:
+            with clock("verify"):
+                tokens = self.draft_sequential(state.hidden, state.root)
+            with clock("draft"):
+                mask, positions = self.step_mask(state.valid), state.next_pos[:, None] + self.depth[None]
+        else:
+            with clock("verify"):
+                head_logits = _run_heads(self.heads, state.hidden, self.num_draft_heads)
+            with clock("draft"):
+                tokens, mask, positions = self.draft(state, head_logits)
         # 2. verify: one forward over the whole tree scores every candidate at once.
         with clock("verify"):
             logits, hidden = self._forward(state.cache, tokens, mask, positions)

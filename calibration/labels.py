@@ -8,6 +8,12 @@ head k's logits at t is the number of vocabulary entries whose logit is *strictl
 than the label's (ties count in the label's favour: with exactly tied logits the label gets the
 best rank of the tie; this matters only for low-precision logits).
 
+A sequential drafter (Hydra, MLP speculator) also reads the path: its depth-k guess at t is
+conditioned on the TRUE path x_{t+1} .. x_{t+k+1}, teacher-forced along the sequence. Under
+greedy verification a node is accepted only when its whole path equals the base model's greedy
+continuation, so this is exactly the statistic acceptance depends on (docs/statistics.md,
+"Dependent drafters").
+
 Hidden states come from one teacher-forced forward of the decoder body (`decoder_body`, no base
 ``lm_head``) over prompt + generation; the heads run only at the labelled positions, in chunks
 of rows, and a rank is one fused ``(logits > label_logit).sum(-1)`` per chunk.
@@ -21,6 +27,7 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
+from calibration.drafters.base import select_rows
 from treeopt.errors import UserError
 
 #: ``greedy``: the base model's own greedy continuation (self-distillation); ``data``: the text
@@ -149,6 +156,9 @@ def label_ranks(model, heads, sequences, starts, *, pad_id: int = 0,
     if chunk_elements is None:
         chunk_elements = CHUNK_ELEMENTS["cpu" if device.type == "cpu" else "other"]
     rows_per_chunk = max(1, chunk_elements // vocab)
+    if getattr(heads, "sequential", False):
+        _sequential_ranks(heads, hidden, ids, seq, col, has, ranks, rows_per_chunk)
+        return ranks
     for k in range(num_heads):
         sel = np.nonzero(has[:, k])[0]
         if len(sel) == 0:
@@ -164,3 +174,28 @@ def label_ranks(model, heads, sequences, starts, *, pad_id: int = 0,
             out[i:i + rows_per_chunk] = (logits > lab).sum(-1)
         ranks[sel, k] = out.cpu().numpy()
     return ranks
+
+
+def _sequential_ranks(drafter, hidden, ids, seq, col, has, ranks, rows_per_chunk: int) -> None:
+    """Fill `ranks` (N, K) for a drafter that reads the path: chunk by chunk of rows, depth by
+    depth, each depth on the rows that have a label there (has[:, k] implies has[:, k - 1]),
+    the drafter's state advanced with the true token of the depth."""
+    device = hidden.device
+    for start in range(0, len(seq), rows_per_chunk):
+        stop = min(start + rows_per_chunk, len(seq))
+        b = torch.from_numpy(seq[start:stop]).to(device)
+        c = torch.from_numpy(col[start:stop]).to(device)
+        state = drafter.begin(hidden[b, c], ids[b, c + 1])  # the root: x_{t+1}
+        alive = np.arange(stop - start)
+        for k in range(has.shape[1]):
+            keep = np.flatnonzero(has[start + alive, k])
+            if len(keep) == 0:
+                break
+            if len(keep) < len(alive):
+                rows = torch.from_numpy(keep).to(device)
+                state, alive = select_rows(state, rows), alive[keep]
+                b, c = b[rows], c[rows]
+            logits, carry = drafter.depth_logits(state, k)
+            labels = ids[b, c + k + 2]
+            ranks[start + alive, k] = (logits > logits.gather(1, labels[:, None])).sum(-1).cpu().numpy()
+            state = drafter.child_state(carry, k, labels)

@@ -1,4 +1,5 @@
-"""Load a base model with its Medusa heads: the bundled demo, or a user's local checkpoint."""
+"""Load a base model with its drafter (Medusa heads, Hydra heads or an MLP speculator): the
+bundled demo, or a user's local checkpoint."""
 
 from __future__ import annotations
 
@@ -17,7 +18,13 @@ from transformers import (
 from transformers.utils import logging as hf_logging
 
 from calibration.demo_files import DEMO_MODEL_DIR
-from calibration.heads import MedusaHeads
+from calibration.drafters import (
+    DRAFTER_SUBDIRS,
+    Drafter,
+    MedusaDrafter,
+    find_drafter_dir,
+    load_drafter,
+)
 from treeopt.dtypes import TORCH_NAMES, normalize_dtype
 from treeopt.errors import UserError
 from treeopt.layout import default_heads_dir
@@ -33,7 +40,7 @@ TORCH_DTYPES = {name: getattr(torch, TORCH_NAMES[name]) for name in ("fp32", "bf
 @dataclass
 class LoadedModel:
     model: torch.nn.Module  # a transformers causal LM, eval mode
-    heads: MedusaHeads
+    heads: Drafter  # the drafter: MedusaDrafter, HydraHeads or MLPSpeculator
     tokenizer: object
     name: str
     device: torch.device
@@ -71,13 +78,16 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 
 def load_model(model: str = "demo", heads: str | None = None, *, device: str = "auto",
-               dtype: str = "auto", num_heads: int | None = None) -> LoadedModel:
-    """Load `model` ("demo" or a local directory) with transformers and its Medusa heads.
+               dtype: str = "auto", num_heads: int | None = None, drafter: str | None = None) -> LoadedModel:
+    """Load `model` ("demo" or a local directory) with transformers and its drafter.
 
-    Heads come from `heads` (a Medusa heads directory) or, when omitted, from the model's own
+    The drafter comes from `heads` (a drafter directory: Medusa heads, Hydra heads or an MLP
+    speculator, its kind read from its config.json, `calibration.drafters.load_drafter`) or,
+    when omitted, from the model's own: for `drafter` None or "medusa" the Medusa heads
     (`treeopt.layout.default_heads_dir`: a heads sub-directory, or the model directory itself
-    for a Medusa-1.0 full checkpoint). num_heads overrides the heads config's
-    medusa_num_heads (`MedusaHeads.from_pretrained`).
+    for a Medusa-1.0 full checkpoint), else the sub-directory `calibration.drafters.
+    DRAFTER_SUBDIRS` names. `drafter` overrides the detected kind. num_heads: heads (stages)
+    used of those the checkpoint holds.
     """
     hf_logging.disable_progress_bar()
 
@@ -89,9 +99,15 @@ def load_model(model: str = "demo", heads: str | None = None, *, device: str = "
         model_dir = Path(model)
         if not (model_dir / "config.json").is_file():
             raise UserError(f"--model: {model} is not a model directory (no config.json)")
-    heads_dir = Path(heads) if heads else default_heads_dir(model_dir)
+    if heads:
+        heads_dir = Path(heads)
+    elif drafter in (None, "medusa"):
+        heads_dir = default_heads_dir(model_dir)
+    else:
+        heads_dir = find_drafter_dir(model_dir, drafter) if drafter in DRAFTER_SUBDIRS else None
     if heads_dir is None:
-        raise UserError(f"--heads: no Medusa heads found in {model_dir}/heads; pass --heads DIR")
+        what = "Medusa heads" if drafter in (None, "medusa") else f"{drafter} drafter"
+        raise UserError(f"--heads: no {what} found in {model_dir}; pass --heads DIR")
 
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, torch_device)
@@ -102,8 +118,9 @@ def load_model(model: str = "demo", heads: str | None = None, *, device: str = "
     except (OSError, ValueError, KeyError) as err:
         raise UserError(f"--model: cannot load {model_dir}: {str(err).splitlines()[0]}") from None
     base = base.to(torch_device).eval()
-    draft = MedusaHeads.from_pretrained(heads_dir, device=torch_device, dtype=torch_dtype, num_heads=num_heads,
-                                        lm_head_weight=base.get_output_embeddings().weight)
+    draft = load_drafter(heads_dir, kind=drafter, device=torch_device, dtype=torch_dtype, num_heads=num_heads,
+                         lm_head_weight=base.get_output_embeddings().weight,
+                         input_embeddings=base.get_input_embeddings().weight)
 
     hidden, vocab = base.config.hidden_size, base.get_output_embeddings().weight.shape[0]
     if draft.hidden_size != hidden:
@@ -145,7 +162,7 @@ def tiny_model_for_tests(path, *, vocab: int = 64, hidden: int = 32, layers: int
                                    eos_token="</s>", unk_token="<pad>")
     fast.save_pretrained(str(path))
 
-    medusa = MedusaHeads(hidden, vocab, num_medusa_heads, medusa_layers)
+    medusa = MedusaDrafter(hidden, vocab, num_medusa_heads, medusa_layers)
     with torch.no_grad():
         for p in medusa.parameters():
             p.normal_(0, 0.3)

@@ -357,14 +357,15 @@ def run_calibration(model: str = "demo", heads: str | None = None, data: str = "
                     output: str | Path | None = None, device: str = "auto", dtype: str = "auto",
                     prompt_tokens: int = 128, max_prompts: int | None = None,
                     checkpoint: str | Path | None = "auto", threads: int | None = None,
-                    num_heads: int | None = None, **options) -> CalibrationResult:
+                    num_heads: int | None = None, drafter: str | None = None, **options) -> CalibrationResult:
     """Load model, heads and data, calibrate, and save the table to `output` (if given) and
     its rank vectors beside it, ``<output stem>.ranks.npz``
     (`treeopt.acceptance.rank_vectors_path`, `save_rank_vectors`).
 
     `checkpoint="auto"`: `OUTPUT.partial` when `output` is given, else no checkpoints.
     `threads`: CPU threads for torch (None: `calibration.threads.default_threads`). `num_heads`:
-    heads used of those the weights hold (`load_model`). Other keyword arguments go to `calibrate`.
+    heads used of those the weights hold, `drafter`: its kind (`load_model`). Other keyword
+    arguments go to `calibrate`.
     """
     if threads is not None and threads < 1:
         raise UserError(f"--threads: must be at least 1, got {threads}")
@@ -382,12 +383,12 @@ def run_calibration(model: str = "demo", heads: str | None = None, data: str = "
         return _run_calibration_locked(model, heads, data, output=output, device=device,
                                        dtype=dtype, prompt_tokens=prompt_tokens,
                                        max_prompts=max_prompts, checkpoint=checkpoint,
-                                       threads=threads, num_heads=num_heads, **options)
+                                       threads=threads, num_heads=num_heads, drafter=drafter, **options)
 
 
 def _run_calibration_locked(model, heads, data, *, output, device, dtype, prompt_tokens,
-                            max_prompts, checkpoint, threads, num_heads, **options) -> CalibrationResult:
-    loaded = load_model(model, heads, device=device, dtype=dtype, num_heads=num_heads)
+                            max_prompts, checkpoint, threads, num_heads, drafter=None, **options) -> CalibrationResult:
+    loaded = load_model(model, heads, device=device, dtype=dtype, num_heads=num_heads, drafter=drafter)
     # One prompt beyond --max-prompts tells whether the run leaves data unused (then the
     # checkpoint stays for --resume).
     prompts = load_prompts(data, loaded.tokenizer, prompt_tokens=prompt_tokens,
@@ -402,6 +403,8 @@ def _run_calibration_locked(model, heads, data, *, output, device, dtype, prompt
     else:
         found = default_heads_dir(model)
         heads_source = None if found is None else str(found)
+    if loaded.heads.kind != "medusa":
+        heads_source = f"{loaded.heads.kind}:{heads_source}"  # a resume never mixes drafters
     with torch_threads(loaded.model, loaded.device, threads):
         result = calibrate(loaded, prompts, max_prompts=max_prompts, checkpoint=checkpoint,
                            heads_source=heads_source, keep_checkpoint=output is not None,

@@ -53,6 +53,7 @@ ENGINE_TESTS = ("tests/test_engines.py",)
 MIX_TESTS = ("tests/test_mix.py",)
 RELIABILITY_TESTS = ("tests/test_reliability.py",)
 STEP_TESTS = ("tests/test_step_engine.py",)
+DRAFTER_TESTS = ("tests/test_drafters.py",)
 
 
 @dataclass(frozen=True)
@@ -310,6 +311,24 @@ MUTANTS = (
            "the per-cell loss inverted", MIX_TESTS),
     Mutant("import-medusa-count", "calibration/medusa_import.py", "MEDUSA_GEN_RESULTS_COUNT = 16100",
            "MEDUSA_GEN_RESULTS_COUNT = 16000", "gen_results.py's count wrong", ("tests/test_checkpoint_layouts.py",)),
+    # ---- sequentially dependent drafters: forwards, depth-by-depth drafting, teacher forcing
+    Mutant("drafter-mlp-state-weight", "calibration/drafters/mlp_speculator.py",
+           "self.state_weight = 0.5 ** (0.5 / n_predict)", "self.state_weight = 0.5 ** (1.0 / n_predict)",
+           "the MLP speculator's state weight loses its square root", DRAFTER_TESTS),
+    Mutant("drafter-mlp-emb-weight", "calibration/drafters/mlp_speculator.py",
+           "math.sqrt((1 - self.state_weight ** 2) * inner_dim / 2)", "math.sqrt(1 - self.state_weight ** 2)",
+           "the MLP speculator's embedding weight forgets inner_dim / 2", DRAFTER_TESTS),
+    Mutant("drafter-hydra-path-order", "calibration/drafters/hydra.py",
+           "torch.cat([carry[0], self.input_embed_fn(tokens)], dim=-1)",
+           "torch.cat([self.input_embed_fn(tokens), carry[0]], dim=-1)",
+           "a Hydra head reads the path embeddings in the wrong order", DRAFTER_TESTS),
+    Mutant("drafter-parent-slot", "calibration/decoder.py",
+           "children = top[:, level.parent_slot, level.rank]", "children = top[:, 0 * level.parent_slot, level.rank]",
+           "every node of a depth takes its children from the first parent", DRAFTER_TESTS),
+    Mutant("drafter-teacher-forcing", "calibration/labels.py",
+           "state = drafter.child_state(carry, k, labels)",
+           "state = drafter.child_state(carry, k, logits.argmax(-1))",
+           "calibration follows the drafter's own guesses, not the true path", DRAFTER_TESTS),
 )
 
 

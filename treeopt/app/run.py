@@ -46,10 +46,14 @@ from treeopt.tau import load_tau_curves, tau_curves
 from treeopt.tree import Tree
 
 
+_DRAFT_UNITS = {"medusa": "Medusa heads", "hydra": "Hydra heads", "mlp-speculator": "MLP speculator stages"}
+
+
 @dataclass(frozen=True)
 class RunSettings:
     model: str = "demo"
     heads: str | None = None
+    drafter: str | None = None            # drafter kind; None: read from the drafter's config
     num_heads: int | None = None          # heads used of those the weights hold; None: the config's
     data: str = "demo"
     validation_data: str = DEMO_VALIDATION
@@ -144,14 +148,15 @@ def _run_main_job(out: Path, settings: RunSettings, *, log, progress: bool) -> d
     dtype = run_dtype(s.dtype, s.device)
     t0 = time.perf_counter()
     cal_settings = {"model": s.model, "heads": s.heads, "data": s.data, "steps": s.steps, "topk": s.topk,
-                    "dtype": dtype, "seed": s.seed} | ({"num_heads": s.num_heads} if s.num_heads else {})
+                    "dtype": dtype, "seed": s.seed} | ({"num_heads": s.num_heads} if s.num_heads else {}) | (
+                       {"drafter": s.drafter} if s.drafter else {})
     done = _stage(out, "calibrate", cal_settings, log)
     acc_file = out / "accuracy.json"
     if not (done and acc_file.is_file()):
         log(f"[calibrate] {s.model} on {s.data}: {s.steps} greedy tokens per prompt, top-{s.topk}")
         run_calibration(s.model, s.heads, s.data, output=acc_file, device=s.device, dtype=dtype,
-                        num_heads=s.num_heads, steps=s.steps, topk=s.topk, seed=s.seed, resume=True,
-                        progress=progress, threads=s.threads)
+                        num_heads=s.num_heads, drafter=s.drafter, steps=s.steps, topk=s.topk, seed=s.seed,
+                        resume=True, progress=progress, threads=s.threads)
         _mark(out, "calibrate", cal_settings)
     timings["calibrate_s"] = time.perf_counter() - t0
 
@@ -172,7 +177,7 @@ def _run_main_job(out: Path, settings: RunSettings, *, log, progress: bool) -> d
         f"{tau.independent[-1]:.3f} independent" + (f", {tau.joint[-1]:.3f} joint" if tau.joint is not None else "")
         + (f", {tau.walked[-1]:.3f} walked" if tau.walked is not None else ""))
 
-    lm = load_model(s.model, s.heads, device=s.device, dtype=dtype, num_heads=s.num_heads)
+    lm = load_model(s.model, s.heads, device=s.device, dtype=dtype, num_heads=s.num_heads, drafter=s.drafter)
     threads = torch.get_num_threads()
     if lm.device.type == "cpu":
         # One thread count for every measurement of the run (profile, sweep, validation).
@@ -198,7 +203,8 @@ def _run_main_job(out: Path, settings: RunSettings, *, log, progress: bool) -> d
 
     # 4. prediction: the roofline report for this machine, for the trees and tau the sweep uses
     t0 = time.perf_counter()
-    heads_shape = DraftHeadsShape(lm.heads.num_heads, lm.heads.num_layers, lm.heads.hidden_size,
+    # the roofline's draft term is Medusa's parallel heads for every drafter kind for now
+    heads_shape = DraftHeadsShape(lm.heads.num_heads, getattr(lm.heads, "num_layers", 1), lm.heads.hidden_size,
                                   lm.heads.vocab_size, tokens_per_sequence=1)
     build_report(shape, heads_shape, hw, out / "prediction", accuracy=table,
                  accuracy_label=f"calibrated on {s.data} ({acc_file.name})", batches=s.batches,
@@ -206,7 +212,8 @@ def _run_main_job(out: Path, settings: RunSettings, *, log, progress: bool) -> d
                  proposal=proposal, tau=tau.best, used_heads=True,
                  tau_source=f"The {method} proposal sequence of {proposal.size} nodes the sweep measures; τ "
                             + tau.describe(),
-                 title=f"Predicted: {s.model} with {lm.heads.num_heads} Medusa heads on {hw.name}", engine=target)
+                 title=f"Predicted: {s.model} with {lm.heads.num_heads} {_DRAFT_UNITS[lm.heads.kind]} on {hw.name}",
+                 engine=target)
     timings["predict_s"] = time.perf_counter() - t0
 
     # 5. measured sweep

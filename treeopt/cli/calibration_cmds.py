@@ -13,11 +13,12 @@ from calibration.runner import CalibrationInterrupted, run_calibration
 from treeopt.app.hwcalibrate import calibrate_hardware
 from treeopt.acceptance import rank_vectors_path
 from treeopt.accuracy import wilson_interval
-from treeopt.cli.options import AtLeast
+from treeopt.cli.options import DRAFTER_OPTION, AtLeast
 from treeopt.errors import UserError
 from treeopt.export import text_table
 
-_RUN_OPTIONS = ("model", "heads", "num_heads", "data", "steps", "topk", "labels", "batch_size", "prompt_tokens",
+_RUN_OPTIONS = ("model", "heads", "drafter", "num_heads",
+                "data", "steps", "topk", "labels", "batch_size", "prompt_tokens",
                 "max_prompts", "checkpoint", "checkpoint_every", "resume", "seed", "device", "dtype",
                 "threads", "no_joint")
 
@@ -28,6 +29,7 @@ _RUN_OPTIONS = ("model", "heads", "num_heads", "data", "steps", "topk", "labels"
 @click.option("--heads", default=None, metavar="DIR",
               help="Medusa heads directory (config.json + medusa_lm_head.safetensors/.pt). "
                    "Default: MODEL/heads.")
+@DRAFTER_OPTION
 @click.option("--num-heads", type=AtLeast(1), default=None, metavar="K",
               help="Use this many of the Medusa heads the weights hold [default: the heads config's medusa_num_heads].")
 @click.option("--data", default="demo", show_default=True, metavar="demo|FILE|DIR",
@@ -67,7 +69,8 @@ _RUN_OPTIONS = ("model", "heads", "num_heads", "data", "steps", "topk", "labels"
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar and no summary.")
 @click.option("-o", "--output", required=True, metavar="FILE", help="Accuracy table to write (JSON).")
 @click.pass_context
-def calibrate_cmd(ctx, model, heads, num_heads, data, labels, steps, topk, batch_size, prompt_tokens, max_prompts,
+def calibrate_cmd(ctx, model, heads, drafter, num_heads,
+                  data, labels, steps, topk, batch_size, prompt_tokens, max_prompts,
                   checkpoint, checkpoint_every, resume, seed, device, dtype, threads, no_joint,
                   import_file, normalize, quiet, output):
     """Measure how often each draft head's rank-r proposal is right, and write an accuracy
@@ -98,7 +101,7 @@ def calibrate_cmd(ctx, model, heads, num_heads, data, labels, steps, topk, batch
 
     try:
         result = run_calibration(
-            model, heads, data, output=output, device=device, dtype=dtype, num_heads=num_heads,
+            model, heads, data, output=output, device=device, dtype=dtype, num_heads=num_heads, drafter=drafter,
             prompt_tokens=prompt_tokens, max_prompts=max_prompts, threads=threads,
             checkpoint=checkpoint if checkpoint is not None else "auto",
             steps=steps, topk=topk, labels=labels, batch_size=batch_size,

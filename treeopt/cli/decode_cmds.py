@@ -13,7 +13,7 @@ from calibration.data import load_prompts
 from calibration.decoder import TreeDecoder, cut_tree, greedy_decode
 from calibration.models import load_model
 from calibration.threads import torch_threads
-from treeopt.cli.options import AtLeast, FiniteAtLeast
+from treeopt.cli.options import DRAFTER_OPTION, AtLeast, FiniteAtLeast
 from treeopt.errors import UserError
 from treeopt.tree import load_tree
 
@@ -32,6 +32,7 @@ def _note(msg: str) -> None:
 @click.option("--model", "model_name", metavar="demo|PATH", default="demo", show_default=True,
               help="'demo' (the bundled model) or a local transformers model directory.")
 @click.option("--heads", metavar="PATH", default=None, help="Medusa heads directory (default: MODEL/heads).")
+@DRAFTER_OPTION
 @click.option("--num-heads", metavar="K", type=AtLeast(1), default=None,
               help="Use this many of the Medusa heads the weights hold [default: the heads config's medusa_num_heads].")
 @click.option("--tree", "tree_spec", metavar="TREE", default="mc_sim_7b_63", show_default=True,
@@ -63,7 +64,7 @@ def _note(msg: str) -> None:
               help="torch CPU threads [default: 1 for models under 100M parameters, else torch's].")
 @click.option("--compare", is_flag=True,
               help="Also run plain greedy decoding: speed ratio and whether the tokens match.")
-def decode_cmd(model_name, heads, num_heads, tree_spec, prompts, data, max_prompts, prompt_tokens,
+def decode_cmd(model_name, heads, drafter, num_heads, tree_spec, prompts, data, max_prompts, prompt_tokens,
                max_new_tokens, batch_size, temperature, posterior_threshold, posterior_alpha,
                topk, seed, device, dtype, threads, compare):
     """Decode prompts with Medusa tree decoding; print the text and the tokens per step."""
@@ -75,7 +76,7 @@ def decode_cmd(model_name, heads, num_heads, tree_spec, prompts, data, max_promp
         raise UserError("--compare: needs --temperature 0 (greedy decoding is the reference)")
 
     tree = load_tree(tree_spec)  # validated before the model loads: bad trees fail fast
-    loaded = load_model(model_name, heads, device=device, dtype=dtype, num_heads=num_heads)
+    loaded = load_model(model_name, heads, device=device, dtype=dtype, num_heads=num_heads, drafter=drafter)
     with torch_threads(loaded.model, loaded.device, threads):
         _decode(loaded, tree, prompts, data, max_prompts, prompt_tokens, max_new, batch, temp, eps, alpha,
                 topk_n, seed_n, compare)

@@ -82,10 +82,17 @@ def apply(options):
 
 
 #: options of every command that loads and runs a model (torch)
+DRAFTER_OPTION = click.option(
+    "--drafter", type=click.Choice(["medusa", "hydra", "mlp-speculator"]), default=None,
+    help="Drafter kind [default: read from the drafter's config.json; without --heads, MODEL's Medusa heads]; "
+         "hydra and mlp-speculator come from MODEL/hydra and MODEL/mlp_speculator.")
+
 RUN_MODEL_OPTIONS = [
     click.option("--model", default="demo", show_default=True, metavar="demo|DIR",
                  help="Base model: the bundled demo or a local transformers model directory."),
-    click.option("--heads", default=None, metavar="DIR", help="Medusa heads directory [default: MODEL/heads]."),
+    click.option("--heads", default=None, metavar="DIR",
+                 help="Drafter directory: Medusa heads, Hydra heads or an MLP speculator [default: MODEL/heads]."),
+    DRAFTER_OPTION,
     click.option("--num-heads", type=AtLeast(1), default=None, metavar="K",
                  help="Use this many of the Medusa heads the weights hold [default: the heads config's medusa_num_heads]."),
     click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda, cuda:N or mps."),

@@ -68,13 +68,13 @@ def demo_train(out_dir, work_dir, base_steps, head_steps, seed, fresh) -> None:
 @click.option("--topk", type=AtLeast(1), default=10, show_default=True)
 @click.option("--resume", is_flag=True, help="Keep the (batch, context) groups already in OUTPUT.")
 @click.option("-o", "--output", required=True, metavar="FILE.csv")
-def sweep_cmd(model, heads, num_heads, device, dtype, threads, accuracy, method, sizes, batches, contexts, repeats,
-              time_budget, hardware, end_to_end, data, max_new_tokens, topk, resume, output):
+def sweep_cmd(model, heads, drafter, num_heads, device, dtype, threads, accuracy, method, sizes, batches, contexts,
+              repeats, time_budget, hardware, end_to_end, data, max_new_tokens, topk, resume, output):
     """Measure one decoding step's latency for every tree size x batch x context on this
     machine (next to the roofline prediction), and the measured speedup tau * T(0) / T(n)."""
     settings = SweepSettings(sizes, batches, contexts, repeats=repeats, topk=topk, time_budget_s=time_budget)
     table, tau = load_tau_curves(accuracy, max(sizes), method=method)
-    lm = load_model(model, heads, device=device, dtype=dtype, num_heads=num_heads)
+    lm = load_model(model, heads, device=device, dtype=dtype, num_heads=num_heads, drafter=drafter)
     with torch_threads(lm.model, lm.device, threads):
         df = sweep(lm, table, tau, settings, output, hardware=hardware, resume=resume, accuracy_path=accuracy)
         if end_to_end:
@@ -101,12 +101,13 @@ def sweep_cmd(model, heads, num_heads, device, dtype, threads, accuracy, method,
 @click.option("--max-prompts", type=AtLeast(1), default=None)
 @click.option("--topk", type=AtLeast(1), default=10, show_default=True)
 @click.option("-o", "--output", default=None, metavar="DIR", help="Write validation CSVs and plots here.")
-def validate_cmd(model, heads, num_heads, device, dtype, threads, accuracy, sweep_file, method, data, sizes, max_new_tokens,
+def validate_cmd(model, heads, drafter, num_heads,
+                 device, dtype, threads, accuracy, sweep_file, method, data, sizes, max_new_tokens,
                  batch_size, max_prompts, topk, output):
     """Measured tokens per step of the decoder against tau predicted from the accuracy table,
     and measured step-latency ratios against the roofline, with relative errors."""
     _, tau = load_tau_curves(accuracy, max(sizes), method=method)
-    lm = load_model(model, heads, device=device, dtype=dtype, num_heads=num_heads)
+    lm = load_model(model, heads, device=device, dtype=dtype, num_heads=num_heads, drafter=drafter)
     with torch_threads(lm.model, lm.device, threads):
         result = validate(lm, tau, sizes, data, sweep_file=sweep_file, max_new_tokens=max_new_tokens,
                           batch_size=batch_size, max_prompts=max_prompts, topk=topk, out_dir=output)
@@ -136,12 +137,13 @@ def validate_cmd(model, heads, num_heads, device, dtype, threads, accuracy, swee
               help="Also choose one tree for this traffic mix over the swept cells (CSV batch,context,weight "
                    "or '1@128:0.5,8@512:0.5').")
 @click.option("-o", "--output", default="reports/run", show_default=True, metavar="DIR")
-def run_cmd(model, heads, num_heads, device, dtype, threads, data, validation_data, batches, contexts, sizes, repeats,
-            time_budget, steps, quick, engine, mix, output):
+def run_cmd(model, heads, drafter, num_heads, device, dtype, threads, data, validation_data, batches, contexts, sizes,
+            repeats, time_budget, steps, quick, engine, mix, output):
     """The main job: calibrate -> build trees -> calibrate the hardware profile -> predict ->
     sweep -> select -> validate -> report. Stages already done in DIR are kept, so an
     interrupted run continues where it stopped."""
-    settings = RunSettings(model=model, heads=heads, num_heads=num_heads, data=data, validation_data=validation_data,
+    settings = RunSettings(model=model, heads=heads, drafter=drafter, num_heads=num_heads,
+                           data=data, validation_data=validation_data,
                            device=device, dtype=dtype, steps=steps, sizes=sizes, max_nodes=max(max(sizes), 1),
                            batches=batches, contexts=contexts, repeats=repeats, time_budget_s=time_budget,
                            validation_sizes=tuple(n for n in sizes if n > 0) or (1,),

@@ -1,0 +1,72 @@
+"""Drafters: Medusa heads, Hydra heads and IBM's MLP speculator behind one interface
+(`calibration.drafters.base.Drafter`, docs/decoder.md "Drafters").
+
+`load_drafter` reads a drafter directory in its authors' layout; the kind is detected from its
+config.json (``medusa_num_heads``, ``hydra_num_heads`` or ``model_type: "mlp_speculator"``)
+unless given.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from calibration.drafters.base import DRAFTER_KINDS, Drafter, DraftState, select_rows
+from calibration.drafters.hydra import HydraHeads
+from calibration.drafters.io import read_config
+from calibration.drafters.medusa import MedusaDrafter
+from calibration.drafters.mlp_speculator import MODEL_TYPE, MLPSpeculator
+from treeopt.errors import UserError
+
+__all__ = ["DRAFTER_KINDS", "Drafter", "DraftState", "HydraHeads", "MLPSpeculator", "MedusaDrafter",
+           "detect_kind", "load_drafter", "select_rows", "DRAFTER_SUBDIRS"]
+
+#: where a model directory keeps each kind of drafter (the demo model's layout)
+DRAFTER_SUBDIRS = {"medusa": ("heads", "medusa_heads"), "hydra": ("hydra",),
+                   "mlp-speculator": ("mlp_speculator", "speculator")}
+
+
+def detect_kind(config: dict) -> str | None:
+    """The drafter kind a config.json declares, or None."""
+    if "hydra_num_heads" in config:
+        return "hydra"
+    if config.get("model_type") == MODEL_TYPE:
+        return "mlp-speculator"
+    if "medusa_num_heads" in config:
+        return "medusa"
+    return None
+
+
+def find_drafter_dir(model_dir, kind: str) -> Path | None:
+    """The first sub-directory of `model_dir` holding a drafter of `kind`."""
+    for name in DRAFTER_SUBDIRS[kind]:
+        if (Path(model_dir) / name / "config.json").is_file():
+            return Path(model_dir) / name
+    return None
+
+
+def load_drafter(path, *, kind: str | None = None, device=None, dtype=None, num_heads: int | None = None,
+                 lm_head_weight: torch.Tensor | None = None, input_embeddings: torch.Tensor | None = None,
+                 warn=None) -> Drafter:
+    """The drafter in directory `path`. `kind` (`DRAFTER_KINDS`) overrides detection and must
+    agree with what the config declares."""
+    path = Path(path)
+    if kind is not None and kind not in DRAFTER_KINDS:
+        raise UserError(f"--drafter: unknown drafter {kind!r} (choose from {', '.join(DRAFTER_KINDS)})")
+    names = {None: "Medusa heads", "medusa": "Medusa heads", "hydra": "Hydra heads",
+             "mlp-speculator": "MLP speculator"}
+    config, config_file = read_config(path, "a drafter config", names[kind])
+    found = detect_kind(config)
+    if found is None:
+        raise UserError(f"{config_file}: not a drafter config (no medusa_num_heads, hydra_num_heads or "
+                        f"model_type {MODEL_TYPE!r})")
+    if kind is not None and kind != found:
+        raise UserError(f"--drafter: {path} holds a {found} drafter, not {kind}")
+    if found == "medusa":
+        return MedusaDrafter.from_pretrained(path, device=device, dtype=dtype, num_heads=num_heads,
+                                             lm_head_weight=lm_head_weight, warn=warn)
+    if found == "hydra":
+        return HydraHeads.from_pretrained(path, device=device, dtype=dtype, num_heads=num_heads,
+                                          input_embeddings=input_embeddings)
+    return MLPSpeculator.from_pretrained(path, device=device, dtype=dtype, num_heads=num_heads)

@@ -1,0 +1,70 @@
+"""Reading drafter checkpoints: config.json and a state dict in safetensors or a torch pickle,
+with one clear line for every way a file can be wrong (docs/formats.md)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file
+
+from treeopt.errors import UserError
+from treeopt.fileio import read_json_input
+
+CONFIG_NAME = "config.json"
+
+
+def read_config(path: Path, what: str, directory: str = "drafter") -> tuple[dict, Path]:
+    """config.json of the `directory` (e.g. "Medusa heads") at `path`, a JSON object."""
+    config_file = Path(path) / CONFIG_NAME
+    if not config_file.is_file():
+        raise UserError(f"{path}: not a {directory} directory (no {CONFIG_NAME})")
+    config = read_json_input(config_file, what)
+    if not isinstance(config, dict):
+        raise UserError(f"{config_file}: expected a JSON object ({what})")
+    return config, config_file
+
+
+def config_int(config: dict, config_file: Path, key: str, *, minimum: int, default: int | None = None) -> int:
+    value = config.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise UserError(f"{config_file}: missing or invalid {key!r} (an integer >= {minimum}), got {value!r}")
+    return value
+
+
+def torch_load(file: Path):
+    try:
+        return torch.load(file, map_location="cpu", weights_only=True)
+    except Exception as err:  # noqa: BLE001 - torch.load raises many types for a corrupt pickle
+        raise UserError(f"{file}: cannot read ({err})") from None
+
+
+def load_state(path: Path, *names: str) -> dict[str, torch.Tensor]:
+    """The state dict in the first of `names` (safetensors or a torch pickle) under `path`."""
+    for name in names:
+        file = Path(path) / name
+        if not file.is_file():
+            continue
+        if name.endswith(".safetensors"):
+            try:
+                return load_file(str(file))
+            except (SafetensorError, OSError) as err:
+                raise UserError(f"{file}: cannot read ({err})") from None
+        state = torch_load(file)
+        if not isinstance(state, dict):
+            raise UserError(f"{file}: expected a state dict, found {type(state).__name__}")
+        return state
+    raise UserError(f"{path}: no weights file (looked for {', '.join(names)})")
+
+
+def check_state(path: Path, expected: dict[str, torch.Tensor], state: dict[str, torch.Tensor]) -> dict:
+    """`state` cut to the keys of `expected`, after checking every key is there with its shape."""
+    missing = [k for k in expected if k not in state]
+    if missing:
+        raise UserError(f"{path}: weights lack key '{missing[0]}' ({len(missing)} missing)")
+    for key, value in expected.items():
+        if tuple(state[key].shape) != tuple(value.shape):
+            raise UserError(f"{path}: weight '{key}' has shape {tuple(state[key].shape)}, "
+                            f"expected {tuple(value.shape)}")
+    return {k: state[k] for k in expected}
