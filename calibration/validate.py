@@ -16,7 +16,10 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 import pandas as pd
+from tqdm import tqdm
 
+from calibration.decoder import TreeDecoder
+from calibration.sweep import left_padding
 from treeopt.errors import UserError
 from treeopt.tau import TauCurve
 
@@ -62,12 +65,6 @@ def measure_acceptance(lm, tau: TauCurve, sizes, prompts: list[str], *, max_new_
     without an eos stop. A step's count is its
     verification outcome, accepted nodes + 1 (before the cut at max_new_tokens): what tau
     predicts. Columns ACCEPTANCE_COLUMNS, one row per size."""
-    # torch-side imports here: latency_errors (the rest of this module) is used without torch
-    from tqdm import tqdm
-
-    from calibration.decoder import TreeDecoder  # torch, see above
-    from calibration.sweep import left_padding  # torch, see above
-
     if not prompts:
         raise UserError("validate: no prompts to decode")
     if max_new_tokens < 2:
