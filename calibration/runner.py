@@ -34,6 +34,12 @@ sidecar are durably in place, and ``resume=True`` on an output that is already c
 the same inputs returns it instead of starting over. `run_calibration` holds an output lock for
 the whole run, so a second calibration to the same output fails at once.
 
+Many processes (``torchrun --nproc-per-node N -m treeopt calibrate``, `calibration.distributed`):
+each process calibrates a contiguous run of whole batches on its own device with its own
+checkpoint, the counts are combined with torch.distributed collectives into exactly the
+one-process counts, and process 0 writes the outputs (docs/statistics.md, "Counts from many
+processes").
+
 Prompts are processed in file order in batches aligned to multiples of ``batch_size`` (so a
 resumed run sees the same batches as an uninterrupted one, except the one batch that
 ``max_prompts`` may have cut).
