@@ -136,7 +136,10 @@ def calibrate_cmd(ctx, model, heads, num_heads, data, no_chat_template, device_m
         click.echo(f"data format {prov['data_format']}, chat template {prov['chat_template']}"
                    + (f"; {prov['processes']} processes" if "processes" in prov else ""))
     click.echo(f"wrote {output}")
-    if result.checkpoint is not None:
+    if result.checkpoint is not None and "processes" in prov:
+        click.echo(f"checkpoints kept, one per process ({result.checkpoint} ...): more prompts remain; "
+                   "a process resumes only its own shard, so a run over more prompts starts over")
+    elif result.checkpoint is not None:
         click.echo(f"checkpoint kept at {result.checkpoint}: more prompts remain; continue with "
                    "--resume (and a larger or no --max-prompts)")
 
