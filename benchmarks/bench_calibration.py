@@ -18,6 +18,13 @@ interleaved repeats and medians (this machine has bursts of 5-10x slowdown):
 Target (issue 4): calibration throughput >= 80% of the bare forward's. Both ratios are printed;
 It exits 1 when the throughput target is missed.
 
+With ``--processes N`` (N >= 2) it also measures how calibration scales over processes (issue
+16): the same `treeopt calibrate` (demo model, ``--scaling-prompts`` demo prompts) once in one
+process and once under ``torchrun --nproc-per-node N``, and prints the calibration pass's wall
+time of each (the command's own "this run" time, model loading excluded), the whole command's
+wall time, and the scaling efficiency T1 / (N * TN). Each process here is a CPU process with one
+torch thread, so N should not exceed the cores.
+
 The model is the demo model when it exists (or --model DIR), else `random`: a random Llama of
 the demo's shape (vocab 4096, hidden 256, 4 layers, 4 heads of 1 ResBlock).
 """
@@ -25,7 +32,11 @@ the demo's shape (vocab 4096, hidden 256, 4 layers, 4 heads of 1 ResBlock).
 from __future__ import annotations
 
 import argparse
+import os
+import re
+import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -61,6 +72,44 @@ def interleaved(fns: dict, repeats: int, rng) -> dict[str, float]:
     return {name: statistics.median(v) for name, v in times.items()}
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def calibrate_wall(processes: int, prompts: int, out: Path) -> tuple[float, float]:
+    """(calibration pass s, whole command s) of `treeopt calibrate` on the demo in `processes`
+    processes (torchrun when more than one)."""
+    args = ["-m", "treeopt", "calibrate", "--model", "demo", "--data", "demo", "--max-prompts", str(prompts),
+            "--steps", "32", "--batch-size", "8", "--device", "cpu", "-o", str(out)]
+    launch = [] if processes == 1 else ["-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node",
+                                        str(processes), "--master-addr", "127.0.0.1", "--master-port", str(free_port())]
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")])}
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, *launch, *args], capture_output=True, text=True, env=env, timeout=1800)
+    whole = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise SystemExit(f"calibrate in {processes} processes failed:\n{proc.stderr[-2000:]}")
+    return float(re.search(r"this run ([0-9.]+) s", proc.stdout).group(1)), whole
+
+
+def scaling(processes: int, prompts: int) -> float:
+    """Print the scaling of calibration over `processes` processes; return the efficiency."""
+    with tempfile.TemporaryDirectory() as tmp:
+        one_pass, one_whole = calibrate_wall(1, prompts, Path(tmp) / "one.json")
+        many_pass, many_whole = calibrate_wall(processes, prompts, Path(tmp) / "many.json")
+        same = (Path(tmp) / "one.ranks.npz").read_bytes() == (Path(tmp) / "many.ranks.npz").read_bytes()
+    efficiency = one_pass / (processes * many_pass)
+    print(f"scaling: demo model, {prompts} demo prompts x 32 greedy steps, batch 8, CPU, 1 thread per process")
+    print(f"  1 process:   calibration {one_pass:7.1f} s  (whole command {one_whole:6.1f} s)")
+    print(f"  {processes} processes: calibration {many_pass:7.1f} s  (whole command {many_whole:6.1f} s)")
+    print(f"  scaling efficiency T1 / ({processes} x T{processes}) = {efficiency:.2f}; "
+          f"rank vectors identical: {same}")
+    return efficiency
+
+
 def main(argv=None) -> list[tuple]:
     """Print the measurements; return rows (name, value, target, unit, lower_is_better) for run_all."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -73,6 +122,9 @@ def main(argv=None) -> list[tuple]:
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--threads", type=int, default=None,
                     help="torch CPU threads (default: torch's; 1 avoids OpenMP stalls on a busy CPU)")
+    ap.add_argument("--processes", type=int, default=0,
+                    help="also measure scaling of `treeopt calibrate` over this many processes (>= 2)")
+    ap.add_argument("--scaling-prompts", type=int, default=64)
     args = ap.parse_args(argv or [])
 
     if args.threads is not None:
@@ -156,6 +208,8 @@ def main(argv=None) -> list[tuple]:
           f"{nc / per_step_s:.1f}x a cached step)")
     if tmp is not None:
         tmp.cleanup()
+    if args.processes >= 2:
+        scaling(args.processes, args.scaling_prompts)
     return [("calibration pass / bare forward throughput", r_bare, 0.8, "x", False),
             ("KV-cache decode step, 64 vs 32 steps", per_step_2s / per_step_s, 1.5, "x", True)]
 

@@ -150,6 +150,9 @@ def label_ranks(model, heads, sequences, starts, *, pad_id: int = 0,
     # sequence, so the last two columns need no hidden state.
     hidden = decoder_body(model)(input_ids=ids[:, :-2], attention_mask=mask[:, :-2],
                                  position_ids=pos[:, :-2], use_cache=False).last_hidden_state
+    # a model spread over devices (--device-map) ends on its last one, where the heads are
+    device = hidden.device
+    ids = ids.to(device)
     width = ids.shape[1]
     col = (width - np.asarray(lengths, np.int64))[seq] + t  # column of position t
     vocab = heads.vocab_size

@@ -78,7 +78,8 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 
 def load_model(model: str = "demo", heads: str | None = None, *, device: str = "auto",
-               dtype: str = "auto", num_heads: int | None = None, drafter: str | None = None) -> LoadedModel:
+               dtype: str = "auto", num_heads: int | None = None, drafter: str | None = None,
+               device_map: str | dict | None = None, offload_dir: str | None = None) -> LoadedModel:
     """Load `model` ("demo" or a local directory) with transformers and its drafter.
 
     The drafter comes from `heads` (a drafter directory: Medusa heads, Hydra heads or an MLP
@@ -88,6 +89,10 @@ def load_model(model: str = "demo", heads: str | None = None, *, device: str = "
     for a Medusa-1.0 full checkpoint), else the sub-directory `calibration.drafters.
     DRAFTER_SUBDIRS` names. `drafter` overrides the detected kind. num_heads: heads (stages)
     used of those the checkpoint holds.
+    `device_map` ("auto" or a module -> device dict, as transformers takes it; needs
+    accelerate, the ``[scale]`` extra) spreads a model larger than one device over this
+    machine's devices; the drafter goes to the device of the last hidden state. `offload_dir`:
+    where accelerate keeps the weights a device map puts on "disk".
     """
     hf_logging.disable_progress_bar()
 
@@ -111,13 +116,22 @@ def load_model(model: str = "demo", heads: str | None = None, *, device: str = "
 
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, torch_device)
+    sharded = {} if device_map is None else {"device_map": device_map}
+    if offload_dir is not None:
+        sharded["offload_folder"] = offload_dir
     try:
         base = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch_dtype,
-                                                    attn_implementation="sdpa")
+                                                    attn_implementation="sdpa", **sharded)
         tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    except ImportError as err:  # transformers needs accelerate for a device map
+        raise UserError(f"--device-map: {str(err).splitlines()[0]} (pip install 'treeopt[scale]')") from None
     except (OSError, ValueError, KeyError) as err:
         raise UserError(f"--model: cannot load {model_dir}: {str(err).splitlines()[0]}") from None
-    base = base.to(torch_device).eval()
+    if device_map is None:
+        base = base.to(torch_device)
+    else:
+        torch_device = last_hidden_device(base)
+    base = base.eval()
     draft = load_drafter(heads_dir, kind=drafter, device=torch_device, dtype=torch_dtype, num_heads=num_heads,
                          lm_head_weight=base.get_output_embeddings().weight,
                          input_embeddings=base.get_input_embeddings().weight)
@@ -129,6 +143,18 @@ def load_model(model: str = "demo", heads: str | None = None, *, device: str = "
         raise UserError(f"--heads: {heads_dir} has vocabulary {draft.vocab_size}, the model {vocab}")
     return LoadedModel(base, draft, tokenizer, "demo" if model == "demo" else str(model_dir),
                        torch_device, torch_dtype)
+
+
+def last_hidden_device(model) -> torch.device:
+    """Where a model spread by a device map (``hf_device_map``) computes its last hidden
+    state: the device of the module that reads it, the output embeddings (accelerate's
+    execution device when the weights live elsewhere, e.g. offloaded)."""
+    head = model.get_output_embeddings()
+    hook = getattr(head, "_hf_hook", None)
+    where = getattr(hook, "execution_device", None)
+    if where is None:
+        where = head.weight.device
+    return torch.device(where if not isinstance(where, int) else f"cuda:{where}")
 
 
 def tiny_model_for_tests(path, *, vocab: int = 64, hidden: int = 32, layers: int = 2, heads: int = 2,

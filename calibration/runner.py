@@ -34,6 +34,12 @@ sidecar are durably in place, and ``resume=True`` on an output that is already c
 the same inputs returns it instead of starting over. `run_calibration` holds an output lock for
 the whole run, so a second calibration to the same output fails at once.
 
+Many processes (``torchrun --nproc-per-node N -m treeopt calibrate``, `calibration.distributed`):
+each process calibrates a contiguous run of whole batches on its own device with its own
+checkpoint, the counts are combined with torch.distributed collectives into exactly the
+one-process counts, and process 0 writes the outputs (docs/statistics.md, "Counts from many
+processes").
+
 Prompts are processed in file order in batches aligned to multiples of ``batch_size`` (so a
 resumed run sees the same batches as an uninterrupted one, except the one batch that
 ``max_prompts`` may have cut).
@@ -66,6 +72,18 @@ from calibration.checkpoint import load_checkpoint, run_id, save_checkpoint
 from calibration.counts import CalibrationCounts
 from calibration.data import PromptSet, load_prompts
 from calibration.demo_files import DEMO_HEADS_DIR
+from calibration.distributed import (
+    SINGLE,
+    Processes,
+    all_agree,
+    combine_counts,
+    process_device,
+    process_group,
+    processes_from_env,
+    rank_checkpoint_path,
+    shard_bounds,
+    shard_fingerprint,
+)
 from calibration.labels import (
     LABEL_MODES,
     greedy_continuations,
@@ -205,7 +223,7 @@ def calibrate(loaded, prompts: PromptSet, *, steps: int = 32, topk: int = 10,
               joint: bool = True, progress: bool | None = None,
               chunk_elements: int | None = None, keep_checkpoint: bool = False,
               finished_output: str | Path | None = None,
-              refuse_other_output: bool = False) -> CalibrationResult:
+              refuse_other_output: bool = False, processes: Processes = SINGLE) -> CalibrationResult:
     """Calibrate `loaded` (a `calibration.models.LoadedModel`) on `prompts`.
 
     Returns the accuracy table (hits/positions/joint/provenance) and the raw counts.
@@ -219,6 +237,9 @@ def calibrate(loaded, prompts: PromptSet, *, steps: int = 32, topk: int = 10,
     (the run starts over), or refused with `refuse_other_output` (`treeopt calibrate --resume`:
     a resume must not silently replace a table made from other inputs).
     `progress`: tqdm on stderr (None = only on a terminal).
+    `processes`: this process's place among many (`calibration.distributed`): it calibrates
+    its shard of whole batches, keeps its own checkpoint (`rank_checkpoint_path`) and the
+    result holds every process's counts combined (each process gets them).
     """
     model, heads = loaded.model, loaded.heads
     vocab = heads.vocab_size
@@ -248,37 +269,47 @@ def calibrate(loaded, prompts: PromptSet, *, steps: int = 32, topk: int = 10,
 
     torch.manual_seed(seed)
     fingerprint = {"model": loaded.name, "heads": heads_source, "data": prompts.name,
-                   "data_sha256": prompts.sha256, "prompt_tokens": prompts.prompt_tokens,
+                   "data_sha256": prompts.sha256, "data_format": prompts.data_format,
+                   "chat_template": prompts.chat_template, "prompt_tokens": prompts.prompt_tokens,
                    "steps": steps, "topk": topk, "labels": labels, "batch_size": batch_size,
                    "dtype": str(loaded.dtype).replace("torch.", ""), "joint": joint, "seed": seed}
-    ckpt = Path(checkpoint) if checkpoint is not None else None
+    # this process's prompts [first, end): all of them for one process
+    first, end = shard_bounds(total, batch_size, processes.rank, processes.world_size)
+    ckpt = rank_checkpoint_path(checkpoint, processes) if checkpoint is not None else None
+    ckpt_fingerprint = shard_fingerprint(fingerprint, processes, first, end)
     if resume and ckpt is None:
         raise UserError("--resume: needs a checkpoint file (--checkpoint or -o)")
     counts = CalibrationCounts.zeros(heads.num_heads, topk, joint)
-    if resume and ckpt.exists():
-        counts = load_checkpoint(ckpt, fingerprint)
-        if counts.prompts_done > total:
+    counts.prompts_done = first
+    finished = None
+    had_checkpoint = resume and ckpt.exists()
+    if had_checkpoint:
+        counts = load_checkpoint(ckpt, ckpt_fingerprint)
+        if counts.prompts_done > end:
             raise UserError(f"{ckpt}: checkpoint already covers {counts.prompts_done} prompts, "
-                            f"more than the {total} asked for")
-    elif resume:
-        finished = None if finished_output is None else \
-            _finished_output(Path(finished_output), fingerprint, total,
-                             refuse_other=refuse_other_output)
-        if finished is not None:
-            return finished
+                            f"more than the {end} asked for")
+    elif resume and finished_output is not None:
+        finished = _finished_output(Path(finished_output), fingerprint, total,
+                                    refuse_other=refuse_other_output)
+    # every process returns the finished output, or none does (the others wait in collectives)
+    if all_agree(finished is not None, processes):
+        return finished
+    if resume and not had_checkpoint:
         print(f"treeopt: no checkpoint at {ckpt}; starting from the beginning", file=sys.stderr)
 
     pad = pad_token_id(model, loaded.tokenizer)
     start_time = time.perf_counter()
     tokens_at_start, prompts_at_start = counts.tokens, counts.prompts_done
-    bar = tqdm(total=total, initial=counts.prompts_done, unit="prompt", file=sys.stderr,
-               disable=(None if progress is None else not progress), dynamic_ncols=True,
-               desc="calibrate")
+    # many processes: process 0's bar stands for all (the shards are of equal size)
+    bar = tqdm(total=end - first, initial=counts.prompts_done - first, unit="prompt", file=sys.stderr,
+               disable=(True if not processes.is_main else None if progress is None else not progress),
+               dynamic_ncols=True,
+               desc="calibrate" if not processes.many else f"calibrate (1 of {processes.world_size} processes)")
     last_saved = counts.prompts_done
     try:
-        while counts.prompts_done < total:
+        while counts.prompts_done < end:
             lo = counts.prompts_done
-            hi = min(total, (lo // batch_size + 1) * batch_size)
+            hi = min(end, (lo // batch_size + 1) * batch_size)
             batch = [list(p) for p in prompts.token_ids[lo:hi]]
             if gen_steps:
                 gen = greedy_continuations(model, batch, gen_steps, pad_id=pad)
@@ -298,23 +329,31 @@ def calibrate(loaded, prompts: PromptSet, *, steps: int = 32, topk: int = 10,
             rate = (counts.tokens - tokens_at_start) / max(time.perf_counter() - start_time, 1e-9)
             bar.set_postfix_str(f"{rate:,.0f} tok/s", refresh=False)
             if ckpt is not None and hi // checkpoint_every > last_saved // checkpoint_every \
-                    and hi < total:
-                save_checkpoint(ckpt, fingerprint, counts)
+                    and hi < end:
+                save_checkpoint(ckpt, ckpt_fingerprint, counts)
                 last_saved = hi
     except KeyboardInterrupt:
         bar.close()
         saved = None
-        if ckpt is not None and counts.prompts_done > 0:
-            save_checkpoint(ckpt, fingerprint, counts)
+        if ckpt is not None and counts.prompts_done > first:
+            save_checkpoint(ckpt, ckpt_fingerprint, counts)
             saved = ckpt
         raise CalibrationInterrupted(saved, counts.prompts_done) from None
     bar.close()
 
+    if processes.many:
+        # this shard's counts stay on disk until the outputs are written: a process that fails
+        # in or after the exchange leaves the others' work whole
+        if ckpt is not None:
+            save_checkpoint(ckpt, ckpt_fingerprint, counts)
+        counts = combine_counts(counts, first, processes)
     complete = counts.prompts_done >= len(prompts)
     if ckpt is not None:
         if complete and not keep_checkpoint:
+            # many processes: each removes its own once every one has its combined counts
+            all_agree(True, processes)
             ckpt.unlink(missing_ok=True)
-        else:
+        elif not processes.many:
             save_checkpoint(ckpt, fingerprint, counts)
 
     empty = np.flatnonzero(counts.positions == 0)
@@ -327,6 +366,8 @@ def calibrate(loaded, prompts: PromptSet, *, steps: int = 32, topk: int = 10,
         "heads": heads_source,
         "dataset": prompts.name,
         "dataset_sha256": prompts.sha256,
+        "data_format": prompts.data_format,
+        "chat_template": prompts.chat_template,
         "labels": labels,
         "steps": gen_steps,
         "topk": topk,
@@ -342,6 +383,7 @@ def calibrate(loaded, prompts: PromptSet, *, steps: int = 32, topk: int = 10,
         **tool_versions(),
         "device": _device_name(loaded.device),
         "dtype": str(loaded.dtype).replace("torch.", ""),
+        **({"processes": processes.world_size} if processes.many else {}),
     }
     table = AccuracyTable(hits=counts.hits.astype(np.float64),
                           positions=counts.positions.astype(np.float64),
@@ -353,47 +395,71 @@ def calibrate(loaded, prompts: PromptSet, *, steps: int = 32, topk: int = 10,
                              counts.tokens - tokens_at_start, rank_vectors, sequence, fingerprint)
 
 
-def run_calibration(model: str = "demo", heads: str | None = None, data: str = "demo", *,
+def run_calibration(model: str = "demo", heads: str | None = None, data: str | None = None, *,
                     output: str | Path | None = None, device: str = "auto", dtype: str = "auto",
                     prompt_tokens: int = 128, max_prompts: int | None = None,
                     checkpoint: str | Path | None = "auto", threads: int | None = None,
-                    num_heads: int | None = None, drafter: str | None = None, **options) -> CalibrationResult:
+                    num_heads: int | None = None, drafter: str | None = None, chat_template: bool = True,
+                    device_map: str | dict | None = None, processes: Processes | None = None,
+                    **options) -> CalibrationResult:
     """Load model, heads and data, calibrate, and save the table to `output` (if given) and
     its rank vectors beside it, ``<output stem>.ranks.npz``
     (`treeopt.acceptance.rank_vectors_path`, `save_rank_vectors`).
 
+    `data`: required for any model but the demo (None: the demo prompts, for the demo only).
     `checkpoint="auto"`: `OUTPUT.partial` when `output` is given, else no checkpoints.
     `threads`: CPU threads for torch (None: `calibration.threads.default_threads`). `num_heads`:
-    heads used of those the weights hold, `drafter`: its kind (`load_model`). Other keyword
-    arguments go to `calibrate`.
+    heads used of those the weights hold, `drafter`: its kind (`load_model`). `chat_template`: put
+    prompt records through the tokenizer's chat template (`calibration.data.load_prompts`).
+    `device_map`: spread the model over this machine's devices (`load_model`). `processes`: this
+    process's place among many (None: from torchrun's environment, `calibration.distributed`);
+    process 0 writes the outputs. Other keyword arguments go to `calibrate`.
     """
+    if data is None:
+        if model != "demo":
+            raise UserError(f"--data: required for --model {model} (the demo prompts are Python "
+                            "code; give prompts from your model's own use, e.g. a ShareGPT file)")
+        data = "demo"
     if threads is not None and threads < 1:
         raise UserError(f"--threads: must be at least 1, got {threads}")
+    processes = processes_from_env() if processes is None else processes
+    if processes.many and device_map is not None:
+        raise UserError(f"--device-map: one process spreads the model over this machine's devices; "
+                        f"run it without torchrun (here {processes.world_size} processes)")
+    device = process_device(device, processes)
     if checkpoint == "auto":
         checkpoint = Path(str(output) + ".partial") if output is not None else None
-    outputs = [] if output is None else [output, rank_vectors_path(output)]
-    outputs += [checkpoint] if checkpoint is not None else []
+    own_checkpoint = None if checkpoint is None else rank_checkpoint_path(checkpoint, processes)
+    outputs = [] if output is None or not processes.is_main else [output, rank_vectors_path(output)]
+    outputs += [own_checkpoint] if own_checkpoint is not None else []
     inputs = [p for p in (model, heads, data) if p is not None and Path(p).is_file()]
     refuse_overwriting_inputs(outputs, inputs)
     if output is not None and checkpoint is not None:
-        refuse_overwriting_inputs([checkpoint], [output, rank_vectors_path(output)])
+        refuse_overwriting_inputs([own_checkpoint], [output, rank_vectors_path(output)])
     check_writable(outputs)  # before the model loads and hours of calibration
-    lock = output_lock(output) if output is not None else contextlib.nullcontext()
-    with lock:
+    # process 0 owns the outputs; the others write only their own checkpoints
+    lock = output_lock(output) if output is not None and processes.is_main else contextlib.nullcontext()
+    with lock, process_group(processes, device):
         return _run_calibration_locked(model, heads, data, output=output, device=device,
                                        dtype=dtype, prompt_tokens=prompt_tokens,
                                        max_prompts=max_prompts, checkpoint=checkpoint,
-                                       threads=threads, num_heads=num_heads, drafter=drafter, **options)
+                                       threads=threads, num_heads=num_heads, drafter=drafter,
+                                       chat_template=chat_template, device_map=device_map,
+                                       processes=processes, **options)
 
 
 def _run_calibration_locked(model, heads, data, *, output, device, dtype, prompt_tokens,
-                            max_prompts, checkpoint, threads, num_heads, drafter=None, **options) -> CalibrationResult:
-    loaded = load_model(model, heads, device=device, dtype=dtype, num_heads=num_heads, drafter=drafter)
+                            max_prompts, checkpoint, threads, num_heads, drafter, chat_template, device_map,
+                            processes, **options) -> CalibrationResult:
+    loaded = load_model(model, heads, device=device, dtype=dtype, num_heads=num_heads, drafter=drafter,
+                        device_map=device_map)
     # One prompt beyond --max-prompts tells whether the run leaves data unused (then the
     # checkpoint stays for --resume).
     prompts = load_prompts(data, loaded.tokenizer, prompt_tokens=prompt_tokens,
-                           max_prompts=None if max_prompts is None else max_prompts + 1)
-    if prompts.skipped:
+                           max_prompts=None if max_prompts is None else max_prompts + 1,
+                           chat_template=chat_template,
+                           with_replies=options.get("labels", "greedy") == "data")
+    if prompts.skipped and processes.is_main:
         print(f"treeopt: warning: {data}: skipped {len(prompts.skipped)} files that are not UTF-8 "
               f"(first: {prompts.skipped[0]})", file=sys.stderr)
     if heads is not None:
@@ -408,12 +474,21 @@ def _run_calibration_locked(model, heads, data, *, output, device, dtype, prompt
     with torch_threads(loaded.model, loaded.device, threads):
         result = calibrate(loaded, prompts, max_prompts=max_prompts, checkpoint=checkpoint,
                            heads_source=heads_source, keep_checkpoint=output is not None,
-                           finished_output=output, **options)
+                           finished_output=output, processes=processes, **options)
     if output is not None and not result.already_complete:
-        save_outputs(output, result)
-        if result.complete and checkpoint is not None:
+        failed = None
+        if processes.is_main:
+            try:
+                save_outputs(output, result)
+            except Exception as err:  # told to the other processes first, then raised
+                failed = err
+        # every process waits for process 0's outputs before removing its own checkpoint
+        saved = all_agree(failed is None, processes)
+        if failed is not None:
+            raise failed
+        if saved and result.complete and checkpoint is not None:
             # only now: every output is on disk, so the counts are never in neither place
-            Path(checkpoint).unlink(missing_ok=True)
+            rank_checkpoint_path(checkpoint, processes).unlink(missing_ok=True)
     return result
 
 

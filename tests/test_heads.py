@@ -209,8 +209,8 @@ def test_heads_that_do_not_fit_the_model(tmp_path, capsys):
         load_model(str(model_dir), str(tmp_path / "v100"), device="cpu")
     # through the CLI: one line, exit status 2, no traceback
     with pytest.raises(SystemExit) as exc:
-        main(["calibrate", "--model", str(model_dir), "--heads", str(tmp_path / "v100"), "-o",
-              str(tmp_path / "a.json")])
+        main(["calibrate", "--model", str(model_dir), "--heads", str(tmp_path / "v100"), "--data", "demo",
+              "-o", str(tmp_path / "a.json")])
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("treeopt: error: --heads:") and err.count("\n") == 1

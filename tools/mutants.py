@@ -54,6 +54,8 @@ MIX_TESTS = ("tests/test_mix.py",)
 RELIABILITY_TESTS = ("tests/test_reliability.py",)
 STEP_TESTS = ("tests/test_step_engine.py",)
 DRAFTER_TESTS = ("tests/test_drafters.py",)
+DATA_TESTS = ("tests/test_data_formats.py",)
+DIST_TESTS = ("tests/test_distributed.py",)
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,24 @@ class Mutant:
 
 
 MUTANTS = (
+    # ---- issue 16: prompt data through the chat template, counts from many processes
+    Mutant("data-context-includes-reply", "calibration/data.py",
+           "out.append(self.turns[:i + 1] if with_replies else self.turns[:i])", "out.append(self.turns[:i + 1])",
+           "a greedy-label prompt already holds the reply it should generate", DATA_TESTS),
+    Mutant("data-no-generation-prompt", "calibration/data.py",
+           'add_generation_prompt=turns[-1][0] != "assistant")', "add_generation_prompt=False)",
+           "the templated prompt lacks the assistant header of the turn to generate", DATA_TESTS),
+    Mutant("data-long-context-keeps-start", "calibration/data.py", "ids = ids[-prompt_tokens:]",
+           "ids = ids[:prompt_tokens]", "a long conversation loses its turn to answer", DATA_TESTS),
+    Mutant("dist-shards-not-whole-batches", "calibration/distributed.py",
+           "last = (rank + 1) * batches // world_size", "last = (rank + 1) * total // world_size // batch_size",
+           "shards cut batches differently from one process", DIST_TESTS),
+    Mutant("dist-progress-not-offset", "calibration/distributed.py",
+           "np.array([counts.prompts_done - first,", "np.array([counts.prompts_done,",
+           "each process's progress counted from prompt 0, not from its shard", DIST_TESTS),
+    Mutant("dist-ranks-out-of-order", "calibration/distributed.py",
+           "np.concatenate([p[1] for p in parts])", "np.concatenate([p[1] for p in parts[::-1]])",
+           "rank vectors gathered out of prompt order", DIST_TESTS),
     # ---- the step-cost model where trees are decided (engine terms, verification, fit)
     Mutant("eng-candidates-no-reread", "roofline/ops.py", "seqs = b * c\n", "seqs = b\n",
            "candidate sequences do not each re-read the context", STEP_TESTS),

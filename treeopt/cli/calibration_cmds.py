@@ -8,11 +8,12 @@ import sys
 import click
 import numpy as np
 
+from calibration.distributed import processes_from_env
 from calibration.medusa_import import NORMALIZATIONS, import_medusa_accuracy
 from calibration.runner import CalibrationInterrupted, run_calibration
-from treeopt.app.hwcalibrate import calibrate_hardware
 from treeopt.acceptance import rank_vectors_path
 from treeopt.accuracy import wilson_interval
+from treeopt.app.hwcalibrate import calibrate_hardware
 from treeopt.cli.options import DRAFTER_OPTION, AtLeast
 from treeopt.errors import UserError
 from treeopt.export import text_table
@@ -20,7 +21,7 @@ from treeopt.export import text_table
 _RUN_OPTIONS = ("model", "heads", "drafter", "num_heads",
                 "data", "steps", "topk", "labels", "batch_size", "prompt_tokens",
                 "max_prompts", "checkpoint", "checkpoint_every", "resume", "seed", "device", "dtype",
-                "threads", "no_joint")
+                "threads", "no_joint", "no_chat_template", "device_map")
 
 
 @click.command("calibrate")
@@ -32,9 +33,15 @@ _RUN_OPTIONS = ("model", "heads", "drafter", "num_heads",
 @DRAFTER_OPTION
 @click.option("--num-heads", type=AtLeast(1), default=None, metavar="K",
               help="Use this many of the Medusa heads the weights hold [default: the heads config's medusa_num_heads].")
-@click.option("--data", default="demo", show_default=True, metavar="demo|FILE|DIR",
-              help="Prompts: the bundled demo set, a JSON-lines file (field prompt, instruction, "
-                   "text or turns), a text/code file, or a directory of them (cut into prompts).")
+@click.option("--data", default=None, metavar="demo|FILE|DIR",
+              help="Prompts: a JSON-lines or JSON file of ShareGPT conversations, OpenAI messages, "
+                   "Alpaca instructions or prompt/text/turns records, a text/code file, or a directory "
+                   "of them (cut into prompts). Required except for the demo model (default: demo).")
+@click.option("--no-chat-template", is_flag=True,
+              help="Do not put prompt records through the tokenizer's chat template.")
+@click.option("--device-map", type=click.Choice(["auto"]), default=None,
+              help="Spread a model larger than one device over this machine's devices (accelerate: "
+                   "pip install 'treeopt[scale]'); the heads go where the last hidden state is.")
 @click.option("--labels", type=click.Choice(["greedy", "data"]), default="greedy", show_default=True,
               help="greedy: the base model's own greedy continuation; data: the text itself.")
 @click.option("--steps", type=AtLeast(1), default=32, show_default=True,
@@ -69,8 +76,8 @@ _RUN_OPTIONS = ("model", "heads", "drafter", "num_heads",
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar and no summary.")
 @click.option("-o", "--output", required=True, metavar="FILE", help="Accuracy table to write (JSON).")
 @click.pass_context
-def calibrate_cmd(ctx, model, heads, drafter, num_heads,
-                  data, labels, steps, topk, batch_size, prompt_tokens, max_prompts,
+def calibrate_cmd(ctx, model, heads, drafter, num_heads, data, no_chat_template, device_map, labels, steps, topk,
+                  batch_size, prompt_tokens, max_prompts,
                   checkpoint, checkpoint_every, resume, seed, device, dtype, threads, no_joint,
                   import_file, normalize, quiet, output):
     """Measure how often each draft head's rank-r proposal is right, and write an accuracy
@@ -79,8 +86,10 @@ def calibrate_cmd(ctx, model, heads, drafter, num_heads,
     \b
     Examples:
       treeopt calibrate --model demo --data demo -o acc.json
-      treeopt calibrate --model ./vicuna-7b --heads ./medusa-heads --data prompts.jsonl \\
+      treeopt calibrate --model ./vicuna-7b --heads ./medusa-heads --data sharegpt.json \\
           --steps 64 --batch-size 16 --device cuda -o acc.json
+      torchrun --nproc-per-node 8 -m treeopt calibrate --model ./vicuna-7b \\
+          --data sharegpt.json --device cuda -o acc.json
       treeopt calibrate --import vicuna_heads_accuracy.pt -o acc.json
     """
     if import_file is None and ctx.get_parameter_source("normalize") == click.core.ParameterSource.COMMANDLINE:
@@ -106,7 +115,8 @@ def calibrate_cmd(ctx, model, heads, drafter, num_heads,
             checkpoint=checkpoint if checkpoint is not None else "auto",
             steps=steps, topk=topk, labels=labels, batch_size=batch_size,
             checkpoint_every=checkpoint_every, resume=resume, seed=seed, joint=not no_joint,
-            progress=False if quiet else None)
+            progress=False if quiet else None, chat_template=not no_chat_template,
+            device_map=device_map)
     except CalibrationInterrupted as stop:
         if stop.checkpoint is not None:
             click.echo(f"treeopt: interrupted after {stop.prompts_done} prompts; counts saved to "
@@ -114,7 +124,7 @@ def calibrate_cmd(ctx, model, heads, drafter, num_heads,
         else:
             click.echo("treeopt: interrupted before any prompt was done; nothing saved", err=True)
         sys.exit(130)
-    if quiet:
+    if quiet or not processes_from_env().is_main:  # process 0 speaks for a torchrun
         return
     c = result.counts
     rate = result.run_tokens / result.elapsed_s if result.elapsed_s > 0 else float("nan")
@@ -123,8 +133,15 @@ def calibrate_cmd(ctx, model, heads, drafter, num_heads,
              f"calibrated {c.prompts_done} prompts{resumed}, {c.tokens:,} tokens "
              f"({c.generated:,} generated), {labels} labels, top-{topk}; this run "
              f"{result.elapsed_s:.1f} s, {rate:,.0f} tok/s")
+    prov = result.table.provenance
+    if "data_format" in prov:
+        click.echo(f"data format {prov['data_format']}, chat template {prov['chat_template']}"
+                   + (f"; {prov['processes']} processes" if "processes" in prov else ""))
     click.echo(f"wrote {output}")
-    if result.checkpoint is not None:
+    if result.checkpoint is not None and "processes" in prov:
+        click.echo(f"checkpoints kept, one per process ({result.checkpoint} ...): more prompts remain; "
+                   "a process resumes only its own shard, so a run over more prompts starts over")
+    elif result.checkpoint is not None:
         click.echo(f"checkpoint kept at {result.checkpoint}: more prompts remain; continue with "
                    "--resume (and a larger or no --max-prompts)")
 
@@ -167,10 +184,11 @@ def hw_calibrate(device, model, dtype, threads, quick, name, no_validate, out) -
     cal = prof.calibration
     dt = cal["dtype"]
     click.echo(f"{prof.name}: {prof.description}")
-    click.echo(f"  peak {dt} GEMM {prof.peak(dt) / 1e9:.1f} GFLOP/s; streaming {prof.bandwidth_bytes_per_s / 1e9:.1f} GB/s "
+    click.echo(f"  peak {dt} GEMM {prof.peak(dt) / 1e9:.1f} GFLOP/s; "
+               f"streaming {prof.bandwidth_bytes_per_s / 1e9:.1f} GB/s "
                f"(weights stream at x{prof.eta_memory:.2f}); elementwise {prof.elementwise_rate / 1e9:.1f} GB/s")
     click.echo("  GEMM efficiency by rows: " + ", ".join(
-        f"{int(r)}:{v:.2f}" for r, v in zip(prof.gemm_efficiency.rows, prof.gemm_efficiency.values)))
+        f"{int(r)}:{v:.2f}" for r, v in zip(prof.gemm_efficiency.rows, prof.gemm_efficiency.values, strict=False)))
     click.echo(f"  overheads: {prof.kernel_overhead_s * 1e6:.2f} us per kernel, {prof.forward_overhead_s * 1e3:.3f} ms "
                f"per forward + {prof.layer_overhead_s * 1e3:.3f} ms per layer + {prof.head_overhead_s * 1e3:.3f} ms "
                f"per draft head; per layer {prof.token_overhead_s * 1e6:.2f} us per token row and "
