@@ -71,7 +71,8 @@ def test_run_bad_option_is_one_line(capsys, tmp_path):
 
 def test_run_missing_model_leaves_no_report_folder(capsys, tmp_path):
     with pytest.raises(SystemExit) as exit_info:
-        main(["run", "--model", str(tmp_path / "no-model"), "-o", str(tmp_path / "r")])
+        main(["run", "--model", str(tmp_path / "no-model"), "--data", "demo", "--validation-data", "demo-validation",
+              "-o", str(tmp_path / "r")])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("treeopt: error: --model:") and "no-model" in err[-1]
@@ -150,3 +151,17 @@ def test_two_runs_on_a_busy_machine_agree(tmp_path):
     for df in sweeps:
         ok = df[df["unreliable"] == 0]
         assert (ok["speedup"] <= ok["tau"] + 1e-12).all()
+
+
+def test_run_on_a_model_of_ones_own_needs_its_own_prompts(capsys, tmp_path):
+    """The demo's Python prompts stand in only for the demo model: for any other model `run`
+    says at once which prompts it needs, before loading anything."""
+    for argv, option in ((["run", "--model", str(tmp_path / "m"), "-o", str(tmp_path / "r")], "--data"),
+                         (["run", "--model", str(tmp_path / "m"), "--data", "p.jsonl", "-o", str(tmp_path / "r")],
+                          "--validation-data")):
+        with pytest.raises(SystemExit) as exit_info:
+            main(argv)
+        assert exit_info.value.code == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"treeopt: error: {option}: required for --model")
+        assert not (tmp_path / "r").exists()

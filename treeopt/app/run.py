@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -55,8 +55,8 @@ class RunSettings:
     heads: str | None = None
     drafter: str | None = None            # drafter kind; None: read from the drafter's config
     num_heads: int | None = None          # heads used of those the weights hold; None: the config's
-    data: str = "demo"
-    validation_data: str = DEMO_VALIDATION
+    data: str | None = None               # calibration prompts; None: the demo's, for the demo only
+    validation_data: str | None = None    # held-out prompts; None: the demo's, for the demo only
     device: str = "auto"
     dtype: str = "auto"
     steps: int = 32                       # generated tokens per calibration prompt
@@ -128,6 +128,7 @@ def run_main_job(out_dir, settings: RunSettings = RunSettings(), *, log=print, p
     interruption) skips the stages already done with the same settings."""
     out = Path(out_dir)
     fresh = not out.exists()
+    settings = _with_data(settings)
     try:
         return _run_main_job(out, settings, log=log, progress=progress)
     except UserError:
@@ -135,6 +136,18 @@ def run_main_job(out_dir, settings: RunSettings = RunSettings(), *, log=print, p
         if fresh and out.is_dir() and not any(out.iterdir()):
             out.rmdir()
         raise
+
+
+def _with_data(s: RunSettings) -> RunSettings:
+    """The demo's own prompts stand in only for the demo: any other model is calibrated and
+    validated on prompts from its own use, which the user must name."""
+    if is_demo(s.model):
+        return replace(s, data=s.data or "demo", validation_data=s.validation_data or DEMO_VALIDATION)
+    for option, value in (("--data", s.data), ("--validation-data", s.validation_data)):
+        if value is None:
+            raise UserError(f"{option}: required for --model {s.model} (the demo prompts are Python code; "
+                            "give prompts from your model's own use, the validation ones disjoint from --data)")
+    return s
 
 
 def _run_main_job(out: Path, settings: RunSettings, *, log, progress: bool) -> dict:

@@ -116,9 +116,11 @@ def validate_cmd(model, heads, drafter, num_heads,
 
 @click.command("run")
 @apply(RUN_MODEL_OPTIONS)
-@click.option("--data", default="demo", show_default=True, metavar="demo|FILE|DIR", help="Calibration prompts.")
-@click.option("--validation-data", default=DEMO_VALIDATION, show_default=True, metavar="FILE",
-              help="Held-out prompts for validation (JSON lines), disjoint from --data.")
+@click.option("--data", default=None, metavar="demo|FILE|DIR",
+              help="Calibration prompts (required, except for the demo model).")
+@click.option("--validation-data", default=None, metavar="FILE",
+              help="Held-out prompts for validation (JSON lines), disjoint from --data (required, except for "
+                   "the demo model).")
 @click.option("--batch", "batches", type=IntList(1), default="1,2,4,8", show_default=True,
               help="Batch sizes to sweep.")
 @click.option("--context", "contexts", type=IntList(1), default="128,512", show_default=True,
