@@ -273,6 +273,15 @@ def test_optimal_on_a_wide_non_monotone_table_beats_the_top_ranks():
     assert tree.paths[0] == (700,)  # every prefix is a tree
 
 
+def test_optimal_prefixes_follow_value_not_depth():
+    # hand-derived: [0] .9, [0, 0] .9 x .8 = .72, [1] .05, [0, 1] .09: the 2-node prefix is the
+    # chain [0], [0, 0] (tau 2.62), not the two depth-1 nodes (tau 1.95)
+    acc = np.array([[0.9, 0.05], [0.8, 0.1]])
+    tree = optimal_tree(acc, 4)
+    assert tree.paths == ((0,), (0, 0), (0, 1), (1,))
+    assert tau(tree.prefix(2), acc) == pytest.approx(1 + 0.9 + 0.72)
+
+
 def test_optimal_wide_table_matches_dp_at_medium_size():
     rng = np.random.default_rng(3)
     acc = rng.uniform(0, 1, size=(3, 40)) ** 3
