@@ -19,7 +19,7 @@ from transformers.utils import logging as hf_logging
 from calibration.demo_files import DEMO_MODEL_DIR
 from calibration.heads import MedusaHeads
 from treeopt.dtypes import TORCH_NAMES, normalize_dtype
-from treeopt.errors import UserError
+from treeopt.errors import UserError, first_line
 from treeopt.layout import default_heads_dir
 
 #: below this many base-model parameters a CPU run uses one torch thread unless told otherwise:
@@ -99,8 +99,8 @@ def load_model(model: str = "demo", heads: str | None = None, *, device: str = "
         base = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch_dtype,
                                                     attn_implementation="sdpa")
         tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    except (OSError, ValueError, KeyError) as err:
-        raise UserError(f"--model: cannot load {model_dir}: {str(err).splitlines()[0]}") from None
+    except Exception as err:  # noqa: BLE001 - a damaged model file surfaces as any of torch's or safetensors' errors
+        raise UserError(f"--model: cannot load {model_dir}: {first_line(err)}") from None
     base = base.to(torch_device).eval()
     draft = MedusaHeads.from_pretrained(heads_dir, device=torch_device, dtype=torch_dtype, num_heads=num_heads,
                                         lm_head_weight=base.get_output_embeddings().weight)

@@ -16,6 +16,7 @@ from roofline.profile_fit import BatchTransfer, batch_transfer, error_summary
 from roofline.shapes import DraftHeadsShape
 from treeopt.acceptance import load_rank_vectors
 from treeopt.app.models import shape_of
+from treeopt.errors import UserError
 from treeopt.fileio import atomic_path, write_text
 from treeopt.selection import SWEEP_COLUMNS
 from treeopt.stats import tau_stderr
@@ -32,6 +33,23 @@ def load_prompt_texts(data: str) -> list[str]:
     if data == "demo":
         return read_jsonl_prompts(DEMO_PROMPTS)
     return read_jsonl_prompts(data)
+
+
+def check_prompt_source(data: str, option: str) -> None:
+    """UserError naming `option` when `data` (demo, demo-validation, a file or a folder of
+    prompts) is not there, before any model loads; its content is read by the stage that uses
+    it (`calibration.data.load_prompts` needs the model's tokenizer)."""
+    if data in ("demo", DEMO_VALIDATION):
+        return
+    path = Path(data)
+    if not path.exists():
+        raise UserError(f"{option}: {data}: no such file or directory")
+    if path.is_file():
+        try:
+            with open(path, "rb") as fh:
+                fh.read(1)
+        except OSError as err:
+            raise UserError(f"{option}: {data}: cannot read ({err.strerror or err})") from None
 
 
 def step_predictor(lm, proposal: Tree, hardware: HardwareProfile):

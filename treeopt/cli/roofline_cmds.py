@@ -25,9 +25,10 @@ from roofline.report import build_report
 from treeopt.accuracy import load_accuracy
 from treeopt.app.models import heads_of, shape_of
 from treeopt.cli.options import AtLeast, IntList, apply
+from treeopt.cli.safety import check_outputs, input_files
 from treeopt.errors import UserError
 from treeopt.export import text_table
-from treeopt.fileio import atomic_path, write_json
+from treeopt.fileio import atomic_outputs, atomic_path
 from treeopt.mix import ANY_CONTEXT, choose_mix_tree, format_mix, mix_section, parse_mix
 from treeopt.selection import best_per_cell, selection_from_grid
 from treeopt.engines import ENGINE_NAMES, get_engine
@@ -221,6 +222,7 @@ def roofline_speedup(model, dtype, hardware, accuracy, csv_model, num_heads, hea
                      sequential_draft, out, select, mix_spec) -> None:
     """Predicted overhead, tau and speedup for every batch x context x tree size, and the best
     tree per cell ("none" when no tree beats plain decoding)."""
+    check_outputs([out, select], input_files(model, hardware, accuracy, mix_spec))
     mix = parse_mix(mix_spec) if mix_spec is not None else None
     if mix is not None:
         batches = sorted(set(batches) | set(mix.batch))
@@ -240,13 +242,14 @@ def roofline_speedup(model, dtype, hardware, accuracy, csv_model, num_heads, hea
                         draft_stages=heads_used_by_prefix(tree) if sequential_draft else None)
     best = best_per_cell(grid)
     mix_doc = mix_section(choose_mix_tree(grid, mix, source="the grid"), tree, mix) if mix is not None else None
-    if out:
-        with atomic_path(out) as tmp:
-            grid.to_csv(tmp, index=False, float_format="%.6g")
-    if select:
-        extra = {"heads": heads.num_heads, "attention": attention, "verification": verification}
-        write_json(select, selection_from_grid(grid, tree, hw.name, shape.name,
-                                               extra=extra | ({"mix": mix_doc} if mix_doc else {})))
+    with atomic_outputs() as files:  # the grid and the selection from it: both or neither
+        if out:
+            grid.to_csv(files.path(out), index=False, float_format="%.6g")
+        if select:
+            extra = {"heads": heads.num_heads, "attention": attention, "verification": verification}
+            doc = selection_from_grid(grid, tree, hw.name, shape.name,
+                                      extra=extra | ({"mix": mix_doc} if mix_doc else {}))
+            files.path(select).write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
     click.echo(f"{shape.describe()}; {heads.describe()}; hardware {hw.name}; accuracy {label}")
     click.echo("tau of the greedy proposal sequence: " + ", ".join(
         f"n={n}: {tau[n]:.3f}" for n in (1, 4, 16, 32, 64) if n < len(tau)))
@@ -290,6 +293,7 @@ def report_cmd(model, dtype, hardware, accuracy, csv_model, num_heads, head_laye
                notes, out) -> None:
     """Write a report directory: roofline chart, speedup curves, best-tree heatmaps (PNG),
     grid.csv, selection.json and an index.md stating inputs and assumptions."""
+    check_outputs(inputs=input_files(model, hardware, accuracy), folders=[out])
     shape = shape_of(model, dtype)
     hw = load_hardware(hardware)
     table, label = (None, "")
@@ -329,6 +333,7 @@ def report_cmd(model, dtype, hardware, accuracy, csv_model, num_heads, head_laye
 @click.option("-o", "--out", "out", required=True, type=click.Path(dir_okay=False), help="Profile JSON to write.")
 def hw_fit(model, dtype, hardware, measurements, num_heads, head_layers, attention, name, out) -> None:
     """Fit a hardware profile's engine terms to measured step times of any engine."""
+    check_outputs([out], input_files(model, hardware, measurements))
     shape = shape_of(model, dtype)
     base = load_hardware(hardware)
     heads = heads_of(model, shape, num_heads=num_heads, num_layers=head_layers) if num_heads else None
@@ -367,6 +372,7 @@ def _term_text(name: str, value: float) -> str:
               help="CSV to write: the rows with predicted_step_ms (and error, when step_ms is given).")
 def roofline_predict(model, dtype, hardware, points_path, num_heads, head_layers, attention, out) -> None:
     """Predicted step_ms for every row of a step CSV (compare any prediction with any measurement)."""
+    check_outputs([out], input_files(model, hardware, points_path))
     shape = shape_of(model, dtype)
     hw = load_hardware(hardware)
     heads = heads_of(model, shape, num_heads=num_heads, num_layers=head_layers) if num_heads else None
