@@ -49,6 +49,9 @@ def check_outputs(outputs: Iterable = (), inputs: Iterable = (), folders: Iterab
             raise UserError(f"{os.fspath(out)}: given twice as an output ({os.fspath(seen[key])} too)")
         seen[key] = out
     refuse_overwriting_inputs(files + dirs, ins)
+    for out in files:
+        if out.is_dir():
+            raise UserError(f"{os.fspath(out)}: cannot write: is a directory; give a file name to write")
     for folder in dirs:
         if folder.exists() and not folder.is_dir():
             raise UserError(f"{os.fspath(folder)}: is not a directory; give a folder to write the outputs in")
