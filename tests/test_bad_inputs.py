@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import subprocess
+import sys
 import shutil
 from pathlib import Path
 
@@ -291,6 +293,55 @@ CASES = [
 ]
 
 
+# Every input file of every command, damaged in the ways a file arrives damaged: missing, a
+# folder, not UTF-8, not valid JSON or CSV, empty, nested too deep.
+FILE_INPUTS = {
+    "build-accuracy": "build --accuracy {} --nodes 4",
+    "build-tree": "build --tree {}",
+    "show-tree": "show {}",
+    "show-accuracy": "show tree.json --accuracy {}",
+    "buffers-tree": "buffers {}",
+    "compare-accuracy": "compare --accuracy {} --nodes 4 greedy",
+    "compare-tree": "compare --accuracy acc.json {}",
+    "check-tree": "check {} --engine vllm",
+    "check-accuracy": "check tree.json --engine vllm --accuracy {}",
+    "select-sweep": "select --sweep {}",
+    "select-grid-accuracy": "select --grid grid.csv --accuracy {}",
+    "speedup-accuracy": "roofline speedup --model llama-7b --hardware a100 --accuracy {}",
+    "speedup-hardware": "roofline speedup --model llama-7b --hardware {} --accuracy acc.json",
+    "ops-hardware": "roofline ops --model llama-7b --hardware {}",
+    "ops-model": "roofline ops --model {} --hardware a100",
+    "predict-points": "roofline predict --model llama-7b --hardware a100 --points {} -o p.csv",
+    "fit-measurements": "hw fit --model llama-7b --hardware a100 --measurements {} -o f.json",
+    "report-accuracy": "report --model llama-7b --hardware a100 --accuracy {} -o r",
+    "report-hardware": "report --model llama-7b --hardware {} --accuracy acc.json -o r",
+    "sweep-accuracy": "sweep --model {tiny} --accuracy {} -o s.csv",
+    "validate-accuracy": "validate --model {tiny} --accuracy {} --data prompts.jsonl",
+    "decode-tree": "decode --model {tiny} --tree {} --prompt hi",
+    "calibrate-data": "calibrate --model {tiny} --data {} -o a.json",
+    "run-validation-data": "run --model {tiny} --data prompts.jsonl --validation-data {} -o r",
+}
+DAMAGE = {
+    "missing": ("gone.json", None),
+    "folder": ("afolder.json", lambda d: (d / "afolder.json").mkdir()),
+    "not-utf8": ("latin.json", b"\xff\xfe\x00garbage\x80"),
+    "bad-json": ("bad.json", "{\"format\": "),
+    "empty": ("empty.json", ""),
+    "deep": ("deep.json", _deep_json(100_000)),
+}
+# a folder of prompts or an empty file is a valid (if empty) prompt source for some commands,
+# and a data file need not be JSON: those pairs are checked elsewhere
+SKIP = {("calibrate-data", "folder"), ("calibrate-data", "bad-json"), ("calibrate-data", "not-utf8"),
+        ("calibrate-data", "deep"), ("ops-model", "folder"), ("ops-model", "not-utf8"), ("ops-model", "empty"),
+        ("ops-model", "bad-json"), ("ops-model", "deep")}
+for _input, _command in FILE_INPUTS.items():
+    for _damage, (_name, _content) in DAMAGE.items():
+        if (_input, _damage) in SKIP:
+            continue
+        CASES.append((f"{_input}-{_damage}", _command.replace("{}", _name),
+                      {} if _content is None else {_name: _content}, None))
+
+
 def _profile(folder: Path, **changes) -> None:
     doc = json.loads((folder / "hw.json").read_text())
     doc.update(changes)
@@ -357,3 +408,70 @@ def test_bad_input(case, base, tmp_path, monkeypatch, capsys):
     if words:
         assert words.lower() in lines[0].lower(), lines[0]
     assert snapshot(work) == before
+
+
+# --------------------------------------------------------------------------------------------
+# a closed pipe, a second writer, a damaged run state
+
+
+def test_closed_pipe_is_not_an_error():
+    """`treeopt hw list | head -1`: the reader goes away after one line; treeopt exits 0,
+    silently."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    # `true` exits before treeopt has started, so every write meets a closed pipe
+    for reader in ("head -1", "true"):
+        proc = subprocess.run(f"'{sys.executable}' -m treeopt hw list | {reader}; echo \"status ${{PIPESTATUS[0]}}\"",
+                              shell=True, executable="/bin/bash", capture_output=True, text=True, env=env,
+                              timeout=120)
+        lines = proc.stdout.splitlines()
+        assert lines[-1] == "status 0" and proc.stderr == "", (reader, proc.stdout, proc.stderr)
+        if reader == "head -1":
+            assert lines[0].split()[:2] == ["name", "bf16"]
+
+
+HOLDER = """
+import sys
+from treeopt.fileio import output_lock
+with output_lock(sys.argv[1]):
+    print("locked", flush=True)
+    sys.stdin.readline()
+"""
+
+
+def test_second_sweep_to_the_same_csv_fails_before_loading_the_model(base, tmp_path, monkeypatch, capsys):
+    """Another treeopt process writing sweep.csv: a second sweep to it is one line, exit 2,
+    and touches nothing, before the model loads."""
+    work = tmp_path / "w"
+    shutil.copytree(base, work, symlinks=True)
+    monkeypatch.chdir(work)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(work / "sweep.csv")], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        before = snapshot(work)
+        loads = []
+        monkeypatch.setattr("treeopt.cli.run_cmds.load_model", lambda *a, **k: loads.append(a))
+        with pytest.raises(SystemExit) as exc:
+            main(["sweep", "--model", str(work / "tiny"), "--accuracy", "acc.json", "--resume", "-o", "sweep.csv"])
+        err = capsys.readouterr().err
+        assert exc.value.code == 2 and err == (f"treeopt: error: sweep.csv: is being written by another treeopt "
+                                               f"process (pid {holder.pid})\n")
+        assert loads == [] and snapshot(work) == before
+    finally:
+        holder.communicate("done\n", timeout=60)
+
+
+def test_damaged_run_state_counts_as_no_stage_done(tmp_path):
+    """A run_state.json that is not a JSON object of stages: every stage runs again (with a
+    warning), instead of a traceback that blocks the resume."""
+    from treeopt.app.run import _read_state, _stage  # noqa: PLC0415 - torch-heavy module, this test only
+
+    logged = []
+    for damaged in ("{half", "[1, 2]", _deep_json(100_000), "\xff"):
+        (tmp_path / "run_state.json").write_text(damaged, encoding="latin-1")
+        assert _read_state(tmp_path, logged.append) == {}
+        assert _stage(tmp_path, "calibrate", {"model": "demo"}, logged.append) is False
+    assert len(logged) == 8 and all(line.startswith("treeopt: warning: ") for line in logged)
+    (tmp_path / "run_state.json").write_text(json.dumps({"calibrate": {"model": "demo"}}))
+    assert _stage(tmp_path, "calibrate", {"model": "demo"}, logged.append) is True

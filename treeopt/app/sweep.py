@@ -28,11 +28,16 @@ DEMO_VALIDATION = "demo-validation"
 
 def load_prompt_texts(data: str) -> list[str]:
     """Prompts of a JSON-lines file, or of the demo's calibration / validation sets."""
-    if data == DEMO_VALIDATION:
-        return read_jsonl_prompts(DEMO_VALIDATION_PROMPTS)
-    if data == "demo":
-        return read_jsonl_prompts(DEMO_PROMPTS)
-    return read_jsonl_prompts(data)
+    path = {DEMO_VALIDATION: DEMO_VALIDATION_PROMPTS, "demo": DEMO_PROMPTS}.get(data, data)
+    if Path(path).is_dir():
+        raise UserError(f"{data}: is a directory, not a JSON-lines file of prompts")
+    try:
+        prompts = read_jsonl_prompts(path)
+    except RecursionError:
+        raise UserError(f"{data}: JSON nested too deeply to read") from None
+    if not prompts:
+        raise UserError(f"{data}: no prompts")
+    return prompts
 
 
 def check_prompt_source(data: str, option: str) -> None:

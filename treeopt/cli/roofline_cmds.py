@@ -25,7 +25,7 @@ from roofline.report import build_report
 from treeopt.accuracy import load_accuracy
 from treeopt.app.models import heads_of, shape_of
 from treeopt.cli.options import AtLeast, IntList, apply
-from treeopt.cli.safety import check_outputs, input_files
+from treeopt.cli.safety import check_outputs, input_files, require_file
 from treeopt.errors import UserError
 from treeopt.export import text_table
 from treeopt.fileio import atomic_outputs, atomic_path
@@ -334,6 +334,7 @@ def report_cmd(model, dtype, hardware, accuracy, csv_model, num_heads, head_laye
 def hw_fit(model, dtype, hardware, measurements, num_heads, head_layers, attention, name, out) -> None:
     """Fit a hardware profile's engine terms to measured step times of any engine."""
     check_outputs([out], input_files(model, hardware, measurements))
+    require_file(measurements, "--measurements")
     shape = shape_of(model, dtype)
     base = load_hardware(hardware)
     heads = heads_of(model, shape, num_heads=num_heads, num_layers=head_layers) if num_heads else None
@@ -373,6 +374,7 @@ def _term_text(name: str, value: float) -> str:
 def roofline_predict(model, dtype, hardware, points_path, num_heads, head_layers, attention, out) -> None:
     """Predicted step_ms for every row of a step CSV (compare any prediction with any measurement)."""
     check_outputs([out], input_files(model, hardware, points_path))
+    require_file(points_path, "--points")
     shape = shape_of(model, dtype)
     hw = load_hardware(hardware)
     heads = heads_of(model, shape, num_heads=num_heads, num_layers=head_layers) if num_heads else None

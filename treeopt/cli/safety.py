@@ -57,3 +57,13 @@ def check_outputs(outputs: Iterable = (), inputs: Iterable = (), folders: Iterab
             raise UserError(f"{os.fspath(folder)}: is not a directory; give a folder to write the outputs in")
     check_writable(files + [d / _PROBE_NAME for d in dirs])
 
+
+
+def require_file(path, option: str) -> None:
+    """UserError naming `option` when `path` is not a readable file (missing or a folder)."""
+    if path is None:
+        return
+    if Path(path).is_dir():
+        raise UserError(f"{option}: {os.fspath(path)}: is a directory, not a file")
+    if not Path(path).is_file():
+        raise UserError(f"{option}: {os.fspath(path)}: no such file")
