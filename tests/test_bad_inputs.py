@@ -287,6 +287,17 @@ CASES = [
     ("validate-heads-fewer", "validate --model {tiny} --num-heads 9 --accuracy acc.json --data prompts.jsonl",
      {}, "--num-heads"),
 
+    # ---- size guards: refused with an estimate before any work ----
+    ("speedup-1m-cells", "roofline speedup --model llama-7b --hardware a100 --accuracy acc.json --max-nodes 64 "
+     "--batch " + ",".join(map(str, range(1, 129))) + " --context " + ",".join(map(str, range(0, 1920, 16))),
+     {}, "GiB"),
+    ("report-1m-cells", "report --model llama-7b --hardware a100 --accuracy acc.json --max-nodes 999999 -o r",
+     {}, "GiB"),
+    ("sweep-absurd-grid", "sweep --model {tiny} --accuracy acc.json -o s.csv --batch "
+     + ",".join(map(str, range(1, 101))) + " --context " + ",".join(map(str, range(1, 101))), {}, "hours"),
+    ("run-absurd-grid", "run --model {tiny} -o r --batch " + ",".join(map(str, range(1, 201)))
+     + " --context " + ",".join(map(str, range(1, 101))), {}, "hours"),
+
     # ---- runs and their state ----
     ("run-state-corrupt-and-bad-data", "run --model {tiny} --data nope.jsonl -o r",
      {"r/run_state.json": "{half"}, "nope.jsonl"),

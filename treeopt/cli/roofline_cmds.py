@@ -57,6 +57,26 @@ def _greedy_tau(table, max_nodes: int, num_heads: int, joint: bool, engine=None)
     return curves.proposal, curves.joint if joint else curves.independent
 
 
+#: peak memory per (batch, context, nodes) cell of a predicted grid, with the best tree per
+#: cell and the selection: 1.07 KB measured with tracemalloc (llama-7b, 16 x 16 and 64 x 64 x 65
+#: cells), rounded up for pandas' copies; benchmarks/bench_roofline.py checks it
+GRID_BYTES_PER_CELL = 1536
+#: the most memory a grid may take: above it the command refuses with its estimate
+GRID_MEMORY_LIMIT_BYTES = 2**30
+
+
+def check_grid_size(batches, contexts, max_nodes: int) -> None:
+    """UserError with the estimate, before any work, when the grid would take more memory than
+    GRID_MEMORY_LIMIT_BYTES."""
+    cells = len(batches) * len(contexts) * (max_nodes + 1)
+    need = cells * GRID_BYTES_PER_CELL
+    if need > GRID_MEMORY_LIMIT_BYTES:
+        raise UserError(f"--batch x --context x --max-nodes: {len(batches)} x {len(contexts)} x {max_nodes + 1} = "
+                        f"{cells:,} cells would take about {need / GIB:.1f} GiB (limit "
+                        f"{GRID_MEMORY_LIMIT_BYTES / GIB:.0f} GiB, {GRID_MEMORY_LIMIT_BYTES // GRID_BYTES_PER_CELL:,} "
+                        "cells); predict fewer values")
+
+
 def _command_line() -> str:
     return "treeopt " + " ".join(shlex.quote(a) for a in sys.argv[1:])
 
@@ -227,6 +247,7 @@ def roofline_speedup(model, dtype, hardware, accuracy, csv_model, num_heads, hea
     if mix is not None:
         batches = sorted(set(batches) | set(mix.batch))
         contexts = sorted(set(contexts) | {c for c in mix.context if c != ANY_CONTEXT})
+    check_grid_size(batches, contexts, max_nodes)
     shape = shape_of(model, dtype)
     hw = load_hardware(hardware)
     table, label = _load_acc(accuracy, csv_model, model)
@@ -294,6 +315,7 @@ def report_cmd(model, dtype, hardware, accuracy, csv_model, num_heads, head_laye
     """Write a report directory: roofline chart, speedup curves, best-tree heatmaps (PNG),
     grid.csv, selection.json and an index.md stating inputs and assumptions."""
     check_outputs(inputs=input_files(model, hardware, accuracy), folders=[out])
+    check_grid_size(batches, contexts, max_nodes)
     shape = shape_of(model, dtype)
     hw = load_hardware(hardware)
     table, label = (None, "")
