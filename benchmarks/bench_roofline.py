@@ -72,5 +72,40 @@ def main(repeats: int = 9) -> list[tuple[str, float, float]]:
     return results
 
 
+def memory_check() -> bool:
+    """Issue 13: a grid the CLI accepts fits in 1 GiB (the largest one, 64 x 160 x 65 cells,
+    with the best tree per cell and the selection, peak traced memory), and 1M cells are
+    refused at once with an estimate."""
+    import tracemalloc  # noqa: PLC0415 - only this check traces allocations
+
+    from treeopt.cli.roofline_cmds import GRID_MEMORY_LIMIT_BYTES, check_grid_size  # noqa: PLC0415
+    from treeopt.errors import UserError  # noqa: PLC0415
+
+    shape, hw = model_shape("vicuna-7b"), load_hardware("a100-80gb-sxm")
+    heads = draft_heads_shape(shape, 5)
+    table = load_accuracy(CSV, model="vicuna-7b")
+    tree = proposal_sequence(table, 64, method="greedy")
+    tau = tau_curves(table, tree).independent
+    batches, contexts = list(range(1, 65)), list(range(0, 160 * 16, 16))
+    check_grid_size(batches, contexts, 64)
+    tracemalloc.start()
+    grid = speedup_grid(shape, heads, hw, tau, batches, contexts, tree=tree)
+    selection_from_grid(grid, tree, hw.name, shape.name)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    fits = peak <= GRID_MEMORY_LIMIT_BYTES
+    print(f"{'PASS' if fits else 'FAIL'}  {len(grid):,} grid cells: peak {peak / 2**30:.2f} GiB (target <= 1 GiB)")
+    try:
+        check_grid_size(list(range(1, 129)), list(range(0, 120 * 16, 16)), 64)
+        refused = False
+    except UserError as err:
+        refused = "GiB" in str(err)
+        print(f"PASS  1M cells refused before any work: {err}")
+    if not refused:
+        print("FAIL  1M cells were not refused")
+    return fits and refused
+
+
 if __name__ == "__main__":
-    sys.exit(exit_status(main()))
+    status = exit_status(main())
+    sys.exit(status or (0 if memory_check() else 1))

@@ -101,6 +101,10 @@ class MedusaHeads(nn.ModuleList):
                 warn(f"treeopt: warning: {path}: the weights hold {stored} heads but {CONFIG_NAME} says "
                      f"medusa_num_heads {configured}; using {configured} (the Medusa authors' code uses all "
                      f"{stored}: pass --num-heads {stored} to do the same)")
+            if configured > stored:  # checked before building modules for heads that are not there
+                first = f"{stored}.0.linear.weight" if num_layers else f"{stored}.0.weight"
+                raise UserError(f"{path}: weights lack key '{first}' ({CONFIG_NAME} says medusa_num_heads "
+                                f"{configured}, the weights hold {stored} heads)")
         elif num_heads < 1 or num_heads > stored:
             raise UserError(f"--num-heads: {path} holds {stored} heads, asked for {num_heads}")
         if shares_lm_head:

@@ -35,7 +35,7 @@ import torch
 
 from calibration.runner import run_date, tool_versions
 from treeopt.accuracy import AccuracyTable, joint_counts_from_ranks, rank_hits
-from treeopt.errors import UserError
+from treeopt.errors import UserError, first_line
 
 NORMALIZATIONS = ("own", "medusa")
 #: the count `medusa/eval/gen_results.py` divides every head by (`load_accuracy_table`)
@@ -92,7 +92,7 @@ def import_medusa_accuracy(path: str | Path, normalize: str = "own"):
     try:
         results = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # noqa: BLE001 - torch.load raises many types for a foreign file
-        raise UserError(f"{path}: not a readable torch file ({str(err).splitlines()[0]})") from None
+        raise UserError(f"{path}: not a readable torch file ({first_line(err)})") from None
     ranks = medusa_rank_matrix(results, source=str(path))
     width = int(results[0].shape[1])
     counts = rank_hits(ranks, width)

@@ -26,7 +26,7 @@ from calibration.drafters import (
     load_drafter,
 )
 from treeopt.dtypes import TORCH_NAMES, normalize_dtype
-from treeopt.errors import UserError
+from treeopt.errors import UserError, first_line
 from treeopt.layout import default_heads_dir
 
 #: below this many base-model parameters a CPU run uses one torch thread unless told otherwise:
@@ -124,9 +124,9 @@ def load_model(model: str = "demo", heads: str | None = None, *, device: str = "
                                                     attn_implementation="sdpa", **sharded)
         tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     except ImportError as err:  # transformers needs accelerate for a device map
-        raise UserError(f"--device-map: {str(err).splitlines()[0]} (pip install 'treeopt[scale]')") from None
-    except (OSError, ValueError, KeyError) as err:
-        raise UserError(f"--model: cannot load {model_dir}: {str(err).splitlines()[0]}") from None
+        raise UserError(f"--device-map: {first_line(err)} (pip install 'treeopt[scale]')") from None
+    except Exception as err:  # noqa: BLE001 - a damaged model file surfaces as any of torch's or safetensors' errors
+        raise UserError(f"--model: cannot load {model_dir}: {first_line(err)}") from None
     if device_map is None:
         base = base.to(torch_device)
     else:

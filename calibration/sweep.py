@@ -47,7 +47,7 @@ from tqdm import tqdm
 
 from calibration.decoder import TreeDecoder, model_forward_hidden, new_cache, plain_step_forward
 from treeopt.errors import UserError
-from treeopt.fileio import atomic_path, write_json
+from treeopt.fileio import atomic_outputs, atomic_path, write_json
 from treeopt.selection import (
     SWEEP_COLUMNS,
     add_intervals,
@@ -421,15 +421,15 @@ def run_sweep(lm, tau: TauCurve, settings: SweepSettings, out_csv, *, predictor=
         batches |= set(old.get("batches", [])) | set(done["batch"].astype(int))
         contexts |= set(old.get("contexts", [])) | set(done["context"].astype(int))
         round_samples = read_round_samples(spath)
-    else:
-        # Start afresh: never leave an old CSV next to new metadata.
-        mpath.unlink(missing_ok=True)
-        spath.unlink(missing_ok=True)
-        _write(done, out_csv)
     full_meta = {**_jsonable(meta or {}), "format": SWEEP_FORMAT, **fingerprint,
                  "batches": sorted(int(b) for b in batches), "contexts": sorted(int(s) for s in contexts),
                  "columns": SWEEP_COLUMNS}
-    write_json(mpath, full_meta)
+    # A fresh sweep replaces an old file only when its first group is measured, and then the
+    # CSV, its metadata and its samples together: an interrupted start loses nothing, and an
+    # old CSV never sits next to new metadata (docs/formats.md, "Output safety").
+    fresh = not (resume and out_csv.exists())
+    if not fresh:
+        write_json(mpath, full_meta)
 
     cache: dict[tuple[int, int, int], float] = {}
 
@@ -467,7 +467,8 @@ def run_sweep(lm, tau: TauCurve, settings: SweepSettings, out_csv, *, predictor=
             if all("round_samples" in r for r in rows):
                 round_samples[(b, s)] = ([r["nodes"] for r in rows],
                                          np.column_stack([r["round_samples"] for r in rows]))
-                write_round_samples(spath, round_samples)
+                if not fresh:
+                    write_round_samples(spath, round_samples)
             group = pd.DataFrame([{k: v for k, v in r.items() if k != "round_samples"} for r in rows])
             # End-to-end figures are per (batch, nodes), the same for every context: carry
             # those already measured over to the new group.
@@ -476,7 +477,17 @@ def run_sweep(lm, tau: TauCurve, settings: SweepSettings, out_csv, *, predictor=
                 e2e = old.dropna(subset=["e2e_speedup"]).drop_duplicates(["batch", "nodes"])
                 group = group.merge(e2e[["batch", "nodes"] + E2E_COLUMNS], on=["batch", "nodes"], how="left")
             frames.append(group.reindex(columns=cols))
-            _write(table_of(), out_csv)
+            if fresh:
+                with atomic_outputs() as files:
+                    write_json(files.path(mpath), full_meta)
+                    if round_samples:
+                        write_round_samples(files.path(spath), round_samples)
+                    table_of().to_csv(files.path(out_csv), index=False)
+                if not round_samples:
+                    spath.unlink(missing_ok=True)
+                fresh = False
+            else:
+                _write(table_of(), out_csv)
             bar.update(1)
     finally:
         bar.close()

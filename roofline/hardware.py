@@ -32,6 +32,7 @@ including the framework's fixed cost per forward pass and per layer, and are sto
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -274,6 +275,11 @@ class HardwareProfile:
         if unknown:
             raise UserError(f"{source}: unknown key '{unknown[0]}'")
         kwargs = {k: v for k, v in d.items() if k in known}
+        for key, kinds, what in _FIELD_TYPES:
+            if key in kwargs and not isinstance(kwargs[key], kinds):
+                raise UserError(f"{source}: '{key}' must be {what}, got {json.dumps(kwargs[key])[:40]}")
+        if "gemm_efficiency" in kwargs and kwargs["gemm_efficiency"] is None:
+            raise UserError(f"{source}: 'gemm_efficiency' must be an object with 'rows' and 'values', got null")
         for key in ("gemm_efficiency", "attention_efficiency", "attention_kv_efficiency"):
             if kwargs.get(key) is not None:
                 kwargs[key] = EfficiencyCurve.from_dict(kwargs[key], source=f"{source}: {key}")
@@ -292,6 +298,17 @@ class HardwareProfile:
 
     def with_(self, **changes) -> HardwareProfile:
         return replace(self, **changes)
+
+
+# keys of a profile file whose JSON type the dataclass cannot check by value (docs/formats.md)
+_FIELD_TYPES = (
+    ("name", str, "a string"),
+    ("description", str, "a string"),
+    ("source", str, "a string"),
+    ("kv_cache_update", str, "a string"),
+    ("calibration", dict, "an object"),
+    ("peak_flops", dict, "an object of dtype -> FLOP/s"),
+)
 
 
 def _positive(value) -> bool:

@@ -156,8 +156,10 @@ def test_two_runs_on_a_busy_machine_agree(tmp_path):
 def test_run_on_a_model_of_ones_own_needs_its_own_prompts(capsys, tmp_path):
     """The demo's Python prompts stand in only for the demo model: for any other model `run`
     says at once which prompts it needs, before loading anything."""
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "def f(x):"}\n')
     for argv, option in ((["run", "--model", str(tmp_path / "m"), "-o", str(tmp_path / "r")], "--data"),
-                         (["run", "--model", str(tmp_path / "m"), "--data", "p.jsonl", "-o", str(tmp_path / "r")],
+                         (["run", "--model", str(tmp_path / "m"), "--data", str(prompts), "-o", str(tmp_path / "r")],
                           "--validation-data")):
         with pytest.raises(SystemExit) as exit_info:
             main(argv)

@@ -236,12 +236,18 @@ def test_interrupted_sweep_keeps_finished_groups_and_resumes(tiny, tmp_path, mon
                                   partial.reindex(columns=SWEEP_COLUMNS), check_exact=False, rtol=1e-12,
                                   check_dtype=False)
 
-    # interrupted before the first group finished: an empty (header-only) file that resumes
+    # interrupted before the first group finished: nothing written, and a fresh sweep over an
+    # existing file leaves it byte-identical until its first group is measured
     out2 = tmp_path / "early.csv"
     calls = count_groups(monkeypatch, fail_on=1)
     with pytest.raises(KeyboardInterrupt):
         run_sweep(lm, TauCurve(PROPOSAL, TAU_IND, None), settings, out2, progress=False)
-    assert pd.read_csv(out2).empty and meta_path(out2).is_file()
+    assert not out2.exists() and not meta_path(out2).exists()
+    kept = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    calls = count_groups(monkeypatch, fail_on=1)
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(lm, TauCurve(PROPOSAL, TAU_IND, None), settings, out, progress=False)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == kept
     calls = count_groups(monkeypatch)
     assert len(run_sweep(lm, TauCurve(PROPOSAL, TAU_IND, None), settings, out2, resume=True, progress=False)) == 6
     assert calls == [(1, 8), (2, 8)]

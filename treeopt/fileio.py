@@ -82,6 +82,10 @@ def parse_json_input(text: str, source) -> object:
         return json.loads(text)
     except json.JSONDecodeError as err:
         raise UserError(f"{source}: not valid JSON (line {err.lineno}: {err.msg})") from None
+    except RecursionError:
+        raise UserError(f"{source}: JSON nested too deeply to read") from None
+    except ValueError as err:  # an integer of thousands of digits (Python's int conversion limit)
+        raise UserError(f"{source}: not readable JSON ({str(err).splitlines()[0][:120]})") from None
 
 
 def read_json_input(path: str | os.PathLike, what: str) -> object:

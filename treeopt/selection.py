@@ -66,6 +66,8 @@ SWEEP_COLUMNS = [
     "e2e_tokens_per_s", "e2e_tokens_per_step", "e2e_speedup",
 ]
 REQUIRED = ("batch", "context", "nodes", "speedup")
+#: the columns a predicted grid (`treeopt roofline speedup -o`) must hold to be selected from
+GRID_REQUIRED = ("batch", "context", "nodes", "tau", "overhead", "speedup")
 SELECTION_FORMAT = "treeopt.selection/v1"
 # A chosen tree whose speedup interval is wider than +-10% is reported as noisy: the
 # difference between neighbouring tree sizes is often smaller than that (docs/statistics.md
@@ -170,9 +172,16 @@ def read_sweep(path) -> tuple[pd.DataFrame, dict]:
     if not path.is_file():
         raise UserError(f"{path}: no such file")
     try:
+        raw = path.read_bytes()
         df = pd.read_csv(path)
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, OSError) as err:
         raise UserError(f"{path}: not a sweep CSV ({_first_line(err)})") from None
+    if raw and not raw.endswith(b"\n"):
+        # treeopt writes every row whole; a last line without its end was cut (a copy or a
+        # disk that stopped midway), so its numbers cannot be trusted (docs/formats.md,
+        # "Output safety")
+        raise UserError(f"{path}: ends in the middle of a line (a cut or damaged file); measure it again "
+                        "or resume it with `treeopt sweep --resume`")
     missing = [c for c in REQUIRED if c not in df.columns]
     if missing:
         raise UserError(f"{path}: missing column '{missing[0]}' (not a treeopt sweep CSV)")
@@ -211,6 +220,7 @@ def read_sweep(path) -> tuple[pd.DataFrame, dict]:
     if not isinstance(meta, dict) or "proposal" not in meta:
         raise UserError(f"{meta_file}: no 'proposal' tree (not a treeopt sweep metadata file)")
     proposal = proposal_from_meta(meta, str(meta_file))
+    _check_complete(df, meta, path)
     biggest = int(df["nodes"].max())
     if biggest > proposal.size:
         raise UserError(f"{path}: has rows for {biggest} nodes but the proposal tree in "
@@ -218,6 +228,28 @@ def read_sweep(path) -> tuple[pd.DataFrame, dict]:
     df = df.sort_values(["batch", "context", "nodes"], ignore_index=True)
     df.attrs["source"] = str(path)
     return df, meta
+
+
+def _check_complete(df: pd.DataFrame, meta: dict, path: Path) -> None:
+    """UserError when the metadata of `treeopt sweep` lists (batch, context) groups or tree
+    sizes the CSV lacks: an interrupted sweep, which `select` must not choose from."""
+    batches, contexts = meta.get("batches"), meta.get("contexts")
+    sizes = meta.get("measurement", {}).get("sizes") if isinstance(meta.get("measurement"), dict) else None
+    if not (isinstance(batches, list) and isinstance(contexts, list)):
+        return  # a sweep written by hand or by an older treeopt: nothing to compare with
+    have = {(int(b), int(c)): set(g["nodes"].tolist()) for (b, c), g in df.groupby(["batch", "context"])}
+    want = [(b, c) for b in batches for c in contexts]
+    missing = [g for g in want if g not in have]
+    if missing:
+        raise UserError(f"{path}: incomplete sweep: {len(want) - len(missing)} of {len(want)} (batch, context) "
+                        f"groups measured, batch {missing[0][0]} context {missing[0][1]} missing; finish it "
+                        "with `treeopt sweep --resume`")
+    if isinstance(sizes, list):
+        for (b, c), nodes in have.items():
+            lacking = sorted(set(sizes) - nodes)
+            if lacking:
+                raise UserError(f"{path}: incomplete sweep: batch {b} context {c} has no row for "
+                                f"{lacking[0]} nodes; finish it with `treeopt sweep --resume`")
 
 
 def proposal_from_meta(meta: dict, source: str) -> Tree:
@@ -492,8 +524,18 @@ def read_grid_with_proposal(grid_file, accuracy, *, csv_model: str | None = None
         grid = pd.read_csv(grid_file)
     except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as err:
         raise UserError(f"{grid_file}: cannot read ({_first_line(err)})") from None
-    if "nodes" not in grid.columns:
-        raise UserError(f"{grid_file}: missing column 'nodes' (not a treeopt grid CSV)")
+    for col in GRID_REQUIRED:
+        if col not in grid.columns:
+            raise UserError(f"{grid_file}: missing column '{col}' (not a treeopt grid CSV)")
+    if grid.empty:
+        raise UserError(f"{grid_file}: no rows (not a finished treeopt grid CSV)")
+    for col in GRID_REQUIRED:
+        values = pd.to_numeric(grid[col], errors="coerce")
+        bad = ~np.isfinite(values.to_numpy(dtype=float))
+        if bad.any():
+            row = int(np.flatnonzero(bad)[0])
+            raise UserError(f"{grid_file}: row {row + 2}: column '{col}' is not a number ({grid[col].iloc[row]!r})")
+        grid[col] = values
     table = load_accuracy(accuracy, model=csv_model)
     return grid, proposal_sequence(table, int(grid["nodes"].max()), method="greedy")
 

@@ -25,6 +25,11 @@ def _node_str(path) -> str:
     return "[" + ", ".join(str(r) for r in path) + "]"
 
 
+#: the largest rank a node may have: a rank indexes a vocabulary, and indices are computed in
+#: int64 (docs/trees.md, "Medusa buffers"), which a rank near 2^63 would overflow
+MAX_RANK = 2**31 - 1
+
+
 def _check_paths(paths, source, *, topk=None, num_heads=None, allow_empty=True):
     """Raise UserError for the first problem in `paths` (tuples of ints), naming the node."""
     if not paths and not allow_empty:
@@ -36,6 +41,9 @@ def _check_paths(paths, source, *, topk=None, num_heads=None, allow_empty=True):
         for r in path:
             if r < 0:
                 raise UserError(f"{source}: node {_node_str(path)} has a negative rank {r}")
+            if r > MAX_RANK:
+                raise UserError(f"{source}: node {_node_str(path)[:40]} has rank {str(r)[:24]}, beyond any "
+                                f"vocabulary (ranks are at most {MAX_RANK})")
             if topk is not None and r >= topk:
                 raise UserError(
                     f"{source}: node {_node_str(path)} has rank {r}, not below the candidate width (topk) {topk}"

@@ -26,7 +26,14 @@ from treeopt.acceptance import load_rank_vectors
 from treeopt.accuracy import AccuracyTable, load_accuracy
 from treeopt.app.hwcalibrate import calibrate_hardware
 from treeopt.app.models import is_demo, shape_of
-from treeopt.app.sweep import DEMO_VALIDATION, fit_from_sweep, format_transfer, sweep
+from treeopt.app.sweep import (
+    DEMO_VALIDATION,
+    check_prompt_source,
+    fit_from_sweep,
+    format_transfer,
+    load_prompt_texts,
+    sweep,
+)
 from treeopt.app.validation import ValidationResult, format_validation, validate
 from treeopt.engines import export_for, get_engine
 from treeopt.errors import UserError
@@ -77,10 +84,28 @@ class RunSettings:
     mix: str | None = None                # traffic mix (CSV or inline spec): also choose one tree for it
 
 
+def _read_state(out: Path, log=None) -> dict:
+    """The stages recorded in `out/run_state.json`; a file that is not a JSON object of stages
+    (damaged by hand or by a full disk) counts as no stage done, with a warning: every stage
+    then runs again, which is slower but never wrong."""
+    state_file = out / "run_state.json"
+    if not state_file.is_file():
+        return {}
+    try:
+        state = json.loads(state_file.read_text(encoding="utf-8"))
+    except (ValueError, RecursionError, OSError) as err:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        state = err
+    if not isinstance(state, dict):
+        if log is not None:
+            log(f"treeopt: warning: {state_file}: not a run state ({str(state).splitlines()[0][:80]}); "
+                "every stage runs again")
+        return {}
+    return state
+
+
 def _stage(out: Path, name: str, settings: dict, log) -> bool:
     """Whether stage `name` is already done in `out` with these settings (a rerun resumes)."""
-    state_file = out / "run_state.json"
-    state = json.loads(state_file.read_text()) if state_file.is_file() else {}
+    state = _read_state(out, log)
     done = state.get(name) == settings
     if done:
         log(f"[{name}] done earlier with the same settings: kept")
@@ -88,10 +113,9 @@ def _stage(out: Path, name: str, settings: dict, log) -> bool:
 
 
 def _mark(out: Path, name: str, settings: dict) -> None:
-    state_file = out / "run_state.json"
-    state = json.loads(state_file.read_text()) if state_file.is_file() else {}
+    state = _read_state(out)
     state[name] = settings
-    write_json(state_file, state)
+    write_json(out / "run_state.json", state)
 
 
 def cpu_has_fast_bf16(cpuinfo: str | None = None) -> bool:
@@ -153,6 +177,8 @@ def _with_data(s: RunSettings) -> RunSettings:
 def _run_main_job(out: Path, settings: RunSettings, *, log, progress: bool) -> dict:
     s = settings
     mix = parse_mix(s.mix) if s.mix is not None else None  # bad input fails before any work
+    check_prompt_source(s.data, "--data")
+    load_prompt_texts(s.validation_data)  # read now, not at stage 7 after hours of work
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
     timings = {}

@@ -16,6 +16,7 @@ from roofline.profile_fit import BatchTransfer, batch_transfer, error_summary
 from roofline.shapes import DraftHeadsShape
 from treeopt.acceptance import load_rank_vectors
 from treeopt.app.models import shape_of
+from treeopt.errors import UserError
 from treeopt.fileio import atomic_path, write_text
 from treeopt.selection import SWEEP_COLUMNS
 from treeopt.stats import tau_stderr
@@ -27,11 +28,33 @@ DEMO_VALIDATION = "demo-validation"
 
 def load_prompt_texts(data: str) -> list[str]:
     """Prompts of a JSON-lines file, or of the demo's calibration / validation sets."""
-    if data == DEMO_VALIDATION:
-        return read_jsonl_prompts(DEMO_VALIDATION_PROMPTS)
-    if data == "demo":
-        return read_jsonl_prompts(DEMO_PROMPTS)
-    return read_jsonl_prompts(data)
+    path = {DEMO_VALIDATION: DEMO_VALIDATION_PROMPTS, "demo": DEMO_PROMPTS}.get(data, data)
+    if Path(path).is_dir():
+        raise UserError(f"{data}: is a directory, not a JSON-lines file of prompts")
+    try:
+        prompts = read_jsonl_prompts(path)
+    except RecursionError:
+        raise UserError(f"{data}: JSON nested too deeply to read") from None
+    if not prompts:
+        raise UserError(f"{data}: no prompts")
+    return prompts
+
+
+def check_prompt_source(data: str, option: str) -> None:
+    """UserError naming `option` when `data` (demo, demo-validation, a file or a folder of
+    prompts) is not there, before any model loads; its content is read by the stage that uses
+    it (`calibration.data.load_prompts` needs the model's tokenizer)."""
+    if data in ("demo", DEMO_VALIDATION):
+        return
+    path = Path(data)
+    if not path.exists():
+        raise UserError(f"{option}: {data}: no such file or directory")
+    if path.is_file():
+        try:
+            with open(path, "rb") as fh:
+                fh.read(1)
+        except OSError as err:
+            raise UserError(f"{option}: {data}: cannot read ({err.strerror or err})") from None
 
 
 def step_predictor(lm, proposal: Tree, hardware: HardwareProfile):

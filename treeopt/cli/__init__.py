@@ -20,6 +20,10 @@ from treeopt.errors import UserError
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 
+class ReaderGone(Exception):
+    """stdout was closed by its reader while a command wrote to it."""
+
+
 class LazyGroup(click.Group):
     """A click group whose subcommands live in other modules: `commands` maps a name to
     ("module:attribute", short help). The short help is kept here so that `--help` lists the
@@ -28,6 +32,14 @@ class LazyGroup(click.Group):
     def __init__(self, *args, lazy: dict[str, tuple[str, str]], **kwargs):
         super().__init__(*args, **kwargs)
         self.lazy = lazy
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except BrokenPipeError as err:
+            # click turns a closed stdout into exit status 1; the reader going away
+            # (`treeopt hw list | head -1`) is not an error, so it travels past click to `main`
+            raise ReaderGone from err
 
     def list_commands(self, ctx):
         return sorted(set(super().list_commands(ctx)) | set(self.lazy))
@@ -134,8 +146,10 @@ def main(argv: list[str] | None = None) -> None:
     except click.ClickException as err:
         click.echo(f"treeopt: error: {err.format_message()}", err=True)
         sys.exit(2 if err.exit_code in (1, 2) else err.exit_code)
-    except BrokenPipeError:
-        # The reader went away (`treeopt hw list | head -1`): not an error. Point stdout at
-        # devnull so that the interpreter's final flush does not fail again.
-        sys.stdout = open(os.devnull, "w")  # noqa: SIM115
+    except (BrokenPipeError, ReaderGone):
+        # The reader went away (`treeopt hw list | head -1`): not an error. Point stdout's
+        # descriptor at devnull so that the interpreter's final flush does not fail again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
         sys.exit(0)

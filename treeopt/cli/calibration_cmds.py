@@ -15,6 +15,7 @@ from treeopt.acceptance import rank_vectors_path
 from treeopt.accuracy import wilson_interval
 from treeopt.app.hwcalibrate import calibrate_hardware
 from treeopt.cli.options import DRAFTER_OPTION, AtLeast
+from treeopt.cli.safety import check_outputs, input_files
 from treeopt.errors import UserError
 from treeopt.export import text_table
 
@@ -99,6 +100,7 @@ def calibrate_cmd(ctx, model, heads, drafter, num_heads, data, no_chat_template,
                  if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE]
         if given:
             raise UserError(f"--import: cannot be combined with --{given[0].replace('_', '-')}")
+        check_outputs([output, rank_vectors_path(output)], input_files(import_file))
         table = import_medusa_accuracy(import_file, normalize=normalize)
         table.save(output)
         # Medusa's file has no rank vectors: a sidecar left by an earlier run would be stale.
@@ -177,6 +179,7 @@ def hw_calibrate(device, model, dtype, threads, quick, name, no_validate, out) -
     """Measure this machine (bandwidth, GEMM efficiency by rows for the model's weight shapes,
     attention, elementwise work, per-kernel and per-forward framework overhead) and write a
     hardware profile the other commands accept as --hardware."""
+    check_outputs([out or f"hardware-{device}.json"], input_files(model))
     prof = calibrate_hardware(device, model, dtype=dtype, quick=quick, threads=threads, name=name,
                               validate=not no_validate, progress=True)
     out = out or f"hardware-{device}.json"

@@ -13,7 +13,7 @@ from calibration.data import load_prompts
 from calibration.decoder import TreeDecoder, cut_tree, greedy_decode
 from calibration.models import load_model
 from calibration.threads import torch_threads
-from treeopt.cli.options import DRAFTER_OPTION, AtLeast, FiniteAtLeast
+from treeopt.cli.options import DRAFTER_OPTION, TOPK, AtLeast, FiniteAtLeast
 from treeopt.errors import UserError
 from treeopt.tree import load_tree
 
@@ -55,7 +55,7 @@ def _note(msg: str) -> None:
               help="Typical acceptance epsilon.")
 @click.option("--posterior-alpha", metavar="ALPHA", type=NON_NEGATIVE, default=0.3, show_default=True,
               help="Typical acceptance alpha.")
-@click.option("--topk", metavar="K", type=AtLeast(1), default=10, show_default=True, help="Candidates per head.")
+@click.option("--topk", metavar="K", type=TOPK, default=10, show_default=True, help="Candidates per head.")
 @click.option("--seed", metavar="N", type=AtLeast(0), default=0, show_default=True,
               help="Sampling seed (temperature > 0).")
 @click.option("--device", metavar="DEV", default="auto", show_default=True, help="auto, cpu, cuda, cuda:N, mps.")
@@ -87,9 +87,6 @@ def _decode(loaded, tree, prompts, data, max_prompts, prompt_tokens, max_new, ba
     tok = loaded.tokenizer
     k = loaded.heads.num_heads
     cut = cut_tree(tree, k, topk_n)
-    if cut.size != tree.size:
-        _note(f"{_label(tree)} cut to {k} heads and top-{topk_n}: {tree.size} -> {cut.size} nodes")
-    tree = cut
 
     if data:
         pset = load_prompts(data, tok, prompt_tokens=prompt_tokens, max_prompts=max_prompts)
@@ -101,6 +98,17 @@ def _decode(loaded, tree, prompts, data, max_prompts, prompt_tokens, max_new, ba
             if not ids:
                 raise UserError(f"--prompt #{i + 1}: tokenizes to nothing")
             token_lists.append(ids)
+
+    # as calibrate refuses them: positions beyond the model's are garbage, not an error, in torch
+    limit = getattr(loaded.model.config, "max_position_embeddings", None)
+    longest = max(len(t) for t in token_lists) + max_new + cut.depth
+    if limit and longest > limit:
+        raise UserError(f"{'--data/--prompt-tokens' if data else '--prompt'}/--max-new-tokens: sequences of up to "
+                        f"{longest} positions (prompt, new tokens and the tree's depth {cut.depth}) exceed the "
+                        f"model's {limit} positions")
+    if cut.size != tree.size:
+        _note(f"{_label(tree)} cut to {k} heads and top-{topk_n}: {tree.size} -> {cut.size} nodes")
+    tree = cut
 
     eos = tok.eos_token_id
     pad = tok.pad_token_id if tok.pad_token_id is not None else (eos if eos is not None else 0)

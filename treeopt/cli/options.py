@@ -7,14 +7,19 @@ import math
 
 import click
 
+#: the largest integer any option takes: counts and sizes become numpy int64 arrays, and a
+#: product of two of them must not overflow silently
+MAX_INT = 2**62
+
 
 class AtLeast(click.ParamType):
-    """An integer >= `minimum`."""
+    """An integer >= `minimum` (and <= `maximum`)."""
 
     name = "integer"
 
-    def __init__(self, minimum: int):
+    def __init__(self, minimum: int, maximum: int = MAX_INT):
         self.minimum = minimum
+        self.maximum = maximum
 
     def convert(self, value, param, ctx):
         if isinstance(value, int) and not isinstance(value, bool):
@@ -26,6 +31,8 @@ class AtLeast(click.ParamType):
                 self.fail(f"{value!r} is not an integer", param, ctx)
         if n < self.minimum:
             self.fail(f"must be at least {self.minimum}, got {n}", param, ctx)
+        if n > self.maximum:
+            self.fail(f"must be at most {self.maximum}, got {str(n)[:24]}", param, ctx)
         return n
 
 
@@ -45,6 +52,10 @@ class FiniteAtLeast(click.ParamType):
         if not (math.isfinite(x) and x >= self.minimum):
             self.fail(f"must be a finite number >= {self.minimum:g}, got {value}", param, ctx)
         return x
+
+
+#: --topk: candidates per head index a vocabulary (treeopt.tree.MAX_RANK)
+TOPK = AtLeast(1, maximum=2**31)
 
 
 class IntList(click.ParamType):
@@ -69,6 +80,9 @@ class IntList(click.ParamType):
         bad = [v for v in items if v < self.minimum]
         if bad:
             self.fail(f"values must be >= {self.minimum}, got {bad[0]}", param, ctx)
+        huge = [v for v in items if v > MAX_INT]
+        if huge:
+            self.fail(f"values must be <= {MAX_INT}, got {str(huge[0])[:24]}", param, ctx)
         return tuple(items) if self.ordered else tuple(sorted(set(items)))
 
 

@@ -25,9 +25,10 @@ from roofline.report import build_report
 from treeopt.accuracy import load_accuracy
 from treeopt.app.models import heads_of, shape_of
 from treeopt.cli.options import AtLeast, IntList, apply
+from treeopt.cli.safety import check_outputs, input_files, require_file
 from treeopt.errors import UserError
 from treeopt.export import text_table
-from treeopt.fileio import atomic_path, write_json
+from treeopt.fileio import atomic_outputs, atomic_path
 from treeopt.mix import ANY_CONTEXT, choose_mix_tree, format_mix, mix_section, parse_mix
 from treeopt.selection import best_per_cell, selection_from_grid
 from treeopt.engines import ENGINE_NAMES, get_engine
@@ -54,6 +55,26 @@ def _greedy_tau(table, max_nodes: int, num_heads: int, joint: bool, engine=None)
                 else proposal_sequence(table, max_nodes, method="greedy"))
     curves = tau_curves(table, proposal)
     return curves.proposal, curves.joint if joint else curves.independent
+
+
+#: peak memory per (batch, context, nodes) cell of a predicted grid, with the best tree per
+#: cell and the selection: 1.07 KB measured with tracemalloc (llama-7b, 16 x 16 and 64 x 64 x 65
+#: cells), rounded up for pandas' copies; benchmarks/bench_roofline.py checks it
+GRID_BYTES_PER_CELL = 1536
+#: the most memory a grid may take: above it the command refuses with its estimate
+GRID_MEMORY_LIMIT_BYTES = 2**30
+
+
+def check_grid_size(batches, contexts, max_nodes: int) -> None:
+    """UserError with the estimate, before any work, when the grid would take more memory than
+    GRID_MEMORY_LIMIT_BYTES."""
+    cells = len(batches) * len(contexts) * (max_nodes + 1)
+    need = cells * GRID_BYTES_PER_CELL
+    if need > GRID_MEMORY_LIMIT_BYTES:
+        raise UserError(f"--batch x --context x --max-nodes: {len(batches)} x {len(contexts)} x {max_nodes + 1} = "
+                        f"{cells:,} cells would take about {need / GIB:.1f} GiB (limit "
+                        f"{GRID_MEMORY_LIMIT_BYTES / GIB:.0f} GiB, {GRID_MEMORY_LIMIT_BYTES // GRID_BYTES_PER_CELL:,} "
+                        "cells); predict fewer values")
 
 
 def _command_line() -> str:
@@ -221,10 +242,12 @@ def roofline_speedup(model, dtype, hardware, accuracy, csv_model, num_heads, hea
                      sequential_draft, out, select, mix_spec) -> None:
     """Predicted overhead, tau and speedup for every batch x context x tree size, and the best
     tree per cell ("none" when no tree beats plain decoding)."""
+    check_outputs([out, select], input_files(model, hardware, accuracy, mix_spec))
     mix = parse_mix(mix_spec) if mix_spec is not None else None
     if mix is not None:
         batches = sorted(set(batches) | set(mix.batch))
         contexts = sorted(set(contexts) | {c for c in mix.context if c != ANY_CONTEXT})
+    check_grid_size(batches, contexts, max_nodes)
     shape = shape_of(model, dtype)
     hw = load_hardware(hardware)
     table, label = _load_acc(accuracy, csv_model, model)
@@ -240,13 +263,14 @@ def roofline_speedup(model, dtype, hardware, accuracy, csv_model, num_heads, hea
                         draft_stages=heads_used_by_prefix(tree) if sequential_draft else None)
     best = best_per_cell(grid)
     mix_doc = mix_section(choose_mix_tree(grid, mix, source="the grid"), tree, mix) if mix is not None else None
-    if out:
-        with atomic_path(out) as tmp:
-            grid.to_csv(tmp, index=False, float_format="%.6g")
-    if select:
-        extra = {"heads": heads.num_heads, "attention": attention, "verification": verification}
-        write_json(select, selection_from_grid(grid, tree, hw.name, shape.name,
-                                               extra=extra | ({"mix": mix_doc} if mix_doc else {})))
+    with atomic_outputs() as files:  # the grid and the selection from it: both or neither
+        if out:
+            grid.to_csv(files.path(out), index=False, float_format="%.6g")
+        if select:
+            extra = {"heads": heads.num_heads, "attention": attention, "verification": verification}
+            doc = selection_from_grid(grid, tree, hw.name, shape.name,
+                                      extra=extra | ({"mix": mix_doc} if mix_doc else {}))
+            files.path(select).write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
     click.echo(f"{shape.describe()}; {heads.describe()}; hardware {hw.name}; accuracy {label}")
     click.echo("tau of the greedy proposal sequence: " + ", ".join(
         f"n={n}: {tau[n]:.3f}" for n in (1, 4, 16, 32, 64) if n < len(tau)))
@@ -290,6 +314,8 @@ def report_cmd(model, dtype, hardware, accuracy, csv_model, num_heads, head_laye
                notes, out) -> None:
     """Write a report directory: roofline chart, speedup curves, best-tree heatmaps (PNG),
     grid.csv, selection.json and an index.md stating inputs and assumptions."""
+    check_outputs(inputs=input_files(model, hardware, accuracy), folders=[out])
+    check_grid_size(batches, contexts, max_nodes)
     shape = shape_of(model, dtype)
     hw = load_hardware(hardware)
     table, label = (None, "")
@@ -329,6 +355,8 @@ def report_cmd(model, dtype, hardware, accuracy, csv_model, num_heads, head_laye
 @click.option("-o", "--out", "out", required=True, type=click.Path(dir_okay=False), help="Profile JSON to write.")
 def hw_fit(model, dtype, hardware, measurements, num_heads, head_layers, attention, name, out) -> None:
     """Fit a hardware profile's engine terms to measured step times of any engine."""
+    check_outputs([out], input_files(model, hardware, measurements))
+    require_file(measurements, "--measurements")
     shape = shape_of(model, dtype)
     base = load_hardware(hardware)
     heads = heads_of(model, shape, num_heads=num_heads, num_layers=head_layers) if num_heads else None
@@ -367,6 +395,8 @@ def _term_text(name: str, value: float) -> str:
               help="CSV to write: the rows with predicted_step_ms (and error, when step_ms is given).")
 def roofline_predict(model, dtype, hardware, points_path, num_heads, head_layers, attention, out) -> None:
     """Predicted step_ms for every row of a step CSV (compare any prediction with any measurement)."""
+    check_outputs([out], input_files(model, hardware, points_path))
+    require_file(points_path, "--points")
     shape = shape_of(model, dtype)
     hw = load_hardware(hardware)
     heads = heads_of(model, shape, num_heads=num_heads, num_layers=head_layers) if num_heads else None

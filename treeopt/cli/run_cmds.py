@@ -9,16 +9,29 @@ from pathlib import Path
 import click
 
 from calibration.demo import DemoRecipe, train_demo
-from calibration.demo_files import DEMO_MODEL_DIR
 from calibration.models import load_model
 from calibration.sweep import SweepSettings
 from calibration.threads import torch_threads
 from roofline.hardware import load_hardware
 from treeopt.app.run import RunSettings, run_main_job
-from treeopt.app.sweep import DEMO_VALIDATION, add_end_to_end, fit_from_sweep, format_sweep, format_transfer, sweep
+from treeopt.app.sweep import (
+    DEMO_VALIDATION,
+    add_end_to_end,
+    check_prompt_source,
+    fit_from_sweep,
+    format_sweep,
+    format_transfer,
+    load_prompt_texts,
+    sweep,
+)
 from treeopt.app.validation import format_validation, validate
-from treeopt.cli.options import RUN_MODEL_OPTIONS, AtLeast, FiniteAtLeast, IntList, apply
+from treeopt.cli.options import RUN_MODEL_OPTIONS, TOPK, AtLeast, FiniteAtLeast, IntList, apply
+from treeopt.cli.safety import check_outputs, input_files
 from treeopt.engines import ENGINE_NAMES
+from treeopt.errors import UserError
+from treeopt.fileio import output_lock
+from treeopt.mix import parse_mix
+from treeopt.selection import read_sweep, sweep_meta_path, sweep_samples_path
 from treeopt.tau import PROPOSAL_METHODS, load_tau_curves
 
 METHOD_OPTION = click.option(
@@ -27,8 +40,10 @@ METHOD_OPTION = click.option(
 
 
 @click.command("train")
-@click.option("-o", "--out", "out_dir", type=click.Path(file_okay=False), default=None,
-              help="Where to write the model [default: the bundled calibration/demo_model].")
+@click.option("-o", "--out", "out_dir", type=click.Path(file_okay=False), default="demo_model", show_default=True,
+              help="Where to write the model (a folder in the current directory by default: the installed "
+                   "package is never written; copy the result over calibration/demo_model to replace the "
+                   "bundled one).")
 @click.option("--work-dir", type=click.Path(file_okay=False), default=None,
               help="Checkpoints and tokenised corpus; an interrupted run resumes from here.")
 @click.option("--base-steps", type=AtLeast(1), default=None, help="Base-model training steps.")
@@ -38,14 +53,36 @@ METHOD_OPTION = click.option(
 def demo_train(out_dir, work_dir, base_steps, head_steps, seed, fresh) -> None:
     """Train the demo model from the running interpreter's standard library (about 30 minutes
     on 2 CPU cores). The repository already ships the result; this is the recipe."""
+    check_outputs(folders=[out_dir, work_dir])
     recipe = DemoRecipe(seed=seed)
     if base_steps:
         recipe = dataclasses.replace(recipe, base_steps=base_steps)
     if head_steps:
         recipe = dataclasses.replace(recipe, head_steps=head_steps)
-    out = Path(out_dir) if out_dir else DEMO_MODEL_DIR
+    out = Path(out_dir)
     summary = train_demo(out, recipe, work_dir=work_dir, resume=not fresh)
     click.echo(f"held-out loss {summary['held_out_loss']:.3f}; model and heads in {out}")
+
+
+#: the most (batch, context) groups a sweep measures, and tree sizes in each: a sweep measures
+#: every group for several seconds (docs/formats.md, "Output safety"), so a grid beyond these
+#: is a typo, not a plan
+MAX_SWEEP_GROUPS = 1024
+MAX_SWEEP_CONFIGURATIONS = 16384
+#: a generous upper bound of one measured configuration on the dev machine, for the estimate
+SECONDS_PER_CONFIGURATION = 1.0
+
+
+def check_sweep_size(batches, contexts, sizes) -> None:
+    """UserError with an estimate when --batch x --context x --sizes is too large to measure."""
+    groups = len(batches) * len(contexts)
+    configurations = groups * len(sizes)
+    if groups > MAX_SWEEP_GROUPS or configurations > MAX_SWEEP_CONFIGURATIONS:
+        hours = configurations * SECONDS_PER_CONFIGURATION / 3600
+        raise UserError(f"--batch x --context x --sizes: {len(batches)} x {len(contexts)} x {len(sizes)} = "
+                        f"{configurations:,} configurations in {groups:,} groups, about {hours:,.1f} hours or more "
+                        f"to measure (the limit is {MAX_SWEEP_GROUPS} groups and {MAX_SWEEP_CONFIGURATIONS} "
+                        "configurations); sweep fewer values")
 
 
 @click.command("sweep")
@@ -65,25 +102,36 @@ def demo_train(out_dir, work_dir, base_steps, head_steps, seed, fresh) -> None:
 @click.option("--end-to-end", is_flag=True, help="Also measure tokens/s of the real decoder on prompts.")
 @click.option("--data", default=DEMO_VALIDATION, show_default=True, help="Prompts for --end-to-end.")
 @click.option("--max-new-tokens", type=AtLeast(1), default=32, show_default=True)
-@click.option("--topk", type=AtLeast(1), default=10, show_default=True)
+@click.option("--topk", type=TOPK, default=10, show_default=True)
 @click.option("--resume", is_flag=True, help="Keep the (batch, context) groups already in OUTPUT.")
 @click.option("-o", "--output", required=True, metavar="FILE.csv")
 def sweep_cmd(model, heads, drafter, num_heads, device, dtype, threads, accuracy, method, sizes, batches, contexts,
               repeats, time_budget, hardware, end_to_end, data, max_new_tokens, topk, resume, output):
     """Measure one decoding step's latency for every tree size x batch x context on this
     machine (next to the roofline prediction), and the measured speedup tau * T(0) / T(n)."""
+    fits = hardware is not None and 1 in batches and len(batches) > 1
+    folder = Path(output).parent
+    check_outputs([output, sweep_meta_path(output), sweep_samples_path(output)]
+                  + ([folder / "fitted_hardware.json", folder / "fit_transfer.csv", folder / "fit_transfer.md"]
+                     if fits else []),
+                  input_files(accuracy, hardware, model, heads, data if end_to_end else None))
+    check_sweep_size(batches, contexts, sizes)
     settings = SweepSettings(sizes, batches, contexts, repeats=repeats, topk=topk, time_budget_s=time_budget)
     table, tau = load_tau_curves(accuracy, max(sizes), method=method)
-    lm = load_model(model, heads, device=device, dtype=dtype, num_heads=num_heads, drafter=drafter)
-    with torch_threads(lm.model, lm.device, threads):
-        df = sweep(lm, table, tau, settings, output, hardware=hardware, resume=resume, accuracy_path=accuracy)
-        if end_to_end:
-            df = add_end_to_end(lm, tau.proposal, df, settings, data, max_new_tokens, output)
+    profile = load_hardware(hardware) if hardware is not None else None
+    if end_to_end:
+        load_prompt_texts(data)
+    with output_lock(output):  # a second sweep to the same CSV fails at once
+        lm = load_model(model, heads, device=device, dtype=dtype, num_heads=num_heads, drafter=drafter)
+        with torch_threads(lm.model, lm.device, threads):
+            df = sweep(lm, table, tau, settings, output, hardware=profile, resume=resume, accuracy_path=accuracy)
+            if end_to_end:
+                df = add_end_to_end(lm, tau.proposal, df, settings, data, max_new_tokens, output)
     click.echo(format_sweep(df))
     click.echo(f"wrote {output}")
-    if hardware and 1 in batches and len(batches) > 1:
+    if fits:
         # the engine terms of this machine's decoder, fitted on batch 1 and judged on the rest
-        fit = fit_from_sweep(lm, tau.proposal, load_hardware(hardware), df, Path(output).parent)
+        fit = fit_from_sweep(lm, tau.proposal, profile, df, Path(output).parent)
         click.echo(f"{format_transfer(fit)}; wrote {Path(output).parent / 'fitted_hardware.json'}")
 
 
@@ -99,17 +147,20 @@ def sweep_cmd(model, heads, drafter, num_heads, device, dtype, threads, accuracy
 @click.option("--max-new-tokens", type=AtLeast(1), default=32, show_default=True)
 @click.option("--batch-size", type=AtLeast(1), default=8, show_default=True)
 @click.option("--max-prompts", type=AtLeast(1), default=None)
-@click.option("--topk", type=AtLeast(1), default=10, show_default=True)
+@click.option("--topk", type=TOPK, default=10, show_default=True)
 @click.option("-o", "--output", default=None, metavar="DIR", help="Write validation CSVs and plots here.")
 def validate_cmd(model, heads, drafter, num_heads,
                  device, dtype, threads, accuracy, sweep_file, method, data, sizes, max_new_tokens,
                  batch_size, max_prompts, topk, output):
     """Measured tokens per step of the decoder against tau predicted from the accuracy table,
     and measured step-latency ratios against the roofline, with relative errors."""
+    check_outputs(inputs=input_files(accuracy, sweep_file, data, model, heads), folders=[output])
     _, tau = load_tau_curves(accuracy, max(sizes), method=method)
+    sweep_df = read_sweep(sweep_file)[0] if sweep_file is not None else None  # before hours of decoding
+    load_prompt_texts(data)
     lm = load_model(model, heads, device=device, dtype=dtype, num_heads=num_heads, drafter=drafter)
     with torch_threads(lm.model, lm.device, threads):
-        result = validate(lm, tau, sizes, data, sweep_file=sweep_file, max_new_tokens=max_new_tokens,
+        result = validate(lm, tau, sizes, data, sweep_df=sweep_df, max_new_tokens=max_new_tokens,
                           batch_size=batch_size, max_prompts=max_prompts, topk=topk, out_dir=output)
     click.echo(format_validation(result))
 
@@ -144,6 +195,14 @@ def run_cmd(model, heads, drafter, num_heads, device, dtype, threads, data, vali
     """The main job: calibrate -> build trees -> calibrate the hardware profile -> predict ->
     sweep -> select -> validate -> report. Stages already done in DIR are kept, so an
     interrupted run continues where it stopped."""
+    check_outputs(inputs=input_files(model, heads, data, validation_data, mix), folders=[output])
+    check_sweep_size(batches, contexts, sizes)
+    if mix is not None:
+        parse_mix(mix)
+    if data is not None:
+        check_prompt_source(data, "--data")
+    if validation_data is not None:
+        load_prompt_texts(validation_data)
     settings = RunSettings(model=model, heads=heads, drafter=drafter, num_heads=num_heads,
                            data=data, validation_data=validation_data,
                            device=device, dtype=dtype, steps=steps, sizes=sizes, max_nodes=max(max(sizes), 1),

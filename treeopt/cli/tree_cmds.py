@@ -12,7 +12,8 @@ import numpy as np
 
 from treeopt.accuracy import expected_tokens, load_accuracy, node_values, unmeasured_nodes
 from treeopt.build import METHODS, build_tree
-from treeopt.cli.options import AtLeast
+from treeopt.cli.options import TOPK, AtLeast
+from treeopt.cli.safety import check_outputs, input_files
 from treeopt.engines import ENGINE_NAMES, check, export_for, get_engine
 from treeopt.errors import UserError
 from treeopt.export import FORMATS, compact_json, draw_tree, format_tree, text_table
@@ -23,10 +24,11 @@ from treeopt.selection import (
     format_selection,
     proposal_from_meta,
     read_grid_with_proposal,
+    read_round_samples,
     read_sweep,
     select,
-    read_round_samples,
     selection_from_grid_file,
+    sweep_meta_path,
     sweep_samples_path,
 )
 from treeopt.tree import load_tree, make_tree, tree_buffers
@@ -63,11 +65,17 @@ def _emit(text: str, output: str | None, what: str = "") -> None:
     if output is None:
         click.echo(text, nl=False)
         return
+    _write_output(output, lambda: write_text(output, text))
+    click.echo(f"treeopt: wrote {output}{what}", err=True)
+
+
+def _write_output(output, write) -> None:
+    """`write()`, with a failure of the file system (full disk, a folder removed meanwhile) as
+    one line naming the output."""
     try:
-        write_text(output, text)
+        write()
     except OSError as err:
         raise UserError(f"{output}: cannot write: {err.strerror or err}") from None
-    click.echo(f"treeopt: wrote {output}{what}", err=True)
 
 
 def _load_table(path, csv_model):
@@ -143,6 +151,7 @@ def build_cmd(accuracy_path, csv_model, nodes, tree_spec, method, max_depth, max
               output):
     """Build a tree of N nodes from an accuracy table (or, with --tree, write a given tree in
     another format)."""
+    check_outputs([output], input_files(accuracy_path, tree_spec))
     if tree_spec is not None:
         _export_given_tree(tree_spec, accuracy_path, csv_model, nodes, fmt, output)
         return
@@ -212,7 +221,7 @@ def _export_given_tree(tree_spec, accuracy_path, csv_model, nodes, fmt, output):
 @click.argument("tree_spec", metavar="TREE")
 @click.option("--accuracy", "accuracy_path", metavar="FILE", help="Accuracy table for node values and tau.")
 @click.option("--csv-model", metavar="NAME", help="Row set of a multi-model CSV.")
-@click.option("--topk", metavar="K", type=AtLeast(1), help="Check ranks against this candidate width.")
+@click.option("--topk", metavar="K", type=TOPK, help="Check ranks against this candidate width.")
 @click.option("--num-heads", metavar="K", type=AtLeast(1), help="Check depth against this number of heads.")
 @click.option("--json", "as_json", is_flag=True, help="Statistics as JSON.")
 def show_cmd(tree_spec, accuracy_path, csv_model, topk, num_heads, as_json):
@@ -256,11 +265,12 @@ def show_cmd(tree_spec, accuracy_path, csv_model, topk, num_heads, as_json):
 
 @click.command("buffers")
 @click.argument("tree_spec", metavar="TREE")
-@click.option("--topk", default=10, show_default=True, metavar="K", type=AtLeast(1), help="Candidates per head (TOPK).")
+@click.option("--topk", default=10, show_default=True, metavar="K", type=TOPK, help="Candidates per head (TOPK).")
 @click.option("--json", "as_json", is_flag=True, help="JSON: attention_mask, position_ids, tree_indices, retrieve_indices.")
 @click.option("-o", "--output", metavar="FILE", help="Write to FILE instead of stdout.")
 def buffers_cmd(tree_spec, topk, as_json, output):
     """Medusa's verification buffers for TREE (token 0 the root, nodes in (depth, path) order)."""
+    check_outputs([output], input_files(tree_spec))
     k = topk
     tree = load_tree(tree_spec, topk=k, allow_empty=True)
     buf = tree_buffers(tree, k)
@@ -372,6 +382,9 @@ def select_cmd(sweep_file, grid_file, accuracy, csv_model, by, threshold, engine
     alone for hardware you don't have."""
     if (sweep_file is None) == (grid_file is None):
         raise UserError("select: give exactly one of --sweep or --grid")
+    sweep_inputs = ([sweep_file, sweep_meta_path(sweep_file), sweep_samples_path(sweep_file)]
+                    if sweep_file is not None else [])
+    check_outputs([output], input_files(*sweep_inputs, grid_file, accuracy, mix_spec))
     if sweep_file is not None:
         df, meta = read_sweep(sweep_file)
         doc = select(df, proposal_from_meta(meta, str(sweep_file)), by=by, threshold=threshold,
@@ -384,7 +397,7 @@ def select_cmd(sweep_file, grid_file, accuracy, csv_model, by, threshold, engine
     if mix_spec is not None:
         doc["mix"] = _mix_for_selection(mix_spec, sweep_file, grid_file, accuracy, csv_model, by, threshold)
     if output:
-        write_json(output, doc)
+        _write_output(output, lambda: write_json(output, doc))
         click.echo(format_selection(doc))
         if "mix" in doc:
             click.echo(format_mix(doc["mix"]))
@@ -423,7 +436,7 @@ def _add_engine_lines(doc: dict, engine, accuracy, csv_model) -> None:
 @click.option("--csv-model", metavar="NAME", help="Row set of a multi-model CSV.")
 @click.option("--heads", "engine_heads", metavar="K", type=AtLeast(1), default=None,
               help="Draft heads the engine runs [default: the table's, else unbounded].")
-@click.option("--topk", metavar="K", type=AtLeast(1), default=None, help="treeopt's decoder: candidates per head.")
+@click.option("--topk", metavar="K", type=TOPK, default=None, help="treeopt's decoder: candidates per head.")
 @click.option("--json", "as_json", is_flag=True, help="The answer as JSON.")
 def check_cmd(tree_spec, engine, accuracy_path, csv_model, engine_heads, topk, as_json):
     """Whether ENGINE drafts TREE as written; if not, what it drafts instead, with tau of both."""
