@@ -44,6 +44,7 @@ from calibration.decoder import (
     model_forward_hidden,
     new_cache,
 )
+from calibration.drafters.draft_model import probabilities
 from treeopt.errors import UserError
 from treeopt.tree import Tree
 
@@ -53,14 +54,6 @@ __all__ = ["SpeculativeDecoder", "chain_rejection", "children_table", "draw_chil
 
 # --------------------------------------------------------------------------------------------
 # Verification rules (pure functions of probabilities)
-
-
-def probabilities(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """softmax(logits / T) in float32; at T = 0 one-hot at the argmax (the greedy limit)."""
-    if temperature <= 0:
-        top = logits.argmax(-1, keepdim=True)
-        return torch.zeros(logits.shape, dtype=torch.float32, device=logits.device).scatter_(-1, top, 1.0)
-    return torch.softmax(logits.float() / temperature, dim=-1)
 
 
 def _sample(probs: torch.Tensor, generator) -> torch.Tensor:

@@ -19,7 +19,8 @@ from scipy.stats import chisquare
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from calibration.decoder import greedy_decode
-from calibration.drafters.draft_model import DraftModel
+from calibration.drafters.draft_model import DraftModel, acceptance_alpha, chain_tau, chain_tau_iid
+from calibration.labels import label_ranks, label_rows
 from calibration.speculative import (
     SpeculativeDecoder,
     chain_rejection,
@@ -27,6 +28,7 @@ from calibration.speculative import (
     draw_children,
     recursive_rejection,
 )
+from treeopt.acceptance import simulate_tokens_per_step
 from treeopt.tree import make_tree
 
 SIGNIFICANCE = 0.001
@@ -302,3 +304,74 @@ def test_sampled_decoding_has_the_targets_distribution(tree):
     wrong = SpeculativeDecoder(draft, DraftModel(draft), make_tree([], allow_empty=True), timing=False).generate(
         prompt.expand(n_rows, -1), max_new_tokens=length, temperature=temperature, seed=7)
     assert chi_square_p(sequence_counts(torch.tensor(wrong.tokens), v), exact) < SIGNIFICANCE
+
+
+# --------------------------------------------------------------------------------------------
+# Calibration: ranks, alpha and the predicted tokens per step
+
+
+def test_draft_ranks_against_a_per_position_brute_force(pair):
+    _, close, _ = pair
+    drafter = DraftModel(close, max_depth=3)
+    g = torch.Generator().manual_seed(5)
+    sequences = [torch.randint(3, 64, (n,), generator=g).tolist() for n in (9, 14, 6)]
+    starts = [2, 4, 1]
+    ranks = label_ranks(None, drafter, sequences, starts)
+    seq, t, has = label_rows([len(s) for s in sequences], starts, 3)
+    assert ranks.shape == has.shape and ((ranks >= 0) == has).all()
+    for row in range(len(seq)):  # the slow reference: the draft on the prefix alone
+        s = sequences[seq[row]]
+        for d in range(3):
+            if has[row, d]:
+                prefix = torch.tensor([s[: t[row] + d + 2]])
+                with torch.no_grad():
+                    logits = close(prefix).logits[0, -1]
+                assert ranks[row, d] == int((logits > logits[s[t[row] + d + 2]]).sum())
+
+
+def test_greedy_walk_predicts_measured_tokens_per_step_exactly(pair):
+    target, close, _ = pair
+    gamma, new_tokens = 3, 20
+    prompts = torch.randint(3, 64, (4, 7), generator=torch.Generator().manual_seed(6))
+    continuation = greedy_decode(target, prompts, max_new_tokens=new_tokens + gamma + 1)
+    sequences = [p + c for p, c in zip(prompts.tolist(), continuation, strict=True)]
+    drafter = DraftModel(close, max_depth=gamma)
+    ranks = label_ranks(None, drafter, sequences, [6] * 4)
+    seq, _, _ = label_rows([len(s) for s in sequences], [6] * 4, gamma)
+    chain = make_tree([[0] * k for k in range(1, gamma + 1)])
+    predicted, _ = simulate_tokens_per_step(ranks, seq, chain, start_rows=new_tokens - 1)
+    measured = SpeculativeDecoder(target, drafter, chain).generate(prompts, max_new_tokens=new_tokens)
+    assert predicted == pytest.approx(measured.tokens_per_step, rel=1e-12)
+    # alpha at temperature 0 is the rank-0 indicator
+    alpha = acceptance_alpha(target, drafter, sequences, [6] * 4, temperature=0.0)
+    np.testing.assert_array_equal(alpha[ranks >= 0], (ranks[ranks >= 0] == 0).astype(float))
+
+
+def test_chain_tau_formulas_by_hand():
+    # iid: (1 - a^(g+1)) / (1 - a); a = 0.5, g = 2: 1.75 (Leviathan et al., equation 1)
+    assert chain_tau_iid(0.5, 2) == pytest.approx(1.75)
+    assert chain_tau_iid(1.0, 4) == 5.0
+    # rows (0.5, 0.4) and (1, 0): 1 + mean(0.5 + 0.2, 1 + 0) = 1.85
+    assert chain_tau(np.array([[0.5, 0.4], [1.0, 0.0]]), 2) == pytest.approx(1.85)
+    assert chain_tau(np.array([[0.5, 0.4]]), 0) == 1.0
+
+
+def test_alpha_predicts_sampled_tokens_per_step(pair):
+    # Rejection sampling at T = 1: alpha along continuations sampled from the target predicts
+    # the measured tokens per step of a chain of gamma (here within 0.7% for gamma 1..3 over
+    # 300 prompts; 3% leaves room for the measurement's own sampling error, about 1%).
+    target, close, _ = pair
+    drafter = DraftModel(close, max_depth=3)
+    n, new_tokens = 300, 24
+    prompts = torch.randint(3, 64, (n, 7), generator=torch.Generator().manual_seed(6))
+    plain = SpeculativeDecoder(target, drafter, make_tree([], allow_empty=True), timing=False)
+    sampled = plain.generate(prompts, max_new_tokens=new_tokens + 4, temperature=1.0, seed=1).tokens
+    sequences = [p + c for p, c in zip(prompts.tolist(), sampled, strict=True)]
+    alpha = acceptance_alpha(target, drafter, sequences, [6] * n, temperature=1.0)
+    alpha = alpha[~np.isnan(alpha).any(1)]
+    assert 0.5 < alpha.mean() < 0.9  # neither trivial nor hopeless
+    for gamma in (1, 2, 3):
+        chain = make_tree([[0] * k for k in range(1, gamma + 1)])
+        measured = SpeculativeDecoder(target, drafter, chain, timing=False).generate(
+            prompts, max_new_tokens=new_tokens, temperature=1.0, seed=2).tokens_per_step
+        assert chain_tau(alpha, gamma) == pytest.approx(measured, rel=0.03)
