@@ -138,6 +138,10 @@ def label_ranks(model, heads, sequences, starts, *, pad_id: int = 0,
     strictly greater than the label's), -1 where head k has no label. Rows follow
     `label_rows(lengths, starts)`.
     """
+    if getattr(heads, "kind", "") == "draft-model":
+        # why: a draft model reads the true prefix itself, in one teacher-forced pass of its own
+        # (docs/statistics.md, "Draft-model acceptance")
+        return heads.label_ranks(sequences, starts, pad_id=pad_id)
     device = next(model.parameters()).device
     lengths = [len(s) for s in sequences]
     num_heads = heads.num_heads

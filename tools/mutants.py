@@ -56,6 +56,7 @@ STEP_TESTS = ("tests/test_step_engine.py",)
 DRAFTER_TESTS = ("tests/test_drafters.py",)
 DATA_TESTS = ("tests/test_data_formats.py",)
 DIST_TESTS = ("tests/test_distributed.py",)
+DRAFT_MODEL_TESTS = ("tests/test_draft_model.py",)
 
 
 @dataclass(frozen=True)
@@ -349,6 +350,36 @@ MUTANTS = (
            "state = drafter.child_state(carry, k, labels)",
            "state = drafter.child_state(carry, k, logits.argmax(-1))",
            "calibration follows the drafter's own guesses, not the true path", DRAFTER_TESTS),
+    # ---- draft-model speculative decoding (docs/decoder.md, "Draft models")
+    Mutant("spec-chain-residual", "calibration/speculative.py",
+           "residual = (target_probs[rows, n] - q_ext[rows, n]).clamp(min=0)", "residual = target_probs[rows, n]",
+           "a chain rejection resamples from p instead of norm(max(0, p - q))", DRAFT_MODEL_TESTS),
+    Mutant("spec-chain-ratio", "calibration/speculative.py",
+           "kept = _uniform((b, g), q_x, generator) * q_x < p_x", "kept = _uniform((b, g), q_x, generator) < p_x",
+           "a draft is kept with probability p instead of min(1, p/q)", DRAFT_MODEL_TESTS),
+    Mutant("spec-chain-first-rejection", "calibration/speculative.py",
+           "n = kept.long().cumprod(-1).sum(-1)", "n = kept.long().sum(-1)",
+           "drafts after a rejection still count", DRAFT_MODEL_TESTS),
+    Mutant("spec-rrs-q-not-renormalised", "calibration/speculative.py",
+           "qd = torch.where(rejected, q_without, qd)", "qd = qd",
+           "recursive rejection keeps the rejected child in q", DRAFT_MODEL_TESTS),
+    Mutant("spec-rrs-residual", "calibration/speculative.py",
+           "p = torch.where(rejected, residual, p)", "p = p",
+           "recursive rejection does not take the residual after a rejection", DRAFT_MODEL_TESTS),
+    Mutant("spec-gumbel-with-replacement", "calibration/speculative.py",
+           "keys = torch.log(probs.clamp(min=1e-30)) - torch.log(-torch.log(u))",
+           "keys = torch.log(probs.clamp(min=1e-30))",
+           "children are the top-k, not draws from q", DRAFT_MODEL_TESTS),
+    Mutant("draft-rank-shift", "calibration/drafters/draft_model.py",
+           "cols = np.minimum(col[:, None] + depth[None] + 1, per_position.shape[1] - 1)",
+           "cols = np.minimum(col[:, None] + depth[None], per_position.shape[1] - 1)",
+           "depth d reads the draft one position early", DRAFT_MODEL_TESTS),
+    Mutant("draft-alpha-max", "calibration/drafters/draft_model.py",
+           "torch.minimum(p, q).sum(-1)", "torch.maximum(p, q).sum(-1)",
+           "alpha sums max(p, q)", DRAFT_MODEL_TESTS),
+    Mutant("draft-tau-iid", "calibration/drafters/draft_model.py",
+           "(1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)", "(1.0 - alpha ** gamma) / (1.0 - alpha)",
+           "the i.i.d. chain tau counts one draft fewer", DRAFT_MODEL_TESTS),
 )
 
 
