@@ -167,3 +167,16 @@ def test_run_on_a_model_of_ones_own_needs_its_own_prompts(capsys, tmp_path):
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith(f"treeopt: error: {option}: required for --model")
         assert not (tmp_path / "r").exists()
+
+
+def test_a_second_run_into_the_same_folder_fails_at_once(capsys, tmp_path):
+    from treeopt.fileio import output_lock
+
+    out = tmp_path / "r"
+    with output_lock(out / "run_state.json"):  # as a first `treeopt run -o r` holds it
+        with pytest.raises(SystemExit) as exit_info:
+            main(["run", "-o", str(out)])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "is being written by another treeopt process" in err[0]
+    assert not (out / "accuracy.json").exists()

@@ -39,7 +39,7 @@ from treeopt.engines import export_for, get_engine
 from treeopt.errors import UserError
 from treeopt.export import format_tree
 from treeopt.family_build import engine_proposal
-from treeopt.fileio import write_json, write_text
+from treeopt.fileio import atomic_outputs, output_lock, write_json, write_text
 from treeopt.mix import choose_mix_tree, format_mix, mix_grid_from_sweep, mix_section, parse_mix
 from treeopt.selection import (
     format_selection,
@@ -112,10 +112,17 @@ def _stage(out: Path, name: str, settings: dict, log) -> bool:
     return done
 
 
-def _mark(out: Path, name: str, settings: dict) -> None:
+def _mark(out: Path, name: str, settings: dict, writing: dict | None = None) -> None:
+    """Record stage `name` as done, together with the outputs it writes (`writing`: final path
+    -> function that writes a file): all land or none does, so an interrupted run never keeps
+    a stage record without its outputs, nor outputs that a rerun would redo
+    (docs/formats.md "Output safety")."""
     state = _read_state(out)
     state[name] = settings
-    write_json(out / "run_state.json", state)
+    with atomic_outputs() as outputs:
+        for final, write in (writing or {}).items():
+            write(outputs.path(final))
+        write_json(outputs.path(out / "run_state.json"), state)
 
 
 def cpu_has_fast_bf16(cpuinfo: str | None = None) -> bool:
@@ -154,7 +161,8 @@ def run_main_job(out_dir, settings: RunSettings = RunSettings(), *, log=print, p
     fresh = not out.exists()
     settings = _with_data(settings)
     try:
-        return _run_main_job(out, settings, log=log, progress=progress)
+        with output_lock(out / "run_state.json"):  # a second run into the same folder fails at once
+            return _run_main_job(out, settings, log=log, progress=progress)
     except UserError:
         # bad input found before anything was written: leave no empty report folder behind
         if fresh and out.is_dir() and not any(out.iterdir()):
@@ -235,8 +243,7 @@ def _run_main_job(out: Path, settings: RunSettings, *, log, progress: bool) -> d
         log(f"[hardware] microbenchmarks on {lm.device} ({dtype_name})")
         hw = calibrate_hardware(lm.device.type, shape, dtype=dtype_name, quick=s.hw_quick,
                                 progress=progress)
-        hw.save(hw_file)
-        _mark(out, "hardware", hw_settings)
+        _mark(out, "hardware", hw_settings, writing={hw_file: hw.save})
     hw = load_hardware(hw_file)
     timings["hardware_s"] = time.perf_counter() - t0
 
