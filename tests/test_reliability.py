@@ -589,3 +589,23 @@ def test_accuracy_run_id_must_be_a_string(tmp_path):
     path.write_text(json.dumps(doc))
     with pytest.raises(UserError, match=r"acc\.json: field 'provenance\.run_id' must be a string, got 5"):
         load_accuracy(path)
+
+
+def test_atomic_folder_replaces_a_report_whole_or_not_at_all(tmp_path):
+    from treeopt.fileio import atomic_folder
+
+    report = tmp_path / "report"
+    report.mkdir()
+    (report / "index.md").write_text("old")
+    with pytest.raises(RuntimeError):
+        with atomic_folder(report) as folder:
+            (folder / "index.md").write_text("new")
+            raise RuntimeError("the plot failed")
+    assert (report / "index.md").read_text() == "old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report"]  # no temporary left
+    with atomic_folder(report) as folder:
+        (folder / "index.md").write_text("new")
+        (folder / "grid.csv").write_text("x")
+    assert sorted(p.name for p in report.iterdir()) == ["grid.csv", "index.md"]
+    assert (report / "index.md").read_text() == "new"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report"]

@@ -16,6 +16,7 @@ import errno
 import fcntl
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -265,3 +266,26 @@ def output_lock(output: str | os.PathLike) -> Iterator[Path]:
     finally:
         path.unlink(missing_ok=True)
         os.close(fd)
+
+
+@contextlib.contextmanager
+def atomic_folder(final: str | os.PathLike) -> Iterator[Path]:
+    """Write a whole output folder (a report) all or nothing: the block writes into a temporary
+    folder beside `final`, which replaces `final` when the block ends without an exception; on
+    an exception it is removed and `final` is left as it was. Replacing an existing folder takes
+    two renames (the old folder aside, the new one in), then the old one is deleted."""
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.", suffix=".tmp"))
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    old = None
+    if final.exists():
+        old = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.", suffix=".old"))
+        os.rename(final, old / final.name)
+    os.rename(tmp, final)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)

@@ -28,7 +28,7 @@ from treeopt.cli.options import AtLeast, IntList, apply
 from treeopt.cli.safety import check_outputs, input_files, require_file
 from treeopt.errors import UserError
 from treeopt.export import text_table
-from treeopt.fileio import atomic_outputs, atomic_path
+from treeopt.fileio import atomic_folder, atomic_outputs, atomic_path
 from treeopt.mix import ANY_CONTEXT, choose_mix_tree, format_mix, mix_section, parse_mix
 from treeopt.selection import best_per_cell, selection_from_grid
 from treeopt.engines import ENGINE_NAMES, get_engine
@@ -330,10 +330,11 @@ def report_cmd(model, dtype, hardware, accuracy, csv_model, num_heads, head_laye
     proposal = tau = None
     if table is not None:
         proposal, tau = _greedy_tau(table, max_nodes, heads.num_heads, joint, get_engine(engine) if engine else None)
-    summary = build_report(shape, heads, hw, out, accuracy=table, accuracy_label=label, batches=batches,
-                           contexts=contexts, max_nodes=max_nodes, attention=attention, plot_context=plot_context,
-                           command=_command_line(), title=title, joint=joint, used_heads=used_heads, notes=notes,
-                           proposal=proposal, tau=tau, save_hardware=hw.name not in builtin_hardware(),
+    with atomic_folder(out) as folder:  # the whole report or none of it
+        summary = build_report(shape, heads, hw, folder, accuracy=table, accuracy_label=label, batches=batches,
+                               contexts=contexts, max_nodes=max_nodes, attention=attention, plot_context=plot_context,
+                               command=_command_line(), title=title, joint=joint, used_heads=used_heads, notes=notes,
+                               proposal=proposal, tau=tau, save_hardware=hw.name not in builtin_hardware(),
                            engine=get_engine(engine) if engine else None, verification=verification,
                            sequential_draft=sequential_draft)
     click.echo(f"wrote {out}/index.md with " + ", ".join(v for k, v in summary["files"].items() if k != "index"))

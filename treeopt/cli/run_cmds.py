@@ -3,6 +3,7 @@ machine at hand (torch)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from pathlib import Path
 
@@ -29,7 +30,7 @@ from treeopt.cli.options import RUN_MODEL_OPTIONS, TOPK, AtLeast, FiniteAtLeast,
 from treeopt.cli.safety import check_outputs, input_files
 from treeopt.engines import ENGINE_NAMES
 from treeopt.errors import UserError
-from treeopt.fileio import output_lock
+from treeopt.fileio import atomic_folder, output_lock
 from treeopt.mix import parse_mix
 from treeopt.selection import read_sweep, sweep_meta_path, sweep_samples_path
 from treeopt.tau import PROPOSAL_METHODS, load_tau_curves
@@ -159,9 +160,11 @@ def validate_cmd(model, heads, drafter, num_heads,
     sweep_df = read_sweep(sweep_file)[0] if sweep_file is not None else None  # before hours of decoding
     load_prompt_texts(data)
     lm = load_model(model, heads, device=device, dtype=dtype, num_heads=num_heads, drafter=drafter)
-    with torch_threads(lm.model, lm.device, threads):
+    # the CSVs and plots land together or not at all
+    folder = atomic_folder(output) if output is not None else contextlib.nullcontext()
+    with torch_threads(lm.model, lm.device, threads), folder as out_dir:
         result = validate(lm, tau, sizes, data, sweep_df=sweep_df, max_new_tokens=max_new_tokens,
-                          batch_size=batch_size, max_prompts=max_prompts, topk=topk, out_dir=output)
+                          batch_size=batch_size, max_prompts=max_prompts, topk=topk, out_dir=out_dir)
     click.echo(format_validation(result))
 
 
