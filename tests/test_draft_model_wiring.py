@@ -10,8 +10,11 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from calibration.decoder import greedy_decode
+from calibration.demo_draft import DraftRecipe, train_demo_draft
 from calibration.drafters import DraftModel, detect_kind, load_drafter
 from calibration.models import load_model, tiny_model_for_tests
+from calibration.speculative import SpeculativeDecoder
 from calibration.sweep import measure_group
 from calibration.validate import measure_acceptance
 from treeopt.accuracy import load_accuracy
@@ -115,3 +118,17 @@ def test_chain_acceptance_from_rows_by_hand():
     assert side.rows == 2
     assert np.allclose(side.tau_walked, [1.0, 1.75, 2.0])
     assert np.allclose(side.alpha_per_depth, [0.75, 0.25 / 0.75])
+
+
+def test_demo_draft_recipe_at_a_tiny_size_gives_a_loadable_lossless_draft(tmp_path):
+    target = tiny_model_for_tests(tmp_path / "t", vocab=VOCAB, hidden=32, layers=2, heads=4, kv_heads=2)
+    recipe = DraftRecipe(hidden_size=16, intermediate_size=32, seq_len=16, batch_size=2, steps=3, warmup_steps=1)
+    info = train_demo_draft(target, recipe, max_files=2)
+    assert info["log"][-1]["step"] == 3 and (target / "draft" / "model.safetensors").is_file()
+    train_demo_draft(target, recipe, max_files=2)  # resumes from the finished checkpoint
+    lm = load_model(str(target), device="cpu", dtype="float32", drafter="draft-model", num_heads=3)
+    ids = torch.tensor([[5, 9, 7, 11]])
+    ref = greedy_decode(lm.model, ids, max_new_tokens=10)
+    out = SpeculativeDecoder(lm.model, lm.heads, make_tree([[0], [0, 0]]), timing=False).generate(
+        ids, max_new_tokens=10)
+    assert out.tokens == ref
