@@ -282,7 +282,7 @@ def cut_tree(tree: Tree, num_heads: int, topk: int) -> Tree:
 
 
 @contextlib.contextmanager
-def _force_sdpa_gqa(enabled: bool):
+def force_sdpa_gqa(enabled: bool):
     """Set TRANSFORMERS_SDPA_FORCE_GQA=1 for the duration (transformers reads it per call)."""
     if not enabled:
         yield
@@ -299,7 +299,7 @@ def _force_sdpa_gqa(enabled: bool):
             os.environ[key] = old
 
 
-def _uses_gqa(model) -> bool:
+def uses_gqa(model) -> bool:
     cfg = model.config
     heads = getattr(cfg, "num_attention_heads", None)
     kv = getattr(cfg, "num_key_value_heads", None) or heads
@@ -346,7 +346,8 @@ def _run_heads(heads, hidden: torch.Tensor, num: int) -> torch.Tensor:
     return torch.stack([heads[k](hidden) for k in range(num)])
 
 
-_DRAFT_UNITS = {"medusa": "Medusa heads", "hydra": "Hydra heads", "mlp-speculator": "MLP speculator stages"}
+_DRAFT_UNITS = {"medusa": "Medusa heads", "hydra": "Hydra heads", "mlp-speculator": "MLP speculator stages",
+                "draft-model": "draft-model depths"}
 
 
 @dataclass(frozen=True)
@@ -385,7 +386,7 @@ def _draft_levels(depth: np.ndarray, parent: np.ndarray, rank: np.ndarray, to_de
     return levels
 
 
-def _eos_set(eos_token_id) -> frozenset[int]:
+def eos_set(eos_token_id) -> frozenset[int]:
     """None | int | iterable of ints -> the set of end-of-sequence token ids."""
     if eos_token_id is None:
         return frozenset()
@@ -402,7 +403,7 @@ def _check_full_attention(model) -> None:
                         "decoder (full attention only)")
 
 
-def _additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def additive_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """bool (True = may attend) -> additive float mask: 0 / dtype's most negative value (the
     value transformers itself uses: exact zeros after softmax, no NaN for a row that sees at
     least one slot)."""
@@ -411,7 +412,7 @@ def _additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.where(mask, zero, neg)
 
 
-def _check_inputs(input_ids, attention_mask):
+def check_inputs(input_ids, attention_mask):
     if not isinstance(input_ids, torch.Tensor) or input_ids.ndim != 2 or input_ids.shape[1] == 0:
         raise UserError("input_ids: expected a (batch, length) tensor with length >= 1")
     if attention_mask is None:
@@ -426,7 +427,7 @@ def _check_inputs(input_ids, attention_mask):
     return attention_mask
 
 
-class _PhaseClock:
+class PhaseClock:
     """Wall seconds per phase ("prefill", "draft", "verify", "update"), summed over the times
     a phase is entered; ``with clock("verify"): ...``. Disabled: no clock reads and no CUDA
     synchronisation. On CUDA every read synchronises, so a phase owns the kernels it queued."""
@@ -442,7 +443,7 @@ class _PhaseClock:
             torch.cuda.synchronize(self.cuda)
         return time.perf_counter()
 
-    def __call__(self, phase: str) -> _PhaseClock:
+    def __call__(self, phase: str) -> PhaseClock:
         self._phase = phase
         return self
 
@@ -472,10 +473,10 @@ def greedy_decode(model, input_ids, attention_mask=None, *, max_new_tokens: int,
     the model's ordinary forward with a 2D padding mask and the library's own `DynamicCache`:
     one token per step for every sequence. Returns the new tokens per sequence (eos included
     if hit, nothing after)."""
-    eos = _eos_set(eos_token_id)
+    eos = eos_set(eos_token_id)
     device = _model_device(model)
     input_ids = input_ids.to(device)
-    mask = _check_inputs(input_ids, attention_mask).long()
+    mask = check_inputs(input_ids, attention_mask).long()
     b = input_ids.shape[0]
     out: list[list[int]] = [[] for _ in range(b)]
     done = [False] * b
@@ -559,7 +560,7 @@ class TreeDecoder:
         def t(a):
             return torch.from_numpy(np.array(a, copy=True)).to(self.device)
 
-        self.tree_mask_add = _additive(t(buf.attention_mask), self.dtype)[None, None]  # (1, 1, q, q)
+        self.tree_mask_add = additive_mask(t(buf.attention_mask), self.dtype)[None, None]  # (1, 1, q, q)
         self.depth = t(buf.depth)  # (q,)
         self.tree_indices = t(buf.tree_indices)  # (q,)
         self.parent = t(np.maximum(buf.parent, 0))  # root -> itself
@@ -569,7 +570,7 @@ class TreeDecoder:
         # Only the ranks the tree uses need sorting out of each head's logits; the flat layout
         # keeps Medusa's stride `topk` (docs/trees.md, "Medusa buffers").
         self.topk_used = 1 + max((p[-1] for p in tree.paths), default=-1)
-        self.force_gqa = self.device.type == "cpu" and _uses_gqa(model)
+        self.force_gqa = self.device.type == "cpu" and uses_gqa(model)
         self.sequential = bool(getattr(heads, "sequential", False))
         self.levels = _draft_levels(buf.depth, buf.parent, np.array([0, *(p[-1] for p in tree.sorted_paths)]),
                                     t) if self.sequential else []
@@ -579,7 +580,7 @@ class TreeDecoder:
     def _forward(self, cache, tokens, mask, positions) -> tuple[torch.Tensor, torch.Tensor]:
         """(base logits (b, q, V), last hidden states (b, q, h)) of tokens (b, q) appended to
         `cache`."""
-        with _force_sdpa_gqa(self.force_gqa):
+        with force_sdpa_gqa(self.force_gqa):
             hidden = model_forward_hidden(self.model, tokens, attention_mask=mask,
                                           position_ids=positions, cache=cache)
         return _lm_head(self.model, hidden), hidden
@@ -598,7 +599,7 @@ class TreeDecoder:
         is 0) into a fresh cache of at least `capacity` slots and return the state whose
         `root` is each sequence's first new token."""
         input_ids = input_ids.to(self.device)
-        valid = _check_inputs(input_ids, attention_mask)
+        valid = check_inputs(input_ids, attention_mask)
         b, length = input_ids.shape
         positions = (valid.long().cumsum(-1) - 1).clamp(min=0)
         ar = torch.arange(length, device=self.device)
@@ -607,8 +608,8 @@ class TreeDecoder:
         # poison the keys and values of the next layers' padding slots).
         mask = (causal[None] & valid[:, None, :]) | torch.eye(length, dtype=torch.bool, device=self.device)
         cache = new_cache(self.model, max(capacity, length))
-        mask = _additive(mask, self.dtype)[:, None]
-        with _force_sdpa_gqa(self.force_gqa):
+        mask = additive_mask(mask, self.dtype)[:, None]
+        with force_sdpa_gqa(self.force_gqa):
             hidden = model_forward_hidden(self.model, input_ids, attention_mask=mask,
                                           position_ids=positions, cache=cache)
         last = length - 1 - valid.flip(-1).long().argmax(-1)  # index of each row's last real token
@@ -622,7 +623,7 @@ class TreeDecoder:
         """The 4D additive mask (b, 1, q, C + q) of a step: row i sees the cache slots its
         sequence may see (`valid` (b, C)) and its tree ancestors and itself."""
         b, c = valid.shape
-        return torch.cat([_additive(valid, self.dtype)[:, None, None, :].expand(b, 1, self.q, c),
+        return torch.cat([additive_mask(valid, self.dtype)[:, None, None, :].expand(b, 1, self.q, c),
                           self.tree_mask_add.expand(b, 1, self.q, self.q)], dim=-1)
 
     def draft_sequential(self, hidden: torch.Tensor, root: torch.Tensor) -> torch.Tensor:
@@ -735,12 +736,12 @@ class TreeDecoder:
     # ---- one step --------------------------------------------------------------------------
 
     @torch.inference_mode()
-    def step(self, state: DecodeState, clock: _PhaseClock | None = None, **rule):
+    def step(self, state: DecodeState, clock: PhaseClock | None = None, **rule):
         """One decoding step for every active sequence (`rule`: `accept`'s keywords; `clock`:
         where the phases' wall times go, None = not timed). Updates `state` in place and
         returns (tokens (b, D + 1) the step produced per sequence, in order, valid up to
         n_keep; n_keep (b,) = accepted nodes + 1)."""
-        clock = clock or _PhaseClock(False, self.device)
+        clock = clock or PhaseClock(False, self.device)
         # 1. draft: head k (1..D) guesses the k-th token after the root from the hidden state
         #    of the token that produced the root (Medusa paper section 2.1.1); the heads are
         #    model work, timed with the verification.
@@ -810,7 +811,7 @@ class TreeDecoder:
         with a torch.Generator seeded with `seed` (deterministic for a seed). A sequence ends
         at an `eos_token_id` (an id or a list of ids; included in its tokens) or after
         `max_new_tokens` tokens, and then leaves the batch."""
-        eos = _eos_set(eos_token_id)
+        eos = eos_set(eos_token_id)
         if max_new_tokens < 0:
             raise UserError(f"max_new_tokens: must be >= 0, got {max_new_tokens}")
         if temperature < 0:
@@ -827,7 +828,7 @@ class TreeDecoder:
             gen.manual_seed(seed)
         rule = {"temperature": temperature, "posterior_threshold": posterior_threshold,
                 "posterior_alpha": posterior_alpha, "generator": gen}
-        clock = _PhaseClock(self.timing, self.device)
+        clock = PhaseClock(self.timing, self.device)
 
         with clock("prefill"):
             # Room for the prompt, the new tokens and one tree: one sequence never grows the

@@ -137,7 +137,8 @@ def load_model(model: str = "demo", heads: str | None = None, *, device: str = "
                          input_embeddings=base.get_input_embeddings().weight)
 
     hidden, vocab = base.config.hidden_size, base.get_output_embeddings().weight.shape[0]
-    if draft.hidden_size != hidden:
+    # a draft model has a hidden size of its own: only its vocabulary must match
+    if draft.kind != "draft-model" and draft.hidden_size != hidden:
         raise UserError(f"--heads: {heads_dir} has hidden size {draft.hidden_size}, the model {hidden}")
     if draft.vocab_size != vocab:
         raise UserError(f"--heads: {heads_dir} has vocabulary {draft.vocab_size}, the model {vocab}")

@@ -84,6 +84,7 @@ from calibration.distributed import (
     shard_bounds,
     shard_fingerprint,
 )
+from calibration.drafters.draft_model import ALPHA_MAX_PROMPTS, chain_acceptance
 from calibration.labels import (
     LABEL_MODES,
     greedy_continuations,
@@ -100,6 +101,7 @@ from treeopt.acceptance import (
     save_rank_vectors,
 )
 from treeopt.accuracy import AccuracyTable, load_accuracy
+from treeopt.chain import alpha_path
 from treeopt.errors import UserError
 from treeopt.fileio import atomic_outputs, check_writable, output_lock, refuse_overwriting_inputs
 from treeopt.layout import default_heads_dir
@@ -489,6 +491,14 @@ def _run_calibration_locked(model, heads, data, *, output, device, dtype, prompt
         if saved and result.complete and checkpoint is not None:
             # only now: every output is on disk, so the counts are never in neither place
             rank_checkpoint_path(checkpoint, processes).unlink(missing_ok=True)
+    if output is not None and processes.is_main and loaded.heads.kind == "draft-model" and (
+            not result.already_complete or not alpha_path(output).is_file()):
+        # why: rejection sampling is governed by alpha = sum min(p, q), not by ranks
+        # (docs/statistics.md, "Draft-model acceptance"); written beside the table (docs/formats.md)
+        seqs = [list(p) for p in prompts.token_ids[:ALPHA_MAX_PROMPTS]]
+        with torch_threads(loaded.model, loaded.device, threads):
+            chain_acceptance(loaded.model, loaded.heads, seqs,
+                             pad_id=pad_token_id(loaded.model, loaded.tokenizer)).save(alpha_path(output))
     return result
 
 

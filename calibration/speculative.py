@@ -34,22 +34,31 @@ from calibration.decoder import (
     DecodeResult,
     DecodeState,
     KVCache,
+    PhaseClock,
     TreeDecoder,
-    _additive,
-    _check_inputs,
-    _eos_set,
-    _force_sdpa_gqa,
-    _PhaseClock,
-    _uses_gqa,
+    additive_mask,
+    check_inputs,
+    eos_set,
+    force_sdpa_gqa,
     model_forward_hidden,
     new_cache,
+    uses_gqa,
 )
 from calibration.drafters.draft_model import probabilities
 from treeopt.errors import UserError
 from treeopt.tree import Tree
 
-__all__ = ["SpeculativeDecoder", "chain_rejection", "children_table", "draw_children", "probabilities",
-           "recursive_rejection"]
+__all__ = ["SpeculativeDecoder", "chain_rejection", "children_table", "decoder_for", "draw_children",
+           "probabilities", "recursive_rejection"]
+
+
+def decoder_for(model, drafter, tree: Tree, *, topk: int = 10, timing: bool = True):
+    """The reference decoder of `model` with `drafter` over `tree`: `SpeculativeDecoder` for a
+    draft model (it keeps a cache of its own), else `calibration.decoder.TreeDecoder`. Both
+    `generate(input_ids, attention_mask, max_new_tokens=..., eos_token_id=...)` alike."""
+    if getattr(drafter, "kind", "") == "draft-model":
+        return SpeculativeDecoder(model, drafter, tree, timing=timing)
+    return TreeDecoder(model, drafter, tree, topk=topk, timing=timing)
 
 
 # --------------------------------------------------------------------------------------------
@@ -211,7 +220,7 @@ class SpeculativeDecoder:
         self.device, self.q = self.td.device, self.td.q
         self.draft_model = drafter.model
         self.draft_dtype = self.draft_model.get_output_embeddings().weight.dtype
-        self.force_gqa = self.device.type == "cpu" and _uses_gqa(self.draft_model)
+        self.force_gqa = self.device.type == "cpu" and uses_gqa(self.draft_model)
         self.is_chain = all(p == (0,) * len(p) for p in tree.paths)
 
         def t(a):
@@ -233,7 +242,7 @@ class SpeculativeDecoder:
         self.fed_masks, start = [], 0
         for f in fed:
             start += len(f)
-            self.fed_masks.append(_additive(t(mask[np.ix_(f, order[:start])]), self.draft_dtype))
+            self.fed_masks.append(additive_mask(t(mask[np.ix_(f, order[:start])]), self.draft_dtype))
         self.fed_total = int(len(order))
 
     # ---- draft model passes ----------------------------------------------------------------
@@ -243,9 +252,9 @@ class SpeculativeDecoder:
         rows see the valid cache slots and `local_mask` (b, n, n) additive among themselves."""
         b, n = tokens.shape
         c = state.draft_valid.shape[1]
-        seen = _additive(state.draft_valid, self.draft_dtype)[:, None, None, :].expand(b, 1, n, c)
+        seen = additive_mask(state.draft_valid, self.draft_dtype)[:, None, None, :].expand(b, 1, n, c)
         mask = torch.cat([seen, local_mask[:, None]], dim=-1)
-        with _force_sdpa_gqa(self.force_gqa):
+        with force_sdpa_gqa(self.force_gqa):
             hidden = model_forward_hidden(self.draft_model, tokens, attention_mask=mask, position_ids=positions,
                                           cache=state.draft_cache)
         return self.draft_model.get_output_embeddings()(hidden)
@@ -262,7 +271,7 @@ class SpeculativeDecoder:
         valid = torch.cat([state.pending_valid, torch.ones_like(ts.root, dtype=torch.bool)[:, None]], dim=1)
         causal = torch.ones(n, n, dtype=torch.bool, device=self.device).tril()
         local = (causal[None] & valid[:, None, :]) | torch.eye(n, dtype=torch.bool, device=self.device)[None]
-        logits = self._draft_forward(state, first, positions.clamp(min=0), _additive(local, self.draft_dtype))
+        logits = self._draft_forward(state, first, positions.clamp(min=0), additive_mask(local, self.draft_dtype))
         state.draft_valid = torch.cat([state.draft_valid, valid], dim=1)
         vocab = logits.shape[-1]
         tokens = ts.root.new_zeros((b, self.q))
@@ -289,21 +298,34 @@ class SpeculativeDecoder:
         ancestors among the tree nodes already read and themselves."""
         b, n = tokens.shape
         c = state.draft_valid.shape[1]
-        seen = _additive(state.draft_valid, self.draft_dtype)[:, None, None, :].expand(b, 1, n, c)
+        seen = additive_mask(state.draft_valid, self.draft_dtype)[:, None, None, :].expand(b, 1, n, c)
         mask = torch.cat([seen, fed_mask[None, None].expand(b, 1, -1, -1)], dim=-1)
-        with _force_sdpa_gqa(self.force_gqa):
+        with force_sdpa_gqa(self.force_gqa):
             hidden = model_forward_hidden(self.draft_model, tokens, attention_mask=mask,
                                           position_ids=positions.expand(b, n), cache=state.draft_cache)
         return self.draft_model.get_output_embeddings()(hidden)
 
+    @torch.inference_mode()
+    def step_work(self, state: SpeculativeState) -> None:
+        """Exactly the model work of one greedy step (every draft pass, then the target's
+        verification forward over the q tree tokens), then both caches cut back to where they
+        were: what the measured sweep times (calibration.sweep)."""
+        ts = state.target
+        draft_before, valid_before = state.draft_cache.length, state.draft_valid
+        tokens, _ = self.draft(state, 0.0, None)
+        self.td._forward(ts.cache, tokens, self.td.step_mask(ts.valid), ts.next_pos[:, None] + self.td.depth[None])
+        ts.cache.crop(-self.q)
+        state.draft_cache.crop(draft_before - state.draft_cache.length)
+        state.draft_valid = valid_before
+
     # ---- one step ----------------------------------------------------------------------------
 
     @torch.inference_mode()
-    def step(self, state: SpeculativeState, clock: _PhaseClock | None = None, *, temperature: float = 0.0,
+    def step(self, state: SpeculativeState, clock: PhaseClock | None = None, *, temperature: float = 0.0,
              generator=None):
         """One step for every active sequence: (tokens (b, D + 1) produced, valid up to n_keep;
         n_keep (b,) = kept drafts + 1)."""
-        clock = clock or _PhaseClock(False, self.device)
+        clock = clock or PhaseClock(False, self.device)
         td, ts = self.td, state.target
         with clock("draft"):
             tokens, q_nodes = self.draft(state, temperature, generator)
@@ -354,14 +376,15 @@ class SpeculativeDecoder:
         input_ids = input_ids.to(self.device)
         target = self.td.prefill(input_ids, attention_mask, capacity=capacity, temperature=temperature,
                                  generator=generator)
-        valid = _check_inputs(input_ids, attention_mask)
+        valid = check_inputs(input_ids, attention_mask)
         length = input_ids.shape[1]
         ar = torch.arange(length, device=self.device)
         mask = ((ar[None, :] <= ar[:, None])[None] & valid[:, None, :]) | torch.eye(
             length, dtype=torch.bool, device=self.device)
         cache = new_cache(self.draft_model, max(capacity, length))
-        with _force_sdpa_gqa(self.force_gqa):
-            model_forward_hidden(self.draft_model, input_ids, attention_mask=_additive(mask, self.draft_dtype)[:, None],
+        with force_sdpa_gqa(self.force_gqa):
+            model_forward_hidden(self.draft_model, input_ids,
+                                 attention_mask=additive_mask(mask, self.draft_dtype)[:, None],
                                  position_ids=(valid.long().cumsum(-1) - 1).clamp(min=0), cache=cache)
         none = input_ids.new_zeros((input_ids.shape[0], 0))
         return SpeculativeState(target, cache, valid, none, none.bool())
@@ -386,7 +409,7 @@ class SpeculativeDecoder:
         """Decode up to `max_new_tokens` tokens per prompt (as `TreeDecoder.generate`; the
         draft model's passes are timed as "draft"). Temperature 0: greedy; > 0: sampled with a
         torch.Generator seeded with `seed`."""
-        eos = _eos_set(eos_token_id)
+        eos = eos_set(eos_token_id)
         if max_new_tokens < 1:
             raise UserError(f"max_new_tokens: must be >= 1, got {max_new_tokens}")
         if temperature < 0:
@@ -397,7 +420,7 @@ class SpeculativeDecoder:
         if temperature > 0:
             gen = torch.Generator(device=self.device)
             gen.manual_seed(seed)
-        clock = _PhaseClock(self.timing, self.device)
+        clock = PhaseClock(self.timing, self.device)
         with clock("prefill"):
             capacity = input_ids.shape[1] + 2 * max_new_tokens + self.q
             state = self.prefill(input_ids, attention_mask, capacity=capacity, temperature=temperature,

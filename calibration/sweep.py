@@ -10,7 +10,9 @@ samples far above their median are re-measured.
 - Tree size n > 0: exactly the model work of one decoding step of the reference decoder,
   `TreeDecoder.verify_forward`: one forward of the base model over the q = n + 1 tree tokens
   against the cache with the tree attention mask and position ids, the base `lm_head` on all q
-  tokens, and the Medusa heads the tree uses (its depth) on one token per sequence.
+  tokens, and the Medusa heads the tree uses (its depth) on one token per sequence. With a
+  draft model, `SpeculativeDecoder.step_work`: the draft's passes over the tree (gamma for a
+  chain of gamma), then that verification forward.
 - Tree size 0: plain decoding, `plain_step_forward` with q = 1 and no heads: what decoding
   without speculation costs.
 
@@ -46,6 +48,7 @@ import torch
 from tqdm import tqdm
 
 from calibration.decoder import TreeDecoder, model_forward_hidden, new_cache, plain_step_forward
+from calibration.speculative import SpeculativeDecoder, decoder_for
 from treeopt.errors import UserError
 from treeopt.fileio import atomic_outputs, atomic_path, write_json
 from treeopt.selection import (
@@ -152,6 +155,8 @@ def step_bench(lm, proposal: Tree, sizes, batch: int, context: int, *, topk: int
     vocab = heads.vocab_size
     gen = torch.Generator().manual_seed(seed)
     context_ids = torch.randint(0, vocab, (batch, context), generator=gen).to(device)
+    if getattr(heads, "kind", "") == "draft-model":
+        return _draft_model_bench(lm, proposal, sizes, context_ids)
     cache = new_cache(model, capacity=context + max(sizes) + 1)
     with torch.inference_mode():
         model_forward_hidden(model, context_ids, attention_mask=torch.ones_like(context_ids),
@@ -186,6 +191,40 @@ def step_bench(lm, proposal: Tree, sizes, batch: int, context: int, *, topk: int
             bench.inputs[n] = tokens
             bench.decoders[n] = decoder
             bench.fns.append(tree_step)
+    return bench
+
+
+def _draft_model_bench(lm, proposal: Tree, sizes: list[int], context_ids: torch.Tensor) -> StepBench:
+    """`step_bench` for a draft model: size n > 0 times `SpeculativeDecoder.step_work` (the
+    draft's passes over the tree, then the target's verification), size 0 plain decoding; both
+    models hold the `context` tokens in caches of their own."""
+    batch, context = context_ids.shape
+    device = lm.device
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    decoders = {n: SpeculativeDecoder(lm.model, lm.heads, proposal.prefix(n), timing=False) for n in sizes}
+    state = decoders[0].prefill(context_ids, capacity=context + max(sizes) + 2)
+    ts = state.target
+    bench = StepBench(sizes, [], ts.cache, context_ids, ts.valid, ts.next_pos)
+    for n in sizes:
+        if n == 0:
+            token, pos = ts.root[:, None], ts.next_pos[:, None]
+            mask = torch.ones(batch, context + 1, dtype=torch.long, device=device)
+
+            def plain(token=token, mask=mask, pos=pos):
+                plain_step_forward(lm.model, lm.heads, ts.cache, token, mask, pos, num_heads=0)
+                ts.cache.crop(-1)
+                sync()
+
+            bench.inputs[0] = token
+            bench.fns.append(plain)
+        else:
+            def spec_step(decoder=decoders[n]):
+                decoder.step_work(state)
+                sync()
+
+            bench.inputs[n] = ts.root[:, None]
+            bench.decoders[n] = decoders[n].td
+            bench.fns.append(spec_step)
     return bench
 
 
@@ -562,7 +601,7 @@ def measure_end_to_end(lm, proposal: Tree, sizes, batches, prompts: list[str], *
     try:
         for b in batches:
             encoded = prompt_batches(lm.tokenizer, prompts, b, lm.device)
-            decoders = {n: TreeDecoder(lm.model, lm.heads, proposal.prefix(n), topk=topk, timing=False)
+            decoders = {n: decoder_for(lm.model, lm.heads, proposal.prefix(n), topk=topk, timing=False)
                         for n in sizes}
             if warmup:
                 for n in sizes:

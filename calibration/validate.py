@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
-from calibration.decoder import TreeDecoder
+from calibration.speculative import decoder_for
 from calibration.sweep import left_padding
 from treeopt.errors import UserError
 from treeopt.tau import TauCurve
@@ -83,7 +83,7 @@ def measure_acceptance(lm, tau: TauCurve, sizes, prompts: list[str], *, max_new_
     plain_tokens = []
     # the first pass is plain greedy decoding, the reference of `agreement`
     for j, n in enumerate(tqdm([0] + sizes, desc="acceptance", unit="tree", disable=not progress)):
-        decoder = TreeDecoder(lm.model, lm.heads, proposal.prefix(n), topk=topk, timing=False)
+        decoder = decoder_for(lm.model, lm.heads, proposal.prefix(n), topk=topk, timing=False)
         accepted, same, total = [], 0, 0
         for i, enc in enumerate(encoded):
             res = decoder.generate(enc["input_ids"].to(lm.device), enc["attention_mask"].to(lm.device),

@@ -57,6 +57,7 @@ DRAFTER_TESTS = ("tests/test_drafters.py",)
 DATA_TESTS = ("tests/test_data_formats.py",)
 DIST_TESTS = ("tests/test_distributed.py",)
 DRAFT_MODEL_TESTS = ("tests/test_draft_model.py",)
+GAMMA_TESTS = ("tests/test_roofline_speculative.py", "tests/test_draft_model_wiring.py")
 
 
 @dataclass(frozen=True)
@@ -380,6 +381,23 @@ MUTANTS = (
     Mutant("draft-tau-iid", "calibration/drafters/draft_model.py",
            "(1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)", "(1.0 - alpha ** gamma) / (1.0 - alpha)",
            "the i.i.d. chain tau counts one draft fewer", DRAFT_MODEL_TESTS),
+    Mutant("chain-tau-sum", "treeopt/chain.py",
+           "return 1.0 + np.concatenate([[0.0], np.cumsum(np.cumprod(alpha))])",
+           "return 1.0 + np.concatenate([[0.0], np.cumsum(alpha)])",
+           "chain tau adds alphas instead of the probability of reaching each depth", GAMMA_TESTS),
+    Mutant("chain-alpha-conditional", "treeopt/chain.py",
+           "alpha = reach / np.concatenate([[1.0], reach[:-1]]).clip(min=1e-300)", "alpha = reach",
+           "the sidecar stores reach probabilities as conditional alphas", GAMMA_TESTS),
+    Mutant("gamma-draft-context", "roofline/speculative.py",
+           "context=context + passes,", "context=context,",
+           "every draft pass reads the same context", GAMMA_TESTS),
+    Mutant("gamma-verify-tokens", "roofline/speculative.py",
+           "tokens=g + 1, context=context, attention=attention,\n                         on_oom=\"ignore\")",
+           "tokens=g, context=context, attention=attention,\n                         on_oom=\"ignore\")",
+           "verification reads gamma tokens, not gamma + 1", GAMMA_TESTS),
+    Mutant("gamma-speedup", "roofline/speculative.py",
+           "\"speedup\": tau[: top + 1] * plain / step", "\"speedup\": tau[: top + 1] * plain / verify",
+           "speedup ignores the draft's passes", GAMMA_TESTS),
 )
 
 

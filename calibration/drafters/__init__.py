@@ -1,9 +1,9 @@
-"""Drafters: Medusa heads, Hydra heads and IBM's MLP speculator behind one interface
-(`calibration.drafters.base.Drafter`, docs/decoder.md "Drafters").
+"""Drafters: Medusa heads, Hydra heads, IBM's MLP speculator and draft models behind one
+interface (`calibration.drafters.base.Drafter`, docs/decoder.md "Drafters").
 
 `load_drafter` reads a drafter directory in its authors' layout; the kind is detected from its
-config.json (``medusa_num_heads``, ``hydra_num_heads`` or ``model_type: "mlp_speculator"``)
-unless given.
+config.json (``medusa_num_heads``, ``hydra_num_heads``, ``model_type: "mlp_speculator"``, or a
+transformers causal LM: ``architectures`` naming a ``...ForCausalLM``) unless given.
 """
 
 from __future__ import annotations
@@ -13,18 +13,19 @@ from pathlib import Path
 import torch
 
 from calibration.drafters.base import DRAFTER_KINDS, Drafter, DraftState, select_rows
+from calibration.drafters.draft_model import DEFAULT_MAX_DEPTH, DraftModel
 from calibration.drafters.hydra import HydraHeads
 from calibration.drafters.io import read_config
 from calibration.drafters.medusa import MedusaDrafter
 from calibration.drafters.mlp_speculator import MODEL_TYPE, MLPSpeculator
 from treeopt.errors import UserError
 
-__all__ = ["DRAFTER_KINDS", "Drafter", "DraftState", "HydraHeads", "MLPSpeculator", "MedusaDrafter",
+__all__ = ["DRAFTER_KINDS", "DraftModel", "Drafter", "DraftState", "HydraHeads", "MLPSpeculator", "MedusaDrafter",
            "detect_kind", "load_drafter", "select_rows", "DRAFTER_SUBDIRS"]
 
 #: where a model directory keeps each kind of drafter (the demo model's layout)
 DRAFTER_SUBDIRS = {"medusa": ("heads", "medusa_heads"), "hydra": ("hydra",),
-                   "mlp-speculator": ("mlp_speculator", "speculator")}
+                   "mlp-speculator": ("mlp_speculator", "speculator"), "draft-model": ("draft", "draft_model")}
 
 
 def detect_kind(config: dict) -> str | None:
@@ -35,6 +36,9 @@ def detect_kind(config: dict) -> str | None:
         return "mlp-speculator"
     if "medusa_num_heads" in config:
         return "medusa"
+    architectures = config.get("architectures")
+    if isinstance(architectures, list) and any(str(a).endswith("ForCausalLM") for a in architectures):
+        return "draft-model"
     return None
 
 
@@ -55,12 +59,12 @@ def load_drafter(path, *, kind: str | None = None, device=None, dtype=None, num_
     if kind is not None and kind not in DRAFTER_KINDS:
         raise UserError(f"--drafter: unknown drafter {kind!r} (choose from {', '.join(DRAFTER_KINDS)})")
     names = {None: "Medusa heads", "medusa": "Medusa heads", "hydra": "Hydra heads",
-             "mlp-speculator": "MLP speculator"}
+             "mlp-speculator": "MLP speculator", "draft-model": "draft model"}
     config, config_file = read_config(path, "a drafter config", names[kind])
     found = detect_kind(config)
     if found is None:
-        raise UserError(f"{config_file}: not a drafter config (no medusa_num_heads, hydra_num_heads or "
-                        f"model_type {MODEL_TYPE!r})")
+        raise UserError(f"{config_file}: not a drafter config (no medusa_num_heads, hydra_num_heads, "
+                        f"model_type {MODEL_TYPE!r} or a ...ForCausalLM architecture)")
     if kind is not None and kind != found:
         raise UserError(f"--drafter: {path} holds a {found} drafter, not {kind}")
     if found == "medusa":
@@ -69,4 +73,7 @@ def load_drafter(path, *, kind: str | None = None, device=None, dtype=None, num_
     if found == "hydra":
         return HydraHeads.from_pretrained(path, device=device, dtype=dtype, num_heads=num_heads,
                                           input_embeddings=input_embeddings)
+    if found == "draft-model":
+        return DraftModel.from_pretrained(path, device=device, dtype=dtype,
+                                          max_depth=DEFAULT_MAX_DEPTH if num_heads is None else num_heads)
     return MLPSpeculator.from_pretrained(path, device=device, dtype=dtype, num_heads=num_heads)

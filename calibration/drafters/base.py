@@ -26,7 +26,7 @@ from typing import ClassVar
 import torch
 
 #: the drafter kinds treeopt reads, as `--drafter` spells them
-DRAFTER_KINDS = ("medusa", "hydra", "mlp-speculator")
+DRAFTER_KINDS = ("medusa", "hydra", "mlp-speculator", "draft-model")
 
 DraftState = tuple[torch.Tensor, ...]
 

@@ -25,6 +25,7 @@ from transformers import AutoModelForCausalLM
 
 from calibration.drafters.base import Drafter
 from calibration.labels import label_rows, pad_left
+from treeopt.chain import ChainAcceptance
 from treeopt.errors import UserError
 
 #: the deepest depth a draft model drafts by default (a chain of gamma needs gamma)
@@ -99,6 +100,21 @@ def acceptance_alpha(target, drafter: DraftModel, sequences, starts, *, temperat
 
     per_position = _per_position(sequences, pad_id, drafter, batch, alpha)
     return _rows(sequences, starts, k, per_position, np.nan)
+
+
+#: the sampling temperature calibration measures alpha at (the alpha sidecar, docs/formats.md)
+ALPHA_TEMPERATURE = 1.0
+#: prompts alpha is measured on: one forward of each model per prompt, no generation
+ALPHA_MAX_PROMPTS = 256
+
+
+def chain_acceptance(target, drafter: DraftModel, sequences, *, temperature: float = ALPHA_TEMPERATURE,
+                     pad_id: int = 0) -> ChainAcceptance:
+    """The per-depth alpha and walked tau of chains (`treeopt.chain.ChainAcceptance`) over
+    `sequences` read from their first token (docs/statistics.md, "Draft-model acceptance")."""
+    rows = acceptance_alpha(target, drafter, sequences, [0] * len(sequences), temperature=temperature,
+                            pad_id=pad_id)
+    return ChainAcceptance.from_rows(rows, temperature)
 
 
 def _per_position(sequences, pad_id, drafter, batch, value):

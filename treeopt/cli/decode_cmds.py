@@ -10,8 +10,9 @@ import numpy as np
 import torch
 
 from calibration.data import load_prompts
-from calibration.decoder import TreeDecoder, cut_tree, greedy_decode
+from calibration.decoder import cut_tree, greedy_decode
 from calibration.models import load_model
+from calibration.speculative import SpeculativeDecoder, decoder_for
 from calibration.threads import torch_threads
 from treeopt.cli.options import DRAFTER_OPTION, TOPK, AtLeast, FiniteAtLeast
 from treeopt.errors import UserError
@@ -112,8 +113,12 @@ def _decode(loaded, tree, prompts, data, max_prompts, prompt_tokens, max_new, ba
 
     eos = tok.eos_token_id
     pad = tok.pad_token_id if tok.pad_token_id is not None else (eos if eos is not None else 0)
-    decoder = TreeDecoder(loaded.model, loaded.heads, tree, topk=topk_n)
-    mode = "greedy" if temp == 0 else f"typical (T={temp:g}, eps={eps:g}, alpha={alpha:g}, seed={seed_n})"
+    decoder = decoder_for(loaded.model, loaded.heads, tree, topk=topk_n)
+    speculative = isinstance(decoder, SpeculativeDecoder)
+    # a draft model verifies by rejection sampling: the target's distribution, no typical-acceptance knobs
+    rule = {} if speculative else {"posterior_threshold": eps, "posterior_alpha": alpha}
+    mode = ("greedy" if temp == 0 else f"rejection sampling (T={temp:g}, seed={seed_n})" if speculative
+            else f"typical (T={temp:g}, eps={eps:g}, alpha={alpha:g}, seed={seed_n})")
     click.echo(f"model {loaded.name} on {loaded.device} {str(loaded.dtype).replace('torch.', '')}; "
                f"{_label(tree)}: {tree.size} nodes, depth {tree.depth}, topk {topk_n}; {mode}; "
                f"{len(token_lists)} prompt(s), batch size {batch}")
@@ -131,9 +136,8 @@ def _decode(loaded, tree, prompts, data, max_prompts, prompt_tokens, max_new, ba
     for start in range(0, len(token_lists), batch):
         chunk = token_lists[start:start + batch]
         ids, mask = padded(chunk)
-        res = decoder.generate(ids, mask, max_new_tokens=max_new, temperature=temp,
-                               posterior_threshold=eps, posterior_alpha=alpha, eos_token_id=eos,
-                               seed=seed_n + start)
+        res = decoder.generate(ids, mask, max_new_tokens=max_new, temperature=temp, eos_token_id=eos,
+                               seed=seed_n + start, **rule)
         results.append(res)
         outputs += res.tokens
         if compare:

@@ -97,9 +97,9 @@ def apply(options):
 
 #: options of every command that loads and runs a model (torch)
 DRAFTER_OPTION = click.option(
-    "--drafter", type=click.Choice(["medusa", "hydra", "mlp-speculator"]), default=None,
+    "--drafter", type=click.Choice(["medusa", "hydra", "mlp-speculator", "draft-model"]), default=None,
     help="Drafter kind [default: read from the drafter's config.json; without --heads, MODEL's Medusa heads]; "
-         "hydra and mlp-speculator come from MODEL/hydra and MODEL/mlp_speculator.")
+         "hydra, mlp-speculator and draft-model come from MODEL/hydra, MODEL/mlp_speculator and MODEL/draft.")
 
 RUN_MODEL_OPTIONS = [
     click.option("--model", default="demo", show_default=True, metavar="demo|DIR",
