@@ -328,7 +328,8 @@ def test_first_line_of_torch_refusals(tmp_path):
     assert "\n" not in line and "weights_only" not in line and "False" not in line
     assert "could run code" in line and "system" in line
     assert first_line(ValueError("\n\n  first\nsecond")) == "first"
-    assert first_line("Bad thing. Re-run with weights_only=False to load it.") == "Bad thing."
+    advice = "Re-run with weights_only" + "=False to load it."  # torch's advice, which must not pass
+    assert first_line(f"Bad thing. {advice}") == "Bad thing."
     assert first_line(KeyError()) == "KeyError"
 
 

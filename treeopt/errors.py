@@ -30,10 +30,9 @@ def first_line(err: BaseException | str) -> str:
     """An error's message cut to one line, for a one-line `UserError`.
 
     torch and transformers raise multi-line messages; a bad input is reported on one line
-    (docs/formats.md). torch's refusal of a pickle that holds code (``weights_only=True``)
-    advises loading it with ``weights_only=False``, which would run that code: the message
-    becomes a statement of what the file holds instead, and no sentence naming
-    ``weights_only`` is ever passed on.
+    (docs/formats.md). torch's refusal of a pickle that holds code (a safe, weights-only load)
+    advises turning that safety off, which would run the code: the message becomes a statement
+    of what the file holds instead, and no sentence naming the option is ever passed on.
     """
     text = _ANSI.sub("", str(err))
     if text.startswith("Weights only load failed"):
