@@ -22,11 +22,12 @@ import pandas as pd
 
 from roofline.hardware import HardwareProfile
 from roofline.latency import fits_memory, step_time_s
+from roofline.ops import DraftWork
 from roofline.shapes import DraftHeadsShape, ModelShape
 from treeopt.errors import UserError
 
 __all__ = ["DEFAULT_BATCHES", "DEFAULT_CONTEXTS", "GRID_COLUMNS", "speedup_grid", "heads_used_by_prefix",
-           "candidates_by_prefix", "check_tau"]
+           "candidates_by_prefix", "check_tau", "draft_rows_by_prefix", "parents_of"]
 
 DEFAULT_BATCHES = (1, 2, 4, 8, 16, 32, 64)
 DEFAULT_CONTEXTS = (128, 256, 512, 1024, 2048, 4096, 8192)
@@ -57,6 +58,38 @@ def heads_used_by_prefix(tree) -> np.ndarray:
     """(n + 1,) number of draft heads the prefix tree of m nodes needs (its depth), m = 0..n."""
     lengths = np.array([len(p) for p in tree.paths], dtype=np.int64)
     return np.concatenate(([0], np.maximum.accumulate(lengths))) if lengths.size else np.zeros(1, np.int64)
+
+
+def parents_of(tree) -> tuple[np.ndarray, np.ndarray]:
+    """(depth, parent), each (n,): every node's depth and its parent's index in the tree's
+    order, -1 for a child of the root (a node's parent is the row of the rank matrix equal to
+    its own with the last rank cleared)."""
+    ranks = tree.rank_matrix
+    n = ranks.shape[0]
+    depth = (ranks >= 0).sum(axis=1)
+    trunk = ranks.copy()
+    trunk[np.arange(n), depth - 1] = -1
+    same = (trunk[:, None, :] == ranks[None, :, :]).all(axis=2)
+    return depth, np.where(same.any(axis=1), same.argmax(axis=1), -1)
+
+
+def draft_rows_by_prefix(tree, stages: int) -> np.ndarray:
+    """(n + 1, stages) rows per sequence a sequential drafter runs stage d on (0-based) for the
+    prefix tree of m nodes, m = 0..n: the nodes of depth d (the root is depth 0) that have
+    children in the prefix (docs/decoder.md, "Drafters"). A node joins those rows with its
+    first child, so column d counts, up to m, the nodes of depth d + 1 that are their parent's
+    first child."""
+    n = tree.size
+    rows = np.zeros((n + 1, stages))
+    if n == 0:
+        return rows
+    depth, parent = parents_of(tree)
+    # the root's children share parent -1; a node is a first child when no earlier node shares its parent
+    earlier = np.tril(parent[:, None] == parent[None, :], k=-1).any(axis=1)
+    first_child = ~earlier
+    opens = first_child[:, None] & (depth[:, None] - 1 == np.arange(stages)[None, :])
+    rows[1:] = np.cumsum(opens, axis=0)
+    return rows
 
 
 def candidates_by_prefix(tree) -> tuple[np.ndarray, np.ndarray]:
@@ -100,7 +133,9 @@ def speedup_grid(shape: ModelShape, heads_shape: DraftHeadsShape | None, hw: Har
     verification: "tree" (q = n + 1 under a tree mask) or "candidates" (the prefix's
     root-to-leaf paths as separate sequences; needs `tree`, the proposal sequence).
     draft_stages: optional (N + 1,) sequential draft stages per step (e.g. the prefix depth for a
-    drafter that drafts depth by depth); default none.
+    drafter that drafts depth by depth); default: those of a `DraftWork` heads_shape (a
+    sequential drafter whose rows_per_sequence are (N + 1, stages), `draft_rows_by_prefix`),
+    else none.
     """
     tau = check_tau(tau_by_nodes)
     b = _positive_ints(batches, "--batch", 1)[:, None, None]
@@ -115,7 +150,15 @@ def speedup_grid(shape: ModelShape, heads_shape: DraftHeadsShape | None, hw: Har
         q, cands = tokens_c[None, None, :], leaves[None, None, :]
     elif verification != "tree":
         raise UserError(f"--verification: must be 'tree' or 'candidates', got '{verification}'")
-    stages = 0 if draft_stages is None else np.asarray(draft_stages, dtype=float)[None, None, :]
+    stages = None if draft_stages is None else np.asarray(draft_stages, dtype=float)[None, None, :]
+    if isinstance(heads_shape, DraftWork) and (heads_used is not None or heads_in_baseline):
+        raise UserError("a sequential drafter runs the stages its tree reaches: --used-heads and "
+                        "--heads-in-baseline do not apply")
+    if isinstance(heads_shape, DraftWork):
+        rows = np.asarray(heads_shape.rows_per_sequence, dtype=float)
+        if rows.ndim != 2 or rows.shape[0] != tau.size:
+            raise UserError(f"draft rows: expected ({tau.size}, stages) rows per tree size, got {rows.shape}")
+        heads_shape = replace(heads_shape, rows_per_sequence=rows[None, None])
     full = (b.shape[0], s.shape[1], n.shape[2])
     if heads_used is None or heads_shape is None:
         t_tree = step_time_s(shape, heads_shape, hw, batch=b, tokens=q, context=s, attention=attention,

@@ -54,6 +54,7 @@ MIX_TESTS = ("tests/test_mix.py",)
 RELIABILITY_TESTS = ("tests/test_reliability.py",)
 STEP_TESTS = ("tests/test_step_engine.py",)
 DRAFTER_TESTS = ("tests/test_drafters.py",)
+DRAFT_COST_TESTS = ("tests/test_drafter_cost.py",)
 
 
 @dataclass(frozen=True)
@@ -329,6 +330,28 @@ MUTANTS = (
            "state = drafter.child_state(carry, k, labels)",
            "state = drafter.child_state(carry, k, logits.argmax(-1))",
            "calibration follows the drafter's own guesses, not the true path", DRAFTER_TESTS),
+    # ---- the cost of dependent drafters (docs/performance-model.md, "Drafter cost")
+    Mutant("cost-hydra-width", "treeopt/drafter_cost.py", "return (stage + 2) * self.hidden_size",
+           "return (stage + 1) * self.hidden_size", "a Hydra head's input misses the root's embedding",
+           DRAFT_COST_TESTS),
+    Mutant("cost-hydra-one-gemm", "roofline/ops.py", "gemms = 2.0 if cost.grounded else 1.0", "gemms = 1.0",
+           "a grounded Hydra head's residual projection is free", DRAFT_COST_TESTS),
+    Mutant("cost-stage-rows", "roofline/ops.py", "r = b * rows_all[..., d] if d < rows_all.shape[-1]",
+           "r = rows_all[..., d] if d < rows_all.shape[-1]", "a draft stage runs for one sequence only",
+           DRAFT_COST_TESTS),
+    Mutant("cost-idle-stage-weights", "roofline/ops.py", "weights = (width * w + 2 * w + w * V) * runs",
+           "weights = (width * w + 2 * w + w * V)", "a speculator stage that does not run reads its weights",
+           DRAFT_COST_TESTS),
+    Mutant("cost-rows-first-child", "roofline/grid.py", "first_child = ~earlier", "first_child = ~earlier | True",
+           "every child, not the first, adds a drafting row", DRAFT_COST_TESTS),
+    Mutant("cost-rows-depth", "roofline/grid.py", "(depth[:, None] - 1 == np.arange(stages)[None, :])",
+           "(depth[:, None] == np.arange(stages)[None, :])", "a node's rows counted at its own depth",
+           DRAFT_COST_TESTS),
+    Mutant("cost-stages-auto", "roofline/latency.py",
+           "return heads.stages_run if isinstance(heads, DraftWork) else 0", "return 0",
+           "a sequential drafter pays no per-stage cost", DRAFT_COST_TESTS),
+    Mutant("cost-widest-stage", "roofline/latency.py", ".max(axis=-1) * heads.cost.vocab_size",
+           ".min(axis=-1) * heads.cost.vocab_size", "memory takes the narrowest stage's logits", DRAFT_COST_TESTS),
 )
 
 
