@@ -27,7 +27,8 @@ from roofline.shapes import DraftHeadsShape, ModelShape
 from treeopt.errors import UserError
 
 __all__ = ["DEFAULT_BATCHES", "DEFAULT_CONTEXTS", "GRID_COLUMNS", "speedup_grid", "heads_used_by_prefix",
-           "candidates_by_prefix", "check_tau", "draft_rows_by_prefix", "parents_of"]
+           "candidates_by_prefix", "check_tau", "draft_rows_by_prefix", "parents_of", "candidate_forms_grid",
+           "CANDIDATE_FORMS", "FORM_COLUMNS"]
 
 DEFAULT_BATCHES = (1, 2, 4, 8, 16, 32, 64)
 DEFAULT_CONTEXTS = (128, 256, 512, 1024, 2048, 4096, 8192)
@@ -195,3 +196,46 @@ def speedup_grid(shape: ModelShape, heads_shape: DraftHeadsShape | None, hw: Har
         "step_time_s": step.ravel(), "overhead": overhead.ravel(), "speedup": speedup.ravel(),
         "fits_memory": fits.ravel(),
     })
+
+
+CANDIDATE_FORMS = ("prefix-tree", "candidates")
+FORM_COLUMNS = ("batch", "context", "form", "tokens", "sequences", "tau", "step_time_s", "overhead", "speedup",
+                "fits_memory")
+
+
+def candidate_forms_grid(shape: ModelShape, draft, hw: HardwareProfile, tau: float, tree, n_candidates: int,
+                         batches=DEFAULT_BATCHES, contexts=DEFAULT_CONTEXTS, *, candidate_draft=None,
+                         attention: str = "fused") -> pd.DataFrame:
+    """IBM's candidate form verified both ways (docs/builders.md, "IBM's candidate form"): one
+    row per (batch, context, form) with columns FORM_COLUMNS.
+
+    "prefix-tree": the n candidates merged into `tree`, q = nodes + 1 under a tree mask, drafted
+    with `draft` (a DraftWork on that tree's rows, DraftHeadsShape or None); "candidates": n
+    sequences of depth + 1 tokens each (batch expansion), drafted with `candidate_draft`
+    (default `draft`). Both accept the same tokens, so tau (expected tokens per step) is shared
+    and the speedup differs by the step time alone."""
+    b = _positive_ints(batches, "--batch", 1)[:, None, None]
+    s = _positive_ints(contexts, "--context", 0)[None, :, None]
+    if tau < 1:
+        raise UserError(f"tau: must be >= 1, got {tau}")
+    forms = {"prefix-tree": (tree.size + 1.0, 1.0, draft),
+             "candidates": (n_candidates * (tree.depth + 1.0), float(n_candidates),
+                            draft if candidate_draft is None else candidate_draft)}
+    t_plain = step_time_s(shape, None, hw, batch=b, tokens=1, context=s, attention=attention, on_oom="ignore")
+    fits_plain = fits_memory(shape, None, hw, batch=b, tokens=1, context=s, attention=attention)
+    frames = []
+    for form, (q, c, heads) in forms.items():  # two forms
+        t = step_time_s(shape, heads, hw, batch=b, tokens=q, context=s, attention=attention, on_oom="ignore",
+                        candidates=None if c == 1 else c)
+        fits = fits_memory(shape, heads, hw, batch=b, tokens=q, context=s, attention=attention,
+                           candidates=None if c == 1 else c) & fits_plain
+        t = np.where(fits, t, np.nan)
+        overhead = t / t_plain
+        B, S = np.broadcast_arrays(b, s)
+        frames.append(pd.DataFrame({
+            "batch": B.ravel(), "context": S.ravel(), "form": form, "tokens": q, "sequences": c, "tau": float(tau),
+            "step_time_s": np.broadcast_to(t, B.shape).ravel(), "overhead": np.broadcast_to(overhead, B.shape).ravel(),
+            "speedup": float(tau) / np.broadcast_to(overhead, B.shape).ravel(),
+            "fits_memory": np.broadcast_to(fits, B.shape).ravel()}))
+    out = pd.concat(frames, ignore_index=True)
+    return out.sort_values(["batch", "context", "form"], kind="stable").reset_index(drop=True)

@@ -55,6 +55,7 @@ RELIABILITY_TESTS = ("tests/test_reliability.py",)
 STEP_TESTS = ("tests/test_step_engine.py",)
 DRAFTER_TESTS = ("tests/test_drafters.py",)
 DRAFT_COST_TESTS = ("tests/test_drafter_cost.py",)
+CANDIDATE_TESTS = ("tests/test_candidates.py",)
 
 
 @dataclass(frozen=True)
@@ -352,6 +353,13 @@ MUTANTS = (
            "a sequential drafter pays no per-stage cost", DRAFT_COST_TESTS),
     Mutant("cost-widest-stage", "roofline/latency.py", ".max(axis=-1) * heads.cost.vocab_size",
            ".min(axis=-1) * heads.cost.vocab_size", "memory takes the narrowest stage's logits", DRAFT_COST_TESTS),
+    # ---- IBM's candidate form (docs/builders.md, "IBM's candidate form")
+    Mutant("cand-lowest-score", "treeopt/candidates.py", "order = np.argsort(-score, kind=\"stable\")",
+           "order = np.argsort(score, kind=\"stable\")", "the n worst candidates kept", CANDIDATE_TESTS),
+    Mutant("cand-rows-shifted", "treeopt/candidates.py", "np.cumprod(topk)[:-1]", "np.cumprod(topk)[1:]",
+           "the speculator's stage d drafts from k_1..k_d states", CANDIDATE_TESTS),
+    Mutant("cand-sequence-tokens", "roofline/grid.py", "n_candidates * (tree.depth + 1.0)",
+           "n_candidates * tree.depth", "a candidate sequence verified without its root", CANDIDATE_TESTS),
 )
 
 

@@ -54,6 +54,10 @@ class DraftCost:
     vocab_size: int
     grounded: bool = False
     prefix_layer: bool = False
+    #: IBM's candidate form as the speculator's config sets it (`top_k_tokens_per_head`,
+    #: `n_candidates`; docs/builders.md, "IBM's candidate form"); empty / 0 when not set
+    topk_per_stage: tuple[int, ...] = ()
+    n_candidates: int = 0
 
     def __post_init__(self):
         if self.drafter not in DRAFTER_NAMES:
@@ -123,9 +127,15 @@ def draft_cost_from_config(config: dict, *, hidden_size: int | None = None, voca
     if kind == "mlp-speculator":
         emb = _positive(config, source, "emb_dim")
         inner = config.get("inner_dim") or emb
-        return DraftCost("mlp-speculator", True, _positive(config, source, "n_predict"), 1, emb,
+        stages = _positive(config, source, "n_predict")
+        topk = config.get("top_k_tokens_per_head") or ()
+        if not isinstance(topk, (list, tuple)) or not all(
+                isinstance(k, int) and not isinstance(k, bool) and k >= 1 for k in topk):
+            raise UserError(f"{source}: top_k_tokens_per_head must list positive integers, got {topk!r}")
+        return DraftCost("mlp-speculator", True, stages, 1, emb,
                          _positive({"inner_dim": inner}, source, "inner_dim"),
-                         _positive(config, source, "vocab_size", vocab_size))
+                         _positive(config, source, "vocab_size", vocab_size), topk_per_stage=tuple(topk),
+                         n_candidates=_positive(config, source, "n_candidates", 1) if topk else 0)
     arch = config.get("hydra_head_arch", "mlp")
     if kind == "hydra" and arch not in HYDRA_ARCHS:
         raise UserError(f"{source}: hydra_head_arch {arch!r} is not supported (one of {', '.join(HYDRA_ARCHS)})")

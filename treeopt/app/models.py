@@ -39,10 +39,12 @@ def draft_cost_of_drafter(drafter) -> DraftCost:
     """The roofline's `DraftCost` of a loaded drafter (calibration.drafters), as the reference
     decoder runs it: the heads (stages) it was loaded with."""
     inner = getattr(drafter, "inner_dim", drafter.hidden_size)
+    topk = tuple(int(k) for k in getattr(drafter, "top_k_tokens_per_head", ()))
     return DraftCost(drafter.kind, bool(drafter.sequential), int(drafter.num_heads),
                      int(getattr(drafter, "num_layers", 1)), int(drafter.hidden_size), int(inner),
                      int(drafter.vocab_size), grounded=bool(getattr(drafter, "grounded", False)),
-                     prefix_layer=bool(getattr(drafter, "prefix_layer", False)))
+                     prefix_layer=bool(getattr(drafter, "prefix_layer", False)), topk_per_stage=topk,
+                     n_candidates=int(getattr(drafter, "n_candidates", 0)) if topk else 0)
 
 
 def draft_cost_of(spec, shape: ModelShape, *, drafter: str | None = None, drafter_config=None) -> DraftCost | None:

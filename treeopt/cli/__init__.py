@@ -63,6 +63,8 @@ roofline = _lazy_group("roofline", "The operator-level latency model and the pre
     "speedup": ("treeopt.cli.roofline_cmds:roofline_speedup",
                 "Predicted speedup for every batch x context x tree size."),
     "predict": ("treeopt.cli.roofline_cmds:roofline_predict", "Predicted step time for every row of a step CSV."),
+    "candidates": ("treeopt.cli.candidates_cmds:candidates_cmd",
+                   "IBM's candidate form: n candidate sequences or their prefix tree, per cell."),
 })
 demo = _lazy_group("demo", "The bundled demo model (a small Llama with Medusa heads trained on Python's stdlib).", {
     "train": ("treeopt.cli.run_cmds:demo_train", "Train the demo model (the recipe behind the bundled one)."),
