@@ -68,6 +68,10 @@ roofline = _lazy_group("roofline", "The operator-level latency model and the pre
 })
 demo = _lazy_group("demo", "The bundled demo model (a small Llama with Medusa heads trained on Python's stdlib).", {
     "train": ("treeopt.cli.run_cmds:demo_train", "Train the demo model (the recipe behind the bundled one)."),
+    "train-drafters": ("treeopt.cli.demo_cmds:demo_train_drafters",
+                       "Train the demo's Hydra heads and MLP speculator on the demo model."),
+    "compare-drafters": ("treeopt.cli.demo_cmds:demo_compare_drafters",
+                         "Put `treeopt run` folders of several drafters side by side in one report."),
 })
 
 
