@@ -40,7 +40,9 @@ def draft_cost_of_drafter(drafter) -> DraftCost:
     decoder runs it: the heads (stages) it was loaded with."""
     inner = getattr(drafter, "inner_dim", drafter.hidden_size)
     topk = tuple(int(k) for k in getattr(drafter, "top_k_tokens_per_head", ()))
-    return DraftCost(drafter.kind, bool(drafter.sequential), int(drafter.num_heads),
+    # a drafter without a kind is a set of Medusa heads (calibration.heads.MedusaHeads)
+    return DraftCost(getattr(drafter, "kind", "medusa"), bool(getattr(drafter, "sequential", False)),
+                     int(drafter.num_heads),
                      int(getattr(drafter, "num_layers", 1)), int(drafter.hidden_size), int(inner),
                      int(drafter.vocab_size), grounded=bool(getattr(drafter, "grounded", False)),
                      prefix_layer=bool(getattr(drafter, "prefix_layer", False)), topk_per_stage=topk,
