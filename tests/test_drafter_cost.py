@@ -3,18 +3,23 @@ drafter's authors publish read into `DraftCost`, the rows each stage runs on for
 stage's FLOPs and bytes derived by hand, and the per-stage fixed cost in the step time."""
 
 import json
+from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from roofline.grid import draft_rows_by_prefix, heads_used_by_prefix, speedup_grid
-from roofline.hardware import EfficiencyCurve, HardwareProfile
+from roofline.hardware import EfficiencyCurve, HardwareProfile, load_hardware
 from roofline.latency import memory_required_bytes, step_time_s
 from roofline.ops import DraftWork, operators
-from roofline.shapes import ModelShape
+from roofline.shapes import ModelShape, model_shape
+from treeopt.accuracy import load_accuracy
+from treeopt.build import tau_curve
 from treeopt.cli import main
 from treeopt.drafter_cost import DraftCost, draft_cost_from_config, read_draft_cost
 from treeopt.errors import UserError
+from treeopt.tau import first_heads, proposal_sequence
 from treeopt.tree import Tree
 
 TINY = ModelShape("tiny", layers=3, hidden=4, intermediate=8, heads=2, kv_heads=1, head_dim=2, vocab=10,
@@ -226,3 +231,63 @@ def test_roofline_ops_with_a_drafter_config(tmp_path, capsys):
               "--draft-rows", "1,2"])
         raise SystemExit(0)
     assert exc.value.code == 2
+
+
+def test_speedup_and_report_charge_the_drafter_of_the_config(tmp_path, capsys):
+    csv = str(Path(__file__).resolve().parents[1] / "treeopt" / "data" / "medusa_train_accuracy.csv")
+    cfg = tmp_path / "spec" / "config.json"
+    cfg.parent.mkdir()
+    cfg.write_text(json.dumps({"model_type": "mlp_speculator", "emb_dim": 4096, "inner_dim": 4096,
+                               "vocab_size": 32000, "n_predict": 3}))
+    grid_csv = tmp_path / "grid.csv"
+    with pytest.raises(SystemExit) as exc:
+        main(["roofline", "speedup", "--model", "vicuna-7b", "--hardware", "a100", "--accuracy", csv,
+              "--drafter-config", str(cfg), "--batch", "1,8", "--context", "512", "--max-nodes", "8",
+              "-o", str(grid_csv)])
+        raise SystemExit(0)
+    assert exc.value.code in (0, None)
+    assert "mlp-speculator: 3 stages" in capsys.readouterr().out
+    # every grid cell is the step of the speculator on that prefix tree's nodes, per depth
+    grid = pd.read_csv(grid_csv)
+    table = load_accuracy(csv, model="vicuna-7b")
+    tree = proposal_sequence(first_heads(table, 3), 8, method="greedy")
+    cost = read_draft_cost(cfg)
+    rows = draft_rows_by_prefix(tree, 3)
+    shape, hw = model_shape("vicuna-7b"), load_hardware("a100")
+    for row in grid[grid["nodes"] > 0].itertuples():
+        expect = step_time_s(shape, DraftWork(cost, rows[row.nodes]), hw, batch=row.batch, tokens=row.nodes + 1,
+                             context=512)
+        assert row.step_time_s == pytest.approx(expect, rel=1e-5)
+    assert grid["tau"].to_numpy()[:9] == pytest.approx(tau_curve(tree, table.accuracy[:3]), rel=1e-5)
+    with pytest.raises(SystemExit) as exc:
+        main(["report", "--model", "vicuna-7b", "--hardware", "a100", "--accuracy", csv, "--drafter-config",
+              str(cfg), "--batch", "1", "--context", "512", "--max-nodes", "8", "-o", str(tmp_path / "report")])
+        raise SystemExit(0)
+    assert exc.value.code in (0, None)
+    assert "**Drafter**: mlp-speculator: 3 stages" in (tmp_path / "report" / "index.md").read_text()
+    report_grid = pd.read_csv(tmp_path / "report" / "grid.csv")
+    assert report_grid["step_time_s"].to_numpy() == pytest.approx(
+        grid[grid["batch"] == 1]["step_time_s"].to_numpy(), rel=1e-5)
+
+
+def test_step_predictor_charges_a_sequential_drafter_depth_by_depth():
+    from types import SimpleNamespace
+
+    import torch  # the predictor reads the loaded model's dtype
+
+    from treeopt.app.models import draft_cost_of_drafter, shape_of
+    from treeopt.app.sweep import step_predictor
+
+    hydra = SimpleNamespace(kind="hydra", sequential=True, grounded=True, num_heads=3, num_layers=1,
+                            hidden_size=256, vocab_size=4096)
+    lm = SimpleNamespace(name="demo", dtype=torch.float32, heads=hydra)
+    hw = load_hardware("a100")
+    tree = Tree([(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)])
+    predict = step_predictor(lm, tree, hw)
+    cost = draft_cost_of_drafter(hydra)
+    rows = draft_rows_by_prefix(tree, 3)
+    shape = shape_of("demo", dtype="float32")
+    assert predict(2, 1, 64) == step_time_s(shape, None, hw, batch=2, tokens=1, context=64)
+    for n in range(1, 7):
+        assert predict(2, n + 1, 64) == pytest.approx(
+            step_time_s(shape, DraftWork(cost, rows[n]), hw, batch=2, tokens=n + 1, context=64))
