@@ -22,11 +22,13 @@ import pandas as pd
 
 from roofline.hardware import HardwareProfile
 from roofline.latency import fits_memory, step_time_s
+from roofline.ops import DraftWork
 from roofline.shapes import DraftHeadsShape, ModelShape
 from treeopt.errors import UserError
 
 __all__ = ["DEFAULT_BATCHES", "DEFAULT_CONTEXTS", "GRID_COLUMNS", "speedup_grid", "heads_used_by_prefix",
-           "candidates_by_prefix", "check_tau"]
+           "candidates_by_prefix", "check_tau", "draft_rows_by_prefix", "parents_of", "candidate_forms_grid",
+           "CANDIDATE_FORMS", "FORM_COLUMNS"]
 
 DEFAULT_BATCHES = (1, 2, 4, 8, 16, 32, 64)
 DEFAULT_CONTEXTS = (128, 256, 512, 1024, 2048, 4096, 8192)
@@ -57,6 +59,38 @@ def heads_used_by_prefix(tree) -> np.ndarray:
     """(n + 1,) number of draft heads the prefix tree of m nodes needs (its depth), m = 0..n."""
     lengths = np.array([len(p) for p in tree.paths], dtype=np.int64)
     return np.concatenate(([0], np.maximum.accumulate(lengths))) if lengths.size else np.zeros(1, np.int64)
+
+
+def parents_of(tree) -> tuple[np.ndarray, np.ndarray]:
+    """(depth, parent), each (n,): every node's depth and its parent's index in the tree's
+    order, -1 for a child of the root (a node's parent is the row of the rank matrix equal to
+    its own with the last rank cleared)."""
+    ranks = tree.rank_matrix
+    n = ranks.shape[0]
+    depth = (ranks >= 0).sum(axis=1)
+    trunk = ranks.copy()
+    trunk[np.arange(n), depth - 1] = -1
+    same = (trunk[:, None, :] == ranks[None, :, :]).all(axis=2)
+    return depth, np.where(same.any(axis=1), same.argmax(axis=1), -1)
+
+
+def draft_rows_by_prefix(tree, stages: int) -> np.ndarray:
+    """(n + 1, stages) rows per sequence a sequential drafter runs stage d on (0-based) for the
+    prefix tree of m nodes, m = 0..n: the nodes of depth d (the root is depth 0) that have
+    children in the prefix (docs/decoder.md, "Drafters"). A node joins those rows with its
+    first child, so column d counts, up to m, the nodes of depth d + 1 that are their parent's
+    first child."""
+    n = tree.size
+    rows = np.zeros((n + 1, stages))
+    if n == 0:
+        return rows
+    depth, parent = parents_of(tree)
+    # the root's children share parent -1; a node is a first child when no earlier node shares its parent
+    earlier = np.tril(parent[:, None] == parent[None, :], k=-1).any(axis=1)
+    first_child = ~earlier
+    opens = first_child[:, None] & (depth[:, None] - 1 == np.arange(stages)[None, :])
+    rows[1:] = np.cumsum(opens, axis=0)
+    return rows
 
 
 def candidates_by_prefix(tree) -> tuple[np.ndarray, np.ndarray]:
@@ -100,7 +134,9 @@ def speedup_grid(shape: ModelShape, heads_shape: DraftHeadsShape | None, hw: Har
     verification: "tree" (q = n + 1 under a tree mask) or "candidates" (the prefix's
     root-to-leaf paths as separate sequences; needs `tree`, the proposal sequence).
     draft_stages: optional (N + 1,) sequential draft stages per step (e.g. the prefix depth for a
-    drafter that drafts depth by depth); default none.
+    drafter that drafts depth by depth); default: those of a `DraftWork` heads_shape (a
+    sequential drafter whose rows_per_sequence are (N + 1, stages), `draft_rows_by_prefix`),
+    else none.
     """
     tau = check_tau(tau_by_nodes)
     b = _positive_ints(batches, "--batch", 1)[:, None, None]
@@ -115,7 +151,15 @@ def speedup_grid(shape: ModelShape, heads_shape: DraftHeadsShape | None, hw: Har
         q, cands = tokens_c[None, None, :], leaves[None, None, :]
     elif verification != "tree":
         raise UserError(f"--verification: must be 'tree' or 'candidates', got '{verification}'")
-    stages = 0 if draft_stages is None else np.asarray(draft_stages, dtype=float)[None, None, :]
+    stages = None if draft_stages is None else np.asarray(draft_stages, dtype=float)[None, None, :]
+    if isinstance(heads_shape, DraftWork) and (heads_used is not None or heads_in_baseline):
+        raise UserError("a sequential drafter runs the stages its tree reaches: --used-heads and "
+                        "--heads-in-baseline do not apply")
+    if isinstance(heads_shape, DraftWork):
+        rows = np.asarray(heads_shape.rows_per_sequence, dtype=float)
+        if rows.ndim != 2 or rows.shape[0] != tau.size:
+            raise UserError(f"draft rows: expected ({tau.size}, stages) rows per tree size, got {rows.shape}")
+        heads_shape = replace(heads_shape, rows_per_sequence=rows[None, None])
     full = (b.shape[0], s.shape[1], n.shape[2])
     if heads_used is None or heads_shape is None:
         t_tree = step_time_s(shape, heads_shape, hw, batch=b, tokens=q, context=s, attention=attention,
@@ -152,3 +196,46 @@ def speedup_grid(shape: ModelShape, heads_shape: DraftHeadsShape | None, hw: Har
         "step_time_s": step.ravel(), "overhead": overhead.ravel(), "speedup": speedup.ravel(),
         "fits_memory": fits.ravel(),
     })
+
+
+CANDIDATE_FORMS = ("prefix-tree", "candidates")
+FORM_COLUMNS = ("batch", "context", "form", "tokens", "sequences", "tau", "step_time_s", "overhead", "speedup",
+                "fits_memory")
+
+
+def candidate_forms_grid(shape: ModelShape, draft, hw: HardwareProfile, tau: float, tree, n_candidates: int,
+                         batches=DEFAULT_BATCHES, contexts=DEFAULT_CONTEXTS, *, candidate_draft=None,
+                         attention: str = "fused") -> pd.DataFrame:
+    """IBM's candidate form verified both ways (docs/builders.md, "IBM's candidate form"): one
+    row per (batch, context, form) with columns FORM_COLUMNS.
+
+    "prefix-tree": the n candidates merged into `tree`, q = nodes + 1 under a tree mask, drafted
+    with `draft` (a DraftWork on that tree's rows, DraftHeadsShape or None); "candidates": n
+    sequences of depth + 1 tokens each (batch expansion), drafted with `candidate_draft`
+    (default `draft`). Both accept the same tokens, so tau (expected tokens per step) is shared
+    and the speedup differs by the step time alone."""
+    b = _positive_ints(batches, "--batch", 1)[:, None, None]
+    s = _positive_ints(contexts, "--context", 0)[None, :, None]
+    if tau < 1:
+        raise UserError(f"tau: must be >= 1, got {tau}")
+    forms = {"prefix-tree": (tree.size + 1.0, 1.0, draft),
+             "candidates": (n_candidates * (tree.depth + 1.0), float(n_candidates),
+                            draft if candidate_draft is None else candidate_draft)}
+    t_plain = step_time_s(shape, None, hw, batch=b, tokens=1, context=s, attention=attention, on_oom="ignore")
+    fits_plain = fits_memory(shape, None, hw, batch=b, tokens=1, context=s, attention=attention)
+    frames = []
+    for form, (q, c, heads) in forms.items():  # two forms
+        t = step_time_s(shape, heads, hw, batch=b, tokens=q, context=s, attention=attention, on_oom="ignore",
+                        candidates=None if c == 1 else c)
+        fits = fits_memory(shape, heads, hw, batch=b, tokens=q, context=s, attention=attention,
+                           candidates=None if c == 1 else c) & fits_plain
+        t = np.where(fits, t, np.nan)
+        overhead = t / t_plain
+        B, S = np.broadcast_arrays(b, s)
+        frames.append(pd.DataFrame({
+            "batch": B.ravel(), "context": S.ravel(), "form": form, "tokens": q, "sequences": c, "tau": float(tau),
+            "step_time_s": np.broadcast_to(t, B.shape).ravel(), "overhead": np.broadcast_to(overhead, B.shape).ravel(),
+            "speedup": float(tau) / np.broadcast_to(overhead, B.shape).ravel(),
+            "fits_memory": np.broadcast_to(fits, B.shape).ravel()}))
+    out = pd.concat(frames, ignore_index=True)
+    return out.sort_values(["batch", "context", "form"], kind="stable").reset_index(drop=True)

@@ -32,12 +32,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from roofline.hardware import GIB, VERIFICATION_MODES, HardwareProfile
-from roofline.ops import Op, operators
+from roofline.ops import DraftWork, Op, operators
 from roofline.shapes import DraftHeadsShape, ModelShape
 from treeopt.errors import UserError
 
 __all__ = ["OpTiming", "op_timings", "step_time_s", "memory_required_bytes", "fits_memory",
-           "step_breakdown", "framework_overhead_s", "speculation_overhead_s", "candidates_of"]
+           "step_breakdown", "framework_overhead_s", "speculation_overhead_s", "candidates_of", "stages_of"]
 
 
 @dataclass(frozen=True)
@@ -89,9 +89,13 @@ def _time_terms(op: Op, shape: ModelShape, hw: HardwareProfile, heads=None):
             rate_m = hw.elementwise_rate
     compute = op.flops / rate_c
     memory = op.bytes / rate_m
-    overhead = np.full_like(compute, op.kernels * hw.kernel_overhead_s)
+    overhead = np.full_like(compute, 1.0) * op.kernels * hw.kernel_overhead_s
     if op.name == "draft_heads" and heads is not None:
         overhead = overhead + heads.num_heads * hw.head_overhead_s
+    elif op.name.startswith("draft_stage_"):
+        # a stage is one call of one head module, as each Medusa head is (docs/performance-model.md,
+        # "Drafter cost"); the engine's own per-stage cost is draft_stage_s
+        overhead = overhead + (np.asarray(op.kernels) > 0) * hw.head_overhead_s
     if op.kind == "attention" and op.kernels > 0 and hw.attention_block_overhead_s:
         overhead = overhead + op.blocks * hw.attention_block_overhead_s
     return compute, memory, overhead
@@ -130,8 +134,14 @@ def memory_required_bytes(shape: ModelShape, heads: DraftHeadsShape | None, *, b
     if heads is not None and heads.num_heads > 0:
         weights += heads.params * beta
     kv = b * (s + q) * shape.kv_bytes_per_token
-    head_rows = q if heads is None or heads.tokens_per_sequence is None else np.minimum(q, heads.tokens_per_sequence)
-    logits = b * (q + head_rows * (heads.num_heads if heads is not None else 0)) * shape.vocab * beta
+    if isinstance(heads, DraftWork):
+        # one stage's logits live at a time: the widest stage's rows
+        draft_logits = np.asarray(heads.rows_per_sequence, dtype=float).max(axis=-1) * heads.cost.vocab_size
+        logits = b * (q * shape.vocab + draft_logits) * beta
+    else:
+        head_rows = q if heads is None or heads.tokens_per_sequence is None else np.minimum(
+            q, heads.tokens_per_sequence)
+        logits = b * (q + head_rows * (heads.num_heads if heads is not None else 0)) * shape.vocab * beta
     mlp = b * q * shape.intermediate * beta * 2
     scores = b * shape.heads * q * (s + q / c) * beta if attention == "unfused" else 0.0
     return weights + kv + np.maximum(np.maximum(logits, mlp), scores)
@@ -145,13 +155,14 @@ def fits_memory(shape, heads, hw: HardwareProfile, *, batch, tokens, context, at
 
 def step_time_s(shape: ModelShape, heads: DraftHeadsShape | None, hw: HardwareProfile, *, batch,
                 tokens, context, attention: str = "fused", on_oom: str = "nan", candidates=None,
-                draft_stages=0):
+                draft_stages=None):
     """Predicted seconds of one decoding step (b sequences, q new tokens each, s cached): the
     forward pass plus, for q > 1, the profile's engine terms of a speculative step.
 
     Vectorised: batch, tokens, context, candidates and draft_stages broadcast; returns a float
     for scalar inputs, else an array. candidates: None (tree verification) or candidate
-    sequences per sequence. draft_stages: sequential draft stages the step runs. Configurations
+    sequences per sequence. draft_stages: sequential draft stages the step runs (None: those of
+    a `DraftWork` drafter, else none). Configurations
     beyond memory capacity: on_oom="nan" gives NaN, "raise" a UserError, "ignore" computes them
     anyway.
     """
@@ -161,7 +172,8 @@ def step_time_s(shape: ModelShape, heads: DraftHeadsShape | None, hw: HardwarePr
                          candidates=candidates)
     total = framework_overhead_s(shape, hw, batch=batch, tokens=tokens, context=context, candidates=candidates)
     total = total + sum(t.total_s for t in timings)
-    total = total + speculation_overhead_s(hw, batch=batch, tokens=tokens, draft_stages=draft_stages)
+    total = total + speculation_overhead_s(hw, batch=batch, tokens=tokens,
+                                           draft_stages=stages_of(heads, draft_stages))
     if on_oom != "ignore":
         need = memory_required_bytes(shape, heads, batch=batch, tokens=tokens, context=context,
                                      attention=attention, candidates=candidates)
@@ -203,8 +215,16 @@ def speculation_overhead_s(hw: HardwareProfile, *, batch, tokens, draft_stages=0
             + hw.draft_stage_s * stages)
 
 
+def stages_of(heads, draft_stages=None):
+    """Sequential draft stages of a step: `draft_stages` when given, else the stages a
+    `DraftWork` runs, else 0 (Medusa's heads run in parallel)."""
+    if draft_stages is not None:
+        return draft_stages
+    return heads.stages_run if isinstance(heads, DraftWork) else 0
+
+
 def step_breakdown(shape, heads, hw, *, batch, tokens, context, attention="fused", candidates=None,
-                   draft_stages=0) -> dict[str, float]:
+                   draft_stages=None) -> dict[str, float]:
     """Seconds per step by operator name (count included) plus 'framework' (per-forward and
     per-layer fixed costs) and 'speculation' (the engine terms), for scalar inputs."""
     timings = op_timings(shape, heads, hw, batch=batch, tokens=tokens, context=context, attention=attention,
@@ -212,5 +232,6 @@ def step_breakdown(shape, heads, hw, *, batch, tokens, context, attention="fused
     out = {t.op.name: float(t.total_s) for t in timings}
     out["framework"] = float(framework_overhead_s(shape, hw, batch=batch, tokens=tokens, context=context,
                                                   candidates=candidates))
-    out["speculation"] = float(speculation_overhead_s(hw, batch=batch, tokens=tokens, draft_stages=draft_stages))
+    out["speculation"] = float(speculation_overhead_s(hw, batch=batch, tokens=tokens,
+                                                      draft_stages=stages_of(heads, draft_stages)))
     return out

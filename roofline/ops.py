@@ -9,7 +9,10 @@ so a whole grid of configurations is one call.
 Per decoder layer (count = layers): attn_norm, q_proj, k_proj, v_proj, rotary, kv_cache,
 qk, softmax, pv, o_proj, attn_residual, mlp_norm, gate, up, act, down, mlp_residual.
 Once per step: embedding, final_norm, lm_head, draft_heads (K heads on every one of the q
-tokens, or on `tokens_per_sequence` of them; absent when there are no heads).
+tokens, or on `tokens_per_sequence` of them; absent when there are no heads). A sequential
+drafter (`DraftWork`: Hydra heads, the MLP speculator) instead runs one operator per stage,
+draft_stage_1 .. draft_stage_D, each on the nodes of the depth above that have children
+(docs/performance-model.md, "Drafter cost"); Hydra++ adds one decoder layer, prefix_layer.
 
 Verification (docs/performance-model.md "Verification modes"): "tree" attends the q tokens of a
 sequence under a tree mask and reads its KV cache once; "candidates" splits them into c
@@ -30,9 +33,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from roofline.shapes import DraftHeadsShape, ModelShape
+from treeopt.drafter_cost import DraftCost
 from treeopt.errors import UserError
 
-__all__ = ["Op", "operators", "check_candidates", "LAYER_OPS", "STEP_OPS", "ATTENTION_MODES"]
+__all__ = ["Op", "operators", "check_candidates", "LAYER_OPS", "STEP_OPS", "ATTENTION_MODES", "DraftWork",
+           "draft_stage_ops"]
 
 ATTENTION_MODES = ("fused", "unfused")
 LAYER_OPS = ("attn_norm", "q_proj", "k_proj", "v_proj", "rotary", "kv_cache", "qk", "softmax", "pv",
@@ -47,7 +52,8 @@ class Op:
     kind: "gemm" (weight matmul; efficiency by rows = b*q), "attention" (qk, pv; efficiency
     by query rows per KV head = q * heads / kv_heads), "vector" (elementwise and softmax).
     count: instances per step (the number of layers for per-layer operators).
-    kernels: kernel launches per instance.
+    kernels: kernel launches per instance (an array for a draft stage, which runs in some
+    configurations of a grid and not in others).
     """
 
     name: str
@@ -56,7 +62,7 @@ class Op:
     flops: np.ndarray
     bytes: np.ndarray
     rows: np.ndarray
-    kernels: float = 1.0
+    kernels: np.ndarray | float = 1.0
     blocks: np.ndarray | float = 0.0   # attention: sequences x heads per call
     keys: np.ndarray | float = 0.0     # attention: keys each attending sequence reads (s + its tokens)
 
@@ -64,6 +70,74 @@ class Op:
     def intensity(self) -> np.ndarray:
         with np.errstate(divide="ignore", invalid="ignore"):
             return np.where(self.bytes > 0, self.flops / np.where(self.bytes > 0, self.bytes, 1), np.inf)
+
+
+@dataclass(frozen=True)
+class DraftWork:
+    """A sequential drafter's work in one step: its shape and, per stage, the rows per
+    sequence it runs on, (..., stages) broadcasting like b, q, s over the leading axes (0: the
+    stage does not run; `roofline.grid.draft_rows_by_prefix` gives them for a tree)."""
+
+    cost: DraftCost
+    rows_per_sequence: np.ndarray
+
+    @property
+    def stages_run(self) -> np.ndarray:
+        """Stages that run (rows > 0), broadcasting like b, q, s."""
+        return (np.asarray(self.rows_per_sequence) > 0).sum(axis=-1)
+
+    @property
+    def num_heads(self) -> int:
+        return self.cost.stages
+
+    @property
+    def params(self) -> int:
+        return self.cost.params
+
+    def describe(self) -> str:
+        return self.cost.describe()
+
+
+def draft_stage_ops(work: DraftWork, batch) -> list[Op]:
+    """One operator per stage of a sequential drafter over b x rows_d rows (d = 1..D), without
+    dtype scaling of bytes (elements; `operators` multiplies by β).
+
+    Hydra head d (docs/performance-model.md, "Drafter cost"): first block over the w = (d + 2)·h
+    wide input [h_t, path embeddings]: two biased GEMMs w x h (linear, residual projection) +
+    6 FLOP per output element (bias, SiLU, residual); L - 1 ResBlocks as Medusa's; the biased
+    projection h x V; the gather of the children's embeddings (h each) and the copy that
+    widens their input. MLP speculator stage d: the gather of the token's embedding (inner
+    wide), the state projection w x inner, ~10 FLOP per element for the weighted sum,
+    LayerNorm and GELU, the head inner x V."""
+    cost = work.cost
+    rows_all = np.asarray(work.rows_per_sequence, dtype=float)
+    b = np.asarray(batch, dtype=float)
+    h, w, V, L = float(cost.hidden_size), float(cost.inner_size), float(cost.vocab_size), float(cost.layers)
+    ops = []
+    for d in range(cost.stages):  # at most a handful of stages; every array op below is vectorised
+        r = b * rows_all[..., d] if d < rows_all.shape[-1] else np.zeros_like(b)
+        runs = (r > 0).astype(float)
+        width = float(cost.first_input_width(d))
+        if cost.drafter == "mlp-speculator":
+            flops = 2 * r * width * w + 10 * r * w + 2 * r * w * V
+            weights = (width * w + 2 * w + w * V) * runs
+            acts = 2 * r * w + r * width + 3 * r * w + r * V
+            kernels = 7.0
+        else:
+            gemms = 2.0 if cost.grounded else 1.0
+            flops = (gemms * 2 * r * width * h + 6 * r * h + (L - 1) * (2 * r * h * h + 6 * r * h)
+                     + 2 * r * h * V + r * V)
+            weights = (gemms * (width * h + h) + (L - 1) * (h * h + h) + h * V + V) * runs
+            acts = gemms * r * width + 3 * r * h + (L - 1) * 4 * r * h + r * h + r * V
+            kernels = gemms + 2 + 3 * (L - 1) + 1
+            if cost.grounded and d + 1 < cost.stages:
+                # the children's inputs: gather their embeddings (h each) and copy the widened input
+                nxt = b * rows_all[..., d + 1] if d + 1 < rows_all.shape[-1] else np.zeros_like(b)
+                acts = acts + nxt * (2 * h + 2 * (width + h))
+                kernels = kernels + 2 * (nxt > 0)
+        ops.append(Op(f"draft_stage_{d + 1}", "gemm", 1, np.asarray(flops, dtype=float),
+                      np.asarray(weights + acts, dtype=float), np.asarray(r, dtype=float), kernels * runs))
+    return ops
 
 
 def _check(name: str, value, minimum: int) -> np.ndarray:
@@ -82,12 +156,15 @@ def check_candidates(tokens, candidates) -> np.ndarray:
     return c
 
 
-def operators(shape: ModelShape, heads: DraftHeadsShape | None = None, *, batch, tokens, context,
+def operators(shape: ModelShape, heads: DraftHeadsShape | DraftWork | None = None, *, batch, tokens, context,
               attention: str = "fused", kv_cache_update: str = "append", candidates=None) -> list[Op]:
     """Every operator of one forward pass over `tokens` new tokens per sequence.
 
     batch (b >= 1), tokens (q >= 1), context (s >= 0, cached tokens before this step) may be
-    numpy arrays; they broadcast. heads=None or heads.num_heads == 0: no draft heads.
+    numpy arrays; they broadcast. heads=None or heads.num_heads == 0: no draft heads; a
+    `DraftWork`: a sequential drafter's stages (`draft_stage_ops`) and, for Hydra++, its prefix
+    layer: one base decoder layer over one token per sequence (the accepted token's hidden
+    state it adds to its own cache of s entries).
     kv_cache_update: "append" writes the q new K/V rows; "concat" (transformers'
     DynamicCache) reads the s cached rows and writes all s + q.
     candidates: None (tree verification) or the c candidate sequences the q tokens of each
@@ -122,7 +199,8 @@ def operators(shape: ModelShape, heads: DraftHeadsShape | None = None, *, batch,
         blocks = np.asarray(seqs * nh, dtype=float) if attending else 0.0
         ops.append(Op(name, kind, count, np.asarray(flops + zeros, dtype=float),
                       np.asarray(nbytes * beta + zeros, dtype=float), np.asarray(rows + zeros, dtype=float),
-                      float(kernels), blocks, np.asarray(att_keys + zeros, dtype=float) if attending else 0.0))
+                      float(kernels) if np.ndim(kernels) == 0 else np.asarray(kernels + zeros, dtype=float),
+                      blocks, np.asarray(att_keys + zeros, dtype=float) if attending else 0.0))
 
     def linear(name, count, k_in, n_out, kernels=1.0):
         add(name, "gemm", count, 2 * bq * k_in * n_out, k_in * n_out + bq * k_in + bq * n_out, bq, kernels)
@@ -172,7 +250,15 @@ def operators(shape: ModelShape, heads: DraftHeadsShape | None = None, *, batch,
     # ---- once per step, after the layers
     rmsnorm("final_norm", 1)
     linear("lm_head", 1, h, V)
-    if heads is not None and heads.num_heads > 0:
+    if isinstance(heads, DraftWork):
+        for op in draft_stage_ops(heads, b):
+            add(op.name, op.kind, op.count, op.flops, op.bytes, op.rows, op.kernels)
+        if heads.cost.prefix_layer:
+            layer = operators(shape.with_layers(1), None, batch=b, tokens=1, context=s, attention=attention,
+                              kv_cache_update=kv_cache_update)
+            ops.extend(Op("prefix_layer." + o.name, o.kind, o.count, o.flops + zeros, o.bytes + zeros,
+                          o.rows + zeros, o.kernels, o.blocks, o.keys) for o in layer if o.name in LAYER_OPS)
+    elif heads is not None and heads.num_heads > 0:
         K, Lh, hh, Vh = float(heads.num_heads), float(heads.num_layers), float(heads.hidden), float(heads.vocab)
         # rows the heads run on: all q tokens per sequence, or the decoder's fixed count
         hr = bq if heads.tokens_per_sequence is None else b * np.minimum(q, heads.tokens_per_sequence)

@@ -7,12 +7,14 @@ from pathlib import Path
 
 import numpy as np
 
-from roofline.grid import heads_used_by_prefix, speedup_grid
+from roofline.grid import draft_rows_by_prefix, heads_used_by_prefix, speedup_grid
 from roofline.hardware import GB, GIB, HardwareProfile
 from roofline.latency import memory_required_bytes, op_timings, step_time_s
+from roofline.ops import DraftWork
 from roofline.plots import best_heatmaps, default_cases, overhead_curves, roofline_chart, speedup_curves
 from roofline.shapes import DraftHeadsShape, ModelShape
 from treeopt import __version__
+from treeopt.drafter_cost import DraftCost
 from treeopt.engines import export_for
 from treeopt.errors import UserError
 from treeopt.fileio import atomic_path, write_json, write_text
@@ -113,13 +115,18 @@ def build_report(shape: ModelShape, heads: DraftHeadsShape | None, hw: HardwareP
                  save_hardware: bool = False, joint: bool = False, used_heads: bool = False,
                  notes: list[str] | tuple = (), proposal=None, tau=None,
                  tau_source: str | None = None, engine=None, verification: str = "tree",
-                 sequential_draft: bool = False) -> dict:
+                 sequential_draft: bool = False, draft_cost: DraftCost | None = None) -> dict:
     """Write the report into out_dir; returns a summary dict (paths, best cells).
 
     With `accuracy`, `proposal` (a proposal sequence) and `tau` (its tau curve) are the trees
     the grid predicts for; `tau_source` says what they are. With `engine` (a treeopt.engines.Engine)
-    index.md gives each cell's tree as the line that engine takes."""
+    index.md gives each cell's tree as the line that engine takes. With a sequential
+    `draft_cost` (Hydra heads, an MLP speculator) the grid charges its stages depth by depth on
+    each tree's nodes (docs/performance-model.md, "Drafter cost") instead of `heads`; the chart
+    and the configuration table show it on a chain of one node per depth."""
     out = Path(out_dir)
+    sequential = draft_cost is not None and draft_cost.sequential
+    chart_heads = DraftWork(draft_cost, np.ones(draft_cost.stages)) if sequential else heads
     out.mkdir(parents=True, exist_ok=True)
     files = {}
     title = title or f"{shape.name} with {heads.num_heads if heads else 0} draft heads on {hw.name}"
@@ -129,7 +136,7 @@ def build_report(shape: ModelShape, heads: DraftHeadsShape | None, hw: HardwareP
     # 1. roofline chart
     cases = default_cases(context=plot_context, prompt=512, decode_batch=32 if 32 in batches else max(batches),
                           tree_batch=16 if 16 in batches else max(batches))
-    pts = roofline_chart(shape, heads, hw, out / "roofline.png", cases=cases, attention=attention,
+    pts = roofline_chart(shape, chart_heads, hw, out / "roofline.png", cases=cases, attention=attention,
                          title=f"Roofline: {shape.name} ({shape.dtype}) on {hw.name}")
     files["roofline"] = "roofline.png"
 
@@ -138,10 +145,12 @@ def build_report(shape: ModelShape, heads: DraftHeadsShape | None, hw: HardwareP
     if accuracy is not None and (tree is None or tau is None):
         raise UserError("report: an accuracy table needs the proposal sequence and its tau")
     if accuracy is not None:
-        grid = speedup_grid(shape, heads, hw, tau, batches, ctx_list, attention=attention,
-                            heads_used=heads_used_by_prefix(tree) if used_heads else None,
+        grid_heads = (DraftWork(draft_cost, draft_rows_by_prefix(tree.prefix(len(tau) - 1), draft_cost.stages))
+                      if sequential else heads)
+        grid = speedup_grid(shape, grid_heads, hw, tau, batches, ctx_list, attention=attention,
+                            heads_used=heads_used_by_prefix(tree) if used_heads and not sequential else None,
                             verification=verification, tree=tree,
-                            draft_stages=heads_used_by_prefix(tree) if sequential_draft else None)
+                            draft_stages=heads_used_by_prefix(tree) if sequential_draft and not sequential else None)
         best = best_per_cell(grid)
         with atomic_path(out / "grid.csv") as tmp:
             grid.to_csv(tmp, index=False, float_format="%.6g")
@@ -172,7 +181,11 @@ def build_report(shape: ModelShape, heads: DraftHeadsShape | None, hw: HardwareP
     L += [f"Written by treeopt {__version__}. Every number here is a prediction of the roofline latency "
           "model (`roofline/`), not a measurement.", "", "## Inputs", ""]
     L.append(f"- **Model** {shape.describe()}. Source: {shape.source}.")
-    if heads is not None and heads.num_heads > 0:
+    if sequential:
+        L.append(f"- **Drafter**: {draft_cost.describe()} ({draft_cost.params / 1e6:.1f} M parameters); each "
+                 "stage runs on the nodes of the depth above that have children, plus the profile's cost per "
+                 "sequential draft stage.")
+    elif heads is not None and heads.num_heads > 0:
         L.append(f"- **Draft heads**: {heads.describe()} ({heads.params / 1e6:.0f} M parameters, "
                  f"{heads.params * shape.dtype_bytes / GB:.2f} GB).")
     else:
@@ -235,7 +248,7 @@ def build_report(shape: ModelShape, heads: DraftHeadsShape | None, hw: HardwareP
     L += ["Predicted step time per configuration:", "", "| configuration | step time | memory needed |",
           "|---|---|---|"]
     for c in cases:
-        hd = heads if c.heads else None
+        hd = chart_heads if c.heads else None
         t = step_time_s(shape, hd, hw, batch=c.batch, tokens=c.tokens, context=c.context, attention=attention)
         need = float(memory_required_bytes(shape, hd, batch=c.batch, tokens=c.tokens, context=c.context,
                                            attention=attention))

@@ -60,7 +60,8 @@ def test_committed_checkpoint_matches_the_recipe():
         recipe.vocab_size, recipe.hidden_size, recipe.num_layers, recipe.intermediate_size)
     assert (lm.heads.num_heads, lm.heads.num_layers) == (recipe.num_medusa_heads, recipe.medusa_layers)
     assert sum(p.numel() for p in lm.model.parameters()) == TRAINING["parameters"]["base"]
-    # 16-bit storage, within the size budget of the repository
+    # 16-bit storage, within the size budget of the repository (the whole demo checkpoint with
+    # every drafter, issue 14: under 40 MB)
     total = sum(f.stat().st_size for f in DEMO_MODEL_DIR.rglob("*") if f.is_file())
-    assert total <= 24e6
+    assert total <= 40e6
     assert json.loads((DEMO_HEADS_DIR / "config.json").read_text())["medusa_num_heads"] == recipe.num_medusa_heads

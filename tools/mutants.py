@@ -58,6 +58,8 @@ DATA_TESTS = ("tests/test_data_formats.py",)
 DIST_TESTS = ("tests/test_distributed.py",)
 DRAFT_MODEL_TESTS = ("tests/test_draft_model.py",)
 GAMMA_TESTS = ("tests/test_roofline_speculative.py", "tests/test_draft_model_wiring.py")
+DRAFT_COST_TESTS = ("tests/test_drafter_cost.py",)
+CANDIDATE_TESTS = ("tests/test_candidates.py",)
 
 
 @dataclass(frozen=True)
@@ -398,6 +400,43 @@ MUTANTS = (
     Mutant("gamma-speedup", "roofline/speculative.py",
            "\"speedup\": tau[: top + 1] * plain / step", "\"speedup\": tau[: top + 1] * plain / verify",
            "speedup ignores the draft's passes", GAMMA_TESTS),
+    # ---- the cost of dependent drafters (docs/performance-model.md, "Drafter cost")
+    Mutant("cost-hydra-width", "treeopt/drafter_cost.py", "return (stage + 2) * self.hidden_size",
+           "return (stage + 1) * self.hidden_size", "a Hydra head's input misses the root's embedding",
+           DRAFT_COST_TESTS),
+    Mutant("cost-hydra-one-gemm", "roofline/ops.py", "gemms = 2.0 if cost.grounded else 1.0", "gemms = 1.0",
+           "a grounded Hydra head's residual projection is free", DRAFT_COST_TESTS),
+    Mutant("cost-stage-rows", "roofline/ops.py", "r = b * rows_all[..., d] if d < rows_all.shape[-1]",
+           "r = rows_all[..., d] if d < rows_all.shape[-1]", "a draft stage runs for one sequence only",
+           DRAFT_COST_TESTS),
+    Mutant("cost-idle-stage-weights", "roofline/ops.py", "weights = (width * w + 2 * w + w * V) * runs",
+           "weights = (width * w + 2 * w + w * V)", "a speculator stage that does not run reads its weights",
+           DRAFT_COST_TESTS),
+    Mutant("cost-rows-first-child", "roofline/grid.py", "first_child = ~earlier", "first_child = ~earlier | True",
+           "every child, not the first, adds a drafting row", DRAFT_COST_TESTS),
+    Mutant("cost-rows-depth", "roofline/grid.py", "(depth[:, None] - 1 == np.arange(stages)[None, :])",
+           "(depth[:, None] == np.arange(stages)[None, :])", "a node's rows counted at its own depth",
+           DRAFT_COST_TESTS),
+    Mutant("cost-stages-auto", "roofline/latency.py",
+           "return heads.stages_run if isinstance(heads, DraftWork) else 0", "return 0",
+           "a sequential drafter pays no per-stage cost", DRAFT_COST_TESTS),
+    Mutant("cost-widest-stage", "roofline/latency.py", ".max(axis=-1) * heads.cost.vocab_size",
+           ".min(axis=-1) * heads.cost.vocab_size", "memory takes the narrowest stage's logits", DRAFT_COST_TESTS),
+    Mutant("cost-speedup-medusa-for-all", "treeopt/cli/roofline_cmds.py",
+           "grid = speedup_grid(shape, work or heads, hw,", "grid = speedup_grid(shape, heads, hw,",
+           "roofline speedup charges Medusa's heads for a sequential drafter", DRAFT_COST_TESTS),
+    Mutant("cost-report-medusa-for-all", "roofline/report.py", "if sequential else heads)", "if False else heads)",
+           "the report's grid charges Medusa's heads for a sequential drafter", DRAFT_COST_TESTS),
+    Mutant("cost-predictor-medusa-for-all", "treeopt/app/sweep.py", "        if cost.sequential:\n",
+           "        if False:\n", "the sweep's prediction charges Medusa's heads for a sequential drafter",
+           DRAFT_COST_TESTS),
+    # ---- IBM's candidate form (docs/builders.md, "IBM's candidate form")
+    Mutant("cand-lowest-score", "treeopt/candidates.py", "order = np.argsort(-score, kind=\"stable\")",
+           "order = np.argsort(score, kind=\"stable\")", "the n worst candidates kept", CANDIDATE_TESTS),
+    Mutant("cand-rows-shifted", "treeopt/candidates.py", "np.cumprod(topk)[:-1]", "np.cumprod(topk)[1:]",
+           "the speculator's stage d drafts from k_1..k_d states", CANDIDATE_TESTS),
+    Mutant("cand-sequence-tokens", "roofline/grid.py", "n_candidates * (tree.depth + 1.0)",
+           "n_candidates * tree.depth", "a candidate sequence verified without its root", CANDIDATE_TESTS),
 )
 
 

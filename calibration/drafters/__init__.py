@@ -18,14 +18,12 @@ from calibration.drafters.hydra import HydraHeads
 from calibration.drafters.io import read_config
 from calibration.drafters.medusa import MedusaDrafter
 from calibration.drafters.mlp_speculator import MODEL_TYPE, MLPSpeculator
+from treeopt.drafter_cost import DRAFTER_SUBDIRS
 from treeopt.errors import UserError
 
 __all__ = ["DRAFTER_KINDS", "DraftModel", "Drafter", "DraftState", "HydraHeads", "MLPSpeculator", "MedusaDrafter",
            "detect_kind", "load_drafter", "select_rows", "DRAFTER_SUBDIRS"]
 
-#: where a model directory keeps each kind of drafter (the demo model's layout)
-DRAFTER_SUBDIRS = {"medusa": ("heads", "medusa_heads"), "hydra": ("hydra",),
-                   "mlp-speculator": ("mlp_speculator", "speculator"), "draft-model": ("draft", "draft_model")}
 
 
 def detect_kind(config: dict) -> str | None:

@@ -120,18 +120,28 @@ class MLPSpeculator(nn.Module, Drafter):
         self.num_heads = stages
         self.top_k_tokens_per_head = self.top_k_tokens_per_head[:stages]
 
-    def save_pretrained(self, path, *, dtype=torch.bfloat16) -> None:
+    def save_pretrained(self, path, *, dtype=torch.bfloat16, tie_weights: bool = False) -> None:
+        """config.json + model.safetensors; with `tie_weights` only the shared weights are
+        written (emb.0, head.0, ln.0, proj.0, proj.1), as IBM's tied checkpoints hold them."""
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         state = {k: v.detach().to("cpu", dtype).contiguous() for k, v in self.state_dict().items()}
+        if tie_weights:
+            state = {k: v for k, v in state.items() if _is_tied_source(k)}
         with atomic_path(path / WEIGHTS[0]) as tmp:
             save_file(state, str(tmp))
         write_json(path / "config.json", {
             "architectures": ["MLPSpeculatorPreTrainedModel"], "model_type": MODEL_TYPE,
             "emb_dim": self.hidden_size, "inner_dim": self.inner_dim, "vocab_size": self.vocab_size,
             "n_predict": self.n_predict, "top_k_tokens_per_head": self.top_k_tokens_per_head,
-            "n_candidates": self.n_candidates, "tie_weights": False, "scale_input": self.scale_input,
+            "n_candidates": self.n_candidates, "tie_weights": tie_weights, "scale_input": self.scale_input,
         })
+
+
+def _is_tied_source(key: str) -> bool:
+    """Whether a key is kept by a tied checkpoint (`_untie` fills the others from it)."""
+    name, index = key.split(".")[:2]
+    return index == "0" or (name == "proj" and index == "1")
 
 
 def _untie(state: dict, n_predict: int) -> dict:

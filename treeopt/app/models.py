@@ -3,8 +3,11 @@ what each package takes: a roofline shape, draft-head shapes, a directory to loa
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from calibration.demo_files import DEMO_MODEL_DIR
 from roofline.shapes import DraftHeadsShape, ModelShape, model_shape, resolve_heads
+from treeopt.drafter_cost import DRAFTER_SUBDIRS, DraftCost, read_draft_cost
 from treeopt.errors import UserError
 
 DEMO = "demo"
@@ -30,3 +33,37 @@ def shape_of(spec, dtype: str | None = None) -> ModelShape:
 def heads_of(spec, shape: ModelShape, **kwargs) -> DraftHeadsShape:
     """`roofline.shapes.resolve_heads` for a model spec (the heads directory next to it)."""
     return resolve_heads(model_location(spec), shape, **kwargs)
+
+
+def draft_cost_of_drafter(drafter) -> DraftCost:
+    """The roofline's `DraftCost` of a loaded drafter (calibration.drafters), as the reference
+    decoder runs it: the heads (stages) it was loaded with."""
+    inner = getattr(drafter, "inner_dim", drafter.hidden_size)
+    topk = tuple(int(k) for k in getattr(drafter, "top_k_tokens_per_head", ()))
+    # a drafter without a kind is a set of Medusa heads (calibration.heads.MedusaHeads)
+    return DraftCost(getattr(drafter, "kind", "medusa"), bool(getattr(drafter, "sequential", False)),
+                     int(drafter.num_heads),
+                     int(getattr(drafter, "num_layers", 1)), int(drafter.hidden_size), int(inner),
+                     int(drafter.vocab_size), grounded=bool(getattr(drafter, "grounded", False)),
+                     prefix_layer=bool(getattr(drafter, "prefix_layer", False)), topk_per_stage=topk,
+                     n_candidates=int(getattr(drafter, "n_candidates", 0)) if topk else 0)
+
+
+def draft_cost_of(spec, shape: ModelShape, *, drafter: str | None = None, drafter_config=None) -> DraftCost | None:
+    """The drafter cost the roofline commands charge: `drafter_config` (a drafter's config.json
+    or its directory), else the `drafter` kind's directory next to the model
+    (`treeopt.drafter_cost.DRAFTER_SUBDIRS`); None for Medusa from the heads options."""
+    if drafter_config is not None:
+        cost = read_draft_cost(drafter_config, hidden_size=shape.hidden, vocab_size=shape.vocab)
+        if drafter is not None and cost.drafter != drafter:
+            raise UserError(f"--drafter: {drafter_config} holds a {cost.drafter} drafter, not {drafter}")
+        return cost
+    if drafter in (None, "medusa"):
+        return None
+    base = Path(model_location(spec))
+    base = base.parent if base.is_file() else base
+    for name in DRAFTER_SUBDIRS[drafter]:
+        if (base / name / "config.json").is_file():
+            return read_draft_cost(base / name, hidden_size=shape.hidden, vocab_size=shape.vocab)
+    raise UserError(f"--drafter {drafter}: no {drafter} drafter next to {spec} (looked for "
+                    f"{', '.join(DRAFTER_SUBDIRS[drafter])}); pass --drafter-config PATH")

@@ -25,7 +25,7 @@ from roofline.shapes import DraftHeadsShape
 from treeopt.acceptance import load_rank_vectors
 from treeopt.accuracy import AccuracyTable, load_accuracy
 from treeopt.app.hwcalibrate import calibrate_hardware
-from treeopt.app.models import is_demo, shape_of
+from treeopt.app.models import draft_cost_of_drafter, is_demo, shape_of
 from treeopt.app.sweep import (
     DEMO_VALIDATION,
     check_prompt_source,
@@ -249,7 +249,8 @@ def _run_main_job(out: Path, settings: RunSettings, *, log, progress: bool) -> d
 
     # 4. prediction: the roofline report for this machine, for the trees and tau the sweep uses
     t0 = time.perf_counter()
-    # the roofline's draft term is Medusa's parallel heads for every drafter kind for now
+    # Medusa's heads run in parallel on the accepted token; a sequential drafter's stages are
+    # charged depth by depth (docs/performance-model.md, "Drafter cost")
     heads_shape = DraftHeadsShape(lm.heads.num_heads, getattr(lm.heads, "num_layers", 1), lm.heads.hidden_size,
                                   lm.heads.vocab_size, tokens_per_sequence=1)
     build_report(shape, heads_shape, hw, out / "prediction", accuracy=table,
@@ -259,7 +260,7 @@ def _run_main_job(out: Path, settings: RunSettings, *, log, progress: bool) -> d
                  tau_source=f"The {method} proposal sequence of {proposal.size} nodes the sweep measures; τ "
                             + tau.describe(),
                  title=f"Predicted: {s.model} with {lm.heads.num_heads} {_DRAFT_UNITS[lm.heads.kind]} on {hw.name}",
-                 engine=target)
+                 engine=target, draft_cost=draft_cost_of_drafter(lm.heads))
     timings["predict_s"] = time.perf_counter() - t0
 
     # 5. measured sweep

@@ -10,12 +10,14 @@ import pandas as pd
 from calibration.data import read_jsonl_prompts
 from calibration.demo_files import DEMO_PROMPTS, DEMO_VALIDATION_PROMPTS
 from calibration.sweep import E2E_COLUMNS, SweepSettings, measure_end_to_end, run_sweep
+from roofline.grid import draft_rows_by_prefix
 from roofline.hardware import HardwareProfile, load_hardware
 from roofline.latency import step_time_s
+from roofline.ops import DraftWork
 from roofline.profile_fit import BatchTransfer, batch_transfer, error_summary
 from roofline.shapes import DraftHeadsShape
 from treeopt.acceptance import load_rank_vectors
-from treeopt.app.models import shape_of
+from treeopt.app.models import draft_cost_of_drafter, shape_of
 from treeopt.errors import UserError
 from treeopt.fileio import atomic_path, write_text
 from treeopt.selection import SWEEP_COLUMNS
@@ -60,15 +62,21 @@ def check_prompt_source(data: str, option: str) -> None:
 def step_predictor(lm, proposal: Tree, hardware: HardwareProfile):
     """predict(batch, tokens, context) -> seconds of one decoding step as the reference decoder
     runs it: the base model over q tokens plus, for q > 1, the heads the tree reaches, run on one
-    token per sequence (docs/decoder.md "Where the heads run")."""
+    token per sequence (docs/decoder.md "Where the heads run"); a sequential drafter's stages run
+    depth by depth on the nodes of each depth that have children (docs/performance-model.md,
+    "Drafter cost")."""
     shape = shape_of(lm.name, dtype=str(lm.dtype).replace("torch.", ""))
     heads = lm.heads
+    cost = draft_cost_of_drafter(heads)
 
     def predict(batch: int, tokens: int, context: int) -> float:
         n = tokens - 1
         used = proposal.prefix(n).depth if n else 0
-        draft = DraftHeadsShape(used, heads.num_layers, heads.hidden_size, heads.vocab_size,
-                                tokens_per_sequence=1) if used else None
+        if cost.sequential:
+            draft = DraftWork(cost, draft_rows_by_prefix(proposal.prefix(n), cost.stages)[-1]) if used else None
+        else:
+            draft = DraftHeadsShape(used, cost.layers, heads.hidden_size, heads.vocab_size,
+                                    tokens_per_sequence=1) if used else None
         return float(step_time_s(shape, draft, hardware, batch=batch, tokens=tokens, context=context,
                                  on_oom="ignore"))
 

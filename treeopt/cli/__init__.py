@@ -77,9 +77,15 @@ roofline = _lazy_group("roofline", "The operator-level latency model and the pre
     "predict": ("treeopt.cli.roofline_cmds:roofline_predict", "Predicted step time for every row of a step CSV."),
     "gamma": ("treeopt.cli.gamma_cmds:roofline_gamma",
               "Predicted best draft length of a draft model per batch x context."),
+    "candidates": ("treeopt.cli.candidates_cmds:candidates_cmd",
+                   "IBM's candidate form: n candidate sequences or their prefix tree, per cell."),
 })
 demo = _lazy_group("demo", "The bundled demo model (a small Llama with Medusa heads trained on Python's stdlib).", {
     "train": ("treeopt.cli.run_cmds:demo_train", "Train the demo model (the recipe behind the bundled one)."),
+    "train-drafters": ("treeopt.cli.demo_cmds:demo_train_drafters",
+                       "Train the demo's Hydra heads and MLP speculator on the demo model."),
+    "compare-drafters": ("treeopt.cli.demo_cmds:demo_compare_drafters",
+                         "Put `treeopt run` folders of several drafters side by side in one report."),
 })
 
 

@@ -11,7 +11,7 @@ import click
 import numpy as np
 import pandas as pd
 
-from roofline.grid import DEFAULT_BATCHES, DEFAULT_CONTEXTS, heads_used_by_prefix, speedup_grid
+from roofline.grid import DEFAULT_BATCHES, DEFAULT_CONTEXTS, draft_rows_by_prefix, heads_used_by_prefix, speedup_grid
 from roofline.hardware import GIB, VERIFICATION_MODES, builtin_hardware, hardware_aliases, load_hardware
 from roofline.latency import (
     candidates_of,
@@ -19,13 +19,16 @@ from roofline.latency import (
     memory_required_bytes,
     op_timings,
     speculation_overhead_s,
+    stages_of,
 )
+from roofline.ops import DraftWork
 from roofline.profile_fit import error_summary, fit_profile, predict_step_s, read_step_points, step_points_frame
 from roofline.report import build_report
 from treeopt.accuracy import load_accuracy
-from treeopt.app.models import heads_of, shape_of
+from treeopt.app.models import draft_cost_of, heads_of, shape_of
 from treeopt.cli.options import AtLeast, IntList, apply
 from treeopt.cli.safety import check_outputs, input_files, require_file
+from treeopt.drafter_cost import DRAFTER_NAMES
 from treeopt.errors import UserError
 from treeopt.export import text_table
 from treeopt.fileio import atomic_folder, atomic_outputs, atomic_path
@@ -109,6 +112,31 @@ VERIFICATION_OPTION = click.option(
 SEQUENTIAL_DRAFT_OPTION = click.option(
     "--sequential-draft", is_flag=True,
     help="The drafter drafts depth by depth: a tree pays the profile's draft_stage_s once per level of depth.")
+DRAFTER_OPTIONS = [
+    click.option("--drafter", type=click.Choice(DRAFTER_NAMES), default=None,
+                 help="Drafter kind: its directory next to the model gives its cost shape [default: Medusa heads "
+                      "from the heads options]."),
+    click.option("--drafter-config", default=None, metavar="PATH",
+                 help="A drafter's config.json (or its directory; Medusa, Hydra or MLP speculator): the cost "
+                      "shape the roofline charges (docs/performance-model.md, \"Drafter cost\")."),
+]
+
+
+def _sequential_work(cost, tree):
+    """A sequential drafter's work on every prefix of `tree` (None for Medusa's parallel heads)."""
+    if cost is None or not cost.sequential:
+        return None
+    return DraftWork(cost, draft_rows_by_prefix(tree, cost.stages))
+
+
+def _heads_from_cost(cost, heads):
+    """Medusa heads read from --drafter-config replace those of the heads options."""
+    if cost is None or cost.sequential:
+        return heads
+    return type(heads)(cost.stages, cost.layers, cost.hidden_size, cost.vocab_size,
+                       tokens_per_sequence=heads.tokens_per_sequence)
+
+
 GRID_OPTIONS = [
     click.option("--batch", "batches", type=IntList(1), default=",".join(map(str, DEFAULT_BATCHES)),
                  show_default=True, help="Comma-separated batch sizes."),
@@ -155,17 +183,35 @@ def hw_list(as_json: bool) -> None:
 @click.option("--candidates", type=AtLeast(1), default=None,
               help="With --verification candidates: candidate sequences the tokens are split into "
                    "[default: every token its own].")
-@click.option("--draft-stages", type=AtLeast(0), default=0, show_default=True,
-              help="Sequential draft stages of this step (the profile's draft_stage_s each).")
+@click.option("--draft-stages", type=AtLeast(0), default=None,
+              help="Sequential draft stages of this step (the profile's draft_stage_s each) [default: those a "
+                   "sequential drafter runs, else 0].")
+@apply(DRAFTER_OPTIONS)
+@click.option("--draft-rows", type=IntList(0, ordered=True), default=None, metavar="R1,R2,...",
+              help="A sequential drafter: rows per sequence each stage runs on (the nodes of the depth above "
+                   "with children) [default: a chain of tokens - 1 nodes, one row per stage it reaches].")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list of operators.")
 def roofline_ops(model, dtype, hardware, num_heads, head_layers, head_tokens, batch, tokens, context, attention,
-                 verification, candidates, draft_stages, as_json) -> None:
+                 verification, candidates, draft_stages, drafter, drafter_config, draft_rows, as_json) -> None:
     """Every operator of one forward pass: FLOPs, bytes, intensity, predicted time, binding roof."""
     shape = shape_of(model, dtype)
     hw = load_hardware(hardware)
     if num_heads is None and tokens == 1:
         num_heads = 0  # plain decoding runs no heads unless asked
     heads = heads_of(model, shape, num_heads=num_heads, num_layers=head_layers, tokens_per_sequence=head_tokens)
+    cost = draft_cost_of(model, shape, drafter=drafter, drafter_config=drafter_config)
+    if draft_rows is not None and (cost is None or not cost.sequential):
+        raise UserError("--draft-rows: only with a sequential drafter (--drafter hydra|mlp-speculator or "
+                        "--drafter-config)")
+    if cost is not None and cost.sequential:
+        if draft_rows is not None and len(draft_rows) > cost.stages:
+            raise UserError(f"--draft-rows: {len(draft_rows)} values for a drafter of {cost.stages} stages")
+        chain = min(tokens - 1, cost.stages)
+        rows = list(draft_rows) if draft_rows is not None else [1] * chain
+        heads = DraftWork(cost, np.array(rows + [0] * (cost.stages - len(rows)), dtype=float))
+    elif cost is not None and tokens > 1:
+        heads = _heads_from_cost(cost, heads)
+    draft_stages = stages_of(heads, draft_stages)
     if candidates is not None and verification != "candidates":
         raise UserError("--candidates: only with --verification candidates")
     cands = candidates_of(verification, tokens, candidates)
@@ -185,7 +231,7 @@ def roofline_ops(model, dtype, hardware, num_heads, head_layers, head_tokens, ba
         rows.append({"name": t.op.name, "count": t.op.count, "flops": flops, "bytes": nbytes,
                      "intensity": flops / nbytes if nbytes else None, "time_s": float(t.time_s),
                      "bound": str(t.bound), "compute_s": float(t.compute_s), "memory_s": float(t.memory_s),
-                     "overhead_s": float(t.overhead_s), "kernels": t.op.kernels, "kind": t.op.kind})
+                     "overhead_s": float(t.overhead_s), "kernels": float(t.op.kernels), "kind": t.op.kind})
     if fixed > 0:
         rows.append({"name": "framework", "count": 1, "flops": 0.0, "bytes": 0.0, "intensity": None,
                      "time_s": fixed, "bound": "overhead", "compute_s": 0.0, "memory_s": 0.0,
@@ -199,7 +245,7 @@ def roofline_ops(model, dtype, hardware, num_heads, head_layers, head_tokens, ba
         return
     click.echo(f"{shape.describe()}")
     if heads.num_heads:
-        click.echo(f"draft heads: {heads.describe()}")
+        click.echo(f"draft {'heads' if not isinstance(heads, DraftWork) else 'stages'}: {heads.describe()}")
     click.echo(f"hardware: {hw.describe()}")
     split = f" in {cands} candidates" if cands is not None else ""
     click.echo(f"b={batch} q={tokens}{split} s={context} attention={attention}; memory needed {need / GIB:.2f} GiB")
@@ -237,9 +283,10 @@ def roofline_ops(model, dtype, hardware, num_heads, head_layers, head_tokens, ba
 @click.option("--mix", "mix_spec", default=None, metavar="FILE.csv|SPEC",
               help="Also choose one tree for this traffic mix (CSV batch,context,weight or '1:0.5,8@2048:0.5'); "
                    "its cells join the grid.")
+@apply(DRAFTER_OPTIONS)
 def roofline_speedup(model, dtype, hardware, accuracy, csv_model, num_heads, head_layers, head_tokens, batches,
                      contexts, max_nodes, attention, joint, heads_in_baseline, used_heads, engine, verification,
-                     sequential_draft, out, select, mix_spec) -> None:
+                     sequential_draft, out, select, mix_spec, drafter, drafter_config) -> None:
     """Predicted overhead, tau and speedup for every batch x context x tree size, and the best
     tree per cell ("none" when no tree beats plain decoding)."""
     check_outputs([out, select], input_files(model, hardware, accuracy, mix_spec))
@@ -253,14 +300,18 @@ def roofline_speedup(model, dtype, hardware, accuracy, csv_model, num_heads, hea
     table, label = _load_acc(accuracy, csv_model, model)
     heads = heads_of(model, shape, num_heads=num_heads, num_layers=head_layers, accuracy_heads=table.num_heads,
                      tokens_per_sequence=head_tokens)
+    cost = draft_cost_of(model, shape, drafter=drafter, drafter_config=drafter_config)
+    heads = _heads_from_cost(cost, heads)
     if heads.num_heads < 1:
         raise UserError("--heads: a speedup grid needs at least one draft head")
-    tree, tau = _greedy_tau(table, max_nodes, heads.num_heads, joint, get_engine(engine) if engine else None)
-    grid = speedup_grid(shape, heads, hw, tau, batches, contexts, attention=attention,
+    depth = min(heads.num_heads, cost.stages) if cost is not None else heads.num_heads
+    tree, tau = _greedy_tau(table, max_nodes, depth, joint, get_engine(engine) if engine else None)
+    work = _sequential_work(cost, tree)
+    grid = speedup_grid(shape, work or heads, hw, tau, batches, contexts, attention=attention,
                         heads_in_baseline=heads_in_baseline,
-                        heads_used=heads_used_by_prefix(tree) if used_heads else None,
+                        heads_used=heads_used_by_prefix(tree) if used_heads and work is None else None,
                         verification=verification, tree=tree,
-                        draft_stages=heads_used_by_prefix(tree) if sequential_draft else None)
+                        draft_stages=heads_used_by_prefix(tree) if sequential_draft and work is None else None)
     best = best_per_cell(grid)
     mix_doc = mix_section(choose_mix_tree(grid, mix, source="the grid"), tree, mix) if mix is not None else None
     with atomic_outputs() as files:  # the grid and the selection from it: both or neither
@@ -271,7 +322,7 @@ def roofline_speedup(model, dtype, hardware, accuracy, csv_model, num_heads, hea
             doc = selection_from_grid(grid, tree, hw.name, shape.name,
                                       extra=extra | ({"mix": mix_doc} if mix_doc else {}))
             files.path(select).write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
-    click.echo(f"{shape.describe()}; {heads.describe()}; hardware {hw.name}; accuracy {label}")
+    click.echo(f"{shape.describe()}; {(work or heads).describe()}; hardware {hw.name}; accuracy {label}")
     click.echo("tau of the greedy proposal sequence: " + ", ".join(
         f"n={n}: {tau[n]:.3f}" for n in (1, 4, 16, 32, 64) if n < len(tau)))
     click.echo("best tree size (predicted speedup) per batch (rows) and context (columns):")
@@ -309,9 +360,10 @@ def roofline_speedup(model, dtype, hardware, accuracy, csv_model, num_heads, hea
 @click.option("--title", default=None, help="Report title.")
 @click.option("--note", "notes", multiple=True, help="A note for index.md (repeatable).")
 @click.option("-o", "--out", "out", required=True, type=click.Path(file_okay=False), help="Report directory.")
+@apply(DRAFTER_OPTIONS)
 def report_cmd(model, dtype, hardware, accuracy, csv_model, num_heads, head_layers, head_tokens, batches, contexts,
                plot_context, max_nodes, attention, joint, used_heads, engine, verification, sequential_draft, title,
-               notes, out) -> None:
+               notes, out, drafter, drafter_config) -> None:
     """Write a report directory: roofline chart, speedup curves, best-tree heatmaps (PNG),
     grid.csv, selection.json and an index.md stating inputs and assumptions."""
     check_outputs(inputs=input_files(model, hardware, accuracy), folders=[out])
@@ -323,20 +375,23 @@ def report_cmd(model, dtype, hardware, accuracy, csv_model, num_heads, head_laye
         table, label = _load_acc(accuracy, csv_model, model)
     heads = heads_of(model, shape, num_heads=num_heads, num_layers=head_layers,
                      accuracy_heads=table.num_heads if table is not None else None, tokens_per_sequence=head_tokens)
+    cost = draft_cost_of(model, shape, drafter=drafter, drafter_config=drafter_config)
+    heads = _heads_from_cost(cost, heads)
     if table is not None and heads.num_heads < 1:
         raise UserError("--heads: a speedup report needs at least one draft head")
     if plot_context is not None and plot_context not in contexts:
         raise UserError(f"--plot-context: {plot_context} is not one of the --context values")
     proposal = tau = None
     if table is not None:
-        proposal, tau = _greedy_tau(table, max_nodes, heads.num_heads, joint, get_engine(engine) if engine else None)
+        depth = min(heads.num_heads, cost.stages) if cost is not None else heads.num_heads
+        proposal, tau = _greedy_tau(table, max_nodes, depth, joint, get_engine(engine) if engine else None)
     with atomic_folder(out) as folder:  # the whole report or none of it
         summary = build_report(shape, heads, hw, folder, accuracy=table, accuracy_label=label, batches=batches,
                                contexts=contexts, max_nodes=max_nodes, attention=attention, plot_context=plot_context,
                                command=_command_line(), title=title, joint=joint, used_heads=used_heads, notes=notes,
                                proposal=proposal, tau=tau, save_hardware=hw.name not in builtin_hardware(),
                            engine=get_engine(engine) if engine else None, verification=verification,
-                           sequential_draft=sequential_draft)
+                           sequential_draft=sequential_draft, draft_cost=cost)
     click.echo(f"wrote {out}/index.md with " + ", ".join(v for k, v in summary["files"].items() if k != "index"))
 
 

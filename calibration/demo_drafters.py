@@ -1,0 +1,204 @@
+"""The demo's dependent drafters: a Hydra head set and an MLP speculator trained on the bundled
+demo model, so that `treeopt run --drafter hydra|mlp-speculator` runs end to end with no
+downloads (docs/decoder.md, "Drafters").
+
+The recipe (`treeopt demo train-drafters`): the frozen demo model reads windows of the
+stdlib's train files (the split of `calibration.demo`, encoded with the demo's own tokenizer);
+each drafter is trained teacher-forced on the data: depth d sees the true tokens up to d - 1
+and predicts the next (Hydra paper section 3; Wertheimer et al. 2024 section 3), with loss
+weight decay^d. Hydra heads start as the authors' recipe says (projections from the base
+lm_head, path embeddings from the base embeddings, frozen); the speculator's stages share
+their embedding, head, norm and the projections of stages >= 2 (``tie_weights``, the layout
+of IBM's published speculators), which keeps the whole demo checkpoint small.
+
+Checkpoints go to the work folder every 50 steps, tied to the recipe: an interrupted run
+continues from there with the same recipe only. The drafters are written in bf16 safetensors
+under OUT/hydra and OUT/mlp_speculator.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tokenizers import Tokenizer
+from transformers import LlamaForCausalLM
+from transformers.utils import logging as hf_logging
+
+from calibration.demo import _batch, _lr, is_held_out, read_source, stdlib_files
+from calibration.demo_files import DEMO_MODEL_DIR
+from calibration.drafters.hydra import HydraHeads
+from calibration.drafters.mlp_speculator import MLPSpeculator
+from treeopt.errors import UserError, first_line
+from treeopt.fileio import atomic_path, read_json_input, write_json
+
+HYDRA_DIR = "hydra"
+SPECULATOR_DIR = "mlp_speculator"
+
+
+@dataclass(frozen=True)
+class DrafterRecipe:
+    hydra_heads: int = 4
+    hydra_layers: int = 1
+    speculator_stages: int = 4
+    steps: int = 240
+    lr: float = 2e-3
+    loss_decay: float = 0.8
+    warmup_steps: int = 20
+    batch_size: int = 8
+    seq_len: int = 160
+    seed: int = 0
+
+
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _load_checkpoint(path: Path, recipe: DrafterRecipe) -> dict:
+    """A checkpoint of this recipe (weights_only: a crafted pickle must not run code)."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # noqa: BLE001 - torch.load raises many types for a damaged file
+        raise UserError(f"{path}: not a drafter training checkpoint ({first_line(err)}); "
+                        "delete it or pass --fresh") from None
+    if not isinstance(state, dict) or state.get("recipe") != asdict(recipe):
+        raise UserError(f"{path}: written by another recipe or seed; delete it or pass --fresh")
+    return state
+
+
+def _train_tokens(tokenizer_file: Path, work_dir: Path, resume: bool) -> np.ndarray:
+    """The stdlib train split encoded with the demo's tokenizer (kept in the work folder)."""
+    cache = work_dir / "drafter_tokens.npy"
+    if cache.exists() and resume:
+        try:
+            return np.load(cache, allow_pickle=False)
+        except (OSError, ValueError) as err:
+            raise UserError(f"{cache}: not a tokenised corpus ({first_line(err)}); delete it or pass --fresh") from None
+    tok = Tokenizer.from_file(str(tokenizer_file))
+    eos = tok.token_to_id("<|endoftext|>")
+    root, files = stdlib_files()
+    ids: list[int] = []
+    for enc in tok.encode_batch([read_source(root / f) for f in files if not is_held_out(f)]):
+        ids.extend(enc.ids)
+        ids.append(eos)
+    tokens = np.asarray(ids, dtype=np.int32)
+    with atomic_path(cache) as tmp, open(tmp, "wb") as fh:
+        np.save(fh, tokens)
+    return tokens
+
+
+def _tie_speculator(spec: MLPSpeculator) -> None:
+    """Share emb.0, head.0, ln.0 across stages and proj.1 across stages >= 2 (``tie_weights``)."""
+    for i in range(1, spec.n_predict):
+        spec.emb[i], spec.head[i], spec.ln[i] = spec.emb[0], spec.head[0], spec.ln[0]
+        if i >= 2:
+            spec.proj[i] = spec.proj[1]
+
+
+def _train(name: str, drafter, params, model, tokens: np.ndarray, recipe: DrafterRecipe, ckpt: Path,
+           resume: bool, seed_offset: int) -> list[dict]:
+    """Teacher-forced training of `drafter` (the drafter interface's `teacher_forced_logits`)
+    on windows of `tokens`; depth d at position t reads the path x_{t+1..t+d+1} and predicts
+    x_{t+d+2}."""
+    depths = drafter.num_heads
+    opt = torch.optim.AdamW(params, lr=recipe.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    step, log = 0, []
+    if ckpt.exists() and resume:
+        state = _load_checkpoint(ckpt, recipe)
+        drafter.load_state_dict(state["drafter"])
+        opt.load_state_dict(state["opt"])
+        step, log = state["step"], state["log"]
+        _log(f"{name}: resumed at step {step}")
+    weights = torch.tensor([recipe.loss_decay ** d for d in range(depths)])
+    drafter.train()
+    t0 = time.time()
+    while step < recipe.steps:
+        for g in opt.param_groups:
+            g["lr"] = _lr(step, recipe.steps, recipe.lr, recipe.warmup_steps)
+        x = _batch(tokens, recipe.seed + seed_offset, step, recipe.batch_size, recipe.seq_len)
+        positions = x.shape[1] - depths - 1
+        with torch.no_grad():
+            hidden = model.model(x).last_hidden_state[:, :positions]
+        # path[:, d] = x_{t+1+d}; targets[:, d] = x_{t+2+d}, for every position t at once
+        windows = x.unfold(1, depths + 1, 1)[:, 1:positions + 1]            # (B, P, D + 1)
+        path, targets = windows[..., :depths], windows[..., 1:]
+        logits = drafter.teacher_forced_logits(hidden.reshape(-1, hidden.shape[-1]), path.reshape(-1, depths))
+        losses = torch.stack([F.cross_entropy(logits[:, d], targets.reshape(-1, depths)[:, d])
+                              for d in range(depths)])
+        loss = (weights * losses).sum()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        step += 1
+        if step % 20 == 0 or step == recipe.steps:
+            entry = {"step": step, "losses": [round(v, 4) for v in losses.tolist()],
+                     "seconds": round(time.time() - t0, 1)}
+            log.append(entry)
+            _log(f"{name} {step}/{recipe.steps} losses={entry['losses']}")
+        if step % 50 == 0 or step == recipe.steps:
+            with atomic_path(ckpt) as tmp:
+                torch.save({"drafter": drafter.state_dict(), "opt": opt.state_dict(), "step": step, "log": log,
+                            "recipe": asdict(recipe)}, tmp)
+    drafter.eval()
+    return log
+
+
+def train_drafters(out_dir=DEMO_MODEL_DIR, recipe: DrafterRecipe = DrafterRecipe(), *, model_dir=None,
+                   work_dir=None, resume: bool = True, which=("hydra", "mlp-speculator")) -> dict:
+    """Train the demo's Hydra heads and MLP speculator on the demo model in `model_dir`
+    (default: `out_dir`) and write them to out_dir/hydra and out_dir/mlp_speculator.
+    Nothing is written outside `out_dir` and `work_dir` (default out_dir/.work)."""
+    hf_logging.disable_progress_bar()
+    out_dir = Path(out_dir)
+    model_dir = Path(model_dir) if model_dir is not None else out_dir
+    if not (model_dir / "config.json").is_file():
+        raise UserError(f"{model_dir}: no demo model there (train it with `treeopt demo train`)")
+    work_dir = Path(work_dir) if work_dir is not None else out_dir / ".work"
+    work_dir.mkdir(parents=True, exist_ok=True)
+    stamp = work_dir / "drafter_recipe.json"
+    if resume and stamp.exists() and read_json_input(stamp, "a drafter recipe stamp") != asdict(recipe):
+        raise UserError(f"{work_dir}: holds drafters of another recipe or seed; pass --fresh or another --work-dir")
+    write_json(stamp, asdict(recipe))
+    torch.manual_seed(recipe.seed)
+    model = LlamaForCausalLM.from_pretrained(str(model_dir), torch_dtype=torch.float32).eval()
+    model.requires_grad_(False)
+    tokens = _train_tokens(model_dir / "tokenizer.json", work_dir, resume)
+    _log(f"drafters: {len(tokens):,} train tokens")
+    h, vocab = model.config.hidden_size, model.config.vocab_size
+    lm_head, embeddings = model.lm_head.weight.detach(), model.model.embed_tokens.weight.detach()
+    summary: dict = {"recipe": asdict(recipe)}
+    t_start = time.time()
+    if "hydra" in which:
+        hydra = HydraHeads(h, vocab, recipe.hydra_heads, recipe.hydra_layers, grounded=True)
+        hydra.init_from_base(lm_head, embeddings)
+        hydra.input_embed_fn.requires_grad_(False)  # the base model's embeddings (authors' recipe)
+        params = [p for p in hydra.parameters() if p.requires_grad]
+        summary["hydra"] = {"log": _train("hydra", hydra, params, model, tokens, recipe, work_dir / "hydra.pt",
+                                          resume, 2),
+                            "parameters": sum(p.numel() for p in hydra.parameters())}
+        hydra.save_pretrained(out_dir / HYDRA_DIR, base_model_name_or_path="demo", dtype=torch.bfloat16)
+    if "mlp-speculator" in which:
+        spec = MLPSpeculator(h, h, vocab, recipe.speculator_stages, scale_input=False,
+                             top_k_tokens_per_head=[4, 3, 2, 2][:recipe.speculator_stages] + [1] * max(
+                                 0, recipe.speculator_stages - 4), n_candidates=8)
+        with torch.no_grad():
+            spec.head[0].weight.copy_(lm_head)
+            spec.emb[0].weight.copy_(embeddings)
+        _tie_speculator(spec)
+        summary["mlp_speculator"] = {
+            "log": _train("mlp-speculator", spec, list(spec.parameters()), model, tokens, recipe,
+                          work_dir / "speculator.pt", resume, 3),
+            "parameters": sum(p.numel() for p in spec.parameters())}
+        spec.save_pretrained(out_dir / SPECULATOR_DIR, tie_weights=True)
+    summary["train_seconds"] = round(time.time() - t_start)
+    write_json(out_dir / "drafters_training.json", summary)
+    _log(f"done: drafters in {out_dir}")
+    return summary
+
+
+__all__ = ["DrafterRecipe", "train_drafters", "HYDRA_DIR", "SPECULATOR_DIR"]

@@ -1,0 +1,96 @@
+"""The demo's dependent drafters: the committed Hydra heads and MLP speculator match their
+recipe and the size budget, the recipe resumes, `treeopt run --drafter hydra` passes end to
+end at a tiny size, and the side-by-side report reads the runs (docs/decoder.md, "Drafters")."""
+
+import json
+from dataclasses import asdict, replace
+
+import numpy as np
+import pytest
+import torch
+from safetensors import safe_open
+
+from calibration.demo_drafters import HYDRA_DIR, SPECULATOR_DIR, DrafterRecipe, train_drafters
+from calibration.demo_files import DEMO_MODEL_DIR
+from calibration.drafters import load_drafter
+from calibration.models import load_model
+from treeopt.app.compare_drafters import compare_drafters
+from treeopt.cli import main
+from treeopt.errors import UserError
+
+TRAINING = json.loads((DEMO_MODEL_DIR / "drafters_training.json").read_text())
+
+
+def test_committed_drafters_match_their_recipe_in_bf16_within_the_budget():
+    recipe = DrafterRecipe(**TRAINING["recipe"])
+    hydra = load_model("demo", device="cpu", drafter="hydra").heads
+    spec = load_model("demo", device="cpu", drafter="mlp-speculator").heads
+    assert (hydra.kind, hydra.num_heads, hydra.num_layers, hydra.grounded) == (
+        "hydra", recipe.hydra_heads, recipe.hydra_layers, True)
+    assert (spec.kind, spec.num_heads) == ("mlp-speculator", recipe.speculator_stages)
+    assert json.loads((DEMO_MODEL_DIR / SPECULATOR_DIR / "config.json").read_text())["tie_weights"] is True
+    for file in (DEMO_MODEL_DIR / HYDRA_DIR / "hydra_lm_head.safetensors",
+                 DEMO_MODEL_DIR / SPECULATOR_DIR / "model.safetensors"):
+        with safe_open(str(file), "pt") as fh:
+            assert {fh.get_slice(k).get_dtype() for k in fh.keys()} == {"BF16"}
+    # the whole demo checkpoint: model, tokenizer, Medusa heads, Hydra heads, speculator
+    total = sum(f.stat().st_size for f in DEMO_MODEL_DIR.rglob("*") if f.is_file() and ".work" not in f.parts)
+    assert total < 40e6
+
+
+@pytest.fixture
+def tiny_work(tmp_path):
+    """A work folder whose tokenised corpus is already there (a short random token stream), so
+    the recipe trains in seconds."""
+    work = tmp_path / "work"
+    work.mkdir()
+    rng = np.random.default_rng(0)
+    np.save(work / "drafter_tokens.npy", rng.integers(0, 4096, size=4000).astype(np.int32))
+    return work
+
+
+TINY = DrafterRecipe(hydra_heads=2, speculator_stages=2, steps=3, warmup_steps=1, batch_size=2, seq_len=24)
+
+
+def test_recipe_trains_resumes_and_refuses_another_recipe(tmp_path, tiny_work):
+    out = tmp_path / "out"
+    train_drafters(out, TINY, model_dir=DEMO_MODEL_DIR, work_dir=tiny_work)
+    hydra = load_drafter(out / HYDRA_DIR)
+    spec = load_drafter(out / SPECULATOR_DIR)
+    assert (hydra.num_heads, spec.num_heads) == (2, 2)
+    first = {k: v.clone() for k, v in hydra.state_dict().items()}
+    # a rerun of the same recipe resumes from the last checkpoint: nothing more to train
+    summary = train_drafters(out, TINY, model_dir=DEMO_MODEL_DIR, work_dir=tiny_work)
+    again = load_drafter(out / HYDRA_DIR).state_dict()
+    assert all(torch.equal(first[k], again[k]) for k in first)
+    assert summary["recipe"] == asdict(TINY)
+    with pytest.raises(UserError, match="another recipe"):
+        train_drafters(out, replace(TINY, seed=1), model_dir=DEMO_MODEL_DIR, work_dir=tiny_work)
+
+
+def _run(out, drafter):
+    with pytest.raises(SystemExit) as exc:
+        main(["run", "--drafter", drafter, "--device", "cpu", "--dtype", "float32", "--steps", "8",
+              "--sizes", "0,1,4", "--batch", "1,2", "--context", "32", "--repeats", "3", "--time-budget", "0",
+              "--quick", "-o", str(out)])
+        raise SystemExit(0)
+    return exc.value.code or 0
+
+
+def test_run_with_hydra_and_the_side_by_side_report(tmp_path, capsys):
+    assert _run(tmp_path / "hydra", "hydra") == 0
+    assert _run(tmp_path / "medusa", "medusa") == 0
+    err = capsys.readouterr().err
+    assert "100.00% of generated tokens identical" in err  # lossless with either drafter
+    prediction = (tmp_path / "hydra" / "prediction" / "index.md").read_text()
+    assert "**Drafter**: hydra: 4 heads" in prediction and "sequential, depth by depth" in prediction
+    summary = compare_drafters({"medusa": tmp_path / "medusa", "hydra": tmp_path / "hydra"}, tmp_path / "cmp")
+    tau = summary["tau"]
+    for kind in ("medusa", "hydra"):
+        values = tau[kind].dropna().to_numpy()
+        assert values[0] >= 1 and np.all(np.diff(values) >= -1e-12)  # nested trees never accept less
+    index = summary["index"].read_text()
+    assert "## What sequential dependence bought" in index and "Hydra heads vs Medusa heads" in index
+    assert (tmp_path / "cmp" / "tau.png").is_file()
+    with pytest.raises(UserError, match="not a finished"):
+        compare_drafters({"hydra": tmp_path / "nothing"}, tmp_path / "cmp2")
