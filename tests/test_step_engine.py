@@ -250,3 +250,19 @@ def test_bad_measurements_are_one_line(tmp_path):
     bad.write_text("batch,context,step_ms\n1,64,10.0\n")
     with pytest.raises(UserError, match="missing column 'tokens'"):
         read_step_points(bad)
+
+
+def test_hw_calibrate_fits_only_the_engine_terms_from_the_decoders_steps(tmp_path):
+    """`hw calibrate` times tree steps of treeopt's own decoder and frees only the engine terms:
+    everything the microbenchmarks measured stays as measured."""
+    from calibration.models import load_model, tiny_model_for_tests
+    from roofline.hardware import load_hardware
+    from treeopt.app.hwcalibrate import ENGINE_TERMS, calibrate_engine_terms
+
+    lm = load_model(str(tiny_model_for_tests(tmp_path / "tiny")), device="cpu", dtype="float32")
+    base = load_hardware("a100")
+    fit = calibrate_engine_terms(lm, base, batches=(1,), context=16, sizes=(0, 1, 2, 4), repeats=3)
+    assert set(fit.terms) == set(ENGINE_TERMS) and all(v >= 0 for v in fit.terms.values())
+    for kept in ("eta_memory", "eta_compute", "bandwidth_bytes_per_s", "forward_overhead_s", "layer_overhead_s"):
+        assert getattr(fit.profile, kept) == getattr(base, kept), kept
+    assert fit.profile.calibration["fit"]["rows"] == 4  # plain decoding and three tree sizes

@@ -10,16 +10,22 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pandas as pd
+import torch
+
 from calibration.hwbench import TORCH_DTYPES, device_available, run_hardware_bench
 from calibration.models import SMALL_MODEL_PARAMS
+from calibration.sweep import measure_group
 from roofline.hardware import HardwareProfile
 from roofline.hwfit import fit_hardware_profile
-from roofline.shapes import ModelShape, normalize_dtype
+from roofline.profile_fit import ProfileFit, fit_profile, sweep_step_points
+from roofline.shapes import DraftHeadsShape, ModelShape, normalize_dtype
 from treeopt.app.models import shape_of
 from treeopt.errors import UserError
 from treeopt.hwmeasurements import ModelDims
+from treeopt.tree import make_tree
 
-__all__ = ["calibrate_hardware", "framework_probe"]
+__all__ = ["calibrate_hardware", "calibrate_engine_terms", "framework_probe"]
 
 # A proxy's dimensions: small enough that its forwards are all framework overhead, with the
 # model's ratio of query to KV heads (docs/performance-model.md, "framework overheads")
@@ -74,3 +80,36 @@ def _dims(shape: ModelShape) -> ModelDims:
     return ModelDims(name=shape.name, layers=shape.layers, hidden=shape.hidden, intermediate=shape.intermediate,
                      heads=shape.heads, kv_heads=shape.kv_heads, head_dim=shape.head_dim, vocab=shape.vocab,
                      dtype=shape.dtype, tied_embeddings=shape.tied_embeddings, weight_bytes=shape.weight_bytes)
+
+
+#: the profile terms the decoder's tree steps are fitted for
+ENGINE_TERMS = ("spec_step_overhead_s", "verified_token_s")
+#: the trees whose steps `calibrate_engine_terms` times: a breadth-first tree of up to 8 nodes,
+#: cut to the drafter's depth (its prefixes are the tree sizes measured)
+ENGINE_PROBE_TREE = ((0,), (1,), (0, 0), (2,), (0, 1), (1, 0), (0, 0, 0), (3,))
+
+
+def calibrate_engine_terms(lm, profile: HardwareProfile, *, batches=(1, 2), context: int = 64,
+                           sizes=(0, 1, 2, 4, 8), repeats: int = 7, seed: int = 0) -> ProfileFit:
+    """The engine terms of `profile` (a fixed cost per speculative step, a cost per verified
+    token, the attention kernel's KV bandwidth) measured with treeopt's own decoder: tree steps of
+    the loaded model and drafter `lm` (calibration.models.load_model) timed as the sweep times
+    them, then fitted to the microbenchmark profile (docs/performance-model.md, "Engine terms of a
+    speculative step")."""
+    depth = getattr(lm.heads, "num_heads", 1)
+    proposal = make_tree([p for p in ENGINE_PROBE_TREE if len(p) <= depth], topk=10)
+    sizes = tuple(n for n in sizes if n <= proposal.size)
+    rows = []
+    with torch.inference_mode():
+        for batch in batches:
+            rows += measure_group(lm, proposal, sizes, batch, context, repeats=repeats, warmup=1, topk=10,
+                                  seed=seed)
+    table = pd.DataFrame(rows)
+    heads_by_nodes = [proposal.prefix(n).depth for n in range(proposal.size + 1)]
+    points = sweep_step_points(table, heads_by_nodes)
+    shape = shape_of(lm.name, dtype=str(lm.dtype).replace("torch.", ""))
+    heads = DraftHeadsShape(lm.heads.num_heads, getattr(lm.heads, "num_layers", 1), lm.heads.hidden_size,
+                            lm.heads.vocab_size, tokens_per_sequence=1)
+    # only the engine terms are free: the microbenchmarks measured everything else directly
+    return fit_profile(shape, heads, profile, points, name=profile.name, terms=ENGINE_TERMS,
+                       source=f"treeopt's decoder on {lm.name}: {len(points)} tree steps")

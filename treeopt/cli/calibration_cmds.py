@@ -4,16 +4,21 @@ accuracies, and this machine's hardware profile (torch)."""
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import click
 import numpy as np
 
 from calibration.distributed import processes_from_env
 from calibration.medusa_import import NORMALIZATIONS, import_medusa_accuracy
+from calibration.models import load_model
 from calibration.runner import CalibrationInterrupted, run_calibration
+from calibration.threads import torch_threads
+from roofline.profile_fit import error_summary
 from treeopt.acceptance import rank_vectors_path
 from treeopt.accuracy import wilson_interval
-from treeopt.app.hwcalibrate import calibrate_hardware
+from treeopt.app.hwcalibrate import calibrate_engine_terms, calibrate_hardware
+from treeopt.app.models import is_demo
 from treeopt.cli.options import DRAFTER_OPTION, AtLeast
 from treeopt.cli.safety import check_outputs, input_files
 from treeopt.errors import UserError
@@ -173,15 +178,29 @@ def _summary(table, headline: str) -> None:
 @click.option("--quick", is_flag=True, help="Fewer row counts and rounds (seconds; still a usable profile).")
 @click.option("--name", default=None, help="Profile name [default: cpu-calibrated / cuda-calibrated].")
 @click.option("--no-validate", is_flag=True, help="Skip the full-model validation forwards.")
+@click.option("--engine-terms/--no-engine-terms", default=None,
+              help="Also time tree steps of treeopt's own decoder with the model's drafter and fit the profile's "
+                   "engine terms to them [default: on for demo or a model directory, off for a built-in shape].")
 @click.option("-o", "--out", "out", default=None, type=click.Path(dir_okay=False),
               help="Profile JSON to write [default: hardware-DEVICE.json].")
-def hw_calibrate(device, model, dtype, threads, quick, name, no_validate, out) -> None:
+def hw_calibrate(device, model, dtype, threads, quick, name, no_validate, engine_terms, out) -> None:
     """Measure this machine (bandwidth, GEMM efficiency by rows for the model's weight shapes,
-    attention, elementwise work, per-kernel and per-forward framework overhead) and write a
-    hardware profile the other commands accept as --hardware."""
+    attention, elementwise work, per-kernel and per-forward framework overhead, and the engine
+    terms of a speculative step with treeopt's decoder) and write a hardware profile the other
+    commands accept as --hardware."""
     check_outputs([out or f"hardware-{device}.json"], input_files(model))
+    loadable = is_demo(model) or Path(str(model)).is_dir()
+    if engine_terms and not loadable:
+        raise UserError("--engine-terms: needs a model to run (demo or a model directory), not a built-in shape")
     prof = calibrate_hardware(device, model, dtype=dtype, quick=quick, threads=threads, name=name,
                               validate=not no_validate, progress=True)
+    if engine_terms if engine_terms is not None else loadable:
+        lm = load_model(str(model), device=device, dtype=prof.calibration["dtype"])
+        with torch_threads(lm.model, lm.device, threads):
+            fit = calibrate_engine_terms(lm, prof, repeats=5 if quick else 9)
+        prof = fit.profile
+        click.echo("  engine terms from treeopt's decoder: " + ", ".join(f"{k} {v:.3g}" for k, v in fit.terms.items())
+                   + f"; {error_summary(fit.in_sample_error)} on {len(fit.in_sample_error)} tree steps")
     out = out or f"hardware-{device}.json"
     prof.save(out)
     cal = prof.calibration
