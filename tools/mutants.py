@@ -398,6 +398,12 @@ MUTANTS = (
     Mutant("gamma-speedup", "roofline/speculative.py",
            "\"speedup\": tau[: top + 1] * plain / step", "\"speedup\": tau[: top + 1] * plain / verify",
            "speedup ignores the draft's passes", GAMMA_TESTS),
+    # ---- a draft model in `treeopt run` (docs/architecture.md, "Draft models in the main job")
+    Mutant("run-dm-predictor-gamma", "treeopt/app/sweep.py", "gamma=tokens - 1, context=context",
+           "gamma=tokens, context=context", "the sweep's prediction drafts one pass too many",
+           ("tests/test_run_draft_model.py",)),
+    Mutant("run-dm-prediction-speedup", "treeopt/app/draft_model.py", '"speedup": tau.best * step[0] / step',
+           '"speedup": tau.best', "the predicted speedup ignores the step's cost", ("tests/test_run_draft_model.py",)),
 )
 
 

@@ -4,7 +4,7 @@ what each package takes: a roofline shape, draft-head shapes, a directory to loa
 from __future__ import annotations
 
 from calibration.demo_files import DEMO_MODEL_DIR
-from roofline.shapes import DraftHeadsShape, ModelShape, model_shape, resolve_heads
+from roofline.shapes import DraftHeadsShape, ModelShape, model_shape, resolve_heads, shape_from_config
 from treeopt.errors import UserError
 
 DEMO = "demo"
@@ -30,3 +30,10 @@ def shape_of(spec, dtype: str | None = None) -> ModelShape:
 def heads_of(spec, shape: ModelShape, **kwargs) -> DraftHeadsShape:
     """`roofline.shapes.resolve_heads` for a model spec (the heads directory next to it)."""
     return resolve_heads(model_location(spec), shape, **kwargs)
+
+
+def draft_shape_of(drafter, dtype: str | None = None) -> ModelShape:
+    """The roofline shape of a draft model (`calibration.drafters.DraftModel`) from its own
+    config: its passes cost like any decoder's (docs/performance-model.md, "Draft-model steps")."""
+    shape = shape_from_config(drafter.model.config.to_dict(), name="draft model")
+    return shape.with_dtype(dtype) if dtype is not None else shape

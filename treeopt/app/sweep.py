@@ -14,8 +14,9 @@ from roofline.hardware import HardwareProfile, load_hardware
 from roofline.latency import step_time_s
 from roofline.profile_fit import BatchTransfer, batch_transfer, error_summary
 from roofline.shapes import DraftHeadsShape
+from roofline.speculative import draft_model_step_time_s
 from treeopt.acceptance import load_rank_vectors
-from treeopt.app.models import shape_of
+from treeopt.app.models import draft_shape_of, shape_of
 from treeopt.errors import UserError
 from treeopt.fileio import atomic_path, write_text
 from treeopt.selection import SWEEP_COLUMNS
@@ -60,9 +61,15 @@ def check_prompt_source(data: str, option: str) -> None:
 def step_predictor(lm, proposal: Tree, hardware: HardwareProfile):
     """predict(batch, tokens, context) -> seconds of one decoding step as the reference decoder
     runs it: the base model over q tokens plus, for q > 1, the heads the tree reaches, run on one
-    token per sequence (docs/decoder.md "Where the heads run")."""
+    token per sequence (docs/decoder.md "Where the heads run"). A draft model's proposal is a
+    chain, so tree size n is gamma = n draft passes plus the verification of n + 1 tokens
+    (docs/performance-model.md, "Draft-model steps")."""
     shape = shape_of(lm.name, dtype=str(lm.dtype).replace("torch.", ""))
     heads = lm.heads
+    if getattr(heads, "kind", "") == "draft-model":
+        draft = draft_shape_of(heads, dtype=shape.dtype)
+        return lambda batch, tokens, context: float(draft_model_step_time_s(
+            shape, draft, hardware, batch=batch, gamma=tokens - 1, context=context))
 
     def predict(batch: int, tokens: int, context: int) -> float:
         n = tokens - 1
