@@ -8,6 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from calibration import demo_draft
+from calibration.models import load_model, tiny_model_for_tests
 from treeopt.app.draft_model import chain_tree
 from treeopt.app.run import RunSettings, run_main_job
 from treeopt.cli import main
@@ -72,3 +74,35 @@ def test_run_draft_model_option_reaches_the_pipeline(capsys, tmp_path):
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("treeopt: error: --steps")
+
+
+def test_demo_train_draft_writes_only_its_output_folder(tmp_path, monkeypatch, capsys):
+    root = tmp_path / "stdlib"
+    root.mkdir()
+    body = "".join(f"def function_{i}(x):\n    return x * {i} + len(str(x))\n\n" for i in range(40))
+    names = [f"mod{i}.py" for i in range(6)]
+    for name in names:
+        (root / name).write_text(f"# {name}\n" + body)
+    monkeypatch.setattr(demo_draft, "stdlib_files", lambda: (root, names))
+    target = tiny_model_for_tests(tmp_path / "target", vocab=48, hidden=32, layers=2, heads=4, kv_heads=2)
+    before = sorted(str(p) for p in target.rglob("*"))
+    out = tmp_path / "draft"
+    main(["demo", "train-draft", "--target", str(target), "-o", str(out), "--steps", "2"])
+    assert "after 2 steps" in capsys.readouterr().out
+    assert sorted(str(p) for p in target.rglob("*")) == before  # the target is only read
+    assert {"config.json", "model.safetensors", "training.json", ".work/draft.pt"} <= {
+        str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()}
+    # the result is a draft model of the target's vocabulary that its loader takes
+    lm = load_model(str(target), str(out), device="cpu", dtype="float32", drafter="draft-model", num_heads=2)
+    assert lm.heads.kind == "draft-model" and lm.heads.vocab_size == 48
+
+
+def test_demo_train_draft_without_a_target_tokenizer_is_one_line(tmp_path, capsys):
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / "config.json").write_text("{}")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["demo", "train-draft", "--target", str(tmp_path / "t"), "-o", str(tmp_path / "d")])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("treeopt: error: --target:") and "tokenizer.json" in err[0]
+    assert not (tmp_path / "d").exists()

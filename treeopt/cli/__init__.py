@@ -80,6 +80,8 @@ roofline = _lazy_group("roofline", "The operator-level latency model and the pre
 })
 demo = _lazy_group("demo", "The bundled demo model (a small Llama with Medusa heads trained on Python's stdlib).", {
     "train": ("treeopt.cli.run_cmds:demo_train", "Train the demo model (the recipe behind the bundled one)."),
+    "train-draft": ("treeopt.cli.run_cmds:demo_train_draft",
+                    "Train the demo's draft model (the recipe behind the bundled one)."),
 })
 
 
