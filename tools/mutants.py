@@ -437,6 +437,12 @@ MUTANTS = (
            "the speculator's stage d drafts from k_1..k_d states", CANDIDATE_TESTS),
     Mutant("cand-sequence-tokens", "roofline/grid.py", "n_candidates * (tree.depth + 1.0)",
            "n_candidates * tree.depth", "a candidate sequence verified without its root", CANDIDATE_TESTS),
+    # ---- a draft model in `treeopt run` (docs/architecture.md, "Draft models in the main job")
+    Mutant("run-dm-predictor-gamma", "treeopt/app/sweep.py", "gamma=tokens - 1, context=context",
+           "gamma=tokens, context=context", "the sweep's prediction drafts one pass too many",
+           ("tests/test_run_draft_model.py",)),
+    Mutant("run-dm-prediction-speedup", "treeopt/app/draft_model.py", '"speedup": tau.best * step[0] / step',
+           '"speedup": tau.best', "the predicted speedup ignores the step's cost", ("tests/test_run_draft_model.py",)),
 )
 
 

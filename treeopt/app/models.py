@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from calibration.demo_files import DEMO_MODEL_DIR
-from roofline.shapes import DraftHeadsShape, ModelShape, model_shape, resolve_heads
+from roofline.shapes import DraftHeadsShape, ModelShape, model_shape, resolve_heads, shape_from_config
 from treeopt.drafter_cost import DRAFTER_SUBDIRS, DraftCost, read_draft_cost
 from treeopt.errors import UserError
 
@@ -67,3 +67,10 @@ def draft_cost_of(spec, shape: ModelShape, *, drafter: str | None = None, drafte
             return read_draft_cost(base / name, hidden_size=shape.hidden, vocab_size=shape.vocab)
     raise UserError(f"--drafter {drafter}: no {drafter} drafter next to {spec} (looked for "
                     f"{', '.join(DRAFTER_SUBDIRS[drafter])}); pass --drafter-config PATH")
+
+
+def draft_shape_of(drafter, dtype: str | None = None) -> ModelShape:
+    """The roofline shape of a draft model (`calibration.drafters.DraftModel`) from its own
+    config: its passes cost like any decoder's (docs/performance-model.md, "Draft-model steps")."""
+    shape = shape_from_config(drafter.model.config.to_dict(), name="draft model")
+    return shape.with_dtype(dtype) if dtype is not None else shape

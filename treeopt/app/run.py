@@ -24,8 +24,9 @@ from roofline.report import build_report
 from roofline.shapes import DraftHeadsShape
 from treeopt.acceptance import load_rank_vectors
 from treeopt.accuracy import AccuracyTable, load_accuracy
+from treeopt.app.draft_model import chain_tau_curves, write_gamma_prediction
 from treeopt.app.hwcalibrate import calibrate_hardware
-from treeopt.app.models import draft_cost_of_drafter, is_demo, shape_of
+from treeopt.app.models import draft_cost_of_drafter, draft_shape_of, is_demo, shape_of
 from treeopt.app.sweep import (
     DEMO_VALIDATION,
     check_prompt_source,
@@ -51,7 +52,6 @@ from treeopt.selection import (
 )
 from treeopt.tau import load_tau_curves, tau_curves
 from treeopt.tree import Tree
-
 
 _DRAFT_UNITS = {"medusa": "Medusa heads", "hydra": "Hydra heads", "mlp-speculator": "MLP speculator stages"}
 
@@ -208,8 +208,11 @@ def _run_main_job(out: Path, settings: RunSettings, *, log, progress: bool) -> d
     timings["calibrate_s"] = time.perf_counter() - t0
 
     # 2. proposal trees
+    lm = load_model(s.model, s.heads, device=s.device, dtype=dtype, num_heads=s.num_heads, drafter=s.drafter)
     target = get_engine(s.engine, topk=s.topk) if s.engine else None
-    if target is None:
+    if lm.heads.kind == "draft-model":
+        table, tau = chain_tau_curves(acc_file, s.max_nodes)
+    elif target is None:
         table, tau = load_tau_curves(acc_file, s.max_nodes, method=s.method)
     else:
         table = load_accuracy(acc_file)
@@ -217,6 +220,7 @@ def _run_main_job(out: Path, settings: RunSettings, *, log, progress: bool) -> d
                          load_rank_vectors(acc_file, table=table))
     proposal = tau.proposal
     method = "joint" if (s.method == "auto" and table.joint) else ("greedy" if s.method == "auto" else s.method)
+    method = "chain" if lm.heads.kind == "draft-model" else method
     write_text(out / "proposal_tree.json",
                format_tree(proposal, "json", tau=float(tau.joint[-1] if tau.joint is not None else tau.independent[-1]),
                            method=method, provenance=table.provenance))
@@ -224,7 +228,6 @@ def _run_main_job(out: Path, settings: RunSettings, *, log, progress: bool) -> d
         f"{tau.independent[-1]:.3f} independent" + (f", {tau.joint[-1]:.3f} joint" if tau.joint is not None else "")
         + (f", {tau.walked[-1]:.3f} walked" if tau.walked is not None else ""))
 
-    lm = load_model(s.model, s.heads, device=s.device, dtype=dtype, num_heads=s.num_heads, drafter=s.drafter)
     threads = torch.get_num_threads()
     if lm.device.type == "cpu":
         # One thread count for every measurement of the run (profile, sweep, validation).
@@ -253,14 +256,18 @@ def _run_main_job(out: Path, settings: RunSettings, *, log, progress: bool) -> d
     # charged depth by depth (docs/performance-model.md, "Drafter cost")
     heads_shape = DraftHeadsShape(lm.heads.num_heads, getattr(lm.heads, "num_layers", 1), lm.heads.hidden_size,
                                   lm.heads.vocab_size, tokens_per_sequence=1)
-    build_report(shape, heads_shape, hw, out / "prediction", accuracy=table,
-                 accuracy_label=f"calibrated on {s.data} ({acc_file.name})", batches=s.batches,
-                 contexts=s.contexts, max_nodes=s.max_nodes, joint=table.joint is not None,
-                 proposal=proposal, tau=tau.best, used_heads=True,
-                 tau_source=f"The {method} proposal sequence of {proposal.size} nodes the sweep measures; τ "
-                            + tau.describe(),
-                 title=f"Predicted: {s.model} with {lm.heads.num_heads} {_DRAFT_UNITS[lm.heads.kind]} on {hw.name}",
-                 engine=target, draft_cost=draft_cost_of_drafter(lm.heads))
+    if lm.heads.kind == "draft-model":
+        write_gamma_prediction(shape, draft_shape_of(lm.heads, dtype=dtype_name), hw, tau, s.batches, s.contexts,
+                               out / "prediction", title=f"Predicted: {s.model} with its draft model on {hw.name}")
+    else:
+        build_report(shape, heads_shape, hw, out / "prediction", accuracy=table,
+                     accuracy_label=f"calibrated on {s.data} ({acc_file.name})", batches=s.batches,
+                     contexts=s.contexts, max_nodes=s.max_nodes, joint=table.joint is not None,
+                     proposal=proposal, tau=tau.best, used_heads=True,
+                     tau_source=f"The {method} proposal sequence of {proposal.size} nodes the sweep measures; τ "
+                                + tau.describe(),
+                     title=f"Predicted: {s.model} with {lm.heads.num_heads} {_DRAFT_UNITS[lm.heads.kind]} on {hw.name}",
+                     engine=target, draft_cost=draft_cost_of_drafter(lm.heads))
     timings["predict_s"] = time.perf_counter() - t0
 
     # 5. measured sweep
@@ -272,7 +279,7 @@ def _run_main_job(out: Path, settings: RunSettings, *, log, progress: bool) -> d
     sweep_df = sweep(lm, table, tau, sw, out / "sweep.csv", hardware=hw, resume="auto", progress=progress,
                      accuracy_path=acc_file)
     timings["sweep_s"] = time.perf_counter() - t0
-    if len(set(s.batches)) > 1 and 1 in s.batches:
+    if len(set(s.batches)) > 1 and 1 in s.batches and lm.heads.kind != "draft-model":
         log(f"[fit] {format_transfer(fit_from_sweep(lm, proposal, hw, sweep_df, out))}")
 
     # 6. selection
@@ -408,7 +415,8 @@ def _run_index(s: RunSettings, table: AccuracyTable, proposal: Tree, hw, selecti
         L += ["Tree chosen by prediction alone against the measured best (fraction of the best measured "
               "speedup):", "", _md_table(result.regret), ""]
     L += ["## 5. The prediction for this machine", "",
-          "The roofline report of this machine's profile: [prediction/index.md](prediction/index.md).", "",
-          "![roofline](prediction/roofline.png)", "", "![speedup](prediction/speedup.png)", "",
-          "## Run time", "", ", ".join(f"{k.removesuffix('_s')} {v:.0f} s" for k, v in timings.items()), ""]
+          "The roofline report of this machine's profile: [prediction/index.md](prediction/index.md).", ""]
+    if method != "chain":  # a draft model's prediction is a table over gamma, without plots
+        L += ["![roofline](prediction/roofline.png)", "", "![speedup](prediction/speedup.png)", ""]
+    L += ["## Run time", "", ", ".join(f"{k.removesuffix('_s')} {v:.0f} s" for k, v in timings.items()), ""]
     return "\n".join(L)

@@ -16,8 +16,9 @@ from roofline.latency import step_time_s
 from roofline.ops import DraftWork
 from roofline.profile_fit import BatchTransfer, batch_transfer, error_summary
 from roofline.shapes import DraftHeadsShape
+from roofline.speculative import draft_model_step_time_s
 from treeopt.acceptance import load_rank_vectors
-from treeopt.app.models import draft_cost_of_drafter, shape_of
+from treeopt.app.models import draft_cost_of_drafter, draft_shape_of, shape_of
 from treeopt.errors import UserError
 from treeopt.fileio import atomic_path, write_text
 from treeopt.selection import SWEEP_COLUMNS
@@ -64,9 +65,15 @@ def step_predictor(lm, proposal: Tree, hardware: HardwareProfile):
     runs it: the base model over q tokens plus, for q > 1, the heads the tree reaches, run on one
     token per sequence (docs/decoder.md "Where the heads run"); a sequential drafter's stages run
     depth by depth on the nodes of each depth that have children (docs/performance-model.md,
-    "Drafter cost")."""
+    "Drafter cost"). A draft model's proposal is a
+    chain, so tree size n is gamma = n draft passes plus the verification of n + 1 tokens
+    (docs/performance-model.md, "Draft-model steps")."""
     shape = shape_of(lm.name, dtype=str(lm.dtype).replace("torch.", ""))
     heads = lm.heads
+    if getattr(heads, "kind", "") == "draft-model":
+        draft = draft_shape_of(heads, dtype=shape.dtype)
+        return lambda batch, tokens, context: float(draft_model_step_time_s(
+            shape, draft, hardware, batch=batch, gamma=tokens - 1, context=context))
     cost = draft_cost_of_drafter(heads)
 
     def predict(batch: int, tokens: int, context: int) -> float:

@@ -86,6 +86,8 @@ demo = _lazy_group("demo", "The bundled demo model (a small Llama with Medusa he
                        "Train the demo's Hydra heads and MLP speculator on the demo model."),
     "compare-drafters": ("treeopt.cli.demo_cmds:demo_compare_drafters",
                          "Put `treeopt run` folders of several drafters side by side in one report."),
+    "train-draft": ("treeopt.cli.run_cmds:demo_train_draft",
+                    "Train the demo's draft model (the recipe behind the bundled one)."),
 })
 
 

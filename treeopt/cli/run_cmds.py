@@ -1,4 +1,4 @@
-"""`treeopt sweep | validate | run` and `treeopt demo train`: the commands that measure on the
+"""`treeopt sweep | validate | run` and `treeopt demo train | train-draft`: the commands that measure on the
 machine at hand (torch)."""
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ from pathlib import Path
 import click
 
 from calibration.demo import DemoRecipe, train_demo
+from calibration.demo_draft import DraftRecipe, train_demo_draft
+from calibration.demo_files import DEMO_MODEL_DIR
 from calibration.models import load_model
 from calibration.sweep import SweepSettings
 from calibration.threads import torch_threads
@@ -63,6 +65,36 @@ def demo_train(out_dir, work_dir, base_steps, head_steps, seed, fresh) -> None:
     out = Path(out_dir)
     summary = train_demo(out, recipe, work_dir=work_dir, resume=not fresh)
     click.echo(f"held-out loss {summary['held_out_loss']:.3f}; model and heads in {out}")
+
+
+@click.command("train-draft")
+@click.option("-o", "--out", "out_dir", type=click.Path(file_okay=False), default="demo_draft", show_default=True,
+              help="Where to write the draft model (a folder in the current directory by default: the installed "
+                   "package is never written; copy the result over calibration/demo_model/draft to replace the "
+                   "bundled one).")
+@click.option("--target", "target_dir", type=click.Path(file_okay=False), default=None, metavar="DIR",
+              help="The model the draft learns from, with its tokenizer.json (default: the bundled demo model).")
+@click.option("--work-dir", type=click.Path(file_okay=False), default=None,
+              help="Checkpoints (default OUT/.work); an interrupted run resumes from here.")
+@click.option("--steps", type=AtLeast(1), default=None, help="Distillation steps.")
+@click.option("--seed", type=AtLeast(0), default=0, show_default=True)
+@click.option("--fresh", is_flag=True, help="Ignore checkpoints in --work-dir and start over.")
+def demo_train_draft(out_dir, target_dir, work_dir, steps, seed, fresh) -> None:
+    """Train the demo's draft model: a 1-layer Llama with the target's tokenizer, distilled from
+    the target on the running interpreter's standard library (docs/decoder.md, "Draft models")."""
+    target = Path(target_dir) if target_dir is not None else DEMO_MODEL_DIR
+    for name in ("config.json", "tokenizer.json"):
+        if not (target / name).is_file():
+            raise UserError(f"--target: {target}: no {name} (the model to distil from, with its tokenizer)")
+    check_outputs(folders=[out_dir, work_dir])
+    recipe = DraftRecipe(seed=seed)
+    if steps:
+        recipe = dataclasses.replace(recipe, steps=steps)
+    out = Path(out_dir)
+    info = train_demo_draft(target, recipe, out_dir=out, work_dir=Path(work_dir) if work_dir else out / ".work",
+                            resume=not fresh)
+    click.echo(f"final KL {info['log'][-1]['kl']:.3f} after {info['log'][-1]['step']} steps; "
+               f"{info['params']} parameters; draft model in {out}")
 
 
 #: the most (batch, context) groups a sweep measures, and tree sizes in each: a sweep measures
