@@ -48,8 +48,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from calibration.demo_files import DEMO_MODEL_DIR  # noqa: E402
-from calibration.models import load_model, tiny_model_for_tests  # noqa: E402
 from calibration.labels import decoder_body, greedy_continuations, label_ranks  # noqa: E402
+from calibration.models import load_model, tiny_model_for_tests  # noqa: E402
 from treeopt.timing import measure_interleaved  # noqa: E402
 
 
@@ -81,12 +81,46 @@ def free_port() -> int:
 def calibrate_wall(processes: int, prompts: int, out: Path) -> tuple[float, float]:
     """(calibration pass s, whole command s) of `treeopt calibrate` on the demo in `processes`
     processes (torchrun when more than one)."""
-    args = ["-m", "treeopt", "calibrate", "--model", "demo", "--data", "demo", "--max-prompts", str(prompts),
-            "--steps", "32", "--batch-size", "8", "--device", "cpu", "-o", str(out)]
-    launch = [] if processes == 1 else ["-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node",
-                                        str(processes), "--master-addr", "127.0.0.1", "--master-port", str(free_port())]
-    env = {**os.environ, "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")])}
+    args = [
+        "-m",
+        "treeopt",
+        "calibrate",
+        "--model",
+        "demo",
+        "--data",
+        "demo",
+        "--max-prompts",
+        str(prompts),
+        "--steps",
+        "32",
+        "--batch-size",
+        "8",
+        "--device",
+        "cpu",
+        "-o",
+        str(out),
+    ]
+    launch = (
+        []
+        if processes == 1
+        else [
+            "-m",
+            "torch.distributed.run",
+            "--nnodes",
+            "1",
+            "--nproc-per-node",
+            str(processes),
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            str(free_port()),
+        ]
+    )
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")]),
+    }
     t0 = time.perf_counter()
     proc = subprocess.run([sys.executable, *launch, *args], capture_output=True, text=True, env=env, timeout=1800)
     whole = time.perf_counter() - t0
@@ -105,8 +139,7 @@ def scaling(processes: int, prompts: int) -> float:
     print(f"scaling: demo model, {prompts} demo prompts x 32 greedy steps, batch 8, CPU, 1 thread per process")
     print(f"  1 process:   calibration {one_pass:7.1f} s  (whole command {one_whole:6.1f} s)")
     print(f"  {processes} processes: calibration {many_pass:7.1f} s  (whole command {many_whole:6.1f} s)")
-    print(f"  scaling efficiency T1 / ({processes} x T{processes}) = {efficiency:.2f}; "
-          f"rank vectors identical: {same}")
+    print(f"  scaling efficiency T1 / ({processes} x T{processes}) = {efficiency:.2f}; rank vectors identical: {same}")
     return efficiency
 
 
@@ -120,10 +153,18 @@ def main(argv=None) -> list[tuple]:
     ap.add_argument("--repeats", type=int, default=9)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32")
-    ap.add_argument("--threads", type=int, default=None,
-                    help="torch CPU threads (default: torch's; 1 avoids OpenMP stalls on a busy CPU)")
-    ap.add_argument("--processes", type=int, default=0,
-                    help="also measure scaling of `treeopt calibrate` over this many processes (>= 2)")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch CPU threads (default: torch's; 1 avoids OpenMP stalls on a busy CPU)",
+    )
+    ap.add_argument(
+        "--processes",
+        type=int,
+        default=0,
+        help="also measure scaling of `treeopt calibrate` over this many processes (>= 2)",
+    )
     ap.add_argument("--scaling-prompts", type=int, default=64)
     args = ap.parse_args(argv or [])
 
@@ -135,8 +176,9 @@ def main(argv=None) -> list[tuple]:
         choice = "demo" if (DEMO_MODEL_DIR / "config.json").is_file() else "random"
     if choice == "random":
         tmp = tempfile.TemporaryDirectory()
-        path = tiny_model_for_tests(Path(tmp.name), vocab=4096, hidden=256, layers=4, heads=4,
-                                    kv_heads=4, num_medusa_heads=4)
+        path = tiny_model_for_tests(
+            Path(tmp.name), vocab=4096, hidden=256, layers=4, heads=4, kv_heads=4, num_medusa_heads=4
+        )
         lm = load_model(str(path), device=args.device, dtype=args.dtype)
         name = "random Llama, demo shape"
     else:
@@ -166,13 +208,13 @@ def main(argv=None) -> list[tuple]:
     def calib():
         label_ranks(model, heads, seqs, starts)
 
-    print(f"model: {name} ({n_params / 1e6:.1f}M params + heads {n_heads / 1e6:.1f}M, vocab {vocab}, "
-          f"{heads.num_heads} heads), device {lm.device}, dtype {str(lm.dtype).replace('torch.', '')}, "
-          f"torch threads {torch.get_num_threads()}")
-    print(f"batch {B} x ({P} prompt + {S} generated) = {B * T} tokens; median of {args.repeats} "
-          "interleaved repeats")
-    med = interleaved({"bare": bare, "bare+heads": bare_heads, "calibration": calib},
-                      args.repeats, rng)
+    print(
+        f"model: {name} ({n_params / 1e6:.1f}M params + heads {n_heads / 1e6:.1f}M, vocab {vocab}, "
+        f"{heads.num_heads} heads), device {lm.device}, dtype {str(lm.dtype).replace('torch.', '')}, "
+        f"torch threads {torch.get_num_threads()}"
+    )
+    print(f"batch {B} x ({P} prompt + {S} generated) = {B * T} tokens; median of {args.repeats} interleaved repeats")
+    med = interleaved({"bare": bare, "bare+heads": bare_heads, "calibration": calib}, args.repeats, rng)
     tok = B * T
     for key in ("bare", "bare+heads", "calibration"):
         print(f"  {key:<12} {med[key] * 1e3:9.1f} ms  {tok / med[key]:10,.0f} tok/s")
@@ -186,16 +228,23 @@ def main(argv=None) -> list[tuple]:
     reps = max(3, args.repeats // 3)
     # medians over interleaved rounds with slowdown outliers re-taken (treeopt.timing): the
     # per-step figures are differences of whole runs, so one burst would swing them
-    stats = measure_interleaved([lambda: greedy_continuations(model, prompts, S),
-                                 lambda: greedy_continuations(model, prompts, 2 * S),
-                                 lambda: greedy_continuations(model, prompts, 1)], rounds=max(5, args.repeats))
+    stats = measure_interleaved(
+        [
+            lambda: greedy_continuations(model, prompts, S),
+            lambda: greedy_continuations(model, prompts, 2 * S),
+            lambda: greedy_continuations(model, prompts, 1),
+        ],
+        rounds=max(5, args.repeats),
+    )
     gen = {name: st.median_s for name, st in zip(("S", "2S", "prefill"), stats)}
     per_step_s = (gen["S"] - gen["prefill"]) / (S - 1)
     per_step_2s = (gen["2S"] - gen["prefill"]) / (2 * S - 1)
-    print(f"generation (KV cache): {S} steps {gen['S'] * 1e3:.0f} ms, {2 * S} steps "
-          f"{gen['2S'] * 1e3:.0f} ms ({B * S / gen['S']:,.0f} generated tok/s); per decode step "
-          f"{per_step_s * 1e3:.2f} ms over {S} steps vs {per_step_2s * 1e3:.2f} ms over {2 * S} "
-          f"(ratio {per_step_2s / per_step_s:.2f}; re-encoding would grow ~{(P + S) / (P + S / 2):.2f}x+)")
+    print(
+        f"generation (KV cache): {S} steps {gen['S'] * 1e3:.0f} ms, {2 * S} steps "
+        f"{gen['2S'] * 1e3:.0f} ms ({B * S / gen['S']:,.0f} generated tok/s); per decode step "
+        f"{per_step_s * 1e3:.2f} ms over {S} steps vs {per_step_2s * 1e3:.2f} ms over {2 * S} "
+        f"(ratio {per_step_2s / per_step_s:.2f}; re-encoding would grow ~{(P + S) / (P + S / 2):.2f}x+)"
+    )
 
     def no_cache(n=4):
         x = ids[:, :P]
@@ -204,14 +253,18 @@ def main(argv=None) -> list[tuple]:
             x = torch.cat([x, nxt[:, None]], 1)
 
     nc = statistics.median(timed(no_cache) for _ in range(reps)) / 4
-    print(f"  (re-encoding without a cache: {nc * 1e3:.1f} ms per step at length {P}, "
-          f"{nc / per_step_s:.1f}x a cached step)")
+    print(
+        f"  (re-encoding without a cache: {nc * 1e3:.1f} ms per step at length {P}, "
+        f"{nc / per_step_s:.1f}x a cached step)"
+    )
     if tmp is not None:
         tmp.cleanup()
     if args.processes >= 2:
         scaling(args.processes, args.scaling_prompts)
-    return [("calibration pass / bare forward throughput", r_bare, 0.8, "x", False),
-            ("KV-cache decode step, 64 vs 32 steps", per_step_2s / per_step_s, 1.5, "x", True)]
+    return [
+        ("calibration pass / bare forward throughput", r_bare, 0.8, "x", False),
+        ("KV-cache decode step, 64 vs 32 steps", per_step_2s / per_step_s, 1.5, "x", True),
+    ]
 
 
 if __name__ == "__main__":

@@ -42,8 +42,7 @@ TARGET_SHARE = 0.15
 
 def _tree(num_heads: int, topk: int = 10):
     """The 64-node greedy tree for the Medusa authors' Vicuna-7B head accuracies."""
-    table = load_accuracy(str(resources.files("treeopt").joinpath("data/medusa_train_accuracy.csv")),
-                          model="vicuna-7b")
+    table = load_accuracy(str(resources.files("treeopt").joinpath("data/medusa_train_accuracy.csv")), model="vicuna-7b")
     acc = table.accuracy[:num_heads, :topk]
     return greedy_tree(acc, TREE_SIZE)
 
@@ -52,8 +51,9 @@ def _load(model: str | None, tmp: Path):
     if model is None:
         model = "demo" if (DEMO_MODEL_DIR / "config.json").is_file() else None
     if model is None:
-        path = tiny_model_for_tests(tmp / "demo_shaped", vocab=4096, hidden=256, layers=4, heads=4,
-                                    kv_heads=4, num_medusa_heads=4)
+        path = tiny_model_for_tests(
+            tmp / "demo_shaped", vocab=4096, hidden=256, layers=4, heads=4, kv_heads=4, num_medusa_heads=4
+        )
         return load_model(str(path), device="cpu", dtype="float32"), "random demo-shaped model"
     return load_model(model, device="cpu", dtype="float32"), model
 
@@ -62,15 +62,13 @@ def _prompts(lm, n: int, length: int = 96) -> list[list[int]]:
     if lm.name == "demo":
         from calibration.data import load_prompts
 
-        return [list(p) for p in load_prompts("demo", lm.tokenizer, prompt_tokens=length,
-                                              max_prompts=n).token_ids]
+        return [list(p) for p in load_prompts("demo", lm.tokenizer, prompt_tokens=length, max_prompts=n).token_ids]
     g = torch.Generator().manual_seed(0)
     vocab = lm.heads.vocab_size
     return [torch.randint(3, vocab, (length,), generator=g).tolist() for _ in range(n)]
 
 
-def main(model: str | None = None, runs: int = 3, max_new_tokens: int = 32,
-         prompts: int = 2) -> list[tuple]:
+def main(model: str | None = None, runs: int = 3, max_new_tokens: int = 32, prompts: int = 2) -> list[tuple]:
     with tempfile.TemporaryDirectory() as tmp:
         lm, label = _load(model, Path(tmp))
         tree = _tree(lm.heads.num_heads)
@@ -78,9 +76,11 @@ def main(model: str | None = None, runs: int = 3, max_new_tokens: int = 32,
         plain_dec = TreeDecoder(lm.model, lm.heads, tree.prefix(0))
         eos = lm.tokenizer.eos_token_id
         token_lists = _prompts(lm, prompts)
-        print(f"model: {label}; tree: greedy {tree.size} nodes, depth {tree.depth}; "
-              f"{len(token_lists)} prompts x {max_new_tokens} new tokens, batch 1, "
-              f"torch threads {torch.get_num_threads()}")
+        print(
+            f"model: {label}; tree: greedy {tree.size} nodes, depth {tree.depth}; "
+            f"{len(token_lists)} prompts x {max_new_tokens} new tokens, batch 1, "
+            f"torch threads {torch.get_num_threads()}"
+        )
 
         shares, step_ms, nonmodel_ms = [], [], []
         speed = {"tree": [], "plain greedy": [], "empty tree": []}
@@ -91,16 +91,16 @@ def main(model: str | None = None, runs: int = 3, max_new_tokens: int = 32,
                 for ids in token_lists:
                     x = torch.tensor([ids])
                     order = ["tree", "plain greedy", "empty tree"]
-                    order = order[run % 3:] + order[: run % 3]  # interleave
+                    order = order[run % 3 :] + order[: run % 3]  # interleave
                     outs = {}
                     for name in order:
                         t0 = time.perf_counter()
                         if name == "plain greedy":
-                            toks = greedy_decode(lm.model, x, max_new_tokens=max_new_tokens,
-                                                 eos_token_id=eos)[0]
+                            toks = greedy_decode(lm.model, x, max_new_tokens=max_new_tokens, eos_token_id=eos)[0]
                         else:
                             res = (tree_dec if name == "tree" else plain_dec).generate(
-                                x, max_new_tokens=max_new_tokens, eos_token_id=eos)
+                                x, max_new_tokens=max_new_tokens, eos_token_id=eos
+                            )
                             toks = res.tokens[0]
                         dt = time.perf_counter() - t0
                         outs[name] = toks
@@ -118,20 +118,22 @@ def main(model: str | None = None, runs: int = 3, max_new_tokens: int = 32,
 
         share = statistics.median(shares)
         med = {k: statistics.median(v) for k, v in speed.items()}
-        print(f"tree {tree.size}: median step {statistics.median(step_ms):.2f} ms, non-model "
-              f"{statistics.median(nonmodel_ms):.3f} ms = {100 * share:.1f}% of the step "
-              f"(median over {len(shares)} steps; target < {100 * TARGET_SHARE:.0f}%)")
+        print(
+            f"tree {tree.size}: median step {statistics.median(step_ms):.2f} ms, non-model "
+            f"{statistics.median(nonmodel_ms):.3f} ms = {100 * share:.1f}% of the step "
+            f"(median over {len(shares)} steps; target < {100 * TARGET_SHARE:.0f}%)"
+        )
         for name in speed:
             tps = f", {statistics.median(per_step[name]):.2f} tokens/step" if name in per_step else ""
             print(f"  {name:>12}: {med[name]:8.1f} tokens/s{tps}")
-        print(f"tree vs plain greedy: {med['tree'] / med['plain greedy']:.2f}x tokens/s; "
-              f"empty tree vs plain greedy: {med['empty tree'] / med['plain greedy']:.2f}x; "
-              f"identical tokens: {'yes' if identical else 'NO'}")
+        print(
+            f"tree vs plain greedy: {med['tree'] / med['plain greedy']:.2f}x tokens/s; "
+            f"empty tree vs plain greedy: {med['empty tree'] / med['plain greedy']:.2f}x; "
+            f"identical tokens: {'yes' if identical else 'NO'}"
+        )
         return [
-            (f"decoder non-model share of a step, tree {TREE_SIZE}, batch 1", share, TARGET_SHARE,
-             "fraction", True),
-            ("decoder output identical to plain greedy (tree 64, empty tree)", float(identical), 1.0,
-             "bool", False),
+            (f"decoder non-model share of a step, tree {TREE_SIZE}, batch 1", share, TARGET_SHARE, "fraction", True),
+            ("decoder output identical to plain greedy (tree 64, empty tree)", float(identical), 1.0, "bool", False),
         ]
 
 
@@ -140,9 +142,13 @@ if __name__ == "__main__":
     parser.add_argument("--model", default=None)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--max-new-tokens", type=int, default=32)
-    parser.add_argument("--threads", type=int, default=None,
-                        help="torch CPU threads (default: torch's). On a loaded shared machine "
-                             "1 avoids OpenMP oversubscription stalls of several ms per op.")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch CPU threads (default: torch's). On a loaded shared machine "
+        "1 avoids OpenMP oversubscription stalls of several ms per op.",
+    )
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)

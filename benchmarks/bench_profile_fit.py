@@ -49,15 +49,29 @@ def main(sweep_dir: Path = SWEEP_DIR) -> list[tuple]:
         print(f"\n{label}: fitted terms {terms}")
         print(f"  fit rows (batch 1): {error_summary(result.fit.in_sample_error)}")
         print(cells.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
-        print(f"  T(n)/T(0) over the other batch sizes: median of cell medians "
-              f"{cells['median_ratio_error'].median() * 100:.1f}%, "
-              f"worst {cells['worst_ratio_error'].max() * 100:.1f}%; "
-              f"best tree within one step in {int(cells['within_one_step'].sum())} of {len(cells)} cells")
+        print(
+            f"  T(n)/T(0) over the other batch sizes: median of cell medians "
+            f"{cells['median_ratio_error'].median() * 100:.1f}%, "
+            f"worst {cells['worst_ratio_error'].max() * 100:.1f}%; "
+            f"best tree within one step in {int(cells['within_one_step'].sum())} of {len(cells)} cells"
+        )
     fitted = results["calibrated profile + fit on batch 1"].cells
-    return [("fit on batch 1: worst T(n)/T(0) error on other batches", float(fitted["worst_ratio_error"].max()), 0.5,
-             "", True),
-            ("fit on batch 1: cells whose best tree is within one step", float(fitted["within_one_step"].mean()), 0.5,
-             "", False)]
+    return [
+        (
+            "fit on batch 1: worst T(n)/T(0) error on other batches",
+            float(fitted["worst_ratio_error"].max()),
+            0.5,
+            "",
+            True,
+        ),
+        (
+            "fit on batch 1: cells whose best tree is within one step",
+            float(fitted["within_one_step"].mean()),
+            0.5,
+            "",
+            False,
+        ),
+    ]
 
 
 if __name__ == "__main__":

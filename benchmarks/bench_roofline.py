@@ -60,13 +60,23 @@ def main(repeats: int = 9) -> list[tuple[str, float, float]]:
     s = rng.integers(0, 8193, 100_000)
 
     results = [
-        ("full default grid 7 x 7 x 65 (proposal, tau, grid, best, selection)",
-         measure(full, repeats=repeats, warmup=1).median_s, 1.0),
-        ("speedup_grid alone, 7 x 7 x 65", measure(lambda: speedup_grid(shape, heads, hw, tau),
-                                                   repeats=repeats, warmup=1).median_s, 0.2),
-        ("step_time_s over 100,000 configurations", measure(
-            lambda: step_time_s(shape, heads, hw, batch=b, tokens=q, context=s), repeats=repeats,
-            warmup=1).median_s, 1.0),
+        (
+            "full default grid 7 x 7 x 65 (proposal, tau, grid, best, selection)",
+            measure(full, repeats=repeats, warmup=1).median_s,
+            1.0,
+        ),
+        (
+            "speedup_grid alone, 7 x 7 x 65",
+            measure(lambda: speedup_grid(shape, heads, hw, tau), repeats=repeats, warmup=1).median_s,
+            0.2,
+        ),
+        (
+            "step_time_s over 100,000 configurations",
+            measure(
+                lambda: step_time_s(shape, heads, hw, batch=b, tokens=q, context=s), repeats=repeats, warmup=1
+            ).median_s,
+            1.0,
+        ),
     ]
     print_time_targets(results)
     return results

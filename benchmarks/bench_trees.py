@@ -14,11 +14,10 @@ import sys
 import time
 
 import numpy as np
+from _targets import exit_status, print_time_targets
 
 from treeopt.accuracy import AccuracyTable, joint_counts_from_ranks
 from treeopt.build import greedy_tree, joint_tree, optimal_tree
-
-from _targets import exit_status, print_time_targets
 
 
 def _median_time(fn, repeats: int) -> float:
@@ -67,9 +66,7 @@ def main(repeats: int = 7) -> list[tuple[str, float, float]]:
 
     def joint():
         positions = np.full(5, float(len(ranks)))
-        table = AccuracyTable(
-            hits=np.ones((5, 10)), positions=positions, joint=joint_counts_from_ranks(ranks, 10)
-        )
+        table = AccuracyTable(hits=np.ones((5, 10)), positions=positions, joint=joint_counts_from_ranks(ranks, 10))
         return joint_tree(table, 256)
 
     t = _median_time(joint, max(3, repeats // 2))

@@ -24,7 +24,7 @@ def main(argv: list[str]) -> int:
         for row in module.main():
             rows.append((name, *row))
     print("\nsummary")
-    for module, name, measured, target, *rest in rows:
+    for _module, name, measured, target, *rest in rows:
         lower_is_better = rest[1] if len(rest) > 1 else True
         unit = rest[0] if rest else "s"
         ok = measured <= target if lower_is_better else measured >= target

@@ -58,8 +58,12 @@ def counts_to_json(counts: CalibrationCounts) -> dict:
         "prompts_done": counts.prompts_done,
         "tokens": counts.tokens,
         "generated": counts.generated,
-        "rank_vectors": {"rows": int(ranks.shape[0]), "dtype": ranks.dtype.str,
-                         "ranks": _pack(ranks), "sequence": _pack(sequence)},
+        "rank_vectors": {
+            "rows": int(ranks.shape[0]),
+            "dtype": ranks.dtype.str,
+            "ranks": _pack(ranks),
+            "sequence": _pack(sequence),
+        },
     }
 
 
@@ -73,9 +77,14 @@ def counts_from_json(doc: dict) -> CalibrationCounts:
     sequence = _unpack(vectors["sequence"], np.dtype(np.int32))
     if sequence.shape != (rows,):
         raise ValueError(f"rank_vectors: {sequence.size} sequence ids for {rows} rows")
-    counts = CalibrationCounts(hits, np.asarray(doc["positions"], np.int64),
-                               None if joint is None else {tuple(k): int(v) for k, v in joint},
-                               int(doc["prompts_done"]), int(doc["tokens"]), int(doc["generated"]))
+    counts = CalibrationCounts(
+        hits,
+        np.asarray(doc["positions"], np.int64),
+        None if joint is None else {tuple(k): int(v) for k, v in joint},
+        int(doc["prompts_done"]),
+        int(doc["tokens"]),
+        int(doc["generated"]),
+    )
     if rows:
         counts.rank_chunks, counts.sequence_chunks = [ranks], [sequence]
     return counts
@@ -96,9 +105,16 @@ def run_id(fingerprint: dict, counts: CalibrationCounts) -> str:
 
 def save_checkpoint(path: Path, fingerprint: dict, counts: CalibrationCounts) -> None:
     """Write the checkpoint atomically (`treeopt.fileio.write_json`)."""
-    write_json(path, {"format": CHECKPOINT_FORMAT, "fingerprint": fingerprint,
-                      "fingerprint_sha256": _fingerprint_sha256(fingerprint),
-                      **counts_to_json(counts)}, indent=None)
+    write_json(
+        path,
+        {
+            "format": CHECKPOINT_FORMAT,
+            "fingerprint": fingerprint,
+            "fingerprint_sha256": _fingerprint_sha256(fingerprint),
+            **counts_to_json(counts),
+        },
+        indent=None,
+    )
 
 
 def load_checkpoint(path: Path, fingerprint: dict) -> CalibrationCounts:
@@ -110,11 +126,13 @@ def load_checkpoint(path: Path, fingerprint: dict) -> CalibrationCounts:
     if theirs != fingerprint:
         diff = sorted(k for k in set(theirs) | set(fingerprint) if theirs.get(k) != fingerprint.get(k))
         detail = ", ".join(f"{k}: {theirs.get(k)!r} vs now {fingerprint.get(k)!r}" for k in diff[:3])
-        raise UserError(f"{path}: checkpoint was made with other inputs ({detail}); "
-                        "rerun without --resume to start over")
+        raise UserError(
+            f"{path}: checkpoint was made with other inputs ({detail}); rerun without --resume to start over"
+        )
     if "rank_vectors" not in doc:
-        raise UserError(f"{path}: checkpoint of an older treeopt (no rank vectors); rerun without "
-                        "--resume to start over")
+        raise UserError(
+            f"{path}: checkpoint of an older treeopt (no rank vectors); rerun without --resume to start over"
+        )
     try:
         return counts_from_json(doc)
     except (KeyError, TypeError, ValueError) as err:

@@ -32,14 +32,14 @@ def rank_dtype(width: int) -> np.dtype:
 class BatchUpdate:
     """What one batch adds to the counts, computed before any of it is applied."""
 
-    hits: np.ndarray               # (K, R) int64
-    positions: np.ndarray          # (K,) int64
+    hits: np.ndarray  # (K, R) int64
+    positions: np.ndarray  # (K,) int64
     joint: dict[tuple[int, ...], int] | None
-    ranks: np.ndarray | None       # (n, K) capped rank vectors to keep, or None
-    sequence: np.ndarray | None    # (n,) int32 prompt index of each kept row
-    prompts_done: int              # the progress marker after this batch
-    tokens: int                    # teacher-forced tokens of the batch
-    generated: int                 # generated tokens of the batch
+    ranks: np.ndarray | None  # (n, K) capped rank vectors to keep, or None
+    sequence: np.ndarray | None  # (n,) int32 prompt index of each kept row
+    prompts_done: int  # the progress marker after this batch
+    tokens: int  # teacher-forced tokens of the batch
+    generated: int  # generated tokens of the batch
 
 
 @dataclass
@@ -61,16 +61,21 @@ class CalibrationCounts:
 
     @classmethod
     def zeros(cls, num_heads: int, width: int, joint: bool = True) -> CalibrationCounts:
-        return cls(np.zeros((num_heads, width), np.int64), np.zeros(num_heads, np.int64),
-                   {} if joint else None)
+        return cls(np.zeros((num_heads, width), np.int64), np.zeros(num_heads, np.int64), {} if joint else None)
 
     @property
     def width(self) -> int:
         return self.hits.shape[1]
 
-    def batch_update(self, ranks: np.ndarray, sequence: np.ndarray | None = None, *,
-                     prompts_done: int | None = None, tokens: int = 0,
-                     generated: int = 0) -> BatchUpdate:
+    def batch_update(
+        self,
+        ranks: np.ndarray,
+        sequence: np.ndarray | None = None,
+        *,
+        prompts_done: int | None = None,
+        tokens: int = 0,
+        generated: int = 0,
+    ) -> BatchUpdate:
         """What adding rank vectors (N, K) would change (exact ranks >= 0, -1 where the head
         has no label), computed without changing the counts. With `sequence` (N,) (each row's
         prompt index) the vectors are kept as well, capped at the width (module doc).
@@ -87,9 +92,16 @@ class CalibrationCounts:
         if sequence is not None:
             kept = np.minimum(ranks, width).astype(rank_dtype(width))
             seq = np.asarray(sequence, np.int32)
-        return BatchUpdate(hits, positions, joint, kept, seq,
-                           self.prompts_done if prompts_done is None else int(prompts_done),
-                           int(tokens), int(generated))
+        return BatchUpdate(
+            hits,
+            positions,
+            joint,
+            kept,
+            seq,
+            self.prompts_done if prompts_done is None else int(prompts_done),
+            int(tokens),
+            int(generated),
+        )
 
     def commit(self, update: BatchUpdate) -> None:
         """Apply a `batch_update`: counts, kept rank vectors and progress. Nothing in it can

@@ -52,16 +52,52 @@ from treeopt.fileio import read_json_input, read_text_input
 #: fields of a prompt record, in the order they are looked for (module doc)
 PROMPT_FIELDS = ("conversations", "messages", "prompt", "instruction", "text", "turns")
 JSONL_SUFFIXES = (".jsonl", ".jsonlines", ".ndjson")
-TEXT_SUFFIXES = (".py", ".txt", ".md", ".rst", ".c", ".h", ".cc", ".cpp", ".hpp", ".rs", ".go",
-                 ".java", ".js", ".ts", ".sh", ".toml", ".yaml", ".yml", ".json", ".html", ".css",
-                 ".tex")
+TEXT_SUFFIXES = (
+    ".py",
+    ".txt",
+    ".md",
+    ".rst",
+    ".c",
+    ".h",
+    ".cc",
+    ".cpp",
+    ".hpp",
+    ".rs",
+    ".go",
+    ".java",
+    ".js",
+    ".ts",
+    ".sh",
+    ".toml",
+    ".yaml",
+    ".yml",
+    ".json",
+    ".html",
+    ".css",
+    ".tex",
+)
 #: ShareGPT speaker names (``from``) and OpenAI roles -> the chat-template role
-ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
-         "chatgpt": "assistant", "bard": "assistant", "bing": "assistant", "model": "assistant",
-         "system": "system", "developer": "system"}
+ROLES = {
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "assistant": "assistant",
+    "chatgpt": "assistant",
+    "bard": "assistant",
+    "bing": "assistant",
+    "model": "assistant",
+    "system": "system",
+    "developer": "system",
+}
 #: the format each record field stands for (`PromptSet.data_format`)
-FIELD_FORMATS = {"conversations": "sharegpt", "messages": "openai", "prompt": "prompt",
-                 "instruction": "alpaca", "text": "text", "turns": "mt-bench"}
+FIELD_FORMATS = {
+    "conversations": "sharegpt",
+    "messages": "openai",
+    "prompt": "prompt",
+    "instruction": "alpaca",
+    "text": "text",
+    "turns": "mt-bench",
+}
 
 
 @dataclass(frozen=True)
@@ -114,7 +150,7 @@ class Conversation:
         seen_user = False
         for i, (role, _) in enumerate(self.turns):
             if role == "assistant" and seen_user:
-                out.append(self.turns[:i + 1] if with_replies else self.turns[:i])
+                out.append(self.turns[: i + 1] if with_replies else self.turns[:i])
             seen_user = seen_user or role == "user"
         if self.turns and self.turns[-1][0] != "assistant" and seen_user:
             out.append(self.turns)
@@ -140,8 +176,9 @@ def _chat_turns(value, where: str, field: str) -> list[tuple[str, str]]:
             raise UserError(f"{where}: {field}[{i}]: expected an object with '{speaker}' and '{text}'")
         role = ROLES.get(str(turn[speaker]).lower())
         if role is None:
-            raise UserError(f"{where}: {field}[{i}].{speaker}: unknown speaker {turn[speaker]!r} "
-                            f"(known: {', '.join(ROLES)})")
+            raise UserError(
+                f"{where}: {field}[{i}].{speaker}: unknown speaker {turn[speaker]!r} (known: {', '.join(ROLES)})"
+            )
         turns.append((role, _content(turn[text], where, f"{field}[{i}].{text}")))
     return turns
 
@@ -216,8 +253,10 @@ def read_json_records(path: str | Path) -> list[tuple[object, str]]:
     path = Path(path)
     doc = read_json_input(path, "a JSON list of prompts")
     if not isinstance(doc, list):
-        raise UserError(f"{path}: expected a JSON list of prompts (objects with one of the fields "
-                        f"{', '.join(PROMPT_FIELDS)}), found {type(doc).__name__}")
+        raise UserError(
+            f"{path}: expected a JSON list of prompts (objects with one of the fields "
+            f"{', '.join(PROMPT_FIELDS)}), found {type(doc).__name__}"
+        )
     return [(r, f"{path}: item {i}") for i, r in enumerate(doc)]
 
 
@@ -250,11 +289,14 @@ def render_context(tokenizer, turns, *, template: bool, prefix: list[int], where
         return list(prefix) + _encode(tokenizer, "\n\n".join(text for _, text in turns))
     messages = [{"role": role, "content": text} for role, text in turns]
     try:
-        text = tokenizer.apply_chat_template(messages, tokenize=False,
-                                             add_generation_prompt=turns[-1][0] != "assistant")
+        text = tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=turns[-1][0] != "assistant"
+        )
     except Exception as err:  # jinja2 raises its own errors (e.g. roles that do not alternate)
-        raise UserError(f"{where}: the chat template rejects this conversation: "
-                        f"{str(err).splitlines()[0] if str(err) else type(err).__name__}") from None
+        raise UserError(
+            f"{where}: the chat template rejects this conversation: "
+            f"{str(err).splitlines()[0] if str(err) else type(err).__name__}"
+        ) from None
     # the template writes its own special tokens (a BOS) as text
     return _encode(tokenizer, text)
 
@@ -276,7 +318,7 @@ def _encode(tokenizer, text: str) -> list[int]:
 def chunk_ids(ids: list[int], prompt_tokens: int, prefix: list[int] = ()) -> list[tuple[int, ...]]:
     """Cut `ids` into prompts of `prompt_tokens` tokens (prefix included), per the module rule."""
     body = max(1, prompt_tokens - len(prefix))
-    pieces = [ids[i:i + body] for i in range(0, len(ids), body)]
+    pieces = [ids[i : i + body] for i in range(0, len(ids), body)]
     if len(pieces) > 1 and len(prefix) + len(pieces[-1]) < prompt_tokens // 2:
         pieces.pop()
     return [tuple(prefix) + tuple(p) for p in pieces if p]
@@ -290,9 +332,15 @@ def _sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def load_prompts(data: str | Path, tokenizer, *, prompt_tokens: int = 128,
-                 max_prompts: int | None = None, chat_template: bool = True,
-                 with_replies: bool = False) -> PromptSet:
+def load_prompts(
+    data: str | Path,
+    tokenizer,
+    *,
+    prompt_tokens: int = 128,
+    max_prompts: int | None = None,
+    chat_template: bool = True,
+    with_replies: bool = False,
+) -> PromptSet:
     """Load and tokenise the calibration prompts named by `data` (see the module docstring).
 
     `max_prompts` keeps the first prompts only (after chunking). `chat_template`: put the
@@ -321,9 +369,13 @@ def load_prompts(data: str | Path, tokenizer, *, prompt_tokens: int = 128,
 
     if path.is_dir():
         kind = "text"
-        files = sorted(p for p in path.rglob("*")
-                       if p.is_file() and p.suffix.lower() in TEXT_SUFFIXES
-                       and not any(part.startswith(".") for part in p.relative_to(path).parts))
+        files = sorted(
+            p
+            for p in path.rglob("*")
+            if p.is_file()
+            and p.suffix.lower() in TEXT_SUFFIXES
+            and not any(part.startswith(".") for part in p.relative_to(path).parts)
+        )
         digest = hashlib.sha256()
         prompts: list[tuple[int, ...]] = []
         for file in files:
@@ -371,15 +423,12 @@ def load_prompts(data: str | Path, tokenizer, *, prompt_tokens: int = 128,
         sha = _sha256_file(path)
     else:
         kind = "text"
-        prompts = chunk_ids(_encode(tokenizer, read_text_input(path, "a text file")), prompt_tokens,
-                            prefix)
+        prompts = chunk_ids(_encode(tokenizer, read_text_input(path, "a text file")), prompt_tokens, prefix)
         sha = _sha256_file(path)
 
     if max_prompts is not None:
         prompts = prompts[:max_prompts]
     if not prompts:
-        raise UserError(f"{path}: no prompts" + (f" ({len(skipped)} files skipped as not UTF-8)"
-                                                  if skipped else ""))
+        raise UserError(f"{path}: no prompts" + (f" ({len(skipped)} files skipped as not UTF-8)" if skipped else ""))
     data_format = "+".join(formats) if kind == "jsonl" else "text"
-    return PromptSet(tuple(prompts), name, sha, kind, tuple(skipped), prompt_tokens, data_format,
-                     template_used)
+    return PromptSet(tuple(prompts), name, sha, kind, tuple(skipped), prompt_tokens, data_format, template_used)

@@ -51,8 +51,15 @@ from treeopt.errors import UserError
 from treeopt.tree import Tree, make_tree, tree_buffers
 
 __all__ = [
-    "DecodeResult", "DecodeState", "KVCache", "TreeDecoder", "cut_tree", "greedy_decode",
-    "model_forward_hidden", "new_cache", "plain_step_forward",
+    "DecodeResult",
+    "DecodeState",
+    "KVCache",
+    "TreeDecoder",
+    "cut_tree",
+    "greedy_decode",
+    "model_forward_hidden",
+    "new_cache",
+    "plain_step_forward",
 ]
 
 
@@ -245,7 +252,7 @@ class KVCache(Cache):
         n_layers, _, b, heads, _, head_dim = self.buffer.shape
         k = slots.shape[1]
         index = slots[None, None, :, None, :, None].expand(n_layers, 2, b, heads, k, head_dim)
-        self.buffer[:, :, :, :, start:start + k] = torch.gather(self.buffer, 4, index)
+        self.buffer[:, :, :, :, start : start + k] = torch.gather(self.buffer, 4, index)
         for layer in self.layers:
             layer.length = start + k
 
@@ -329,9 +336,13 @@ def model_forward_hidden(model, input_ids, *, attention_mask, position_ids, cach
     """The base model's last hidden states (b, q, h) (after the final norm), appending the q
     tokens' keys and values to `cache` (None: no cache). `attention_mask` is 4D additive
     (b, 1, q, C + q), 2D (b, C + q) or None; `position_ids` (b, q)."""
-    out = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask,
-                              position_ids=position_ids, past_key_values=cache,
-                              use_cache=cache is not None)
+    out = model.get_decoder()(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        past_key_values=cache,
+        use_cache=cache is not None,
+    )
     return out.last_hidden_state
 
 
@@ -346,8 +357,12 @@ def _run_heads(heads, hidden: torch.Tensor, num: int) -> torch.Tensor:
     return torch.stack([heads[k](hidden) for k in range(num)])
 
 
-_DRAFT_UNITS = {"medusa": "Medusa heads", "hydra": "Hydra heads", "mlp-speculator": "MLP speculator stages",
-                "draft-model": "draft-model depths"}
+_DRAFT_UNITS = {
+    "medusa": "Medusa heads",
+    "hydra": "Hydra heads",
+    "mlp-speculator": "MLP speculator stages",
+    "draft-model": "draft-model depths",
+}
 
 
 @dataclass(frozen=True)
@@ -381,8 +396,16 @@ def _draft_levels(depth: np.ndarray, parent: np.ndarray, rank: np.ndarray, to_de
         nodes = np.flatnonzero(depth == d)
         expanded_above = np.flatnonzero((depth == d - 1) & has_children)
         slot = np.searchsorted(expanded_above, parent[nodes])
-        levels.append(_DraftLevel(to_device(nodes), len(expanded_above), to_device(slot), to_device(rank[nodes]),
-                                  int(rank[nodes].max()) + 1, to_device(np.flatnonzero(has_children[nodes]))))
+        levels.append(
+            _DraftLevel(
+                to_device(nodes),
+                len(expanded_above),
+                to_device(slot),
+                to_device(rank[nodes]),
+                int(rank[nodes].max()) + 1,
+                to_device(np.flatnonzero(has_children[nodes])),
+            )
+        )
     return levels
 
 
@@ -399,8 +422,9 @@ def _check_full_attention(model) -> None:
     types = getattr(_text_config(model), "layer_types", None) or []
     other = sorted({t for t in types if t != "full_attention"})
     if other:
-        raise UserError(f"model: layer types {other} are not supported by the reference tree "
-                        "decoder (full attention only)")
+        raise UserError(
+            f"model: layer types {other} are not supported by the reference tree decoder (full attention only)"
+        )
 
 
 def additive_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -419,8 +443,9 @@ def check_inputs(input_ids, attention_mask):
         attention_mask = torch.ones_like(input_ids, dtype=torch.bool)
     else:
         if attention_mask.shape != input_ids.shape:
-            raise UserError(f"attention_mask: shape {tuple(attention_mask.shape)} differs from "
-                            f"input_ids {tuple(input_ids.shape)}")
+            raise UserError(
+                f"attention_mask: shape {tuple(attention_mask.shape)} differs from input_ids {tuple(input_ids.shape)}"
+            )
         attention_mask = attention_mask.to(device=input_ids.device, dtype=torch.bool)
     if not bool(attention_mask.any(-1).all()):
         raise UserError("attention_mask: a sequence has no unmasked token")
@@ -467,8 +492,9 @@ class PhaseClock:
 
 
 @torch.inference_mode()
-def greedy_decode(model, input_ids, attention_mask=None, *, max_new_tokens: int,
-                  eos_token_id: int | list[int] | None = None) -> list[list[int]]:
+def greedy_decode(
+    model, input_ids, attention_mask=None, *, max_new_tokens: int, eos_token_id: int | list[int] | None = None
+) -> list[list[int]]:
     """Plain cached greedy decoding (the reference the tree decoder must reproduce), through
     the model's ordinary forward with a 2D padding mask and the library's own `DynamicCache`:
     one token per step for every sequence. Returns the new tokens per sequence (eos included
@@ -484,8 +510,9 @@ def greedy_decode(model, input_ids, attention_mask=None, *, max_new_tokens: int,
         return out
     cache = DynamicCache(config=model.config)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    logits = model(input_ids=input_ids, attention_mask=mask, position_ids=positions,
-                   past_key_values=cache, use_cache=True).logits[:, -1]
+    logits = model(
+        input_ids=input_ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True
+    ).logits[:, -1]
     next_pos = positions[:, -1:] + 1
     for step in range(max_new_tokens):
         token = logits.argmax(-1)
@@ -496,15 +523,15 @@ def greedy_decode(model, input_ids, attention_mask=None, *, max_new_tokens: int,
         if all(done) or step == max_new_tokens - 1:
             break
         mask = torch.cat([mask, mask.new_ones((b, 1))], dim=1)
-        logits = model(input_ids=token[:, None], attention_mask=mask, position_ids=next_pos,
-                       past_key_values=cache, use_cache=True).logits[:, -1]
+        logits = model(
+            input_ids=token[:, None], attention_mask=mask, position_ids=next_pos, past_key_values=cache, use_cache=True
+        ).logits[:, -1]
         next_pos = next_pos + 1
     return out
 
 
 @torch.inference_mode()
-def plain_step_forward(model, heads, cache, input_ids, attention_mask, position_ids, *,
-                       num_heads: int | None = None):
+def plain_step_forward(model, heads, cache, input_ids, attention_mask, position_ids, *, num_heads: int | None = None):
     """One plain decoding step (q = 1) with the Medusa heads: the work T(0) of decoding
     without speculation (plus the heads, which a Medusa deployment runs anyway).
 
@@ -518,10 +545,10 @@ def plain_step_forward(model, heads, cache, input_ids, attention_mask, position_
     """
     num = heads.num_heads if num_heads is None else num_heads
     if num and getattr(heads, "sequential", False):
-        raise UserError("plain_step_forward: a sequential drafter needs a path to draft from; "
-                        "pass num_heads=0")
-    hidden = model_forward_hidden(model, input_ids, attention_mask=attention_mask,
-                                  position_ids=position_ids, cache=cache)
+        raise UserError("plain_step_forward: a sequential drafter needs a path to draft from; pass num_heads=0")
+    hidden = model_forward_hidden(
+        model, input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=cache
+    )
     return _lm_head(model, hidden), _run_heads(heads, hidden, num)
 
 
@@ -541,8 +568,10 @@ class TreeDecoder:
     def __init__(self, model, heads, tree: Tree, *, topk: int = 10, timing: bool = True):
         if tree.depth > heads.num_heads:
             what = _DRAFT_UNITS.get(getattr(heads, "kind", "medusa"), "draft heads")
-            raise UserError(f"{tree.name}: depth {tree.depth} needs {tree.depth} {what}, "
-                            f"the drafter has {heads.num_heads} (cut the tree with cut_tree)")
+            raise UserError(
+                f"{tree.name}: depth {tree.depth} needs {tree.depth} {what}, "
+                f"the drafter has {heads.num_heads} (cut the tree with cut_tree)"
+            )
         vocab = model.get_output_embeddings().weight.shape[0]
         if heads.vocab_size != vocab:
             raise UserError(f"heads: vocabulary {heads.vocab_size}, the model's is {vocab}")
@@ -572,8 +601,11 @@ class TreeDecoder:
         self.topk_used = 1 + max((p[-1] for p in tree.paths), default=-1)
         self.force_gqa = self.device.type == "cpu" and uses_gqa(model)
         self.sequential = bool(getattr(heads, "sequential", False))
-        self.levels = _draft_levels(buf.depth, buf.parent, np.array([0, *(p[-1] for p in tree.sorted_paths)]),
-                                    t) if self.sequential else []
+        self.levels = (
+            _draft_levels(buf.depth, buf.parent, np.array([0, *(p[-1] for p in tree.sorted_paths)]), t)
+            if self.sequential
+            else []
+        )
 
     # ---- the pieces of a step --------------------------------------------------------------
 
@@ -581,8 +613,7 @@ class TreeDecoder:
         """(base logits (b, q, V), last hidden states (b, q, h)) of tokens (b, q) appended to
         `cache`."""
         with force_sdpa_gqa(self.force_gqa):
-            hidden = model_forward_hidden(self.model, tokens, attention_mask=mask,
-                                          position_ids=positions, cache=cache)
+            hidden = model_forward_hidden(self.model, tokens, attention_mask=mask, position_ids=positions, cache=cache)
         return _lm_head(self.model, hidden), hidden
 
     def _pick(self, logits, temperature, generator):
@@ -593,8 +624,15 @@ class TreeDecoder:
         return torch.multinomial(probs, 1, generator=generator)[:, 0]
 
     @torch.inference_mode()
-    def prefill(self, input_ids: torch.Tensor, attention_mask=None, *, capacity: int = 0,
-                temperature: float = 0.0, generator: torch.Generator | None = None) -> DecodeState:
+    def prefill(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask=None,
+        *,
+        capacity: int = 0,
+        temperature: float = 0.0,
+        generator: torch.Generator | None = None,
+    ) -> DecodeState:
         """Run the prompts (b, L) through the model (padding anywhere, where attention_mask
         is 0) into a fresh cache of at least `capacity` slots and return the state whose
         `root` is each sequence's first new token."""
@@ -610,21 +648,32 @@ class TreeDecoder:
         cache = new_cache(self.model, max(capacity, length))
         mask = additive_mask(mask, self.dtype)[:, None]
         with force_sdpa_gqa(self.force_gqa):
-            hidden = model_forward_hidden(self.model, input_ids, attention_mask=mask,
-                                          position_ids=positions, cache=cache)
+            hidden = model_forward_hidden(
+                self.model, input_ids, attention_mask=mask, position_ids=positions, cache=cache
+            )
         last = length - 1 - valid.flip(-1).long().argmax(-1)  # index of each row's last real token
         rows = torch.arange(b, device=self.device)
         h_last = hidden[rows, last]  # (b, h)
-        return DecodeState(cache=cache, valid=valid, next_pos=valid.sum(-1),
-                           root=self._pick(_lm_head(self.model, h_last), temperature, generator),
-                           hidden=h_last, rows=rows)
+        return DecodeState(
+            cache=cache,
+            valid=valid,
+            next_pos=valid.sum(-1),
+            root=self._pick(_lm_head(self.model, h_last), temperature, generator),
+            hidden=h_last,
+            rows=rows,
+        )
 
     def step_mask(self, valid: torch.Tensor) -> torch.Tensor:
         """The 4D additive mask (b, 1, q, C + q) of a step: row i sees the cache slots its
         sequence may see (`valid` (b, C)) and its tree ancestors and itself."""
         b, c = valid.shape
-        return torch.cat([additive_mask(valid, self.dtype)[:, None, None, :].expand(b, 1, self.q, c),
-                          self.tree_mask_add.expand(b, 1, self.q, self.q)], dim=-1)
+        return torch.cat(
+            [
+                additive_mask(valid, self.dtype)[:, None, None, :].expand(b, 1, self.q, c),
+                self.tree_mask_add.expand(b, 1, self.q, self.q),
+            ],
+            dim=-1,
+        )
 
     def draft_sequential(self, hidden: torch.Tensor, root: torch.Tensor) -> torch.Tensor:
         """The tree tokens (b, q) a sequential drafter drafts from `hidden` (b, h), the base
@@ -641,10 +690,10 @@ class TreeDecoder:
             children = top[:, level.parent_slot, level.rank]  # (b, nodes of depth d + 1)
             tokens[:, level.nodes] = children
             if level.expand.numel():
-                rows = (torch.arange(b, device=self.device)[:, None] * level.parents
-                        + level.parent_slot[level.expand][None]).reshape(-1)
-                state = self.heads.child_state(select_rows(carry, rows), d,
-                                               children[:, level.expand].reshape(-1))
+                rows = (
+                    torch.arange(b, device=self.device)[:, None] * level.parents + level.parent_slot[level.expand][None]
+                ).reshape(-1)
+                state = self.heads.child_state(select_rows(carry, rows), d, children[:, level.expand].reshape(-1))
         return tokens
 
     def draft(self, state: DecodeState, head_logits: torch.Tensor):
@@ -678,15 +727,17 @@ class TreeDecoder:
         Returns (base logits (b, q, V), head logits (D, b, 1, V)), D = the tree's depth; for a
         sequential drafter the second item is the tree it drafts from the root (b, q).
         """
-        logits, hidden = self._forward(cache, tree_tokens, self.step_mask(cache_valid),
-                                       positions[:, None] + self.depth[None])
+        logits, hidden = self._forward(
+            cache, tree_tokens, self.step_mask(cache_valid), positions[:, None] + self.depth[None]
+        )
         if self.sequential:
             return logits, self.draft_sequential(hidden[:, 0], tree_tokens[:, 0])
         return logits, _run_heads(self.heads, hidden[:, :1], self.num_draft_heads)
 
     @torch.inference_mode()
-    def accept(self, tree_tokens, logits, *, temperature=0.0, posterior_threshold=0.09,
-               posterior_alpha=0.3, generator=None):
+    def accept(
+        self, tree_tokens, logits, *, temperature=0.0, posterior_threshold=0.09, posterior_alpha=0.3, generator=None
+    ):
         """Verification, vectorised over batch and tree.
 
         Returns (path (b, D + 1) token indices of the chosen root-to-leaf path, n_keep (b,) =
@@ -800,10 +851,18 @@ class TreeDecoder:
     # ---- the loop --------------------------------------------------------------------------
 
     @torch.inference_mode()
-    def generate(self, input_ids: torch.Tensor, attention_mask=None, *, max_new_tokens: int,
-                 temperature: float = 0.0, posterior_threshold: float = 0.09,
-                 posterior_alpha: float = 0.3, eos_token_id: int | list[int] | None = None,
-                 seed: int = 0) -> DecodeResult:
+    def generate(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask=None,
+        *,
+        max_new_tokens: int,
+        temperature: float = 0.0,
+        posterior_threshold: float = 0.09,
+        posterior_alpha: float = 0.3,
+        eos_token_id: int | list[int] | None = None,
+        seed: int = 0,
+    ) -> DecodeResult:
         """Decode up to `max_new_tokens` new tokens for each prompt row of `input_ids` (b, L),
         padded where `attention_mask` (b, L) is 0 (left padding as tokenizers do; any padding
         works). temperature 0: greedy, lossless; > 0: typical acceptance with
@@ -820,22 +879,24 @@ class TreeDecoder:
         out: list[list[int]] = [[] for _ in range(b)]
         if max_new_tokens == 0:
             none = np.zeros(0)
-            return DecodeResult(out, np.zeros((0, b), np.int64), none, none, none, 0.0,
-                                np.zeros((0, b), np.int64))
+            return DecodeResult(out, np.zeros((0, b), np.int64), none, none, none, 0.0, np.zeros((0, b), np.int64))
         gen = None
         if temperature > 0:
             gen = torch.Generator(device=self.device)
             gen.manual_seed(seed)
-        rule = {"temperature": temperature, "posterior_threshold": posterior_threshold,
-                "posterior_alpha": posterior_alpha, "generator": gen}
+        rule = {
+            "temperature": temperature,
+            "posterior_threshold": posterior_threshold,
+            "posterior_alpha": posterior_alpha,
+            "generator": gen,
+        }
         clock = PhaseClock(self.timing, self.device)
 
         with clock("prefill"):
             # Room for the prompt, the new tokens and one tree: one sequence never grows the
             # cache; ragged acceptance in a batch (holes) may, by doubling.
             capacity = input_ids.shape[1] + max_new_tokens + self.q
-            state = self.prefill(input_ids, attention_mask, capacity=capacity, temperature=temperature,
-                                 generator=gen)
+            state = self.prefill(input_ids, attention_mask, capacity=capacity, temperature=temperature, generator=gen)
             finished = []
             for i, t in enumerate(state.root.tolist()):
                 out[i].append(t)
@@ -865,6 +926,12 @@ class TreeDecoder:
         def col(phase):
             return np.array([s[phase] for s in seconds])
 
-        return DecodeResult(out, np.array(accepted, np.int64).reshape(-1, b), col("draft"),
-                            col("verify"), col("update"), prefill_s,
-                            np.array(emitted, np.int64).reshape(-1, b))
+        return DecodeResult(
+            out,
+            np.array(accepted, np.int64).reshape(-1, b),
+            col("draft"),
+            col("verify"),
+            col("update"),
+            prefill_s,
+            np.array(emitted, np.int64).reshape(-1, b),
+        )

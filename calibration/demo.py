@@ -68,7 +68,8 @@ def stdlib_files() -> tuple[Path, list[str]]:
     """The interpreter's stdlib .py files (no site-packages), as sorted relative paths."""
     root = Path(sysconfig.get_paths()["stdlib"])
     files = sorted(
-        str(p.relative_to(root)) for p in root.rglob("*.py")
+        str(p.relative_to(root))
+        for p in root.rglob("*.py")
         if "site-packages" not in p.parts and "dist-packages" not in p.parts
     )
     return root, files
@@ -88,7 +89,9 @@ def train_tokenizer(texts, vocab_size: int):
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=[EOS], show_progress=False,
+        vocab_size=vocab_size,
+        special_tokens=[EOS],
+        show_progress=False,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
     tok.train_from_iterator(texts, trainer=trainer)
@@ -128,7 +131,7 @@ def _batch(tokens: np.ndarray, seed: int, step: int, batch: int, seq: int) -> to
     # The batch depends only on (seed, step), so a resumed run sees the same data.
     rng = np.random.default_rng([seed, step])
     starts = rng.integers(0, len(tokens) - seq - 1, size=batch)
-    return torch.from_numpy(np.stack([tokens[s:s + seq + 1] for s in starts]).astype(np.int64))
+    return torch.from_numpy(np.stack([tokens[s : s + seq + 1] for s in starts]).astype(np.int64))
 
 
 def _load_checkpoint(path: Path, recipe: DemoRecipe) -> dict:
@@ -137,8 +140,9 @@ def _load_checkpoint(path: Path, recipe: DemoRecipe) -> dict:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # noqa: BLE001 - torch.load raises many types for a damaged file
-        raise UserError(f"{path}: not a demo training checkpoint ({first_line(err)}); "
-                        "delete it or pass --fresh") from None
+        raise UserError(
+            f"{path}: not a demo training checkpoint ({first_line(err)}); delete it or pass --fresh"
+        ) from None
     if not isinstance(state, dict) or state.get("recipe") != asdict(recipe):
         raise UserError(f"{path}: written by another recipe or seed; delete it or pass --fresh")
     return state
@@ -155,14 +159,18 @@ def _check_work_dir(work_dir: Path, recipe: DemoRecipe, resume: bool) -> None:
     if resume and stamp.exists():
         theirs = read_json_input(stamp, "a demo recipe stamp")
         if theirs != asdict(recipe):
-            diff = sorted(k for k in asdict(recipe) if not isinstance(theirs, dict)
-                          or theirs.get(k) != asdict(recipe)[k])
-            raise UserError(f"{work_dir}: holds the work of another recipe or seed "
-                            f"({', '.join(diff[:3]) or 'format'} differ); pass --fresh or another "
-                            "--work-dir")
+            diff = sorted(
+                k for k in asdict(recipe) if not isinstance(theirs, dict) or theirs.get(k) != asdict(recipe)[k]
+            )
+            raise UserError(
+                f"{work_dir}: holds the work of another recipe or seed "
+                f"({', '.join(diff[:3]) or 'format'} differ); pass --fresh or another "
+                "--work-dir"
+            )
     elif resume and any((work_dir / name).exists() for name in _WORK_FILES):
-        raise UserError(f"{work_dir}: holds the work of an unknown recipe (no recipe.json); "
-                        "pass --fresh or another --work-dir")
+        raise UserError(
+            f"{work_dir}: holds the work of an unknown recipe (no recipe.json); pass --fresh or another --work-dir"
+        )
     write_json(stamp, asdict(recipe))
 
 
@@ -217,8 +225,9 @@ def train_demo(out_dir, recipe: DemoRecipe = DemoRecipe(), *, work_dir=None, res
             with np.load(tokens_file, allow_pickle=False) as data:
                 train_tokens, held_tokens = data["train"], data["held"]
         except (OSError, ValueError, KeyError, EOFError) as err:
-            raise UserError(f"{tokens_file}: not a tokenised corpus ({first_line(err)}); delete it "
-                            "or pass --fresh") from None
+            raise UserError(
+                f"{tokens_file}: not a tokenised corpus ({first_line(err)}); delete it or pass --fresh"
+            ) from None
     else:
         train_tokens, held_tokens = encode(train_files), encode(held_files)
         with atomic_path(tokens_file) as tmp, open(tmp, "wb") as fh:
@@ -226,11 +235,18 @@ def train_demo(out_dir, recipe: DemoRecipe = DemoRecipe(), *, work_dir=None, res
     _log(f"tokens: {len(train_tokens):,} train, {len(held_tokens):,} held out")
 
     config = LlamaConfig(
-        vocab_size=recipe.vocab_size, hidden_size=recipe.hidden_size,
-        intermediate_size=recipe.intermediate_size, num_hidden_layers=recipe.num_layers,
-        num_attention_heads=recipe.num_attention_heads, num_key_value_heads=recipe.num_attention_heads,
-        max_position_embeddings=2048, tie_word_embeddings=True, rope_theta=10000.0,
-        bos_token_id=eos_id, eos_token_id=eos_id, pad_token_id=eos_id,
+        vocab_size=recipe.vocab_size,
+        hidden_size=recipe.hidden_size,
+        intermediate_size=recipe.intermediate_size,
+        num_hidden_layers=recipe.num_layers,
+        num_attention_heads=recipe.num_attention_heads,
+        num_key_value_heads=recipe.num_attention_heads,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        rope_theta=10000.0,
+        bos_token_id=eos_id,
+        eos_token_id=eos_id,
+        pad_token_id=eos_id,
     )
     model = LlamaForCausalLM(config)
     model.config._attn_implementation = "sdpa"
@@ -279,8 +295,16 @@ def train_demo(out_dir, recipe: DemoRecipe = DemoRecipe(), *, work_dir=None, res
             _log(f"base {step}/{recipe.base_steps} " + " ".join(f"{k}={v}" for k, v in entry.items() if k != "step"))
         if step % 50 == 0 or step == recipe.base_steps:
             with atomic_path(ckpt) as tmp:
-                torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "log": log,
-                            "recipe": asdict(recipe)}, tmp)
+                torch.save(
+                    {
+                        "model": model.state_dict(),
+                        "opt": opt.state_dict(),
+                        "step": step,
+                        "log": log,
+                        "recipe": asdict(recipe),
+                    },
+                    tmp,
+                )
 
     # Stage 2: Medusa-1 heads on the frozen base.
     model.eval()
@@ -295,7 +319,7 @@ def train_demo(out_dir, recipe: DemoRecipe = DemoRecipe(), *, work_dir=None, res
         opt.load_state_dict(state["opt"])
         step, log = state["step"], state["log"]
         _log(f"heads: resumed at step {step}")
-    weights = torch.tensor([recipe.head_loss_decay ** k for k in range(recipe.num_medusa_heads)])
+    weights = torch.tensor([recipe.head_loss_decay**k for k in range(recipe.num_medusa_heads)])
     t0, tokens_seen = time.time(), 0
     while step < recipe.head_steps:
         lr = _lr(step, recipe.head_steps, recipe.head_lr, recipe.warmup_steps)
@@ -324,15 +348,22 @@ def train_demo(out_dir, recipe: DemoRecipe = DemoRecipe(), *, work_dir=None, res
             _log(f"heads {step}/{recipe.head_steps} losses={entry['losses']} tokens_per_s={entry['tokens_per_s']}")
         if step % 50 == 0 or step == recipe.head_steps:
             with atomic_path(ckpt) as tmp:
-                torch.save({"heads": heads.state_dict(), "opt": opt.state_dict(), "step": step, "log": log,
-                            "recipe": asdict(recipe)}, tmp)
+                torch.save(
+                    {
+                        "heads": heads.state_dict(),
+                        "opt": opt.state_dict(),
+                        "step": step,
+                        "log": log,
+                        "recipe": asdict(recipe),
+                    },
+                    tmp,
+                )
 
     # Save everything in 16-bit.
     out_dir.mkdir(parents=True, exist_ok=True)
     final_loss = held_out_loss()
     model.to(torch.bfloat16).save_pretrained(str(out_dir))
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, bos_token=EOS, pad_token=EOS,
-                                   unk_token=None)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, bos_token=EOS, pad_token=EOS, unk_token=None)
     fast.save_pretrained(str(out_dir))
     heads.save_pretrained(out_dir / "heads", base_model_name_or_path="demo", dtype=torch.bfloat16)
 
@@ -345,11 +376,18 @@ def train_demo(out_dir, recipe: DemoRecipe = DemoRecipe(), *, work_dir=None, res
     summary = {
         "recipe": asdict(recipe),
         "python": sys.version.split()[0],
-        "corpus": {"files": len(files), "train_files": len(train_files), "held_out_files": len(held_files),
-                   "train_tokens": int(len(train_tokens)), "held_out_tokens": int(len(held_tokens))},
+        "corpus": {
+            "files": len(files),
+            "train_files": len(train_files),
+            "held_out_files": len(held_files),
+            "train_tokens": int(len(train_tokens)),
+            "held_out_tokens": int(len(held_tokens)),
+        },
         "held_out_loss": round(final_loss, 4),
-        "parameters": {"base": sum(p.numel() for p in model.parameters()),
-                       "heads": sum(p.numel() for p in heads.parameters())},
+        "parameters": {
+            "base": sum(p.numel() for p in model.parameters()),
+            "heads": sum(p.numel() for p in heads.parameters()),
+        },
         "train_seconds": round(time.time() - t_start),
         "log": log,
     }

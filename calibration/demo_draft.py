@@ -44,8 +44,15 @@ def _log(msg: str) -> None:
     print(f"[demo draft] {msg}", file=sys.stderr, flush=True)
 
 
-def train_demo_draft(target_dir=DEMO_MODEL_DIR, recipe: DraftRecipe = DraftRecipe(), *, out_dir=None,
-                     work_dir=None, resume: bool = True, max_files: int | None = None) -> dict:
+def train_demo_draft(
+    target_dir=DEMO_MODEL_DIR,
+    recipe: DraftRecipe = DraftRecipe(),
+    *,
+    out_dir=None,
+    work_dir=None,
+    resume: bool = True,
+    max_files: int | None = None,
+) -> dict:
     """Train the draft for the model in `target_dir` into `out_dir` (default target_dir/draft)."""
     hf_logging.disable_progress_bar()
     target_dir = Path(target_dir)
@@ -64,11 +71,19 @@ def train_demo_draft(target_dir=DEMO_MODEL_DIR, recipe: DraftRecipe = DraftRecip
         ids.extend(enc.ids)
         ids.append(eos_id)
     tokens = np.asarray(ids, dtype=np.int32)
-    config = LlamaConfig(vocab_size=target.config.vocab_size, hidden_size=recipe.hidden_size,
-                         intermediate_size=recipe.intermediate_size, num_hidden_layers=recipe.num_layers,
-                         num_attention_heads=recipe.num_attention_heads,
-                         num_key_value_heads=recipe.num_attention_heads, max_position_embeddings=2048,
-                         tie_word_embeddings=True, bos_token_id=eos_id, eos_token_id=eos_id, pad_token_id=eos_id)
+    config = LlamaConfig(
+        vocab_size=target.config.vocab_size,
+        hidden_size=recipe.hidden_size,
+        intermediate_size=recipe.intermediate_size,
+        num_hidden_layers=recipe.num_layers,
+        num_attention_heads=recipe.num_attention_heads,
+        num_key_value_heads=recipe.num_attention_heads,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        bos_token_id=eos_id,
+        eos_token_id=eos_id,
+        pad_token_id=eos_id,
+    )
     model = LlamaForCausalLM(config)
     opt = torch.optim.AdamW(model.parameters(), lr=recipe.lr, betas=(0.9, 0.95), weight_decay=0.1)
     ckpt, step, log = work_dir / "draft.pt", 0, []
@@ -93,8 +108,9 @@ def train_demo_draft(target_dir=DEMO_MODEL_DIR, recipe: DraftRecipe = DraftRecip
         student = torch.log_softmax(model(x).logits, -1)
         # why: matching the target's whole next-token distribution raises sum min(p, q), the
         # acceptance (docs/statistics.md, "Draft-model acceptance")
-        loss = torch.nn.functional.kl_div(student.flatten(0, 1), teacher.flatten(0, 1), log_target=True,
-                                          reduction="batchmean")
+        loss = torch.nn.functional.kl_div(
+            student.flatten(0, 1), teacher.flatten(0, 1), log_target=True, reduction="batchmean"
+        )
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -105,8 +121,16 @@ def train_demo_draft(target_dir=DEMO_MODEL_DIR, recipe: DraftRecipe = DraftRecip
             _log(f"{step}/{recipe.steps} kl={loss.item():.4f} ({time.time() - t0:.0f} s)")
         if step % 50 == 0 or step == recipe.steps:
             with atomic_path(ckpt) as tmp:
-                torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "log": log,
-                            "recipe": asdict(recipe)}, tmp)
+                torch.save(
+                    {
+                        "model": model.state_dict(),
+                        "opt": opt.state_dict(),
+                        "step": step,
+                        "log": log,
+                        "recipe": asdict(recipe),
+                    },
+                    tmp,
+                )
     model.eval()
     out_dir.mkdir(parents=True, exist_ok=True)
     model.to(torch.bfloat16).save_pretrained(str(out_dir))

@@ -64,8 +64,9 @@ def _load_checkpoint(path: Path, recipe: DrafterRecipe) -> dict:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # noqa: BLE001 - torch.load raises many types for a damaged file
-        raise UserError(f"{path}: not a drafter training checkpoint ({first_line(err)}); "
-                        "delete it or pass --fresh") from None
+        raise UserError(
+            f"{path}: not a drafter training checkpoint ({first_line(err)}); delete it or pass --fresh"
+        ) from None
     if not isinstance(state, dict) or state.get("recipe") != asdict(recipe):
         raise UserError(f"{path}: written by another recipe or seed; delete it or pass --fresh")
     return state
@@ -100,8 +101,17 @@ def _tie_speculator(spec: MLPSpeculator) -> None:
             spec.proj[i] = spec.proj[1]
 
 
-def _train(name: str, drafter, params, model, tokens: np.ndarray, recipe: DrafterRecipe, ckpt: Path,
-           resume: bool, seed_offset: int) -> list[dict]:
+def _train(
+    name: str,
+    drafter,
+    params,
+    model,
+    tokens: np.ndarray,
+    recipe: DrafterRecipe,
+    ckpt: Path,
+    resume: bool,
+    seed_offset: int,
+) -> list[dict]:
     """Teacher-forced training of `drafter` (the drafter interface's `teacher_forced_logits`)
     on windows of `tokens`; depth d at position t reads the path x_{t+1..t+d+1} and predicts
     x_{t+d+2}."""
@@ -114,7 +124,7 @@ def _train(name: str, drafter, params, model, tokens: np.ndarray, recipe: Drafte
         opt.load_state_dict(state["opt"])
         step, log = state["step"], state["log"]
         _log(f"{name}: resumed at step {step}")
-    weights = torch.tensor([recipe.loss_decay ** d for d in range(depths)])
+    weights = torch.tensor([recipe.loss_decay**d for d in range(depths)])
     drafter.train()
     t0 = time.time()
     while step < recipe.steps:
@@ -125,31 +135,48 @@ def _train(name: str, drafter, params, model, tokens: np.ndarray, recipe: Drafte
         with torch.no_grad():
             hidden = model.model(x).last_hidden_state[:, :positions]
         # path[:, d] = x_{t+1+d}; targets[:, d] = x_{t+2+d}, for every position t at once
-        windows = x.unfold(1, depths + 1, 1)[:, 1:positions + 1]            # (B, P, D + 1)
+        windows = x.unfold(1, depths + 1, 1)[:, 1 : positions + 1]  # (B, P, D + 1)
         path, targets = windows[..., :depths], windows[..., 1:]
         logits = drafter.teacher_forced_logits(hidden.reshape(-1, hidden.shape[-1]), path.reshape(-1, depths))
-        losses = torch.stack([F.cross_entropy(logits[:, d], targets.reshape(-1, depths)[:, d])
-                              for d in range(depths)])
+        losses = torch.stack([F.cross_entropy(logits[:, d], targets.reshape(-1, depths)[:, d]) for d in range(depths)])
         loss = (weights * losses).sum()
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
         step += 1
         if step % 20 == 0 or step == recipe.steps:
-            entry = {"step": step, "losses": [round(v, 4) for v in losses.tolist()],
-                     "seconds": round(time.time() - t0, 1)}
+            entry = {
+                "step": step,
+                "losses": [round(v, 4) for v in losses.tolist()],
+                "seconds": round(time.time() - t0, 1),
+            }
             log.append(entry)
             _log(f"{name} {step}/{recipe.steps} losses={entry['losses']}")
         if step % 50 == 0 or step == recipe.steps:
             with atomic_path(ckpt) as tmp:
-                torch.save({"drafter": drafter.state_dict(), "opt": opt.state_dict(), "step": step, "log": log,
-                            "recipe": asdict(recipe)}, tmp)
+                torch.save(
+                    {
+                        "drafter": drafter.state_dict(),
+                        "opt": opt.state_dict(),
+                        "step": step,
+                        "log": log,
+                        "recipe": asdict(recipe),
+                    },
+                    tmp,
+                )
     drafter.eval()
     return log
 
 
-def train_drafters(out_dir=DEMO_MODEL_DIR, recipe: DrafterRecipe = DrafterRecipe(), *, model_dir=None,
-                   work_dir=None, resume: bool = True, which=("hydra", "mlp-speculator")) -> dict:
+def train_drafters(
+    out_dir=DEMO_MODEL_DIR,
+    recipe: DrafterRecipe = DrafterRecipe(),
+    *,
+    model_dir=None,
+    work_dir=None,
+    resume: bool = True,
+    which=("hydra", "mlp-speculator"),
+) -> dict:
     """Train the demo's Hydra heads and MLP speculator on the demo model in `model_dir`
     (default: `out_dir`) and write them to out_dir/hydra and out_dir/mlp_speculator.
     Nothing is written outside `out_dir` and `work_dir` (default out_dir/.work)."""
@@ -178,22 +205,39 @@ def train_drafters(out_dir=DEMO_MODEL_DIR, recipe: DrafterRecipe = DrafterRecipe
         hydra.init_from_base(lm_head, embeddings)
         hydra.input_embed_fn.requires_grad_(False)  # the base model's embeddings (authors' recipe)
         params = [p for p in hydra.parameters() if p.requires_grad]
-        summary["hydra"] = {"log": _train("hydra", hydra, params, model, tokens, recipe, work_dir / "hydra.pt",
-                                          resume, 2),
-                            "parameters": sum(p.numel() for p in hydra.parameters())}
+        summary["hydra"] = {
+            "log": _train("hydra", hydra, params, model, tokens, recipe, work_dir / "hydra.pt", resume, 2),
+            "parameters": sum(p.numel() for p in hydra.parameters()),
+        }
         hydra.save_pretrained(out_dir / HYDRA_DIR, base_model_name_or_path="demo", dtype=torch.bfloat16)
     if "mlp-speculator" in which:
-        spec = MLPSpeculator(h, h, vocab, recipe.speculator_stages, scale_input=False,
-                             top_k_tokens_per_head=[4, 3, 2, 2][:recipe.speculator_stages] + [1] * max(
-                                 0, recipe.speculator_stages - 4), n_candidates=8)
+        spec = MLPSpeculator(
+            h,
+            h,
+            vocab,
+            recipe.speculator_stages,
+            scale_input=False,
+            top_k_tokens_per_head=[4, 3, 2, 2][: recipe.speculator_stages] + [1] * max(0, recipe.speculator_stages - 4),
+            n_candidates=8,
+        )
         with torch.no_grad():
             spec.head[0].weight.copy_(lm_head)
             spec.emb[0].weight.copy_(embeddings)
         _tie_speculator(spec)
         summary["mlp_speculator"] = {
-            "log": _train("mlp-speculator", spec, list(spec.parameters()), model, tokens, recipe,
-                          work_dir / "speculator.pt", resume, 3),
-            "parameters": sum(p.numel() for p in spec.parameters())}
+            "log": _train(
+                "mlp-speculator",
+                spec,
+                list(spec.parameters()),
+                model,
+                tokens,
+                recipe,
+                work_dir / "speculator.pt",
+                resume,
+                3,
+            ),
+            "parameters": sum(p.numel() for p in spec.parameters()),
+        }
         spec.save_pretrained(out_dir / SPECULATOR_DIR, tie_weights=True)
     summary["train_seconds"] = round(time.time() - t_start)
     write_json(out_dir / "drafters_training.json", summary)

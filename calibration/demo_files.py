@@ -7,4 +7,3 @@ DEMO_MODEL_DIR = Path(__file__).parent / "demo_model"
 DEMO_HEADS_DIR = DEMO_MODEL_DIR / "heads"
 DEMO_PROMPTS = Path(__file__).parent / "data" / "demo_prompts.jsonl"
 DEMO_VALIDATION_PROMPTS = DEMO_PROMPTS.with_name("demo_prompts_validation.jsonl")
-

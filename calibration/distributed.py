@@ -85,8 +85,10 @@ def process_device(device: str, processes: Processes) -> str:
         return f"cuda:{processes.local_rank}"
     if device == "auto" or device == "cpu":
         return "cpu"
-    raise UserError(f"--device: {device!r} with {processes.world_size} processes; use cuda (each process "
-                    "takes cuda:LOCAL_RANK) or cpu")
+    raise UserError(
+        f"--device: {device!r} with {processes.world_size} processes; use cuda (each process "
+        "takes cuda:LOCAL_RANK) or cpu"
+    )
 
 
 @contextmanager
@@ -99,8 +101,9 @@ def process_group(processes: Processes, device: str) -> Iterator[None]:
     cuda = device.startswith("cuda")
     if cuda:
         torch.cuda.set_device(processes.local_rank)
-    dist.init_process_group("cpu:gloo,cuda:nccl" if cuda else "gloo",
-                            timeout=_dt.timedelta(seconds=COLLECTIVE_TIMEOUT_S))
+    dist.init_process_group(
+        "cpu:gloo,cuda:nccl" if cuda else "gloo", timeout=_dt.timedelta(seconds=COLLECTIVE_TIMEOUT_S)
+    )
     try:
         yield
     finally:
@@ -128,8 +131,7 @@ def shard_fingerprint(fingerprint: dict, processes: Processes, first: int, end: 
     """A process checkpoint's fingerprint: the run's, plus which shard it holds."""
     if not processes.many:
         return fingerprint
-    return {**fingerprint, "processes": processes.world_size, "process": processes.rank,
-            "shard": [first, end]}
+    return {**fingerprint, "processes": processes.world_size, "process": processes.rank, "shard": [first, end]}
 
 
 def all_agree(flag: bool, processes: Processes) -> bool:
@@ -147,9 +149,15 @@ def combine_counts(counts: CalibrationCounts, first: int, processes: Processes) 
     done in all, which is the one-process progress when every shard is done."""
     if not processes.many:
         return counts
-    totals = torch.from_numpy(np.concatenate([
-        counts.hits.ravel(), counts.positions,
-        np.array([counts.prompts_done - first, counts.tokens, counts.generated], np.int64)]))
+    totals = torch.from_numpy(
+        np.concatenate(
+            [
+                counts.hits.ravel(),
+                counts.positions,
+                np.array([counts.prompts_done - first, counts.tokens, counts.generated], np.int64),
+            ]
+        )
+    )
     dist.all_reduce(totals, op=dist.ReduceOp.SUM)
     totals = totals.numpy()
     K, width = counts.hits.shape
@@ -162,9 +170,14 @@ def combine_counts(counts: CalibrationCounts, first: int, processes: Processes) 
         for part_joint, _, _ in parts:
             merged.update(part_joint)
         joint = dict(merged)
-    combined = CalibrationCounts(totals[:K * width].reshape(K, width).copy(),
-                                 totals[K * width:K * width + K].copy(), joint,
-                                 int(totals[-3]), int(totals[-2]), int(totals[-1]))
+    combined = CalibrationCounts(
+        totals[: K * width].reshape(K, width).copy(),
+        totals[K * width : K * width + K].copy(),
+        joint,
+        int(totals[-3]),
+        int(totals[-2]),
+        int(totals[-1]),
+    )
     all_ranks = np.concatenate([p[1] for p in parts]).astype(rank_dtype(width), copy=False)
     all_sequence = np.concatenate([p[2] for p in parts]).astype(np.int32, copy=False)
     if len(all_ranks):

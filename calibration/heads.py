@@ -65,8 +65,16 @@ class MedusaHeads(nn.ModuleList):
                 head[-1].weight.copy_(lm_head_weight)
 
     @classmethod
-    def from_pretrained(cls, path, *, device=None, dtype=None, num_heads: int | None = None,
-                        lm_head_weight: torch.Tensor | None = None, warn=None) -> MedusaHeads:
+    def from_pretrained(
+        cls,
+        path,
+        *,
+        device=None,
+        dtype=None,
+        num_heads: int | None = None,
+        lm_head_weight: torch.Tensor | None = None,
+        warn=None,
+    ) -> MedusaHeads:
         """Load Medusa heads in any of the layouts of docs/formats.md "Medusa heads": a heads
         directory (config.json + medusa_lm_head.{safetensors,pt}), a Medusa-1.0 full checkpoint
         (`medusa_head.*` keys inside the model's weights, possibly sharded), or "medusa2" heads
@@ -98,22 +106,30 @@ class MedusaHeads(nn.ModuleList):
         if num_heads is None:
             num_heads = configured
             if stored > configured:
-                warn(f"treeopt: warning: {path}: the weights hold {stored} heads but {CONFIG_NAME} says "
-                     f"medusa_num_heads {configured}; using {configured} (the Medusa authors' code uses all "
-                     f"{stored}: pass --num-heads {stored} to do the same)")
+                warn(
+                    f"treeopt: warning: {path}: the weights hold {stored} heads but {CONFIG_NAME} says "
+                    f"medusa_num_heads {configured}; using {configured} (the Medusa authors' code uses all "
+                    f"{stored}: pass --num-heads {stored} to do the same)"
+                )
             if configured > stored:  # checked before building modules for heads that are not there
                 first = f"{stored}.0.linear.weight" if num_layers else f"{stored}.0.weight"
-                raise UserError(f"{path}: weights lack key '{first}' ({CONFIG_NAME} says medusa_num_heads "
-                                f"{configured}, the weights hold {stored} heads)")
+                raise UserError(
+                    f"{path}: weights lack key '{first}' ({CONFIG_NAME} says medusa_num_heads "
+                    f"{configured}, the weights hold {stored} heads)"
+                )
         elif num_heads < 1 or num_heads > stored:
             raise UserError(f"--num-heads: {path} holds {stored} heads, asked for {num_heads}")
         if shares_lm_head:
             if lm_head_weight is None:
-                raise UserError(f"{path}: medusa2 heads (\"version\": \"2\") project with the base model's "
-                                "lm_head, which was not given")
+                raise UserError(
+                    f'{path}: medusa2 heads ("version": "2") project with the base model\'s '
+                    "lm_head, which was not given"
+                )
             vocab_size, hidden_size = lm_head_weight.shape
-            state = {**state, **{f"{k}.{num_layers}.weight": lm_head_weight.detach().to("cpu")
-                                 for k in range(num_heads)}}
+            state = {
+                **state,
+                **{f"{k}.{num_layers}.weight": lm_head_weight.detach().to("cpu") for k in range(num_heads)},
+            }
         else:
             proj = state.get(f"0.{num_layers}.weight")
             if proj is None or proj.ndim != 2:
@@ -127,15 +143,15 @@ class MedusaHeads(nn.ModuleList):
         for key, value in expected.items():
             if tuple(state[key].shape) != tuple(value.shape):
                 raise UserError(
-                    f"{path}: weight '{key}' has shape {tuple(state[key].shape)}, "
-                    f"expected {tuple(value.shape)}"
+                    f"{path}: weight '{key}' has shape {tuple(state[key].shape)}, expected {tuple(value.shape)}"
                 )
         heads.load_state_dict({k: state[k] for k in expected})
         heads.base_model_name_or_path = config.get("base_model_name_or_path", "")
         return heads.to(device=device, dtype=dtype).eval()
 
-    def save_pretrained(self, path, *, base_model_name_or_path: str = "", dtype=torch.bfloat16,
-                        format: str = "safetensors", warn=None) -> None:
+    def save_pretrained(
+        self, path, *, base_model_name_or_path: str = "", dtype=torch.bfloat16, format: str = "safetensors", warn=None
+    ) -> None:
         """config.json + medusa_lm_head.safetensors, or medusa_lm_head.pt (format="pt") for
         the Medusa authors' loader, which reads only the .pt file."""
         if format not in ("safetensors", "pt"):
@@ -147,9 +163,11 @@ class MedusaHeads(nn.ModuleList):
             if self.num_layers >= 2:
                 # why: the authors' loader builds `[ResBlock(h)] * L`, one module object repeated,
                 # so the L stored ResBlocks collapse into one (docs/formats.md "Medusa heads")
-                (warn or _warn)(f"treeopt: warning: {path / WEIGHTS_PT}: heads with {self.num_layers} ResBlocks "
-                                "load wrong in the Medusa authors' code (it shares one ResBlock object across "
-                                "layers); treeopt and weights-only loaders read them correctly")
+                (warn or _warn)(
+                    f"treeopt: warning: {path / WEIGHTS_PT}: heads with {self.num_layers} ResBlocks "
+                    "load wrong in the Medusa authors' code (it shares one ResBlock object across "
+                    "layers); treeopt and weights-only loaders read them correctly"
+                )
             with atomic_path(path / WEIGHTS_PT) as tmp:
                 torch.save(state, tmp)
         else:
@@ -190,8 +208,10 @@ def _load_state_dict(path: Path) -> dict[str, torch.Tensor]:
         return state
     state = _full_checkpoint_heads(path)
     if state is None:
-        raise UserError(f"{path}: no {WEIGHTS_SAFETENSORS} or {WEIGHTS_PT}, and no '{FULL_PREFIX}*' weights in "
-                        "the model's weight files")
+        raise UserError(
+            f"{path}: no {WEIGHTS_SAFETENSORS} or {WEIGHTS_PT}, and no '{FULL_PREFIX}*' weights in "
+            "the model's weight files"
+        )
     return state
 
 
@@ -206,8 +226,10 @@ def _full_checkpoint_heads(path: Path) -> dict[str, torch.Tensor] | None:
     """The heads of a Medusa-1.0 full checkpoint: the `medusa_head.` keys of the model's weight
     files (one file, or shards listed by an index JSON), with that prefix removed."""
     files: list[Path] = []
-    for single, index in ((MODEL_SAFETENSORS, MODEL_SAFETENSORS + ".index.json"),
-                          (MODEL_BIN, MODEL_BIN + ".index.json")):
+    for single, index in (
+        (MODEL_SAFETENSORS, MODEL_SAFETENSORS + ".index.json"),
+        (MODEL_BIN, MODEL_BIN + ".index.json"),
+    ):
         if (path / index).is_file():
             doc = read_json_input(path / index, "a weights index")
             weight_map = doc.get("weight_map") if isinstance(doc, dict) else None

@@ -95,8 +95,14 @@ def weight_shapes(dims: ModelDims) -> tuple[WeightShape, ...]:
     h, i, L = dims.hidden, dims.intermediate, dims.layers
     qd, kvd = dims.heads * dims.head_dim, dims.kv_heads * dims.head_dim
     table: dict[tuple[int, int], list] = {}
-    for label, k, n, uses in [("q_proj", h, qd, L), ("k_proj/v_proj", h, kvd, 2 * L), ("o_proj", qd, h, L),
-                              ("gate/up", h, i, 2 * L), ("down", i, h, L), ("lm_head", h, dims.vocab, 1)]:
+    for label, k, n, uses in [
+        ("q_proj", h, qd, L),
+        ("k_proj/v_proj", h, kvd, 2 * L),
+        ("o_proj", qd, h, L),
+        ("gate/up", h, i, 2 * L),
+        ("down", i, h, L),
+        ("lm_head", h, dims.vocab, 1),
+    ]:
         if (k, n) in table:
             table[(k, n)][0] += "+" + label
             table[(k, n)][1] += uses
@@ -117,21 +123,35 @@ class _Bench:
 
     def run(self, *, rounds: int, seed: int, progress: bool) -> dict[str, tuple]:
         fns = [fn for _, _, fn, _ in self.entries]
-        inners = [inner if inner is not None else calls_per_sample(fn, 2e-3, time.perf_counter)
-                  for _, _, fn, inner in self.entries]
-        with tqdm(total=rounds, desc=f"hw calibrate: {len(fns)} configurations", unit="round",
-                  file=sys.stderr, disable=not progress) as bar:
-            stats = measure_interleaved(fns, rounds=rounds, warmup=1, inner=inners, seed=seed,
-                                        after_round=bar.update)
+        inners = [
+            inner if inner is not None else calls_per_sample(fn, 2e-3, time.perf_counter)
+            for _, _, fn, inner in self.entries
+        ]
+        with tqdm(
+            total=rounds,
+            desc=f"hw calibrate: {len(fns)} configurations",
+            unit="round",
+            file=sys.stderr,
+            disable=not progress,
+        ) as bar:
+            stats = measure_interleaved(fns, rounds=rounds, warmup=1, inner=inners, seed=seed, after_round=bar.update)
         groups: dict[str, list] = {}
         for (group, make_sample, _, _), st in zip(self.entries, stats):
             groups.setdefault(group, []).append(make_sample(st))
         return {group: tuple(samples) for group, samples in groups.items()}
 
 
-def run_hardware_bench(device: str, model: ModelDims, probe: ModelDims | None = None, *, quick: bool = False,
-                       validate: bool = True, threads: int | None = None, progress: bool = True,
-                       seed: int = 0) -> HardwareMeasurements:
+def run_hardware_bench(
+    device: str,
+    model: ModelDims,
+    probe: ModelDims | None = None,
+    *,
+    quick: bool = False,
+    validate: bool = True,
+    threads: int | None = None,
+    progress: bool = True,
+    seed: int = 0,
+) -> HardwareMeasurements:
     """Time the microbenchmarks of `model` on `device` (module docstring).
 
     probe: the model whose forwards give the framework overhead (None: `model` itself; a
@@ -143,14 +163,23 @@ def run_hardware_bench(device: str, model: ModelDims, probe: ModelDims | None = 
         torch.set_num_threads(int(threads))
     try:
         with torch.inference_mode():
-            return _measure(torch.device(device), model, probe, quick=quick, validate=validate,
-                            progress=progress, seed=seed)
+            return _measure(
+                torch.device(device), model, probe, quick=quick, validate=validate, progress=progress, seed=seed
+            )
     finally:
         torch.set_num_threads(old_threads)
 
 
-def _measure(dev: torch.device, model: ModelDims, probe: ModelDims | None, *, quick: bool, validate: bool,
-             progress: bool, seed: int) -> HardwareMeasurements:
+def _measure(
+    dev: torch.device,
+    model: ModelDims,
+    probe: ModelDims | None,
+    *,
+    quick: bool,
+    validate: bool,
+    progress: bool,
+    seed: int,
+) -> HardwareMeasurements:
     t_start = time.perf_counter()
     torch.manual_seed(seed)
     is_cuda = dev.type == "cuda"
@@ -165,13 +194,14 @@ def _measure(dev: torch.device, model: ModelDims, probe: ModelDims | None, *, qu
         def run():
             fn()
             sync()
+
         return run
 
     # a pilot of the calibrated dtype's GEMM rate sizes the GEMM measurements
     n_pilot = 4096 if is_cuda else 512
     pilot_matrix = torch.randn(n_pilot, n_pilot, device=dev, dtype=tdt)
     pilot = measure_interleaved([timed(lambda m=pilot_matrix: m @ m)], rounds=3, warmup=1, inner=1, seed=seed)[0]
-    pilot_flops = 2.0 * n_pilot ** 3 / pilot.median_s
+    pilot_flops = 2.0 * n_pilot**3 / pilot.median_s
     del pilot_matrix
 
     if progress:
@@ -181,36 +211,63 @@ def _measure(dev: torch.device, model: ModelDims, probe: ModelDims | None, *, qu
     stream_bytes = _add_stream(bench, timed, keep, dev, model)
     _add_square_gemms(bench, timed, keep, dev, model.dtype)
     wshapes = weight_shapes(model)
-    _add_gemms(bench, timed, keep, dev, tdt, model, wshapes, budget_flops=(20e-3 if quick else 40e-3) * pilot_flops,
-               quick=quick)
+    _add_gemms(
+        bench,
+        timed,
+        keep,
+        dev,
+        tdt,
+        model,
+        wshapes,
+        budget_flops=(20e-3 if quick else 40e-3) * pilot_flops,
+        quick=quick,
+    )
     _add_attention(bench, timed, keep, dev, tdt, model, quick=quick)
 
     # the framework's forwards: few and more layers of the probe model
     probe_dims = probe or model
-    layer_counts = sorted({1, max(1, model.layers // 2), model.layers}) if probe is None and model.layers <= 8 \
-        else [1, 2, 4]
+    layer_counts = (
+        sorted({1, max(1, model.layers // 2), model.layers}) if probe is None and model.layers <= 8 else [1, 2, 4]
+    )
     models = {L: _build_model(dev, tdt, probe_dims, L) for L in layer_counts}
     _add_kv_update(bench, timed, keep, dev, tdt, model, models[layer_counts[0]], quick=quick)
     _add_framework_forwards(bench, models, dev, probe_dims, layer_counts, sync, quick=quick)
     _add_heads(bench, timed, keep, dev, tdt, probe_dims)
     if validate:
         full = models.get(model.layers) if probe is None else None
-        _add_validation(bench, full or _build_model(dev, tdt, model, model.layers), dev, model, sync, keep,
-                        quick=quick)
+        _add_validation(bench, full or _build_model(dev, tdt, model, model.layers), dev, model, sync, keep, quick=quick)
 
     samples = bench.run(rounds=rounds, seed=seed, progress=progress)
-    facts = DeviceFacts(name=_device_name(dev), kind=dev.type, capacity_bytes=_capacity_bytes(dev),
-                        threads=None if is_cuda else int(torch.get_num_threads()), cpu_count=os.cpu_count() or 1,
-                        torch_version=torch.__version__, framework=f"transformers {transformers.__version__}",
-                        load_average_before=load_before, load_average_after=_loadavg())
+    facts = DeviceFacts(
+        name=_device_name(dev),
+        kind=dev.type,
+        capacity_bytes=_capacity_bytes(dev),
+        threads=None if is_cuda else int(torch.get_num_threads()),
+        cpu_count=os.cpu_count() or 1,
+        torch_version=torch.__version__,
+        framework=f"transformers {transformers.__version__}",
+        load_average_before=load_before,
+        load_average_after=_loadavg(),
+    )
     return HardwareMeasurements(
-        device=facts, dtype=model.dtype, quick=bool(quick), rounds=rounds,
+        device=facts,
+        dtype=model.dtype,
+        quick=bool(quick),
+        rounds=rounds,
         date_utc=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         elapsed_s=time.perf_counter() - t_start,
-        elementwise=samples["ew"], layer_elementwise=samples["mix"],
-        stream=StreamSample(stream_bytes, samples["stream"][0].time_s), square_gemms=samples["peak"],
-        gemm_weights=wshapes, gemms=samples["gemm"], attention=samples["attn"], kv_update=samples["kv"],
-        forwards=samples["fw"], heads=samples.get("heads", ()), validation=samples.get("val", ()))
+        elementwise=samples["ew"],
+        layer_elementwise=samples["mix"],
+        stream=StreamSample(stream_bytes, samples["stream"][0].time_s),
+        square_gemms=samples["peak"],
+        gemm_weights=wshapes,
+        gemms=samples["gemm"],
+        attention=samples["attn"],
+        kv_update=samples["kv"],
+        forwards=samples["fw"],
+        heads=samples.get("heads", ()),
+        validation=samples.get("val", ()),
+    )
 
 
 def _add_elementwise(bench, timed, keep, dev, tdt) -> None:
@@ -225,7 +282,7 @@ def _add_layer_elementwise(bench, timed, keep, dev, tdt, dims: ModelDims, *, qui
     norm = LlamaRMSNorm(dims.hidden).to(device=dev, dtype=tdt)
     act = ACT2FN["silu"]
     keep.append(norm)
-    for r in ((1, 64, 512) if quick else (1, 16, 64, 256, 1024)):
+    for r in (1, 64, 512) if quick else (1, 16, 64, 256, 1024):
         hs = torch.randn(1, r, dims.hidden, device=dev, dtype=tdt)
         qs = torch.randn(1, nh, r, d, device=dev, dtype=tdt)
         ks = torch.randn(1, nkv, r, d, device=dev, dtype=tdt)
@@ -242,6 +299,7 @@ def _add_layer_elementwise(bench, timed, keep, dev, tdt, dims: ModelDims, *, qui
             x = norm(y)
             act(gs) * us
             return y + x
+
         bench.add("mix", lambda st, r=r: LayerElementwiseSample(r, st.median_s), timed(mix))
 
 
@@ -265,12 +323,15 @@ def _add_square_gemms(bench, timed, keep, dev, dtype: str) -> None:
         tt = TORCH_DTYPES[name_dt]
         a, b = torch.randn(n, n, device=dev, dtype=tt), torch.randn(n, n, device=dev, dtype=tt)
         keep.append((a, b))
-        bench.add("peak", lambda st, name_dt=name_dt, n=n: SquareGemmSample(name_dt, n, st.median_s),
-                  timed(lambda a=a, b=b: a @ b), inner=1)
+        bench.add(
+            "peak",
+            lambda st, name_dt=name_dt, n=n: SquareGemmSample(name_dt, n, st.median_s),
+            timed(lambda a=a, b=b: a @ b),
+            inner=1,
+        )
 
 
-def _add_gemms(bench, timed, keep, dev, tdt, dims: ModelDims, wshapes, *, budget_flops: float,
-               quick: bool) -> None:
+def _add_gemms(bench, timed, keep, dev, tdt, dims: ModelDims, wshapes, *, budget_flops: float, quick: bool) -> None:
     """GEMMs on the model's weight shapes across row counts. A small model's as whole passes
     over all its weights (as a forward pass touches them, so caches behave alike); a large
     model's per shape, on as many copies as fit the pool, big row counts on a column slice."""
@@ -278,11 +339,17 @@ def _add_gemms(bench, timed, keep, dev, tdt, dims: ModelDims, wshapes, *, budget
     beta = torch.empty((), dtype=tdt).element_size()
     unique_bytes = sum(w.in_features * w.out_features * beta for w in wshapes)
     model_gemm_flops = sum(2.0 * w.uses * w.in_features * w.out_features for w in wshapes)
-    whole_pass = (dims.layers * unique_bytes <= GEMM_POOL_BYTES
-                  and max(rows_list) * model_gemm_flops <= 12 * budget_flops)
+    whole_pass = (
+        dims.layers * unique_bytes <= GEMM_POOL_BYTES and max(rows_list) * model_gemm_flops <= 12 * budget_flops
+    )
     if whole_pass:
-        pool = [(w.in_features, [torch.randn(w.out_features, w.in_features, device=dev, dtype=tdt) * 0.02
-                                 for _ in range(w.uses)]) for w in wshapes]
+        pool = [
+            (
+                w.in_features,
+                [torch.randn(w.out_features, w.in_features, device=dev, dtype=tdt) * 0.02 for _ in range(w.uses)],
+            )
+            for w in wshapes
+        ]
         keep.append(pool)
         for r in rows_list:
             xs = {k: torch.randn(r, k, device=dev, dtype=tdt) for k, _ in pool}
@@ -293,6 +360,7 @@ def _add_gemms(bench, timed, keep, dev, tdt, dims: ModelDims, wshapes, *, budget
                     x = xs[k]
                     for w in ws:
                         F.linear(x, w)
+
             bench.add("gemm", lambda st, r=r: GemmSample(r, st.median_s), timed(whole))
         return
     for shape in wshapes:
@@ -311,8 +379,14 @@ def _add_gemms(bench, timed, keep, dev, tdt, dims: ModelDims, wshapes, *, budget
             def per_shape(x=x, subs=subs):
                 for w in subs:
                     F.linear(x, w)
-            bench.add("gemm", lambda st, r=r, shape=shape, n_eff=n_eff, copies=copies:
-                      GemmSample(r, st.median_s, shape, n_eff, copies), timed(per_shape))
+
+            bench.add(
+                "gemm",
+                lambda st, r=r, shape=shape, n_eff=n_eff, copies=copies: GemmSample(
+                    r, st.median_s, shape, n_eff, copies
+                ),
+                timed(per_shape),
+            )
 
 
 def _add_attention(bench, timed, keep, dev, tdt, dims: ModelDims, *, quick: bool) -> None:
@@ -329,9 +403,15 @@ def _add_attention(bench, timed, keep, dev, tdt, dims: ModelDims, *, quick: bool
         vt = torch.randn(b_att, nkv, s_ctx + qn, d, device=dev, dtype=tdt)
         mask = torch.zeros(b_att, 1, qn, s_ctx + qn, device=dev, dtype=tdt)
         keep.append((qt, kt, vt, mask))
-        bench.add("attn", lambda st, b_att=b_att, qn=qn: AttentionSample(b_att, qn, s_ctx, st.median_s),
-                  timed(lambda qt=qt, kt=kt, vt=vt, mask=mask:
-                        F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, **kwargs)))
+        bench.add(
+            "attn",
+            lambda st, b_att=b_att, qn=qn: AttentionSample(b_att, qn, s_ctx, st.median_s),
+            timed(
+                lambda qt=qt, kt=kt, vt=vt, mask=mask: F.scaled_dot_product_attention(
+                    qt, kt, vt, attn_mask=mask, **kwargs
+                )
+            ),
+        )
 
 
 def _add_kv_update(bench, timed, keep, dev, tdt, dims: ModelDims, probe_model, *, quick: bool) -> None:
@@ -339,10 +419,13 @@ def _add_kv_update(bench, timed, keep, dev, tdt, dims: ModelDims, probe_model, *
     0 of the decoder's preallocated cache holding 256 tokens (4 sequences), cropped back. The
     bytes grow with q, not with the cached length (docs/performance-model.md, "KV-cache update")."""
     batch, s_kv = 4, 256
-    for q in ((1, 64) if quick else (1, 16, 64)):
+    for q in (1, 64) if quick else (1, 16, 64):
         cache = new_cache(probe_model, capacity=s_kv + q)
-        cache.update(torch.randn(batch, dims.kv_heads, s_kv, dims.head_dim, device=dev, dtype=tdt),
-                     torch.randn(batch, dims.kv_heads, s_kv, dims.head_dim, device=dev, dtype=tdt), 0)
+        cache.update(
+            torch.randn(batch, dims.kv_heads, s_kv, dims.head_dim, device=dev, dtype=tdt),
+            torch.randn(batch, dims.kv_heads, s_kv, dims.head_dim, device=dev, dtype=tdt),
+            0,
+        )
         k_new = torch.randn(batch, dims.kv_heads, q, dims.head_dim, device=dev, dtype=tdt)
         v_new = torch.randn(batch, dims.kv_heads, q, dims.head_dim, device=dev, dtype=tdt)
         keep.append((cache, k_new, v_new))
@@ -350,6 +433,7 @@ def _add_kv_update(bench, timed, keep, dev, tdt, dims: ModelDims, probe_model, *
         def update(cache=cache, k_new=k_new, v_new=v_new, q=q):
             cache.update(k_new, v_new, 0)
             cache.crop(-q)
+
         bench.add("kv", lambda st, q=q: KvUpdateSample(batch, s_kv, st.median_s, new_tokens=q), timed(update))
 
 
@@ -362,13 +446,24 @@ def _add_framework_forwards(bench, models, dev, probe: ModelDims, layer_counts, 
     if quick:
         configs += [(L_top, 8, 1, 512), (L_top, 1, 32, ctx_len), (L_top, 4, 16, 512)]
     else:
-        configs += [(L_top, 8, 1, ctx_len), (L_top, 8, 1, 512), (L_top, 1, 1, 512), (L_top, 2, 8, 256),
-                    (L_top, 1, 32, ctx_len), (L_top, 4, 16, 128), (L_top, 4, 64, 128), (L_top, 4, 16, 512),
-                    (L_top, 8, 4, 512)]
+        configs += [
+            (L_top, 8, 1, ctx_len),
+            (L_top, 8, 1, 512),
+            (L_top, 1, 1, 512),
+            (L_top, 2, 8, 256),
+            (L_top, 1, 32, ctx_len),
+            (L_top, 4, 16, 128),
+            (L_top, 4, 64, 128),
+            (L_top, 4, 16, 512),
+            (L_top, 8, 4, 512),
+        ]
     for L, b, q, s in configs:
-        bench.add("fw", lambda st, L=L, b=b, q=q, s=s: ForwardSample(L, b, q, s, st.median_s, st.spread),
-                  _forward_fn(models[L], dev, batch=b, tokens=q, context=s, vocab=probe.vocab, sync=sync),
-                  inner=3 if b * q == 1 else 1)
+        bench.add(
+            "fw",
+            lambda st, L=L, b=b, q=q, s=s: ForwardSample(L, b, q, s, st.median_s, st.spread),
+            _forward_fn(models[L], dev, batch=b, tokens=q, context=s, vocab=probe.vocab, sync=sync),
+            inner=3 if b * q == 1 else 1,
+        )
 
 
 def _add_heads(bench, timed, keep, dev, tdt, probe: ModelDims) -> None:
@@ -378,25 +473,38 @@ def _add_heads(bench, timed, keep, dev, tdt, probe: ModelDims) -> None:
     for K in (1, 4):
         mod = MedusaHeads(probe.hidden, probe.vocab, K, 1).to(device=dev, dtype=tdt).eval()
         keep.append(mod)
-        bench.add("heads", lambda st, K=K: HeadsSample(K, st.median_s), timed(lambda mod=mod: mod(hidden_1)),
-                  inner=3)
+        bench.add("heads", lambda st, K=K: HeadsSample(K, st.median_s), timed(lambda mod=mod: mod(hidden_1)), inner=3)
 
 
 def _add_validation(bench, full_model, dev, dims: ModelDims, sync, keep, *, quick: bool) -> None:
     keep.append(full_model)
-    configs = ([(1, 1, 128), (1, 32, 128), (4, 1, 128), (4, 16, 128)] if quick else
-               [(1, 1, 256), (1, 16, 256), (1, 64, 256), (4, 1, 256), (4, 32, 256), (8, 1, 128), (8, 64, 128)])
+    configs = (
+        [(1, 1, 128), (1, 32, 128), (4, 1, 128), (4, 16, 128)]
+        if quick
+        else [(1, 1, 256), (1, 16, 256), (1, 64, 256), (4, 1, 256), (4, 32, 256), (8, 1, 128), (8, 64, 128)]
+    )
     for b, q, s in configs:
-        bench.add("val", lambda st, b=b, q=q, s=s: ForwardSample(dims.layers, b, q, s, st.median_s, st.spread),
-                  _forward_fn(full_model, dev, batch=b, tokens=q, context=s, vocab=dims.vocab, sync=sync), inner=1)
+        bench.add(
+            "val",
+            lambda st, b=b, q=q, s=s: ForwardSample(dims.layers, b, q, s, st.median_s, st.spread),
+            _forward_fn(full_model, dev, batch=b, tokens=q, context=s, vocab=dims.vocab, sync=sync),
+            inner=1,
+        )
 
 
 def _build_model(dev, tdt, dims: ModelDims, layers: int):
     """A randomly initialised transformers Llama of `dims` with `layers` layers (SDPA)."""
-    cfg = LlamaConfig(vocab_size=dims.vocab, hidden_size=dims.hidden, intermediate_size=dims.intermediate,
-                      num_hidden_layers=int(layers), num_attention_heads=dims.heads,
-                      num_key_value_heads=dims.kv_heads, head_dim=dims.head_dim,
-                      max_position_embeddings=4096, tie_word_embeddings=dims.tied_embeddings)
+    cfg = LlamaConfig(
+        vocab_size=dims.vocab,
+        hidden_size=dims.hidden,
+        intermediate_size=dims.intermediate,
+        num_hidden_layers=int(layers),
+        num_attention_heads=dims.heads,
+        num_key_value_heads=dims.kv_heads,
+        head_dim=dims.head_dim,
+        max_position_embeddings=4096,
+        tie_word_embeddings=dims.tied_embeddings,
+    )
     cfg._attn_implementation = "sdpa"
     with torch.device(dev):
         model = LlamaForCausalLM(cfg)
@@ -428,6 +536,7 @@ def _forward_fn(model, dev, *, batch: int, tokens: int, context: int, vocab: int
         model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True)
         cache.crop(-tokens)
         sync()
+
     return run
 
 

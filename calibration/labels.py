@@ -44,8 +44,8 @@ def pad_left(seqs, pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor, tor
     ids = np.full((len(seqs), width), pad_id, np.int64)
     mask = np.zeros((len(seqs), width), np.int64)
     for i, s in enumerate(seqs):
-        ids[i, width - len(s):] = s
-        mask[i, width - len(s):] = 1
+        ids[i, width - len(s) :] = s
+        mask[i, width - len(s) :] = 1
     ids_t = torch.from_numpy(ids).to(device)
     mask_t = torch.from_numpy(mask).to(device)
     pos_t = (mask_t.cumsum(-1) - 1).clamp_(min=0)
@@ -84,8 +84,7 @@ def greedy_continuations(model, prompts, steps: int, *, pad_id: int = 0) -> list
     ids, mask, pos = pad_left(prompts, pad_id, device)
     cache = DynamicCache()
     keep = _logits_to_keep_kwarg(model)
-    out = model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache,
-                use_cache=True, **keep)
+    out = model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True, **keep)
     nxt = out.logits[:, -1].argmax(-1)
     generated = [nxt]
     ones = torch.ones((len(prompts), 1), dtype=mask.dtype, device=device)
@@ -93,8 +92,13 @@ def greedy_continuations(model, prompts, steps: int, *, pad_id: int = 0) -> list
     for _ in range(steps - 1):
         mask = torch.cat([mask, ones], dim=1)
         last_pos = last_pos + 1
-        out = model(input_ids=nxt[:, None], attention_mask=mask, position_ids=last_pos,
-                    past_key_values=out.past_key_values, use_cache=True)
+        out = model(
+            input_ids=nxt[:, None],
+            attention_mask=mask,
+            position_ids=last_pos,
+            past_key_values=out.past_key_values,
+            use_cache=True,
+        )
         nxt = out.logits[:, -1].argmax(-1)
         generated.append(nxt)
     return torch.stack(generated, 1).cpu().tolist()
@@ -129,8 +133,7 @@ def label_rows(lengths, starts, num_heads: int):
 
 
 @torch.inference_mode()
-def label_ranks(model, heads, sequences, starts, *, pad_id: int = 0,
-                chunk_elements: int | None = None) -> np.ndarray:
+def label_ranks(model, heads, sequences, starts, *, pad_id: int = 0, chunk_elements: int | None = None) -> np.ndarray:
     """Ranks of each head's label at the counted positions of `sequences` (module doc).
 
     One teacher-forced forward of the decoder body over the left-padded batch, then each head
@@ -152,8 +155,9 @@ def label_ranks(model, heads, sequences, starts, *, pad_id: int = 0,
     ids, mask, pos = pad_left(sequences, pad_id, device)
     # Sequences are right-aligned and no head has a label at the last two positions of any
     # sequence, so the last two columns need no hidden state.
-    hidden = decoder_body(model)(input_ids=ids[:, :-2], attention_mask=mask[:, :-2],
-                                 position_ids=pos[:, :-2], use_cache=False).last_hidden_state
+    hidden = decoder_body(model)(
+        input_ids=ids[:, :-2], attention_mask=mask[:, :-2], position_ids=pos[:, :-2], use_cache=False
+    ).last_hidden_state
     # a model spread over devices (--device-map) ends on its last one, where the heads are
     device = hidden.device
     ids = ids.to(device)
@@ -176,9 +180,9 @@ def label_ranks(model, heads, sequences, starts, *, pad_id: int = 0,
         labels = ids[b, c + k + 2]
         out = torch.empty(len(sel), dtype=torch.int64, device=device)
         for i in range(0, len(sel), rows_per_chunk):
-            logits = heads[k](h[i:i + rows_per_chunk])
-            lab = logits.gather(1, labels[i:i + rows_per_chunk, None])
-            out[i:i + rows_per_chunk] = (logits > lab).sum(-1)
+            logits = heads[k](h[i : i + rows_per_chunk])
+            lab = logits.gather(1, labels[i : i + rows_per_chunk, None])
+            out[i : i + rows_per_chunk] = (logits > lab).sum(-1)
         ranks[sel, k] = out.cpu().numpy()
     return ranks
 

@@ -49,20 +49,25 @@ def medusa_rank_matrix(results, source: str = "results") -> np.ndarray:
         results = list(results)
     if not isinstance(results, (list, tuple)) or not results:
         kind = type(results).__name__
-        raise UserError(f"{source}: expected a non-empty list over heads of (positions x ranks) "
-                        f"boolean tensors, found {kind if not isinstance(results, (list, tuple)) else 'an empty list'}")
+        raise UserError(
+            f"{source}: expected a non-empty list over heads of (positions x ranks) "
+            f"boolean tensors, found {kind if not isinstance(results, (list, tuple)) else 'an empty list'}"
+        )
     width = None
     ranks = []
     for k, t in enumerate(results):
         if not isinstance(t, torch.Tensor):
             raise UserError(f"{source}: head {k}: expected a tensor, found {type(t).__name__}")
         if t.ndim != 2:
-            raise UserError(f"{source}: head {k}: expected a 2-D (positions x ranks) tensor, "
-                            f"found shape {tuple(t.shape)}")
+            raise UserError(
+                f"{source}: head {k}: expected a 2-D (positions x ranks) tensor, found shape {tuple(t.shape)}"
+            )
         if t.dtype != torch.bool:
             if t.is_complex() or not bool(((t == 0) | (t == 1)).all()):
-                raise UserError(f"{source}: head {k}: values must be True/False (or 0/1); found "
-                                f"other values in a {str(t.dtype).replace('torch.', '')} tensor")
+                raise UserError(
+                    f"{source}: head {k}: values must be True/False (or 0/1); found "
+                    f"other values in a {str(t.dtype).replace('torch.', '')} tensor"
+                )
             t = t != 0
         if width is None:
             width = t.shape[1]
@@ -76,7 +81,7 @@ def medusa_rank_matrix(results, source: str = "results") -> np.ndarray:
         ranks.append(np.where(any_true.numpy(), first.numpy().astype(np.int64), width))
     matrix = np.full((max(len(r) for r in ranks), len(ranks)), -1, np.int64)
     for k, r in enumerate(ranks):  # heads only; each head's rows are one slice
-        matrix[:len(r), k] = r
+        matrix[: len(r), k] = r
     return matrix
 
 
@@ -104,8 +109,10 @@ def import_medusa_accuracy(path: str | Path, normalize: str = "own"):
         positions = np.full(positions.shape, float(MEDUSA_GEN_RESULTS_COUNT))
         over = np.flatnonzero(counts.hits.sum(axis=1) > MEDUSA_GEN_RESULTS_COUNT)
         if over.size:
-            raise UserError(f"{path}: head {int(over[0])} has more hits than gen_results.py's count "
-                            f"{MEDUSA_GEN_RESULTS_COUNT}: --normalize medusa cannot apply to this file")
+            raise UserError(
+                f"{path}: head {int(over[0])} has more hits than gen_results.py's count "
+                f"{MEDUSA_GEN_RESULTS_COUNT}: --normalize medusa cannot apply to this file"
+            )
     elif len(set(counts.positions.tolist())) == 1:
         joint = dict(sorted(joint_counts_from_ranks(ranks, width).items()))
     provenance = {
@@ -118,13 +125,17 @@ def import_medusa_accuracy(path: str | Path, normalize: str = "own"):
         "imported_sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
         "topk": width,
         "positions": int(counts.positions[0]),
-        "joint": "rows aligned across heads" if joint is not None
-                 else "none: --normalize medusa" if normalize == "medusa"
-                 else "none: heads have different row counts, rows not aligned",
-        "normalization": (f"every head divided by {MEDUSA_GEN_RESULTS_COUNT}, as Medusa's gen_results.py"
-                          if normalize == "medusa" else "each head divided by its own rows"),
+        "joint": "rows aligned across heads"
+        if joint is not None
+        else "none: --normalize medusa"
+        if normalize == "medusa"
+        else "none: heads have different row counts, rows not aligned",
+        "normalization": (
+            f"every head divided by {MEDUSA_GEN_RESULTS_COUNT}, as Medusa's gen_results.py"
+            if normalize == "medusa"
+            else "each head divided by its own rows"
+        ),
         "date": run_date(),
         **tool_versions(),
     }
-    return AccuracyTable(hits=counts.hits, positions=positions, joint=joint,
-                         provenance=provenance)
+    return AccuracyTable(hits=counts.hits, positions=positions, joint=joint, provenance=provenance)

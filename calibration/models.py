@@ -77,9 +77,17 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return TORCH_DTYPES[normalize_dtype(name, what="--dtype", choices=tuple(TORCH_DTYPES))]
 
 
-def load_model(model: str = "demo", heads: str | None = None, *, device: str = "auto",
-               dtype: str = "auto", num_heads: int | None = None, drafter: str | None = None,
-               device_map: str | dict | None = None, offload_dir: str | None = None) -> LoadedModel:
+def load_model(
+    model: str = "demo",
+    heads: str | None = None,
+    *,
+    device: str = "auto",
+    dtype: str = "auto",
+    num_heads: int | None = None,
+    drafter: str | None = None,
+    device_map: str | dict | None = None,
+    offload_dir: str | None = None,
+) -> LoadedModel:
     """Load `model` ("demo" or a local directory) with transformers and its drafter.
 
     The drafter comes from `heads` (a drafter directory: Medusa heads, Hydra heads or an MLP
@@ -120,8 +128,9 @@ def load_model(model: str = "demo", heads: str | None = None, *, device: str = "
     if offload_dir is not None:
         sharded["offload_folder"] = offload_dir
     try:
-        base = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch_dtype,
-                                                    attn_implementation="sdpa", **sharded)
+        base = AutoModelForCausalLM.from_pretrained(
+            str(model_dir), dtype=torch_dtype, attn_implementation="sdpa", **sharded
+        )
         tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     except ImportError as err:  # transformers needs accelerate for a device map
         raise UserError(f"--device-map: {first_line(err)} (pip install 'treeopt[scale]')") from None
@@ -132,9 +141,15 @@ def load_model(model: str = "demo", heads: str | None = None, *, device: str = "
     else:
         torch_device = last_hidden_device(base)
     base = base.eval()
-    draft = load_drafter(heads_dir, kind=drafter, device=torch_device, dtype=torch_dtype, num_heads=num_heads,
-                         lm_head_weight=base.get_output_embeddings().weight,
-                         input_embeddings=base.get_input_embeddings().weight)
+    draft = load_drafter(
+        heads_dir,
+        kind=drafter,
+        device=torch_device,
+        dtype=torch_dtype,
+        num_heads=num_heads,
+        lm_head_weight=base.get_output_embeddings().weight,
+        input_embeddings=base.get_input_embeddings().weight,
+    )
 
     hidden, vocab = base.config.hidden_size, base.get_output_embeddings().weight.shape[0]
     # a draft model has a hidden size of its own: only its vocabulary must match
@@ -142,8 +157,7 @@ def load_model(model: str = "demo", heads: str | None = None, *, device: str = "
         raise UserError(f"--heads: {heads_dir} has hidden size {draft.hidden_size}, the model {hidden}")
     if draft.vocab_size != vocab:
         raise UserError(f"--heads: {heads_dir} has vocabulary {draft.vocab_size}, the model {vocab}")
-    return LoadedModel(base, draft, tokenizer, "demo" if model == "demo" else str(model_dir),
-                       torch_device, torch_dtype)
+    return LoadedModel(base, draft, tokenizer, "demo" if model == "demo" else str(model_dir), torch_device, torch_dtype)
 
 
 def last_hidden_device(model) -> torch.device:
@@ -158,19 +172,37 @@ def last_hidden_device(model) -> torch.device:
     return torch.device(where if not isinstance(where, int) else f"cuda:{where}")
 
 
-def tiny_model_for_tests(path, *, vocab: int = 64, hidden: int = 32, layers: int = 2, heads: int = 2,
-                         kv_heads: int = 2, num_medusa_heads: int = 3, medusa_layers: int = 1,
-                         seed: int = 0) -> Path:
+def tiny_model_for_tests(
+    path,
+    *,
+    vocab: int = 64,
+    hidden: int = 32,
+    layers: int = 2,
+    heads: int = 2,
+    kv_heads: int = 2,
+    num_medusa_heads: int = 3,
+    medusa_layers: int = 1,
+    seed: int = 0,
+) -> Path:
     """Write a random tiny Llama with random Medusa heads (in `path/heads`) and a byte-ish
     tokenizer to `path`, for tests that need a real model and no downloads."""
     hf_logging.disable_progress_bar()
 
     path = Path(path)
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden,
-                         num_hidden_layers=layers, num_attention_heads=heads,
-                         num_key_value_heads=kv_heads, max_position_embeddings=1024,
-                         tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    config = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=1024,
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
     model = LlamaForCausalLM(config)
     # Larger init than default so random logits are peaked enough for trees to accept tokens.
     with torch.no_grad():
@@ -181,12 +213,16 @@ def tiny_model_for_tests(path, *, vocab: int = 64, hidden: int = 32, layers: int
 
     alphabet = " etaoinsrhldcumfpgwybvkxjqz\n.,:()=_0123456789'\"[]#+-*/ETAOINSRHLDCUMFPGWYBVKXJQZ"
     chars = list(dict.fromkeys(alphabet))[: vocab - 3]
-    tok = Tokenizer(models.WordLevel({"<pad>": 0, "<s>": 1, "</s>": 2,
-                                      **{c: i + 3 for i, c in enumerate(chars)}}, unk_token="<pad>"))
+    tok = Tokenizer(
+        models.WordLevel(
+            {"<pad>": 0, "<s>": 1, "</s>": 2, **{c: i + 3 for i, c in enumerate(chars)}}, unk_token="<pad>"
+        )
+    )
     tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
     tok.decoder = decoders.Fuse()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>",
-                                   eos_token="</s>", unk_token="<pad>")
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<pad>"
+    )
     fast.save_pretrained(str(path))
 
     medusa = MedusaDrafter(hidden, vocab, num_medusa_heads, medusa_layers)

@@ -120,17 +120,17 @@ class CalibrationInterrupted(KeyboardInterrupt):
 class CalibrationResult:
     table: AccuracyTable
     counts: CalibrationCounts
-    complete: bool           # every prompt of the data set was used
+    complete: bool  # every prompt of the data set was used
     checkpoint: Path | None  # the checkpoint left on disk (None once complete)
-    elapsed_s: float         # wall time of this invocation (not of resumed parts)
+    elapsed_s: float  # wall time of this invocation (not of resumed parts)
     resumed_prompts: int = 0  # prompts already done by the checkpoint this run resumed from
-    run_tokens: int = 0       # tokens (prompt + generation) processed by this invocation
+    run_tokens: int = 0  # tokens (prompt + generation) processed by this invocation
     # Rank vectors of every counted position (module doc): (N, K) int16, -1 = no label,
     # topk = miss (rank >= topk), else the exact rank; rows ordered by (prompt, t)
     ranks: np.ndarray | None = None
     sequence: np.ndarray | None = None  # (N,) int32 prompt index (file order) of each row
-    fingerprint: dict | None = None     # the inputs (as in the checkpoint)
-    already_complete: bool = False      # resumed on an output already complete: nothing was run
+    fingerprint: dict | None = None  # the inputs (as in the checkpoint)
+    already_complete: bool = False  # resumed on an output already complete: nothing was run
 
 
 @contextlib.contextmanager
@@ -173,8 +173,7 @@ def run_date() -> str:
 
 def tool_versions() -> dict:
     """The provenance fields naming the software that made a table."""
-    return {"tool_version": treeopt.__version__, "torch": torch.__version__,
-            "transformers": transformers.__version__}
+    return {"tool_version": treeopt.__version__, "torch": torch.__version__, "transformers": transformers.__version__}
 
 
 def _device_name(device: torch.device) -> str:
@@ -183,8 +182,7 @@ def _device_name(device: torch.device) -> str:
     return str(device)
 
 
-def _finished_output(output: Path, fingerprint: dict, total: int, *,
-                     refuse_other: bool) -> CalibrationResult | None:
+def _finished_output(output: Path, fingerprint: dict, total: int, *, refuse_other: bool) -> CalibrationResult | None:
     """The result of an output already complete for these inputs (None when `output` is not a
     calibration's complete output for `total` prompts). An output from other inputs is
     refused (UserError) when `refuse_other`, else the run starts over and replaces it."""
@@ -197,35 +195,56 @@ def _finished_output(output: Path, fingerprint: dict, total: int, *,
         diff = sorted(k for k in set(theirs) | set(fingerprint) if theirs.get(k) != fingerprint.get(k))
         detail = ", ".join(f"{k}: {theirs.get(k)!r} vs now {fingerprint.get(k)!r}" for k in diff[:3])
         if refuse_other:
-            raise UserError(f"{output}: already calibrated from other inputs ({detail}); rerun "
-                            "without --resume to replace it")
-        print(f"treeopt: {output} was calibrated from other inputs ({detail}); calibrating anew",
-              file=sys.stderr)
+            raise UserError(
+                f"{output}: already calibrated from other inputs ({detail}); rerun without --resume to replace it"
+            )
+        print(f"treeopt: {output} was calibrated from other inputs ({detail}); calibrating anew", file=sys.stderr)
         return None
     table = load_accuracy(output)
     prompts_done = table.provenance.get("prompts")
     if prompts_done != total:
         return None
     ranks, sequence = load_rank_vectors(output, table=table)
-    counts = CalibrationCounts(table.hits.astype(np.int64), table.positions.astype(np.int64),
-                               None if table.joint is None else dict(table.joint), prompts_done,
-                               int(table.provenance.get("tokens", 0)),
-                               int(table.provenance.get("steps", 0)) * prompts_done)
+    counts = CalibrationCounts(
+        table.hits.astype(np.int64),
+        table.positions.astype(np.int64),
+        None if table.joint is None else dict(table.joint),
+        prompts_done,
+        int(table.provenance.get("tokens", 0)),
+        int(table.provenance.get("steps", 0)) * prompts_done,
+    )
     counts.rank_chunks, counts.sequence_chunks = [ranks], [sequence]
-    print(f"treeopt: {output} is already complete for these inputs ({prompts_done} prompts); "
-          "nothing to do", file=sys.stderr)
-    return CalibrationResult(table, counts, True, None, 0.0, prompts_done, 0, ranks, sequence,
-                             fingerprint, already_complete=True)
+    print(
+        f"treeopt: {output} is already complete for these inputs ({prompts_done} prompts); nothing to do",
+        file=sys.stderr,
+    )
+    return CalibrationResult(
+        table, counts, True, None, 0.0, prompts_done, 0, ranks, sequence, fingerprint, already_complete=True
+    )
 
 
-def calibrate(loaded, prompts: PromptSet, *, steps: int = 32, topk: int = 10,
-              labels: str = "greedy", batch_size: int = 8, max_prompts: int | None = None,
-              checkpoint: str | Path | None = None, resume: bool = False,
-              checkpoint_every: int = 64, heads_source: str | None = None, seed: int = 0,
-              joint: bool = True, progress: bool | None = None,
-              chunk_elements: int | None = None, keep_checkpoint: bool = False,
-              finished_output: str | Path | None = None,
-              refuse_other_output: bool = False, processes: Processes = SINGLE) -> CalibrationResult:
+def calibrate(
+    loaded,
+    prompts: PromptSet,
+    *,
+    steps: int = 32,
+    topk: int = 10,
+    labels: str = "greedy",
+    batch_size: int = 8,
+    max_prompts: int | None = None,
+    checkpoint: str | Path | None = None,
+    resume: bool = False,
+    checkpoint_every: int = 64,
+    heads_source: str | None = None,
+    seed: int = 0,
+    joint: bool = True,
+    progress: bool | None = None,
+    chunk_elements: int | None = None,
+    keep_checkpoint: bool = False,
+    finished_output: str | Path | None = None,
+    refuse_other_output: bool = False,
+    processes: Processes = SINGLE,
+) -> CalibrationResult:
     """Calibrate `loaded` (a `calibration.models.LoadedModel`) on `prompts`.
 
     Returns the accuracy table (hits/positions/joint/provenance) and the raw counts.
@@ -248,8 +267,10 @@ def calibrate(loaded, prompts: PromptSet, *, steps: int = 32, topk: int = 10,
     if labels not in LABEL_MODES:
         raise UserError(f"--labels: must be one of {', '.join(LABEL_MODES)}, got {labels!r}")
     if labels == "greedy" and steps < heads.num_heads + 1:
-        raise UserError(f"--steps: must be at least {heads.num_heads + 1} (heads + 1) with greedy "
-                        f"labels so that every head has a label, got {steps}")
+        raise UserError(
+            f"--steps: must be at least {heads.num_heads + 1} (heads + 1) with greedy "
+            f"labels so that every head has a label, got {steps}"
+        )
     if not 1 <= topk <= vocab:
         raise UserError(f"--topk: must be between 1 and the vocabulary size {vocab}, got {topk}")
     if batch_size < 1:
@@ -262,19 +283,31 @@ def calibrate(loaded, prompts: PromptSet, *, steps: int = 32, topk: int = 10,
     limit = getattr(model.config, "max_position_embeddings", None)
     longest = max(len(p) for p in prompts.token_ids) + gen_steps
     if limit and longest > limit:
-        raise UserError(f"--prompt-tokens/--steps: sequences of {longest} tokens exceed the model's "
-                        f"{limit} positions")
+        raise UserError(f"--prompt-tokens/--steps: sequences of {longest} tokens exceed the model's {limit} positions")
     total = len(prompts) if max_prompts is None else min(max_prompts, len(prompts))
     if labels == "data" and max(len(p) for p in prompts.token_ids[:total]) < heads.num_heads + 2:
-        raise UserError(f"{prompts.name}: prompts too short for data labels: the last head needs "
-                        f"texts of at least {heads.num_heads + 2} tokens")
+        raise UserError(
+            f"{prompts.name}: prompts too short for data labels: the last head needs "
+            f"texts of at least {heads.num_heads + 2} tokens"
+        )
 
     torch.manual_seed(seed)
-    fingerprint = {"model": loaded.name, "heads": heads_source, "data": prompts.name,
-                   "data_sha256": prompts.sha256, "data_format": prompts.data_format,
-                   "chat_template": prompts.chat_template, "prompt_tokens": prompts.prompt_tokens,
-                   "steps": steps, "topk": topk, "labels": labels, "batch_size": batch_size,
-                   "dtype": str(loaded.dtype).replace("torch.", ""), "joint": joint, "seed": seed}
+    fingerprint = {
+        "model": loaded.name,
+        "heads": heads_source,
+        "data": prompts.name,
+        "data_sha256": prompts.sha256,
+        "data_format": prompts.data_format,
+        "chat_template": prompts.chat_template,
+        "prompt_tokens": prompts.prompt_tokens,
+        "steps": steps,
+        "topk": topk,
+        "labels": labels,
+        "batch_size": batch_size,
+        "dtype": str(loaded.dtype).replace("torch.", ""),
+        "joint": joint,
+        "seed": seed,
+    }
     # this process's prompts [first, end): all of them for one process
     first, end = shard_bounds(total, batch_size, processes.rank, processes.world_size)
     ckpt = rank_checkpoint_path(checkpoint, processes) if checkpoint is not None else None
@@ -288,11 +321,11 @@ def calibrate(loaded, prompts: PromptSet, *, steps: int = 32, topk: int = 10,
     if had_checkpoint:
         counts = load_checkpoint(ckpt, ckpt_fingerprint)
         if counts.prompts_done > end:
-            raise UserError(f"{ckpt}: checkpoint already covers {counts.prompts_done} prompts, "
-                            f"more than the {end} asked for")
+            raise UserError(
+                f"{ckpt}: checkpoint already covers {counts.prompts_done} prompts, more than the {end} asked for"
+            )
     elif resume and finished_output is not None:
-        finished = _finished_output(Path(finished_output), fingerprint, total,
-                                    refuse_other=refuse_other_output)
+        finished = _finished_output(Path(finished_output), fingerprint, total, refuse_other=refuse_other_output)
     # every process returns the finished output, or none does (the others wait in collectives)
     if all_agree(finished is not None, processes):
         return finished
@@ -303,10 +336,15 @@ def calibrate(loaded, prompts: PromptSet, *, steps: int = 32, topk: int = 10,
     start_time = time.perf_counter()
     tokens_at_start, prompts_at_start = counts.tokens, counts.prompts_done
     # many processes: process 0's bar stands for all (the shards are of equal size)
-    bar = tqdm(total=end - first, initial=counts.prompts_done - first, unit="prompt", file=sys.stderr,
-               disable=(True if not processes.is_main else None if progress is None else not progress),
-               dynamic_ncols=True,
-               desc="calibrate" if not processes.many else f"calibrate (1 of {processes.world_size} processes)")
+    bar = tqdm(
+        total=end - first,
+        initial=counts.prompts_done - first,
+        unit="prompt",
+        file=sys.stderr,
+        disable=(True if not processes.is_main else None if progress is None else not progress),
+        dynamic_ncols=True,
+        desc="calibrate" if not processes.many else f"calibrate (1 of {processes.world_size} processes)",
+    )
     last_saved = counts.prompts_done
     try:
         while counts.prompts_done < end:
@@ -322,16 +360,15 @@ def calibrate(loaded, prompts: PromptSet, *, steps: int = 32, topk: int = 10,
             ranks = label_ranks(model, heads, seqs, starts, pad_id=pad, chunk_elements=chunk_elements)
             # label_ranks' rows follow label_rows: prompt by prompt, t increasing
             row_seq, _, _ = label_rows([len(s) for s in seqs], starts, heads.num_heads)
-            update = counts.batch_update(ranks, lo + row_seq, prompts_done=hi,
-                                         tokens=sum(len(s) for s in seqs),
-                                         generated=gen_steps * len(seqs))
+            update = counts.batch_update(
+                ranks, lo + row_seq, prompts_done=hi, tokens=sum(len(s) for s in seqs), generated=gen_steps * len(seqs)
+            )
             with deferred_interrupts():  # the batch's counts and prompts_done: one unit
                 counts.commit(update)
             bar.update(hi - lo)
             rate = (counts.tokens - tokens_at_start) / max(time.perf_counter() - start_time, 1e-9)
             bar.set_postfix_str(f"{rate:,.0f} tok/s", refresh=False)
-            if ckpt is not None and hi // checkpoint_every > last_saved // checkpoint_every \
-                    and hi < end:
+            if ckpt is not None and hi // checkpoint_every > last_saved // checkpoint_every and hi < end:
                 save_checkpoint(ckpt, ckpt_fingerprint, counts)
                 last_saved = hi
     except KeyboardInterrupt:
@@ -360,8 +397,10 @@ def calibrate(loaded, prompts: PromptSet, *, steps: int = 32, topk: int = 10,
 
     empty = np.flatnonzero(counts.positions == 0)
     if len(empty):
-        raise UserError(f"{prompts.name}: head {int(empty[0]) + 1} got no labelled position: the "
-                        f"prompts are too short (data labels need at least {heads.num_heads + 2} tokens)")
+        raise UserError(
+            f"{prompts.name}: head {int(empty[0]) + 1} got no labelled position: the "
+            f"prompts are too short (data labels need at least {heads.num_heads + 2} tokens)"
+        )
     provenance = {
         "source": "treeopt calibrate",
         "model": loaded.name,
@@ -387,23 +426,46 @@ def calibrate(loaded, prompts: PromptSet, *, steps: int = 32, topk: int = 10,
         "dtype": str(loaded.dtype).replace("torch.", ""),
         **({"processes": processes.world_size} if processes.many else {}),
     }
-    table = AccuracyTable(hits=counts.hits.astype(np.float64),
-                          positions=counts.positions.astype(np.float64),
-                          joint=None if counts.joint is None else dict(sorted(counts.joint.items())),
-                          provenance=provenance)
+    table = AccuracyTable(
+        hits=counts.hits.astype(np.float64),
+        positions=counts.positions.astype(np.float64),
+        joint=None if counts.joint is None else dict(sorted(counts.joint.items())),
+        provenance=provenance,
+    )
     rank_vectors, sequence = counts.rank_vectors()
-    return CalibrationResult(table, counts, complete, None if complete else ckpt,
-                             time.perf_counter() - start_time, prompts_at_start,
-                             counts.tokens - tokens_at_start, rank_vectors, sequence, fingerprint)
+    return CalibrationResult(
+        table,
+        counts,
+        complete,
+        None if complete else ckpt,
+        time.perf_counter() - start_time,
+        prompts_at_start,
+        counts.tokens - tokens_at_start,
+        rank_vectors,
+        sequence,
+        fingerprint,
+    )
 
 
-def run_calibration(model: str = "demo", heads: str | None = None, data: str | None = None, *,
-                    output: str | Path | None = None, device: str = "auto", dtype: str = "auto",
-                    prompt_tokens: int = 128, max_prompts: int | None = None,
-                    checkpoint: str | Path | None = "auto", threads: int | None = None,
-                    num_heads: int | None = None, drafter: str | None = None, chat_template: bool = True,
-                    device_map: str | dict | None = None, processes: Processes | None = None,
-                    **options) -> CalibrationResult:
+def run_calibration(
+    model: str = "demo",
+    heads: str | None = None,
+    data: str | None = None,
+    *,
+    output: str | Path | None = None,
+    device: str = "auto",
+    dtype: str = "auto",
+    prompt_tokens: int = 128,
+    max_prompts: int | None = None,
+    checkpoint: str | Path | None = "auto",
+    threads: int | None = None,
+    num_heads: int | None = None,
+    drafter: str | None = None,
+    chat_template: bool = True,
+    device_map: str | dict | None = None,
+    processes: Processes | None = None,
+    **options,
+) -> CalibrationResult:
     """Load model, heads and data, calibrate, and save the table to `output` (if given) and
     its rank vectors beside it, ``<output stem>.ranks.npz``
     (`treeopt.acceptance.rank_vectors_path`, `save_rank_vectors`).
@@ -419,15 +481,19 @@ def run_calibration(model: str = "demo", heads: str | None = None, data: str | N
     """
     if data is None:
         if model != "demo":
-            raise UserError(f"--data: required for --model {model} (the demo prompts are Python "
-                            "code; give prompts from your model's own use, e.g. a ShareGPT file)")
+            raise UserError(
+                f"--data: required for --model {model} (the demo prompts are Python "
+                "code; give prompts from your model's own use, e.g. a ShareGPT file)"
+            )
         data = "demo"
     if threads is not None and threads < 1:
         raise UserError(f"--threads: must be at least 1, got {threads}")
     processes = processes_from_env() if processes is None else processes
     if processes.many and device_map is not None:
-        raise UserError(f"--device-map: one process spreads the model over this machine's devices; "
-                        f"run it without torchrun (here {processes.world_size} processes)")
+        raise UserError(
+            f"--device-map: one process spreads the model over this machine's devices; "
+            f"run it without torchrun (here {processes.world_size} processes)"
+        )
     device = process_device(device, processes)
     if checkpoint == "auto":
         checkpoint = Path(str(output) + ".partial") if output is not None else None
@@ -442,28 +508,64 @@ def run_calibration(model: str = "demo", heads: str | None = None, data: str | N
     # process 0 owns the outputs; the others write only their own checkpoints
     lock = output_lock(output) if output is not None and processes.is_main else contextlib.nullcontext()
     with lock, process_group(processes, device):
-        return _run_calibration_locked(model, heads, data, output=output, device=device,
-                                       dtype=dtype, prompt_tokens=prompt_tokens,
-                                       max_prompts=max_prompts, checkpoint=checkpoint,
-                                       threads=threads, num_heads=num_heads, drafter=drafter,
-                                       chat_template=chat_template, device_map=device_map,
-                                       processes=processes, **options)
+        return _run_calibration_locked(
+            model,
+            heads,
+            data,
+            output=output,
+            device=device,
+            dtype=dtype,
+            prompt_tokens=prompt_tokens,
+            max_prompts=max_prompts,
+            checkpoint=checkpoint,
+            threads=threads,
+            num_heads=num_heads,
+            drafter=drafter,
+            chat_template=chat_template,
+            device_map=device_map,
+            processes=processes,
+            **options,
+        )
 
 
-def _run_calibration_locked(model, heads, data, *, output, device, dtype, prompt_tokens,
-                            max_prompts, checkpoint, threads, num_heads, drafter, chat_template, device_map,
-                            processes, **options) -> CalibrationResult:
-    loaded = load_model(model, heads, device=device, dtype=dtype, num_heads=num_heads, drafter=drafter,
-                        device_map=device_map)
+def _run_calibration_locked(
+    model,
+    heads,
+    data,
+    *,
+    output,
+    device,
+    dtype,
+    prompt_tokens,
+    max_prompts,
+    checkpoint,
+    threads,
+    num_heads,
+    drafter,
+    chat_template,
+    device_map,
+    processes,
+    **options,
+) -> CalibrationResult:
+    loaded = load_model(
+        model, heads, device=device, dtype=dtype, num_heads=num_heads, drafter=drafter, device_map=device_map
+    )
     # One prompt beyond --max-prompts tells whether the run leaves data unused (then the
     # checkpoint stays for --resume).
-    prompts = load_prompts(data, loaded.tokenizer, prompt_tokens=prompt_tokens,
-                           max_prompts=None if max_prompts is None else max_prompts + 1,
-                           chat_template=chat_template,
-                           with_replies=options.get("labels", "greedy") == "data")
+    prompts = load_prompts(
+        data,
+        loaded.tokenizer,
+        prompt_tokens=prompt_tokens,
+        max_prompts=None if max_prompts is None else max_prompts + 1,
+        chat_template=chat_template,
+        with_replies=options.get("labels", "greedy") == "data",
+    )
     if prompts.skipped and processes.is_main:
-        print(f"treeopt: warning: {data}: skipped {len(prompts.skipped)} files that are not UTF-8 "
-              f"(first: {prompts.skipped[0]})", file=sys.stderr)
+        print(
+            f"treeopt: warning: {data}: skipped {len(prompts.skipped)} files that are not UTF-8 "
+            f"(first: {prompts.skipped[0]})",
+            file=sys.stderr,
+        )
     if heads is not None:
         heads_source = str(heads)
     elif model == "demo":
@@ -474,9 +576,17 @@ def _run_calibration_locked(model, heads, data, *, output, device, dtype, prompt
     if loaded.heads.kind != "medusa":
         heads_source = f"{loaded.heads.kind}:{heads_source}"  # a resume never mixes drafters
     with torch_threads(loaded.model, loaded.device, threads):
-        result = calibrate(loaded, prompts, max_prompts=max_prompts, checkpoint=checkpoint,
-                           heads_source=heads_source, keep_checkpoint=output is not None,
-                           finished_output=output, processes=processes, **options)
+        result = calibrate(
+            loaded,
+            prompts,
+            max_prompts=max_prompts,
+            checkpoint=checkpoint,
+            heads_source=heads_source,
+            keep_checkpoint=output is not None,
+            finished_output=output,
+            processes=processes,
+            **options,
+        )
     if output is not None and not result.already_complete:
         failed = None
         if processes.is_main:
@@ -491,14 +601,19 @@ def _run_calibration_locked(model, heads, data, *, output, device, dtype, prompt
         if saved and result.complete and checkpoint is not None:
             # only now: every output is on disk, so the counts are never in neither place
             rank_checkpoint_path(checkpoint, processes).unlink(missing_ok=True)
-    if output is not None and processes.is_main and loaded.heads.kind == "draft-model" and (
-            not result.already_complete or not alpha_path(output).is_file()):
+    if (
+        output is not None
+        and processes.is_main
+        and loaded.heads.kind == "draft-model"
+        and (not result.already_complete or not alpha_path(output).is_file())
+    ):
         # why: rejection sampling is governed by alpha = sum min(p, q), not by ranks
         # (docs/statistics.md, "Draft-model acceptance"); written beside the table (docs/formats.md)
         seqs = [list(p) for p in prompts.token_ids[:ALPHA_MAX_PROMPTS]]
         with torch_threads(loaded.model, loaded.device, threads):
-            chain_acceptance(loaded.model, loaded.heads, seqs,
-                             pad_id=pad_token_id(loaded.model, loaded.tokenizer)).save(alpha_path(output))
+            chain_acceptance(
+                loaded.model, loaded.heads, seqs, pad_id=pad_token_id(loaded.model, loaded.tokenizer)
+            ).save(alpha_path(output))
     return result
 
 
@@ -508,7 +623,12 @@ def save_outputs(output: str | Path, result: CalibrationResult) -> None:
     readers open first, last; both carry the run's ``run_id`` (docs/formats.md, "Output
     safety")."""
     with atomic_outputs() as out:
-        save_rank_vectors(out.path(rank_vectors_path(output)), result.ranks, result.sequence,
-                          result.table.width, result.fingerprint,
-                          run_id=result.table.provenance["run_id"])
+        save_rank_vectors(
+            out.path(rank_vectors_path(output)),
+            result.ranks,
+            result.sequence,
+            result.table.width,
+            result.fingerprint,
+            run_id=result.table.provenance["run_id"],
+        )
         result.table.save(out.path(output))

@@ -48,8 +48,15 @@ from calibration.drafters.draft_model import probabilities
 from treeopt.errors import UserError
 from treeopt.tree import Tree
 
-__all__ = ["SpeculativeDecoder", "chain_rejection", "children_table", "decoder_for", "draw_children",
-           "probabilities", "recursive_rejection"]
+__all__ = [
+    "SpeculativeDecoder",
+    "chain_rejection",
+    "children_table",
+    "decoder_for",
+    "draw_children",
+    "probabilities",
+    "recursive_rejection",
+]
 
 
 def decoder_for(model, drafter, tree: Tree, *, topk: int = 10, timing: bool = True):
@@ -77,8 +84,9 @@ def _uniform(shape, like: torch.Tensor, generator) -> torch.Tensor:
     return torch.rand(shape, generator=generator, device=like.device, dtype=torch.float32)
 
 
-def chain_rejection(draft_tokens: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor,
-                    generator=None) -> tuple[torch.Tensor, torch.Tensor]:
+def chain_rejection(
+    draft_tokens: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor, generator=None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Leviathan et al.'s verification of a drafted chain, for every row at once.
 
     draft_tokens: (b, g) x_1..x_g, drawn from q_1..q_g;
@@ -131,8 +139,13 @@ def draw_children(probs: torch.Tensor, k: int, temperature: float, generator=Non
     return keys.topk(k, dim=-1).indices
 
 
-def recursive_rejection(tree_tokens: torch.Tensor, children: torch.Tensor, draft_probs: torch.Tensor,
-                        target_probs: torch.Tensor, generator=None):
+def recursive_rejection(
+    tree_tokens: torch.Tensor,
+    children: torch.Tensor,
+    draft_probs: torch.Tensor,
+    target_probs: torch.Tensor,
+    generator=None,
+):
     """Recursive rejection sampling over a drafted tree (module doc), every row at once.
 
     tree_tokens:  (b, q) tokens, root at 0;
@@ -255,8 +268,9 @@ class SpeculativeDecoder:
         seen = additive_mask(state.draft_valid, self.draft_dtype)[:, None, None, :].expand(b, 1, n, c)
         mask = torch.cat([seen, local_mask[:, None]], dim=-1)
         with force_sdpa_gqa(self.force_gqa):
-            hidden = model_forward_hidden(self.draft_model, tokens, attention_mask=mask, position_ids=positions,
-                                          cache=state.draft_cache)
+            hidden = model_forward_hidden(
+                self.draft_model, tokens, attention_mask=mask, position_ids=positions, cache=state.draft_cache
+            )
         return self.draft_model.get_output_embeddings()(hidden)
 
     def draft(self, state: SpeculativeState, temperature: float, generator):
@@ -281,13 +295,13 @@ class SpeculativeDecoder:
         q_nodes[:, 0] = parent_probs[:, 0]
         for d, level in enumerate(self.td.levels):
             slot = level.rank if temperature <= 0 else self.draw_index[d]
-            picks = draw_children(parent_probs, level.width if temperature <= 0 else int(slot.max()) + 1,
-                                  temperature, generator)  # (b, parents, k)
+            picks = draw_children(
+                parent_probs, level.width if temperature <= 0 else int(slot.max()) + 1, temperature, generator
+            )  # (b, parents, k)
             tokens[:, level.nodes] = picks[:, level.parent_slot, slot]
             if d + 1 < len(self.td.levels):
                 fed = self.fed_nodes[d]
-                logits = self._tree_forward(state, tokens[:, fed], ts.next_pos[:, None] + d + 1,
-                                            self.fed_masks[d])
+                logits = self._tree_forward(state, tokens[:, fed], ts.next_pos[:, None] + d + 1, self.fed_masks[d])
                 parent_probs = probabilities(logits, temperature)
                 q_nodes[:, fed] = parent_probs
         return tokens, q_nodes
@@ -301,8 +315,13 @@ class SpeculativeDecoder:
         seen = additive_mask(state.draft_valid, self.draft_dtype)[:, None, None, :].expand(b, 1, n, c)
         mask = torch.cat([seen, fed_mask[None, None].expand(b, 1, -1, -1)], dim=-1)
         with force_sdpa_gqa(self.force_gqa):
-            hidden = model_forward_hidden(self.draft_model, tokens, attention_mask=mask,
-                                          position_ids=positions.expand(b, n), cache=state.draft_cache)
+            hidden = model_forward_hidden(
+                self.draft_model,
+                tokens,
+                attention_mask=mask,
+                position_ids=positions.expand(b, n),
+                cache=state.draft_cache,
+            )
         return self.draft_model.get_output_embeddings()(hidden)
 
     @torch.inference_mode()
@@ -321,8 +340,9 @@ class SpeculativeDecoder:
     # ---- one step ----------------------------------------------------------------------------
 
     @torch.inference_mode()
-    def step(self, state: SpeculativeState, clock: PhaseClock | None = None, *, temperature: float = 0.0,
-             generator=None):
+    def step(
+        self, state: SpeculativeState, clock: PhaseClock | None = None, *, temperature: float = 0.0, generator=None
+    ):
         """One step for every active sequence: (tokens (b, D + 1) produced, valid up to n_keep;
         n_keep (b,) = kept drafts + 1)."""
         clock = clock or PhaseClock(False, self.device)
@@ -330,8 +350,9 @@ class SpeculativeDecoder:
         with clock("draft"):
             tokens, q_nodes = self.draft(state, temperature, generator)
         with clock("verify"):
-            logits, hidden = td._forward(ts.cache, tokens, td.step_mask(ts.valid),
-                                         ts.next_pos[:, None] + td.depth[None])
+            logits, hidden = td._forward(
+                ts.cache, tokens, td.step_mask(ts.valid), ts.next_pos[:, None] + td.depth[None]
+            )
         with clock("update"):
             b = tokens.shape[0]
             rows = torch.arange(b, device=self.device)
@@ -346,8 +367,9 @@ class SpeculativeDecoder:
                     path = torch.where(path <= n[:, None], path, 0)
                     n_keep, last = n + 1, n
                 else:
-                    path, n_keep, last, bonus = recursive_rejection(tokens, self.children_drawn, q_nodes,
-                                                                    p_nodes, generator)
+                    path, n_keep, last, bonus = recursive_rejection(
+                        tokens, self.children_drawn, q_nodes, p_nodes, generator
+                    )
             # the target keeps the root and the kept nodes (TreeDecoder.step, docs/decoder.md)
             c = ts.valid.shape[1]
             keep = int(n_keep.max())
@@ -370,22 +392,29 @@ class SpeculativeDecoder:
     # ---- prefill and the loop ----------------------------------------------------------------
 
     @torch.inference_mode()
-    def prefill(self, input_ids, attention_mask=None, *, capacity: int = 0, temperature: float = 0.0,
-                generator=None) -> SpeculativeState:
+    def prefill(
+        self, input_ids, attention_mask=None, *, capacity: int = 0, temperature: float = 0.0, generator=None
+    ) -> SpeculativeState:
         """Both models read the prompts (b, L); the target's first token is the root."""
         input_ids = input_ids.to(self.device)
-        target = self.td.prefill(input_ids, attention_mask, capacity=capacity, temperature=temperature,
-                                 generator=generator)
+        target = self.td.prefill(
+            input_ids, attention_mask, capacity=capacity, temperature=temperature, generator=generator
+        )
         valid = check_inputs(input_ids, attention_mask)
         length = input_ids.shape[1]
         ar = torch.arange(length, device=self.device)
         mask = ((ar[None, :] <= ar[:, None])[None] & valid[:, None, :]) | torch.eye(
-            length, dtype=torch.bool, device=self.device)
+            length, dtype=torch.bool, device=self.device
+        )
         cache = new_cache(self.draft_model, max(capacity, length))
         with force_sdpa_gqa(self.force_gqa):
-            model_forward_hidden(self.draft_model, input_ids,
-                                 attention_mask=additive_mask(mask, self.draft_dtype)[:, None],
-                                 position_ids=(valid.long().cumsum(-1) - 1).clamp(min=0), cache=cache)
+            model_forward_hidden(
+                self.draft_model,
+                input_ids,
+                attention_mask=additive_mask(mask, self.draft_dtype)[:, None],
+                position_ids=(valid.long().cumsum(-1) - 1).clamp(min=0),
+                cache=cache,
+            )
         none = input_ids.new_zeros((input_ids.shape[0], 0))
         return SpeculativeState(target, cache, valid, none, none.bool())
 
@@ -404,8 +433,16 @@ class SpeculativeDecoder:
         state.pending_valid = state.pending_valid[idx]
 
     @torch.inference_mode()
-    def generate(self, input_ids: torch.Tensor, attention_mask=None, *, max_new_tokens: int,
-                 temperature: float = 0.0, eos_token_id=None, seed: int = 0) -> DecodeResult:
+    def generate(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask=None,
+        *,
+        max_new_tokens: int,
+        temperature: float = 0.0,
+        eos_token_id=None,
+        seed: int = 0,
+    ) -> DecodeResult:
         """Decode up to `max_new_tokens` tokens per prompt (as `TreeDecoder.generate`; the
         draft model's passes are timed as "draft"). Temperature 0: greedy; > 0: sampled with a
         torch.Generator seeded with `seed`."""
@@ -423,8 +460,7 @@ class SpeculativeDecoder:
         clock = PhaseClock(self.timing, self.device)
         with clock("prefill"):
             capacity = input_ids.shape[1] + 2 * max_new_tokens + self.q
-            state = self.prefill(input_ids, attention_mask, capacity=capacity, temperature=temperature,
-                                 generator=gen)
+            state = self.prefill(input_ids, attention_mask, capacity=capacity, temperature=temperature, generator=gen)
             finished = []
             for i, tok in enumerate(state.target.root.tolist()):
                 out[i].append(tok)
@@ -453,5 +489,12 @@ class SpeculativeDecoder:
         def col(phase):
             return np.array([s[phase] for s in seconds])
 
-        return DecodeResult(out, np.array(accepted, np.int64).reshape(-1, b), col("draft"), col("verify"),
-                            col("update"), prefill_s, np.array(emitted, np.int64).reshape(-1, b))
+        return DecodeResult(
+            out,
+            np.array(accepted, np.int64).reshape(-1, b),
+            col("draft"),
+            col("verify"),
+            col("update"),
+            prefill_s,
+            np.array(emitted, np.int64).reshape(-1, b),
+        )

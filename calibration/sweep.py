@@ -64,13 +64,32 @@ from treeopt.tau import TauCurve
 from treeopt.timing import interleaved_rounds
 from treeopt.tree import Tree
 
-__all__ = ["SWEEP_COLUMNS", "MEASURED_COLUMNS", "SWEEP_FORMAT", "SweepSettings", "StepBench", "meta_path",
-           "effective_sizes", "step_bench", "measure_group", "run_sweep", "measure_end_to_end",
-           "left_padding", "prompt_batches"]
+__all__ = [
+    "SWEEP_COLUMNS",
+    "MEASURED_COLUMNS",
+    "SWEEP_FORMAT",
+    "SweepSettings",
+    "StepBench",
+    "meta_path",
+    "effective_sizes",
+    "step_bench",
+    "measure_group",
+    "run_sweep",
+    "measure_end_to_end",
+    "left_padding",
+    "prompt_batches",
+]
 
 SWEEP_FORMAT = "treeopt.sweep/v1"
-MEASURED_COLUMNS = ["step_time_s", "step_time_p10_s", "step_time_p90_s", "samples", "remeasured", "overhead",
-                    "unreliable"]
+MEASURED_COLUMNS = [
+    "step_time_s",
+    "step_time_p10_s",
+    "step_time_p90_s",
+    "samples",
+    "remeasured",
+    "overhead",
+    "unreliable",
+]
 # The chosen tree's speedup interval the adaptive repeats aim for: +-5% of the speedup, finer
 # than the differences between tree sizes worth acting on (docs/statistics.md "Adaptive repeats").
 TARGET_HALF_WIDTH = 0.05
@@ -80,15 +99,15 @@ meta_path = sweep_meta_path
 
 @dataclass(frozen=True)
 class SweepSettings:
-    sizes: tuple[int, ...]       # proposal tree sizes; 0 = plain decoding (always measured)
+    sizes: tuple[int, ...]  # proposal tree sizes; 0 = plain decoding (always measured)
     batches: tuple[int, ...]
-    contexts: tuple[int, ...]    # cached tokens per sequence before the step
-    repeats: int = 15            # timed rounds per configuration
-    warmup: int = 2              # untimed calls per configuration first
+    contexts: tuple[int, ...]  # cached tokens per sequence before the step
+    repeats: int = 15  # timed rounds per configuration
+    warmup: int = 2  # untimed calls per configuration first
     topk: int = 10
     seed: int = 0
-    time_budget_s: float = 0.0   # seconds of extra rounds for undecided cells, the whole sweep
-    max_rounds_factor: int = 8   # at most this x repeats rounds per group
+    time_budget_s: float = 0.0  # seconds of extra rounds for undecided cells, the whole sweep
+    max_rounds_factor: int = 8  # at most this x repeats rounds per group
 
     def __post_init__(self):
         for name, minimum in (("sizes", 0), ("batches", 1), ("contexts", 1)):
@@ -145,8 +164,7 @@ class StepBench:
         return lengths.pop()
 
 
-def step_bench(lm, proposal: Tree, sizes, batch: int, context: int, *, topk: int = 10,
-               seed: int = 0) -> StepBench:
+def step_bench(lm, proposal: Tree, sizes, batch: int, context: int, *, topk: int = 10, seed: int = 0) -> StepBench:
     """Build the cache of `context` random tokens for `batch` sequences and one closure per
     tree size (0 first) running exactly one decoding step's model work, then undoing its cache
     append. The closures call `torch.cuda.synchronize()` on CUDA."""
@@ -159,9 +177,13 @@ def step_bench(lm, proposal: Tree, sizes, batch: int, context: int, *, topk: int
         return _draft_model_bench(lm, proposal, sizes, context_ids)
     cache = new_cache(model, capacity=context + max(sizes) + 1)
     with torch.inference_mode():
-        model_forward_hidden(model, context_ids, attention_mask=torch.ones_like(context_ids),
-                             position_ids=torch.arange(context, device=device).expand(batch, -1),
-                             cache=cache)
+        model_forward_hidden(
+            model,
+            context_ids,
+            attention_mask=torch.ones_like(context_ids),
+            position_ids=torch.arange(context, device=device).expand(batch, -1),
+            cache=cache,
+        )
     valid = torch.ones(batch, context, dtype=torch.bool, device=device)
     positions = torch.full((batch,), context, dtype=torch.long, device=device)
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
@@ -218,6 +240,7 @@ def _draft_model_bench(lm, proposal: Tree, sizes: list[int], context_ids: torch.
             bench.inputs[0] = token
             bench.fns.append(plain)
         else:
+
             def spec_step(decoder=decoders[n]):
                 decoder.step_work(state)
                 sync()
@@ -257,8 +280,19 @@ def _settled(samples: np.ndarray, sizes: list[int], reliable: np.ndarray, budget
     return (hi[k] - lo[k]) / 2 <= TARGET_HALF_WIDTH * draws.speedup_point[k]
 
 
-def measure_group(lm, proposal: Tree, sizes, batch: int, context: int, *, repeats: int, warmup: int,
-                  topk: int, seed: int, budget: GroupBudget | None = None) -> list[dict]:
+def measure_group(
+    lm,
+    proposal: Tree,
+    sizes,
+    batch: int,
+    context: int,
+    *,
+    repeats: int,
+    warmup: int,
+    topk: int,
+    seed: int,
+    budget: GroupBudget | None = None,
+) -> list[dict]:
     """Time every size of `sizes` (0 added) for one (batch, context) in paired rounds: one
     row per size with the MEASURED_COLUMNS (and batch, context, nodes), sizes ascending, and
     `round_samples`, the size's seconds per round (paired across sizes by round).
@@ -302,8 +336,9 @@ def measure_group(lm, proposal: Tree, sizes, batch: int, context: int, *, repeat
         if gc_was_enabled:
             gc.enable()
     if bench.cached_tokens() != context:  # every call must crop what it appended
-        raise RuntimeError(f"sweep: the cache holds {bench.cached_tokens()} tokens after timing, "
-                           f"expected the context of {context}")
+        raise RuntimeError(
+            f"sweep: the cache holds {bench.cached_tokens()} tokens after timing, expected the context of {context}"
+        )
     base = samples[:, 0]
     rows = []
     for i, n in enumerate(bench.sizes):
@@ -313,11 +348,21 @@ def measure_group(lm, proposal: Tree, sizes, batch: int, context: int, *, repeat
         # "Measured speedup intervals")
         ratio = max(1.0, float(np.median(st / base))) if n else 1.0
         p10, p50, p90 = np.quantile(st, [0.1, 0.5, 0.9])
-        rows.append({"batch": int(batch), "context": int(context), "nodes": int(n),
-                     "step_time_s": float(p50), "step_time_p10_s": float(p10),
-                     "step_time_p90_s": float(p90), "samples": int(samples.shape[0]),
-                     "remeasured": remeasured, "overhead": ratio, "unreliable": int(flags[i]),
-                     "round_samples": st.tolist()})
+        rows.append(
+            {
+                "batch": int(batch),
+                "context": int(context),
+                "nodes": int(n),
+                "step_time_s": float(p50),
+                "step_time_p10_s": float(p10),
+                "step_time_p90_s": float(p90),
+                "samples": int(samples.shape[0]),
+                "remeasured": remeasured,
+                "overhead": ratio,
+                "unreliable": int(flags[i]),
+                "round_samples": st.tolist(),
+            }
+        )
     return rows
 
 
@@ -330,13 +375,22 @@ def _jsonable(obj):
 
 def _fingerprint(lm, proposal: Tree, sizes: list[int], settings: SweepSettings) -> dict:
     """What a resumed sweep must share with the file it continues."""
-    return _jsonable({
-        "model": lm.name, "device": str(lm.device), "dtype": str(lm.dtype).replace("torch.", ""),
-        "threads": torch.get_num_threads(),
-        "proposal": proposal.to_choices(),
-        "measurement": {"sizes": sizes, "repeats": settings.repeats, "warmup": settings.warmup,
-                        "topk": settings.topk, "seed": settings.seed},
-    })
+    return _jsonable(
+        {
+            "model": lm.name,
+            "device": str(lm.device),
+            "dtype": str(lm.dtype).replace("torch.", ""),
+            "threads": torch.get_num_threads(),
+            "proposal": proposal.to_choices(),
+            "measurement": {
+                "sizes": sizes,
+                "repeats": settings.repeats,
+                "warmup": settings.warmup,
+                "topk": settings.topk,
+                "seed": settings.seed,
+            },
+        }
+    )
 
 
 def _differences(old: dict, new: dict) -> list[str]:
@@ -352,8 +406,7 @@ def _differences(old: dict, new: dict) -> list[str]:
 
 def _read_done(out_csv: Path, mpath: Path, fingerprint: dict, sizes: list[int]) -> tuple[pd.DataFrame, dict]:
     if not mpath.is_file():
-        raise UserError(f"{out_csv}: no {mpath.name} beside it; cannot resume (remove the file or "
-                        "choose another -o)")
+        raise UserError(f"{out_csv}: no {mpath.name} beside it; cannot resume (remove the file or choose another -o)")
     try:
         old = json.loads(mpath.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
@@ -362,14 +415,17 @@ def _read_done(out_csv: Path, mpath: Path, fingerprint: dict, sizes: list[int]) 
         raise UserError(f"{mpath}: not a treeopt sweep metadata file; cannot resume")
     diff = _differences(old, fingerprint)
     if diff:
-        raise UserError(f"{out_csv}: was measured with other settings ({'; '.join(diff)}); cannot resume "
-                        "(remove it, choose another -o, or use the same settings)")
+        raise UserError(
+            f"{out_csv}: was measured with other settings ({'; '.join(diff)}); cannot resume "
+            "(remove it, choose another -o, or use the same settings)"
+        )
     try:
         done = pd.read_csv(out_csv)
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as err:
         raise UserError(f"{out_csv}: not a sweep CSV ({str(err).splitlines()[0]}); cannot resume") from None
-    missing = [c for c in ["batch", "context", "nodes"] + MEASURED_COLUMNS
-               if c not in done.columns and c != "unreliable"]
+    missing = [
+        c for c in ["batch", "context", "nodes"] + MEASURED_COLUMNS if c not in done.columns and c != "unreliable"
+    ]
     if missing:
         raise UserError(f"{out_csv}: missing column '{missing[0]}'; cannot resume")
     done = done.reindex(columns=SWEEP_COLUMNS)
@@ -395,10 +451,16 @@ def _derive(table: pd.DataFrame, tau: TauCurve, predict, tau_se=None, samples: d
         for col in ("predicted_step_time_s", "predicted_overhead", "predicted_speedup"):
             t[col] = np.nan
     else:
-        pred = np.array([predict(int(b), int(n) + 1, int(s))
-                         for b, s, n in t[["batch", "context", "nodes"]].itertuples(index=False)], dtype=float)
-        plain = np.array([predict(int(b), 1, int(s))
-                          for b, s in t[["batch", "context"]].itertuples(index=False)], dtype=float)
+        pred = np.array(
+            [
+                predict(int(b), int(n) + 1, int(s))
+                for b, s, n in t[["batch", "context", "nodes"]].itertuples(index=False)
+            ],
+            dtype=float,
+        )
+        plain = np.array(
+            [predict(int(b), 1, int(s)) for b, s in t[["batch", "context"]].itertuples(index=False)], dtype=float
+        )
         t["predicted_step_time_s"] = pred
         t["predicted_overhead"] = pred / plain
         t["predicted_speedup"] = t["tau"] / t["predicted_overhead"]
@@ -410,9 +472,18 @@ def _write(table: pd.DataFrame, out_csv: Path) -> None:
         table.to_csv(tmp, index=False)
 
 
-def run_sweep(lm, tau: TauCurve, settings: SweepSettings, out_csv, *, predictor=None,
-              meta: dict | None = None, resume: bool = False, progress: bool = True,
-              tau_se=None) -> pd.DataFrame:
+def run_sweep(
+    lm,
+    tau: TauCurve,
+    settings: SweepSettings,
+    out_csv,
+    *,
+    predictor=None,
+    meta: dict | None = None,
+    resume: bool = False,
+    progress: bool = True,
+    tau_se=None,
+) -> pd.DataFrame:
     """Measure every (batch, context, size) of `settings`, writing `out_csv` (and its
     .meta.json) after each (batch, context) group; returns the table sorted by (batch,
     context, nodes).
@@ -438,8 +509,10 @@ def run_sweep(lm, tau: TauCurve, settings: SweepSettings, out_csv, *, predictor=
     sizes = effective_sizes(settings.sizes, proposal)
     dropped = sorted({int(n) for n in settings.sizes} - set(sizes))
     if dropped and progress:
-        print(f"sweep: the proposal tree has {proposal.size} nodes; sizes {dropped} measured as "
-              f"{proposal.size}", file=sys.stderr)
+        print(
+            f"sweep: the proposal tree has {proposal.size} nodes; sizes {dropped} measured as {proposal.size}",
+            file=sys.stderr,
+        )
     fingerprint = _fingerprint(lm, proposal, sizes, settings)
 
     if resume not in (True, False, "auto"):
@@ -460,9 +533,14 @@ def run_sweep(lm, tau: TauCurve, settings: SweepSettings, out_csv, *, predictor=
         batches |= set(old.get("batches", [])) | set(done["batch"].astype(int))
         contexts |= set(old.get("contexts", [])) | set(done["context"].astype(int))
         round_samples = read_round_samples(spath)
-    full_meta = {**_jsonable(meta or {}), "format": SWEEP_FORMAT, **fingerprint,
-                 "batches": sorted(int(b) for b in batches), "contexts": sorted(int(s) for s in contexts),
-                 "columns": SWEEP_COLUMNS}
+    full_meta = {
+        **_jsonable(meta or {}),
+        "format": SWEEP_FORMAT,
+        **fingerprint,
+        "batches": sorted(int(b) for b in batches),
+        "contexts": sorted(int(s) for s in contexts),
+        "columns": SWEEP_COLUMNS,
+    }
     # A fresh sweep replaces an old file only when its first group is measured, and then the
     # CSV, its metadata and its samples together: an interrupted start loses nothing, and an
     # old CSV never sits next to new metadata (docs/formats.md, "Output safety").
@@ -489,8 +567,14 @@ def run_sweep(lm, tau: TauCurve, settings: SweepSettings, out_csv, *, predictor=
         t = _derive(frame, tau, predict if predictor is not None else None, tau_se, round_samples)
         return t.reindex(columns=SWEEP_COLUMNS).sort_values(["batch", "context", "nodes"], ignore_index=True)
 
-    bar = tqdm(total=len(groups), initial=len(groups) - len(todo), desc="sweep", unit="group",
-               disable=not progress, file=sys.stderr)
+    bar = tqdm(
+        total=len(groups),
+        initial=len(groups) - len(todo),
+        desc="sweep",
+        unit="group",
+        disable=not progress,
+        file=sys.stderr,
+    )
     deadline = time.perf_counter() + float(settings.time_budget_s)
     try:
         for i, (b, s) in enumerate(todo):
@@ -498,14 +582,29 @@ def run_sweep(lm, tau: TauCurve, settings: SweepSettings, out_csv, *, predictor=
             budget = None
             if settings.time_budget_s > 0:
                 share = max(0.0, deadline - time.perf_counter()) / (len(todo) - i)
-                budget = GroupBudget(share, settings.max_rounds_factor * settings.repeats, tau.best,
-                                     None if tau_se is None else np.asarray(tau_se, dtype=float))
-            rows = measure_group(lm, proposal, sizes, b, s, repeats=settings.repeats,
-                                 warmup=settings.warmup, topk=settings.topk, seed=settings.seed,
-                                 budget=budget)
+                budget = GroupBudget(
+                    share,
+                    settings.max_rounds_factor * settings.repeats,
+                    tau.best,
+                    None if tau_se is None else np.asarray(tau_se, dtype=float),
+                )
+            rows = measure_group(
+                lm,
+                proposal,
+                sizes,
+                b,
+                s,
+                repeats=settings.repeats,
+                warmup=settings.warmup,
+                topk=settings.topk,
+                seed=settings.seed,
+                budget=budget,
+            )
             if all("round_samples" in r for r in rows):
-                round_samples[(b, s)] = ([r["nodes"] for r in rows],
-                                         np.column_stack([r["round_samples"] for r in rows]))
+                round_samples[(b, s)] = (
+                    [r["nodes"] for r in rows],
+                    np.column_stack([r["round_samples"] for r in rows]),
+                )
                 if not fresh:
                     write_round_samples(spath, round_samples)
             group = pd.DataFrame([{k: v for k, v in r.items() if k != "round_samples"} for r in rows])
@@ -574,9 +673,19 @@ def prompt_batches(tokenizer, prompts: list[str], batch: int, device) -> list[tu
     return out
 
 
-def measure_end_to_end(lm, proposal: Tree, sizes, batches, prompts: list[str], *, max_new_tokens: int,
-                       topk: int = 10, warmup: bool = True, seed: int = 0,
-                       progress: bool = True) -> pd.DataFrame:
+def measure_end_to_end(
+    lm,
+    proposal: Tree,
+    sizes,
+    batches,
+    prompts: list[str],
+    *,
+    max_new_tokens: int,
+    topk: int = 10,
+    warmup: bool = True,
+    seed: int = 0,
+    progress: bool = True,
+) -> pd.DataFrame:
     """The real greedy decoder on `prompts`, per (batch, tree size): rows batch, nodes,
     e2e_tokens_per_s, e2e_tokens_per_step, e2e_speedup.
 
@@ -596,13 +705,11 @@ def measure_end_to_end(lm, proposal: Tree, sizes, batches, prompts: list[str], *
     rng = random.Random(seed)
     sync = (lambda: torch.cuda.synchronize(lm.device)) if lm.device.type == "cuda" else (lambda: None)
     rows = []
-    bar = tqdm(total=len(batches) * len(sizes), desc="end-to-end", unit="cfg", disable=not progress,
-               file=sys.stderr)
+    bar = tqdm(total=len(batches) * len(sizes), desc="end-to-end", unit="cfg", disable=not progress, file=sys.stderr)
     try:
         for b in batches:
             encoded = prompt_batches(lm.tokenizer, prompts, b, lm.device)
-            decoders = {n: decoder_for(lm.model, lm.heads, proposal.prefix(n), topk=topk, timing=False)
-                        for n in sizes}
+            decoders = {n: decoder_for(lm.model, lm.heads, proposal.prefix(n), topk=topk, timing=False) for n in sizes}
             if warmup:
                 for n in sizes:
                     decoders[n].generate(*encoded[0], max_new_tokens=min(2, max_new_tokens))
@@ -624,8 +731,14 @@ def measure_end_to_end(lm, proposal: Tree, sizes, batches, prompts: list[str], *
                     accepted[n] += int(result.accepted[active].sum())
                     pairs[n] += int(active.sum())
             for n in sizes:
-                rows.append({"batch": b, "nodes": n, "e2e_tokens_per_s": emitted[n] / seconds[n],
-                             "e2e_tokens_per_step": accepted[n] / pairs[n] if pairs[n] else float("nan")})
+                rows.append(
+                    {
+                        "batch": b,
+                        "nodes": n,
+                        "e2e_tokens_per_s": emitted[n] / seconds[n],
+                        "e2e_tokens_per_step": accepted[n] / pairs[n] if pairs[n] else float("nan"),
+                    }
+                )
                 bar.update(1)
     finally:
         bar.close()

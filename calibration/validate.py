@@ -23,8 +23,14 @@ from calibration.sweep import left_padding
 from treeopt.errors import UserError
 from treeopt.tau import TauCurve
 
-__all__ = ["AcceptanceRow", "ACCEPTANCE_COLUMNS", "LATENCY_COLUMNS", "measure_acceptance", "latency_errors",
-           "relative_error"]
+__all__ = [
+    "AcceptanceRow",
+    "ACCEPTANCE_COLUMNS",
+    "LATENCY_COLUMNS",
+    "measure_acceptance",
+    "latency_errors",
+    "relative_error",
+]
 
 
 @dataclass(frozen=True)
@@ -32,11 +38,11 @@ class AcceptanceRow:
     nodes: int
     measured_tokens_per_step: float  # mean over (sequence, step) pairs of accepted nodes + 1
     tau_independent: float
-    tau_joint: float           # NaN without joint statistics
-    steps: int                 # decoding steps measured (sequence x step pairs)
-    error_independent: float   # (predicted - measured) / measured
+    tau_joint: float  # NaN without joint statistics
+    steps: int  # decoding steps measured (sequence x step pairs)
+    error_independent: float  # (predicted - measured) / measured
     error_joint: float
-    tau_walk: float = float("nan")    # joint statistics walked as the decoder steps (NaN: no rank vectors)
+    tau_walk: float = float("nan")  # joint statistics walked as the decoder steps (NaN: no rank vectors)
     error_walk: float = float("nan")
     # fraction of generated tokens equal to plain greedy decoding's (1.0 in float32; in bf16 /
     # fp16 near-tied logits may flip, docs/decoder.md "Reduced precision")
@@ -44,8 +50,17 @@ class AcceptanceRow:
 
 
 ACCEPTANCE_COLUMNS = [f for f in AcceptanceRow.__dataclass_fields__]
-LATENCY_COLUMNS = ["batch", "context", "nodes", "overhead", "predicted_overhead", "overhead_error",
-                   "step_time_s", "predicted_step_time_s", "step_time_error"]
+LATENCY_COLUMNS = [
+    "batch",
+    "context",
+    "nodes",
+    "overhead",
+    "predicted_overhead",
+    "overhead_error",
+    "step_time_s",
+    "predicted_step_time_s",
+    "step_time_error",
+]
 
 
 def relative_error(predicted, measured):
@@ -57,8 +72,17 @@ def relative_error(predicted, measured):
     return float(out) if out.ndim == 0 else out
 
 
-def measure_acceptance(lm, tau: TauCurve, sizes, prompts: list[str], *, max_new_tokens: int,
-                       batch_size: int = 8, topk: int = 10, progress: bool = True) -> pd.DataFrame:
+def measure_acceptance(
+    lm,
+    tau: TauCurve,
+    sizes,
+    prompts: list[str],
+    *,
+    max_new_tokens: int,
+    batch_size: int = 8,
+    topk: int = 10,
+    progress: bool = True,
+) -> pd.DataFrame:
     """Measured tokens per step of the greedy tree decoder for each size in `sizes` (trees
     `tau.proposal.prefix(n)`), beside every tau estimate of those trees, decoding every prompt
     (left-padded batches of `batch_size`, the last one smaller) for `max_new_tokens` tokens
@@ -68,8 +92,10 @@ def measure_acceptance(lm, tau: TauCurve, sizes, prompts: list[str], *, max_new_
     if not prompts:
         raise UserError("validate: no prompts to decode")
     if max_new_tokens < 2:
-        raise UserError(f"--max-new-tokens: must be >= 2 to measure a decoding step (the first token "
-                        f"comes from the prefill), got {max_new_tokens}")
+        raise UserError(
+            f"--max-new-tokens: must be >= 2 to measure a decoding step (the first token "
+            f"comes from the prefill), got {max_new_tokens}"
+        )
     sizes = [int(n) for n in sizes]
     proposal = tau.proposal
     for n in sizes:
@@ -77,8 +103,10 @@ def measure_acceptance(lm, tau: TauCurve, sizes, prompts: list[str], *, max_new_
             raise UserError(f"--sizes: {n} nodes asked for, the proposal tree has {proposal.size}")
     tok = lm.tokenizer
     with left_padding(tok):
-        encoded = [tok(prompts[i:i + batch_size], return_tensors="pt", padding=True)
-                   for i in range(0, len(prompts), batch_size)]
+        encoded = [
+            tok(prompts[i : i + batch_size], return_tensors="pt", padding=True)
+            for i in range(0, len(prompts), batch_size)
+        ]
     rows = []
     plain_tokens = []
     # the first pass is plain greedy decoding, the reference of `agreement`
@@ -86,8 +114,9 @@ def measure_acceptance(lm, tau: TauCurve, sizes, prompts: list[str], *, max_new_
         decoder = decoder_for(lm.model, lm.heads, proposal.prefix(n), topk=topk, timing=False)
         accepted, same, total = [], 0, 0
         for i, enc in enumerate(encoded):
-            res = decoder.generate(enc["input_ids"].to(lm.device), enc["attention_mask"].to(lm.device),
-                                   max_new_tokens=max_new_tokens)
+            res = decoder.generate(
+                enc["input_ids"].to(lm.device), enc["attention_mask"].to(lm.device), max_new_tokens=max_new_tokens
+            )
             if j == 0:
                 plain_tokens.append(res.tokens)
                 continue
@@ -101,11 +130,25 @@ def measure_acceptance(lm, tau: TauCurve, sizes, prompts: list[str], *, max_new_
             continue
         accepted = np.concatenate(accepted) if accepted else np.zeros(0, np.int64)
         measured = float(accepted.mean()) if accepted.size else float("nan")
-        ti, tj, tw = (float(curve[n]) if curve is not None else float("nan")
-                      for curve in (tau.independent, tau.joint, tau.walked))
-        rows.append(asdict(AcceptanceRow(n, measured, ti, tj, int(accepted.size),
-                                         relative_error(ti, measured), relative_error(tj, measured),
-                                         tw, relative_error(tw, measured), same / total if total else float("nan"))))
+        ti, tj, tw = (
+            float(curve[n]) if curve is not None else float("nan") for curve in (tau.independent, tau.joint, tau.walked)
+        )
+        rows.append(
+            asdict(
+                AcceptanceRow(
+                    n,
+                    measured,
+                    ti,
+                    tj,
+                    int(accepted.size),
+                    relative_error(ti, measured),
+                    relative_error(tj, measured),
+                    tw,
+                    relative_error(tw, measured),
+                    same / total if total else float("nan"),
+                )
+            )
+        )
     return pd.DataFrame(rows, columns=ACCEPTANCE_COLUMNS)
 
 
@@ -116,8 +159,10 @@ def latency_errors(sweep: pd.DataFrame) -> pd.DataFrame:
     need = ["batch", "context", "nodes", "overhead", "predicted_overhead"]
     missing = [c for c in need if c not in sweep.columns]
     if missing:
-        raise UserError(f"{sweep.attrs.get('source', 'sweep')}: missing column '{missing[0]}' "
-                        "(the latency check needs a sweep with predictions: --hardware)")
+        raise UserError(
+            f"{sweep.attrs.get('source', 'sweep')}: missing column '{missing[0]}' "
+            "(the latency check needs a sweep with predictions: --hardware)"
+        )
     df = sweep[sweep["nodes"] > 0].copy()
     for col in ("step_time_s", "predicted_step_time_s"):
         if col not in df.columns:

@@ -26,9 +26,20 @@ from roofline.ops import DraftWork
 from roofline.shapes import DraftHeadsShape, ModelShape
 from treeopt.errors import UserError
 
-__all__ = ["DEFAULT_BATCHES", "DEFAULT_CONTEXTS", "GRID_COLUMNS", "speedup_grid", "heads_used_by_prefix",
-           "candidates_by_prefix", "check_tau", "draft_rows_by_prefix", "parents_of", "candidate_forms_grid",
-           "CANDIDATE_FORMS", "FORM_COLUMNS"]
+__all__ = [
+    "DEFAULT_BATCHES",
+    "DEFAULT_CONTEXTS",
+    "GRID_COLUMNS",
+    "speedup_grid",
+    "heads_used_by_prefix",
+    "candidates_by_prefix",
+    "check_tau",
+    "draft_rows_by_prefix",
+    "parents_of",
+    "candidate_forms_grid",
+    "CANDIDATE_FORMS",
+    "FORM_COLUMNS",
+]
 
 DEFAULT_BATCHES = (1, 2, 4, 8, 16, 32, 64)
 DEFAULT_CONTEXTS = (128, 256, 512, 1024, 2048, 4096, 8192)
@@ -119,10 +130,21 @@ def candidates_by_prefix(tree) -> tuple[np.ndarray, np.ndarray]:
     return (np.concatenate(([1.0], tokens)).astype(float), np.concatenate(([1.0], leaves)).astype(float))
 
 
-def speedup_grid(shape: ModelShape, heads_shape: DraftHeadsShape | None, hw: HardwareProfile,
-                 tau_by_nodes, batches=DEFAULT_BATCHES, contexts=DEFAULT_CONTEXTS, *,
-                 attention: str = "fused", heads_in_baseline: bool = False, heads_used=None,
-                 verification: str = "tree", tree=None, draft_stages=None) -> pd.DataFrame:
+def speedup_grid(
+    shape: ModelShape,
+    heads_shape: DraftHeadsShape | None,
+    hw: HardwareProfile,
+    tau_by_nodes,
+    batches=DEFAULT_BATCHES,
+    contexts=DEFAULT_CONTEXTS,
+    *,
+    attention: str = "fused",
+    heads_in_baseline: bool = False,
+    heads_used=None,
+    verification: str = "tree",
+    tree=None,
+    draft_stages=None,
+) -> pd.DataFrame:
     """One row per (batch, context, nodes) with columns GRID_COLUMNS, sorted in that order.
 
     tau_by_nodes: (N + 1,) expected tokens per step of the proposal tree of n nodes,
@@ -153,8 +175,9 @@ def speedup_grid(shape: ModelShape, heads_shape: DraftHeadsShape | None, hw: Har
         raise UserError(f"--verification: must be 'tree' or 'candidates', got '{verification}'")
     stages = None if draft_stages is None else np.asarray(draft_stages, dtype=float)[None, None, :]
     if isinstance(heads_shape, DraftWork) and (heads_used is not None or heads_in_baseline):
-        raise UserError("a sequential drafter runs the stages its tree reaches: --used-heads and "
-                        "--heads-in-baseline do not apply")
+        raise UserError(
+            "a sequential drafter runs the stages its tree reaches: --used-heads and --heads-in-baseline do not apply"
+        )
     if isinstance(heads_shape, DraftWork):
         rows = np.asarray(heads_shape.rows_per_sequence, dtype=float)
         if rows.ndim != 2 or rows.shape[0] != tau.size:
@@ -162,8 +185,18 @@ def speedup_grid(shape: ModelShape, heads_shape: DraftHeadsShape | None, hw: Har
         heads_shape = replace(heads_shape, rows_per_sequence=rows[None, None])
     full = (b.shape[0], s.shape[1], n.shape[2])
     if heads_used is None or heads_shape is None:
-        t_tree = step_time_s(shape, heads_shape, hw, batch=b, tokens=q, context=s, attention=attention,
-                             on_oom="ignore", candidates=cands, draft_stages=stages)
+        t_tree = step_time_s(
+            shape,
+            heads_shape,
+            hw,
+            batch=b,
+            tokens=q,
+            context=s,
+            attention=attention,
+            on_oom="ignore",
+            candidates=cands,
+            draft_stages=stages,
+        )
         t_tree = np.broadcast_to(t_tree, full)
     else:
         used = np.asarray(heads_used, dtype=np.int64)
@@ -172,40 +205,82 @@ def speedup_grid(shape: ModelShape, heads_shape: DraftHeadsShape | None, hw: Har
         t_tree = np.empty(full)
         for k in np.unique(used):  # at most K + 1 distinct head counts
             hk = replace(heads_shape, num_heads=int(k)) if k else None
-            t_k = np.broadcast_to(step_time_s(shape, hk, hw, batch=b, tokens=q, context=s, attention=attention,
-                                              on_oom="ignore", candidates=cands, draft_stages=stages), full)
+            t_k = np.broadcast_to(
+                step_time_s(
+                    shape,
+                    hk,
+                    hw,
+                    batch=b,
+                    tokens=q,
+                    context=s,
+                    attention=attention,
+                    on_oom="ignore",
+                    candidates=cands,
+                    draft_stages=stages,
+                ),
+                full,
+            )
             sel = np.broadcast_to((used == k)[None, None, :], full)
             t_tree[sel] = t_k[sel]
     base_heads = heads_shape if heads_in_baseline else None
-    t_plain = step_time_s(shape, base_heads, hw, batch=b, tokens=1, context=s, attention=attention,
-                          on_oom="ignore")
+    t_plain = step_time_s(shape, base_heads, hw, batch=b, tokens=1, context=s, attention=attention, on_oom="ignore")
     t_plain = np.broadcast_to(t_plain, (b.shape[0], s.shape[1], 1))
     step = t_tree.copy()
-    step[:, :, :1] = t_plain                              # n = 0 is plain decoding
-    fits = np.broadcast_to(fits_memory(shape, heads_shape, hw, batch=b, tokens=q, context=s,
-                                       attention=attention, candidates=cands), step.shape).copy()
-    fits[:, :, :1] = np.broadcast_to(fits_memory(shape, base_heads, hw, batch=b, tokens=1, context=s,
-                                                 attention=attention), fits[:, :, :1].shape)
+    step[:, :, :1] = t_plain  # n = 0 is plain decoding
+    fits = np.broadcast_to(
+        fits_memory(shape, heads_shape, hw, batch=b, tokens=q, context=s, attention=attention, candidates=cands),
+        step.shape,
+    ).copy()
+    fits[:, :, :1] = np.broadcast_to(
+        fits_memory(shape, base_heads, hw, batch=b, tokens=1, context=s, attention=attention), fits[:, :, :1].shape
+    )
     step = np.where(fits, step, np.nan)
     overhead = step / step[:, :, :1]
     tau_full = np.broadcast_to(tau[None, None, :], step.shape)
     speedup = tau_full / overhead
     B, S, N = np.broadcast_arrays(b, s, n)
-    return pd.DataFrame({
-        "batch": B.ravel(), "context": S.ravel(), "nodes": N.ravel(), "tau": tau_full.ravel(),
-        "step_time_s": step.ravel(), "overhead": overhead.ravel(), "speedup": speedup.ravel(),
-        "fits_memory": fits.ravel(),
-    })
+    return pd.DataFrame(
+        {
+            "batch": B.ravel(),
+            "context": S.ravel(),
+            "nodes": N.ravel(),
+            "tau": tau_full.ravel(),
+            "step_time_s": step.ravel(),
+            "overhead": overhead.ravel(),
+            "speedup": speedup.ravel(),
+            "fits_memory": fits.ravel(),
+        }
+    )
 
 
 CANDIDATE_FORMS = ("prefix-tree", "candidates")
-FORM_COLUMNS = ("batch", "context", "form", "tokens", "sequences", "tau", "step_time_s", "overhead", "speedup",
-                "fits_memory")
+FORM_COLUMNS = (
+    "batch",
+    "context",
+    "form",
+    "tokens",
+    "sequences",
+    "tau",
+    "step_time_s",
+    "overhead",
+    "speedup",
+    "fits_memory",
+)
 
 
-def candidate_forms_grid(shape: ModelShape, draft, hw: HardwareProfile, tau: float, tree, n_candidates: int,
-                         batches=DEFAULT_BATCHES, contexts=DEFAULT_CONTEXTS, *, candidate_draft=None,
-                         attention: str = "fused") -> pd.DataFrame:
+def candidate_forms_grid(
+    shape: ModelShape,
+    draft,
+    hw: HardwareProfile,
+    tau: float,
+    tree,
+    n_candidates: int,
+    batches=DEFAULT_BATCHES,
+    contexts=DEFAULT_CONTEXTS,
+    *,
+    candidate_draft=None,
+    attention: str = "fused",
+) -> pd.DataFrame:
     """IBM's candidate form verified both ways (docs/builders.md, "IBM's candidate form"): one
     row per (batch, context, form) with columns FORM_COLUMNS.
 
@@ -218,24 +293,53 @@ def candidate_forms_grid(shape: ModelShape, draft, hw: HardwareProfile, tau: flo
     s = _positive_ints(contexts, "--context", 0)[None, :, None]
     if tau < 1:
         raise UserError(f"tau: must be >= 1, got {tau}")
-    forms = {"prefix-tree": (tree.size + 1.0, 1.0, draft),
-             "candidates": (n_candidates * (tree.depth + 1.0), float(n_candidates),
-                            draft if candidate_draft is None else candidate_draft)}
+    forms = {
+        "prefix-tree": (tree.size + 1.0, 1.0, draft),
+        "candidates": (
+            n_candidates * (tree.depth + 1.0),
+            float(n_candidates),
+            draft if candidate_draft is None else candidate_draft,
+        ),
+    }
     t_plain = step_time_s(shape, None, hw, batch=b, tokens=1, context=s, attention=attention, on_oom="ignore")
     fits_plain = fits_memory(shape, None, hw, batch=b, tokens=1, context=s, attention=attention)
     frames = []
     for form, (q, c, heads) in forms.items():  # two forms
-        t = step_time_s(shape, heads, hw, batch=b, tokens=q, context=s, attention=attention, on_oom="ignore",
-                        candidates=None if c == 1 else c)
-        fits = fits_memory(shape, heads, hw, batch=b, tokens=q, context=s, attention=attention,
-                           candidates=None if c == 1 else c) & fits_plain
+        t = step_time_s(
+            shape,
+            heads,
+            hw,
+            batch=b,
+            tokens=q,
+            context=s,
+            attention=attention,
+            on_oom="ignore",
+            candidates=None if c == 1 else c,
+        )
+        fits = (
+            fits_memory(
+                shape, heads, hw, batch=b, tokens=q, context=s, attention=attention, candidates=None if c == 1 else c
+            )
+            & fits_plain
+        )
         t = np.where(fits, t, np.nan)
         overhead = t / t_plain
         B, S = np.broadcast_arrays(b, s)
-        frames.append(pd.DataFrame({
-            "batch": B.ravel(), "context": S.ravel(), "form": form, "tokens": q, "sequences": c, "tau": float(tau),
-            "step_time_s": np.broadcast_to(t, B.shape).ravel(), "overhead": np.broadcast_to(overhead, B.shape).ravel(),
-            "speedup": float(tau) / np.broadcast_to(overhead, B.shape).ravel(),
-            "fits_memory": np.broadcast_to(fits, B.shape).ravel()}))
+        frames.append(
+            pd.DataFrame(
+                {
+                    "batch": B.ravel(),
+                    "context": S.ravel(),
+                    "form": form,
+                    "tokens": q,
+                    "sequences": c,
+                    "tau": float(tau),
+                    "step_time_s": np.broadcast_to(t, B.shape).ravel(),
+                    "overhead": np.broadcast_to(overhead, B.shape).ravel(),
+                    "speedup": float(tau) / np.broadcast_to(overhead, B.shape).ravel(),
+                    "fits_memory": np.broadcast_to(fits, B.shape).ravel(),
+                }
+            )
+        )
     out = pd.concat(frames, ignore_index=True)
     return out.sort_values(["batch", "context", "form"], kind="stable").reset_index(drop=True)

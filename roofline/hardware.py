@@ -41,15 +41,23 @@ import numpy as np
 from treeopt.errors import UserError
 from treeopt.fileio import read_json_input, write_json
 
-__all__ = ["EfficiencyCurve", "HardwareProfile", "load_hardware", "builtin_hardware",
-           "DEFAULT_GPU_GEMM_CURVE", "HARDWARE_FORMAT", "GIB", "VERIFICATION_MODES"]
+__all__ = [
+    "EfficiencyCurve",
+    "HardwareProfile",
+    "load_hardware",
+    "builtin_hardware",
+    "DEFAULT_GPU_GEMM_CURVE",
+    "HARDWARE_FORMAT",
+    "GIB",
+    "VERIFICATION_MODES",
+]
 
 # how a step verifies its draft tokens (docs/performance-model.md "Verification modes")
 VERIFICATION_MODES = ("tree", "candidates")
 
 HARDWARE_FORMAT = "treeopt.hardware/v1"
 GB = 1e9
-GIB = 2.0 ** 30
+GIB = 2.0**30
 TFLOPS = 1e12
 
 
@@ -180,10 +188,19 @@ class HardwareProfile:
         for key in ("bandwidth_bytes_per_s", "capacity_bytes", "eta_compute", "eta_memory"):
             if not _positive(getattr(self, key)):
                 raise UserError(f"hardware {self.name}: '{key}' must be a positive number")
-        for key in ("kernel_overhead_s", "forward_overhead_s", "layer_overhead_s", "head_overhead_s",
-                    "token_overhead_s", "context_overhead_s", "plain_context_overhead_s",
-                    "attention_block_overhead_s", "spec_step_overhead_s", "verified_token_s",
-                    "draft_stage_s"):
+        for key in (
+            "kernel_overhead_s",
+            "forward_overhead_s",
+            "layer_overhead_s",
+            "head_overhead_s",
+            "token_overhead_s",
+            "context_overhead_s",
+            "plain_context_overhead_s",
+            "attention_block_overhead_s",
+            "spec_step_overhead_s",
+            "verified_token_s",
+            "draft_stage_s",
+        ):
             value = getattr(self, key)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not np.isfinite(value) or value < 0:
                 raise UserError(f"hardware {self.name}: '{key}' must be a number >= 0")
@@ -202,8 +219,10 @@ class HardwareProfile:
         twin = {"bf16": "fp16", "fp16": "bf16"}.get(dtype)
         if twin in self.peak_flops:
             return float(self.peak_flops[twin])
-        raise UserError(f"hardware {self.name}: no peak FLOP/s for dtype {dtype} "
-                        f"(it has {', '.join(sorted(self.peak_flops))}); pass --dtype")
+        raise UserError(
+            f"hardware {self.name}: no peak FLOP/s for dtype {dtype} "
+            f"(it has {', '.join(sorted(self.peak_flops))}); pass --dtype"
+        )
 
     @property
     def vector_flops_per_s(self) -> float:
@@ -247,8 +266,10 @@ class HardwareProfile:
     def describe(self) -> str:
         unit, scale = ("TFLOP/s", TFLOPS) if max(self.peak_flops.values()) >= TFLOPS else ("GFLOP/s", 1e9)
         peaks = ", ".join(f"{k} {v / scale:.4g}" for k, v in sorted(self.peak_flops.items()))
-        return (f"{self.name}: peak {unit} {peaks}; {self.bandwidth_bytes_per_s / GB:.4g} GB/s; "
-                f"{self.capacity_text()}; eta_c {self.eta_compute:.3g}, eta_m {self.eta_memory:.3g}")
+        return (
+            f"{self.name}: peak {unit} {peaks}; {self.bandwidth_bytes_per_s / GB:.4g} GB/s; "
+            f"{self.capacity_text()}; eta_c {self.eta_compute:.3g}, eta_m {self.eta_memory:.3g}"
+        )
 
     # --- (de)serialisation ---------------------------------------------------------------
     def to_dict(self) -> dict:
@@ -319,17 +340,26 @@ def _gpu(name, bf16_tflops, gbps, gb, fp32_tflops, description, note=""):
     peaks = {"bf16": bf16_tflops * TFLOPS, "fp16": bf16_tflops * TFLOPS}
     if fp32_tflops:
         peaks["fp32"] = fp32_tflops * TFLOPS
-    src = ("vendor datasheet, see docs/performance-model.md (dense fp16/bf16, no sparsity); fp32 = "
-           "non-tensor-core rate from the vendor datasheet" + (f"; {note}" if note else ""))
+    src = (
+        "vendor datasheet, see docs/performance-model.md (dense fp16/bf16, no sparsity); fp32 = "
+        "non-tensor-core rate from the vendor datasheet" + (f"; {note}" if note else "")
+    )
     # the "GB" printed on GPU datasheets counts binary gigabytes: an "80 GB" A100 reports
     # 81920 MiB (docs/performance-model.md "Memory capacity")
-    return HardwareProfile(name=name, peak_flops=peaks, bandwidth_bytes_per_s=gbps * GB,
-                           capacity_bytes=gb * GIB, capacity_sold_gb=float(gb), description=description,
-                           source=src)
+    return HardwareProfile(
+        name=name,
+        peak_flops=peaks,
+        bandwidth_bytes_per_s=gbps * GB,
+        capacity_bytes=gb * GIB,
+        capacity_sold_gb=float(gb),
+        description=description,
+        source=src,
+    )
 
 
 _BUILTIN = {
-    hw.name: hw for hw in [
+    hw.name: hw
+    for hw in [
         _gpu("a100-40gb-sxm", 312, 1555, 40, 19.5, "NVIDIA A100-SXM4-40GB"),
         _gpu("a100-80gb-sxm", 312, 2039, 80, 19.5, "NVIDIA A100-SXM4-80GB"),
         _gpu("a100-80gb-pcie", 312, 1935, 80, 19.5, "NVIDIA A100-PCIe-80GB"),
@@ -337,18 +367,31 @@ _BUILTIN = {
         _gpu("rtx-a6000", 154.8, 768, 48, 38.7, "NVIDIA RTX A6000"),
         _gpu("l4", 121, 300, 24, 30.3, "NVIDIA L4"),
         _gpu("l40s", 362, 864, 48, 91.6, "NVIDIA L40S"),
-        _gpu("rtx-4090", 165, 1008, 24, 82.6, "NVIDIA GeForce RTX 4090",
-             "165 TFLOP/s is the fp16 rate with fp32 accumulate"),
+        _gpu(
+            "rtx-4090",
+            165,
+            1008,
+            24,
+            82.6,
+            "NVIDIA GeForce RTX 4090",
+            "165 TFLOP/s is the fp16 rate with fp32 accumulate",
+        ),
         _gpu("h100-sxm", 989, 3350, 80, 67, "NVIDIA H100-SXM5-80GB"),
         _gpu("h100-pcie", 756, 2000, 80, 51, "NVIDIA H100-PCIe-80GB"),
         _gpu("h200", 989, 4800, 141, 67, "NVIDIA H200-SXM-141GB"),
-        _gpu("b200", 2250, 8000, 180, None, "NVIDIA B200",
-             "no fp32 figure: vector work at bf16/16"),
+        _gpu("b200", 2250, 8000, 180, None, "NVIDIA B200", "no fp32 figure: vector work at bf16/16"),
         _gpu("mi300x", 1307, 5300, 192, 163.4, "AMD Instinct MI300X"),
     ]
 }
-_ALIASES = {"a100": "a100-80gb-sxm", "a100-80gb": "a100-80gb-sxm", "a100-40gb": "a100-40gb-sxm",
-            "h100": "h100-sxm", "h100-80gb": "h100-sxm", "4090": "rtx-4090", "a6000": "rtx-a6000"}
+_ALIASES = {
+    "a100": "a100-80gb-sxm",
+    "a100-80gb": "a100-80gb-sxm",
+    "a100-40gb": "a100-40gb-sxm",
+    "h100": "h100-sxm",
+    "h100-80gb": "h100-sxm",
+    "4090": "rtx-4090",
+    "a6000": "rtx-a6000",
+}
 
 
 def builtin_hardware() -> dict[str, HardwareProfile]:
@@ -376,5 +419,7 @@ def load_hardware(name_or_path) -> HardwareProfile:
     if path.suffix == ".json" or "/" in spec:
         raise UserError(f"--hardware: {spec}: no such file")
     names = ", ".join(sorted(_BUILTIN))
-    raise UserError(f"--hardware: unknown hardware '{spec}' (built-in: {names}; or a profile JSON "
-                    "written by `treeopt hw calibrate`)")
+    raise UserError(
+        f"--hardware: unknown hardware '{spec}' (built-in: {names}; or a profile JSON "
+        "written by `treeopt hw calibrate`)"
+    )

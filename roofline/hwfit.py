@@ -136,8 +136,11 @@ class HeadOverhead:
     ops_predicted_s: tuple[float, ...]
 
     def to_dict(self) -> dict:
-        return {"heads": list(self.heads), "measured_s": list(self.measured_s),
-                "ops_predicted_s": list(self.ops_predicted_s)}
+        return {
+            "heads": list(self.heads),
+            "measured_s": list(self.measured_s),
+            "ops_predicted_s": list(self.ops_predicted_s),
+        }
 
 
 def fit_line(x_bytes, t_s) -> LineFit:
@@ -204,8 +207,15 @@ def efficiency_curve(rows, flops, memory_s, busy_s, peak: float, *, threshold: f
     return RowEfficiency(curve, attained, compute_bound)
 
 
-def fit_gemm(samples: tuple[GemmSample, ...], weights: tuple[WeightShape, ...], *, kernel_s: float,
-             dtype_bytes: int, peak: float, bandwidth_bytes_per_s: float) -> GemmFit:
+def fit_gemm(
+    samples: tuple[GemmSample, ...],
+    weights: tuple[WeightShape, ...],
+    *,
+    kernel_s: float,
+    dtype_bytes: int,
+    peak: float,
+    bandwidth_bytes_per_s: float,
+) -> GemmFit:
     """Peak, eta_memory and the efficiency by rows from the GEMMs on the model's weights.
 
     Per row count r, FLOPs and bytes are those of one forward's GEMMs (each weight shape
@@ -224,8 +234,10 @@ def fit_gemm(samples: tuple[GemmSample, ...], weights: tuple[WeightShape, ...], 
         nbytes = (uses * dtype_bytes * (k * n + r * k + r * n)).sum(axis=1)
         busy = np.maximum(time_s - uses.sum() * kernel_s, MIN_BUSY_FRACTION * time_s)
         row_counts = rows
-        points = tuple({"shape": "all", "rows": int(rc), "time_s": float(t), "tflops": float(f / t / 1e12)}
-                       for rc, t, f in zip(rows, time_s, flops, strict=True))
+        points = tuple(
+            {"shape": "all", "rows": int(rc), "time_s": float(t), "tflops": float(f / t / 1e12)}
+            for rc, t, f in zip(rows, time_s, flops, strict=True)
+        )
     else:
         k = np.array([s.weight.in_features for s in samples], dtype=float)
         n = np.array([s.weight.out_features for s in samples], dtype=float)
@@ -238,10 +250,18 @@ def fit_gemm(samples: tuple[GemmSample, ...], weights: tuple[WeightShape, ...], 
         nbytes = np.bincount(slot, uses * dtype_bytes * (k * n + rows * k + rows * n))
         busy = np.bincount(slot, uses * busy_each)
         full_call = per_call * n / columns
-        points = tuple({"shape": s.weight.label, "k": s.weight.in_features, "n": s.weight.out_features,
-                        "rows": s.rows, "columns_timed": s.columns_timed, "time_s": float(t),
-                        "tflops": float(2.0 * s.rows * s.weight.in_features * s.weight.out_features / t / 1e12)}
-                       for s, t in zip(samples, full_call, strict=True))
+        points = tuple(
+            {
+                "shape": s.weight.label,
+                "k": s.weight.in_features,
+                "n": s.weight.out_features,
+                "rows": s.rows,
+                "columns_timed": s.columns_timed,
+                "time_s": float(t),
+                "tflops": float(2.0 * s.rows * s.weight.in_features * s.weight.out_features / t / 1e12),
+            }
+            for s, t in zip(samples, full_call, strict=True)
+        )
     peak = max(peak, float(np.max(flops / busy)))
     # weight streaming from the smallest row count (memory bound there by construction); if it
     # beats the streaming read, that read was the one disturbed: trust the GEMV
@@ -250,25 +270,35 @@ def fit_gemm(samples: tuple[GemmSample, ...], weights: tuple[WeightShape, ...], 
     note = None
     bandwidth = bandwidth_bytes_per_s
     if gemv_rate > bandwidth:
-        note = (f"streaming read ({bandwidth / 1e9:.1f} GB/s) slower than single-row GEMMs "
-                f"({gemv_rate / 1e9:.1f} GB/s): bandwidth set to the latter")
+        note = (
+            f"streaming read ({bandwidth / 1e9:.1f} GB/s) slower than single-row GEMMs "
+            f"({gemv_rate / 1e9:.1f} GB/s): bandwidth set to the latter"
+        )
         bandwidth = gemv_rate
     eta_memory = float(max(gemv_rate / bandwidth, 0.05))
     efficiency = efficiency_curve(row_counts, flops, nbytes / (bandwidth * eta_memory), busy, peak)
-    return GemmFit(peak_flops=peak, bandwidth_bytes_per_s=float(bandwidth), eta_memory=eta_memory,
-                   efficiency=efficiency, mode="whole model pass" if whole_pass else "per weight shape",
-                   points=points, note=note)
+    return GemmFit(
+        peak_flops=peak,
+        bandwidth_bytes_per_s=float(bandwidth),
+        eta_memory=eta_memory,
+        efficiency=efficiency,
+        mode="whole model pass" if whole_pass else "per weight shape",
+        points=points,
+        note=note,
+    )
 
 
 def _attention_flops(shape: ModelShape, batch, query_rows, context_tokens) -> np.ndarray:
     """QK^T and PV: 2 x 2 b nh q (s + q) d (roofline.ops, "qk" and "pv")."""
     keys = np.asarray(context_tokens, dtype=float) + query_rows
-    return 4.0 * np.asarray(batch, dtype=float) * shape.heads * np.asarray(query_rows, dtype=float) * keys \
-        * shape.head_dim
+    return (
+        4.0 * np.asarray(batch, dtype=float) * shape.heads * np.asarray(query_rows, dtype=float) * keys * shape.head_dim
+    )
 
 
-def attention_efficiency(samples: tuple[AttentionSample, ...], shape: ModelShape, *, kernel_s: float,
-                         peak: float) -> EfficiencyCurve:
+def attention_efficiency(
+    samples: tuple[AttentionSample, ...], shape: ModelShape, *, kernel_s: float, peak: float
+) -> EfficiencyCurve:
     """Attained attention FLOP/s relative to the GEMM peak by query rows per KV head
     (q x heads / kv_heads), from the one-sequence samples.
 
@@ -305,8 +335,9 @@ def kv_update_rate(samples: tuple[KvUpdateSample, ...], shape: ModelShape) -> fl
     return fit_line(nbytes, [s.time_s for s in samples]).bytes_per_s
 
 
-def fit_framework_overhead(samples: tuple[ForwardSample, ...], probe: ModelShape,
-                           hw: HardwareProfile) -> FrameworkOverhead:
+def fit_framework_overhead(
+    samples: tuple[ForwardSample, ...], probe: ModelShape, hw: HardwareProfile
+) -> FrameworkOverhead:
     """What the operators of `hw` do not explain in the probe's forwards, fitted by
     non-negative least squares in relative error as forward_s + layers x (layer_s + token_s x b q
     + (context_s if q > 1 else plain_context_s) x b s) (docs/performance-model.md, "framework
@@ -316,8 +347,22 @@ def fit_framework_overhead(samples: tuple[ForwardSample, ...], probe: ModelShape
     q = np.array([s.tokens for s in samples], dtype=float)
     s_ctx = np.array([s.context_tokens for s in samples], dtype=float)
     measured = np.array([s.time_s for s in samples], dtype=float)
-    predicted = np.array([float(step_time_s(probe.with_layers(s.layers), None, hw, batch=s.batch, tokens=s.tokens,
-                                            context=s.context_tokens, on_oom="ignore")) for s in samples])
+    predicted = np.array(
+        [
+            float(
+                step_time_s(
+                    probe.with_layers(s.layers),
+                    None,
+                    hw,
+                    batch=s.batch,
+                    tokens=s.tokens,
+                    context=s.context_tokens,
+                    on_oom="ignore",
+                )
+            )
+            for s in samples
+        ]
+    )
     A = np.stack([np.ones_like(L), L, L * b * q, L * b * s_ctx * (q > 1), L * b * s_ctx * (q == 1)], axis=1)
     w = 1.0 / measured
     coef, _ = nnls(A * w[:, None], (measured - predicted) * w)
@@ -346,10 +391,20 @@ def validation_errors(samples: tuple[ForwardSample, ...], shape: ModelShape, hw:
     and for q > 1 the same for the ratio T(q) / T(1) at equal batch and context."""
     out, base = [], {}
     for s in samples:
-        pred = float(step_time_s(shape, None, hw, batch=s.batch, tokens=s.tokens, context=s.context_tokens,
-                                 on_oom="ignore"))
-        out.append({"batch": s.batch, "tokens": s.tokens, "context": s.context_tokens, "measured_s": s.time_s,
-                    "predicted_s": pred, "error": pred / s.time_s - 1.0, "spread": s.spread})
+        pred = float(
+            step_time_s(shape, None, hw, batch=s.batch, tokens=s.tokens, context=s.context_tokens, on_oom="ignore")
+        )
+        out.append(
+            {
+                "batch": s.batch,
+                "tokens": s.tokens,
+                "context": s.context_tokens,
+                "measured_s": s.time_s,
+                "predicted_s": pred,
+                "error": pred / s.time_s - 1.0,
+                "spread": s.spread,
+            }
+        )
         if s.tokens == 1:
             base[(s.batch, s.context_tokens)] = (s.time_s, pred)
     for v in out:
@@ -371,16 +426,27 @@ def busy_machine_note(device: DeviceFacts) -> str | None:
     if others <= cpus - threads_used + 0.5:
         return None
     fewer = max(1, cpus - round(others))
-    advice = (f"recalibrate on a quiet machine or with --threads {fewer} (and run the workload with the "
-              "same setting)" if fewer < threads_used else "recalibrate on a quiet machine if it matters")
-    return (f"the machine was busy (1-minute load {others:.1f} on {cpus} CPUs) while measuring with "
-            f"{threads_used} thread(s): other processes' work may be in these timings"
-            + (", and torch threads that wait for a descheduled sibling make them erratic" if threads_used > 1
-               else "") + f"; {advice}")
+    advice = (
+        f"recalibrate on a quiet machine or with --threads {fewer} (and run the workload with the same setting)"
+        if fewer < threads_used
+        else "recalibrate on a quiet machine if it matters"
+    )
+    return (
+        f"the machine was busy (1-minute load {others:.1f} on {cpus} CPUs) while measuring with "
+        f"{threads_used} thread(s): other processes' work may be in these timings"
+        + (", and torch threads that wait for a descheduled sibling make them erratic" if threads_used > 1 else "")
+        + f"; {advice}"
+    )
 
 
-def fit_hardware_profile(measurements: HardwareMeasurements, shape: ModelShape, probe: ModelShape, *,
-                         name: str | None = None, notes: tuple[str, ...] = ()) -> HardwareProfile:
+def fit_hardware_profile(
+    measurements: HardwareMeasurements,
+    shape: ModelShape,
+    probe: ModelShape,
+    *,
+    name: str | None = None,
+    notes: tuple[str, ...] = (),
+) -> HardwareProfile:
     """The hardware profile of `measurements` of `shape` (in the measured dtype), whose
     framework forwards ran on `probe` (`shape` itself or a small proxy of it). notes: the
     caller's notes about the measurement, stored first."""
@@ -391,8 +457,14 @@ def fit_hardware_profile(measurements: HardwareMeasurements, shape: ModelShape, 
     kernel = fit_kernel_overhead(m.elementwise, beta)
     mix_rate = fit_layer_elementwise_rate(m.layer_elementwise, shape)
     peaks = peak_flops(m.square_gemms)
-    gemm = fit_gemm(m.gemms, m.gemm_weights, kernel_s=kernel.fixed_s, dtype_bytes=beta, peak=peaks[dt],
-                    bandwidth_bytes_per_s=stream_bandwidth(m.stream))
+    gemm = fit_gemm(
+        m.gemms,
+        m.gemm_weights,
+        kernel_s=kernel.fixed_s,
+        dtype_bytes=beta,
+        peak=peaks[dt],
+        bandwidth_bytes_per_s=stream_bandwidth(m.stream),
+    )
     peaks[dt] = gemm.peak_flops
     if gemm.note:
         notes.append(gemm.note)
@@ -419,8 +491,14 @@ def fit_hardware_profile(measurements: HardwareMeasurements, shape: ModelShape, 
         source="treeopt hw calibrate",
     )
     fw = fit_framework_overhead(m.forwards, probe, prof)
-    prof = replace(prof, forward_overhead_s=fw.forward_s, layer_overhead_s=fw.layer_s, token_overhead_s=fw.token_s,
-                   context_overhead_s=fw.context_s, plain_context_overhead_s=fw.plain_context_s)
+    prof = replace(
+        prof,
+        forward_overhead_s=fw.forward_s,
+        layer_overhead_s=fw.layer_s,
+        token_overhead_s=fw.token_s,
+        context_overhead_s=fw.context_s,
+        plain_context_overhead_s=fw.plain_context_s,
+    )
     head_fit = {}
     if m.heads:
         heads_fit = fit_head_overhead(m.heads, probe, prof)
@@ -450,13 +528,29 @@ def fit_hardware_profile(measurements: HardwareMeasurements, shape: ModelShape, 
         "gemm_points": list(gemm.points),
         "gemm_attained_fraction": [float(x) for x in gemm.efficiency.attained],
         "gemm_compute_bound": [bool(x) for x in gemm.efficiency.compute_bound],
-        "framework_fit": {"configs (layers, batch, tokens, context)":
-                          [[s.layers, s.batch, s.tokens, s.context_tokens] for s in m.forwards],
-                          "measured_s": [s.time_s for s in m.forwards], "ops_predicted_s": list(fw.ops_predicted_s),
-                          "fitted_s": [float(step_time_s(probe.with_layers(s.layers), None, prof, batch=s.batch,
-                                                         tokens=s.tokens, context=s.context_tokens, on_oom="ignore"))
-                                       for s in m.forwards],
-                          "probe_shape": probe.name, "draft_heads": head_fit},
+        "framework_fit": {
+            "configs (layers, batch, tokens, context)": [
+                [s.layers, s.batch, s.tokens, s.context_tokens] for s in m.forwards
+            ],
+            "measured_s": [s.time_s for s in m.forwards],
+            "ops_predicted_s": list(fw.ops_predicted_s),
+            "fitted_s": [
+                float(
+                    step_time_s(
+                        probe.with_layers(s.layers),
+                        None,
+                        prof,
+                        batch=s.batch,
+                        tokens=s.tokens,
+                        context=s.context_tokens,
+                        on_oom="ignore",
+                    )
+                )
+                for s in m.forwards
+            ],
+            "probe_shape": probe.name,
+            "draft_heads": head_fit,
+        },
         "validation": validation,
         "notes": notes,
     }

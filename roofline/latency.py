@@ -36,8 +36,18 @@ from roofline.ops import DraftWork, Op, operators
 from roofline.shapes import DraftHeadsShape, ModelShape
 from treeopt.errors import UserError
 
-__all__ = ["OpTiming", "op_timings", "step_time_s", "memory_required_bytes", "fits_memory",
-           "step_breakdown", "framework_overhead_s", "speculation_overhead_s", "candidates_of", "stages_of"]
+__all__ = [
+    "OpTiming",
+    "op_timings",
+    "step_time_s",
+    "memory_required_bytes",
+    "fits_memory",
+    "step_breakdown",
+    "framework_overhead_s",
+    "speculation_overhead_s",
+    "candidates_of",
+    "stages_of",
+]
 
 
 @dataclass(frozen=True)
@@ -111,17 +121,42 @@ def candidates_of(verification: str, tokens, candidates):
     return tokens if candidates is None else candidates
 
 
-def op_timings(shape: ModelShape, heads: DraftHeadsShape | None, hw: HardwareProfile, *, batch,
-               tokens, context, attention: str = "fused", candidates=None) -> list[OpTiming]:
+def op_timings(
+    shape: ModelShape,
+    heads: DraftHeadsShape | None,
+    hw: HardwareProfile,
+    *,
+    batch,
+    tokens,
+    context,
+    attention: str = "fused",
+    candidates=None,
+) -> list[OpTiming]:
     """Every operator of the forward pass with its compute, memory and overhead times.
     candidates: None for tree verification, else candidate sequences per sequence."""
-    ops = operators(shape, heads, batch=batch, tokens=tokens, context=context, attention=attention,
-                    kv_cache_update=hw.kv_cache_update, candidates=candidates)
+    ops = operators(
+        shape,
+        heads,
+        batch=batch,
+        tokens=tokens,
+        context=context,
+        attention=attention,
+        kv_cache_update=hw.kv_cache_update,
+        candidates=candidates,
+    )
     return [OpTiming(op, *_time_terms(op, shape, hw, heads)) for op in ops]
 
 
-def memory_required_bytes(shape: ModelShape, heads: DraftHeadsShape | None, *, batch, tokens,
-                          context, attention: str = "fused", candidates=None) -> np.ndarray:
+def memory_required_bytes(
+    shape: ModelShape,
+    heads: DraftHeadsShape | None,
+    *,
+    batch,
+    tokens,
+    context,
+    attention: str = "fused",
+    candidates=None,
+) -> np.ndarray:
     """Weights + heads + KV cache + the largest transient activation, in bytes. Candidate
     sequences share their sequence's cached keys (paged blocks), so only the unfused scores
     grow with them."""
@@ -139,23 +174,39 @@ def memory_required_bytes(shape: ModelShape, heads: DraftHeadsShape | None, *, b
         draft_logits = np.asarray(heads.rows_per_sequence, dtype=float).max(axis=-1) * heads.cost.vocab_size
         logits = b * (q * shape.vocab + draft_logits) * beta
     else:
-        head_rows = q if heads is None or heads.tokens_per_sequence is None else np.minimum(
-            q, heads.tokens_per_sequence)
+        head_rows = (
+            q if heads is None or heads.tokens_per_sequence is None else np.minimum(q, heads.tokens_per_sequence)
+        )
         logits = b * (q + head_rows * (heads.num_heads if heads is not None else 0)) * shape.vocab * beta
     mlp = b * q * shape.intermediate * beta * 2
     scores = b * shape.heads * q * (s + q / c) * beta if attention == "unfused" else 0.0
     return weights + kv + np.maximum(np.maximum(logits, mlp), scores)
 
 
-def fits_memory(shape, heads, hw: HardwareProfile, *, batch, tokens, context, attention="fused",
-                candidates=None) -> np.ndarray:
-    return memory_required_bytes(shape, heads, batch=batch, tokens=tokens, context=context,
-                                 attention=attention, candidates=candidates) <= hw.capacity_bytes
+def fits_memory(
+    shape, heads, hw: HardwareProfile, *, batch, tokens, context, attention="fused", candidates=None
+) -> np.ndarray:
+    return (
+        memory_required_bytes(
+            shape, heads, batch=batch, tokens=tokens, context=context, attention=attention, candidates=candidates
+        )
+        <= hw.capacity_bytes
+    )
 
 
-def step_time_s(shape: ModelShape, heads: DraftHeadsShape | None, hw: HardwareProfile, *, batch,
-                tokens, context, attention: str = "fused", on_oom: str = "nan", candidates=None,
-                draft_stages=None):
+def step_time_s(
+    shape: ModelShape,
+    heads: DraftHeadsShape | None,
+    hw: HardwareProfile,
+    *,
+    batch,
+    tokens,
+    context,
+    attention: str = "fused",
+    on_oom: str = "nan",
+    candidates=None,
+    draft_stages=None,
+):
     """Predicted seconds of one decoding step (b sequences, q new tokens each, s cached): the
     forward pass plus, for q > 1, the profile's engine terms of a speculative step.
 
@@ -168,21 +219,24 @@ def step_time_s(shape: ModelShape, heads: DraftHeadsShape | None, hw: HardwarePr
     """
     if on_oom not in ("nan", "raise", "ignore"):
         raise ValueError("on_oom must be 'nan', 'raise' or 'ignore'")
-    timings = op_timings(shape, heads, hw, batch=batch, tokens=tokens, context=context, attention=attention,
-                         candidates=candidates)
+    timings = op_timings(
+        shape, heads, hw, batch=batch, tokens=tokens, context=context, attention=attention, candidates=candidates
+    )
     total = framework_overhead_s(shape, hw, batch=batch, tokens=tokens, context=context, candidates=candidates)
     total = total + sum(t.total_s for t in timings)
-    total = total + speculation_overhead_s(hw, batch=batch, tokens=tokens,
-                                           draft_stages=stages_of(heads, draft_stages))
+    total = total + speculation_overhead_s(hw, batch=batch, tokens=tokens, draft_stages=stages_of(heads, draft_stages))
     if on_oom != "ignore":
-        need = memory_required_bytes(shape, heads, batch=batch, tokens=tokens, context=context,
-                                     attention=attention, candidates=candidates)
+        need = memory_required_bytes(
+            shape, heads, batch=batch, tokens=tokens, context=context, attention=attention, candidates=candidates
+        )
         bad = need > hw.capacity_bytes
         if np.any(bad):
             if on_oom == "raise":
                 worst = float(np.max(need))
-                raise UserError(f"{shape.name} needs {worst / GIB:.1f} GiB (weights, KV cache, activations) "
-                                f"but {hw.name} has {hw.capacity_text()}")
+                raise UserError(
+                    f"{shape.name} needs {worst / GIB:.1f} GiB (weights, KV cache, activations) "
+                    f"but {hw.name} has {hw.capacity_text()}"
+                )
             total = np.where(bad, np.nan, total)
     total = np.asarray(total, dtype=float)
     return float(total) if total.ndim == 0 else total
@@ -211,8 +265,7 @@ def speculation_overhead_s(hw: HardwareProfile, *, batch, tokens, draft_stages=0
     b = np.asarray(batch, dtype=float)
     q = np.asarray(tokens, dtype=float)
     stages = np.asarray(draft_stages, dtype=float)
-    return (np.where(q > 1, hw.spec_step_overhead_s, 0.0) + hw.verified_token_s * b * q
-            + hw.draft_stage_s * stages)
+    return np.where(q > 1, hw.spec_step_overhead_s, 0.0) + hw.verified_token_s * b * q + hw.draft_stage_s * stages
 
 
 def stages_of(heads, draft_stages=None):
@@ -223,15 +276,19 @@ def stages_of(heads, draft_stages=None):
     return heads.stages_run if isinstance(heads, DraftWork) else 0
 
 
-def step_breakdown(shape, heads, hw, *, batch, tokens, context, attention="fused", candidates=None,
-                   draft_stages=None) -> dict[str, float]:
+def step_breakdown(
+    shape, heads, hw, *, batch, tokens, context, attention="fused", candidates=None, draft_stages=None
+) -> dict[str, float]:
     """Seconds per step by operator name (count included) plus 'framework' (per-forward and
     per-layer fixed costs) and 'speculation' (the engine terms), for scalar inputs."""
-    timings = op_timings(shape, heads, hw, batch=batch, tokens=tokens, context=context, attention=attention,
-                         candidates=candidates)
+    timings = op_timings(
+        shape, heads, hw, batch=batch, tokens=tokens, context=context, attention=attention, candidates=candidates
+    )
     out = {t.op.name: float(t.total_s) for t in timings}
-    out["framework"] = float(framework_overhead_s(shape, hw, batch=batch, tokens=tokens, context=context,
-                                                  candidates=candidates))
-    out["speculation"] = float(speculation_overhead_s(hw, batch=batch, tokens=tokens,
-                                                      draft_stages=stages_of(heads, draft_stages)))
+    out["framework"] = float(
+        framework_overhead_s(shape, hw, batch=batch, tokens=tokens, context=context, candidates=candidates)
+    )
+    out["speculation"] = float(
+        speculation_overhead_s(hw, batch=batch, tokens=tokens, draft_stages=stages_of(heads, draft_stages))
+    )
     return out

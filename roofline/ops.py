@@ -36,12 +36,37 @@ from roofline.shapes import DraftHeadsShape, ModelShape
 from treeopt.drafter_cost import DraftCost
 from treeopt.errors import UserError
 
-__all__ = ["Op", "operators", "check_candidates", "LAYER_OPS", "STEP_OPS", "ATTENTION_MODES", "DraftWork",
-           "draft_stage_ops"]
+__all__ = [
+    "Op",
+    "operators",
+    "check_candidates",
+    "LAYER_OPS",
+    "STEP_OPS",
+    "ATTENTION_MODES",
+    "DraftWork",
+    "draft_stage_ops",
+]
 
 ATTENTION_MODES = ("fused", "unfused")
-LAYER_OPS = ("attn_norm", "q_proj", "k_proj", "v_proj", "rotary", "kv_cache", "qk", "softmax", "pv",
-             "o_proj", "attn_residual", "mlp_norm", "gate", "up", "act", "down", "mlp_residual")
+LAYER_OPS = (
+    "attn_norm",
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "rotary",
+    "kv_cache",
+    "qk",
+    "softmax",
+    "pv",
+    "o_proj",
+    "attn_residual",
+    "mlp_norm",
+    "gate",
+    "up",
+    "act",
+    "down",
+    "mlp_residual",
+)
 STEP_OPS = ("embedding", "final_norm", "lm_head", "draft_heads")
 
 
@@ -63,8 +88,8 @@ class Op:
     bytes: np.ndarray
     rows: np.ndarray
     kernels: np.ndarray | float = 1.0
-    blocks: np.ndarray | float = 0.0   # attention: sequences x heads per call
-    keys: np.ndarray | float = 0.0     # attention: keys each attending sequence reads (s + its tokens)
+    blocks: np.ndarray | float = 0.0  # attention: sequences x heads per call
+    keys: np.ndarray | float = 0.0  # attention: keys each attending sequence reads (s + its tokens)
 
     @property
     def intensity(self) -> np.ndarray:
@@ -125,8 +150,9 @@ def draft_stage_ops(work: DraftWork, batch) -> list[Op]:
             kernels = 7.0
         else:
             gemms = 2.0 if cost.grounded else 1.0
-            flops = (gemms * 2 * r * width * h + 6 * r * h + (L - 1) * (2 * r * h * h + 6 * r * h)
-                     + 2 * r * h * V + r * V)
+            flops = (
+                gemms * 2 * r * width * h + 6 * r * h + (L - 1) * (2 * r * h * h + 6 * r * h) + 2 * r * h * V + r * V
+            )
             weights = (gemms * (width * h + h) + (L - 1) * (h * h + h) + h * V + V) * runs
             acts = gemms * r * width + 3 * r * h + (L - 1) * 4 * r * h + r * h + r * V
             kernels = gemms + 2 + 3 * (L - 1) + 1
@@ -135,15 +161,28 @@ def draft_stage_ops(work: DraftWork, batch) -> list[Op]:
                 nxt = b * rows_all[..., d + 1] if d + 1 < rows_all.shape[-1] else np.zeros_like(b)
                 acts = acts + nxt * (2 * h + 2 * (width + h))
                 kernels = kernels + 2 * (nxt > 0)
-        ops.append(Op(f"draft_stage_{d + 1}", "gemm", 1, np.asarray(flops, dtype=float),
-                      np.asarray(weights + acts, dtype=float), np.asarray(r, dtype=float), kernels * runs))
+        ops.append(
+            Op(
+                f"draft_stage_{d + 1}",
+                "gemm",
+                1,
+                np.asarray(flops, dtype=float),
+                np.asarray(weights + acts, dtype=float),
+                np.asarray(r, dtype=float),
+                kernels * runs,
+            )
+        )
     return ops
 
 
 def _check(name: str, value, minimum: int) -> np.ndarray:
     arr = np.asarray(value)
-    if (arr.dtype.kind not in "iuf" or np.any(~np.isfinite(arr)) or np.any(arr < minimum)
-            or np.any(arr != np.round(arr))):
+    if (
+        arr.dtype.kind not in "iuf"
+        or np.any(~np.isfinite(arr))
+        or np.any(arr < minimum)
+        or np.any(arr != np.round(arr))
+    ):
         raise UserError(f"{name}: must be an integer >= {minimum}, got {value!r}")
     return arr.astype(np.float64)
 
@@ -156,8 +195,17 @@ def check_candidates(tokens, candidates) -> np.ndarray:
     return c
 
 
-def operators(shape: ModelShape, heads: DraftHeadsShape | DraftWork | None = None, *, batch, tokens, context,
-              attention: str = "fused", kv_cache_update: str = "append", candidates=None) -> list[Op]:
+def operators(
+    shape: ModelShape,
+    heads: DraftHeadsShape | DraftWork | None = None,
+    *,
+    batch,
+    tokens,
+    context,
+    attention: str = "fused",
+    kv_cache_update: str = "append",
+    candidates=None,
+) -> list[Op]:
     """Every operator of one forward pass over `tokens` new tokens per sequence.
 
     batch (b >= 1), tokens (q >= 1), context (s >= 0, cached tokens before this step) may be
@@ -197,10 +245,19 @@ def operators(shape: ModelShape, heads: DraftHeadsShape | DraftWork | None = Non
     def add(name, kind, count, flops, nbytes, rows, kernels=1.0):
         attending = kind == "attention"
         blocks = np.asarray(seqs * nh, dtype=float) if attending else 0.0
-        ops.append(Op(name, kind, count, np.asarray(flops + zeros, dtype=float),
-                      np.asarray(nbytes * beta + zeros, dtype=float), np.asarray(rows + zeros, dtype=float),
-                      float(kernels) if np.ndim(kernels) == 0 else np.asarray(kernels + zeros, dtype=float),
-                      blocks, np.asarray(att_keys + zeros, dtype=float) if attending else 0.0))
+        ops.append(
+            Op(
+                name,
+                kind,
+                count,
+                np.asarray(flops + zeros, dtype=float),
+                np.asarray(nbytes * beta + zeros, dtype=float),
+                np.asarray(rows + zeros, dtype=float),
+                float(kernels) if np.ndim(kernels) == 0 else np.asarray(kernels + zeros, dtype=float),
+                blocks,
+                np.asarray(att_keys + zeros, dtype=float) if attending else 0.0,
+            )
+        )
 
     def linear(name, count, k_in, n_out, kernels=1.0):
         add(name, "gemm", count, 2 * bq * k_in * n_out, k_in * n_out + bq * k_in + bq * n_out, bq, kernels)
@@ -210,7 +267,7 @@ def operators(shape: ModelShape, heads: DraftHeadsShape | DraftWork | None = Non
         add(name, "vector", count, 4 * bq * h, 2 * bq * h + h, bq)
 
     # ---- once per step, before the layers
-    add("embedding", "vector", 1, zeros, 2 * bq * h, bq)          # gather rows, write them
+    add("embedding", "vector", 1, zeros, 2 * bq * h, bq)  # gather rows, write them
     # ---- per layer
     rmsnorm("attn_norm", L)
     linear("q_proj", L, h, nh * d)
@@ -220,7 +277,7 @@ def operators(shape: ModelShape, heads: DraftHeadsShape | DraftWork | None = Non
     # sequence covers (k of them); ~3 FLOP per element
     add("rotary", "vector", L, 3 * bq * (nh + nkv) * d, 2 * bq * (nh + nkv) * d + 2 * k * d, bq)
     if kv_cache_update == "append":
-        add("kv_cache", "vector", L, zeros, 2 * (2 * bq * nkv * d), bq)    # read new K,V; write them
+        add("kv_cache", "vector", L, zeros, 2 * (2 * bq * nkv * d), bq)  # read new K,V; write them
     else:
         add("kv_cache", "vector", L, zeros, 2 * (b * s * nkv * d + bq * nkv * d + b * keys * nkv * d), bq)
     att_rows = k * (nh / nkv)
@@ -254,10 +311,30 @@ def operators(shape: ModelShape, heads: DraftHeadsShape | DraftWork | None = Non
         for op in draft_stage_ops(heads, b):
             add(op.name, op.kind, op.count, op.flops, op.bytes, op.rows, op.kernels)
         if heads.cost.prefix_layer:
-            layer = operators(shape.with_layers(1), None, batch=b, tokens=1, context=s, attention=attention,
-                              kv_cache_update=kv_cache_update)
-            ops.extend(Op("prefix_layer." + o.name, o.kind, o.count, o.flops + zeros, o.bytes + zeros,
-                          o.rows + zeros, o.kernels, o.blocks, o.keys) for o in layer if o.name in LAYER_OPS)
+            layer = operators(
+                shape.with_layers(1),
+                None,
+                batch=b,
+                tokens=1,
+                context=s,
+                attention=attention,
+                kv_cache_update=kv_cache_update,
+            )
+            ops.extend(
+                Op(
+                    "prefix_layer." + o.name,
+                    o.kind,
+                    o.count,
+                    o.flops + zeros,
+                    o.bytes + zeros,
+                    o.rows + zeros,
+                    o.kernels,
+                    o.blocks,
+                    o.keys,
+                )
+                for o in layer
+                if o.name in LAYER_OPS
+            )
     elif heads is not None and heads.num_heads > 0:
         K, Lh, hh, Vh = float(heads.num_heads), float(heads.num_layers), float(heads.hidden), float(heads.vocab)
         # rows the heads run on: all q tokens per sequence, or the decoder's fixed count

@@ -26,8 +26,15 @@ from roofline.latency import op_timings
 from roofline.shapes import DraftHeadsShape, ModelShape
 from treeopt.fileio import atomic_path
 
-__all__ = ["RooflineCase", "default_cases", "roofline_chart", "speedup_curves", "best_heatmaps", "log2_axis",
-           "plot_measured_speedup"]
+__all__ = [
+    "RooflineCase",
+    "default_cases",
+    "roofline_chart",
+    "speedup_curves",
+    "best_heatmaps",
+    "log2_axis",
+    "plot_measured_speedup",
+]
 
 
 def log2_axis(ax, values) -> None:
@@ -50,8 +57,9 @@ class RooflineCase:
     heads: bool = True
 
 
-def default_cases(context: int = 1024, prompt: int = 512, decode_batch: int = 32,
-                  tree_batch: int = 16) -> list[RooflineCase]:
+def default_cases(
+    context: int = 1024, prompt: int = 512, decode_batch: int = 32, tree_batch: int = 16
+) -> list[RooflineCase]:
     """Prefill, plain decoding at batch 1 and `decode_batch`, tree verification at q = 16 and
     64 (batch 1) and q = 64 at `tree_batch`: six row counts b*q that do not coincide."""
     return [
@@ -64,33 +72,75 @@ def default_cases(context: int = 1024, prompt: int = 512, decode_batch: int = 32
     ]
 
 
-_MARKERS = {"q_proj": "o", "k_proj": "v", "v_proj": "^", "o_proj": "s", "gate": "D", "up": "d", "down": "p",
-            "qk": "<", "pv": ">", "softmax": "h", "lm_head": "*", "draft_heads": "X", "attn_norm": "1",
-            "mlp_norm": "2", "rotary": "3", "act": "4", "attn_residual": "+", "mlp_residual": "x",
-            "final_norm": "|", "embedding": "_", "kv_cache": "."}
+_MARKERS = {
+    "q_proj": "o",
+    "k_proj": "v",
+    "v_proj": "^",
+    "o_proj": "s",
+    "gate": "D",
+    "up": "d",
+    "down": "p",
+    "qk": "<",
+    "pv": ">",
+    "softmax": "h",
+    "lm_head": "*",
+    "draft_heads": "X",
+    "attn_norm": "1",
+    "mlp_norm": "2",
+    "rotary": "3",
+    "act": "4",
+    "attn_residual": "+",
+    "mlp_residual": "x",
+    "final_norm": "|",
+    "embedding": "_",
+    "kv_cache": ".",
+}
 
 
 def _save(fig, path, extra=None) -> None:
     with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=130, bbox_inches="tight", pad_inches=0.15,
-                    bbox_extra_artists=extra)
+        fig.savefig(tmp, format="png", dpi=130, bbox_inches="tight", pad_inches=0.15, bbox_extra_artists=extra)
 
 
-def roofline_chart(shape: ModelShape, heads: DraftHeadsShape | None, hw: HardwareProfile, path, *,
-                   cases: list[RooflineCase] | None = None, attention: str = "fused", title: str | None = None):
+def roofline_chart(
+    shape: ModelShape,
+    heads: DraftHeadsShape | None,
+    hw: HardwareProfile,
+    path,
+    *,
+    cases: list[RooflineCase] | None = None,
+    attention: str = "fused",
+    title: str | None = None,
+):
     """Write the roofline chart PNG to `path`; returns the points as a DataFrame."""
     cases = cases or default_cases()
     peak = hw.peak(shape.dtype)
     bw = hw.bandwidth_bytes_per_s
     rows = []
     for ci, case in enumerate(cases):
-        for t in op_timings(shape, heads if case.heads else None, hw, batch=case.batch, tokens=case.tokens,
-                            context=case.context, attention=attention):
+        for t in op_timings(
+            shape,
+            heads if case.heads else None,
+            hw,
+            batch=case.batch,
+            tokens=case.tokens,
+            context=case.context,
+            attention=attention,
+        ):
             flops, nbytes, time_s = float(t.op.flops), float(t.op.bytes), float(t.time_s)
             if flops <= 0 or nbytes <= 0 or time_s <= 0:
                 continue  # pure data movement has no place on a FLOP/s axis
-            rows.append({"case": case.label, "case_index": ci, "name": t.op.name, "intensity": flops / nbytes,
-                         "attained_flops": flops / time_s, "bound": str(t.bound), "time_s": time_s})
+            rows.append(
+                {
+                    "case": case.label,
+                    "case_index": ci,
+                    "name": t.op.name,
+                    "intensity": flops / nbytes,
+                    "attained_flops": flops / time_s,
+                    "bound": str(t.bound),
+                    "time_s": time_s,
+                }
+            )
     pts = pd.DataFrame(rows)
 
     fig = Figure(figsize=(10.5, 6.2))
@@ -99,12 +149,17 @@ def roofline_chart(shape: ModelShape, heads: DraftHeadsShape | None, hw: Hardwar
     x_hi = max(pts["intensity"].max() * 3, 10 * peak / bw) if len(pts) else 1e4
     xs = np.logspace(np.log10(x_lo), np.log10(x_hi), 400)
     peak_txt = f"{peak / 1e12:.3g} TFLOP/s" if peak >= 1e12 else f"{peak / 1e9:.3g} GFLOP/s"
-    ax.plot(xs, np.minimum(peak, bw * xs), color="black", lw=2.0,
-            label=f"peak roofs: {peak_txt}, {bw / 1e9:.4g} GB/s")
+    ax.plot(xs, np.minimum(peak, bw * xs), color="black", lw=2.0, label=f"peak roofs: {peak_txt}, {bw / 1e9:.4g} GB/s")
     att_c = peak * hw.eta_compute
     att_m = bw * hw.eta_memory
-    ax.plot(xs, np.minimum(att_c, att_m * xs), color="0.45", lw=1.4, ls="--",
-            label=f"attained roofs: x{hw.eta_compute:.2f} compute, x{hw.eta_memory:.2f} memory")
+    ax.plot(
+        xs,
+        np.minimum(att_c, att_m * xs),
+        color="0.45",
+        lw=1.4,
+        ls="--",
+        label=f"attained roofs: x{hw.eta_compute:.2f} compute, x{hw.eta_memory:.2f} memory",
+    )
     ridge = peak / bw
     ax.axvline(ridge, color="0.75", lw=0.8, ls=":")
     ax.text(ridge * 1.08, peak * 1.25, f"ridge {ridge:.0f} FLOP/B", fontsize=8, color="0.35", va="bottom")
@@ -123,13 +178,28 @@ def roofline_chart(shape: ModelShape, heads: DraftHeadsShape | None, hw: Hardwar
         for r in sub.itertuples():
             filled = _MARKERS.get(r.name, "o") in "ov^sDdp<>hX*"
             hollow = r.above_roof and filled
-            ax.scatter(r.intensity, r.drawn_flops, marker=_MARKERS.get(r.name, "o"), s=46,
-                       color="none" if hollow else colors(ci % 10),
-                       edgecolors=colors(ci % 10) if hollow else ("black" if filled else None),
-                       linewidths=1.2 if hollow else 0.4, alpha=0.9, zorder=3)
+            ax.scatter(
+                r.intensity,
+                r.drawn_flops,
+                marker=_MARKERS.get(r.name, "o"),
+                s=46,
+                color="none" if hollow else colors(ci % 10),
+                edgecolors=colors(ci % 10) if hollow else ("black" if filled else None),
+                linewidths=1.2 if hollow else 0.4,
+                alpha=0.9,
+                zorder=3,
+            )
     if above.any():
-        ax.scatter([], [], marker="o", s=46, color="none", edgecolors="0.3", linewidths=1.2,
-                   label=f"hollow: {int(above.sum())} point(s) modelled above the roof, drawn on it")
+        ax.scatter(
+            [],
+            [],
+            marker="o",
+            s=46,
+            color="none",
+            edgecolors="0.3",
+            linewidths=1.2,
+            label=f"hollow: {int(above.sum())} point(s) modelled above the roof, drawn on it",
+        )
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlim(x_lo, x_hi)
@@ -144,14 +214,30 @@ def roofline_chart(shape: ModelShape, heads: DraftHeadsShape | None, hw: Hardwar
 
     roof_handles, roof_labels = ax.get_legend_handles_labels()
     case_handles = [Line2D([], [], marker="o", ls="", color=colors(i % 10), markersize=8) for i in range(len(cases))]
-    leg1 = ax.legend(roof_handles + case_handles, roof_labels + [c.label for c in cases], loc="upper left",
-                     bbox_to_anchor=(1.01, 1.0), fontsize=8, title="roofs and configurations (colour)",
-                     title_fontsize=8, frameon=False)
+    leg1 = ax.legend(
+        roof_handles + case_handles,
+        roof_labels + [c.label for c in cases],
+        loc="upper left",
+        bbox_to_anchor=(1.01, 1.0),
+        fontsize=8,
+        title="roofs and configurations (colour)",
+        title_fontsize=8,
+        frameon=False,
+    )
     ax.add_artist(leg1)
     names = [n for n in _MARKERS if n in set(pts["name"])] if len(pts) else []
     op_handles = [Line2D([], [], marker=_MARKERS[n], ls="", color="0.3", markersize=7) for n in names]
-    leg2 = ax.legend(op_handles, names, loc="lower left", bbox_to_anchor=(1.01, 0.0), fontsize=7.5, ncol=2,
-                     title="operators (marker)", title_fontsize=8, frameon=False)
+    leg2 = ax.legend(
+        op_handles,
+        names,
+        loc="lower left",
+        bbox_to_anchor=(1.01, 0.0),
+        fontsize=7.5,
+        ncol=2,
+        title="operators (marker)",
+        title_fontsize=8,
+        frameon=False,
+    )
     _save(fig, path, extra=[leg1, leg2])
     return pts
 
@@ -171,20 +257,37 @@ def speedup_curves(grid: pd.DataFrame, path, *, context: int, title: str | None 
             continue
         best = g.loc[g["speedup"].idxmax()]
         good = best["speedup"] > 1.0 and best["nodes"] > 0
-        label = (f"batch {b}: best n = {int(best['nodes'])}, {best['speedup']:.2f}x" if good
-                 else f"batch {b}: no tree beats plain decoding")
+        label = (
+            f"batch {b}: best n = {int(best['nodes'])}, {best['speedup']:.2f}x"
+            if good
+            else f"batch {b}: no tree beats plain decoding"
+        )
         ax.plot(g["nodes"], g["speedup"], color=color, lw=1.6, label=label)
         ax2.plot(g["nodes"], g["overhead"], color=color, lw=1.6)
         if good:
             # several batches often pick the same size at nearly the same speedup: shrink the
             # later stars so that every one stays visible
-            ax.scatter([best["nodes"]], [best["speedup"]], marker="*", s=260 - 150 * j / max(len(batches) - 1, 1),
-                       color=color, edgecolors="black", linewidths=0.6, zorder=4 + j)
+            ax.scatter(
+                [best["nodes"]],
+                [best["speedup"]],
+                marker="*",
+                s=260 - 150 * j / max(len(batches) - 1, 1),
+                color=color,
+                edgecolors="black",
+                linewidths=0.6,
+                zorder=4 + j,
+            )
     ax.axhline(1.0, color="0.4", lw=0.8, ls="--")
     ax.set_ylabel("predicted speedup (x plain decoding)")
     ax.grid(True, ls=":", lw=0.5, color="0.8")
-    leg = ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False,
-                    title="star = best tree size", title_fontsize=8)
+    leg = ax.legend(
+        loc="upper left",
+        bbox_to_anchor=(1.01, 1.0),
+        fontsize=8,
+        frameon=False,
+        title="star = best tree size",
+        title_fontsize=8,
+    )
     ax.set_title(title or f"Speedup against tree size (context {context} tokens)", fontsize=11)
     ax2.axhline(1.0, color="0.4", lw=0.8, ls="--")
     ax2.set_xlabel("tree size n (nodes; n = 0 is plain decoding, q = n + 1 tokens per step)")
@@ -193,8 +296,9 @@ def speedup_curves(grid: pd.DataFrame, path, *, context: int, title: str | None 
     _save(fig, path, extra=[leg])
 
 
-def overhead_curves(shape, heads, hw, path, *, batches, context: int, max_nodes: int, attention="fused",
-                    title: str | None = None) -> None:
+def overhead_curves(
+    shape, heads, hw, path, *, batches, context: int, max_nodes: int, attention="fused", title: str | None = None
+) -> None:
     """Overhead T(n)/T(0) against tree size when no accuracy table is given (no tau, no speedup)."""
 
     grid = speedup_grid(shape, heads, hw, np.ones(max_nodes + 1), batches, [context], attention=attention)
@@ -205,8 +309,13 @@ def overhead_curves(shape, heads, hw, path, *, batches, context: int, max_nodes:
     for j, b in enumerate(bs):
         g = grid[grid["batch"] == b]
         fits = np.isfinite(g["overhead"]).any()
-        ax.plot(g["nodes"], g["overhead"], color=cmap(j / max(len(bs) - 1, 1)), lw=1.6,
-                label=f"batch {b}" if fits else f"batch {b}: does not fit in memory")
+        ax.plot(
+            g["nodes"],
+            g["overhead"],
+            color=cmap(j / max(len(bs) - 1, 1)),
+            lw=1.6,
+            label=f"batch {b}" if fits else f"batch {b}: does not fit in memory",
+        )
     ax.set_xlabel("tree size n (nodes; q = n + 1 tokens per step)")
     ax.set_ylabel("overhead T(n) / T(0)")
     ax.grid(True, ls=":", lw=0.5, color="0.8")
@@ -268,8 +377,7 @@ def best_heatmaps(best: pd.DataFrame, path, *, title: str | None = None) -> None
                 ax.text(j, i, txt, ha="center", va="center", fontsize=8.5, color="black" if dark else "white")
         cbar = fig.colorbar(im, ax=ax, fraction=0.046, pad=0.03)
         if discrete and node_values.size:
-            cbar.set_ticks(np.arange(node_values.size),
-                           labels=["none" if v == 0 else f"{v:.0f}" for v in node_values])
+            cbar.set_ticks(np.arange(node_values.size), labels=["none" if v == 0 else f"{v:.0f}" for v in node_values])
         cbar.ax.tick_params(labelsize=8)
     fig.suptitle(title or "Best tree per batch and context", fontsize=11)
     fig.tight_layout()
@@ -306,8 +414,16 @@ def plot_measured_speedup(sweep: pd.DataFrame, selection: dict, path) -> None:
                 n = pick["nodes"]
                 y = float(g.loc[g["nodes"] == n, "speedup"].iloc[0]) if n else 1.0
                 x = n if n else float(g["nodes"].min())
-                ax.scatter([x], [y], marker="o" if n else "X", s=170 - 80 * j / max(len(batches) - 1, 1),
-                           facecolors="none" if n else color, edgecolors=color, linewidths=2.0, zorder=6)
+                ax.scatter(
+                    [x],
+                    [y],
+                    marker="o" if n else "X",
+                    s=170 - 80 * j / max(len(batches) - 1, 1),
+                    facecolors="none" if n else color,
+                    edgecolors=color,
+                    linewidths=2.0,
+                    zorder=6,
+                )
         ax.axhline(1.0, color="0.4", lw=0.8, ls=":")
         log2_axis(ax, trees["nodes"])
         ax.set_xlabel("tree size n (nodes)")
@@ -315,11 +431,23 @@ def plot_measured_speedup(sweep: pd.DataFrame, selection: dict, path) -> None:
         ax.grid(True, ls=":", lw=0.5, color="0.8")
     axes[0].set_ylabel("speedup over plain decoding (x)")
     handles, labels = axes[-1].get_legend_handles_labels()
-    handles += [Line2D([], [], ls="--", color="0.3"), Line2D([], [], marker="o", ls="", mfc="none", mec="0.3", ms=10),
-                Line2D([], [], marker="X", ls="", color="0.3", ms=9), Line2D([], [], marker="x", ls="", color="red")]
+    handles += [
+        Line2D([], [], ls="--", color="0.3"),
+        Line2D([], [], marker="o", ls="", mfc="none", mec="0.3", ms=10),
+        Line2D([], [], marker="X", ls="", color="0.3", ms=9),
+        Line2D([], [], marker="x", ls="", color="red"),
+    ]
     labels += ["predicted", "picked tree", "picked: no speculation (at the smallest size)", "unreliable (not selected)"]
     level = selection.get("confidence", 0.95)
-    leg = axes[-1].legend(handles, labels, loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8,
-                          frameon=False, title=f"band: {level:.0%} interval", title_fontsize=8)
+    leg = axes[-1].legend(
+        handles,
+        labels,
+        loc="upper left",
+        bbox_to_anchor=(1.02, 1.0),
+        fontsize=8,
+        frameon=False,
+        title=f"band: {level:.0%} interval",
+        title_fontsize=8,
+    )
     title = fig.suptitle("Measured speedup against tree size", fontsize=11, y=1.02)
     _save(fig, path, extra=[leg, title])

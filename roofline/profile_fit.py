@@ -31,9 +31,23 @@ from roofline.latency import step_time_s
 from roofline.shapes import DraftHeadsShape, ModelShape
 from treeopt.errors import UserError
 
-__all__ = ["STEP_COLUMNS", "OPTIONAL_COLUMNS", "FIT_TERMS", "StepPoints", "ProfileFit", "BatchTransfer",
-           "read_step_points", "step_points_frame", "sweep_step_points", "predict_step_s", "identifiable_terms",
-           "fit_profile", "apply_terms", "batch_transfer", "error_summary"]
+__all__ = [
+    "STEP_COLUMNS",
+    "OPTIONAL_COLUMNS",
+    "FIT_TERMS",
+    "StepPoints",
+    "ProfileFit",
+    "BatchTransfer",
+    "read_step_points",
+    "step_points_frame",
+    "sweep_step_points",
+    "predict_step_s",
+    "identifiable_terms",
+    "fit_profile",
+    "apply_terms",
+    "batch_transfer",
+    "error_summary",
+]
 
 STEP_COLUMNS = ("batch", "context", "tokens", "step_ms")
 OPTIONAL_COLUMNS = ("candidates", "draft_stages")
@@ -52,7 +66,7 @@ TIME_TERMS = ("forward_overhead_s", "spec_step_overhead_s", "verified_token_s", 
 # weight of the pull toward the base value: a residual of 1% equals a change of one median step
 # (time terms) or of 1.0 (efficiencies), far more than any fitted term moves
 PRIOR_WEIGHT = 0.01
-SOFT_L1_SCALE = 0.05     # relative errors above ~5% count linearly, not squared
+SOFT_L1_SCALE = 0.05  # relative errors above ~5% count linearly, not squared
 
 
 @dataclass(frozen=True)
@@ -92,8 +106,10 @@ def step_points_frame(df: pd.DataFrame, *, source: str, heads: int = 0) -> StepP
     with q > 1 runs in the prediction (0: the drafting cost is left to the engine terms)."""
     missing = [c for c in STEP_COLUMNS if c not in df.columns]
     if missing:
-        raise UserError(f"{source}: missing column '{missing[0]}' (needs {', '.join(STEP_COLUMNS)}; "
-                        f"optional {', '.join(OPTIONAL_COLUMNS)})")
+        raise UserError(
+            f"{source}: missing column '{missing[0]}' (needs {', '.join(STEP_COLUMNS)}; "
+            f"optional {', '.join(OPTIONAL_COLUMNS)})"
+        )
     if len(df) == 0:
         raise UserError(f"{source}: no rows")
     cols = {}
@@ -121,9 +137,15 @@ def step_points_frame(df: pd.DataFrame, *, source: str, heads: int = 0) -> StepP
     bad = candidates > cols["tokens"]
     if np.any(bad):
         raise UserError(f"{source}: row {int(np.argmax(bad)) + 1}: 'candidates' exceeds 'tokens'")
-    return StepPoints(batch=cols["batch"], context=cols["context"], tokens=cols["tokens"], candidates=candidates,
-                      draft_stages=cols.get("draft_stages", np.zeros(n)),
-                      draft_heads=np.where(cols["tokens"] > 1, float(heads), 0.0), step_s=cols["step_ms"] / 1e3)
+    return StepPoints(
+        batch=cols["batch"],
+        context=cols["context"],
+        tokens=cols["tokens"],
+        candidates=candidates,
+        draft_stages=cols.get("draft_stages", np.zeros(n)),
+        draft_heads=np.where(cols["tokens"] > 1, float(heads), 0.0),
+        step_s=cols["step_ms"] / 1e3,
+    )
 
 
 def read_step_points(path, *, heads: int = 0) -> StepPoints:
@@ -138,18 +160,33 @@ def read_step_points(path, *, heads: int = 0) -> StepPoints:
     return step_points_frame(df, source=str(path), heads=heads)
 
 
-def predict_step_s(shape: ModelShape, heads: DraftHeadsShape | None, hw: HardwareProfile, points: StepPoints, *,
-                   attention: str = "fused") -> np.ndarray:
+def predict_step_s(
+    shape: ModelShape,
+    heads: DraftHeadsShape | None,
+    hw: HardwareProfile,
+    points: StepPoints,
+    *,
+    attention: str = "fused",
+) -> np.ndarray:
     """Predicted seconds of every step (vectorised per distinct head count; memory not checked:
     the steps were measured, so they fit)."""
     out = np.empty(len(points))
     counts = points.draft_heads.astype(int)
-    for k in np.unique(counts):   # at most K + 1 distinct head counts
+    for k in np.unique(counts):  # at most K + 1 distinct head counts
         rows = counts == k
         hk = replace(heads, num_heads=int(k)) if (heads is not None and k > 0) else None
-        out[rows] = step_time_s(shape, hk, hw, batch=points.batch[rows], tokens=points.tokens[rows],
-                                context=points.context[rows], attention=attention, on_oom="ignore",
-                                candidates=points.candidates[rows], draft_stages=points.draft_stages[rows])
+        out[rows] = step_time_s(
+            shape,
+            hk,
+            hw,
+            batch=points.batch[rows],
+            tokens=points.tokens[rows],
+            context=points.context[rows],
+            attention=attention,
+            on_oom="ignore",
+            candidates=points.candidates[rows],
+            draft_stages=points.draft_stages[rows],
+        )
     return out
 
 
@@ -189,12 +226,14 @@ def apply_terms(base: HardwareProfile, terms: dict, keys_range: tuple[float, flo
     changes = {k: float(v) for k, v in terms.items() if k in TIME_TERMS or k == "eta_memory"}
     if "gemm_efficiency_scale" in terms:
         curve = base.gemm_efficiency
-        changes["gemm_efficiency"] = EfficiencyCurve(curve.rows, tuple(float(v) * float(terms["gemm_efficiency_scale"])
-                                                                        for v in curve.values))
+        changes["gemm_efficiency"] = EfficiencyCurve(
+            curve.rows, tuple(float(v) * float(terms["gemm_efficiency_scale"]) for v in curve.values)
+        )
     if "attention_kv_short" in terms:
         if "attention_kv_long" in terms:
             changes["attention_kv_efficiency"] = EfficiencyCurve(
-                keys_range, (float(terms["attention_kv_short"]), float(terms["attention_kv_long"])))
+                keys_range, (float(terms["attention_kv_short"]), float(terms["attention_kv_long"]))
+            )
         else:
             changes["attention_kv_efficiency"] = EfficiencyCurve((1.0,), (float(terms["attention_kv_short"]),))
     return base.with_(**changes)
@@ -202,11 +241,16 @@ def apply_terms(base: HardwareProfile, terms: dict, keys_range: tuple[float, flo
 
 def _base_values(base: HardwareProfile, points: StepPoints) -> dict:
     short, long = _kv_keys(points)
-    return {"eta_memory": base.eta_memory, "forward_overhead_s": base.forward_overhead_s,
-            "spec_step_overhead_s": base.spec_step_overhead_s, "verified_token_s": base.verified_token_s,
-            "draft_stage_s": base.draft_stage_s, "gemm_efficiency_scale": 1.0,
-            "attention_kv_short": float(base.attention_kv_fraction(short)),
-            "attention_kv_long": float(base.attention_kv_fraction(long))}
+    return {
+        "eta_memory": base.eta_memory,
+        "forward_overhead_s": base.forward_overhead_s,
+        "spec_step_overhead_s": base.spec_step_overhead_s,
+        "verified_token_s": base.verified_token_s,
+        "draft_stage_s": base.draft_stage_s,
+        "gemm_efficiency_scale": 1.0,
+        "attention_kv_short": float(base.attention_kv_fraction(short)),
+        "attention_kv_long": float(base.attention_kv_fraction(long)),
+    }
 
 
 def _solve(shape, heads, base, points, free, attention, t_ref, keys_range):
@@ -223,14 +267,22 @@ def _solve(shape, heads, base, points, free, attention, t_ref, keys_range):
         return np.concatenate([rel, PRIOR_WEIGHT * (x - prior) / scale])
 
     # soft_l1 is robust to an outlier row; x_scale puts seconds and fractions on one footing
-    sol = least_squares(residuals, x0, bounds=(lower, upper), loss="soft_l1", f_scale=SOFT_L1_SCALE,
-                        x_scale=scale)
+    sol = least_squares(residuals, x0, bounds=(lower, upper), loss="soft_l1", f_scale=SOFT_L1_SCALE, x_scale=scale)
     return dict(zip(free, (float(v) for v in sol.x), strict=True))
 
 
-def fit_profile(shape: ModelShape, heads: DraftHeadsShape | None, base: HardwareProfile, points: StepPoints, *,
-                attention: str = "fused", name: str | None = None, leave_one_out: bool = True,
-                terms: tuple[str, ...] | None = None, source: str = "") -> ProfileFit:
+def fit_profile(
+    shape: ModelShape,
+    heads: DraftHeadsShape | None,
+    base: HardwareProfile,
+    points: StepPoints,
+    *,
+    attention: str = "fused",
+    name: str | None = None,
+    leave_one_out: bool = True,
+    terms: tuple[str, ...] | None = None,
+    source: str = "",
+) -> ProfileFit:
     """Fit the identifiable terms (or `terms`) of `base` to `points`; with leave_one_out, refit
     once per row without it and predict it."""
     if len(points) < 2:
@@ -247,21 +299,39 @@ def fit_profile(shape: ModelShape, heads: DraftHeadsShape | None, base: Hardware
     loo = None
     if leave_one_out and len(points) >= 3:
         loo = np.empty(len(points))
-        for i in range(len(points)):   # one refit per row: the leave-one-out estimate itself
+        for i in range(len(points)):  # one refit per row: the leave-one-out estimate itself
             keep = np.arange(len(points)) != i
             sub = points.take(keep)
-            sub_terms = _solve(shape, heads, base, sub, tuple(t for t in free if t in identifiable_terms(sub, shape)),
-                               attention, t_ref, keys_range)
+            sub_terms = _solve(
+                shape,
+                heads,
+                base,
+                sub,
+                tuple(t for t in free if t in identifiable_terms(sub, shape)),
+                attention,
+                t_ref,
+                keys_range,
+            )
             hw_i = apply_terms(base, sub_terms, keys_range)
-            loo[i] = predict_step_s(shape, heads, hw_i, points.take(~keep), attention=attention)[0] \
-                / points.step_s[i] - 1.0
-    record = {"source": source, "rows": len(points), "model": shape.name, "attention": attention,
-              "draft_heads": 0 if heads is None else heads.num_heads, "base": base.name,
-              "terms": fitted, "in_sample_error": _summary_dict(in_sample),
-              "loo_error": None if loo is None else _summary_dict(loo)}
-    profile = profile.with_(name=name or f"{base.name}-fitted",
-                            source=f"treeopt hw fit on {source or 'measured steps'} over {base.name}",
-                            calibration={**(base.calibration or {}), "fit": record})
+            loo[i] = (
+                predict_step_s(shape, heads, hw_i, points.take(~keep), attention=attention)[0] / points.step_s[i] - 1.0
+            )
+    record = {
+        "source": source,
+        "rows": len(points),
+        "model": shape.name,
+        "attention": attention,
+        "draft_heads": 0 if heads is None else heads.num_heads,
+        "base": base.name,
+        "terms": fitted,
+        "in_sample_error": _summary_dict(in_sample),
+        "loo_error": None if loo is None else _summary_dict(loo),
+    }
+    profile = profile.with_(
+        name=name or f"{base.name}-fitted",
+        source=f"treeopt hw fit on {source or 'measured steps'} over {base.name}",
+        calibration={**(base.calibration or {}), "fit": record},
+    )
     return ProfileFit(profile, fitted, free, in_sample, loo)
 
 
@@ -283,9 +353,15 @@ def sweep_step_points(sweep: pd.DataFrame, heads_by_nodes) -> StepPoints:
     nodes = sweep["nodes"].to_numpy(dtype=int)
     heads = np.asarray(heads_by_nodes, dtype=float)
     n = len(sweep)
-    return StepPoints(batch=sweep["batch"].to_numpy(dtype=float), context=sweep["context"].to_numpy(dtype=float),
-                      tokens=nodes + 1.0, candidates=np.ones(n), draft_stages=np.zeros(n), draft_heads=heads[nodes],
-                      step_s=sweep["step_time_s"].to_numpy(dtype=float))
+    return StepPoints(
+        batch=sweep["batch"].to_numpy(dtype=float),
+        context=sweep["context"].to_numpy(dtype=float),
+        tokens=nodes + 1.0,
+        candidates=np.ones(n),
+        draft_stages=np.zeros(n),
+        draft_heads=heads[nodes],
+        step_s=sweep["step_time_s"].to_numpy(dtype=float),
+    )
 
 
 @dataclass(frozen=True)
@@ -299,20 +375,35 @@ class BatchTransfer:
     cells: pd.DataFrame
 
 
-def batch_transfer(shape: ModelShape, heads: DraftHeadsShape | None, base: HardwareProfile, sweep: pd.DataFrame,
-                   heads_by_nodes, *, fit_batch: int = 1, fit_terms: tuple[str, ...] | None = None) -> BatchTransfer:
+def batch_transfer(
+    shape: ModelShape,
+    heads: DraftHeadsShape | None,
+    base: HardwareProfile,
+    sweep: pd.DataFrame,
+    heads_by_nodes,
+    *,
+    fit_batch: int = 1,
+    fit_terms: tuple[str, ...] | None = None,
+) -> BatchTransfer:
     """Fit `base` on the rows of batch `fit_batch` and predict the other batch sizes.
     fit_terms: the terms to fit (default: those the rows identify; () keeps `base` as it is)."""
     points = sweep_step_points(sweep, heads_by_nodes)
     train = points.batch == fit_batch
     if not np.any(train) or np.all(train):
         raise UserError(f"sweep: the fit needs rows of batch {fit_batch} and of other batch sizes")
-    fit = fit_profile(shape, heads, base, points.take(train), leave_one_out=False, terms=fit_terms,
-                      source=f"the batch-{fit_batch} rows of a sweep")
+    fit = fit_profile(
+        shape,
+        heads,
+        base,
+        points.take(train),
+        leave_one_out=False,
+        terms=fit_terms,
+        source=f"the batch-{fit_batch} rows of a sweep",
+    )
     frame = sweep.assign(predicted_s=predict_step_s(shape, heads, fit.profile, points))
     sizes = np.sort(frame["nodes"].unique())
     rows = []
-    for (b, s), cell in frame[~train].groupby(["batch", "context"]):   # one entry per measured cell
+    for (b, s), cell in frame[~train].groupby(["batch", "context"]):  # one entry per measured cell
         cell = cell.sort_values("nodes")
         plain = cell[cell["nodes"] == 0]
         if plain.empty:
@@ -325,7 +416,15 @@ def batch_transfer(shape: ModelShape, heads: DraftHeadsShape | None, base: Hardw
         best_m = int(cell["nodes"].iloc[int(np.argmax(tau / measured))])
         best_p = int(cell["nodes"].iloc[int(np.argmax(tau / predicted))])
         apart = abs(int(np.searchsorted(sizes, best_m)) - int(np.searchsorted(sizes, best_p)))
-        rows.append({"batch": int(b), "context": int(s), "median_ratio_error": float(np.median(np.abs(err))),
-                     "worst_ratio_error": float(np.max(np.abs(err))), "best_measured": best_m,
-                     "best_predicted": best_p, "within_one_step": bool(apart <= 1)})
+        rows.append(
+            {
+                "batch": int(b),
+                "context": int(s),
+                "median_ratio_error": float(np.median(np.abs(err))),
+                "worst_ratio_error": float(np.max(np.abs(err))),
+                "best_measured": best_m,
+                "best_predicted": best_p,
+                "within_one_step": bool(apart <= 1),
+            }
+        )
     return BatchTransfer(fit, pd.DataFrame(rows))

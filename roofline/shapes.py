@@ -17,10 +17,19 @@ from treeopt.fileio import read_json_input
 from treeopt.layout import default_heads_dir
 
 __all__ = [
-    "ModelShape", "DraftHeadsShape", "model_shape", "builtin_shapes",
-    "draft_heads_shape", "load_heads_shape", "DTYPE_BYTES", "normalize_dtype",
-    "heads_config_near", "resolve_heads", "shape_from_config",
+    "ModelShape",
+    "DraftHeadsShape",
+    "model_shape",
+    "builtin_shapes",
+    "draft_heads_shape",
+    "load_heads_shape",
+    "DTYPE_BYTES",
+    "normalize_dtype",
+    "heads_config_near",
+    "resolve_heads",
+    "shape_from_config",
 ]
+
 
 @dataclass(frozen=True)
 class ModelShape:
@@ -50,19 +59,22 @@ class ModelShape:
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise UserError(f"model shape {self.name}: '{key}' must be a positive integer, got {value!r}")
         if self.heads % self.kv_heads:
-            raise UserError(f"model shape {self.name}: heads ({self.heads}) is not a multiple of "
-                            f"kv_heads ({self.kv_heads})")
+            raise UserError(
+                f"model shape {self.name}: heads ({self.heads}) is not a multiple of kv_heads ({self.kv_heads})"
+            )
         if self.dtype not in DTYPE_BYTES:
             raise UserError(f"model shape {self.name}: unknown dtype '{self.dtype}'")
         if self.dtype_bytes != DTYPE_BYTES[self.dtype]:
-            raise UserError(f"model shape {self.name}: dtype {self.dtype} has {DTYPE_BYTES[self.dtype]} "
-                            f"bytes, not {self.dtype_bytes}")
+            raise UserError(
+                f"model shape {self.name}: dtype {self.dtype} has {DTYPE_BYTES[self.dtype]} "
+                f"bytes, not {self.dtype_bytes}"
+            )
 
-    def with_dtype(self, dtype: str) -> "ModelShape":
+    def with_dtype(self, dtype: str) -> ModelShape:
         dtype = normalize_dtype(dtype)
         return replace(self, dtype=dtype, dtype_bytes=DTYPE_BYTES[dtype])
 
-    def with_layers(self, layers: int) -> "ModelShape":
+    def with_layers(self, layers: int) -> ModelShape:
         return replace(self, layers=int(layers))
 
     # --- parameter and memory accounting -----------------------------------------------
@@ -99,10 +111,13 @@ class ModelShape:
 
     def describe(self) -> str:
         gqa = f", {self.kv_heads} KV heads" if self.kv_heads != self.heads else ""
-        return (f"{self.name}: {self.layers} layers, hidden {self.hidden}, intermediate "
-                f"{self.intermediate}, {self.heads} heads x {self.head_dim}{gqa}, vocab {self.vocab}, "
-                f"{self.dtype}, " + (f"{self.params / 1e9:.2f} B" if self.params >= 1e9 else f"{self.params / 1e6:.2f} M")
-                + " parameters")
+        return (
+            f"{self.name}: {self.layers} layers, hidden {self.hidden}, intermediate "
+            f"{self.intermediate}, {self.heads} heads x {self.head_dim}{gqa}, vocab {self.vocab}, "
+            f"{self.dtype}, "
+            + (f"{self.params / 1e9:.2f} B" if self.params >= 1e9 else f"{self.params / 1e6:.2f} M")
+            + " parameters"
+        )
 
     def to_dict(self) -> dict:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -144,8 +159,10 @@ class DraftHeadsShape:
 
     def describe(self) -> str:
         on = "all q tokens" if self.tokens_per_sequence is None else f"{self.tokens_per_sequence} token(s) per sequence"
-        return (f"{self.num_heads} heads x {self.num_layers} ResBlock(s), hidden {self.hidden}, vocab {self.vocab}, "
-                f"run on {on}")
+        return (
+            f"{self.num_heads} heads x {self.num_layers} ResBlock(s), hidden {self.hidden}, vocab {self.vocab}, "
+            f"run on {on}"
+        )
 
 
 def draft_heads_shape(shape: ModelShape, num_heads: int, num_layers: int = 1) -> DraftHeadsShape:
@@ -173,8 +190,9 @@ def load_heads_shape(path, *, hidden_size: int | None = None, vocab_size: int | 
         if value is None:
             raise UserError(f"{file}: missing key '{key}' (and no model config beside it to take it from)")
         dims[key] = int(value)
-    return DraftHeadsShape(int(cfg["medusa_num_heads"]), int(cfg.get("medusa_num_layers", 1)),
-                           dims["hidden_size"], dims["vocab_size"])
+    return DraftHeadsShape(
+        int(cfg["medusa_num_heads"]), int(cfg.get("medusa_num_layers", 1)), dims["hidden_size"], dims["vocab_size"]
+    )
 
 
 # --- built-in shapes -------------------------------------------------------------------------
@@ -182,16 +200,37 @@ _HF = "Hugging Face config.json of "
 
 
 def _s(name, layers, hidden, inter, heads, kv, vocab, source, head_dim=128, tied=False):
-    return ModelShape(name=name, layers=layers, hidden=hidden, intermediate=inter, heads=heads,
-                      kv_heads=kv, head_dim=head_dim, vocab=vocab, tied_embeddings=tied,
-                      dtype="fp16", dtype_bytes=2, source=source)
+    return ModelShape(
+        name=name,
+        layers=layers,
+        hidden=hidden,
+        intermediate=inter,
+        heads=heads,
+        kv_heads=kv,
+        head_dim=head_dim,
+        vocab=vocab,
+        tied_embeddings=tied,
+        dtype="fp16",
+        dtype_bytes=2,
+        source=source,
+    )
 
 
 _BUILTIN = {
-    s.name: s for s in [
-        _s("llama-7b", 32, 4096, 11008, 32, 32, 32000, _HF + "huggyllama/llama-7b (LLaMA-1; Touvron et al. 2023, Table 2)"),
+    s.name: s
+    for s in [
+        _s(
+            "llama-7b",
+            32,
+            4096,
+            11008,
+            32,
+            32,
+            32000,
+            _HF + "huggyllama/llama-7b (LLaMA-1; Touvron et al. 2023, Table 2)",
+        ),
         _s("llama-13b", 40, 5120, 13824, 40, 40, 32000, _HF + "huggyllama/llama-13b (LLaMA-1)"),
-        _s("llama-33b", 60, 6656, 17920, 52, 52, 32000, _HF + "huggyllama/llama-30b (LLaMA-1 \"33B\")"),
+        _s("llama-33b", 60, 6656, 17920, 52, 52, 32000, _HF + 'huggyllama/llama-30b (LLaMA-1 "33B")'),
         _s("llama-65b", 80, 8192, 22016, 64, 64, 32000, _HF + "huggyllama/llama-65b (LLaMA-1)"),
         _s("llama-2-7b", 32, 4096, 11008, 32, 32, 32000, _HF + "meta-llama/Llama-2-7b-hf"),
         _s("llama-2-13b", 40, 5120, 13824, 40, 40, 32000, _HF + "meta-llama/Llama-2-13b-hf"),
@@ -203,9 +242,17 @@ _BUILTIN = {
     ]
 }
 # Vicuna v1.3 (the Medusa paper's models) are LLaMA-1 fine-tunes with unchanged shapes.
-_ALIASES = {"vicuna-7b": "llama-7b", "vicuna-13b": "llama-13b", "vicuna-33b": "llama-33b",
-            "llama-30b": "llama-33b", "llama2-7b": "llama-2-7b", "llama2-13b": "llama-2-13b",
-            "llama2-70b": "llama-2-70b", "llama3-8b": "llama-3-8b", "llama3-70b": "llama-3-70b"}
+_ALIASES = {
+    "vicuna-7b": "llama-7b",
+    "vicuna-13b": "llama-13b",
+    "vicuna-33b": "llama-33b",
+    "llama-30b": "llama-33b",
+    "llama2-7b": "llama-2-7b",
+    "llama2-13b": "llama-2-13b",
+    "llama2-70b": "llama-2-70b",
+    "llama3-8b": "llama-3-8b",
+    "llama3-70b": "llama-3-70b",
+}
 
 
 def builtin_shapes() -> dict[str, ModelShape]:
@@ -214,15 +261,31 @@ def builtin_shapes() -> dict[str, ModelShape]:
 
 # --- Hugging Face config.json ---------------------------------------------------------------
 _LLAMA_LIKE = {
-    "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
-    "GemmaForCausalLM", "Gemma2ForCausalLM", "Phi3ForCausalLM", "InternLM2ForCausalLM",
-    "YiForCausalLM", "OlmoForCausalLM", "Olmo2ForCausalLM", "GraniteForCausalLM",
-    "CohereForCausalLM", "StableLmForCausalLM", "DeepseekForCausalLM", "MiniCPMForCausalLM",
+    "LlamaForCausalLM",
+    "MistralForCausalLM",
+    "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",
+    "GemmaForCausalLM",
+    "Gemma2ForCausalLM",
+    "Phi3ForCausalLM",
+    "InternLM2ForCausalLM",
+    "YiForCausalLM",
+    "OlmoForCausalLM",
+    "Olmo2ForCausalLM",
+    "GraniteForCausalLM",
+    "CohereForCausalLM",
+    "StableLmForCausalLM",
+    "DeepseekForCausalLM",
+    "MiniCPMForCausalLM",
 }
 _LLAMA_LIKE_TYPES = {a.removesuffix("ForCausalLM").lower() for a in _LLAMA_LIKE}
 _NOT_LLAMA_HINT = {
-    "moe": "a mixture of experts", "mixtral": "a mixture of experts", "gpt2": "not gated-MLP Llama-like",
-    "mamba": "not a transformer", "rwkv": "not a transformer", "t5": "an encoder-decoder",
+    "moe": "a mixture of experts",
+    "mixtral": "a mixture of experts",
+    "gpt2": "not gated-MLP Llama-like",
+    "mamba": "not a transformer",
+    "rwkv": "not a transformer",
+    "t5": "an encoder-decoder",
 }
 
 
@@ -241,17 +304,20 @@ def shape_from_config(config: dict, *, name: str, source: str = "") -> ModelShap
         arch = archs[0]
         if arch not in _LLAMA_LIKE:
             why = next((v for k, v in _NOT_LLAMA_HINT.items() if k in arch.lower()), None)
-            raise UserError(f"{name}: architecture '{arch}' is not supported"
-                            + (f" ({why})" if why else "")
-                            + "; supported: Llama-like decoders such as LlamaForCausalLM, "
-                              "MistralForCausalLM, Qwen2ForCausalLM")
+            raise UserError(
+                f"{name}: architecture '{arch}' is not supported"
+                + (f" ({why})" if why else "")
+                + "; supported: Llama-like decoders such as LlamaForCausalLM, "
+                "MistralForCausalLM, Qwen2ForCausalLM"
+            )
     elif mtype:
         if mtype not in _LLAMA_LIKE_TYPES:
-            raise UserError(f"{name}: model_type '{mtype}' is not supported; supported: Llama-like "
-                            "decoders (llama, mistral, qwen2, ...)")
+            raise UserError(
+                f"{name}: model_type '{mtype}' is not supported; supported: Llama-like "
+                "decoders (llama, mistral, qwen2, ...)"
+            )
     else:
-        raise UserError(f"{name}: missing key 'architectures' (and no 'model_type'): cannot tell "
-                        "the architecture")
+        raise UserError(f"{name}: missing key 'architectures' (and no 'model_type'): cannot tell the architecture")
     if config.get("num_local_experts") or config.get("num_experts"):
         raise UserError(f"{name}: mixture-of-experts models are not supported")
 
@@ -273,15 +339,27 @@ def shape_from_config(config: dict, *, name: str, source: str = "") -> ModelShap
         head_dim = need("head_dim")
     else:
         if hidden % heads:
-            raise UserError(f"{name}: hidden_size {hidden} is not a multiple of num_attention_heads "
-                            f"{heads} and there is no 'head_dim'")
+            raise UserError(
+                f"{name}: hidden_size {hidden} is not a multiple of num_attention_heads "
+                f"{heads} and there is no 'head_dim'"
+            )
         head_dim = hidden // heads
     raw_dtype = config.get("torch_dtype") or config.get("dtype") or "bfloat16"
     dtype = normalize_dtype(raw_dtype, what=f"{name}: torch_dtype")
-    return ModelShape(name=name, layers=layers, hidden=hidden, intermediate=inter, heads=heads,
-                      kv_heads=kv, head_dim=head_dim, vocab=vocab,
-                      tied_embeddings=bool(config.get("tie_word_embeddings", False)),
-                      dtype=dtype, dtype_bytes=DTYPE_BYTES[dtype], source=source or name)
+    return ModelShape(
+        name=name,
+        layers=layers,
+        hidden=hidden,
+        intermediate=inter,
+        heads=heads,
+        kv_heads=kv,
+        head_dim=head_dim,
+        vocab=vocab,
+        tied_embeddings=bool(config.get("tie_word_embeddings", False)),
+        dtype=dtype,
+        dtype_bytes=DTYPE_BYTES[dtype],
+        source=source or name,
+    )
 
 
 def model_shape(name_or_path, *, dtype: str | None = None, name: str | None = None) -> ModelShape:
@@ -295,8 +373,11 @@ def model_shape(name_or_path, *, dtype: str | None = None, name: str | None = No
     shape = None
     if key in _BUILTIN or key in _ALIASES:
         base = _BUILTIN[_ALIASES.get(key, key)]
-        shape = base if key in _BUILTIN else replace(base, name=key, source=base.source
-                                                     + f"; {key} is a fine-tune with the same shape")
+        shape = (
+            base
+            if key in _BUILTIN
+            else replace(base, name=key, source=base.source + f"; {key} is a fine-tune with the same shape")
+        )
     else:
         path = Path(spec)
         if path.is_dir():
@@ -309,8 +390,9 @@ def model_shape(name_or_path, *, dtype: str | None = None, name: str | None = No
             raise UserError(f"{spec}: no such file or directory")
         else:
             names = ", ".join(sorted(_BUILTIN) + sorted(_ALIASES))
-            raise UserError(f"--model: unknown model '{spec}' (built-in: {names}, or a path "
-                            "to config.json / a model directory)")
+            raise UserError(
+                f"--model: unknown model '{spec}' (built-in: {names}, or a path to config.json / a model directory)"
+            )
         shape = shape_from_config(_read_json(file), name=name or str(spec), source=str(file))
     if dtype is not None:
         shape = shape.with_dtype(dtype)
@@ -326,16 +408,24 @@ def heads_config_near(model_spec) -> Path | None:
     return None if found is None else found / "config.json"
 
 
-def resolve_heads(model_spec, shape: ModelShape, *, num_heads: int | None = None, num_layers: int | None = None,
-                  accuracy_heads: int | None = None, tokens_per_sequence: int | None = None) -> DraftHeadsShape:
+def resolve_heads(
+    model_spec,
+    shape: ModelShape,
+    *,
+    num_heads: int | None = None,
+    num_layers: int | None = None,
+    accuracy_heads: int | None = None,
+    tokens_per_sequence: int | None = None,
+) -> DraftHeadsShape:
     """Draft heads for a model: K = num_heads, else the accuracy table's head count, else the
     Medusa heads config next to the model, else 5; L = num_layers, else that config's, else 1.
     Hidden size and vocabulary are the model's."""
     near = heads_config_near(model_spec)
     near_shape = load_heads_shape(near, hidden_size=shape.hidden, vocab_size=shape.vocab) if near is not None else None
     if num_heads is None:
-        num_heads = accuracy_heads if accuracy_heads is not None else (
-            near_shape.num_heads if near_shape is not None else 5)
+        num_heads = (
+            accuracy_heads if accuracy_heads is not None else (near_shape.num_heads if near_shape is not None else 5)
+        )
     if num_layers is None:
         num_layers = near_shape.num_layers if near_shape is not None else 1
     if num_heads < 0:

@@ -21,12 +21,30 @@ from roofline.shapes import ModelShape
 from treeopt.chain import chain_tau
 from treeopt.errors import UserError
 
-GAMMA_COLUMNS = ["batch", "context", "gamma", "tau", "draft_s", "verify_s", "step_time_s", "plain_step_s",
-                 "speedup", "fits_memory"]
+GAMMA_COLUMNS = [
+    "batch",
+    "context",
+    "gamma",
+    "tau",
+    "draft_s",
+    "verify_s",
+    "step_time_s",
+    "plain_step_s",
+    "speedup",
+    "fits_memory",
+]
 
 
-def draft_model_step_time_s(target: ModelShape, draft: ModelShape, hw: HardwareProfile, *, batch: int,
-                            gamma, context: int, attention: str = "fused"):
+def draft_model_step_time_s(
+    target: ModelShape,
+    draft: ModelShape,
+    hw: HardwareProfile,
+    *,
+    batch: int,
+    gamma,
+    context: int,
+    attention: str = "fused",
+):
     """Predicted seconds of one draft-model step for each gamma (an int or an array of ints):
     gamma draft passes of one token per sequence, the j-th over a cache of context + j tokens,
     plus the target's verification of gamma + 1 tokens. NaN where the two models' weights, KV
@@ -38,19 +56,37 @@ def draft_model_step_time_s(target: ModelShape, draft: ModelShape, hw: HardwareP
     passes = np.arange(longest)
     # why: the draft is autoregressive, each pass reads one more cached token than the last
     # (docs/performance-model.md, "Draft-model steps")
-    per_pass = np.atleast_1d(step_time_s(draft, None, hw, batch=batch, tokens=1, context=context + passes,
-                                         attention=attention, on_oom="ignore")) if longest else np.zeros(0)
+    per_pass = (
+        np.atleast_1d(
+            step_time_s(
+                draft, None, hw, batch=batch, tokens=1, context=context + passes, attention=attention, on_oom="ignore"
+            )
+        )
+        if longest
+        else np.zeros(0)
+    )
     drafting = np.concatenate([[0.0], np.cumsum(per_pass)])[g]
-    verify = step_time_s(target, None, hw, batch=batch, tokens=g + 1, context=context, attention=attention,
-                         on_oom="ignore")
-    need = (memory_required_bytes(target, None, batch=batch, tokens=g + 1, context=context, attention=attention)
-            + memory_required_bytes(draft, None, batch=batch, tokens=1, context=context + g, attention=attention))
+    verify = step_time_s(
+        target, None, hw, batch=batch, tokens=g + 1, context=context, attention=attention, on_oom="ignore"
+    )
+    need = memory_required_bytes(
+        target, None, batch=batch, tokens=g + 1, context=context, attention=attention
+    ) + memory_required_bytes(draft, None, batch=batch, tokens=1, context=context + g, attention=attention)
     total = np.where(need <= hw.capacity_bytes, drafting + verify, np.nan)
     return float(total) if total.ndim == 0 else total
 
 
-def gamma_grid(target: ModelShape, draft: ModelShape, hw: HardwareProfile, alpha_per_depth, *, batches,
-               contexts, max_gamma: int | None = None, attention: str = "fused") -> pd.DataFrame:
+def gamma_grid(
+    target: ModelShape,
+    draft: ModelShape,
+    hw: HardwareProfile,
+    alpha_per_depth,
+    *,
+    batches,
+    contexts,
+    max_gamma: int | None = None,
+    attention: str = "fused",
+) -> pd.DataFrame:
     """Every (batch, context, gamma) for gamma = 0 .. max_gamma (default: the depths alpha
     covers), columns `GAMMA_COLUMNS`: tau(gamma) from `alpha_per_depth`, the step's draft and
     verification seconds, plain decoding's step and speedup = tau x plain / step."""
@@ -62,15 +98,29 @@ def gamma_grid(target: ModelShape, draft: ModelShape, hw: HardwareProfile, alpha
     frames = []
     for b in batches:  # loop over grid cells; each cell is vectorised over gamma
         for s in contexts:
-            step = draft_model_step_time_s(target, draft, hw, batch=int(b), gamma=gammas, context=int(s),
-                                           attention=attention)
-            verify = step_time_s(target, None, hw, batch=int(b), tokens=gammas + 1, context=int(s),
-                                 attention=attention, on_oom="ignore")
+            step = draft_model_step_time_s(
+                target, draft, hw, batch=int(b), gamma=gammas, context=int(s), attention=attention
+            )
+            verify = step_time_s(
+                target, None, hw, batch=int(b), tokens=gammas + 1, context=int(s), attention=attention, on_oom="ignore"
+            )
             plain = float(verify[0])
-            frames.append(pd.DataFrame({
-                "batch": int(b), "context": int(s), "gamma": gammas, "tau": tau[: top + 1],
-                "draft_s": step - verify, "verify_s": verify, "step_time_s": step, "plain_step_s": plain,
-                "speedup": tau[: top + 1] * plain / step, "fits_memory": np.isfinite(step)}))
+            frames.append(
+                pd.DataFrame(
+                    {
+                        "batch": int(b),
+                        "context": int(s),
+                        "gamma": gammas,
+                        "tau": tau[: top + 1],
+                        "draft_s": step - verify,
+                        "verify_s": verify,
+                        "step_time_s": step,
+                        "plain_step_s": plain,
+                        "speedup": tau[: top + 1] * plain / step,
+                        "fits_memory": np.isfinite(step),
+                    }
+                )
+            )
     return pd.concat(frames, ignore_index=True)[GAMMA_COLUMNS]
 
 

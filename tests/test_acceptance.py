@@ -6,8 +6,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from treeopt.acceptance import (accepted_lengths, load_rank_vectors, rank_vectors_path,
-                                save_rank_vectors, simulate_tokens_per_step, simulated_tau_curve)
+from treeopt.acceptance import (
+    accepted_lengths,
+    load_rank_vectors,
+    rank_vectors_path,
+    save_rank_vectors,
+    simulate_tokens_per_step,
+    simulated_tau_curve,
+)
 from treeopt.accuracy import AccuracyTable, expected_tokens
 from treeopt.build import joint_tree
 from treeopt.errors import UserError
@@ -39,7 +45,7 @@ def brute_walk(lengths, seq):
 def random_tree(rng, size, width, depth):
     """A prefix-closed tree grown node by node (every node after its parent)."""
     paths, seen = [], set()
-    size = min(size, sum(width ** d for d in range(1, depth + 1)))  # all the nodes there are
+    size = min(size, sum(width**d for d in range(1, depth + 1)))  # all the nodes there are
     while len(paths) < size:
         parent = () if not paths or rng.random() < 0.3 else paths[rng.integers(len(paths))]
         if len(parent) >= depth:
@@ -134,8 +140,7 @@ def test_position_mean_is_joint_tau():
     seq = np.repeat(np.arange(N // 50), 50)
     for m in (0, 1, 5, 17, 40):
         sub = tree.prefix(m)
-        assert accepted_lengths(ranks, sub).mean() == pytest.approx(
-            expected_tokens(sub, table, joint=True), rel=1e-12)
+        assert accepted_lengths(ranks, sub).mean() == pytest.approx(expected_tokens(sub, table, joint=True), rel=1e-12)
     curve = simulated_tau_curve(tree, ranks, seq)
     assert curve.shape == (41,) and curve[0] == 1.0
     cut = simulated_tau_curve(tree, ranks, seq, start_rows=37)

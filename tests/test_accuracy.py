@@ -44,7 +44,9 @@ def test_medusa_csv_per_rank_is_successive_differences():
 
 
 def test_csv_model_choice(tmp_path):
-    with pytest.raises(UserError, match=r"holds several models \(vicuna-7b, vicuna-13b, vicuna-33b\); choose one with --csv-model"):
+    with pytest.raises(
+        UserError, match=r"holds several models \(vicuna-7b, vicuna-13b, vicuna-33b\); choose one with --csv-model"
+    ):
         load_accuracy(MEDUSA_CSV)
     with pytest.raises(UserError, match=r"no rows for model 'llama'"):
         load_accuracy(MEDUSA_CSV, model="llama")
@@ -193,7 +195,11 @@ def mutate(path, value):
         (["heads", 1, "positions"], "9", "heads[1].positions: expected a finite number"),
         (["heads", 1, "head"], 3, "heads[1]: field 'head' is 3, expected 2"),
         (["heads", 0, "accuracy"], [0.5, 0.3], "heads[0].accuracy[1] is 0.3 but hits/positions is 0.2"),
-        (["joint", "prefixes", 3], [[0, 1], 4], "the paths one rank below [0] count 7 in total, more than path [0]'s count 5"),
+        (
+            ["joint", "prefixes", 3],
+            [[0, 1], 4],
+            "the paths one rank below [0] count 7 in total, more than path [0]'s count 5",
+        ),
         (["joint", "prefixes", 2], [[0, 0], 6], "path [0, 0]: count 6 exceeds its prefix [0]'s count 5"),
         (["joint", "prefixes", 2], [[1, 0, 0], 1], "depth 3 exceeds the 2 heads"),
         (["joint", "prefixes", 2], [[0, 2], 1], "ranks must be in 0..1 (width 2)"),
@@ -242,8 +248,10 @@ def brute_joint(ranks, width):
 
 
 @settings(max_examples=40, deadline=None)
-@given(hnp.arrays(np.int64, st.tuples(st.integers(0, 40), st.integers(1, 4)), elements=st.integers(-1, 5)),
-       st.integers(1, 5))
+@given(
+    hnp.arrays(np.int64, st.tuples(st.integers(0, 40), st.integers(1, 4)), elements=st.integers(-1, 5)),
+    st.integers(1, 5),
+)
 def test_joint_counts_match_brute_force(ranks, width):
     assert joint_counts_from_ranks(ranks, width) == brute_joint(ranks, width)
 

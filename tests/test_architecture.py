@@ -96,8 +96,10 @@ def test_imports_inside_functions_say_why():
     assert not unexplained, "\n".join(unexplained)
 
 
-@pytest.mark.parametrize("module", ["treeopt.cli.tree_cmds", "treeopt.cli.roofline_cmds", "treeopt.tau",
-                                    "treeopt.selection", "roofline.report"])
+@pytest.mark.parametrize(
+    "module",
+    ["treeopt.cli.tree_cmds", "treeopt.cli.roofline_cmds", "treeopt.tau", "treeopt.selection", "roofline.report"],
+)
 def test_tree_and_roofline_commands_do_not_load_torch(module):
     code = f"import sys, {module}; print(sorted(m for m in {HEAVY!r} if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)

@@ -54,16 +54,33 @@ def _sweep_frame() -> pd.DataFrame:
         for s in (128, 512):
             for n in range(5):
                 speed = tau[n] / (1.0 + 0.1 * n * b)
-                rows.append({"batch": b, "context": s, "nodes": n, "tau": tau[n], "tau_independent": tau[n],
-                             "overhead": tau[n] / speed, "speedup": speed, "step_time_s": 0.01 * tau[n] / speed,
-                             "predicted_overhead": tau[n] / speed, "predicted_speedup": speed})
+                rows.append(
+                    {
+                        "batch": b,
+                        "context": s,
+                        "nodes": n,
+                        "tau": tau[n],
+                        "tau_independent": tau[n],
+                        "overhead": tau[n] / speed,
+                        "speedup": speed,
+                        "step_time_s": 0.01 * tau[n] / speed,
+                        "predicted_overhead": tau[n] / speed,
+                        "predicted_speedup": speed,
+                    }
+                )
     return pd.DataFrame(rows).reindex(columns=SWEEP_COLUMNS)
 
 
 def _sweep_meta() -> dict:
-    return {"format": "treeopt.sweep/v1", "model": "tiny", "device": "cpu", "proposal": PROPOSAL,
-            "batches": [1, 4], "contexts": [128, 512],
-            "measurement": {"sizes": [0, 1, 2, 3, 4], "repeats": 3, "warmup": 1, "topk": 10, "seed": 0}}
+    return {
+        "format": "treeopt.sweep/v1",
+        "model": "tiny",
+        "device": "cpu",
+        "proposal": PROPOSAL,
+        "batches": [1, 4],
+        "contexts": [128, 512],
+        "measurement": {"sizes": [0, 1, 2, 3, 4], "repeats": 3, "warmup": 1, "topk": 10, "seed": 0},
+    }
 
 
 @pytest.fixture(scope="module")
@@ -77,16 +94,35 @@ def base(tmp_path_factory) -> Path:
     load_hardware("a100").save(root / "hw.json")
     _sweep_frame().to_csv(root / "sweep.csv", index=False)
     (root / "sweep.meta.json").write_text(json.dumps(_sweep_meta()))
-    (root / "prompts.jsonl").write_text("".join(json.dumps({"prompt": f"def f{i}(x): return x + {i}"}) + "\n"
-                                                for i in range(4)))
+    (root / "prompts.jsonl").write_text(
+        "".join(json.dumps({"prompt": f"def f{i}(x): return x + {i}"}) + "\n" for i in range(4))
+    )
     (root / "points.csv").write_text("batch,context,tokens,step_ms\n1,128,1,10\n1,128,5,11\n4,512,1,12\n4,512,5,14\n")
     shutil.copy(MEDUSA_CSV, root / "medusa.csv")
     tiny_model_for_tests(root / "tiny", num_medusa_heads=3)
     cwd = os.getcwd()
     os.chdir(root)
     try:
-        main(["roofline", "speedup", "--model", "llama-7b", "--hardware", "a100", "--accuracy", "acc.json",
-              "--batch", "1,4", "--context", "128,512", "--max-nodes", "8", "-o", "grid.csv"])
+        main(
+            [
+                "roofline",
+                "speedup",
+                "--model",
+                "llama-7b",
+                "--hardware",
+                "a100",
+                "--accuracy",
+                "acc.json",
+                "--batch",
+                "1,4",
+                "--context",
+                "128,512",
+                "--max-nodes",
+                "8",
+                "-o",
+                "grid.csv",
+            ]
+        )
     finally:
         os.chdir(cwd)
     return root
@@ -94,6 +130,7 @@ def base(tmp_path_factory) -> Path:
 
 # --------------------------------------------------------------------------------------------
 # the cases: (id, command line, bad files to add {name: bytes | str | callable(folder)}, words)
+
 
 def _write(name, content):
     return {name: content}
@@ -109,38 +146,71 @@ CASES = [
     # ---- output equal to an input (the list, and links to it) ----
     ("build-o-acc", "build --accuracy acc.json --nodes 4 -o acc.json", {}, "is also an input"),
     ("build-tree-o-tree", "build --tree tree.json -o tree.json", {}, "is also an input"),
-    ("build-o-link", "build --accuracy acc.json --nodes 4 -o link.json",
-     {"link.json": ("link", "acc.json")}, "is also an input"),
+    (
+        "build-o-link",
+        "build --accuracy acc.json --nodes 4 -o link.json",
+        {"link.json": ("link", "acc.json")},
+        "is also an input",
+    ),
     ("build-o-dotdot", "build --accuracy acc.json --nodes 4 -o tiny/../acc.json", {}, "is also an input"),
     ("buffers-o-tree", "buffers tree.json -o tree.json", {}, "is also an input"),
     ("select-o-sweep", "select --sweep sweep.csv -o sweep.csv", {}, "is also an input"),
     ("select-o-meta", "select --sweep sweep.csv -o sweep.meta.json", {}, "is also an input"),
     ("select-grid-o-grid", "select --grid grid.csv --accuracy acc.json -o grid.csv", {}, "is also an input"),
     ("select-grid-o-acc", "select --grid grid.csv --accuracy acc.json -o acc.json", {}, "is also an input"),
-    ("speedup-o-acc", "roofline speedup --model llama-7b --hardware a100 --accuracy acc.json -o acc.json", {},
-     "is also an input"),
-    ("speedup-select-acc", "roofline speedup --model llama-7b --hardware a100 --accuracy acc.json "
-     "--select acc.json", {}, "is also an input"),
-    ("speedup-o-hw", "roofline speedup --model llama-7b --hardware hw.json --accuracy acc.json -o hw.json", {},
-     "is also an input"),
-    ("speedup-o-equals-select", "roofline speedup --model llama-7b --hardware a100 --accuracy acc.json "
-     "-o g.json --select g.json", {}, "twice"),
-    ("predict-o-points", "roofline predict --model llama-7b --hardware a100 --points points.csv -o points.csv", {},
-     "is also an input"),
-    ("predict-o-hw", "roofline predict --model llama-7b --hardware hw.json --points points.csv -o hw.json", {},
-     "is also an input"),
-    ("fit-o-measurements", "hw fit --model llama-7b --hardware a100 --measurements points.csv -o points.csv", {},
-     "is also an input"),
-    ("fit-o-hw", "hw fit --model llama-7b --hardware hw.json --measurements points.csv -o hw.json", {},
-     "is also an input"),
+    (
+        "speedup-o-acc",
+        "roofline speedup --model llama-7b --hardware a100 --accuracy acc.json -o acc.json",
+        {},
+        "is also an input",
+    ),
+    (
+        "speedup-select-acc",
+        "roofline speedup --model llama-7b --hardware a100 --accuracy acc.json --select acc.json",
+        {},
+        "is also an input",
+    ),
+    (
+        "speedup-o-hw",
+        "roofline speedup --model llama-7b --hardware hw.json --accuracy acc.json -o hw.json",
+        {},
+        "is also an input",
+    ),
+    (
+        "speedup-o-equals-select",
+        "roofline speedup --model llama-7b --hardware a100 --accuracy acc.json -o g.json --select g.json",
+        {},
+        "twice",
+    ),
+    (
+        "predict-o-points",
+        "roofline predict --model llama-7b --hardware a100 --points points.csv -o points.csv",
+        {},
+        "is also an input",
+    ),
+    (
+        "predict-o-hw",
+        "roofline predict --model llama-7b --hardware hw.json --points points.csv -o hw.json",
+        {},
+        "is also an input",
+    ),
+    (
+        "fit-o-measurements",
+        "hw fit --model llama-7b --hardware a100 --measurements points.csv -o points.csv",
+        {},
+        "is also an input",
+    ),
+    (
+        "fit-o-hw",
+        "hw fit --model llama-7b --hardware hw.json --measurements points.csv -o hw.json",
+        {},
+        "is also an input",
+    ),
     ("calibrate-o-data", "calibrate --model {tiny} --data prompts.jsonl -o prompts.jsonl", {}, "is also an input"),
-    ("calibrate-import-o-import", "calibrate --import imp.pt -o imp.pt", {"imp.pt": b"not really"},
-     "is also an input"),
+    ("calibrate-import-o-import", "calibrate --import imp.pt -o imp.pt", {"imp.pt": b"not really"}, "is also an input"),
     ("sweep-o-acc", "sweep --model {tiny} --accuracy acc.json -o acc.json", {}, "is also an input"),
-    ("sweep-o-hw", "sweep --model {tiny} --accuracy acc.json --hardware hw.json -o hw.json", {},
-     "is also an input"),
+    ("sweep-o-hw", "sweep --model {tiny} --accuracy acc.json --hardware hw.json -o hw.json", {}, "is also an input"),
     ("hwcal-o-hw", "hw calibrate --model {tiny} -o tiny/config.json", {}, "is also an input"),
-
     # ---- output locations that cannot be written ----
     ("build-o-dir", "build --accuracy acc.json --nodes 4 -o tiny", {}, "is a directory"),
     ("build-o-under-file", "build --accuracy acc.json --nodes 4 -o acc.json/x.txt", {}, "not a directory"),
@@ -148,107 +218,250 @@ CASES = [
     ("buffers-o-dir", "buffers tree.json -o tiny", {}, "is a directory"),
     ("select-o-dir", "select --sweep sweep.csv -o tiny", {}, "is a directory"),
     ("select-o-proc", "select --sweep sweep.csv -o /proc/treeopt/s.json", {}, "cannot be written"),
-    ("speedup-o-proc", "roofline speedup --model llama-7b --hardware a100 --accuracy acc.json "
-     "-o /proc/treeopt/g.csv", {}, "cannot be written"),
-    ("speedup-select-proc", "roofline speedup --model llama-7b --hardware a100 --accuracy acc.json -o g.csv "
-     "--select /proc/treeopt/s.json", {}, "cannot be written"),
-    ("speedup-select-dir", "roofline speedup --model llama-7b --hardware a100 --accuracy acc.json -o g.csv "
-     "--select tiny", {}, "directory"),
-    ("predict-o-proc", "roofline predict --model llama-7b --hardware a100 --points points.csv "
-     "-o /proc/treeopt/p.csv", {}, "cannot be written"),
-    ("fit-o-proc", "hw fit --model llama-7b --hardware a100 --measurements points.csv -o /proc/treeopt/f.json",
-     {}, "cannot be written"),
-    ("report-o-file", "report --model llama-7b --hardware a100 --accuracy acc.json -o acc.json", {},
-     "is a file"),
-    ("report-o-proc", "report --model llama-7b --hardware a100 --accuracy acc.json -o /proc/treeopt/r", {},
-     "cannot be written"),
-    ("calibrate-o-proc", "calibrate --model {tiny} --data prompts.jsonl -o /proc/treeopt/acc.json", {},
-     "cannot be written"),
+    (
+        "speedup-o-proc",
+        "roofline speedup --model llama-7b --hardware a100 --accuracy acc.json -o /proc/treeopt/g.csv",
+        {},
+        "cannot be written",
+    ),
+    (
+        "speedup-select-proc",
+        "roofline speedup --model llama-7b --hardware a100 --accuracy acc.json -o g.csv --select /proc/treeopt/s.json",
+        {},
+        "cannot be written",
+    ),
+    (
+        "speedup-select-dir",
+        "roofline speedup --model llama-7b --hardware a100 --accuracy acc.json -o g.csv --select tiny",
+        {},
+        "directory",
+    ),
+    (
+        "predict-o-proc",
+        "roofline predict --model llama-7b --hardware a100 --points points.csv -o /proc/treeopt/p.csv",
+        {},
+        "cannot be written",
+    ),
+    (
+        "fit-o-proc",
+        "hw fit --model llama-7b --hardware a100 --measurements points.csv -o /proc/treeopt/f.json",
+        {},
+        "cannot be written",
+    ),
+    ("report-o-file", "report --model llama-7b --hardware a100 --accuracy acc.json -o acc.json", {}, "is a file"),
+    (
+        "report-o-proc",
+        "report --model llama-7b --hardware a100 --accuracy acc.json -o /proc/treeopt/r",
+        {},
+        "cannot be written",
+    ),
+    (
+        "calibrate-o-proc",
+        "calibrate --model {tiny} --data prompts.jsonl -o /proc/treeopt/acc.json",
+        {},
+        "cannot be written",
+    ),
     ("calibrate-o-dir", "calibrate --model {tiny} --data prompts.jsonl -o tiny", {}, "is a directory"),
-    ("calibrate-import-o-proc", "calibrate --import imp.pt -o /proc/treeopt/acc.json", {"imp.pt": b"x"},
-     "cannot be written"),
+    (
+        "calibrate-import-o-proc",
+        "calibrate --import imp.pt -o /proc/treeopt/acc.json",
+        {"imp.pt": b"x"},
+        "cannot be written",
+    ),
     ("sweep-o-proc", "sweep --model {tiny} --accuracy acc.json -o /proc/treeopt/s.csv", {}, "cannot be written"),
     ("sweep-o-dir", "sweep --model {tiny} --accuracy acc.json -o adir", {"adir/x": "x"}, "is a directory"),
-    ("validate-o-file", "validate --model {tiny} --accuracy acc.json --data prompts.jsonl -o notes.txt",
-     {"notes.txt": "x"}, "not a directory"),
-    ("validate-o-acc", "validate --model {tiny} --accuracy acc.json --data prompts.jsonl -o acc.json", {},
-     "is also an input"),
-    ("validate-o-proc", "validate --model {tiny} --accuracy acc.json --data prompts.jsonl -o /proc/treeopt/v",
-     {}, "cannot be written"),
-    ("run-o-file", "run --model {tiny} --data prompts.jsonl --validation-data prompts.jsonl -o acc.json", {},
-     "not a directory"),
-    ("run-o-proc", "run --model {tiny} --data prompts.jsonl --validation-data prompts.jsonl -o /proc/treeopt/r",
-     {}, "cannot be written"),
+    (
+        "validate-o-file",
+        "validate --model {tiny} --accuracy acc.json --data prompts.jsonl -o notes.txt",
+        {"notes.txt": "x"},
+        "not a directory",
+    ),
+    (
+        "validate-o-acc",
+        "validate --model {tiny} --accuracy acc.json --data prompts.jsonl -o acc.json",
+        {},
+        "is also an input",
+    ),
+    (
+        "validate-o-proc",
+        "validate --model {tiny} --accuracy acc.json --data prompts.jsonl -o /proc/treeopt/v",
+        {},
+        "cannot be written",
+    ),
+    (
+        "run-o-file",
+        "run --model {tiny} --data prompts.jsonl --validation-data prompts.jsonl -o acc.json",
+        {},
+        "not a directory",
+    ),
+    (
+        "run-o-proc",
+        "run --model {tiny} --data prompts.jsonl --validation-data prompts.jsonl -o /proc/treeopt/r",
+        {},
+        "cannot be written",
+    ),
     ("hwcal-o-proc", "hw calibrate --model {tiny} -o /proc/treeopt/hw.json", {}, "cannot be written"),
     ("hwcal-o-dir", "hw calibrate --model {tiny} -o tiny", {}, "directory"),
     ("demo-train-o-file", "demo train -o acc.json", {}, "is a file"),
     ("demo-train-o-proc", "demo train -o /proc/treeopt/demo", {}, "cannot be written"),
-
     # ---- late validation moved up front ----
-    ("run-validation-data-missing", "run --model {tiny} --data prompts.jsonl --validation-data nope.jsonl -o r",
-     {}, "nope.jsonl"),
+    (
+        "run-validation-data-missing",
+        "run --model {tiny} --data prompts.jsonl --validation-data nope.jsonl -o r",
+        {},
+        "nope.jsonl",
+    ),
     ("run-data-missing", "run --model {tiny} --data nope.jsonl -o r", {}, "nope.jsonl"),
-    ("run-validation-data-bad", "run --model {tiny} --data prompts.jsonl --validation-data bad.jsonl -o r",
-     {"bad.jsonl": "{not json\n"}, "bad.jsonl"),
+    (
+        "run-validation-data-bad",
+        "run --model {tiny} --data prompts.jsonl --validation-data bad.jsonl -o r",
+        {"bad.jsonl": "{not json\n"},
+        "bad.jsonl",
+    ),
     ("run-mix-bad", "run --model {tiny} --data prompts.jsonl --mix 1:x -o r", {}, "mix"),
-    ("validate-sweep-missing", "validate --model {tiny} --accuracy acc.json --data prompts.jsonl --sweep no.csv",
-     {}, "no.csv"),
-    ("validate-sweep-bad", "validate --model {tiny} --accuracy acc.json --data prompts.jsonl --sweep bad.csv",
-     {"bad.csv": "batch,context\n1,2\n"}, "bad.csv"),
+    (
+        "validate-sweep-missing",
+        "validate --model {tiny} --accuracy acc.json --data prompts.jsonl --sweep no.csv",
+        {},
+        "no.csv",
+    ),
+    (
+        "validate-sweep-bad",
+        "validate --model {tiny} --accuracy acc.json --data prompts.jsonl --sweep bad.csv",
+        {"bad.csv": "batch,context\n1,2\n"},
+        "bad.csv",
+    ),
     ("validate-data-missing", "validate --model {tiny} --accuracy acc.json --data nope.jsonl", {}, "nope.jsonl"),
-    ("sweep-data-missing", "sweep --model {tiny} --accuracy acc.json --end-to-end --data nope.jsonl -o s.csv",
-     {}, "nope.jsonl"),
-    ("sweep-hardware-missing", "sweep --model {tiny} --accuracy acc.json --hardware nope.json -o s.csv", {},
-     "nope.json"),
+    (
+        "sweep-data-missing",
+        "sweep --model {tiny} --accuracy acc.json --end-to-end --data nope.jsonl -o s.csv",
+        {},
+        "nope.jsonl",
+    ),
+    (
+        "sweep-hardware-missing",
+        "sweep --model {tiny} --accuracy acc.json --hardware nope.json -o s.csv",
+        {},
+        "nope.json",
+    ),
     ("decode-prompt-too-long", "decode --model {tiny} --prompt " + "a" * 1100, {}, "position"),
-
     # ---- sweeps that are damaged or incomplete ----
-    ("select-sweep-cut-mid-line", "select --sweep cut.csv",
-     {"cut.csv": lambda d: (d / "cut.csv").write_bytes((d / "sweep.csv").read_bytes()[:-7]),
-      "cut.meta.json": lambda d: shutil.copy(d / "sweep.meta.json", d / "cut.meta.json")}, "cut"),
-    ("select-sweep-incomplete", "select --sweep part.csv",
-     {"part.csv": lambda d: _sweep_frame().iloc[:10].to_csv(d / "part.csv", index=False),
-      "part.meta.json": json.dumps(_sweep_meta())}, "incomplete"),
-    ("select-sweep-group-missing-size", "select --sweep part.csv",
-     {"part.csv": lambda d: _sweep_frame().drop(index=[3]).to_csv(d / "part.csv", index=False),
-      "part.meta.json": json.dumps(_sweep_meta())}, "incomplete"),
-    ("select-grid-binary", "select --grid bin.csv --accuracy acc.json", {"bin.csv": bytes(range(256)) * 4},
-     "bin.csv"),
-    ("select-grid-header-only", "select --grid h.csv --accuracy acc.json",
-     {"h.csv": "batch,context,nodes,speedup\n"}, "h.csv"),
+    (
+        "select-sweep-cut-mid-line",
+        "select --sweep cut.csv",
+        {
+            "cut.csv": lambda d: (d / "cut.csv").write_bytes((d / "sweep.csv").read_bytes()[:-7]),
+            "cut.meta.json": lambda d: shutil.copy(d / "sweep.meta.json", d / "cut.meta.json"),
+        },
+        "cut",
+    ),
+    (
+        "select-sweep-incomplete",
+        "select --sweep part.csv",
+        {
+            "part.csv": lambda d: _sweep_frame().iloc[:10].to_csv(d / "part.csv", index=False),
+            "part.meta.json": json.dumps(_sweep_meta()),
+        },
+        "incomplete",
+    ),
+    (
+        "select-sweep-group-missing-size",
+        "select --sweep part.csv",
+        {
+            "part.csv": lambda d: _sweep_frame().drop(index=[3]).to_csv(d / "part.csv", index=False),
+            "part.meta.json": json.dumps(_sweep_meta()),
+        },
+        "incomplete",
+    ),
+    ("select-grid-binary", "select --grid bin.csv --accuracy acc.json", {"bin.csv": bytes(range(256)) * 4}, "bin.csv"),
+    (
+        "select-grid-header-only",
+        "select --grid h.csv --accuracy acc.json",
+        {"h.csv": "batch,context,nodes,speedup\n"},
+        "h.csv",
+    ),
     ("select-grid-empty", "select --grid e.csv --accuracy acc.json", {"e.csv": ""}, "e.csv"),
-
     # ---- hardware profiles ----
-    ("hw-gemm-null", "roofline ops --model llama-7b --hardware p.json",
-     {"p.json": lambda d: _profile(d, gemm_efficiency=None)}, "gemm_efficiency"),
-    ("hw-name-list", "roofline ops --model llama-7b --hardware p.json",
-     {"p.json": lambda d: _profile(d, name=["a", "b"])}, "name"),
-    ("hw-calibration-string", "roofline ops --model llama-7b --hardware p.json",
-     {"p.json": lambda d: _profile(d, calibration="yes")}, "calibration"),
-    ("hw-description-number", "roofline ops --model llama-7b --hardware p.json",
-     {"p.json": lambda d: _profile(d, description=5)}, "description"),
-    ("hw-kv-update-list", "roofline ops --model llama-7b --hardware p.json",
-     {"p.json": lambda d: _profile(d, kv_cache_update=["append"])}, "kv_cache_update"),
-    ("hw-peak-string", "roofline ops --model llama-7b --hardware p.json",
-     {"p.json": lambda d: _profile(d, peak_flops={"bf16": "fast"})}, "peak_flops"),
-    ("hw-bandwidth-null", "roofline ops --model llama-7b --hardware p.json",
-     {"p.json": lambda d: _profile(d, bandwidth_bytes_per_s=None)}, "bandwidth"),
-    ("hw-curve-string", "roofline ops --model llama-7b --hardware p.json",
-     {"p.json": lambda d: _profile(d, gemm_efficiency="flat")}, "gemm_efficiency"),
-    ("hw-curve-rows-null", "roofline ops --model llama-7b --hardware p.json",
-     {"p.json": lambda d: _profile(d, gemm_efficiency={"rows": None, "values": [1]})}, "gemm_efficiency"),
-    ("hw-attn-curve-list", "roofline ops --model llama-7b --hardware p.json",
-     {"p.json": lambda d: _profile(d, attention_efficiency=[1, 2])}, "attention_efficiency"),
-    ("hw-source-dict", "roofline speedup --model llama-7b --hardware p.json --accuracy acc.json",
-     {"p.json": lambda d: _profile(d, source={"a": 1})}, "source"),
-    ("hw-nested-deep", "roofline ops --model llama-7b --hardware p.json", {"p.json": _deep_json(100_000)},
-     "p.json"),
-    ("hw-huge-int", "roofline ops --model llama-7b --hardware p.json",
-     {"p.json": '{"name": "x", "bandwidth_bytes_per_s": ' + HUGE_INT + "}"}, "p.json"),
+    (
+        "hw-gemm-null",
+        "roofline ops --model llama-7b --hardware p.json",
+        {"p.json": lambda d: _profile(d, gemm_efficiency=None)},
+        "gemm_efficiency",
+    ),
+    (
+        "hw-name-list",
+        "roofline ops --model llama-7b --hardware p.json",
+        {"p.json": lambda d: _profile(d, name=["a", "b"])},
+        "name",
+    ),
+    (
+        "hw-calibration-string",
+        "roofline ops --model llama-7b --hardware p.json",
+        {"p.json": lambda d: _profile(d, calibration="yes")},
+        "calibration",
+    ),
+    (
+        "hw-description-number",
+        "roofline ops --model llama-7b --hardware p.json",
+        {"p.json": lambda d: _profile(d, description=5)},
+        "description",
+    ),
+    (
+        "hw-kv-update-list",
+        "roofline ops --model llama-7b --hardware p.json",
+        {"p.json": lambda d: _profile(d, kv_cache_update=["append"])},
+        "kv_cache_update",
+    ),
+    (
+        "hw-peak-string",
+        "roofline ops --model llama-7b --hardware p.json",
+        {"p.json": lambda d: _profile(d, peak_flops={"bf16": "fast"})},
+        "peak_flops",
+    ),
+    (
+        "hw-bandwidth-null",
+        "roofline ops --model llama-7b --hardware p.json",
+        {"p.json": lambda d: _profile(d, bandwidth_bytes_per_s=None)},
+        "bandwidth",
+    ),
+    (
+        "hw-curve-string",
+        "roofline ops --model llama-7b --hardware p.json",
+        {"p.json": lambda d: _profile(d, gemm_efficiency="flat")},
+        "gemm_efficiency",
+    ),
+    (
+        "hw-curve-rows-null",
+        "roofline ops --model llama-7b --hardware p.json",
+        {"p.json": lambda d: _profile(d, gemm_efficiency={"rows": None, "values": [1]})},
+        "gemm_efficiency",
+    ),
+    (
+        "hw-attn-curve-list",
+        "roofline ops --model llama-7b --hardware p.json",
+        {"p.json": lambda d: _profile(d, attention_efficiency=[1, 2])},
+        "attention_efficiency",
+    ),
+    (
+        "hw-source-dict",
+        "roofline speedup --model llama-7b --hardware p.json --accuracy acc.json",
+        {"p.json": lambda d: _profile(d, source={"a": 1})},
+        "source",
+    ),
+    ("hw-nested-deep", "roofline ops --model llama-7b --hardware p.json", {"p.json": _deep_json(100_000)}, "p.json"),
+    (
+        "hw-huge-int",
+        "roofline ops --model llama-7b --hardware p.json",
+        {"p.json": '{"name": "x", "bandwidth_bytes_per_s": ' + HUGE_INT + "}"},
+        "p.json",
+    ),
     ("hw-top-list", "roofline ops --model llama-7b --hardware p.json", {"p.json": "[]"}, "p.json"),
-    ("report-hw-gemm-null", "report --model llama-7b --hardware p.json --accuracy acc.json -o r",
-     {"p.json": lambda d: _profile(d, gemm_efficiency=None)}, "gemm_efficiency"),
-
+    (
+        "report-hw-gemm-null",
+        "report --model llama-7b --hardware p.json --accuracy acc.json -o r",
+        {"p.json": lambda d: _profile(d, gemm_efficiency=None)},
+        "gemm_efficiency",
+    ),
     # ---- JSON that the parser cannot take ----
     ("acc-nested-deep", "build --accuracy deep.json --nodes 4", {"deep.json": _deep_json(100_000)}, "deep.json"),
     ("acc-huge-int", "build --accuracy big.json --nodes 4", {"big.json": "[[" + HUGE_INT + "]]"}, "big.json"),
@@ -260,47 +473,109 @@ CASES = [
     ("buffers-huge-topk", "buffers tree.json --topk 1000000000000", {}, "topk"),
     ("build-width-1e12", "build --accuracy acc.json --nodes 4 --max-children 1000000000000", {}, "max-children"),
     ("build-nodes-1e12", "build --accuracy acc.json --nodes 1000000000000", {}, "nodes"),
-    ("sweep-meta-deep", "select --sweep d.csv",
-     {"d.csv": lambda d: shutil.copy(d / "sweep.csv", d / "d.csv"), "d.meta.json": _deep_json(100_000)},
-     "d.meta.json"),
+    (
+        "sweep-meta-deep",
+        "select --sweep d.csv",
+        {"d.csv": lambda d: shutil.copy(d / "sweep.csv", d / "d.csv"), "d.meta.json": _deep_json(100_000)},
+        "d.meta.json",
+    ),
     ("selection-cell-deep", "build --tree sel.json:mix", {"sel.json": _deep_json(100_000)}, "sel.json"),
-
     # ---- model and heads files ----
-    ("model-safetensors-truncated", "decode --model m --prompt hi",
-     {"m": lambda d: _model_copy(d, lambda m: _truncate(m / "model.safetensors", 100))}, "--model"),
-    ("model-config-invalid", "decode --model m --prompt hi",
-     {"m": lambda d: _model_copy(d, lambda m: (m / "config.json").write_text("{nope"))}, "config.json"),
-    ("model-config-list", "calibrate --model m --data prompts.jsonl -o a.json",
-     {"m": lambda d: _model_copy(d, lambda m: (m / "config.json").write_text("[1, 2]"))}, "config.json"),
-    ("heads-config-list", "decode --model m --prompt hi",
-     {"m": lambda d: _model_copy(d, lambda m: (m / "heads" / "config.json").write_text("[1]"))}, "config.json"),
-    ("heads-5000", "decode --model m --prompt hi",
-     {"m": lambda d: _model_copy(d, lambda m: _heads_config(m, medusa_num_heads=5000))}, "5000"),
-    ("heads-layers-huge", "decode --model m --prompt hi",
-     {"m": lambda d: _model_copy(d, lambda m: _heads_config(m, medusa_num_layers=10**6))}, "heads"),
-    ("heads-bin-not-torch", "decode --model m --prompt hi",
-     {"m": lambda d: _model_copy(d, _heads_as_bad_bin)}, "heads"),
-    ("model-bin-not-torch", "decode --model m --prompt hi",
-     {"m": lambda d: _model_copy(d, _model_as_bad_bin)}, "--model"),
+    (
+        "model-safetensors-truncated",
+        "decode --model m --prompt hi",
+        {"m": lambda d: _model_copy(d, lambda m: _truncate(m / "model.safetensors", 100))},
+        "--model",
+    ),
+    (
+        "model-config-invalid",
+        "decode --model m --prompt hi",
+        {"m": lambda d: _model_copy(d, lambda m: (m / "config.json").write_text("{nope"))},
+        "config.json",
+    ),
+    (
+        "model-config-list",
+        "calibrate --model m --data prompts.jsonl -o a.json",
+        {"m": lambda d: _model_copy(d, lambda m: (m / "config.json").write_text("[1, 2]"))},
+        "config.json",
+    ),
+    (
+        "heads-config-list",
+        "decode --model m --prompt hi",
+        {"m": lambda d: _model_copy(d, lambda m: (m / "heads" / "config.json").write_text("[1]"))},
+        "config.json",
+    ),
+    (
+        "heads-5000",
+        "decode --model m --prompt hi",
+        {"m": lambda d: _model_copy(d, lambda m: _heads_config(m, medusa_num_heads=5000))},
+        "5000",
+    ),
+    (
+        "heads-layers-huge",
+        "decode --model m --prompt hi",
+        {"m": lambda d: _model_copy(d, lambda m: _heads_config(m, medusa_num_layers=10**6))},
+        "heads",
+    ),
+    (
+        "heads-bin-not-torch",
+        "decode --model m --prompt hi",
+        {"m": lambda d: _model_copy(d, _heads_as_bad_bin)},
+        "heads",
+    ),
+    (
+        "model-bin-not-torch",
+        "decode --model m --prompt hi",
+        {"m": lambda d: _model_copy(d, _model_as_bad_bin)},
+        "--model",
+    ),
     ("heads-fewer-than-tree", "decode --model {tiny} --num-heads 5 --prompt hi", {}, "--num-heads"),
     ("sweep-heads-fewer", "sweep --model {tiny} --num-heads 9 --accuracy acc.json -o s.csv", {}, "--num-heads"),
-    ("validate-heads-fewer", "validate --model {tiny} --num-heads 9 --accuracy acc.json --data prompts.jsonl",
-     {}, "--num-heads"),
-
+    (
+        "validate-heads-fewer",
+        "validate --model {tiny} --num-heads 9 --accuracy acc.json --data prompts.jsonl",
+        {},
+        "--num-heads",
+    ),
     # ---- size guards: refused with an estimate before any work ----
-    ("speedup-1m-cells", "roofline speedup --model llama-7b --hardware a100 --accuracy acc.json --max-nodes 64 "
-     "--batch " + ",".join(map(str, range(1, 129))) + " --context " + ",".join(map(str, range(0, 1920, 16))),
-     {}, "GiB"),
-    ("report-1m-cells", "report --model llama-7b --hardware a100 --accuracy acc.json --max-nodes 999999 -o r",
-     {}, "GiB"),
-    ("sweep-absurd-grid", "sweep --model {tiny} --accuracy acc.json -o s.csv --batch "
-     + ",".join(map(str, range(1, 101))) + " --context " + ",".join(map(str, range(1, 101))), {}, "hours"),
-    ("run-absurd-grid", "run --model {tiny} -o r --batch " + ",".join(map(str, range(1, 201)))
-     + " --context " + ",".join(map(str, range(1, 101))), {}, "hours"),
-
+    (
+        "speedup-1m-cells",
+        "roofline speedup --model llama-7b --hardware a100 --accuracy acc.json --max-nodes 64 "
+        "--batch " + ",".join(map(str, range(1, 129))) + " --context " + ",".join(map(str, range(0, 1920, 16))),
+        {},
+        "GiB",
+    ),
+    (
+        "report-1m-cells",
+        "report --model llama-7b --hardware a100 --accuracy acc.json --max-nodes 999999 -o r",
+        {},
+        "GiB",
+    ),
+    (
+        "sweep-absurd-grid",
+        "sweep --model {tiny} --accuracy acc.json -o s.csv --batch "
+        + ",".join(map(str, range(1, 101)))
+        + " --context "
+        + ",".join(map(str, range(1, 101))),
+        {},
+        "hours",
+    ),
+    (
+        "run-absurd-grid",
+        "run --model {tiny} -o r --batch "
+        + ",".join(map(str, range(1, 201)))
+        + " --context "
+        + ",".join(map(str, range(1, 101))),
+        {},
+        "hours",
+    ),
     # ---- runs and their state ----
-    ("run-state-corrupt-and-bad-data", "run --model {tiny} --data nope.jsonl -o r",
-     {"r/run_state.json": "{half"}, "nope.jsonl"),
+    (
+        "run-state-corrupt-and-bad-data",
+        "run --model {tiny} --data nope.jsonl -o r",
+        {"r/run_state.json": "{half"},
+        "nope.jsonl",
+    ),
 ]
 
 
@@ -336,21 +611,30 @@ DAMAGE = {
     "missing": ("gone.json", None),
     "folder": ("afolder.json", lambda d: (d / "afolder.json").mkdir()),
     "not-utf8": ("latin.json", b"\xff\xfe\x00garbage\x80"),
-    "bad-json": ("bad.json", "{\"format\": "),
+    "bad-json": ("bad.json", '{"format": '),
     "empty": ("empty.json", ""),
     "deep": ("deep.json", _deep_json(100_000)),
 }
 # a folder of prompts or an empty file is a valid (if empty) prompt source for some commands,
 # and a data file need not be JSON: those pairs are checked elsewhere
-SKIP = {("calibrate-data", "folder"), ("calibrate-data", "bad-json"), ("calibrate-data", "not-utf8"),
-        ("calibrate-data", "deep"), ("ops-model", "folder"), ("ops-model", "not-utf8"), ("ops-model", "empty"),
-        ("ops-model", "bad-json"), ("ops-model", "deep")}
+SKIP = {
+    ("calibrate-data", "folder"),
+    ("calibrate-data", "bad-json"),
+    ("calibrate-data", "not-utf8"),
+    ("calibrate-data", "deep"),
+    ("ops-model", "folder"),
+    ("ops-model", "not-utf8"),
+    ("ops-model", "empty"),
+    ("ops-model", "bad-json"),
+    ("ops-model", "deep"),
+}
 for _input, _command in FILE_INPUTS.items():
     for _damage, (_name, _content) in DAMAGE.items():
         if (_input, _damage) in SKIP:
             continue
-        CASES.append((f"{_input}-{_damage}", _command.replace("{}", _name),
-                      {} if _content is None else {_name: _content}, None))
+        CASES.append(
+            (f"{_input}-{_damage}", _command.replace("{}", _name), {} if _content is None else {_name: _content}, None)
+        )
 
 
 def _profile(folder: Path, **changes) -> None:
@@ -431,9 +715,15 @@ def test_closed_pipe_is_not_an_error():
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     # `true` exits before treeopt has started, so every write meets a closed pipe
     for reader in ("head -1", "true"):
-        proc = subprocess.run(f"'{sys.executable}' -m treeopt hw list | {reader}; echo \"status ${{PIPESTATUS[0]}}\"",
-                              shell=True, executable="/bin/bash", capture_output=True, text=True, env=env,
-                              timeout=120)
+        proc = subprocess.run(
+            f"'{sys.executable}' -m treeopt hw list | {reader}; echo \"status ${{PIPESTATUS[0]}}\"",
+            shell=True,
+            executable="/bin/bash",
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        )
         lines = proc.stdout.splitlines()
         assert lines[-1] == "status 0" and proc.stderr == "", (reader, proc.stdout, proc.stderr)
         if reader == "head -1":
@@ -456,8 +746,13 @@ def test_second_sweep_to_the_same_csv_fails_before_loading_the_model(base, tmp_p
     shutil.copytree(base, work, symlinks=True)
     monkeypatch.chdir(work)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(work / "sweep.csv")], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True, env=env)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(work / "sweep.csv")],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     try:
         assert holder.stdout.readline().strip() == "locked"
         before = snapshot(work)
@@ -466,8 +761,9 @@ def test_second_sweep_to_the_same_csv_fails_before_loading_the_model(base, tmp_p
         with pytest.raises(SystemExit) as exc:
             main(["sweep", "--model", str(work / "tiny"), "--accuracy", "acc.json", "--resume", "-o", "sweep.csv"])
         err = capsys.readouterr().err
-        assert exc.value.code == 2 and err == (f"treeopt: error: sweep.csv: is being written by another treeopt "
-                                               f"process (pid {holder.pid})\n")
+        assert exc.value.code == 2 and err == (
+            f"treeopt: error: sweep.csv: is being written by another treeopt process (pid {holder.pid})\n"
+        )
         assert loads == [] and snapshot(work) == before
     finally:
         holder.communicate("done\n", timeout=60)

@@ -126,7 +126,10 @@ def test_greedy_limits():
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"nodes": 100, "max_depth": 2}, "nodes: 100 exceeds the 20 nodes a tree can have with max depth 2 and max children 4,4"),
+        (
+            {"nodes": 100, "max_depth": 2},
+            "nodes: 100 exceeds the 20 nodes a tree can have with max depth 2 and max children 4,4",
+        ),
         ({"nodes": 3, "max_depth": 4}, "max_depth: 4 exceeds the accuracy table's 3 heads"),
         ({"nodes": 3, "max_depth": 0}, "max_depth: must be a positive integer"),
         ({"nodes": 3, "max_children": [4, 5, 1]}, "max_children: 5 at depth 2 exceeds the accuracy table's width 4"),

@@ -20,9 +20,9 @@ from calibration.data import (
     read_json_prompts,
     read_jsonl_prompts,
 )
+from calibration.demo_files import DEMO_MODEL_DIR, DEMO_PROMPTS
 from calibration.labels import greedy_continuations, label_ranks, pad_left
 from calibration.medusa_import import import_medusa_accuracy
-from calibration.demo_files import DEMO_MODEL_DIR, DEMO_PROMPTS
 from calibration.models import load_model, tiny_model_for_tests
 from calibration.runner import CalibrationInterrupted, calibrate, run_calibration
 from treeopt.acceptance import load_rank_vectors, rank_vectors_path
@@ -135,8 +135,7 @@ def test_counts_match_slow_reference(loaded, prompts_file, labels):
     steps, topk = 6, 12
     prompts = load_prompts(prompts_file, loaded.tokenizer, max_prompts=4)
     ref, _ = reference_ranks(loaded, prompts.token_ids, steps, labels)
-    result = calibrate(loaded, prompts, steps=steps, topk=topk, labels=labels, batch_size=3,
-                       progress=False)
+    result = calibrate(loaded, prompts, steps=steps, topk=topk, labels=labels, batch_size=3, progress=False)
     hits, positions = counts_from_ranks(ref, topk)
     assert (ref >= 0).any() and (hits.sum() > 0)
     np.testing.assert_array_equal(result.table.hits, hits)
@@ -161,13 +160,13 @@ def test_label_ranks_exact_and_full_width(loaded):
     """Exact ranks (any width up to the vocabulary), rows in label_rows order."""
     token_ids = tokenized(loaded, PROMPTS[:3])
     ref, _ = reference_ranks(loaded, token_ids, 0, "data")
-    ranks = label_ranks(loaded.model, loaded.heads, [list(p) for p in token_ids],
-                        [0] * 3, chunk_elements=64 * 5)  # 5 rows per chunk
+    ranks = label_ranks(
+        loaded.model, loaded.heads, [list(p) for p in token_ids], [0] * 3, chunk_elements=64 * 5
+    )  # 5 rows per chunk
     np.testing.assert_array_equal(ranks, ref)
     assert ranks.max() > 10  # ranks beyond any small top-k are exact too
     # width = vocabulary: every label is ranked, so nothing is a miss
-    result = calibrate(loaded, load_prompts_from(loaded, PROMPTS[:3]), labels="data", topk=64,
-                       progress=False)
+    result = calibrate(loaded, load_prompts_from(loaded, PROMPTS[:3]), labels="data", topk=64, progress=False)
     assert result.table.hits.sum(1).tolist() == result.table.positions.tolist()
 
 
@@ -204,7 +203,7 @@ def test_greedy_generation_uses_cache_and_matches_unbatched(loaded):
     batched = greedy_continuations(loaded.model, token_ids, 7, pad_id=0)
     for p, gen in zip(token_ids, batched):
         _, seq = reference_ranks(loaded, [p], 7, "greedy")
-        assert gen == seq[len(p):]
+        assert gen == seq[len(p) :]
 
 
 def test_left_padding_gives_the_counts_of_single_prompts(loaded):
@@ -240,8 +239,20 @@ def run_cli(*args):
 
 
 def test_resume_equals_uninterrupted_and_output_is_deterministic(tiny, prompts_file, tmp_path):
-    common = ["calibrate", "--model", str(tiny), "--data", str(prompts_file), "--steps", "5",
-              "--batch-size", "2", "--checkpoint-every", "2", "-q"]
+    common = [
+        "calibrate",
+        "--model",
+        str(tiny),
+        "--data",
+        str(prompts_file),
+        "--steps",
+        "5",
+        "--batch-size",
+        "2",
+        "--checkpoint-every",
+        "2",
+        "-q",
+    ]
     full, again, resumed = tmp_path / "full.json", tmp_path / "again.json", tmp_path / "res.json"
     for out in (full, again):
         assert run_cli(*common, "-o", str(out)) == 0
@@ -258,12 +269,10 @@ def test_resume_equals_uninterrupted_and_output_is_deterministic(tiny, prompts_f
     # the rank-vector sidecars too: resumed == uninterrupted, byte for byte
     sidecar = rank_vectors_path(full)
     assert sidecar == tmp_path / "full.ranks.npz"
-    assert rank_vectors_path(resumed).read_bytes() == sidecar.read_bytes() \
-        == rank_vectors_path(again).read_bytes()
+    assert rank_vectors_path(resumed).read_bytes() == sidecar.read_bytes() == rank_vectors_path(again).read_bytes()
 
 
-def test_ctrl_c_saves_checkpoint_and_resume_does_not_double_count(loaded, prompts_file, tmp_path,
-                                                                   monkeypatch):
+def test_ctrl_c_saves_checkpoint_and_resume_does_not_double_count(loaded, prompts_file, tmp_path, monkeypatch):
     prompts = load_prompts(prompts_file, loaded.tokenizer)
     ckpt = tmp_path / "c.partial"
     uninterrupted = calibrate(loaded, prompts, steps=5, batch_size=2, progress=False)
@@ -280,12 +289,10 @@ def test_ctrl_c_saves_checkpoint_and_resume_does_not_double_count(loaded, prompt
 
     monkeypatch.setattr(runner, "label_ranks", flaky)
     with pytest.raises(CalibrationInterrupted) as exc:
-        calibrate(loaded, prompts, steps=5, batch_size=2, checkpoint=ckpt, checkpoint_every=100,
-                  progress=False)
+        calibrate(loaded, prompts, steps=5, batch_size=2, checkpoint=ckpt, checkpoint_every=100, progress=False)
     assert exc.value.checkpoint == ckpt and exc.value.prompts_done == 4
     monkeypatch.setattr(runner, "label_ranks", real)
-    res = calibrate(loaded, prompts, steps=5, batch_size=2, checkpoint=ckpt, resume=True,
-                    progress=False)
+    res = calibrate(loaded, prompts, steps=5, batch_size=2, checkpoint=ckpt, resume=True, progress=False)
     assert res.complete and not ckpt.exists()
     assert res.table.to_dict() == full.to_dict()
     np.testing.assert_array_equal(res.ranks, full_ranks)
@@ -298,8 +305,7 @@ def test_resume_refuses_other_inputs(loaded, prompts_file, tmp_path):
     calibrate(loaded, prompts, steps=5, batch_size=2, max_prompts=2, checkpoint=ckpt, progress=False)
     assert ckpt.exists()
     with pytest.raises(UserError, match=r"c\.partial: checkpoint was made with other inputs.*topk"):
-        calibrate(loaded, prompts, steps=5, topk=7, batch_size=2, checkpoint=ckpt, resume=True,
-                  progress=False)
+        calibrate(loaded, prompts, steps=5, topk=7, batch_size=2, checkpoint=ckpt, resume=True, progress=False)
     doc = json.loads(ckpt.read_text())
     assert doc["rank_vectors"]["rows"] == 2 * 4
     del doc["rank_vectors"]
@@ -313,8 +319,22 @@ def test_resume_refuses_other_inputs(loaded, prompts_file, tmp_path):
 
 def test_cli_output_builds_a_tree(tiny, prompts_file, tmp_path, capsys):
     out = tmp_path / "acc.json"
-    assert run_cli("calibrate", "--model", str(tiny), "--data", str(prompts_file), "--steps", "6",
-                   "--topk", "4", "-o", str(out)) == 0
+    assert (
+        run_cli(
+            "calibrate",
+            "--model",
+            str(tiny),
+            "--data",
+            str(prompts_file),
+            "--steps",
+            "6",
+            "--topk",
+            "4",
+            "-o",
+            str(out),
+        )
+        == 0
+    )
     text = capsys.readouterr().out
     assert "calibrated 7 prompts" in text and f"wrote {out}" in text
     table = load_accuracy(out)
@@ -326,8 +346,18 @@ def test_cli_output_builds_a_tree(tiny, prompts_file, tmp_path, capsys):
 
 def test_rank_vector_sidecar_reproduces_the_table(tiny, prompts_file, tmp_path):
     out = tmp_path / "acc.json"
-    result = run_calibration(str(tiny), None, str(prompts_file), output=out, device="cpu",
-                             dtype="float32", steps=6, topk=4, batch_size=3, progress=False)
+    result = run_calibration(
+        str(tiny),
+        None,
+        str(prompts_file),
+        output=out,
+        device="cpu",
+        dtype="float32",
+        steps=6,
+        topk=4,
+        batch_size=3,
+        progress=False,
+    )
     sidecar = tmp_path / "acc.ranks.npz"
     assert sidecar.is_file()
     with np.load(sidecar) as z:
@@ -348,9 +378,23 @@ def test_rank_vector_sidecar_reproduces_the_table(tiny, prompts_file, tmp_path):
 def test_cli_module_entry_point_bad_input_is_one_line(tiny, tmp_path):
     empty = tmp_path / "empty.jsonl"
     empty.write_text("\n\n")
-    proc = subprocess.run([sys.executable, "-m", "treeopt", "calibrate", "--model", str(tiny),
-                           "--data", str(empty), "-o", str(tmp_path / "a.json")],
-                          capture_output=True, text=True, check=False)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "treeopt",
+            "calibrate",
+            "--model",
+            str(tiny),
+            "--data",
+            str(empty),
+            "-o",
+            str(tmp_path / "a.json"),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert proc.returncode == 2
     assert proc.stderr.strip() == f"treeopt: error: {empty}: no prompts"
     assert not (tmp_path / "a.json").exists()
@@ -362,8 +406,13 @@ def test_cli_module_entry_point_bad_input_is_one_line(tiny, tmp_path):
 
 def test_jsonl_fields_and_order(tmp_path):
     path = tmp_path / "p.jsonl"
-    lines = [{"prompt": "a", "text": "no"}, {"instruction": "b"}, {"text": "c", "turns": ["no"]},
-             {"turns": ["d", "second turn"]}, {"prompt": ""}]
+    lines = [
+        {"prompt": "a", "text": "no"},
+        {"instruction": "b"},
+        {"text": "c", "turns": ["no"]},
+        {"turns": ["d", "second turn"]},
+        {"prompt": ""},
+    ]
     path.write_text("\n".join(json.dumps(x) for x in lines) + "\n\n")
     assert read_jsonl_prompts(path) == ["a", "b", "c", "d"]
     # Medusa's / Alpaca's evaluation sets: one JSON list
@@ -426,10 +475,12 @@ def test_bad_data_sources(loaded, tmp_path):
 
 def test_bad_options(loaded, tiny, prompts_file, capsys):
     prompts = load_prompts(prompts_file, loaded.tokenizer)
-    for kwargs, message in [({"topk": 65}, "--topk: must be between 1 and the vocabulary size 64"),
-                            ({"steps": 3}, r"--steps: must be at least 4"),
-                            ({"batch_size": 0}, "--batch-size"),
-                            ({"labels": "sampled"}, "--labels")]:
+    for kwargs, message in [
+        ({"topk": 65}, "--topk: must be between 1 and the vocabulary size 64"),
+        ({"steps": 3}, r"--steps: must be at least 4"),
+        ({"batch_size": 0}, "--batch-size"),
+        ({"labels": "sampled"}, "--labels"),
+    ]:
         with pytest.raises(UserError, match=message):
             calibrate(loaded, prompts, progress=False, **kwargs)
     short = load_prompts_from(loaded, ["ab", "abc"])
@@ -492,9 +543,13 @@ def test_import_bad_files(tmp_path):
         "widths.pt": [torch.zeros(5, 20, dtype=torch.bool), torch.zeros(4, 10, dtype=torch.bool)],
         "values.pt": [torch.full((3, 4), 2.0)],
     }
-    messages = {"notlist.pt": "expected a non-empty list over heads", "empty.pt": "empty list",
-                "oned.pt": r"head 0: expected a 2-D", "widths.pt": "head 1 has 10 rank columns",
-                "values.pt": "values must be True/False"}
+    messages = {
+        "notlist.pt": "expected a non-empty list over heads",
+        "empty.pt": "empty list",
+        "oned.pt": r"head 0: expected a 2-D",
+        "widths.pt": "head 1 has 10 rank columns",
+        "values.pt": "values must be True/False",
+    }
     for name, obj in cases.items():
         torch.save(obj, tmp_path / name)
         with pytest.raises(UserError, match=messages[name]):
@@ -515,8 +570,19 @@ def test_demo_quality_floor():
     first head, 0-based index 0) is right at rank 0 at least 30% of the time, within the top 10
     at least 65%."""
     assert DEMO_MODEL_DIR.joinpath("config.json").is_file() and DEMO_PROMPTS.is_file()
-    result = run_calibration("demo", None, "demo", device="cpu", dtype="float32", max_prompts=24,
-                             checkpoint=None, steps=32, topk=10, batch_size=8, progress=False)
+    result = run_calibration(
+        "demo",
+        None,
+        "demo",
+        device="cpu",
+        dtype="float32",
+        max_prompts=24,
+        checkpoint=None,
+        steps=32,
+        topk=10,
+        batch_size=8,
+        progress=False,
+    )
     t = result.table
     assert t.provenance["prompts"] == 24 and t.positions[0] == 24 * 31
     top1 = t.accuracy[0, 0]
@@ -539,15 +605,17 @@ def test_walked_rank_vectors_reproduce_the_decoder_exactly():
 
     lm = load_model("demo", device="cpu", dtype="float32")
     S, K = 16, lm.heads.num_heads
-    prompts = load_prompts(DEMO_PROMPTS.with_name("demo_prompts_validation.jsonl"), lm.tokenizer,
-                           prompt_tokens=512, max_prompts=8)
+    prompts = load_prompts(
+        DEMO_PROMPTS.with_name("demo_prompts_validation.jsonl"), lm.tokenizer, prompt_tokens=512, max_prompts=8
+    )
     result = calibrate(lm, prompts, steps=S + K, topk=10, batch_size=8, progress=False)
     tree = joint_tree(result.table, 24)
     curve = simulated_tau_curve(tree, result.ranks, result.sequence, start_rows=S - 1)
     ids, mask, _ = pad_left([list(p) for p in prompts.token_ids], 0, lm.device)
     for n in (1, 6, 24):
         res = TreeDecoder(lm.model, lm.heads, tree.prefix(n), topk=10, timing=False).generate(
-            ids, mask, max_new_tokens=S)
+            ids, mask, max_new_tokens=S
+        )
         measured = res.accepted[res.accepted > 0]
         assert measured.mean() == pytest.approx(curve[n], rel=1e-12), n
     assert curve[24] > curve[1] > 1.2  # the trees do accept something

@@ -37,8 +37,9 @@ def test_best_candidates_against_brute_force():
     rng = np.random.default_rng(3)
     acc = rng.dirichlet(np.ones(6), size=4)[:, :5]
     topk, n = (4, 3, 2, 2), 7
-    scored = sorted(itertools.product(*(range(k) for k in topk)),
-                    key=lambda p: -np.prod([acc[d, r] for d, r in enumerate(p)]))
+    scored = sorted(
+        itertools.product(*(range(k) for k in topk)), key=lambda p: -np.prod([acc[d, r] for d, r in enumerate(p)])
+    )
     assert [tuple(p) for p in candidate_rank_paths(acc, topk, n)] == scored[:n]
 
 
@@ -62,19 +63,38 @@ def test_speculator_rows_and_candidate_tokens():
     assert candidate_tokens(5, 4) == (25, 5)
 
 
-@pytest.mark.parametrize("topk, n, message", [((2, 2), 5, "--candidates"), ((2, 2, 2, 2), 1, "heads"),
-                                              ((4,), 1, "rank 3"), ((0, 2), 1, "positive")])
+@pytest.mark.parametrize(
+    "topk, n, message",
+    [((2, 2), 5, "--candidates"), ((2, 2, 2, 2), 1, "heads"), ((4,), 1, "rank 3"), ((0, 2), 1, "positive")],
+)
 def test_bad_input(topk, n, message):
     with pytest.raises(UserError, match=message):
         candidate_rank_paths(ACC, topk, n)
 
 
 def test_the_two_forms_cost_what_they_verify():
-    shape = ModelShape("tiny", layers=2, hidden=8, intermediate=16, heads=2, kv_heads=1, head_dim=4, vocab=32,
-                       dtype="fp16", dtype_bytes=2)
-    hw = HardwareProfile(name="flat", peak_flops={"fp16": 1e9}, vector_flops=1e8, bandwidth_bytes_per_s=1e9,
-                         capacity_bytes=1e12, kernel_overhead_s=1e-6, gemm_efficiency=EfficiencyCurve((1.0,), (1.0,)),
-                         context_overhead_s=1e-7)
+    shape = ModelShape(
+        "tiny",
+        layers=2,
+        hidden=8,
+        intermediate=16,
+        heads=2,
+        kv_heads=1,
+        head_dim=4,
+        vocab=32,
+        dtype="fp16",
+        dtype_bytes=2,
+    )
+    hw = HardwareProfile(
+        name="flat",
+        peak_flops={"fp16": 1e9},
+        vector_flops=1e8,
+        bandwidth_bytes_per_s=1e9,
+        capacity_bytes=1e12,
+        kernel_overhead_s=1e-6,
+        gemm_efficiency=EfficiencyCurve((1.0,), (1.0,)),
+        context_overhead_s=1e-7,
+    )
     tree = merged_candidate_tree(candidate_rank_paths(ACC[:2], (2, 2), 3))  # 5 nodes, depth 2
     grid = candidate_forms_grid(shape, None, hw, 1.8, tree, 3, [1, 4], [16])
     for row in grid.itertuples():
@@ -91,14 +111,46 @@ def test_the_two_forms_cost_what_they_verify():
 def test_cli(capsys):
     csv = str(Path(__file__).resolve().parents[1] / "treeopt" / "data" / "medusa_train_accuracy.csv")
     with pytest.raises(SystemExit) as exc:
-        main(["roofline", "candidates", "--model", "vicuna-7b", "--hardware", "a100", "--accuracy", csv,
-              "--topk", "4,3,2,2", "--candidates", "8", "--batch", "1,8", "--context", "512"])
+        main(
+            [
+                "roofline",
+                "candidates",
+                "--model",
+                "vicuna-7b",
+                "--hardware",
+                "a100",
+                "--accuracy",
+                csv,
+                "--topk",
+                "4,3,2,2",
+                "--candidates",
+                "8",
+                "--batch",
+                "1,8",
+                "--context",
+                "512",
+            ]
+        )
         raise SystemExit(0)
     out = capsys.readouterr().out
     assert exc.value.code in (0, None)
     assert "48 candidates, the 8 of highest" in out and "depth 4" in out and "-> tree" in out
     with pytest.raises(SystemExit) as exc:
-        main(["roofline", "candidates", "--model", "vicuna-7b", "--hardware", "a100", "--accuracy", csv,
-              "--topk", "2,2", "--candidates", "5"])
+        main(
+            [
+                "roofline",
+                "candidates",
+                "--model",
+                "vicuna-7b",
+                "--hardware",
+                "a100",
+                "--accuracy",
+                csv,
+                "--topk",
+                "2,2",
+                "--candidates",
+                "5",
+            ]
+        )
         raise SystemExit(0)
     assert exc.value.code == 2

@@ -60,8 +60,9 @@ def write_heads_dir(path, config: dict, state: dict, name: str = "medusa_lm_head
 def test_more_heads_in_the_weights_than_the_config_says(tmp_path):
     # the published Vicuna v1.3 heads: config medusa_num_heads 2, weights with 5 heads
     state = medusa_state(5, 1)
-    d = write_heads_dir(tmp_path / "h", {"medusa_num_heads": 2, "medusa_num_layers": 1}, state,
-                        name="medusa_lm_head.pt")
+    d = write_heads_dir(
+        tmp_path / "h", {"medusa_num_heads": 2, "medusa_num_layers": 1}, state, name="medusa_lm_head.pt"
+    )
     warnings = []
     heads = MedusaHeads.from_pretrained(d, warn=warnings.append)
     assert heads.num_heads == 2
@@ -97,8 +98,17 @@ def test_medusa_1_0_full_checkpoint(tmp_path, layout):
     full |= {f"medusa_head.{k}": v for k, v in state.items()}
     d = tmp_path / "full"
     d.mkdir()
-    (d / "config.json").write_text(json.dumps({"architectures": ["MedusaModelLlama"], "hidden_size": H,
-                                               "vocab_size": V, "medusa_num_heads": 3, "medusa_num_layers": 2}))
+    (d / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["MedusaModelLlama"],
+                "hidden_size": H,
+                "vocab_size": V,
+                "medusa_num_heads": 3,
+                "medusa_num_layers": 2,
+            }
+        )
+    )
     ext = "safetensors" if "safetensors" in layout else "bin"
     stem = "model" if ext == "safetensors" else "pytorch_model"
 
@@ -110,12 +120,15 @@ def test_medusa_1_0_full_checkpoint(tmp_path, layout):
 
     if layout.startswith("sharded"):
         keys = sorted(full)
-        shards = {f"{stem}-00001-of-00002.{ext}": keys[: len(keys) // 2],
-                  f"{stem}-00002-of-00002.{ext}": keys[len(keys) // 2:]}
+        shards = {
+            f"{stem}-00001-of-00002.{ext}": keys[: len(keys) // 2],
+            f"{stem}-00002-of-00002.{ext}": keys[len(keys) // 2 :],
+        }
         for file, ks in shards.items():
             write({k: full[k] for k in ks}, file)
-        (d / f"{stem}.{ext}.index.json").write_text(json.dumps(
-            {"metadata": {}, "weight_map": {k: f for f, ks in shards.items() for k in ks}}))
+        (d / f"{stem}.{ext}.index.json").write_text(
+            json.dumps({"metadata": {}, "weight_map": {k: f for f, ks in shards.items() for k in ks}})
+        )
     else:
         write(full, f"{stem}.{ext}")
     heads = MedusaHeads.from_pretrained(d)
@@ -154,7 +167,8 @@ def test_write_heads_as_medusa_lm_head_pt(tmp_path):
     # the keys the authors' `medusa_head.load_state_dict` expects
     saved = torch.load(tmp_path / "pt" / "medusa_lm_head.pt", weights_only=True)
     assert set(saved) == {f"{k}.{j}.linear.{t}" for k in range(2) for j in range(2) for t in ("weight", "bias")} | {
-        f"{k}.2.weight" for k in range(2)}
+        f"{k}.2.weight" for k in range(2)
+    }
     back = MedusaHeads.from_pretrained(tmp_path / "pt")
     for key, value in heads.state_dict().items():
         torch.testing.assert_close(back.state_dict()[key], value)
@@ -168,10 +182,21 @@ def test_write_heads_as_medusa_lm_head_pt(tmp_path):
 def test_heads_config_without_sizes_takes_the_models(tmp_path):
     model = tmp_path / "model"
     (model / "heads").mkdir(parents=True)
-    (model / "config.json").write_text(json.dumps({
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
-        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 100,
-        "torch_dtype": "float32"}))
+    (model / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["LlamaForCausalLM"],
+                "model_type": "llama",
+                "hidden_size": 64,
+                "intermediate_size": 128,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 4,
+                "vocab_size": 100,
+                "torch_dtype": "float32",
+            }
+        )
+    )
     (model / "heads" / "config.json").write_text(json.dumps({"medusa_num_heads": 3}))
     assert load_heads_shape(model / "heads") == DraftHeadsShape(3, 1, 64, 100)
     assert load_heads_shape(model / "heads", hidden_size=32, vocab_size=50) == DraftHeadsShape(3, 1, 32, 50)
@@ -181,9 +206,25 @@ def test_heads_config_without_sizes_takes_the_models(tmp_path):
     with pytest.raises(UserError, match="missing key 'hidden_size'"):
         load_heads_shape(alone)
     # the commands that read the heads beside the model
-    for argv in (["roofline", "ops", "--model", model, "--hardware", "a100", "--tokens", "4"],
-                 ["roofline", "speedup", "--model", model, "--hardware", "a100", "--batch", "1", "--context", "64",
-                  "--max-nodes", "4", "--accuracy", str(tmp_path / "acc.json")]):
+    for argv in (
+        ["roofline", "ops", "--model", model, "--hardware", "a100", "--tokens", "4"],
+        [
+            "roofline",
+            "speedup",
+            "--model",
+            model,
+            "--hardware",
+            "a100",
+            "--batch",
+            "1",
+            "--context",
+            "64",
+            "--max-nodes",
+            "4",
+            "--accuracy",
+            str(tmp_path / "acc.json"),
+        ],
+    ):
         if argv[1] == "speedup":
             (tmp_path / "acc.json").write_text(json.dumps([[0.5, 0.1], [0.3, 0.1], [0.2, 0.1]]))
         main([str(a) for a in argv])
@@ -213,11 +254,13 @@ def test_load_model_full_checkpoint_and_num_heads(tmp_path, capsys):
 def _authors_greedy(acc, max_depth: int, max_child: int, num_iterations: int) -> set:
     """medusa/eval/gen_results.py `explore_graph`, restated: start from (0,), repeatedly add
     the best neighbour (next sibling rank, or first child) by the product of accuracies."""
+
     def value(node):
         v = 1.0
         for depth, r in enumerate(node):
             v *= float(acc[depth, r])
         return v
+
     accepted = [(0,)]
     for _ in range(num_iterations):
         neighbours = []

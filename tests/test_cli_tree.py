@@ -84,8 +84,22 @@ def test_build_limits_and_methods(capsys, joint_file):
     path, table = joint_file
     out, _ = run(capsys, "build", "--accuracy", path, "--nodes", 6, "--method", "joint", "--format", "python")
     assert out.strip() == str(joint_tree(table, 6).to_choices())
-    out, _ = run(capsys, "build", "--accuracy", path, "--nodes", 3, "--method", "optimal",
-                 "--max-depth", 2, "--max-children", "2,1", "--format", "json")
+    out, _ = run(
+        capsys,
+        "build",
+        "--accuracy",
+        path,
+        "--nodes",
+        3,
+        "--method",
+        "optimal",
+        "--max-depth",
+        2,
+        "--max-children",
+        "2,1",
+        "--format",
+        "json",
+    )
     doc = json.loads(out)
     built = optimal_tree(table.accuracy, 3, max_depth=2, max_children=[2, 1])
     assert doc["medusa_choices"] == built.to_choices()
@@ -127,17 +141,39 @@ def test_buffers_json_design_vector(capsys):
 
 
 def test_compare(capsys, vicuna7b):
-    out, _ = run(capsys, "compare", "--accuracy", MEDUSA_CSV, "--csv-model", "vicuna-7b", "--nodes", 16,
-                 "mc_sim_7b_63", "greedy", "optimal")
+    out, _ = run(
+        capsys,
+        "compare",
+        "--accuracy",
+        MEDUSA_CSV,
+        "--csv-model",
+        "vicuna-7b",
+        "--nodes",
+        16,
+        "mc_sim_7b_63",
+        "greedy",
+        "optimal",
+    )
     rows = {line.split()[0]: line.split() for line in out.splitlines()[2:] if not line.startswith("note")}
     mc16 = reference_trees()["mc_sim_7b_63"].prefix(16)
     assert rows["mc_sim_7b_63"][1] == "16"
     assert float(rows["mc_sim_7b_63"][4]) == pytest.approx(expected_tokens(mc16, vicuna7b, strict=False), abs=6e-5)
-    assert float(rows["greedy"][4]) == pytest.approx(expected_tokens(greedy_tree(vicuna7b.accuracy, 16), vicuna7b), abs=6e-5)
+    assert float(rows["greedy"][4]) == pytest.approx(
+        expected_tokens(greedy_tree(vicuna7b.accuracy, 16), vicuna7b), abs=6e-5
+    )
     assert float(rows["optimal"][4]) >= float(rows["greedy"][4])
     assert "note: mc_sim_7b_63: 2 node(s) use a rank >= the table's width 5" in out
-    out, _ = run(capsys, "compare", "--accuracy", MEDUSA_CSV, "--csv-model", "vicuna-7b", "mc_sim_7b_63",
-                 "vicuna_7b_stage2", "--json")
+    out, _ = run(
+        capsys,
+        "compare",
+        "--accuracy",
+        MEDUSA_CSV,
+        "--csv-model",
+        "vicuna-7b",
+        "mc_sim_7b_63",
+        "vicuna_7b_stage2",
+        "--json",
+    )
     doc = json.loads(out)
     assert [r["nodes"] for r in doc["trees"]] == [63, 63]
     assert len(doc["notes"]) == 2
@@ -159,32 +195,86 @@ def test_compare_with_joint(capsys, joint_file):
         (["build", "--accuracy", MEDUSA_CSV, "--nodes", 3], "choose one with --csv-model"),
         (["build", "--accuracy", MEDUSA_CSV, "--csv-model", "llama", "--nodes", 3], "no rows for model 'llama'"),
         (["build", "--accuracy", MEDUSA_CSV, "--csv-model", "vicuna-7b"], "--nodes N is required"),
-        (["build", "--accuracy", MEDUSA_CSV, "--csv-model", "vicuna-7b", "--nodes", "x"], "--nodes: 'x' is not an integer"),
+        (
+            ["build", "--accuracy", MEDUSA_CSV, "--csv-model", "vicuna-7b", "--nodes", "x"],
+            "--nodes: 'x' is not an integer",
+        ),
         (["build", "--accuracy", MEDUSA_CSV, "--csv-model", "vicuna-7b", "--nodes", 0], "--nodes: must be at least 1"),
-        (["build", "--accuracy", MEDUSA_CSV, "--csv-model", "vicuna-7b", "--nodes", 10**6], "--nodes: 1000000 exceeds the 3905 nodes"),
-        (["build", "--accuracy", MEDUSA_CSV, "--csv-model", "vicuna-7b", "--nodes", 3, "--method", "beam"], "--method: 'beam' is not one of"),
-        (["build", "--accuracy", MEDUSA_CSV, "--csv-model", "vicuna-7b", "--nodes", 3, "--method", "joint"], "has no joint statistics, which --method joint needs"),
-        (["build", "--accuracy", MEDUSA_CSV, "--csv-model", "vicuna-7b", "--nodes", 3, "--format", "xml"], "--format: 'xml' is not one of"),
-        (["build", "--accuracy", MEDUSA_CSV, "--csv-model", "vicuna-7b", "--nodes", 3, "--max-depth", 6], "--max-depth: 6 exceeds the accuracy table's 5 heads"),
-        (["build", "--accuracy", MEDUSA_CSV, "--csv-model", "vicuna-7b", "--nodes", 3, "--max-children", "10,10"], "--max-children: 10 at depth 1 exceeds the accuracy table's width 5"),
-        (["build", "--accuracy", MEDUSA_CSV, "--csv-model", "vicuna-7b", "--nodes", 3, "--max-children", "a,b"], "--max-children: 'a,b' is not a comma-separated list"),
-        (["build", "--accuracy", MEDUSA_CSV, "--csv-model", "vicuna-7b", "--nodes", 3, "--max-depth", 3, "--max-children", "2,2"], "--max-children: 2 values for max depth 3"),
+        (
+            ["build", "--accuracy", MEDUSA_CSV, "--csv-model", "vicuna-7b", "--nodes", 10**6],
+            "--nodes: 1000000 exceeds the 3905 nodes",
+        ),
+        (
+            ["build", "--accuracy", MEDUSA_CSV, "--csv-model", "vicuna-7b", "--nodes", 3, "--method", "beam"],
+            "--method: 'beam' is not one of",
+        ),
+        (
+            ["build", "--accuracy", MEDUSA_CSV, "--csv-model", "vicuna-7b", "--nodes", 3, "--method", "joint"],
+            "has no joint statistics, which --method joint needs",
+        ),
+        (
+            ["build", "--accuracy", MEDUSA_CSV, "--csv-model", "vicuna-7b", "--nodes", 3, "--format", "xml"],
+            "--format: 'xml' is not one of",
+        ),
+        (
+            ["build", "--accuracy", MEDUSA_CSV, "--csv-model", "vicuna-7b", "--nodes", 3, "--max-depth", 6],
+            "--max-depth: 6 exceeds the accuracy table's 5 heads",
+        ),
+        (
+            ["build", "--accuracy", MEDUSA_CSV, "--csv-model", "vicuna-7b", "--nodes", 3, "--max-children", "10,10"],
+            "--max-children: 10 at depth 1 exceeds the accuracy table's width 5",
+        ),
+        (
+            ["build", "--accuracy", MEDUSA_CSV, "--csv-model", "vicuna-7b", "--nodes", 3, "--max-children", "a,b"],
+            "--max-children: 'a,b' is not a comma-separated list",
+        ),
+        (
+            [
+                "build",
+                "--accuracy",
+                MEDUSA_CSV,
+                "--csv-model",
+                "vicuna-7b",
+                "--nodes",
+                3,
+                "--max-depth",
+                3,
+                "--max-children",
+                "2,2",
+            ],
+            "--max-children: 2 values for max depth 3",
+        ),
         (["show", "[[0], [1, 0]]"], "tree literal '[[0], [1, 0]]': node [1, 0] has no parent [1]"),
         (["show", "[[0], [0]]"], "node [0] appears twice"),
         (["show", "[[0], [-1]]"], "node [-1] has a negative rank -1"),
         (["show", "[[0], [0.5]]"], "non-integer rank 0.5"),
         (["show", "[[0], []]"], "node #1 is an empty path"),
         (["show", "[]"], "the tree is empty"),
-        (["show", "mc_sim_7b_63", "--topk", 8], "mc_sim_7b_63: node [0, 8] has rank 8, not below the candidate width (topk) 8"),
-        (["show", "mc_sim_7b_63", "--num-heads", 3], "mc_sim_7b_63: node [0, 0, 0, 0] has depth 4, more than the 3 heads"),
+        (
+            ["show", "mc_sim_7b_63", "--topk", 8],
+            "mc_sim_7b_63: node [0, 8] has rank 8, not below the candidate width (topk) 8",
+        ),
+        (
+            ["show", "mc_sim_7b_63", "--num-heads", 3],
+            "mc_sim_7b_63: node [0, 0, 0, 0] has depth 4, more than the 3 heads",
+        ),
         (["show", "no_such_tree"], "no_such_tree: no such file, and not a reference tree"),
         (["show", "mc_sim_7b_63", "--csv-model", "vicuna-7b"], "--csv-model: only meaningful with --accuracy"),
         (["buffers", "mc_sim_7b_63", "--topk", 5, "--json"], "node [0, 5] has rank 5"),
         (["buffers", DESIGN, "--topk", "0"], "--topk: must be at least 1"),
         (["compare", "--accuracy", MEDUSA_CSV, "--csv-model", "vicuna-7b"], "TREE: give at least one tree"),
-        (["compare", "--accuracy", MEDUSA_CSV, "--csv-model", "vicuna-7b", "greedy"], "TREE greedy: building a tree for comparison needs --nodes N"),
-        (["compare", "--accuracy", MEDUSA_CSV, "--csv-model", "vicuna-7b", "--nodes", 2, "[[0], [1, 0], [1]]"], "its first 2 nodes do not form a tree"),
-        (["compare", "--accuracy", MEDUSA_CSV, "--csv-model", "vicuna-7b", "--nodes", 2, "joint"], "has no joint statistics, which TREE joint needs"),
+        (
+            ["compare", "--accuracy", MEDUSA_CSV, "--csv-model", "vicuna-7b", "greedy"],
+            "TREE greedy: building a tree for comparison needs --nodes N",
+        ),
+        (
+            ["compare", "--accuracy", MEDUSA_CSV, "--csv-model", "vicuna-7b", "--nodes", 2, "[[0], [1, 0], [1]]"],
+            "its first 2 nodes do not form a tree",
+        ),
+        (
+            ["compare", "--accuracy", MEDUSA_CSV, "--csv-model", "vicuna-7b", "--nodes", 2, "joint"],
+            "has no joint statistics, which TREE joint needs",
+        ),
         (["compare", "mc_sim_7b_63"], "--accuracy FILE is required"),
     ],
 )

@@ -18,22 +18,44 @@ from treeopt.errors import UserError
 
 #: a small chat template in the usual Jinja layout: each turn "<s>R:text" with R the role's
 #: first letter, then "a:" for the turn to generate
-TEMPLATE = ("{% for m in messages %}<s>{{ m['role'][0] }}:{{ m['content'] }}{% endfor %}"
-            "{% if add_generation_prompt %}a:{% endif %}")
+TEMPLATE = (
+    "{% for m in messages %}<s>{{ m['role'][0] }}:{{ m['content'] }}{% endfor %}"
+    "{% if add_generation_prompt %}a:{% endif %}"
+)
 TEMPLATE_ID = "sha256:" + hashlib.sha256(TEMPLATE.encode()).hexdigest()[:16]
 
 SHAREGPT = [
-    {"id": "x1", "conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo"},
-                                   {"from": "human", "value": "add 2"}, {"from": "gpt", "value": "4"}]},
-    {"id": "x2", "conversations": [{"from": "system", "value": "be brief"},
-                                   {"from": "human", "value": "why"}, {"from": "gpt", "value": "so"}]},
+    {
+        "id": "x1",
+        "conversations": [
+            {"from": "human", "value": "hi"},
+            {"from": "gpt", "value": "yo"},
+            {"from": "human", "value": "add 2"},
+            {"from": "gpt", "value": "4"},
+        ],
+    },
+    {
+        "id": "x2",
+        "conversations": [
+            {"from": "system", "value": "be brief"},
+            {"from": "human", "value": "why"},
+            {"from": "gpt", "value": "so"},
+        ],
+    },
 ]
 OPENAI = [
-    {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"},
-                  {"role": "user", "content": [{"type": "text", "text": "add"}, {"type": "text", "text": " 2"}]}]},
+    {
+        "messages": [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "yo"},
+            {"role": "user", "content": [{"type": "text", "text": "add"}, {"type": "text", "text": " 2"}]},
+        ]
+    },
 ]
-ALPACA = [{"instruction": "sort", "input": "3 1", "output": "1 3"},
-          {"instruction": "say hi", "input": "", "output": "hi"}]
+ALPACA = [
+    {"instruction": "sort", "input": "3 1", "output": "1 3"},
+    {"instruction": "say hi", "input": "", "output": "hi"},
+]
 
 
 @pytest.fixture(scope="module")
@@ -87,8 +109,11 @@ def test_sharegpt_one_prompt_per_assistant_turn_through_the_template(chat_tok, t
     path = write(tmp_path, "sharegpt.jsonl" if jsonl else "sharegpt.json", SHAREGPT, jsonl)
     got = load_prompts(path, chat_tok)
     # written by hand from TEMPLATE: earlier turns as context, the generation prompt last
-    assert got.token_ids == (ids(chat_tok, "<s>u:hia:"), ids(chat_tok, "<s>u:hi<s>a:yo<s>u:add 2a:"),
-                             ids(chat_tok, "<s>s:be brief<s>u:whya:"))
+    assert got.token_ids == (
+        ids(chat_tok, "<s>u:hia:"),
+        ids(chat_tok, "<s>u:hi<s>a:yo<s>u:add 2a:"),
+        ids(chat_tok, "<s>s:be brief<s>u:whya:"),
+    )
     assert got.token_ids[0][0] == 1  # "<s>" in the template is the BOS token itself
     assert (got.data_format, got.chat_template) == ("sharegpt", TEMPLATE_ID)
     # data labels: each prompt holds its reply
@@ -111,13 +136,11 @@ def test_openai_messages_and_a_final_turn_to_answer(chat_tok, plain_tok, tmp_pat
 
 def test_alpaca_instruction_with_input(chat_tok, plain_tok, tmp_path):
     path = write(tmp_path, "alpaca_data.json", ALPACA, jsonl=False)
-    assert load_prompts(path, plain_tok).token_ids == (bos(plain_tok, "sort\n\n3 1"),
-                                                       bos(plain_tok, "say hi"))
+    assert load_prompts(path, plain_tok).token_ids == (bos(plain_tok, "sort\n\n3 1"), bos(plain_tok, "say hi"))
     templated = load_prompts(path, chat_tok)
     assert templated.token_ids == (ids(chat_tok, "<s>u:sort\n\n3 1a:"), ids(chat_tok, "<s>u:say hia:"))
     assert templated.data_format == "alpaca"
-    assert load_prompts(path, plain_tok, with_replies=True).token_ids[0] == \
-        bos(plain_tok, "sort\n\n3 1\n\n1 3")
+    assert load_prompts(path, plain_tok, with_replies=True).token_ids[0] == bos(plain_tok, "sort\n\n3 1\n\n1 3")
 
 
 def test_plain_text_and_prompt_records(chat_tok, tmp_path):
@@ -135,9 +158,19 @@ def test_plain_text_and_prompt_records(chat_tok, tmp_path):
 
 def test_long_context_keeps_the_turn_to_answer(chat_tok, plain_tok, tmp_path):
     long = "x" * 40
-    path = write(tmp_path, "long.jsonl", [{"messages": [{"role": "user", "content": long},
-                                                        {"role": "assistant", "content": "y"},
-                                                        {"role": "user", "content": "z"}]}])
+    path = write(
+        tmp_path,
+        "long.jsonl",
+        [
+            {
+                "messages": [
+                    {"role": "user", "content": long},
+                    {"role": "assistant", "content": "y"},
+                    {"role": "user", "content": "z"},
+                ]
+            }
+        ],
+    )
     got = load_prompts(path, chat_tok, prompt_tokens=12)
     full = ids(chat_tok, f"<s>u:{long}<s>a:y<s>u:za:")
     assert got.token_ids[1] == full[-12:] and got.token_ids[1][-4:] == ids(chat_tok, "u:za:")[-4:]
@@ -148,10 +181,14 @@ def test_long_context_keeps_the_turn_to_answer(chat_tok, plain_tok, tmp_path):
 
 def test_bad_conversations(chat_tok, tmp_path):
     cases = {
-        "role.jsonl": ({"conversations": [{"from": "robot", "value": "a"}]},
-                       r"role\.jsonl:1: conversations\[0\]\.from: unknown speaker 'robot'"),
-        "keys.jsonl": ({"messages": [{"role": "user"}]},
-                       r"keys\.jsonl:1: messages\[0\]: expected an object with 'role' and 'content'"),
+        "role.jsonl": (
+            {"conversations": [{"from": "robot", "value": "a"}]},
+            r"role\.jsonl:1: conversations\[0\]\.from: unknown speaker 'robot'",
+        ),
+        "keys.jsonl": (
+            {"messages": [{"role": "user"}]},
+            r"keys\.jsonl:1: messages\[0\]: expected an object with 'role' and 'content'",
+        ),
         "list.jsonl": ({"messages": "hi"}, r"list\.jsonl:1: field 'messages' is str, expected a list"),
     }
     for name, (record, message) in cases.items():
@@ -160,8 +197,11 @@ def test_bad_conversations(chat_tok, tmp_path):
     tok = chat_tok
     tok.chat_template = "{{ raise_exception('roles must alternate') }}"
     try:
-        with pytest.raises(UserError, match=r"one\.jsonl:1: the chat template rejects this conversation: "
-                                            r"roles must alternate"):
+        with pytest.raises(
+            UserError,
+            match=r"one\.jsonl:1: the chat template rejects this conversation: "
+            r"roles must alternate",
+        ):
             load_prompts(write(tmp_path, "one.jsonl", [{"prompt": "a"}]), tok)
     finally:
         tok.chat_template = TEMPLATE
@@ -171,8 +211,18 @@ def test_provenance_names_format_and_template(chat_model, tmp_path, monkeypatch)
     monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
     data = write(tmp_path, "sharegpt.json", SHAREGPT * 2, jsonl=False)
     out = tmp_path / "acc.json"
-    run_calibration(str(chat_model), None, str(data), output=out, device="cpu", dtype="float32",
-                    steps=5, topk=4, batch_size=4, progress=False)
+    run_calibration(
+        str(chat_model),
+        None,
+        str(data),
+        output=out,
+        device="cpu",
+        dtype="float32",
+        steps=5,
+        topk=4,
+        batch_size=4,
+        progress=False,
+    )
     prov = load_accuracy(out).provenance
     assert (prov["data_format"], prov["chat_template"], prov["prompts"]) == ("sharegpt", TEMPLATE_ID, 6)
 

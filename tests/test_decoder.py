@@ -34,8 +34,15 @@ DESIGN_EXAMPLE = [[0], [0, 0], [0, 1], [0, 2], [1], [1, 0], [1, 1], [1, 2]]
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     """A tiny random Llama with GQA (4 query heads, 2 KV heads) and 3 random Medusa heads."""
-    path = tiny_model_for_tests(tmp_path_factory.mktemp("tiny"), vocab=VOCAB, hidden=32, layers=2,
-                                heads=4, kv_heads=2, num_medusa_heads=NUM_HEADS)
+    path = tiny_model_for_tests(
+        tmp_path_factory.mktemp("tiny"),
+        vocab=VOCAB,
+        hidden=32,
+        layers=2,
+        heads=4,
+        kv_heads=2,
+        num_medusa_heads=NUM_HEADS,
+    )
     torch.set_num_threads(1)
     return path, load_model(str(path), device="cpu", dtype="float32")
 
@@ -43,8 +50,16 @@ def tiny(tmp_path_factory):
 @pytest.fixture(scope="module")
 def tiny_mha(tmp_path_factory):
     """The same shape without GQA (2 query heads, 2 KV heads)."""
-    path = tiny_model_for_tests(tmp_path_factory.mktemp("tiny_mha"), vocab=VOCAB, hidden=32, layers=2,
-                                heads=2, kv_heads=2, num_medusa_heads=NUM_HEADS, seed=1)
+    path = tiny_model_for_tests(
+        tmp_path_factory.mktemp("tiny_mha"),
+        vocab=VOCAB,
+        hidden=32,
+        layers=2,
+        heads=2,
+        kv_heads=2,
+        num_medusa_heads=NUM_HEADS,
+        seed=1,
+    )
     return path, load_model(str(path), device="cpu", dtype="float32")
 
 
@@ -55,8 +70,8 @@ def ragged_batch(lengths, seed=0):
     ids = torch.zeros((len(lengths), L), dtype=torch.long)
     mask = torch.zeros((len(lengths), L), dtype=torch.long)
     for i, n in enumerate(lengths):
-        ids[i, L - n:] = torch.randint(3, VOCAB, (n,), generator=g)
-        mask[i, L - n:] = 1
+        ids[i, L - n :] = torch.randint(3, VOCAB, (n,), generator=g)
+        mask[i, L - n :] = 1
     return ids, mask
 
 
@@ -66,9 +81,15 @@ def unpadded(ids, mask):
 
 def hf_generate(model, ids, mask, n, eos=None):
     """transformers' greedy generate, new tokens cut after eos."""
-    out = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=n,
-                         min_new_tokens=0 if eos is not None else n, eos_token_id=eos,
-                         pad_token_id=0)[:, ids.shape[1]:].tolist()
+    out = model.generate(
+        input_ids=ids,
+        attention_mask=mask,
+        do_sample=False,
+        max_new_tokens=n,
+        min_new_tokens=0 if eos is not None else n,
+        eos_token_id=eos,
+        pad_token_id=0,
+    )[:, ids.shape[1] :].tolist()
     if eos is not None:
         out = [row[: row.index(eos) + 1] if eos in row else row for row in out]
     return out
@@ -112,15 +133,16 @@ class OracleHeads(MedusaHeads):
         with torch.inference_mode():
             for seq, n in zip(sequences, prompt_lengths):
                 ids = torch.tensor([seq])
-                h = model_forward_hidden(model, ids, attention_mask=None,
-                                         position_ids=torch.arange(len(seq))[None],
-                                         cache=None)[0]
+                h = model_forward_hidden(
+                    model, ids, attention_mask=None, position_ids=torch.arange(len(seq))[None], cache=None
+                )[0]
                 for t in range(n - 1, len(seq)):
                     keys.append(h[t])
                     targets.append([seq[t + k + 2] if t + k + 2 < len(seq) else -1 for k in range(num_heads)])
                     # rank 0 (60%), rank 1 (25%) or a miss, deterministic per (t, k)
-                    ranks.append([(0, 0, 0, 1, 0, 1, 0, -1, 0, 0, 1, -1)[(7 * t + 5 * k + seed) % 12]
-                                  for k in range(num_heads)])
+                    ranks.append(
+                        [(0, 0, 0, 1, 0, 1, 0, -1, 0, 0, 1, -1)[(7 * t + 5 * k + seed) % 12] for k in range(num_heads)]
+                    )
         self.keys = torch.stack(keys)
         self.targets = torch.tensor(targets)
         self.ranks = torch.tensor(ranks)
@@ -176,9 +198,13 @@ def test_tree_logits_equal_causal_runs_of_paths(tiny):
         # the hidden states of every node, through the same tree mask and positions
         state.cache.crop(-dec.q)
         with torch.inference_mode():
-            hidden = model_forward_hidden(model, tokens, attention_mask=dec.step_mask(state.valid),
-                                          position_ids=state.next_pos[:, None] + torch.tensor(buf.depth)[None],
-                                          cache=state.cache)
+            hidden = model_forward_hidden(
+                model,
+                tokens,
+                attention_mask=dec.step_mask(state.valid),
+                position_ids=state.next_pos[:, None] + torch.tensor(buf.depth)[None],
+                cache=state.cache,
+            )
             head_all = torch.stack([heads[k](hidden) for k in range(tree.depth)])
         torch.testing.assert_close(head_root[:, :, 0], head_all[:, :, 0])
         with torch.inference_mode():
@@ -189,8 +215,9 @@ def test_tree_logits_equal_causal_runs_of_paths(tiny):
                         chain.append(node)
                         node = int(buf.parent[node])
                     seq = torch.tensor([prompt + tokens[i, chain[::-1]].tolist()])
-                    h = model_forward_hidden(model, seq, attention_mask=None,
-                                             position_ids=torch.arange(seq.shape[1])[None], cache=None)
+                    h = model_forward_hidden(
+                        model, seq, attention_mask=None, position_ids=torch.arange(seq.shape[1])[None], cache=None
+                    )
                     ref = model(seq).logits[0, -1]
                     torch.testing.assert_close(logits[i, j], ref, atol=2e-5, rtol=1e-5)
                     ref_heads = heads(h[0, -1])[: tree.depth]
@@ -231,13 +258,14 @@ def test_kv_cache_tree_steps_equal_the_librarys_dynamic_cache(request, attn, fix
     assert isinstance(state.cache, KVCache) and state.cache.length == 6
     ref = DynamicCache()
     with torch.inference_mode():
-        model_forward_hidden(model, ids, attention_mask=_prefill_mask(mask),
-                             position_ids=(mask.cumsum(-1) - 1).clamp(min=0), cache=ref)
+        model_forward_hidden(
+            model, ids, attention_mask=_prefill_mask(mask), position_ids=(mask.cumsum(-1) - 1).clamp(min=0), cache=ref
+        )
         for layer, ref_layer in zip(state.cache.layers, ref.layers):
             assert torch.equal(layer.keys, ref_layer.keys) and torch.equal(layer.values, ref_layer.values)
         g = torch.Generator().manual_seed(4)
         valid = state.valid
-        for step in range(2):
+        for _step in range(2):
             tokens = torch.randint(3, VOCAB, (2, dec.q), generator=g)
             logits, heads_ = dec.verify_forward(state.cache, tokens, valid, state.next_pos)
             ref_logits, ref_heads = dec.verify_forward(ref, tokens, valid, state.next_pos)
@@ -427,20 +455,23 @@ def test_eos_stops_finished_sequences(tiny):
     oracle = OracleHeads(lm.model, [p + r for p, r in zip(prompts, free)], [len(p) for p in prompts])
     for heads in (lm.heads, oracle):
         res = TreeDecoder(lm.model, heads, cut_tree(load_tree("mc_sim_7b_63"), NUM_HEADS, 10)).generate(
-            ids, mask, max_new_tokens=n, eos_token_id=eos)
+            ids, mask, max_new_tokens=n, eos_token_id=eos
+        )
         assert res.tokens == ref
         stop = int(np.flatnonzero(res.emitted[:, 0])[-1]) if res.emitted[:, 0].any() else -1
-        assert (res.accepted[stop + 1:, 0] == 0).all() and (res.emitted[stop + 1:, 0] == 0).all()
+        assert (res.accepted[stop + 1 :, 0] == 0).all() and (res.emitted[stop + 1 :, 0] == 0).all()
     # eos as the very first token: nothing else for that sequence
     first = free[1][0]
     res = TreeDecoder(lm.model, lm.heads, make_tree(DESIGN_EXAMPLE)).generate(
-        ids, mask, max_new_tokens=n, eos_token_id=first)
+        ids, mask, max_new_tokens=n, eos_token_id=first
+    )
     assert res.tokens[1] == [first]
     assert res.tokens == greedy_decode(lm.model, ids, mask, max_new_tokens=n, eos_token_id=first)
     # a list of eos ids: each stops its sequence
     both = [first, eos]
     res = TreeDecoder(lm.model, oracle, make_tree(DESIGN_EXAMPLE)).generate(
-        ids, mask, max_new_tokens=n, eos_token_id=both)
+        ids, mask, max_new_tokens=n, eos_token_id=both
+    )
     assert res.tokens == greedy_decode(lm.model, ids, mask, max_new_tokens=n, eos_token_id=both)
     assert res.tokens[0][-1] == eos and res.tokens[1] == [first]
 
@@ -489,15 +520,20 @@ def test_typical_acceptance_rule_by_hand(tiny):
 
     # node [0] = token 1 (p 0.3), node [1] = token 2 (p 0.12), node [0,0] = token 4 (p 0.02)
     tokens = torch.tensor([[0, 1, 2, 4]])
-    path, n_keep, last, bonus = dec.accept(tokens, logits, temperature=1.0,
-                                           generator=torch.Generator().manual_seed(0))
+    path, n_keep, last, bonus = dec.accept(tokens, logits, temperature=1.0, generator=torch.Generator().manual_seed(0))
     assert 0.3 > thr(p_root) and 0.12 > thr(p_root) and 0.02 < thr(p_n1)
     # both depth-1 nodes pass, [0,0] fails: length 2, the more likely of [0] and [1] wins
     assert int(n_keep[0]) == 2 and int(last[0]) == 1
     assert int(bonus[0]) == 5  # sampled from p at node [0]: 0.98 on token 5 (seed 0)
     # with a strict epsilon only the root stays; a greedy run picks argmax paths
-    path, n_keep, last, bonus = dec.accept(tokens, logits, temperature=1.0, posterior_threshold=0.01,
-                                           posterior_alpha=10.0, generator=torch.Generator().manual_seed(0))
+    path, n_keep, last, bonus = dec.accept(
+        tokens,
+        logits,
+        temperature=1.0,
+        posterior_threshold=0.01,
+        posterior_alpha=10.0,
+        generator=torch.Generator().manual_seed(0),
+    )
     assert int(n_keep[0]) == 3 and int(last[0]) == 3  # 0.02 > 0.01 now
     path, n_keep, last, bonus = dec.accept(torch.tensor([[0, 0, 1, 5]]), logits)
     assert int(n_keep[0]) == 3 and path[0, :3].tolist() == [0, 1, 3] and int(bonus[0]) == 0
@@ -542,9 +578,26 @@ def test_decode_cli(tiny, capsys):
 
     path, lm = tiny
     prompt = "hello tree"
-    main(["decode", "--model", str(path), "--tree", "mc_sim_7b_63", "--prompt", prompt,
-          "--prompt", "x", "--max-new-tokens", "12", "--device", "cpu", "--batch-size", "2",
-          "--compare"])
+    main(
+        [
+            "decode",
+            "--model",
+            str(path),
+            "--tree",
+            "mc_sim_7b_63",
+            "--prompt",
+            prompt,
+            "--prompt",
+            "x",
+            "--max-new-tokens",
+            "12",
+            "--device",
+            "cpu",
+            "--batch-size",
+            "2",
+            "--compare",
+        ]
+    )
     out = capsys.readouterr()
     ids = lm.tokenizer(prompt, return_tensors="pt")["input_ids"]
     ref = greedy_decode(lm.model, ids, max_new_tokens=12, eos_token_id=lm.tokenizer.eos_token_id)

@@ -42,8 +42,10 @@ def test_split_is_a_fixed_rule_on_relative_paths():
     assert all(not f.startswith("/") for f in files)
 
 
-@pytest.mark.skipif(sys.version.split()[0] != TRAINING["python"],
-                    reason="the prompts come from the stdlib of the Python the demo was trained with")
+@pytest.mark.skipif(
+    sys.version.split()[0] != TRAINING["python"],
+    reason="the prompts come from the stdlib of the Python the demo was trained with",
+)
 def test_committed_prompts_are_the_recipes_and_calibration_and_validation_are_disjoint():
     root, files = stdlib_files()
     prompts = held_out_prompts(root, files)
@@ -57,7 +59,11 @@ def test_committed_checkpoint_matches_the_recipe():
     lm = load_model("demo", device="cpu")
     cfg = lm.model.config
     assert (cfg.vocab_size, cfg.hidden_size, cfg.num_hidden_layers, cfg.intermediate_size) == (
-        recipe.vocab_size, recipe.hidden_size, recipe.num_layers, recipe.intermediate_size)
+        recipe.vocab_size,
+        recipe.hidden_size,
+        recipe.num_layers,
+        recipe.intermediate_size,
+    )
     assert (lm.heads.num_heads, lm.heads.num_layers) == (recipe.num_medusa_heads, recipe.medusa_layers)
     assert sum(p.numel() for p in lm.model.parameters()) == TRAINING["parameters"]["base"]
     # 16-bit storage, within the size budget of the repository (the whole demo checkpoint with

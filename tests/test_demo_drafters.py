@@ -26,11 +26,17 @@ def test_committed_drafters_match_their_recipe_in_bf16_within_the_budget():
     hydra = load_model("demo", device="cpu", drafter="hydra").heads
     spec = load_model("demo", device="cpu", drafter="mlp-speculator").heads
     assert (hydra.kind, hydra.num_heads, hydra.num_layers, hydra.grounded) == (
-        "hydra", recipe.hydra_heads, recipe.hydra_layers, True)
+        "hydra",
+        recipe.hydra_heads,
+        recipe.hydra_layers,
+        True,
+    )
     assert (spec.kind, spec.num_heads) == ("mlp-speculator", recipe.speculator_stages)
     assert json.loads((DEMO_MODEL_DIR / SPECULATOR_DIR / "config.json").read_text())["tie_weights"] is True
-    for file in (DEMO_MODEL_DIR / HYDRA_DIR / "hydra_lm_head.safetensors",
-                 DEMO_MODEL_DIR / SPECULATOR_DIR / "model.safetensors"):
+    for file in (
+        DEMO_MODEL_DIR / HYDRA_DIR / "hydra_lm_head.safetensors",
+        DEMO_MODEL_DIR / SPECULATOR_DIR / "model.safetensors",
+    ):
         with safe_open(str(file), "pt") as fh:
             assert {fh.get_slice(k).get_dtype() for k in fh.keys()} == {"BF16"}
     # the whole demo checkpoint: model, tokenizer, Medusa heads, Hydra heads, speculator
@@ -70,9 +76,32 @@ def test_recipe_trains_resumes_and_refuses_another_recipe(tmp_path, tiny_work):
 
 def _run(out, drafter):
     with pytest.raises(SystemExit) as exc:
-        main(["run", "--drafter", drafter, "--device", "cpu", "--dtype", "float32", "--steps", "8",
-              "--sizes", "0,1,4", "--batch", "1,2", "--context", "32", "--repeats", "3", "--time-budget", "0",
-              "--quick", "-o", str(out)])
+        main(
+            [
+                "run",
+                "--drafter",
+                drafter,
+                "--device",
+                "cpu",
+                "--dtype",
+                "float32",
+                "--steps",
+                "8",
+                "--sizes",
+                "0,1,4",
+                "--batch",
+                "1,2",
+                "--context",
+                "32",
+                "--repeats",
+                "3",
+                "--time-budget",
+                "0",
+                "--quick",
+                "-o",
+                str(out),
+            ]
+        )
         raise SystemExit(0)
     return exc.value.code or 0
 

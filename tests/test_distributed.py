@@ -120,29 +120,63 @@ def test_processes_from_torchrun_environment():
 @pytest.mark.slow
 def test_torchrun_two_processes_equal_one_process(tiny, prompts_file, tmp_path):
     single = tmp_path / "one.json"
-    run_calibration(str(tiny), None, str(prompts_file), output=single, device="cpu", dtype="float32",
-                    progress=False, **ARGS)
+    run_calibration(
+        str(tiny), None, str(prompts_file), output=single, device="cpu", dtype="float32", progress=False, **ARGS
+    )
     many = tmp_path / "two.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
-           "--master-addr", "127.0.0.1", "--master-port", str(_free_port()),
-           "-m", "treeopt", "calibrate", "--model", str(tiny), "--data", str(prompts_file),
-           "--device", "cpu", "--dtype", "float32", "--steps", "6", "--topk", "4", "--batch-size", "2",
-           "-o", str(many)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        "1",
+        "--nproc-per-node",
+        "2",
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(_free_port()),
+        "-m",
+        "treeopt",
+        "calibrate",
+        "--model",
+        str(tiny),
+        "--data",
+        str(prompts_file),
+        "--device",
+        "cpu",
+        "--dtype",
+        "float32",
+        "--steps",
+        "6",
+        "--topk",
+        "4",
+        "--batch-size",
+        "2",
+        "-o",
+        str(many),
+    ]
     proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     _same_outputs(single, many, 2)
     # process 0 alone speaks; every process removed its checkpoint after the outputs were written
     assert proc.stdout.count("calibrated 7 prompts") == 1 and "2 processes" in proc.stdout
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["one.json", "one.ranks.npz", "prompts.jsonl",
-                                                          "two.json", "two.ranks.npz"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "one.json",
+        "one.ranks.npz",
+        "prompts.jsonl",
+        "two.json",
+        "two.ranks.npz",
+    ]
 
 
 # ---------------------------------------------------------------------------------------------
 # a process that fails half-way, then --resume
 
 
-def _worker(rank: int, world: int, port: int, model: str, data: str, output: str, fail_after: int,
-            resume: bool) -> None:
+def _worker(
+    rank: int, world: int, port: int, model: str, data: str, output: str, fail_after: int, resume: bool
+) -> None:
     """One calibration process (torch.multiprocessing target). Process 1 is interrupted after
     `fail_after` batches when `fail_after` > 0; each writes what happened to OUTPUT.rankR.log."""
     import calibration.runner as runner  # the spawned child patches its own copy
@@ -162,8 +196,18 @@ def _worker(rank: int, world: int, port: int, model: str, data: str, output: str
         runner.label_ranks = failing
     log = Path(f"{output}.rank{rank}.log")
     try:
-        run_calibration(model, None, data, output=output, device="cpu", dtype="float32", progress=False,
-                        resume=resume, processes=Processes(rank, world, rank), **ARGS)
+        run_calibration(
+            model,
+            None,
+            data,
+            output=output,
+            device="cpu",
+            dtype="float32",
+            progress=False,
+            resume=resume,
+            processes=Processes(rank, world, rank),
+            **ARGS,
+        )
         log.write_text("done")
     except CalibrationInterrupted as stop:
         log.write_text(f"interrupted {stop.prompts_done}")
@@ -180,12 +224,10 @@ def test_failed_process_keeps_the_others_checkpoints_and_resumes(tiny, prompts_f
     doubled = tmp_path / "prompts14.jsonl"
     doubled.write_text(prompts_file.read_text() * 2)
     single, out = tmp_path / "one.json", tmp_path / "two.json"
-    run_calibration(str(tiny), None, str(doubled), output=single, device="cpu", dtype="float32",
-                    progress=False, **ARGS)
+    run_calibration(str(tiny), None, str(doubled), output=single, device="cpu", dtype="float32", progress=False, **ARGS)
     data = (str(tiny), str(doubled), str(out))
     ckpt = [rank_checkpoint_path(f"{out}.partial", Processes(r, 2, r)) for r in range(2)]
-    mp.start_processes(_worker, args=(2, _free_port(), *data, 1, False), nprocs=2, join=True,
-                       start_method="spawn")
+    mp.start_processes(_worker, args=(2, _free_port(), *data, 1, False), nprocs=2, join=True, start_method="spawn")
     assert Path(f"{out}.rank1.log").read_text() == "interrupted 8"  # its first batch (6, 7) done
     assert Path(f"{out}.rank0.log").read_text().startswith("failed")
     assert not out.exists()
@@ -194,15 +236,13 @@ def test_failed_process_keeps_the_others_checkpoints_and_resumes(tiny, prompts_f
     assert [d["prompts_done"] for d in docs] == [6, 8]
     assert [d["fingerprint"]["shard"] for d in docs] == [[0, 6], [6, 14]]
     # resume: process 0 has nothing left, process 1 continues from prompt 8
-    mp.start_processes(_worker, args=(2, _free_port(), *data, 0, True), nprocs=2, join=True,
-                       start_method="spawn")
+    mp.start_processes(_worker, args=(2, _free_port(), *data, 0, True), nprocs=2, join=True, start_method="spawn")
     assert [Path(f"{out}.rank{r}.log").read_text() for r in range(2)] == ["done", "done"]
     _same_outputs(single, out, 2)
     assert not any(c.exists() for c in ckpt)
     # resume on the finished whole: nothing to run, the same outputs
     before = out.read_bytes()
-    mp.start_processes(_worker, args=(2, _free_port(), *data, 0, True), nprocs=2, join=True,
-                       start_method="spawn")
+    mp.start_processes(_worker, args=(2, _free_port(), *data, 0, True), nprocs=2, join=True, start_method="spawn")
     assert out.read_bytes() == before
 
 
@@ -217,11 +257,18 @@ def test_sharded_model_gives_the_unsharded_counts(tiny, prompts_file, tmp_path):
     expected = calibrate(whole, prompts, progress=False, **ARGS)
     # two CPU "devices": layer 0 and the output layer in memory, layer 1 and the final norm on
     # disk (accelerate moves their weights in for each forward)
-    split = {"model.embed_tokens": "cpu", "model.rotary_emb": "cpu", "model.layers.0": "cpu",
-             "model.layers.1": "disk", "model.norm": "disk", "lm_head": "cpu"}
+    split = {
+        "model.embed_tokens": "cpu",
+        "model.rotary_emb": "cpu",
+        "model.layers.0": "cpu",
+        "model.layers.1": "disk",
+        "model.norm": "disk",
+        "lm_head": "cpu",
+    }
     for device_map in (split, "auto"):
-        sharded = load_model(str(tiny), device="cpu", dtype="float32", device_map=device_map,
-                             offload_dir=str(tmp_path / "offload"))
+        sharded = load_model(
+            str(tiny), device="cpu", dtype="float32", device_map=device_map, offload_dir=str(tmp_path / "offload")
+        )
         if device_map is split:
             assert sharded.model.hf_device_map == split
         got = calibrate(sharded, prompts, progress=False, **ARGS)
@@ -230,12 +277,16 @@ def test_sharded_model_gives_the_unsharded_counts(tiny, prompts_file, tmp_path):
         assert got.table.joint == expected.table.joint
         np.testing.assert_array_equal(got.ranks, expected.ranks)
     assert sharded.device == torch.device("cpu")  # the heads sit where the last hidden state is
-    assert any(p.device.type == "meta" for p in load_model(
-        str(tiny), device="cpu", dtype="float32", device_map=split,
-        offload_dir=str(tmp_path / "offload")).model.parameters())  # the disk layers really left memory
+    assert any(
+        p.device.type == "meta"
+        for p in load_model(
+            str(tiny), device="cpu", dtype="float32", device_map=split, offload_dir=str(tmp_path / "offload")
+        ).model.parameters()
+    )  # the disk layers really left memory
 
 
 def test_device_map_refused_with_many_processes(tiny, prompts_file):
     with pytest.raises(UserError, match="--device-map: one process spreads"):
-        run_calibration(str(tiny), None, str(prompts_file), device="cpu", device_map="auto",
-                        processes=Processes(0, 2, 0))
+        run_calibration(
+            str(tiny), None, str(prompts_file), device="cpu", device_map="auto", processes=Processes(0, 2, 0)
+        )

@@ -61,13 +61,13 @@ def chi_square_p(counts: np.ndarray, expected_probs: np.ndarray) -> float:
 def sequence_counts(seqs: torch.Tensor, v: int) -> np.ndarray:
     length = seqs.shape[1]
     code = (seqs * (v ** torch.arange(length - 1, -1, -1))).sum(-1)
-    return np.bincount(code.numpy(), minlength=v ** length)
+    return np.bincount(code.numpy(), minlength=v**length)
 
 
 def markov_exact(P: torch.Tensor, start: int, length: int) -> np.ndarray:
     """Exact probability of every token sequence of `length` after `start`, by enumeration."""
     v = P.shape[0]
-    probs = np.empty(v ** length)
+    probs = np.empty(v**length)
     for i, seq in enumerate(itertools.product(range(v), repeat=length)):
         prev, pr = start, 1.0
         for x in seq:
@@ -121,6 +121,7 @@ def chain_step(P, Q, gamma, g, rule="leviathan"):
         new = torch.cat([drafts_t, nxt[:, None]], 1)
         new[torch.arange(len(n)), n] = nxt
         return new, n + 1
+
     return step
 
 
@@ -173,6 +174,7 @@ def tree_step(P, Q, tree, g, rule="recursive"):
         new = torch.cat([tokens.gather(1, path[:, 1:]), nxt[:, None]], 1)
         new[torch.arange(b), n_keep - 1] = nxt
         return new, n_keep
+
     return step
 
 
@@ -227,9 +229,16 @@ def test_draw_children_without_replacement():
 
 def llama(vocab, hidden, layers, seed, kv_heads=2):
     torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-                      num_attention_heads=2, num_key_value_heads=kv_heads, max_position_embeddings=256,
-                      tie_word_embeddings=False)
+    cfg = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=2,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+    )
     model = LlamaForCausalLM(cfg)
     with torch.no_grad():
         for p in model.parameters():
@@ -240,8 +249,13 @@ def llama(vocab, hidden, layers, seed, kv_heads=2):
 
 def noisy_copy(model, noise, seed):
     """The model with noise on every weight: a draft that agrees with it often, not always."""
-    copy = llama(model.config.vocab_size, model.config.hidden_size, model.config.num_hidden_layers, 0,
-                 model.config.num_key_value_heads)
+    copy = llama(
+        model.config.vocab_size,
+        model.config.hidden_size,
+        model.config.num_hidden_layers,
+        0,
+        model.config.num_key_value_heads,
+    )
     copy.load_state_dict(model.state_dict())
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -267,11 +281,15 @@ def test_greedy_is_lossless(pair, tree):
         ref = greedy_decode(target, ids[rows], mask[rows], max_new_tokens=24)
         for draft in (close, small):
             out = SpeculativeDecoder(target, DraftModel(draft), make_tree(tree)).generate(
-                ids[rows], mask[rows], max_new_tokens=24)
+                ids[rows], mask[rows], max_new_tokens=24
+            )
             assert out.tokens == ref
             assert out.emitted.sum(0).tolist() == [len(t) - 1 for t in ref]
-    accepted = SpeculativeDecoder(target, DraftModel(close), make_tree(tree)).generate(
-        ids, mask, max_new_tokens=24).tokens_per_step
+    accepted = (
+        SpeculativeDecoder(target, DraftModel(close), make_tree(tree))
+        .generate(ids, mask, max_new_tokens=24)
+        .tokens_per_step
+    )
     assert accepted > 1.3  # the close draft is accepted often: the test exercises acceptance
 
 
@@ -284,7 +302,7 @@ def exact_continuations(model, prompt: torch.Tensor, length: int, temperature: f
     with torch.no_grad():
         logp = torch.log_softmax(model(ids).logits.double() / temperature, -1)
     start = prompt.shape[1] - 1
-    steps = logp[:, start:start + length].gather(-1, seqs[..., None])[..., 0]
+    steps = logp[:, start : start + length].gather(-1, seqs[..., None])[..., 0]
     return steps.sum(-1).exp().numpy()
 
 
@@ -302,7 +320,8 @@ def test_sampled_decoding_has_the_targets_distribution(tree):
     assert chi_square_p(counts, exact) > SIGNIFICANCE
     # negative control: the draft's own samples (what accepting everything would emit)
     wrong = SpeculativeDecoder(draft, DraftModel(draft), make_tree([], allow_empty=True), timing=False).generate(
-        prompt.expand(n_rows, -1), max_new_tokens=length, temperature=temperature, seed=7)
+        prompt.expand(n_rows, -1), max_new_tokens=length, temperature=temperature, seed=7
+    )
     assert chi_square_p(sequence_counts(torch.tensor(wrong.tokens), v), exact) < SIGNIFICANCE
 
 
@@ -372,6 +391,9 @@ def test_alpha_predicts_sampled_tokens_per_step(pair):
     assert 0.5 < alpha.mean() < 0.9  # neither trivial nor hopeless
     for gamma in (1, 2, 3):
         chain = make_tree([[0] * k for k in range(1, gamma + 1)])
-        measured = SpeculativeDecoder(target, drafter, chain, timing=False).generate(
-            prompts, max_new_tokens=new_tokens, temperature=1.0, seed=2).tokens_per_step
+        measured = (
+            SpeculativeDecoder(target, drafter, chain, timing=False)
+            .generate(prompts, max_new_tokens=new_tokens, temperature=1.0, seed=2)
+            .tokens_per_step
+        )
         assert chain_tau(alpha, gamma) == pytest.approx(measured, rel=0.03)

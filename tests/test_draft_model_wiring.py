@@ -28,9 +28,16 @@ VOCAB = 48
 
 def write_draft(path, vocab=VOCAB, hidden=16, seed=3):
     torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=1,
-                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=1024,
-                      tie_word_embeddings=False)
+    cfg = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=1024,
+        tie_word_embeddings=False,
+    )
     model = LlamaForCausalLM(cfg)
     with torch.no_grad():
         for p in model.parameters():
@@ -42,8 +49,9 @@ def write_draft(path, vocab=VOCAB, hidden=16, seed=3):
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    path = tiny_model_for_tests(tmp_path_factory.mktemp("tiny"), vocab=VOCAB, hidden=32, layers=2,
-                                heads=4, kv_heads=2, num_medusa_heads=3)
+    path = tiny_model_for_tests(
+        tmp_path_factory.mktemp("tiny"), vocab=VOCAB, hidden=32, layers=2, heads=4, kv_heads=2, num_medusa_heads=3
+    )
     write_draft(path / "draft")
     torch.set_num_threads(1)
     return path
@@ -77,19 +85,76 @@ def test_load_model_finds_the_draft_and_checks_its_vocabulary(tiny, tmp_path):
 
 def test_cli_decode_greedy_is_plain_greedy_and_sampling_runs(tiny, capsys):
     for tree in ("[[0], [0, 0], [0, 0, 0]]", "[[0], [1], [0, 0], [1, 0]]"):
-        main(["decode", "--model", str(tiny), "--drafter", "draft-model", "--tree", tree, "--prompt", "def f(x):",
-              "--prompt", "a", "--max-new-tokens", "12", "--device", "cpu", "--compare"])
+        main(
+            [
+                "decode",
+                "--model",
+                str(tiny),
+                "--drafter",
+                "draft-model",
+                "--tree",
+                tree,
+                "--prompt",
+                "def f(x):",
+                "--prompt",
+                "a",
+                "--max-new-tokens",
+                "12",
+                "--device",
+                "cpu",
+                "--compare",
+            ]
+        )
         assert "identical to plain greedy: yes" in capsys.readouterr().out
-    main(["decode", "--model", str(tiny), "--drafter", "draft-model", "--tree", "[[0], [0, 0]]",
-          "--prompt", "def f(x):", "--max-new-tokens", "12", "--device", "cpu", "--temperature", "0.8"])
+    main(
+        [
+            "decode",
+            "--model",
+            str(tiny),
+            "--drafter",
+            "draft-model",
+            "--tree",
+            "[[0], [0, 0]]",
+            "--prompt",
+            "def f(x):",
+            "--max-new-tokens",
+            "12",
+            "--device",
+            "cpu",
+            "--temperature",
+            "0.8",
+        ]
+    )
     out = capsys.readouterr().out
     assert "rejection sampling (T=0.8" in out and "tokens per step:" in out
 
 
 def test_cli_calibrate_writes_ranks_and_the_alpha_sidecar(tiny, tmp_path):
     acc = tmp_path / "acc.json"
-    main(["calibrate", "--model", str(tiny), "--drafter", "draft-model", "--num-heads", "4", "--data", "demo",
-          "--max-prompts", "3", "--steps", "8", "--topk", "4", "--device", "cpu", "-q", "-o", str(acc)])
+    main(
+        [
+            "calibrate",
+            "--model",
+            str(tiny),
+            "--drafter",
+            "draft-model",
+            "--num-heads",
+            "4",
+            "--data",
+            "demo",
+            "--max-prompts",
+            "3",
+            "--steps",
+            "8",
+            "--topk",
+            "4",
+            "--device",
+            "cpu",
+            "-q",
+            "-o",
+            str(acc),
+        ]
+    )
     assert load_accuracy(acc).num_heads == 4
     side = load_chain_acceptance(alpha_path(acc))
     assert side.temperature == 1.0 and len(side.alpha_per_depth) == 4 and side.rows > 0
@@ -106,8 +171,7 @@ def test_sweep_step_restores_both_caches_and_validation_is_lossless(tiny):
     class Curve:  # the fields measure_acceptance reads
         proposal, independent, joint, walked = chain, np.ones(4), None, None
 
-    df = measure_acceptance(lm, Curve, [1, 3], ["def f(x):", "a = 1"], max_new_tokens=10, batch_size=2,
-                            progress=False)
+    df = measure_acceptance(lm, Curve, [1, 3], ["def f(x):", "a = 1"], max_new_tokens=10, batch_size=2, progress=False)
     assert (df["agreement"] == 1.0).all()
 
 
@@ -130,5 +194,6 @@ def test_demo_draft_recipe_at_a_tiny_size_gives_a_loadable_lossless_draft(tmp_pa
     ids = torch.tensor([[5, 9, 7, 11]])
     ref = greedy_decode(lm.model, ids, max_new_tokens=10)
     out = SpeculativeDecoder(lm.model, lm.heads, make_tree([[0], [0, 0]]), timing=False).generate(
-        ids, max_new_tokens=10)
+        ids, max_new_tokens=10
+    )
     assert out.tokens == ref

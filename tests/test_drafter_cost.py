@@ -22,20 +22,36 @@ from treeopt.errors import UserError
 from treeopt.tau import first_heads, proposal_sequence
 from treeopt.tree import Tree
 
-TINY = ModelShape("tiny", layers=3, hidden=4, intermediate=8, heads=2, kv_heads=1, head_dim=2, vocab=10,
-                  dtype="fp16", dtype_bytes=2)
+TINY = ModelShape(
+    "tiny", layers=3, hidden=4, intermediate=8, heads=2, kv_heads=1, head_dim=2, vocab=10, dtype="fp16", dtype_bytes=2
+)
 HYDRA = DraftCost("hydra", True, stages=2, layers=1, hidden_size=4, inner_size=4, vocab_size=10, grounded=True)
 SPEC = DraftCost("mlp-speculator", True, stages=2, layers=1, hidden_size=4, inner_size=6, vocab_size=10)
 FLAT = EfficiencyCurve((1.0,), (1.0,))
 HUGE = 1e30
 # only kernel launches and the engine terms cost time
-OVERHEAD_ONLY = HardwareProfile(name="overhead-only", peak_flops={"fp16": HUGE}, vector_flops=HUGE,
-                                bandwidth_bytes_per_s=HUGE, capacity_bytes=1e12, kernel_overhead_s=1e-6,
-                                gemm_efficiency=FLAT, draft_stage_s=1e-3, head_overhead_s=1e-5)
+OVERHEAD_ONLY = HardwareProfile(
+    name="overhead-only",
+    peak_flops={"fp16": HUGE},
+    vector_flops=HUGE,
+    bandwidth_bytes_per_s=HUGE,
+    capacity_bytes=1e12,
+    kernel_overhead_s=1e-6,
+    gemm_efficiency=FLAT,
+    draft_stage_s=1e-3,
+    head_overhead_s=1e-5,
+)
 # only FLOPs of matrix work cost time, at 1e9 FLOP/s
-COMPUTE_ONLY = HardwareProfile(name="compute-only", peak_flops={"fp16": 1e9}, vector_flops=HUGE,
-                               eta_compute=1.0, bandwidth_bytes_per_s=HUGE, capacity_bytes=1e12,
-                               kernel_overhead_s=0.0, gemm_efficiency=FLAT)
+COMPUTE_ONLY = HardwareProfile(
+    name="compute-only",
+    peak_flops={"fp16": 1e9},
+    vector_flops=HUGE,
+    eta_compute=1.0,
+    bandwidth_bytes_per_s=HUGE,
+    capacity_bytes=1e12,
+    kernel_overhead_s=0.0,
+    gemm_efficiency=FLAT,
+)
 
 
 def by_name(ops):
@@ -44,33 +60,67 @@ def by_name(ops):
 
 # ---- configs in the authors' layouts --------------------------------------------------------
 
+
 def test_configs_in_the_authors_layouts():
-    hydra = draft_cost_from_config({"hydra_num_heads": 4, "hydra_num_layers": 2, "hydra_head_arch": "prefix-mlp",
-                                    "grounded_heads": True, "hidden_state_offset": 0,
-                                    "base_model_name_or_path": "lmsys/vicuna-7b-v1.3"},
-                                   hidden_size=4096, vocab_size=32000)
-    assert (hydra.drafter, hydra.sequential, hydra.stages, hydra.layers, hydra.hidden_size, hydra.vocab_size,
-            hydra.grounded, hydra.prefix_layer) == ("hydra", True, 4, 2, 4096, 32000, True, True)
+    hydra = draft_cost_from_config(
+        {
+            "hydra_num_heads": 4,
+            "hydra_num_layers": 2,
+            "hydra_head_arch": "prefix-mlp",
+            "grounded_heads": True,
+            "hidden_state_offset": 0,
+            "base_model_name_or_path": "lmsys/vicuna-7b-v1.3",
+        },
+        hidden_size=4096,
+        vocab_size=32000,
+    )
+    assert (
+        hydra.drafter,
+        hydra.sequential,
+        hydra.stages,
+        hydra.layers,
+        hydra.hidden_size,
+        hydra.vocab_size,
+        hydra.grounded,
+        hydra.prefix_layer,
+    ) == ("hydra", True, 4, 2, 4096, 32000, True, True)
     # ibm-fms/llama3-8b-accelerator's config.json
-    spec = draft_cost_from_config({"model_type": "mlp_speculator", "emb_dim": 4096, "inner_dim": 3072,
-                                   "vocab_size": 128256, "n_predict": 4, "top_k_tokens_per_head": [4, 3, 2, 2],
-                                   "n_candidates": 5, "tie_weights": True, "scale_input": True})
+    spec = draft_cost_from_config(
+        {
+            "model_type": "mlp_speculator",
+            "emb_dim": 4096,
+            "inner_dim": 3072,
+            "vocab_size": 128256,
+            "n_predict": 4,
+            "top_k_tokens_per_head": [4, 3, 2, 2],
+            "n_candidates": 5,
+            "tie_weights": True,
+            "scale_input": True,
+        }
+    )
     assert (spec.drafter, spec.sequential, spec.stages, spec.hidden_size, spec.inner_size, spec.vocab_size) == (
-        "mlp-speculator", True, 4, 4096, 3072, 128256)
-    medusa = draft_cost_from_config({"medusa_num_heads": 5, "medusa_num_layers": 1}, hidden_size=4096,
-                                    vocab_size=32000)
+        "mlp-speculator",
+        True,
+        4,
+        4096,
+        3072,
+        128256,
+    )
+    medusa = draft_cost_from_config({"medusa_num_heads": 5, "medusa_num_layers": 1}, hidden_size=4096, vocab_size=32000)
     assert (medusa.sequential, medusa.stages, medusa.layers) == (False, 5, 1)
-    ungrounded = draft_cost_from_config({"hydra_num_heads": 3, "grounded_heads": False}, hidden_size=8,
-                                        vocab_size=16)
+    ungrounded = draft_cost_from_config({"hydra_num_heads": 3, "grounded_heads": False}, hidden_size=8, vocab_size=16)
     assert not ungrounded.sequential and not ungrounded.grounded
 
 
-@pytest.mark.parametrize("config, message", [
-    ({"foo": 1}, "not a drafter config"),
-    ({"hydra_num_heads": 4, "hydra_head_arch": "cross-attn"}, "not supported"),
-    ({"model_type": "mlp_speculator", "emb_dim": 8, "n_predict": 0, "vocab_size": 4}, "n_predict"),
-    ({"medusa_num_heads": 2}, "hidden_size"),
-])
+@pytest.mark.parametrize(
+    "config, message",
+    [
+        ({"foo": 1}, "not a drafter config"),
+        ({"hydra_num_heads": 4, "hydra_head_arch": "cross-attn"}, "not supported"),
+        ({"model_type": "mlp_speculator", "emb_dim": 8, "n_predict": 0, "vocab_size": 4}, "n_predict"),
+        ({"medusa_num_heads": 2}, "hidden_size"),
+    ],
+)
 def test_bad_configs_are_one_line(config, message):
     with pytest.raises(UserError, match=message):
         draft_cost_from_config(config, vocab_size=16)
@@ -87,8 +137,9 @@ def test_params_equal_the_modules_parameter_count():
 
     assert HYDRA.params == count(HydraHeads(4, 10, 2, 1, grounded=True))
     assert DraftCost("hydra", True, 3, 2, 8, 8, 16, grounded=True).params == count(HydraHeads(8, 16, 3, 2))
-    assert DraftCost("hydra", False, 3, 2, 8, 8, 16).params == count(HydraHeads(8, 16, 3, 2, grounded=False)) \
-        - 16 * 8  # an ungrounded set keeps an unused embedding table
+    assert (
+        DraftCost("hydra", False, 3, 2, 8, 8, 16).params == count(HydraHeads(8, 16, 3, 2, grounded=False)) - 16 * 8
+    )  # an ungrounded set keeps an unused embedding table
     assert SPEC.params == count(MLPSpeculator(4, 6, 10, 2))
     assert DraftCost("medusa", False, 3, 2, 8, 8, 16).params == count(MedusaHeads(8, 16, 3, 2))
 
@@ -106,23 +157,27 @@ def test_read_draft_cost_of_a_saved_drafter(tmp_path):
 
 # ---- rows per stage for a tree ----------------------------------------------------------------
 
+
 def test_draft_rows_by_prefix_hand_derived():
     # root -> (0), (1); (0) -> (0,0), (0,1); (1) -> (1,0); (0,0) -> (0,0,0)
     tree = Tree([(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)])
     rows = draft_rows_by_prefix(tree, 3)
-    expect = [[0, 0, 0],   # plain decoding: no drafting
-              [1, 0, 0],   # (0): the root drafts
-              [1, 0, 0],   # (1): still the root alone
-              [1, 1, 0],   # (0,0): (0) drafts at depth 2
-              [1, 1, 0],   # (0,1): (0) again
-              [1, 2, 0],   # (1,0): (1) joins
-              [1, 2, 1]]   # (0,0,0): (0,0) drafts at depth 3
+    expect = [
+        [0, 0, 0],  # plain decoding: no drafting
+        [1, 0, 0],  # (0): the root drafts
+        [1, 0, 0],  # (1): still the root alone
+        [1, 1, 0],  # (0,0): (0) drafts at depth 2
+        [1, 1, 0],  # (0,1): (0) again
+        [1, 2, 0],  # (1,0): (1) joins
+        [1, 2, 1],
+    ]  # (0,0,0): (0,0) drafts at depth 3
     assert rows.tolist() == expect
     # stages run = the tree's depth
     assert ((rows > 0).sum(axis=1) == heads_used_by_prefix(tree)).all()
 
 
 # ---- each stage's FLOPs and bytes ------------------------------------------------------------
+
 
 def test_hydra_stages_hand_derived():
     # b = 2; stage 1 on the root (r = 2 rows), stage 2 on 3 nodes per sequence (r = 6)
@@ -163,8 +218,9 @@ def test_a_stage_that_does_not_run_costs_nothing():
     assert float(idle["draft_stage_2"].bytes) == 0 and float(idle["draft_stage_2"].kernels) == 0
     one_stage = DraftCost("hydra", True, 1, 1, 4, 4, 10, grounded=True)
     for hw in (OVERHEAD_ONLY, COMPUTE_ONLY):
-        assert step_time_s(TINY, DraftWork(HYDRA, np.array([1, 0])), hw, batch=3, tokens=2, context=4) == \
-            pytest.approx(step_time_s(TINY, DraftWork(one_stage, np.array([1])), hw, batch=3, tokens=2, context=4))
+        assert step_time_s(TINY, DraftWork(HYDRA, np.array([1, 0])), hw, batch=3, tokens=2, context=4) == pytest.approx(
+            step_time_s(TINY, DraftWork(one_stage, np.array([1])), hw, batch=3, tokens=2, context=4)
+        )
 
 
 def test_prefix_layer_is_one_decoder_layer_on_one_token():
@@ -178,13 +234,15 @@ def test_prefix_layer_is_one_decoder_layer_on_one_token():
 
 # ---- the per-stage fixed cost and the grid ------------------------------------------------------
 
+
 def test_draft_stage_s_once_per_stage_run():
     work = DraftWork(HYDRA, np.array([1, 2]))
     base = step_time_s(TINY, work, OVERHEAD_ONLY, batch=1, tokens=4, context=3, draft_stages=0)
     assert step_time_s(TINY, work, OVERHEAD_ONLY, batch=1, tokens=4, context=3) == pytest.approx(base + 2e-3)
     one = DraftWork(HYDRA, np.array([1, 0]))
     assert step_time_s(TINY, one, OVERHEAD_ONLY, batch=1, tokens=2, context=3) == pytest.approx(
-        step_time_s(TINY, one, OVERHEAD_ONLY, batch=1, tokens=2, context=3, draft_stages=0) + 1e-3)
+        step_time_s(TINY, one, OVERHEAD_ONLY, batch=1, tokens=2, context=3, draft_stages=0) + 1e-3
+    )
 
 
 def test_grid_charges_each_tree_its_own_stages():
@@ -195,9 +253,11 @@ def test_grid_charges_each_tree_its_own_stages():
     grid = speedup_grid(TINY, DraftWork(cost, rows), COMPUTE_ONLY, tau, [1, 4], [8], tree=tree)
     for row in grid.itertuples():
         n = int(row.nodes)
-        expect = (step_time_s(TINY, None, COMPUTE_ONLY, batch=row.batch, tokens=1, context=8) if n == 0 else
-                  step_time_s(TINY, DraftWork(cost, rows[n]), COMPUTE_ONLY, batch=row.batch, tokens=n + 1,
-                              context=8))
+        expect = (
+            step_time_s(TINY, None, COMPUTE_ONLY, batch=row.batch, tokens=1, context=8)
+            if n == 0
+            else step_time_s(TINY, DraftWork(cost, rows[n]), COMPUTE_ONLY, batch=row.batch, tokens=n + 1, context=8)
+        )
         assert row.step_time_s == pytest.approx(expect)
     with pytest.raises(UserError, match="do not apply"):
         speedup_grid(TINY, DraftWork(cost, rows), COMPUTE_ONLY, tau, [1], [8], heads_in_baseline=True)
@@ -210,7 +270,8 @@ def test_memory_counts_the_drafter_and_its_widest_stage():
     # the drafter its weights join and the base logits (b q V) plus the widest stage's (5 rows x V
     # per sequence) are 2*(50 + 50)*2 = 400 bytes
     assert memory_required_bytes(TINY, work, batch=2, tokens=5, context=4) == pytest.approx(
-        plain - 320 + SPEC.params * 2 + 400)
+        plain - 320 + SPEC.params * 2 + 400
+    )
 
 
 def test_roofline_ops_with_a_drafter_config(tmp_path, capsys):
@@ -218,8 +279,23 @@ def test_roofline_ops_with_a_drafter_config(tmp_path, capsys):
     cfg.parent.mkdir()
     cfg.write_text(json.dumps({"hydra_num_heads": 3, "hydra_num_layers": 1, "hydra_head_arch": "mlp"}))
     with pytest.raises(SystemExit) as exc:
-        main(["roofline", "ops", "--model", "llama-7b", "--hardware", "a100", "--tokens", "6",
-              "--drafter-config", str(cfg), "--draft-rows", "1,2,2", "--json"])
+        main(
+            [
+                "roofline",
+                "ops",
+                "--model",
+                "llama-7b",
+                "--hardware",
+                "a100",
+                "--tokens",
+                "6",
+                "--drafter-config",
+                str(cfg),
+                "--draft-rows",
+                "1,2,2",
+                "--json",
+            ]
+        )
         raise SystemExit(0)
     assert exc.value.code in (0, None)
     rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
@@ -227,8 +303,7 @@ def test_roofline_ops_with_a_drafter_config(tmp_path, capsys):
     h, v = 4096, 32000
     assert rows["draft_stage_2"]["flops"] == 2 * 2 * 2 * 3 * h * h + 6 * 2 * h + 2 * 2 * h * v + 2 * v
     with pytest.raises(SystemExit) as exc:
-        main(["roofline", "ops", "--model", "llama-7b", "--hardware", "a100", "--tokens", "6",
-              "--draft-rows", "1,2"])
+        main(["roofline", "ops", "--model", "llama-7b", "--hardware", "a100", "--tokens", "6", "--draft-rows", "1,2"])
         raise SystemExit(0)
     assert exc.value.code == 2
 
@@ -237,13 +312,35 @@ def test_speedup_and_report_charge_the_drafter_of_the_config(tmp_path, capsys):
     csv = str(Path(__file__).resolve().parents[1] / "treeopt" / "data" / "medusa_train_accuracy.csv")
     cfg = tmp_path / "spec" / "config.json"
     cfg.parent.mkdir()
-    cfg.write_text(json.dumps({"model_type": "mlp_speculator", "emb_dim": 4096, "inner_dim": 4096,
-                               "vocab_size": 32000, "n_predict": 3}))
+    cfg.write_text(
+        json.dumps(
+            {"model_type": "mlp_speculator", "emb_dim": 4096, "inner_dim": 4096, "vocab_size": 32000, "n_predict": 3}
+        )
+    )
     grid_csv = tmp_path / "grid.csv"
     with pytest.raises(SystemExit) as exc:
-        main(["roofline", "speedup", "--model", "vicuna-7b", "--hardware", "a100", "--accuracy", csv,
-              "--drafter-config", str(cfg), "--batch", "1,8", "--context", "512", "--max-nodes", "8",
-              "-o", str(grid_csv)])
+        main(
+            [
+                "roofline",
+                "speedup",
+                "--model",
+                "vicuna-7b",
+                "--hardware",
+                "a100",
+                "--accuracy",
+                csv,
+                "--drafter-config",
+                str(cfg),
+                "--batch",
+                "1,8",
+                "--context",
+                "512",
+                "--max-nodes",
+                "8",
+                "-o",
+                str(grid_csv),
+            ]
+        )
         raise SystemExit(0)
     assert exc.value.code in (0, None)
     assert "mlp-speculator: 3 stages" in capsys.readouterr().out
@@ -255,19 +352,40 @@ def test_speedup_and_report_charge_the_drafter_of_the_config(tmp_path, capsys):
     rows = draft_rows_by_prefix(tree, 3)
     shape, hw = model_shape("vicuna-7b"), load_hardware("a100")
     for row in grid[grid["nodes"] > 0].itertuples():
-        expect = step_time_s(shape, DraftWork(cost, rows[row.nodes]), hw, batch=row.batch, tokens=row.nodes + 1,
-                             context=512)
+        expect = step_time_s(
+            shape, DraftWork(cost, rows[row.nodes]), hw, batch=row.batch, tokens=row.nodes + 1, context=512
+        )
         assert row.step_time_s == pytest.approx(expect, rel=1e-5)
     assert grid["tau"].to_numpy()[:9] == pytest.approx(tau_curve(tree, table.accuracy[:3]), rel=1e-5)
     with pytest.raises(SystemExit) as exc:
-        main(["report", "--model", "vicuna-7b", "--hardware", "a100", "--accuracy", csv, "--drafter-config",
-              str(cfg), "--batch", "1", "--context", "512", "--max-nodes", "8", "-o", str(tmp_path / "report")])
+        main(
+            [
+                "report",
+                "--model",
+                "vicuna-7b",
+                "--hardware",
+                "a100",
+                "--accuracy",
+                csv,
+                "--drafter-config",
+                str(cfg),
+                "--batch",
+                "1",
+                "--context",
+                "512",
+                "--max-nodes",
+                "8",
+                "-o",
+                str(tmp_path / "report"),
+            ]
+        )
         raise SystemExit(0)
     assert exc.value.code in (0, None)
     assert "**Drafter**: mlp-speculator: 3 stages" in (tmp_path / "report" / "index.md").read_text()
     report_grid = pd.read_csv(tmp_path / "report" / "grid.csv")
     assert report_grid["step_time_s"].to_numpy() == pytest.approx(
-        grid[grid["batch"] == 1]["step_time_s"].to_numpy(), rel=1e-5)
+        grid[grid["batch"] == 1]["step_time_s"].to_numpy(), rel=1e-5
+    )
 
 
 def test_step_predictor_charges_a_sequential_drafter_depth_by_depth():
@@ -278,8 +396,9 @@ def test_step_predictor_charges_a_sequential_drafter_depth_by_depth():
     from treeopt.app.models import draft_cost_of_drafter, shape_of
     from treeopt.app.sweep import step_predictor
 
-    hydra = SimpleNamespace(kind="hydra", sequential=True, grounded=True, num_heads=3, num_layers=1,
-                            hidden_size=256, vocab_size=4096)
+    hydra = SimpleNamespace(
+        kind="hydra", sequential=True, grounded=True, num_heads=3, num_layers=1, hidden_size=256, vocab_size=4096
+    )
     lm = SimpleNamespace(name="demo", dtype=torch.float32, heads=hydra)
     hw = load_hardware("a100")
     tree = Tree([(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)])
@@ -290,4 +409,5 @@ def test_step_predictor_charges_a_sequential_drafter_depth_by_depth():
     assert predict(2, 1, 64) == step_time_s(shape, None, hw, batch=2, tokens=1, context=64)
     for n in range(1, 7):
         assert predict(2, n + 1, 64) == pytest.approx(
-            step_time_s(shape, DraftWork(cost, rows[n]), hw, batch=2, tokens=n + 1, context=64))
+            step_time_s(shape, DraftWork(cost, rows[n]), hw, batch=2, tokens=n + 1, context=64)
+        )

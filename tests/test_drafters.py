@@ -58,9 +58,17 @@ def write_hydra(path, num_heads=4, num_layers=2, seed=0):
     sd = hydra_state_dict(num_heads, num_layers, torch.Generator().manual_seed(seed))
     path.mkdir(parents=True, exist_ok=True)
     torch.save(sd, path / "hydra_lm_head.pt")
-    write_json(path / "config.json", {"hydra_num_heads": num_heads, "hydra_num_layers": num_layers,
-                                      "hydra_head_arch": "mlp", "grounded_heads": True,
-                                      "hidden_state_offset": 0, "base_model_name_or_path": "tiny"})
+    write_json(
+        path / "config.json",
+        {
+            "hydra_num_heads": num_heads,
+            "hydra_num_layers": num_layers,
+            "hydra_head_arch": "mlp",
+            "grounded_heads": True,
+            "hidden_state_offset": 0,
+            "base_model_name_or_path": "tiny",
+        },
+    )
     return sd
 
 
@@ -79,11 +87,21 @@ def write_mlp(path, n_predict=4, inner_dim=24, scale_input=True, seed=0):
     sd = mlp_state_dict(n_predict, HIDDEN, inner_dim, torch.Generator().manual_seed(seed), scale_input)
     path.mkdir(parents=True, exist_ok=True)
     save_file(sd, str(path / "model.safetensors"))
-    write_json(path / "config.json", {"architectures": ["MLPSpeculatorPreTrainedModel"],
-                                      "model_type": "mlp_speculator", "emb_dim": HIDDEN, "inner_dim": inner_dim,
-                                      "vocab_size": VOCAB, "n_predict": n_predict,
-                                      "top_k_tokens_per_head": [4, 3, 2, 2][:n_predict], "n_candidates": 5,
-                                      "tie_weights": False, "scale_input": scale_input})
+    write_json(
+        path / "config.json",
+        {
+            "architectures": ["MLPSpeculatorPreTrainedModel"],
+            "model_type": "mlp_speculator",
+            "emb_dim": HIDDEN,
+            "inner_dim": inner_dim,
+            "vocab_size": VOCAB,
+            "n_predict": n_predict,
+            "top_k_tokens_per_head": [4, 3, 2, 2][:n_predict],
+            "n_candidates": 5,
+            "tie_weights": False,
+            "scale_input": scale_input,
+        },
+    )
     return sd
 
 
@@ -106,7 +124,7 @@ def mlp_reference(sd, n_predict, inner_dim, hidden, path_tokens, scale_input):
     """Wertheimer et al. 2024 section 3, with fms-extras' constants."""
     sd = {k.removeprefix("speculator."): v for k, v in sd.items()}
     ws = 0.5 ** (0.5 / n_predict)
-    we = math.sqrt(1 - ws ** 2) * math.sqrt(inner_dim / 2)
+    we = math.sqrt(1 - ws**2) * math.sqrt(inner_dim / 2)
     s = hidden
     if scale_input:
         s = (s - s.mean(-1, keepdim=True)) / torch.sqrt(s.var(-1, unbiased=False, keepdim=True) + 1e-6) / math.sqrt(2)
@@ -146,13 +164,25 @@ def test_mlp_speculator_layout_forward_equals_published_equations(tmp_path):
 
 def test_mlp_speculator_tied_weights_share_stage_zero(tmp_path):
     sd = mlp_state_dict(3, HIDDEN, HIDDEN, torch.Generator().manual_seed(3), False)
-    tied = {k: v for k, v in sd.items() if not any(k.startswith(f"speculator.{n}.{i}.")
-                                                   for n in ("emb", "head", "ln") for i in (1, 2))}
+    tied = {
+        k: v
+        for k, v in sd.items()
+        if not any(k.startswith(f"speculator.{n}.{i}.") for n in ("emb", "head", "ln") for i in (1, 2))
+    }
     tied.pop("speculator.proj.2.weight")
     (tmp_path / "t").mkdir()
     save_file(tied, str(tmp_path / "t" / "model.safetensors"))
-    write_json(tmp_path / "t" / "config.json", {"model_type": "mlp_speculator", "emb_dim": HIDDEN, "inner_dim": 0,
-                                                "vocab_size": VOCAB, "n_predict": 3, "tie_weights": True})
+    write_json(
+        tmp_path / "t" / "config.json",
+        {
+            "model_type": "mlp_speculator",
+            "emb_dim": HIDDEN,
+            "inner_dim": 0,
+            "vocab_size": VOCAB,
+            "n_predict": 3,
+            "tie_weights": True,
+        },
+    )
     spec = load_drafter(tmp_path / "t")
     untied = {k: v for k, v in tied.items()}
     for i in (1, 2):
@@ -190,8 +220,9 @@ def test_bad_drafter_configs_are_one_line_errors(tmp_path):
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    path = tiny_model_for_tests(tmp_path_factory.mktemp("tiny"), vocab=VOCAB, hidden=HIDDEN, layers=2,
-                                heads=4, kv_heads=2, num_medusa_heads=3)
+    path = tiny_model_for_tests(
+        tmp_path_factory.mktemp("tiny"), vocab=VOCAB, hidden=HIDDEN, layers=2, heads=4, kv_heads=2, num_medusa_heads=3
+    )
     write_hydra(path / "hydra", num_heads=4, num_layers=2)
     write_mlp(path / "mlp_speculator", n_predict=4, inner_dim=24)
     torch.set_num_threads(1)
@@ -243,8 +274,8 @@ def prompts(lengths, seed):
     ids = torch.zeros((len(lengths), width), dtype=torch.long)
     mask = torch.zeros_like(ids)
     for i, n in enumerate(lengths):
-        ids[i, width - n:] = torch.randint(3, VOCAB, (n,), generator=g)
-        mask[i, width - n:] = 1
+        ids[i, width - n :] = torch.randint(3, VOCAB, (n,), generator=g)
+        mask[i, width - n :] = 1
     return ids, mask
 
 
@@ -282,7 +313,7 @@ def test_depth_by_depth_drafting_equals_per_node_brute_force(tiny):
             for p, i in index.items():  # brute force: each node from its own path
                 path = torch.tensor([[root[b].item()] + [tokens[b, index[p[:j]]].item() for j in range(1, len(p))]])
                 with torch.no_grad():
-                    logits = lm.heads.teacher_forced_logits(hidden[b:b + 1], path)[0, len(p) - 1]
+                    logits = lm.heads.teacher_forced_logits(hidden[b : b + 1], path)[0, len(p) - 1]
                 assert tokens[b, i].item() == logits.topk(p[-1] + 1).indices[-1].item()
 
 
@@ -297,12 +328,12 @@ def test_calibration_ranks_equal_slow_per_position_reference(tiny):
         for r in range(len(seq)):  # the slow reference: one position, one depth at a time
             x = seqs[seq[r]]
             with torch.no_grad():
-                h = lm.model.model(input_ids=torch.tensor([x[:t[r] + 1]])).last_hidden_state[0, -1:]
+                h = lm.model.model(input_ids=torch.tensor([x[: t[r] + 1]])).last_hidden_state[0, -1:]
             for k in range(lm.heads.num_heads):
                 if not has[r, k]:
                     assert ranks[r, k] == -1
                     continue
-                path = torch.tensor([x[t[r] + 1:t[r] + k + 2]])
+                path = torch.tensor([x[t[r] + 1 : t[r] + k + 2]])
                 with torch.no_grad():
                     logits = lm.heads.teacher_forced_logits(h, path)[0, k]
                 label = x[t[r] + k + 2]
@@ -311,16 +342,69 @@ def test_calibration_ranks_equal_slow_per_position_reference(tiny):
 
 
 def test_cli_decode_and_calibrate_take_the_drafter(tiny, tmp_path, capsys):
-    main(["decode", "--model", str(tiny), "--drafter", "hydra", "--tree", "[[0], [0, 0], [1]]",
-          "--prompt", "def f(x):", "--max-new-tokens", "8", "--topk", "4", "--device", "cpu", "--compare"])
+    main(
+        [
+            "decode",
+            "--model",
+            str(tiny),
+            "--drafter",
+            "hydra",
+            "--tree",
+            "[[0], [0, 0], [1]]",
+            "--prompt",
+            "def f(x):",
+            "--max-new-tokens",
+            "8",
+            "--topk",
+            "4",
+            "--device",
+            "cpu",
+            "--compare",
+        ]
+    )
     out = capsys.readouterr().out
     assert "identical to plain greedy: yes" in out
-    main(["calibrate", "--model", str(tiny), "--drafter", "mlp-speculator", "--data", "demo", "--max-prompts", "3",
-          "--steps", "8", "--topk", "4", "--device", "cpu", "-q", "-o", str(tmp_path / "acc.json")])
+    main(
+        [
+            "calibrate",
+            "--model",
+            str(tiny),
+            "--drafter",
+            "mlp-speculator",
+            "--data",
+            "demo",
+            "--max-prompts",
+            "3",
+            "--steps",
+            "8",
+            "--topk",
+            "4",
+            "--device",
+            "cpu",
+            "-q",
+            "-o",
+            str(tmp_path / "acc.json"),
+        ]
+    )
     table = load_accuracy(tmp_path / "acc.json")
     assert table.num_heads == 4  # one row per MLP speculator stage
     with pytest.raises(SystemExit) as exc:
-        main(["decode", "--model", str(tiny), "--drafter", "hydra", "--heads", str(tiny / "mlp_speculator"),
-              "--tree", "[[0]]", "--prompt", "x", "--device", "cpu"])
+        main(
+            [
+                "decode",
+                "--model",
+                str(tiny),
+                "--drafter",
+                "hydra",
+                "--heads",
+                str(tiny / "mlp_speculator"),
+                "--tree",
+                "[[0]]",
+                "--prompt",
+                "x",
+                "--device",
+                "cpu",
+            ]
+        )
     assert exc.value.code == 2
     assert "holds a mlp-speculator drafter, not hydra" in capsys.readouterr().err

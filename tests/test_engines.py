@@ -62,8 +62,7 @@ def is_grounded(paths):
 def trtllm_ok(paths, heads):
     """C++ runtime: ranks <= 15, depth <= 16 and <= heads; Python runtime: depth-1 ranks 0..k-1."""
     first = sorted(p[0] for p in paths if len(p) == 1)
-    return (all(max(p) <= 15 and len(p) <= min(16, heads) for p in paths)
-            and first == list(range(len(first))))
+    return all(max(p) <= 15 and len(p) <= min(16, heads) for p in paths) and first == list(range(len(first)))
 
 
 def sglang_draft(acc, steps, topk, tokens):
@@ -76,7 +75,7 @@ def sglang_draft(acc, steps, topk, tokens):
         cands += level
         beams = sorted(level, key=lambda ps: -ps[1])[:topk]
     order = sorted(range(len(cands)), key=lambda i: (-cands[i][1], len(cands[i][0]), i))
-    return {cands[i][0] for i in order[:tokens - 1]}
+    return {cands[i][0] for i in order[: tokens - 1]}
 
 
 def all_trees(depth, width, n):
@@ -113,8 +112,7 @@ def random_acc(seed, heads, width):
 
 def table_of(acc):
     positions = np.full(acc.shape[0], 1000.0)
-    return AccuracyTable(hits=acc * positions[:, None], positions=positions, joint=None,
-                         provenance={"source": "test"})
+    return AccuracyTable(hits=acc * positions[:, None], positions=positions, joint=None, provenance={"source": "test"})
 
 
 # --- exact search within each family ------------------------------------------------------------
@@ -150,8 +148,12 @@ def test_vllm_best_uniform_tree_matches_brute_force(seed, n):
 @pytest.mark.parametrize("n", [2, 4, 6])
 def test_sglang_best_triple_matches_brute_force(seed, n):
     acc = random_acc(seed, 3, 3)
-    drafts = [sglang_draft(acc, s, k, n + 1) for s in range(1, 4) for k in range(1, 4)
-              if n <= k + (s - 1) * k * k and (k > 1 or n == s)]
+    drafts = [
+        sglang_draft(acc, s, k, n + 1)
+        for s in range(1, 4)
+        for k in range(1, 4)
+        if n <= k + (s - 1) * k * k and (k > 1 or n == s)
+    ]
     built = build_for_engine(table_of(acc), n, "optimal", get_engine("sglang"))
     assert tau(built.paths, acc) == pytest.approx(max(tau(d, acc) for d in drafts))
     assert set(built.paths) in drafts
@@ -211,8 +213,12 @@ def test_proposal_sequences_stay_in_the_family_at_every_size():
 def test_check_agrees_with_the_independent_rules_on_every_small_tree():
     acc = random_acc(3, 3, 3)
     for n in (1, 2, 3, 4, 5):
-        drafts = [sglang_draft(acc, s, k, n + 1) for s in range(1, 4) for k in range(1, 4)
-                  if n <= k + (s - 1) * k * k and (k > 1 or n == s)]
+        drafts = [
+            sglang_draft(acc, s, k, n + 1)
+            for s in range(1, 4)
+            for k in range(1, 4)
+            if n <= k + (s - 1) * k * k and (k > 1 or n == s)
+        ]
         for paths in all_trees(3, 3, n):
             tree = Tree(paths)
             assert check(tree, get_engine("sglang"), accuracy=acc).as_written == (set(paths) in drafts)
@@ -227,8 +233,9 @@ def test_vllm_drafts_the_reference_tree_as_30_drafts():
     # 10 + 20 then nothing below the level whose count is 0.
     drafted = check(load_tree("mc_sim_7b_63"), get_engine("vllm"))
     assert not drafted.as_written
-    assert drafted.drafted.size == 30 and set(drafted.drafted.paths) == {
-        (i,) for i in range(10)} | {(i, j) for i in range(10) for j in range(2)}
+    assert drafted.drafted.size == 30 and set(drafted.drafted.paths) == {(i,) for i in range(10)} | {
+        (i, j) for i in range(10) for j in range(2)
+    }
 
 
 def test_trtllm_python_runtime_adds_missing_depth_one_ranks():
@@ -371,8 +378,20 @@ def cli(capsys, *argv):
 
 
 def test_cli_build_for_vllm_ends_with_a_config_that_vllm_drafts_as_written(capsys):
-    out = cli(capsys, "build", "--accuracy", DEMO, "--nodes", 12, "--method", "optimal", "--engine", "vllm",
-              "--format", "engine").out
+    out = cli(
+        capsys,
+        "build",
+        "--accuracy",
+        DEMO,
+        "--nodes",
+        12,
+        "--method",
+        "optimal",
+        "--engine",
+        "vllm",
+        "--format",
+        "engine",
+    ).out
     config, choices, drafted = vllm_parse(out.strip())
     assert config["num_speculative_tokens"] == 12 and drafted == {tuple(c) for c in choices}
 
@@ -384,8 +403,9 @@ def test_cli_check_reports_what_vllm_drafts_of_the_reference_tree(capsys):
 
 
 def test_cli_compare_marks_trees_the_engine_does_not_draft(capsys):
-    out = cli(capsys, "compare", "--accuracy", DEMO, "--nodes", 16, "--engine", "vllm", "mc_sim_7b_63",
-              "optimal", "--json").out
+    out = cli(
+        capsys, "compare", "--accuracy", DEMO, "--nodes", 16, "--engine", "vllm", "mc_sim_7b_63", "optimal", "--json"
+    ).out
     rows = {r["tree"]: r for r in json.loads(out)["trees"]}
     assert rows["mc_sim_7b_63"]["as_written"] == "no" and rows["optimal"]["as_written"] == "yes"
     assert rows["mc_sim_7b_63"]["tau_drafted"] < rows["mc_sim_7b_63"]["tau"]

@@ -38,8 +38,12 @@ def write_published(path, state, num_heads, num_layers=1, fmt="pt", **config):
     config.json with medusa_num_heads / medusa_num_layers / base_model_name_or_path and the
     state dict in medusa_lm_head.pt (torch.save of a dict of tensors)."""
     path.mkdir(parents=True, exist_ok=True)
-    cfg = {"medusa_num_heads": num_heads, "medusa_num_layers": num_layers,
-           "base_model_name_or_path": "lmsys/vicuna-7b-v1.3", **config}
+    cfg = {
+        "medusa_num_heads": num_heads,
+        "medusa_num_layers": num_layers,
+        "base_model_name_or_path": "lmsys/vicuna-7b-v1.3",
+        **config,
+    }
     (path / "config.json").write_text(json.dumps(cfg))
     if fmt == "pt":
         torch.save(state, path / "medusa_lm_head.pt")
@@ -52,7 +56,8 @@ def test_state_dict_keys_are_medusas():
     heads = MedusaHeads(H, V, num_heads=2, num_layers=2)
     assert sorted(heads.state_dict()) == sorted(
         [f"{k}.{j}.linear.{w}" for k in range(2) for j in range(2) for w in ("weight", "bias")]
-        + ["0.2.weight", "1.2.weight"])
+        + ["0.2.weight", "1.2.weight"]
+    )
     assert heads.state_dict()["0.2.weight"].shape == (V, H)
 
 
@@ -103,8 +108,9 @@ def test_load_published_pt_format(tmp_path):
     """Medusa's own layout: medusa_lm_head.pt holding a state dict (fp16, as published)."""
     heads = random_heads(num_heads=2, num_layers=1)
     state = {k: v.half() for k, v in heads.state_dict().items()}
-    path = write_published(tmp_path / "medusa-vicuna", state, num_heads=2,
-                           transformers_version="4.34.0")  # extra config keys are ignored
+    path = write_published(
+        tmp_path / "medusa-vicuna", state, num_heads=2, transformers_version="4.34.0"
+    )  # extra config keys are ignored
     loaded = MedusaHeads.from_pretrained(path, dtype=torch.float32)
     assert (loaded.num_heads, loaded.hidden_size, loaded.vocab_size) == (2, H, V)
     assert loaded.base_model_name_or_path == "lmsys/vicuna-7b-v1.3"
@@ -139,8 +145,7 @@ def test_missing_and_misshapen_weights(tmp_path):
     with pytest.raises(UserError, match=r"weights lack key '2\.0\.linear\.weight'"):
         MedusaHeads.from_pretrained(tmp_path / "more_heads")
 
-    write_published(tmp_path / "noproj", {k: v for k, v in state.items() if k != "0.1.weight"},
-                    num_heads=2)
+    write_published(tmp_path / "noproj", {k: v for k, v in state.items() if k != "0.1.weight"}, num_heads=2)
     with pytest.raises(UserError, match=r"lack key '0\.1\.weight' \(head 0's projection\)"):
         MedusaHeads.from_pretrained(tmp_path / "noproj")
 
@@ -209,8 +214,19 @@ def test_heads_that_do_not_fit_the_model(tmp_path, capsys):
         load_model(str(model_dir), str(tmp_path / "v100"), device="cpu")
     # through the CLI: one line, exit status 2, no traceback
     with pytest.raises(SystemExit) as exc:
-        main(["calibrate", "--model", str(model_dir), "--heads", str(tmp_path / "v100"), "--data", "demo",
-              "-o", str(tmp_path / "a.json")])
+        main(
+            [
+                "calibrate",
+                "--model",
+                str(model_dir),
+                "--heads",
+                str(tmp_path / "v100"),
+                "--data",
+                "demo",
+                "-o",
+                str(tmp_path / "a.json"),
+            ]
+        )
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("treeopt: error: --heads:") and err.count("\n") == 1
@@ -230,8 +246,12 @@ def test_bad_model_arguments(tmp_path):
     assert resolve_dtype("auto", torch.device("cpu")) == torch.float32
     assert resolve_dtype("bf16", torch.device("cpu")) == torch.bfloat16
     # the spellings of treeopt.dtypes: torch's names, any case, a torch. prefix
-    for spelling, dtype in [("float32", torch.float32), ("FP16", torch.float16),
-                            ("half", torch.float16), ("torch.bfloat16", torch.bfloat16)]:
+    for spelling, dtype in [
+        ("float32", torch.float32),
+        ("FP16", torch.float16),
+        ("half", torch.float16),
+        ("torch.bfloat16", torch.bfloat16),
+    ]:
         assert resolve_dtype(spelling, torch.device("cpu")) == dtype
     if not torch.cuda.is_available():
         with pytest.raises(UserError, match="CUDA is not available"):

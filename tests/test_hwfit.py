@@ -45,8 +45,18 @@ from treeopt.hwmeasurements import (
 )
 
 # fp32, 2 layers, hidden 64, intermediate 128, 8 heads of 16 over 2 KV heads, vocab 256
-SHAPE = ModelShape("tiny", layers=2, hidden=64, intermediate=128, heads=8, kv_heads=2, head_dim=16, vocab=256,
-                   dtype="fp32", dtype_bytes=4)
+SHAPE = ModelShape(
+    "tiny",
+    layers=2,
+    hidden=64,
+    intermediate=128,
+    heads=8,
+    kv_heads=2,
+    head_dim=16,
+    vocab=256,
+    dtype="fp32",
+    dtype_bytes=4,
+)
 BETA = 4
 PEAK = 1e11
 BANDWIDTH = 1e10
@@ -58,6 +68,7 @@ def close(a, b, rel=1e-9):
 
 
 # ---- line fits --------------------------------------------------------------------------------
+
 
 def test_kernel_overhead_and_plain_elementwise_rate_recovered():
     elements = [1 << 10, 1 << 13, 1 << 16, 1 << 19, 1 << 21]
@@ -107,8 +118,7 @@ def _gemm_busy_s(r):
 
 def test_gemm_whole_pass_recovers_efficiency_curve_and_eta_memory():
     samples = tuple(GemmSample(r, 3 * KERNEL_S + _gemm_busy_s(r)) for r in GEMM_ROWS)
-    fit = fit_gemm(samples, (WEIGHT,), kernel_s=KERNEL_S, dtype_bytes=BETA, peak=PEAK,
-                   bandwidth_bytes_per_s=BANDWIDTH)
+    fit = fit_gemm(samples, (WEIGHT,), kernel_s=KERNEL_S, dtype_bytes=BETA, peak=PEAK, bandwidth_bytes_per_s=BANDWIDTH)
     assert fit.mode == "whole model pass" and fit.note is None
     assert close(fit.eta_memory, ETA_MEMORY) and close(fit.bandwidth_bytes_per_s, BANDWIDTH)
     assert close(fit.peak_flops, PEAK)
@@ -126,8 +136,9 @@ def test_gemm_per_shape_with_column_slices_and_disturbed_stream():
         per_call = KERNEL_S + _gemm_busy_s(r) / 3 * cols / 256
         samples.append(GemmSample(r, 3 * per_call, WEIGHT, cols, 3))
     slow_stream = 0.5 * BANDWIDTH  # slower than the single-row GEMMs' 0.8 x BANDWIDTH
-    fit = fit_gemm(tuple(samples), (WEIGHT,), kernel_s=KERNEL_S, dtype_bytes=BETA, peak=PEAK,
-                   bandwidth_bytes_per_s=slow_stream)
+    fit = fit_gemm(
+        tuple(samples), (WEIGHT,), kernel_s=KERNEL_S, dtype_bytes=BETA, peak=PEAK, bandwidth_bytes_per_s=slow_stream
+    )
     assert fit.mode == "per weight shape" and "bandwidth set to the latter" in fit.note
     assert close(fit.bandwidth_bytes_per_s, ETA_MEMORY * BANDWIDTH) and close(fit.eta_memory, 1.0)
     np.testing.assert_allclose(fit.efficiency.curve.values, [0.3, 0.3, 0.3, 0.5, 0.9, 1.0], rtol=1e-9)
@@ -183,14 +194,33 @@ def test_kv_update_rate_recovered():
 
 # ---- framework overhead, heads, validation -----------------------------------------------------
 
-OPS_ONLY = HardwareProfile(name="synthetic", peak_flops={"fp32": PEAK}, bandwidth_bytes_per_s=BANDWIDTH,
-                           capacity_bytes=64e9, eta_compute=1.0, eta_memory=ETA_MEMORY, kernel_overhead_s=KERNEL_S,
-                           kv_cache_update="concat")
+OPS_ONLY = HardwareProfile(
+    name="synthetic",
+    peak_flops={"fp32": PEAK},
+    bandwidth_bytes_per_s=BANDWIDTH,
+    capacity_bytes=64e9,
+    eta_compute=1.0,
+    eta_memory=ETA_MEMORY,
+    kernel_overhead_s=KERNEL_S,
+    kv_cache_update="concat",
+)
 # forward, per layer, per layer and token row, per layer and cached token in a tree step (the
 # attention-mask path) and in plain decoding
 TERMS = {"forward_s": 5e-4, "layer_s": 2e-4, "token_s": 3e-6, "context_s": 4e-7, "plain_context_s": 1.5e-7}
-FW_CONFIGS = [(1, 1, 1, 64), (2, 1, 1, 64), (4, 1, 1, 64), (4, 8, 1, 64), (4, 8, 1, 512), (4, 1, 1, 512),
-              (4, 2, 8, 256), (4, 1, 32, 64), (4, 4, 16, 128), (4, 4, 64, 128), (4, 4, 16, 512), (4, 8, 4, 512)]
+FW_CONFIGS = [
+    (1, 1, 1, 64),
+    (2, 1, 1, 64),
+    (4, 1, 1, 64),
+    (4, 8, 1, 64),
+    (4, 8, 1, 512),
+    (4, 1, 1, 512),
+    (4, 2, 8, 256),
+    (4, 1, 32, 64),
+    (4, 4, 16, 128),
+    (4, 4, 64, 128),
+    (4, 4, 16, 512),
+    (4, 8, 4, 512),
+]
 PROBE = SHAPE.with_layers(4)
 
 
@@ -200,9 +230,17 @@ def _overhead_s(L, b, q, s):
 
 
 def _forwards(hw, probe=PROBE):
-    return tuple(ForwardSample(L, b, q, s, step_time_s(probe.with_layers(L), None, hw, batch=b, tokens=q, context=s,
-                                                       on_oom="ignore") + _overhead_s(L, b, q, s))
-                 for L, b, q, s in FW_CONFIGS)
+    return tuple(
+        ForwardSample(
+            L,
+            b,
+            q,
+            s,
+            step_time_s(probe.with_layers(L), None, hw, batch=b, tokens=q, context=s, on_oom="ignore")
+            + _overhead_s(L, b, q, s),
+        )
+        for L, b, q, s in FW_CONFIGS
+    )
 
 
 def test_framework_overhead_terms_recovered_by_nnls():
@@ -216,16 +254,22 @@ def test_head_overhead_recovered():
 
     def ops_s(K):
         heads = DraftHeadsShape(K, 1, PROBE.hidden, PROBE.vocab)
-        return next(float(t.total_s) for t in op_timings(PROBE, heads, OPS_ONLY, batch=1, tokens=1, context=0)
-                    if t.op.name == "draft_heads")
-    fit = fit_head_overhead((HeadsSample(4, ops_s(4) + 4 * per_head), HeadsSample(1, ops_s(1) + per_head)),
-                            PROBE, OPS_ONLY)
+        return next(
+            float(t.total_s)
+            for t in op_timings(PROBE, heads, OPS_ONLY, batch=1, tokens=1, context=0)
+            if t.op.name == "draft_heads"
+        )
+
+    fit = fit_head_overhead(
+        (HeadsSample(4, ops_s(4) + 4 * per_head), HeadsSample(1, ops_s(1) + per_head)), PROBE, OPS_ONLY
+    )
     assert close(fit.per_head_s, per_head) and fit.heads == (1.0, 4.0)
 
 
 def test_validation_errors_of_time_and_ratio():
     def pred(b, q, s):
         return step_time_s(SHAPE, None, OPS_ONLY, batch=b, tokens=q, context=s)
+
     # measured twice the prediction at q = 1, four times at q = 32
     samples = (ForwardSample(2, 1, 1, 128, 2 * pred(1, 1, 128)), ForwardSample(2, 1, 32, 128, 4 * pred(1, 32, 128)))
     plain, tree = validation_errors(samples, SHAPE, OPS_ONLY)
@@ -236,6 +280,7 @@ def test_validation_errors_of_time_and_ratio():
 def test_busy_machine_note():
     def facts(threads, load, kind="cpu"):
         return DeviceFacts("cpu", kind, 8e9, threads, 2, "2", "transformers", (load, load, load), None)
+
     assert busy_machine_note(facts(1, 0.4)) is None  # 0.4 <= 2 - 1 + 0.5
     assert busy_machine_note(facts(1, 2.0, kind="cuda")) is None
     assert "recalibrate on a quiet machine if it matters" in busy_machine_note(facts(1, 2.0))
@@ -244,32 +289,63 @@ def test_busy_machine_note():
 
 # ---- the whole fit -------------------------------------------------------------------------------
 
+
 def test_fit_hardware_profile_assembles_every_term():
     elementwise = tuple(ElementwiseSample(n, KERNEL_S + 3 * n * BETA / 8e9) for n in (1024, 8192, 65536, 1 << 19))
     rows = np.array([1, 64, 512])
-    mix = tuple(LayerElementwiseSample(int(r), 1e-5 + b / 5e9) for r, b in zip(rows, layer_elementwise_bytes(SHAPE, rows)))
+    mix = tuple(
+        LayerElementwiseSample(int(r), 1e-5 + b / 5e9) for r, b in zip(rows, layer_elementwise_bytes(SHAPE, rows))
+    )
     kv = tuple(KvUpdateSample(4, 256, 1e-6 + 2 * BETA * (2 * 4 * q * 32) / 2e10, new_tokens=q) for q in (1, 64))
     attention = tuple(AttentionSample(1, q, 256, _attention_s(1, q)) for q in ATT_EFF)
     attention += (AttentionSample(8, 1, 256, 8 * _attention_s(1, 1) + 64 * 3e-7),)
     expected = HardwareProfile(
-        name="synthetic", peak_flops={"fp32": PEAK}, bandwidth_bytes_per_s=BANDWIDTH, capacity_bytes=64e9,
-        eta_compute=1.0, eta_memory=ETA_MEMORY, kernel_overhead_s=KERNEL_S,
+        name="synthetic",
+        peak_flops={"fp32": PEAK},
+        bandwidth_bytes_per_s=BANDWIDTH,
+        capacity_bytes=64e9,
+        eta_compute=1.0,
+        eta_memory=ETA_MEMORY,
+        kernel_overhead_s=KERNEL_S,
         gemm_efficiency=EfficiencyCurve(GEMM_ROWS, (0.3, 0.3, 0.3, 0.5, 0.9, 1.0)),
-        attention_efficiency=EfficiencyCurve((4.0, 16.0, 64.0, 256.0), tuple(ATT_EFF.values())), vector_flops=PEAK,
-        elementwise_bytes_per_s=5e9, kv_cache_update="append", kv_update_bytes_per_s=2e10,
-        attention_block_overhead_s=3e-7)
+        attention_efficiency=EfficiencyCurve((4.0, 16.0, 64.0, 256.0), tuple(ATT_EFF.values())),
+        vector_flops=PEAK,
+        elementwise_bytes_per_s=5e9,
+        kv_cache_update="append",
+        kv_update_bytes_per_s=2e10,
+        attention_block_overhead_s=3e-7,
+    )
     facts = DeviceFacts("test cpu", "cpu", 64e9, 1, 2, "2", "transformers", (0.1, 0.1, 0.1), (0.2, 0.2, 0.2))
     m = HardwareMeasurements(
-        device=facts, dtype="fp32", quick=True, rounds=5, date_utc="2026-01-01T00:00:00Z", elapsed_s=1.23,
-        elementwise=elementwise, layer_elementwise=mix, stream=StreamSample(1 << 24, (1 << 24) / BANDWIDTH),
-        square_gemms=(SquareGemmSample("fp32", 1024, 2.0 * 1024 ** 3 / PEAK),), gemm_weights=(WEIGHT,),
-        gemms=tuple(GemmSample(r, 3 * KERNEL_S + _gemm_busy_s(r)) for r in GEMM_ROWS), attention=attention,
-        kv_update=kv, forwards=_forwards(expected), heads=(),
-        validation=(ForwardSample(2, 1, 1, 128, 1e-3),))
+        device=facts,
+        dtype="fp32",
+        quick=True,
+        rounds=5,
+        date_utc="2026-01-01T00:00:00Z",
+        elapsed_s=1.23,
+        elementwise=elementwise,
+        layer_elementwise=mix,
+        stream=StreamSample(1 << 24, (1 << 24) / BANDWIDTH),
+        square_gemms=(SquareGemmSample("fp32", 1024, 2.0 * 1024**3 / PEAK),),
+        gemm_weights=(WEIGHT,),
+        gemms=tuple(GemmSample(r, 3 * KERNEL_S + _gemm_busy_s(r)) for r in GEMM_ROWS),
+        attention=attention,
+        kv_update=kv,
+        forwards=_forwards(expected),
+        heads=(),
+        validation=(ForwardSample(2, 1, 1, 128, 1e-3),),
+    )
     prof = fit_hardware_profile(m, SHAPE, PROBE, notes=("a note",))
     assert prof.name == "cpu-calibrated" and prof.description == "calibrated on test cpu"
-    for key in ("bandwidth_bytes_per_s", "eta_memory", "kernel_overhead_s", "elementwise_bytes_per_s",
-                "kv_update_bytes_per_s", "attention_block_overhead_s", "vector_flops"):
+    for key in (
+        "bandwidth_bytes_per_s",
+        "eta_memory",
+        "kernel_overhead_s",
+        "elementwise_bytes_per_s",
+        "kv_update_bytes_per_s",
+        "attention_block_overhead_s",
+        "vector_flops",
+    ):
         assert close(getattr(prof, key), getattr(expected, key), 1e-6), key
     assert close(prof.peak("fp32"), PEAK)
     np.testing.assert_allclose(prof.gemm_efficiency.values, expected.gemm_efficiency.values, rtol=1e-9)
@@ -285,10 +361,21 @@ def test_fit_hardware_profile_assembles_every_term():
 
 # ---- the application layer -----------------------------------------------------------------------
 
+
 def test_framework_probe_is_the_model_or_a_small_proxy():
     assert framework_probe(SHAPE) is SHAPE
-    big = ModelShape("big", layers=32, hidden=4096, intermediate=11008, heads=32, kv_heads=8, head_dim=128,
-                     vocab=32000, dtype="bf16", dtype_bytes=2)
+    big = ModelShape(
+        "big",
+        layers=32,
+        hidden=4096,
+        intermediate=11008,
+        heads=32,
+        kv_heads=8,
+        head_dim=128,
+        vocab=32000,
+        dtype="bf16",
+        dtype_bytes=2,
+    )
     proxy = framework_probe(big)
     assert (proxy.name, proxy.layers, proxy.hidden, proxy.intermediate) == ("big-proxy", 32, 128, 256)
     assert (proxy.heads, proxy.kv_heads, proxy.head_dim, proxy.vocab) == (8, 2, 64, 512)  # 4 query heads per KV head
@@ -311,13 +398,20 @@ def test_calibrate_hardware_quick_on_cpu():
     assert cal["threads"] == 1 and cal["quick"] and cal["dtype"] == "fp32" and cal["validation"] == []
     # quick: one token over 64 cached ones at 1 and 2 layers, then 3 configurations of 2 layers
     assert cal["framework_fit"]["configs (layers, batch, tokens, context)"] == [
-        [1, 1, 1, 64], [2, 1, 1, 64], [2, 8, 1, 512], [2, 1, 32, 64], [2, 4, 16, 512]]
+        [1, 1, 1, 64],
+        [2, 1, 1, 64],
+        [2, 8, 1, 512],
+        [2, 1, 32, 64],
+        [2, 4, 16, 512],
+    ]
     assert prof.gemm_efficiency.rows == (1.0, 4.0, 16.0, 64.0, 256.0, 1024.0)
     assert prof.attention_efficiency.rows == (4.0, 64.0, 256.0)  # q = 1, 16, 64 x 4 query heads per KV head
     assert prof.kernel_overhead_s > 0 and prof.kv_update_bytes_per_s > 0
 
 
 def test_fit_side_imports_no_torch_and_no_calibration():
-    code = ("import sys, roofline.hwfit, treeopt.hwmeasurements, treeopt.timing; "
-            "bad = [m for m in ('torch', 'calibration') if m in sys.modules]; assert not bad, bad")
+    code = (
+        "import sys, roofline.hwfit, treeopt.hwmeasurements, treeopt.timing; "
+        "bad = [m for m in ('torch', 'calibration') if m in sys.modules]; assert not bad, bad"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -24,14 +24,20 @@ def table(cells: dict, plain_step_s: dict) -> pd.DataFrame:
     rows = []
     for (b, s), speeds in cells.items():
         for n, sp in speeds.items():
-            rows.append({"batch": b, "context": s, "nodes": n, "speedup": sp,
-                         "step_time_s": plain_step_s[(b, s)] / sp * (1 + 0.5 * n) if n else plain_step_s[(b, s)]})
+            rows.append(
+                {
+                    "batch": b,
+                    "context": s,
+                    "nodes": n,
+                    "speedup": sp,
+                    "step_time_s": plain_step_s[(b, s)] / sp * (1 + 0.5 * n) if n else plain_step_s[(b, s)],
+                }
+            )
     return pd.DataFrame(rows)
 
 
 # batch 1: T(0) = 10 ms -> 100 tokens/s plain; batch 4: T(0) = 10 ms -> 400 tokens/s plain
-HAND = table({(1, 128): {0: 1.0, 1: 1.5, 2: 2.0}, (4, 128): {0: 1.0, 1: 1.2, 2: 0.5}},
-             {(1, 128): 0.01, (4, 128): 0.01})
+HAND = table({(1, 128): {0: 1.0, 1: 1.5, 2: 2.0}, (4, 128): {0: 1.0, 1: 1.2, 2: 0.5}}, {(1, 128): 0.01, (4, 128): 0.01})
 
 
 def test_throughput_not_mean_speedup_decides():
@@ -66,8 +72,9 @@ def test_no_tree_pays():
 
 
 def test_a_size_out_of_memory_in_a_speculating_cell_is_never_chosen():
-    oom = table({(1, 128): {0: 1.0, 1: 1.1, 2: 3.0}, (2, 128): {0: 1.0, 1: 1.1, 2: np.nan}},
-                {(1, 128): 0.01, (2, 128): 0.01})
+    oom = table(
+        {(1, 128): {0: 1.0, 1: 1.1, 2: 3.0}, (2, 128): {0: 1.0, 1: 1.1, 2: np.nan}}, {(1, 128): 0.01, (2, 128): 0.01}
+    )
     # size 2 only where it fits (batch 1): 0.5*100*3 + 0.5*200 = 250 > size 1 everywhere: 55 + 110 = 165
     choice = choose_mix_tree(oom, parse_mix("1:1,2:1"))
     assert (choice.nodes, choice.speculate_up_to_batch) == (2, 1)
@@ -112,8 +119,9 @@ def test_never_worse_than_any_per_cell_tree_brute_force():
         cutoffs = [0] + sorted(set(bs))
         brute = max(_brute_expected(speed, plain_tps, w, bs, sizes, n, cut) for n in sizes for cut in cutoffs)
         assert choice.expected_tokens_per_s == pytest.approx(brute, rel=1e-9), trial
-        assert _brute_expected(speed, plain_tps, w, bs, sizes, choice.nodes,
-                               choice.speculate_up_to_batch) == pytest.approx(brute, rel=1e-9)
+        assert _brute_expected(
+            speed, plain_tps, w, bs, sizes, choice.nodes, choice.speculate_up_to_batch
+        ) == pytest.approx(brute, rel=1e-9)
         for cell in choice.cells:  # every cell's own best tree, used for the whole mix
             for cut in cutoffs:
                 other = _brute_expected(speed, plain_tps, w, bs, sizes, cell.best_nodes, cut)
@@ -140,13 +148,16 @@ def test_entry_without_context_takes_the_tables_one_context():
         choose_mix_tree(two, parse_mix("1:1"))
 
 
-@pytest.mark.parametrize("spec, message", [
-    ("1:0.5,x:1", "entry 'x:1' is not BATCH:WEIGHT"),
-    ("1:abc", "weight 'abc' is not a number"),
-    ("0:1", "batch 0: batch sizes must be >= 1"),
-    ("1:-1", "weight -1 must be a finite number >= 0"),
-    ("1:0,2:0", "every weight is 0"),
-])
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("1:0.5,x:1", "entry 'x:1' is not BATCH:WEIGHT"),
+        ("1:abc", "weight 'abc' is not a number"),
+        ("0:1", "batch 0: batch sizes must be >= 1"),
+        ("1:-1", "weight -1 must be a finite number >= 0"),
+        ("1:0,2:0", "every weight is 0"),
+    ],
+)
 def test_inline_errors(spec, message):
     with pytest.raises(UserError, match=message):
         parse_mix(spec)
@@ -179,6 +190,7 @@ def test_mix_section_holds_the_trees_choices():
 
 
 # ---- the command line: `select --mix`, `roofline speedup --mix`, selection cells as trees
+
 
 def _run(capsys, *argv):
     main([str(a) for a in argv])
@@ -231,9 +243,29 @@ def test_select_mix_names_a_missing_cell(tmp_path, capsys):
 
 def test_roofline_speedup_mix_cells_join_the_grid(tmp_path, capsys):
     sel = tmp_path / "sel.json"
-    printed = _run(capsys, "roofline", "speedup", "--model", "vicuna-7b", "--hardware", "h100-sxm",
-                   "--accuracy", MEDUSA_CSV, "--csv-model", "vicuna-7b", "--batch", "1", "--context", "1024",
-                   "--max-nodes", "16", "--mix", "1:0.5,3:0.5", "--select", sel).out
+    printed = _run(
+        capsys,
+        "roofline",
+        "speedup",
+        "--model",
+        "vicuna-7b",
+        "--hardware",
+        "h100-sxm",
+        "--accuracy",
+        MEDUSA_CSV,
+        "--csv-model",
+        "vicuna-7b",
+        "--batch",
+        "1",
+        "--context",
+        "1024",
+        "--max-nodes",
+        "16",
+        "--mix",
+        "1:0.5,3:0.5",
+        "--select",
+        sel,
+    ).out
     doc = json.loads(sel.read_text())
     assert [(c["batch"], c["context"]) for c in doc["cells"]] == [(1, 1024), (3, 1024)]
     assert [(c["batch"], c["weight"]) for c in doc["mix"]["cells"]] == [(1, 0.5), (3, 0.5)]
@@ -243,5 +275,6 @@ def test_roofline_speedup_mix_cells_join_the_grid(tmp_path, capsys):
 
 def test_run_bad_mix_is_one_line_and_leaves_no_folder(tmp_path, capsys):
     assert "--mix '1:x': entry '1:x': weight 'x' is not a number" in _fail(
-        capsys, "run", "--mix", "1:x", "-o", tmp_path / "r")
+        capsys, "run", "--mix", "1:x", "-o", tmp_path / "r"
+    )
     assert not (tmp_path / "r").exists()

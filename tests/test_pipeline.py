@@ -12,8 +12,18 @@ from treeopt.app.run import RunSettings, run_main_job
 from treeopt.cli import main
 from treeopt.tree import make_tree
 
-SMALL = RunSettings(steps=8, sizes=(0, 1, 4), max_nodes=4, batches=(1, 2), contexts=(32,), repeats=3,
-                    validation_sizes=(1, 4), validation_prompts=8, hw_quick=True, device="cpu")
+SMALL = RunSettings(
+    steps=8,
+    sizes=(0, 1, 4),
+    max_nodes=4,
+    batches=(1, 2),
+    contexts=(32,),
+    repeats=3,
+    validation_sizes=(1, 4),
+    validation_prompts=8,
+    hw_quick=True,
+    device="cpu",
+)
 
 
 def test_run_main_job_writes_a_consistent_report_and_resumes(tmp_path):
@@ -21,9 +31,19 @@ def test_run_main_job_writes_a_consistent_report_and_resumes(tmp_path):
     logs = []
     result = run_main_job(out, SMALL, log=logs.append, progress=False)
 
-    for name in ("accuracy.json", "proposal_tree.json", "hardware.json", "sweep.csv", "selection.json",
-                 "validation_acceptance.csv", "validation_acceptance.png", "validation_latency.png",
-                 "index.md", "prediction/index.md", "prediction/roofline.png"):
+    for name in (
+        "accuracy.json",
+        "proposal_tree.json",
+        "hardware.json",
+        "sweep.csv",
+        "selection.json",
+        "validation_acceptance.csv",
+        "validation_acceptance.png",
+        "validation_latency.png",
+        "index.md",
+        "prediction/index.md",
+        "prediction/roofline.png",
+    ):
         assert (out / name).is_file(), name
 
     acc = json.loads((out / "accuracy.json").read_text())
@@ -71,8 +91,19 @@ def test_run_bad_option_is_one_line(capsys, tmp_path):
 
 def test_run_missing_model_leaves_no_report_folder(capsys, tmp_path):
     with pytest.raises(SystemExit) as exit_info:
-        main(["run", "--model", str(tmp_path / "no-model"), "--data", "demo", "--validation-data", "demo-validation",
-              "-o", str(tmp_path / "r")])
+        main(
+            [
+                "run",
+                "--model",
+                str(tmp_path / "no-model"),
+                "--data",
+                "demo",
+                "--validation-data",
+                "demo-validation",
+                "-o",
+                str(tmp_path / "r"),
+            ]
+        )
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("treeopt: error: --model:") and "no-model" in err[-1]
@@ -102,8 +133,8 @@ def test_step_predictor_charges_only_the_heads_the_tree_reaches():
         draft = DraftHeadsShape(used_heads, 1, 256, 4096, tokens_per_sequence=1) if used_heads else None
         return float(step_time_s(shape, draft, hw, batch=2, tokens=tokens, context=64))
 
-    wide = step_predictor(lm, make_tree([[0], [1], [0, 0]]), hw)    # prefix(2) has depth 1
-    deep = step_predictor(lm, make_tree([[0], [0, 0], [1]]), hw)    # prefix(2) has depth 2
+    wide = step_predictor(lm, make_tree([[0], [1], [0, 0]]), hw)  # prefix(2) has depth 1
+    deep = step_predictor(lm, make_tree([[0], [0, 0], [1]]), hw)  # prefix(2) has depth 2
     assert wide(2, 1, 64) == deep(2, 1, 64) == direct(0, 1)
     assert wide(2, 3, 64) == direct(1, 3)
     assert deep(2, 3, 64) == direct(2, 3)
@@ -111,8 +142,19 @@ def test_step_predictor_charges_only_the_heads_the_tree_reaches():
 
 
 BURN_SECONDS = 150
-BUSY = RunSettings(steps=8, sizes=(0, 1, 2, 4), max_nodes=4, batches=(1, 2), contexts=(32,), repeats=6,
-                   time_budget_s=10, validation_sizes=(1,), validation_prompts=4, hw_quick=True, device="cpu")
+BUSY = RunSettings(
+    steps=8,
+    sizes=(0, 1, 2, 4),
+    max_nodes=4,
+    batches=(1, 2),
+    contexts=(32,),
+    repeats=6,
+    time_budget_s=10,
+    validation_sizes=(1,),
+    validation_prompts=4,
+    hw_quick=True,
+    device="cpu",
+)
 
 
 @pytest.mark.slow
@@ -120,8 +162,9 @@ def test_two_runs_on_a_busy_machine_agree(tmp_path):
     """Two small main jobs while a CPU-burning process (started and stopped here) competes for
     the cores: in every cell both runs decide, their picks' speedup intervals overlap, and no
     cell reports a speedup above tau."""
-    burner = subprocess.Popen([sys.executable, "-c",
-                               f"import time\nend = time.time() + {BURN_SECONDS}\nwhile time.time() < end: pass"])
+    burner = subprocess.Popen(
+        [sys.executable, "-c", f"import time\nend = time.time() + {BURN_SECONDS}\nwhile time.time() < end: pass"]
+    )
     try:
         docs, sweeps = [], []
         for name in ("a", "b"):
@@ -158,9 +201,13 @@ def test_run_on_a_model_of_ones_own_needs_its_own_prompts(capsys, tmp_path):
     says at once which prompts it needs, before loading anything."""
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"prompt": "def f(x):"}\n')
-    for argv, option in ((["run", "--model", str(tmp_path / "m"), "-o", str(tmp_path / "r")], "--data"),
-                         (["run", "--model", str(tmp_path / "m"), "--data", str(prompts), "-o", str(tmp_path / "r")],
-                          "--validation-data")):
+    for argv, option in (
+        (["run", "--model", str(tmp_path / "m"), "-o", str(tmp_path / "r")], "--data"),
+        (
+            ["run", "--model", str(tmp_path / "m"), "--data", str(prompts), "-o", str(tmp_path / "r")],
+            "--validation-data",
+        ),
+    ):
         with pytest.raises(SystemExit) as exit_info:
             main(argv)
         assert exit_info.value.code == 2

@@ -62,8 +62,13 @@ def test_output_equal_to_an_input_is_refused_in_every_spelling(tmp_path):
     (tmp_path / "sub").mkdir()
     (tmp_path / "dirlink").symlink_to(tmp_path)
     before = snapshot(tmp_path)
-    for out in (acc, tmp_path / "link.json", tmp_path / "hard.json",
-                tmp_path / "sub" / ".." / "acc.json", tmp_path / "dirlink" / "acc.json"):
+    for out in (
+        acc,
+        tmp_path / "link.json",
+        tmp_path / "hard.json",
+        tmp_path / "sub" / ".." / "acc.json",
+        tmp_path / "dirlink" / "acc.json",
+    ):
         with pytest.raises(UserError) as err:
             refuse_overwriting_inputs([out], [tmp_path / "other.jsonl", acc])
         message = str(err.value)
@@ -176,8 +181,9 @@ HOLDER = textwrap.dedent("""
 
 def start_holder(output: Path) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(output)], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(output)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
+    )
     assert proc.stdout.readline().strip() == "locked"
     return proc
 
@@ -188,8 +194,7 @@ def test_second_writer_fails_at_once_naming_the_holder(tmp_path):
     try:
         with pytest.raises(UserError) as err, output_lock(output):
             pass
-        assert str(err.value) == (f"{output}: is being written by another treeopt process "
-                                  f"(pid {holder.pid})")
+        assert str(err.value) == (f"{output}: is being written by another treeopt process (pid {holder.pid})")
         assert lock_path(output) == tmp_path / ".acc.json.lock" and lock_path(output).exists()
     finally:
         holder.communicate("done\n", timeout=60)
@@ -213,8 +218,7 @@ def test_lock_of_a_killed_writer_is_free(tmp_path):
 
 def test_lock_is_per_output(tmp_path):
     with output_lock(tmp_path / "a.json"), output_lock(tmp_path / "b.json"):
-        with pytest.raises(UserError, match="another treeopt process"), \
-                output_lock(tmp_path / "a.json"):
+        with pytest.raises(UserError, match="another treeopt process"), output_lock(tmp_path / "a.json"):
             pass
 
 
@@ -253,7 +257,7 @@ def test_optimal_equals_the_unpruned_dp(K, R, n, ties, data):
     values = st.sampled_from([0.0, 0.05, 0.2, 0.2, 0.5]) if ties else st.floats(0.0, 1.0)
     acc = np.array(data.draw(st.lists(st.lists(values, min_size=R, max_size=R), min_size=K, max_size=K)))
     widths = data.draw(st.lists(st.integers(1, R), min_size=K, max_size=K))
-    capacity = sum(int(np.prod(widths[:d + 1])) for d in range(K))
+    capacity = sum(int(np.prod(widths[: d + 1])) for d in range(K))
     n = min(n, capacity)
     tree = optimal_tree(acc, n, max_children=widths)
     assert tree.size == n and all(p[d] < widths[d] for p in tree.paths for d in range(len(p)))
@@ -331,7 +335,6 @@ def test_first_line_of_torch_refusals(tmp_path):
     advice = "Re-run with weights_only" + "=False to load it."  # torch's advice, which must not pass
     assert first_line(f"Bad thing. {advice}") == "Bad thing."
     assert first_line(KeyError()) == "KeyError"
-
 
 
 # --------------------------------------------------------------------------------------------
@@ -415,12 +418,10 @@ def test_sigint_inside_the_count_update_never_double_counts(loaded, work, monkey
     np.testing.assert_array_equal(resumed.counts.positions, full.counts.positions)
 
 
-def test_failed_table_write_keeps_the_checkpoint_and_resume_does_no_prompt_again(
-        tiny, work, monkeypatch):
+def test_failed_table_write_keeps_the_checkpoint_and_resume_does_no_prompt_again(tiny, work, monkeypatch):
     folder, prompts_file = work
     reference = folder / "reference.json"
-    run_calibration(str(tiny), data=str(prompts_file), output=reference, device="cpu",
-                    dtype="float32", **SMALL)
+    run_calibration(str(tiny), data=str(prompts_file), output=reference, device="cpu", dtype="float32", **SMALL)
     out = folder / "acc.json"
     before = snapshot(folder)
 
@@ -430,8 +431,7 @@ def test_failed_table_write_keeps_the_checkpoint_and_resume_does_no_prompt_again
     with monkeypatch.context() as patch:
         patch.setattr(AccuracyTable, "save", disk_full)
         with pytest.raises(OSError, match="No space left"):
-            run_calibration(str(tiny), data=str(prompts_file), output=out, device="cpu",
-                            dtype="float32", **SMALL)
+            run_calibration(str(tiny), data=str(prompts_file), output=out, device="cpu", dtype="float32", **SMALL)
     left = snapshot(folder)
     ckpt = folder / "acc.json.partial"
     assert set(left) - set(before) == {"acc.json.partial"}  # no table, no sidecar, no temporary
@@ -439,8 +439,9 @@ def test_failed_table_write_keeps_the_checkpoint_and_resume_does_no_prompt_again
 
     calls = []
     monkeypatch.setattr(runner, "label_ranks", lambda *a, **k: calls.append(1))
-    result = run_calibration(str(tiny), data=str(prompts_file), output=out, device="cpu",
-                             dtype="float32", resume=True, **SMALL)
+    result = run_calibration(
+        str(tiny), data=str(prompts_file), output=out, device="cpu", dtype="float32", resume=True, **SMALL
+    )
     assert calls == [] and result.complete and result.resumed_prompts == len(PROMPTS)
     assert not ckpt.exists()
     assert out.read_bytes() == reference.read_bytes()  # as if nothing had failed
@@ -462,8 +463,7 @@ def test_resume_on_a_finished_output(tiny, work, monkeypatch, capsys):
     assert snapshot(folder) == before  # nothing rewritten
 
     with pytest.raises(UserError) as err:
-        run_calibration(str(tiny), **args, resume=True, refuse_other_output=True,
-                        **{**SMALL, "steps": 6})
+        run_calibration(str(tiny), **args, resume=True, refuse_other_output=True, **{**SMALL, "steps": 6})
     assert "\n" not in str(err.value)
     assert str(err.value).startswith(f"{out}: already calibrated from other inputs (steps: 5 vs now 6)")
     assert calls == [] and snapshot(folder) == before
@@ -484,8 +484,11 @@ def test_table_and_sidecar_share_a_run_id_checked_by_the_reader(tiny, work):
     # b's sidecar beside a's table: equal counts (greedy labels draw nothing random), so only
     # the run_id tells them apart
     rank_vectors_path(a).write_bytes(rank_vectors_path(b).read_bytes())
-    with pytest.raises(UserError, match=r"a\.ranks\.npz: does not belong to the accuracy table "
-                                        r"beside it \(run_id"):
+    with pytest.raises(
+        UserError,
+        match=r"a\.ranks\.npz: does not belong to the accuracy table "
+        r"beside it \(run_id",
+    ):
         load_rank_vectors(a)
 
 
@@ -496,8 +499,7 @@ def test_second_calibration_to_the_same_output_fails_before_loading(tiny, work, 
     try:
         before = snapshot(folder)
         monkeypatch.setattr(runner, "load_model", lambda *a, **k: pytest.fail("model loaded"))
-        with pytest.raises(UserError, match=f"is being written by another treeopt process "
-                                            f"\\(pid {holder.pid}\\)"):
+        with pytest.raises(UserError, match=f"is being written by another treeopt process \\(pid {holder.pid}\\)"):
             run_calibration(str(tiny), data=str(prompts_file), output=out, **SMALL)
         assert snapshot(folder) == before
     finally:
@@ -519,17 +521,26 @@ def test_calibration_outputs_checked_before_the_model_loads(tiny, work, monkeypa
             run_calibration(str(tiny), data=str(prompts_file), output=output, **SMALL)
         assert problem in str(err.value) and "\n" not in str(err.value)
     with pytest.raises(UserError, match="is also an input"):
-        run_calibration(str(tiny), data=str(prompts_file), output=folder / "acc.json",
-                        checkpoint=prompts_file, **SMALL)
+        run_calibration(str(tiny), data=str(prompts_file), output=folder / "acc.json", checkpoint=prompts_file, **SMALL)
     assert snapshot(folder) == before
 
 
 # --------------------------------------------------------------------------------------------
 # demo train writes only under its output and work folders
 
-TINY_RECIPE = DemoRecipe(vocab_size=300, hidden_size=32, intermediate_size=64, num_layers=1,
-                         num_attention_heads=2, seq_len=16, batch_size=2, base_steps=2,
-                         num_medusa_heads=2, head_steps=2, warmup_steps=1)
+TINY_RECIPE = DemoRecipe(
+    vocab_size=300,
+    hidden_size=32,
+    intermediate_size=64,
+    num_layers=1,
+    num_attention_heads=2,
+    seq_len=16,
+    batch_size=2,
+    base_steps=2,
+    num_medusa_heads=2,
+    head_steps=2,
+    warmup_steps=1,
+)
 
 
 @pytest.fixture
@@ -553,9 +564,18 @@ def test_demo_train_writes_only_under_its_output(tmp_path, fake_stdlib):
     demo.train_demo(out, TINY_RECIPE)
     assert sorted(p.name for p in parent.iterdir()) == ["model"]  # no ../data, no ../demo_work
     names = {str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()}
-    assert {"config.json", "model.safetensors", "tokenizer.json", "training.json",
-            "heads/config.json", "data/demo_prompts.jsonl", "data/demo_prompts_validation.jsonl",
-            ".work/base.pt", ".work/heads.pt", ".work/recipe.json"} <= names
+    assert {
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "training.json",
+        "heads/config.json",
+        "data/demo_prompts.jsonl",
+        "data/demo_prompts_validation.jsonl",
+        ".work/base.pt",
+        ".work/heads.pt",
+        ".work/recipe.json",
+    } <= names
     assert all(n.startswith((".work/", "heads/", "data/")) or "/" not in n for n in names)
 
 
@@ -584,8 +604,13 @@ def test_demo_train_refuses_other_recipes_and_crafted_checkpoints(tmp_path, fake
 
 
 def test_accuracy_run_id_must_be_a_string(tmp_path):
-    doc = {"format": "treeopt.accuracy/v1", "num_heads": 1, "width": 1,
-           "heads": [{"head": 1, "positions": 2, "hits": [1]}], "provenance": {"run_id": 5}}
+    doc = {
+        "format": "treeopt.accuracy/v1",
+        "num_heads": 1,
+        "width": 1,
+        "heads": [{"head": 1, "positions": 2, "hits": [1]}],
+        "provenance": {"run_id": 5},
+    }
     path = tmp_path / "acc.json"
     path.write_text(json.dumps(doc))
     with pytest.raises(UserError, match=r"acc\.json: field 'provenance\.run_id' must be a string, got 5"):

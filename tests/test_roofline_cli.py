@@ -12,9 +12,29 @@ from roofline.shapes import model_shape
 from treeopt.cli import main
 
 CSV = str(Path(__file__).resolve().parents[1] / "treeopt" / "data" / "medusa_train_accuracy.csv")
-OP_NAMES = {"embedding", "attn_norm", "q_proj", "k_proj", "v_proj", "rotary", "kv_cache", "qk", "softmax", "pv",
-            "o_proj", "attn_residual", "mlp_norm", "gate", "up", "act", "down", "mlp_residual", "final_norm",
-            "lm_head", "draft_heads"}
+OP_NAMES = {
+    "embedding",
+    "attn_norm",
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "rotary",
+    "kv_cache",
+    "qk",
+    "softmax",
+    "pv",
+    "o_proj",
+    "attn_residual",
+    "mlp_norm",
+    "gate",
+    "up",
+    "act",
+    "down",
+    "mlp_residual",
+    "final_norm",
+    "lm_head",
+    "draft_heads",
+}
 
 
 def run(capsys, *args):
@@ -35,8 +55,22 @@ def test_hw_list(capsys):
 
 
 def test_ops_json(capsys):
-    code, out, _ = run(capsys, "roofline", "ops", "--model", "llama-3-8b", "--hardware", "h100-sxm", "--batch", "4",
-                       "--tokens", "16", "--context", "1000", "--json")
+    code, out, _ = run(
+        capsys,
+        "roofline",
+        "ops",
+        "--model",
+        "llama-3-8b",
+        "--hardware",
+        "h100-sxm",
+        "--batch",
+        "4",
+        "--tokens",
+        "16",
+        "--context",
+        "1000",
+        "--json",
+    )
     assert code == 0
     rows = json.loads(out)
     assert {r["name"] for r in rows} == OP_NAMES  # heads run by default for q > 1
@@ -50,14 +84,26 @@ def test_ops_json(capsys):
     total = sum(r["time_s"] * r["count"] for r in rows)
     hw, shape = load_hardware("h100-sxm"), model_shape("llama-3-8b")
     from roofline.shapes import draft_heads_shape
+
     assert total == pytest.approx(step_time_s(shape, draft_heads_shape(shape, 5), hw, batch=4, tokens=16, context=1000))
 
 
 def test_ops_table_decode_memory_bound(capsys):
-    code, out, _ = run(capsys, "roofline", "ops", "--model", "vicuna-7b", "--hardware", "a100-80gb-pcie",
-                       "--tokens", "1", "--context", "512")
+    code, out, _ = run(
+        capsys,
+        "roofline",
+        "ops",
+        "--model",
+        "vicuna-7b",
+        "--hardware",
+        "a100-80gb-pcie",
+        "--tokens",
+        "1",
+        "--context",
+        "512",
+    )
     assert code == 0
-    lines = {l.split()[0]: l for l in out.splitlines() if l.split()}
+    lines = {line.split()[0]: line for line in out.splitlines() if line.split()}
     for name in ("q_proj", "gate", "down", "lm_head"):
         assert lines[name].endswith("memory")
     assert "draft_heads" not in lines  # plain decoding runs no heads
@@ -65,25 +111,53 @@ def test_ops_table_decode_memory_bound(capsys):
 
 
 def test_ops_unfused_and_oom_warning(capsys):
-    code, out, err = run(capsys, "roofline", "ops", "--model", "llama-2-70b", "--hardware", "a100-80gb-sxm",
-                         "--batch", "1", "--tokens", "1", "--context", "0", "--attention", "unfused", "--json")
+    code, out, err = run(
+        capsys,
+        "roofline",
+        "ops",
+        "--model",
+        "llama-2-70b",
+        "--hardware",
+        "a100-80gb-sxm",
+        "--batch",
+        "1",
+        "--tokens",
+        "1",
+        "--context",
+        "0",
+        "--attention",
+        "unfused",
+        "--json",
+    )
     assert code == 0 and "does not fit" in err
     rows = {r["name"]: r for r in json.loads(out)}
     assert rows["softmax"]["bytes"] > 0
 
 
-@pytest.mark.parametrize("args, message", [
-    (["roofline", "ops", "--model", "llama-9b", "--hardware", "a100"], "unknown model 'llama-9b'"),
-    (["roofline", "ops", "--model", "llama-7b", "--hardware", "tpu"], "unknown hardware 'tpu'"),
-    (["roofline", "ops", "--model", "llama-7b", "--hardware", "a100", "--batch", "0"], "--batch: must be at least 1"),
-    (["roofline", "speedup", "--model", "vicuna-7b", "--hardware", "a100", "--accuracy", "/nonexistent.csv"],
-     "no such file"),
-    (["roofline", "speedup", "--model", "llama-7b", "--hardware", "a100", "--accuracy", CSV], "several models"),
-    (["roofline", "speedup", "--model", "vicuna-7b", "--hardware", "a100", "--accuracy", CSV, "--batch", "1,x"],
-     "--batch: expected comma-separated integers"),
-    (["roofline", "speedup", "--model", "vicuna-7b", "--hardware", "a100", "--accuracy", CSV, "--heads", "9"],
-     "--heads: 9 heads asked for"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["roofline", "ops", "--model", "llama-9b", "--hardware", "a100"], "unknown model 'llama-9b'"),
+        (["roofline", "ops", "--model", "llama-7b", "--hardware", "tpu"], "unknown hardware 'tpu'"),
+        (
+            ["roofline", "ops", "--model", "llama-7b", "--hardware", "a100", "--batch", "0"],
+            "--batch: must be at least 1",
+        ),
+        (
+            ["roofline", "speedup", "--model", "vicuna-7b", "--hardware", "a100", "--accuracy", "/nonexistent.csv"],
+            "no such file",
+        ),
+        (["roofline", "speedup", "--model", "llama-7b", "--hardware", "a100", "--accuracy", CSV], "several models"),
+        (
+            ["roofline", "speedup", "--model", "vicuna-7b", "--hardware", "a100", "--accuracy", CSV, "--batch", "1,x"],
+            "--batch: expected comma-separated integers",
+        ),
+        (
+            ["roofline", "speedup", "--model", "vicuna-7b", "--hardware", "a100", "--accuracy", CSV, "--heads", "9"],
+            "--heads: 9 heads asked for",
+        ),
+    ],
+)
 def test_errors_are_one_line(capsys, args, message):
     code, out, err = run(capsys, *args)
     assert code == 2
@@ -92,9 +166,27 @@ def test_errors_are_one_line(capsys, args, message):
 
 def test_speedup_csv_and_selection(capsys, tmp_path):
     grid, sel = tmp_path / "grid.csv", tmp_path / "sel.json"
-    code, out, _ = run(capsys, "roofline", "speedup", "--model", "vicuna-7b", "--hardware", "h100-sxm",
-                       "--accuracy", CSV, "--batch", "1,4,32", "--context", "256,2048", "--max-nodes", "40",
-                       "-o", str(grid), "--select", str(sel))
+    code, out, _ = run(
+        capsys,
+        "roofline",
+        "speedup",
+        "--model",
+        "vicuna-7b",
+        "--hardware",
+        "h100-sxm",
+        "--accuracy",
+        CSV,
+        "--batch",
+        "1,4,32",
+        "--context",
+        "256,2048",
+        "--max-nodes",
+        "40",
+        "-o",
+        str(grid),
+        "--select",
+        str(sel),
+    )
     assert code == 0 and "best tree size" in out
     rows = list(csv.DictReader(grid.open()))
     assert list(rows[0])[:7] == ["batch", "context", "nodes", "tau", "step_time_s", "overhead", "speedup"]
@@ -108,13 +200,43 @@ def test_speedup_csv_and_selection(capsys, tmp_path):
 
 def test_report_without_and_with_accuracy(capsys, tmp_path):
     out_dir = tmp_path / "r1"
-    code, out, _ = run(capsys, "report", "--model", "mistral-7b", "--hardware", "l4", "--batch", "1,8",
-                       "--context", "512,1024", "--max-nodes", "16", "-o", str(out_dir))
+    code, out, _ = run(
+        capsys,
+        "report",
+        "--model",
+        "mistral-7b",
+        "--hardware",
+        "l4",
+        "--batch",
+        "1,8",
+        "--context",
+        "512,1024",
+        "--max-nodes",
+        "16",
+        "-o",
+        str(out_dir),
+    )
     assert code == 0
     assert {p.name for p in out_dir.iterdir()} == {"index.md", "roofline.png", "overhead.png"}
     out_dir = tmp_path / "r2"
-    code, out, _ = run(capsys, "report", "--model", "vicuna-7b", "--hardware", "a100-80gb-sxm", "--accuracy", CSV,
-                       "--batch", "1,8", "--context", "512,1024", "--max-nodes", "16", "-o", str(out_dir))
+    code, out, _ = run(
+        capsys,
+        "report",
+        "--model",
+        "vicuna-7b",
+        "--hardware",
+        "a100-80gb-sxm",
+        "--accuracy",
+        CSV,
+        "--batch",
+        "1,8",
+        "--context",
+        "512,1024",
+        "--max-nodes",
+        "16",
+        "-o",
+        str(out_dir),
+    )
     assert code == 0
     names = {p.name for p in out_dir.iterdir()}
     assert names == {"index.md", "roofline.png", "speedup.png", "best.png", "grid.csv", "selection.json"}
@@ -126,13 +248,32 @@ def test_report_without_and_with_accuracy(capsys, tmp_path):
 
 
 def test_calibrate_quick_writes_a_usable_profile(capsys, tmp_path):
-    cfg = {"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
-           "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256,
-           "torch_dtype": "float32"}
+    cfg = {
+        "architectures": ["LlamaForCausalLM"],
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 256,
+        "torch_dtype": "float32",
+    }
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     prof_path = tmp_path / "cpu.json"
-    code, out, err = run(capsys, "hw", "calibrate", "--device", "cpu", "--model", str(tmp_path), "--quick",
-                         "--threads", "1", "-o", str(prof_path))
+    code, out, err = run(
+        capsys,
+        "hw",
+        "calibrate",
+        "--device",
+        "cpu",
+        "--model",
+        str(tmp_path),
+        "--quick",
+        "--threads",
+        "1",
+        "-o",
+        str(prof_path),
+    )
     assert code == 0, err
     hw = load_hardware(str(prof_path))
     cal = hw.calibration
@@ -145,8 +286,24 @@ def test_calibrate_quick_writes_a_usable_profile(capsys, tmp_path):
     for v in cal["validation"]:
         assert v["measured_s"] > 0 and v["predicted_s"] > 0
     # the profile drives the other commands
-    code, out, _ = run(capsys, "roofline", "ops", "--model", str(tmp_path), "--hardware", str(prof_path),
-                       "--batch", "2", "--tokens", "8", "--context", "64", "--heads", "2", "--json")
+    code, out, _ = run(
+        capsys,
+        "roofline",
+        "ops",
+        "--model",
+        str(tmp_path),
+        "--hardware",
+        str(prof_path),
+        "--batch",
+        "2",
+        "--tokens",
+        "8",
+        "--context",
+        "64",
+        "--heads",
+        "2",
+        "--json",
+    )
     assert code == 0
     rows = json.loads(out)
     assert any(r["name"] == "framework" and r["bound"] == "overhead" for r in rows)

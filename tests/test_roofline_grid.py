@@ -23,6 +23,7 @@ def proposal_from_accuracy(table, max_nodes, *, num_heads=None):
     curves = tau_curves(table, proposal_sequence(table, max_nodes, method="greedy"))
     return curves.proposal, curves.independent
 
+
 CSV = Path(__file__).resolve().parents[1] / "treeopt" / "data" / "medusa_train_accuracy.csv"
 V7 = model_shape("vicuna-7b")
 HEADS = draft_heads_shape(V7, 5)
@@ -62,12 +63,21 @@ def test_grid_matches_step_time(grid):
 
 # A toy model on a profile where only framework costs take time (every roof at 1e30/s): a step
 # of b sequences x q tokens with k heads costs 1e-3 + 2 layers x 1e-4 x b q + k x 1e-4 seconds.
-TOY = ModelShape("toy", layers=2, hidden=32, intermediate=64, heads=8, kv_heads=2, head_dim=4, vocab=16,
-                 dtype="fp16", dtype_bytes=2)
+TOY = ModelShape(
+    "toy", layers=2, hidden=32, intermediate=64, heads=8, kv_heads=2, head_dim=4, vocab=16, dtype="fp16", dtype_bytes=2
+)
 TOY_HEADS = DraftHeadsShape(num_heads=2, num_layers=1, hidden=32, vocab=16)
-FRAMEWORK_ONLY = HardwareProfile(name="framework-only", peak_flops={"fp16": 1e30}, vector_flops=1e30,
-                                 bandwidth_bytes_per_s=1e30, capacity_bytes=1e12, kernel_overhead_s=0.0,
-                                 forward_overhead_s=1e-3, token_overhead_s=1e-4, head_overhead_s=1e-4)
+FRAMEWORK_ONLY = HardwareProfile(
+    name="framework-only",
+    peak_flops={"fp16": 1e30},
+    vector_flops=1e30,
+    bandwidth_bytes_per_s=1e30,
+    capacity_bytes=1e12,
+    kernel_overhead_s=0.0,
+    forward_overhead_s=1e-3,
+    token_overhead_s=1e-4,
+    head_overhead_s=1e-4,
+)
 
 
 def cells(grid, batch):
@@ -86,8 +96,7 @@ def test_grid_by_hand_on_framework_costs():
     # b = 4: plain 1e-3 + 8e-4 = 1.8e-3; n = 1: 1e-3 + 1.6e-3 + 2e-4 = 2.8e-3, speedup 1.5 x 1.8 / 2.8
     b4 = cells(grid, 4)
     assert b4["step_time_s"].tolist() == pytest.approx([1.8e-3, 2.8e-3, 3.6e-3, 4.4e-3], rel=1e-9)
-    assert b4["speedup"].tolist() == pytest.approx([1.0, 1.5 * 1.8 / 2.8, 1.8 * 1.8 / 3.6, 1.95 * 1.8 / 4.4],
-                                                   rel=1e-9)
+    assert b4["speedup"].tolist() == pytest.approx([1.0, 1.5 * 1.8 / 2.8, 1.8 * 1.8 / 3.6, 1.95 * 1.8 / 4.4], rel=1e-9)
     best = best_per_cell(grid).set_index("batch")
     # b = 1: 2 nodes; b = 4: nothing beats plain decoding
     assert (best.loc[1, "nodes"], best.loc[1, "speedup"]) == (2, pytest.approx(1.2, rel=1e-9))
@@ -134,8 +143,16 @@ def test_no_speculation_when_nothing_beats_one():
 
 
 def test_best_ties_go_to_the_smaller_tree():
-    grid = pd.DataFrame({"batch": [1, 1, 1], "context": [8, 8, 8], "nodes": [0, 1, 2],
-                         "speedup": [1.0, 1.5, 1.5], "tau": [1, 2, 3], "overhead": [1, 4 / 3, 2]})
+    grid = pd.DataFrame(
+        {
+            "batch": [1, 1, 1],
+            "context": [8, 8, 8],
+            "nodes": [0, 1, 2],
+            "speedup": [1.0, 1.5, 1.5],
+            "tau": [1, 2, 3],
+            "overhead": [1, 4 / 3, 2],
+        }
+    )
     assert best_per_cell(grid).iloc[0]["nodes"] == 1
 
 
@@ -165,8 +182,9 @@ def test_selection_document(grid, proposal):
     assert (doc["hardware"], doc["model"]) == ("a100-80gb-sxm", "vicuna-7b")
     best = best_per_cell(grid)
     assert len(doc["cells"]) == int(best["fits_memory"].sum())
-    assert {(c["batch"], c["context"]) for c in doc["out_of_memory"]} == \
-        set(zip(best.loc[~best["fits_memory"], "batch"], best.loc[~best["fits_memory"], "context"]))
+    assert {(c["batch"], c["context"]) for c in doc["out_of_memory"]} == set(
+        zip(best.loc[~best["fits_memory"], "batch"], best.loc[~best["fits_memory"], "context"])
+    )
     for cell in doc["cells"]:
         assert set(cell) >= {"batch", "context", "nodes", "speedup", "medusa_choices"}
         assert cell["medusa_choices"] == tree.prefix(cell["nodes"]).to_choices()
@@ -197,6 +215,7 @@ def test_heads_used_by_prefix_runs_only_the_heads_the_tree_reaches(proposal):
     g_all = speedup_grid(V7, HEADS, A100, tau, [1], [512])
     g_used = speedup_grid(V7, HEADS, A100, tau, [1], [512], heads_used=used)
     from dataclasses import replace
+
     for n in (1, 3, 64):
         k = int(used[n])
         expect = step_time_s(V7, replace(HEADS, num_heads=k), A100, batch=1, tokens=n + 1, context=512)

@@ -30,10 +30,21 @@ GEMMS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate", "up", "down", "lm_head"
 
 def test_builtin_table_matches_design_datasheet():
     hw = builtin_hardware()
-    expect = {"a100-40gb-sxm": (312, 1555, 40), "a100-80gb-sxm": (312, 2039, 80), "a100-80gb-pcie": (312, 1935, 80),
-              "a40": (149.7, 696, 48), "rtx-a6000": (154.8, 768, 48), "l4": (121, 300, 24), "l40s": (362, 864, 48),
-              "rtx-4090": (165, 1008, 24), "h100-sxm": (989, 3350, 80), "h100-pcie": (756, 2000, 80),
-              "h200": (989, 4800, 141), "b200": (2250, 8000, 180), "mi300x": (1307, 5300, 192)}
+    expect = {
+        "a100-40gb-sxm": (312, 1555, 40),
+        "a100-80gb-sxm": (312, 2039, 80),
+        "a100-80gb-pcie": (312, 1935, 80),
+        "a40": (149.7, 696, 48),
+        "rtx-a6000": (154.8, 768, 48),
+        "l4": (121, 300, 24),
+        "l40s": (362, 864, 48),
+        "rtx-4090": (165, 1008, 24),
+        "h100-sxm": (989, 3350, 80),
+        "h100-pcie": (756, 2000, 80),
+        "h200": (989, 4800, 141),
+        "b200": (2250, 8000, 180),
+        "mi300x": (1307, 5300, 192),
+    }
     assert set(expect) <= set(hw)
     for name, (tf, gbs, gb) in expect.items():
         p = hw[name]
@@ -106,14 +117,32 @@ def test_each_operator_takes_the_larger_of_its_two_roofs():
     #   o_proj (12288, 2816) attn_residual (192, 1152) mlp_norm (768, 832) gate, up, down
     #   (24576, 5248) act (1920, 2304) mlp_residual (192, 1152)  -> sum of maxima 120176
     # per step: embedding (0, 768) final_norm (768, 832) lm_head (6144, 1600)
-    shape = ModelShape("gqa", layers=2, hidden=32, intermediate=64, heads=8, kv_heads=2, head_dim=4, vocab=16,
-                       dtype="fp16", dtype_bytes=2)
+    shape = ModelShape(
+        "gqa",
+        layers=2,
+        hidden=32,
+        intermediate=64,
+        heads=8,
+        kv_heads=2,
+        head_dim=4,
+        vocab=16,
+        dtype="fp16",
+        dtype_bytes=2,
+    )
     flat = EfficiencyCurve((1.0,), (1.0,))
-    hw = HardwareProfile(name="balanced", peak_flops={"fp16": 1e9}, vector_flops=1e9, bandwidth_bytes_per_s=1e9,
-                         capacity_bytes=1e12, eta_compute=1.0, eta_memory=1.0, kernel_overhead_s=0.0,
-                         gemm_efficiency=flat)
+    hw = HardwareProfile(
+        name="balanced",
+        peak_flops={"fp16": 1e9},
+        vector_flops=1e9,
+        bandwidth_bytes_per_s=1e9,
+        capacity_bytes=1e12,
+        eta_compute=1.0,
+        eta_memory=1.0,
+        kernel_overhead_s=0.0,
+        gemm_efficiency=flat,
+    )
     t = step_time_s(shape, None, hw, batch=2, tokens=3, context=5)
-    assert t == pytest.approx((2 * 120176 + 768 + 832 + 6144) * 1e-9, rel=1e-12)      # 2.48096e-4 s
+    assert t == pytest.approx((2 * 120176 + 768 + 832 + 6144) * 1e-9, rel=1e-12)  # 2.48096e-4 s
     launched = hw.with_(kernel_overhead_s=4e-7)
     ops = {x.op.name: x for x in op_timings(shape, None, launched, batch=2, tokens=3, context=5)}
     assert ops["q_proj"].bound == "compute" and float(ops["q_proj"].time_s) == pytest.approx(12288e-9 + 4e-7)
@@ -122,7 +151,8 @@ def test_each_operator_takes_the_larger_of_its_two_roofs():
     assert ops["kv_cache"].bound == "overhead" and float(ops["kv_cache"].time_s) == pytest.approx(7.84e-7)
     # 33 kernels (softmax and pv inside the fused qk kernel) at 4e-7 s each
     assert step_time_s(shape, None, launched, batch=2, tokens=3, context=5) == pytest.approx(
-        (2 * 120176 + 768 + 832 + 6144) * 1e-9 + 33 * 4e-7, rel=1e-12)
+        (2 * 120176 + 768 + 832 + 6144) * 1e-9 + 33 * 4e-7, rel=1e-12
+    )
 
 
 def test_step_time_is_sum_plus_framework_overhead():
@@ -189,16 +219,22 @@ def test_efficiency_curve_interpolates_in_log_rows():
 
 
 def test_profile_json_round_trip(tmp_path):
-    hw = replace(A100, name="mine", forward_overhead_s=1e-3, calibration={"device": "x"},
-                 attention_efficiency=EfficiencyCurve((1.0, 64.0), (0.3, 0.9)))
+    hw = replace(
+        A100,
+        name="mine",
+        forward_overhead_s=1e-3,
+        calibration={"device": "x"},
+        attention_efficiency=EfficiencyCurve((1.0, 64.0), (0.3, 0.9)),
+    )
     path = tmp_path / "p.json"
     hw.save(path)
     doc = json.loads(path.read_text())
     assert doc["format"] == "treeopt.hardware/v1"
     back = load_hardware(str(path))
     assert back == hw
-    assert step_time_s(V7, None, back, batch=3, tokens=9, context=99) == \
-        step_time_s(V7, None, hw, batch=3, tokens=9, context=99)
+    assert step_time_s(V7, None, back, batch=3, tokens=9, context=99) == step_time_s(
+        V7, None, hw, batch=3, tokens=9, context=99
+    )
 
 
 def test_profile_errors(tmp_path):
@@ -227,38 +263,53 @@ def test_profile_errors(tmp_path):
     with pytest.raises(UserError, match="no peak FLOP/s for dtype fp8"):
         A100.peak("fp8")
     with pytest.raises(UserError, match="kv_cache_update"):
-        HardwareProfile(name="x", peak_flops={"bf16": 1.0}, bandwidth_bytes_per_s=1.0, capacity_bytes=1.0,
-                        kv_cache_update="copy")
+        HardwareProfile(
+            name="x", peak_flops={"bf16": 1.0}, bandwidth_bytes_per_s=1.0, capacity_bytes=1.0, kv_cache_update="copy"
+        )
 
 
 def test_calibrated_framework_terms():
     from roofline.latency import framework_overhead_s
 
-    hw = replace(A100, forward_overhead_s=1e-3, layer_overhead_s=2e-5, token_overhead_s=1e-7,
-                 context_overhead_s=1e-9, head_overhead_s=5e-5, attention_block_overhead_s=1e-6,
-                 kv_cache_update="concat", kv_update_bytes_per_s=1e11)
+    hw = replace(
+        A100,
+        forward_overhead_s=1e-3,
+        layer_overhead_s=2e-5,
+        token_overhead_s=1e-7,
+        context_overhead_s=1e-9,
+        head_overhead_s=5e-5,
+        attention_block_overhead_s=1e-6,
+        kv_cache_update="concat",
+        kv_update_bytes_per_s=1e11,
+    )
     b, q, s = 4, 9, 300
     fw = framework_overhead_s(V7, hw, batch=b, tokens=q, context=s)
     assert fw == pytest.approx(1e-3 + 32 * (2e-5 + 1e-7 * b * q + 1e-9 * b * s))
     hd = draft_heads_shape(V7, 3)
     ops = {t.op.name: t for t in op_timings(V7, hd, hw, batch=b, tokens=q, context=s)}
     assert float(ops["draft_heads"].overhead_s) == pytest.approx(3 * (3 + 1) * 3e-6 + 3 * 5e-5)
-    assert float(ops["qk"].overhead_s) == pytest.approx(3e-6 + b * 32 * 1e-6)   # one fused kernel + blocks
+    assert float(ops["qk"].overhead_s) == pytest.approx(3e-6 + b * 32 * 1e-6)  # one fused kernel + blocks
     assert float(ops["pv"].overhead_s) == 0.0
     kv = ops["kv_cache"]
     assert float(kv.memory_s) == pytest.approx(float(kv.op.bytes) / 1e11)
     base = replace(A100, kv_cache_update="concat")
-    assert step_time_s(V7, hd, hw, batch=b, tokens=q, context=s) > step_time_s(V7, hd, base, batch=b, tokens=q,
-                                                                              context=s) + fw
+    assert (
+        step_time_s(V7, hd, hw, batch=b, tokens=q, context=s)
+        > step_time_s(V7, hd, base, batch=b, tokens=q, context=s) + fw
+    )
 
 
 def test_framework_cost_per_cached_key_differs_between_plain_and_tree_steps():
     from roofline.latency import framework_overhead_s
 
     shape = model_shape("llama-7b")
-    hw = load_hardware("a100-80gb-sxm").with_(forward_overhead_s=1e-4, layer_overhead_s=2e-5,
-                                               token_overhead_s=3e-7, context_overhead_s=5e-9,
-                                               plain_context_overhead_s=2e-9)
+    hw = load_hardware("a100-80gb-sxm").with_(
+        forward_overhead_s=1e-4,
+        layer_overhead_s=2e-5,
+        token_overhead_s=3e-7,
+        context_overhead_s=5e-9,
+        plain_context_overhead_s=2e-9,
+    )
     b, s = 4, 1000
     # by hand: F + layers x (c_layer + c_token b q + c_key b s), c_key by the kind of step
     plain = 1e-4 + 32 * (2e-5 + 3e-7 * b * 1 + 2e-9 * b * s)

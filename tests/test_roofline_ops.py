@@ -9,8 +9,9 @@ from roofline.shapes import DraftHeadsShape, ModelShape, model_shape
 from treeopt.errors import UserError
 
 # h=8, i=16, 2 query heads sharing 1 KV head (GQA), head dim 4, vocab 32, 3 layers, fp16
-TINY = ModelShape("tiny", layers=3, hidden=8, intermediate=16, heads=2, kv_heads=1, head_dim=4, vocab=32,
-                  dtype="fp16", dtype_bytes=2)
+TINY = ModelShape(
+    "tiny", layers=3, hidden=8, intermediate=16, heads=2, kv_heads=1, head_dim=4, vocab=32, dtype="fp16", dtype_bytes=2
+)
 HEADS = DraftHeadsShape(num_heads=2, num_layers=1, hidden=8, vocab=32)
 
 
@@ -22,17 +23,17 @@ def test_hand_derived_values_b3_q5_s7():
     # b = 3, q = 5, s = 7: b*q = 15 token rows, s + q = 12 keys, b*n_h*q*(s+q) = 360 scores
     ops = by_name(operators(TINY, HEADS, batch=3, tokens=5, context=7))
     expect = {  # name: (FLOPs, bytes)
-        "q_proj": (2 * 15 * 8 * 8, 2 * (64 + 120 + 120)),          # 1920, 608
-        "k_proj": (2 * 15 * 8 * 4, 2 * (32 + 120 + 60)),           # GQA: n_kv*d = 4 outputs
+        "q_proj": (2 * 15 * 8 * 8, 2 * (64 + 120 + 120)),  # 1920, 608
+        "k_proj": (2 * 15 * 8 * 4, 2 * (32 + 120 + 60)),  # GQA: n_kv*d = 4 outputs
         "v_proj": (960, 424),
-        "qk": (2 * 3 * 2 * 5 * 12 * 4, 2 * (3 * 2 * 5 * 4 + 3 * 1 * 12 * 4)),   # 2880, 528 (fused)
+        "qk": (2 * 3 * 2 * 5 * 12 * 4, 2 * (3 * 2 * 5 * 4 + 3 * 1 * 12 * 4)),  # 2880, 528 (fused)
         "softmax": (5 * 360, 0),
         "pv": (2880, 2 * (3 * 1 * 12 * 4 + 3 * 2 * 5 * 4)),
         "o_proj": (1920, 608),
-        "gate": (2 * 15 * 8 * 16, 2 * (128 + 120 + 240)),          # 3840, 976
+        "gate": (2 * 15 * 8 * 16, 2 * (128 + 120 + 240)),  # 3840, 976
         "up": (3840, 976),
         "down": (3840, 2 * (128 + 240 + 120)),
-        "lm_head": (2 * 15 * 8 * 32, 2 * (256 + 120 + 480)),       # 7680, 1712
+        "lm_head": (2 * 15 * 8 * 32, 2 * (256 + 120 + 480)),  # 7680, 1712
         # K=2 heads, 1 ResBlock: K*(2*bq*h^2 + 6*bq*h (bias, SiLU, residual) + 2*bq*h*V)
         "draft_heads": (2 * (1920 + 720 + 7680), 2 * (2 * (64 + 8 + 256) + 2 * (4 * 120 + 120 + 480))),
     }
@@ -50,36 +51,38 @@ def test_hand_derived_values_b3_q5_s7():
 # Grouped-query attention with several KV heads: h = 32 = n_h x d, i = 64, V = 16, 2 layers, fp16.
 # With one KV head (TINY) n_h / n_kv = n_h, so a term that forgets to divide by n_kv or uses
 # n_h where n_kv belongs cannot be told apart; with 2 of 8 (and 8 of 8) it can.
-GQA = ModelShape("gqa", layers=2, hidden=32, intermediate=64, heads=8, kv_heads=2, head_dim=4, vocab=16,
-                 dtype="fp16", dtype_bytes=2)
-MHA = ModelShape("mha", layers=2, hidden=32, intermediate=64, heads=8, kv_heads=8, head_dim=4, vocab=16,
-                 dtype="fp16", dtype_bytes=2)
+GQA = ModelShape(
+    "gqa", layers=2, hidden=32, intermediate=64, heads=8, kv_heads=2, head_dim=4, vocab=16, dtype="fp16", dtype_bytes=2
+)
+MHA = ModelShape(
+    "mha", layers=2, hidden=32, intermediate=64, heads=8, kv_heads=8, head_dim=4, vocab=16, dtype="fp16", dtype_bytes=2
+)
 
 # b = 2, q = 3, s = 5: b q = 6 token rows, s + q = 8 keys, b n_h q (s+q) = 2*8*3*8 = 384 scores,
 # b n_h q d = 2*8*3*4 = 192 query elements. Bytes are element counts x beta = 2.
 GQA_EXPECT = {  # name: (FLOPs, bytes fused+append, bytes unfused or concat, rows)
-    "q_proj": (2 * 6 * 32 * 32, 2 * (32 * 32 + 6 * 32 + 6 * 32), None, 6),           # 12288, 2816
+    "q_proj": (2 * 6 * 32 * 32, 2 * (32 * 32 + 6 * 32 + 6 * 32), None, 6),  # 12288, 2816
     # n_kv d = 2*4 = 8 outputs
-    "k_proj": (2 * 6 * 32 * 8, 2 * (32 * 8 + 6 * 32 + 6 * 8), None, 6),              # 3072, 992
+    "k_proj": (2 * 6 * 32 * 8, 2 * (32 * 8 + 6 * 32 + 6 * 8), None, 6),  # 3072, 992
     "v_proj": (3072, 992, None, 6),
     # rotary on the 8 query and 2 key heads: 3 FLOP/elem; read+write 6*10*4, cos/sin 2*3*4
-    "rotary": (3 * 6 * 10 * 4, 2 * (2 * 6 * 10 * 4 + 2 * 3 * 4), None, 6),           # 720, 1008
+    "rotary": (3 * 6 * 10 * 4, 2 * (2 * 6 * 10 * 4 + 2 * 3 * 4), None, 6),  # 720, 1008
     # append: read and write the new K and V rows, 2 * (2 * b q n_kv d) = 2 * 2 * 48;
     # concat: K and V each: read b s n_kv d = 80 cached, read 48 new, write b (s+q) n_kv d = 128
     "kv_cache": (0, 2 * 2 * (2 * 6 * 8), 2 * 2 * (2 * 5 * 8 + 6 * 8 + 2 * 8 * 8), 6),  # 384, 1024
     # QK^T: 2 b n_h q (s+q) d; Q in (192) + K in b n_kv (s+q) d = 2*2*8*4 = 128 (+ scores out)
     # rows per KV head: q n_h / n_kv = 3 * 4 = 12
-    "qk": (2 * 2 * 8 * 3 * 8 * 4, 2 * (192 + 128), 2 * (192 + 128 + 384), 12),       # 3072, 640, 1408
-    "softmax": (5 * 384, 0, 2 * 2 * 384, 12),                                        # 1920, 0, 1536
+    "qk": (2 * 2 * 8 * 3 * 8 * 4, 2 * (192 + 128), 2 * (192 + 128 + 384), 12),  # 3072, 640, 1408
+    "softmax": (5 * 384, 0, 2 * 2 * 384, 12),  # 1920, 0, 1536
     "pv": (3072, 2 * (128 + 192), 2 * (384 + 128 + 192), 12),
     "o_proj": (2 * 6 * 32 * 32, 2 * (32 * 32 + 6 * 32 + 6 * 32), None, 6),
 }
 MHA_EXPECT = {  # n_kv = n_h = 8: n_kv d = 32; K in b n_kv (s+q) d = 2*8*8*4 = 512
-    "k_proj": (2 * 6 * 32 * 32, 2 * (32 * 32 + 6 * 32 + 6 * 32), None, 6),           # 12288, 2816
+    "k_proj": (2 * 6 * 32 * 32, 2 * (32 * 32 + 6 * 32 + 6 * 32), None, 6),  # 12288, 2816
     "v_proj": (12288, 2816, None, 6),
-    "rotary": (3 * 6 * 16 * 4, 2 * (2 * 6 * 16 * 4 + 2 * 3 * 4), None, 6),           # 1152, 1584
+    "rotary": (3 * 6 * 16 * 4, 2 * (2 * 6 * 16 * 4 + 2 * 3 * 4), None, 6),  # 1152, 1584
     "kv_cache": (0, 2 * 2 * (2 * 6 * 32), 2 * 2 * (2 * 5 * 32 + 6 * 32 + 2 * 8 * 32), 6),  # 1536, 4096
-    "qk": (3072, 2 * (192 + 512), 2 * (192 + 512 + 384), 3),                         # 1408, 2176
+    "qk": (3072, 2 * (192 + 512), 2 * (192 + 512 + 384), 3),  # 1408, 2176
     "softmax": (1920, 0, 1536, 3),
     "pv": (3072, 2 * (512 + 192), 2 * (384 + 512 + 192), 3),
 }
@@ -174,12 +177,15 @@ def test_prefill_has_no_cache():
     assert float(ops["qk"].flops) == 2 * 2 * 16 * 16 * 4
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    ({"batch": 0, "tokens": 1, "context": 0}, "--batch"),
-    ({"batch": 1, "tokens": 0, "context": 0}, "--tokens"),
-    ({"batch": 1, "tokens": 1, "context": -1}, "--context"),
-    ({"batch": 1.5, "tokens": 1, "context": 0}, "--batch"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"batch": 0, "tokens": 1, "context": 0}, "--batch"),
+        ({"batch": 1, "tokens": 0, "context": 0}, "--tokens"),
+        ({"batch": 1, "tokens": 1, "context": -1}, "--context"),
+        ({"batch": 1.5, "tokens": 1, "context": 0}, "--batch"),
+    ],
+)
 def test_bad_sizes(kwargs, match):
     with pytest.raises(UserError, match=match):
         operators(TINY, None, **kwargs)

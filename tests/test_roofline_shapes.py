@@ -16,9 +16,16 @@ from roofline.shapes import (
 from treeopt.errors import UserError
 
 LLAMA_CFG = {
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
-    "intermediate_size": 11008, "num_hidden_layers": 32, "num_attention_heads": 32,
-    "num_key_value_heads": 32, "vocab_size": 32000, "tie_word_embeddings": False, "torch_dtype": "float16",
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 4096,
+    "intermediate_size": 11008,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 32,
+    "vocab_size": 32000,
+    "tie_word_embeddings": False,
+    "torch_dtype": "float16",
 }
 
 
@@ -28,11 +35,20 @@ def write_cfg(tmp_path, cfg, name="config.json"):
     return path
 
 
-@pytest.mark.parametrize("name, billions", [
-    ("llama-7b", 6.738), ("llama-13b", 13.016), ("llama-33b", 32.529), ("llama-65b", 65.286),
-    ("llama-2-70b", 68.977), ("llama-3-8b", 8.030), ("llama-3-70b", 70.554), ("mistral-7b", 7.242),
-    ("qwen2-7b", 7.615),
-])
+@pytest.mark.parametrize(
+    "name, billions",
+    [
+        ("llama-7b", 6.738),
+        ("llama-13b", 13.016),
+        ("llama-33b", 32.529),
+        ("llama-65b", 65.286),
+        ("llama-2-70b", 68.977),
+        ("llama-3-8b", 8.030),
+        ("llama-3-70b", 70.554),
+        ("mistral-7b", 7.242),
+        ("qwen2-7b", 7.615),
+    ],
+)
 def test_builtin_parameter_counts_match_published_sizes(name, billions):
     # published parameter counts (model cards); qwen2 without its small q/k/v biases
     assert model_shape(name).params / 1e9 == pytest.approx(billions, abs=0.01)
@@ -41,8 +57,14 @@ def test_builtin_parameter_counts_match_published_sizes(name, billions):
 def test_vicuna_aliases_and_gqa_shapes():
     v = model_shape("vicuna-7b")
     l7 = model_shape("llama-7b")
-    assert (v.layers, v.hidden, v.intermediate, v.heads, v.kv_heads, v.vocab) == \
-        (l7.layers, l7.hidden, l7.intermediate, l7.heads, l7.kv_heads, l7.vocab)
+    assert (v.layers, v.hidden, v.intermediate, v.heads, v.kv_heads, v.vocab) == (
+        l7.layers,
+        l7.hidden,
+        l7.intermediate,
+        l7.heads,
+        l7.kv_heads,
+        l7.vocab,
+    )
     assert v.name == "vicuna-7b" and "same shape" in v.source
     assert model_shape("Vicuna-13B").hidden == 5120
     assert model_shape("vicuna-33b").layers == 60
@@ -50,9 +72,19 @@ def test_vicuna_aliases_and_gqa_shapes():
     assert (l3.heads, l3.kv_heads, l3.head_dim, l3.kv_dim) == (32, 8, 128, 1024)
     # KV cache per token: 2 (K, V) x 32 layers x 1024 x 2 bytes
     assert l3.kv_bytes_per_token == 2 * 32 * 1024 * 2
-    assert set(builtin_shapes()) >= {"llama-7b", "llama-13b", "llama-33b", "llama-65b", "llama-2-7b",
-                                     "llama-2-13b", "llama-2-70b", "llama-3-8b", "llama-3-70b", "mistral-7b",
-                                     "qwen2-7b"}
+    assert set(builtin_shapes()) >= {
+        "llama-7b",
+        "llama-13b",
+        "llama-33b",
+        "llama-65b",
+        "llama-2-7b",
+        "llama-2-13b",
+        "llama-2-70b",
+        "llama-3-8b",
+        "llama-3-70b",
+        "mistral-7b",
+        "qwen2-7b",
+    }
     for s in builtin_shapes().values():
         assert s.source
 
@@ -60,19 +92,39 @@ def test_vicuna_aliases_and_gqa_shapes():
 def test_config_json_llama_file_and_directory(tmp_path):
     path = write_cfg(tmp_path, LLAMA_CFG)
     s = model_shape(str(path))
-    assert (s.layers, s.hidden, s.heads, s.kv_heads, s.head_dim, s.vocab, s.dtype, s.dtype_bytes) == \
-        (32, 4096, 32, 32, 128, 32000, "fp16", 2)
+    assert (s.layers, s.hidden, s.heads, s.kv_heads, s.head_dim, s.vocab, s.dtype, s.dtype_bytes) == (
+        32,
+        4096,
+        32,
+        32,
+        128,
+        32000,
+        "fp16",
+        2,
+    )
     assert model_shape(str(tmp_path)).params == s.params
 
 
 def test_config_json_mistral_qwen2_defaults(tmp_path):
-    mistral = dict(LLAMA_CFG, architectures=["MistralForCausalLM"], intermediate_size=14336,
-                   num_key_value_heads=8, torch_dtype="bfloat16")
+    mistral = dict(
+        LLAMA_CFG,
+        architectures=["MistralForCausalLM"],
+        intermediate_size=14336,
+        num_key_value_heads=8,
+        torch_dtype="bfloat16",
+    )
     s = model_shape(str(write_cfg(tmp_path, mistral)))
     assert (s.kv_heads, s.dtype) == (8, "bf16")
-    qwen = {"architectures": ["Qwen2ForCausalLM"], "hidden_size": 3584, "intermediate_size": 18944,
-            "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4,
-            "vocab_size": 152064, "tie_word_embeddings": False}
+    qwen = {
+        "architectures": ["Qwen2ForCausalLM"],
+        "hidden_size": 3584,
+        "intermediate_size": 18944,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 28,
+        "num_key_value_heads": 4,
+        "vocab_size": 152064,
+        "tie_word_embeddings": False,
+    }
     s = model_shape(str(write_cfg(tmp_path, qwen, "q.json")))
     assert (s.head_dim, s.kv_heads, s.dtype) == (128, 4, "bf16")  # no torch_dtype: bf16
     # no num_key_value_heads: multi-head attention; explicit head_dim wins
@@ -87,8 +139,9 @@ def test_config_json_mistral_qwen2_defaults(tmp_path):
     assert model_shape(str(write_cfg(tmp_path, cfg, "d.json"))).layers == 32
 
 
-@pytest.mark.parametrize("key", ["hidden_size", "num_hidden_layers", "num_attention_heads",
-                                 "intermediate_size", "vocab_size"])
+@pytest.mark.parametrize(
+    "key", ["hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size"]
+)
 def test_config_missing_key_is_named(tmp_path, key):
     cfg = dict(LLAMA_CFG)
     del cfg[key]
@@ -132,19 +185,31 @@ def test_demo_and_heads_next_to_the_model(tmp_path, monkeypatch):
     with pytest.raises(UserError, match="demo model is not there"):
         app_models.shape_of("demo")
     (tmp_path / "demo_model" / "heads").mkdir(parents=True)
-    write_cfg(tmp_path / "demo_model", dict(LLAMA_CFG, hidden_size=256, intermediate_size=704, num_hidden_layers=5,
-                                            num_attention_heads=4, num_key_value_heads=4, vocab_size=4096,
-                                            torch_dtype="bfloat16"))
-    (tmp_path / "demo_model" / "heads" / "config.json").write_text(json.dumps(
-        {"medusa_num_heads": 4, "medusa_num_layers": 1, "hidden_size": 256, "vocab_size": 4096}))
+    write_cfg(
+        tmp_path / "demo_model",
+        dict(
+            LLAMA_CFG,
+            hidden_size=256,
+            intermediate_size=704,
+            num_hidden_layers=5,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            vocab_size=4096,
+            torch_dtype="bfloat16",
+        ),
+    )
+    (tmp_path / "demo_model" / "heads" / "config.json").write_text(
+        json.dumps({"medusa_num_heads": 4, "medusa_num_layers": 1, "hidden_size": 256, "vocab_size": 4096})
+    )
     s = app_models.shape_of("demo", dtype="fp32")
     assert (s.name, s.hidden, s.layers, s.dtype, s.dtype_bytes) == ("demo", 256, 5, "fp32", 4)
     heads = app_models.heads_of("demo", s)
     assert heads == DraftHeadsShape(4, 1, 256, 4096)
     # explicit and accuracy-table head counts win over the config next to the model
     assert resolve_heads(tmp_path / "demo_model", s, accuracy_heads=3).num_heads == 3
-    assert resolve_heads(tmp_path / "demo_model", s, num_heads=2, accuracy_heads=3,
-                         num_layers=2) == DraftHeadsShape(2, 2, 256, 4096)
+    assert resolve_heads(tmp_path / "demo_model", s, num_heads=2, accuracy_heads=3, num_layers=2) == DraftHeadsShape(
+        2, 2, 256, 4096
+    )
 
 
 def test_draft_heads_shape():
@@ -158,8 +223,9 @@ def test_draft_heads_shape():
 
 
 def test_load_heads_shape(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps(
-        {"medusa_num_heads": 3, "medusa_num_layers": 2, "hidden_size": 32, "vocab_size": 64}))
+    (tmp_path / "config.json").write_text(
+        json.dumps({"medusa_num_heads": 3, "medusa_num_layers": 2, "hidden_size": 32, "vocab_size": 64})
+    )
     assert load_heads_shape(tmp_path) == DraftHeadsShape(3, 2, 32, 64)
     (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 32}))
     with pytest.raises(UserError, match="missing key 'medusa_num_heads'"):

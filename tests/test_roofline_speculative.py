@@ -38,13 +38,14 @@ def test_speedup_reproduces_leviathans_formula_where_verification_is_free():
     # (1 - a^(g+1)) / ((1 - a)(g c + 1)) with c = one draft pass / one target pass (Leviathan
     # et al. 2023, section 3.4; their T5-XXL/T5-small: a = 0.75, g = 7 -> 3.4x at c ~ 0.008).
     a, g, s = 0.75, 7, 128
-    c = (step_time_s(DRAFT, None, HW, batch=1, tokens=1, context=s)
-         / step_time_s(TARGET, None, HW, batch=1, tokens=1, context=s))
+    c = step_time_s(DRAFT, None, HW, batch=1, tokens=1, context=s) / step_time_s(
+        TARGET, None, HW, batch=1, tokens=1, context=s
+    )
     formula = (1 - a ** (g + 1)) / ((1 - a) * (g * c + 1))
     grid = gamma_grid(TARGET, DRAFT, HW, [a] * 8, batches=[1], contexts=[s])
     assert grid.loc[grid["gamma"] == g, "speedup"].item() == pytest.approx(formula, rel=0.01)
     # c = 0.008 is the cost ratio at which the formula gives the published 3.4x
-    assert (1 - a ** 8) / ((1 - a) * (7 * 0.00824 + 1)) == pytest.approx(3.4, abs=0.005)
+    assert (1 - a**8) / ((1 - a) * (7 * 0.00824 + 1)) == pytest.approx(3.4, abs=0.005)
 
 
 def test_best_gamma_falls_with_batch_and_is_none_when_drafting_never_pays():
@@ -57,8 +58,28 @@ def test_best_gamma_falls_with_batch_and_is_none_when_drafting_never_pays():
 
 def test_cli_gamma(tmp_path, capsys):
     out = tmp_path / "g.csv"
-    main(["roofline", "gamma", "--model", "llama-7b", "--draft-model", "llama-7b", "--hardware", "h100-sxm",
-          "--alpha-value", "0.9", "--batch", "1", "--context", "128", "--max-gamma", "4", "-o", str(out)])
+    main(
+        [
+            "roofline",
+            "gamma",
+            "--model",
+            "llama-7b",
+            "--draft-model",
+            "llama-7b",
+            "--hardware",
+            "h100-sxm",
+            "--alpha-value",
+            "0.9",
+            "--batch",
+            "1",
+            "--context",
+            "128",
+            "--max-gamma",
+            "4",
+            "-o",
+            str(out),
+        ]
+    )
     text = capsys.readouterr().out
     # a draft as costly as the target: step(g) > (g + 1) x plain > tau(g) x plain: never pays
     assert "none" in text and out.is_file()

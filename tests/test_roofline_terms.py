@@ -15,21 +15,36 @@ from roofline.latency import memory_required_bytes, op_timings, step_time_s
 from roofline.shapes import DraftHeadsShape, ModelShape, model_shape
 
 # 2 layers, h = 32, i = 64, 8 query heads sharing 2 KV heads of dim 4, V = 16, fp16 (beta = 2)
-GQA = ModelShape("gqa", layers=2, hidden=32, intermediate=64, heads=8, kv_heads=2, head_dim=4, vocab=16,
-                 dtype="fp16", dtype_bytes=2)
-B, Q, S = 2, 3, 5   # b q = 6 rows, s + q = 8 keys, q n_h / n_kv = 12 attention rows per KV head
+GQA = ModelShape(
+    "gqa", layers=2, hidden=32, intermediate=64, heads=8, kv_heads=2, head_dim=4, vocab=16, dtype="fp16", dtype_bytes=2
+)
+B, Q, S = 2, 3, 5  # b q = 6 rows, s + q = 8 keys, q n_h / n_kv = 12 attention rows per KV head
 FLAT = EfficiencyCurve((1.0,), (1.0,))
 HUGE = 1e30
 
 # Only bytes cost time: bandwidth 1e9 B/s at eta_memory 0.5 = 5e8 B/s for everything.
-MEMORY_ONLY = HardwareProfile(name="memory-only", peak_flops={"fp16": HUGE}, vector_flops=HUGE,
-                              bandwidth_bytes_per_s=1e9, eta_memory=0.5, capacity_bytes=1e12,
-                              kernel_overhead_s=0.0, gemm_efficiency=FLAT)
+MEMORY_ONLY = HardwareProfile(
+    name="memory-only",
+    peak_flops={"fp16": HUGE},
+    vector_flops=HUGE,
+    bandwidth_bytes_per_s=1e9,
+    eta_memory=0.5,
+    capacity_bytes=1e12,
+    kernel_overhead_s=0.0,
+    gemm_efficiency=FLAT,
+)
 # Only FLOPs cost time: matrix work at 1e9 x eta_compute 0.5 = 5e8 FLOP/s, vector work at
 # 1e8 x 0.5 = 5e7 FLOP/s.
-COMPUTE_ONLY = HardwareProfile(name="compute-only", peak_flops={"fp16": 1e9}, vector_flops=1e8,
-                               eta_compute=0.5, bandwidth_bytes_per_s=HUGE, capacity_bytes=1e12,
-                               kernel_overhead_s=0.0, gemm_efficiency=FLAT)
+COMPUTE_ONLY = HardwareProfile(
+    name="compute-only",
+    peak_flops={"fp16": 1e9},
+    vector_flops=1e8,
+    eta_compute=0.5,
+    bandwidth_bytes_per_s=HUGE,
+    capacity_bytes=1e12,
+    kernel_overhead_s=0.0,
+    gemm_efficiency=FLAT,
+)
 
 # Element counts per step (x beta = 2 for bytes), b = 2, q = 3, s = 5, fused attention, append:
 # per layer  attn_norm 2*6*32+32 = 416, q_proj 32*32+6*32+6*32 = 1408, k_proj 32*8+6*32+6*8 = 496,
@@ -38,20 +53,20 @@ COMPUTE_ONLY = HardwareProfile(name="compute-only", peak_flops={"fp16": 1e9}, ve
 #            gate 32*64+6*32+6*64 = 2624, up 2624, act 3*6*64 = 1152, down 2624, mlp_residual 576
 #            = 16152
 # per step   embedding 2*6*32 = 384, final_norm 416, lm_head 32*16+6*32+6*16 = 800
-STEP_ELEMENTS = 2 * 16152 + 384 + 416 + 800                                  # 33904
+STEP_ELEMENTS = 2 * 16152 + 384 + 416 + 800  # 33904
 # elementwise kernels only (vector kind, not the KV-cache copy):
 # per layer 416 + 504 + 0 + 576 + 416 + 1152 + 576 = 3640; per step 384 + 416
-ELEMENTWISE_ELEMENTS = 2 * 3640 + 384 + 416                                 # 8080
-KV_ELEMENTS = 2 * 192                                                       # 384
+ELEMENTWISE_ELEMENTS = 2 * 3640 + 384 + 416  # 8080
+KV_ELEMENTS = 2 * 192  # 384
 
 # FLOPs per step: GEMMs per layer q_proj 2*6*32*32 = 12288, k_proj 2*6*32*8 = 3072, v_proj 3072,
 # o_proj 12288, gate/up/down 2*6*32*64 = 24576 each; lm_head 2*6*32*16 = 6144
-GEMM_FLOPS = 2 * (12288 + 3072 + 3072 + 12288 + 3 * 24576) + 6144            # 215040
+GEMM_FLOPS = 2 * (12288 + 3072 + 3072 + 12288 + 3 * 24576) + 6144  # 215040
 # attention per layer: qk and pv 2*2*8*3*8*4 = 3072 each
-ATTENTION_FLOPS = 2 * (3072 + 3072)                                          # 12288
+ATTENTION_FLOPS = 2 * (3072 + 3072)  # 12288
 # vector per layer: norms 4*6*32 = 768 (x2), rotary 3*6*10*4 = 720, softmax 5*384 = 1920,
 # residuals 6*32 = 192 (x2), act 5*6*64 = 1920; final_norm 768
-VECTOR_FLOPS = 2 * (768 + 720 + 1920 + 192 + 768 + 1920 + 192) + 768         # 13728
+VECTOR_FLOPS = 2 * (768 + 720 + 1920 + 192 + 768 + 1920 + 192) + 768  # 13728
 
 
 def step(hw, shape=GQA, heads=None, **kw):
@@ -68,7 +83,7 @@ def timings(hw, shape=GQA, heads=None, **kw):
 
 def test_memory_only_step_is_all_bytes_over_attained_bandwidth():
     # 33904 elements x 2 bytes / (1e9 x 0.5) B/s
-    assert step(MEMORY_ONLY) == pytest.approx(STEP_ELEMENTS * 2 / 5e8, rel=1e-12)   # 1.35616e-4 s
+    assert step(MEMORY_ONLY) == pytest.approx(STEP_ELEMENTS * 2 / 5e8, rel=1e-12)  # 1.35616e-4 s
 
 
 def test_compute_only_step_splits_matrix_and_vector_rates():
@@ -83,7 +98,7 @@ def test_vector_work_runs_at_vector_flops_times_eta_compute():
     # only the 13728 vector FLOPs change rate: 5e7 -> 1e8 FLOP/s saves 13728 / 1e8 s
     assert step(COMPUTE_ONLY) - step(faster) == pytest.approx(VECTOR_FLOPS / 1e8, rel=1e-9)
     softmax = timings(COMPUTE_ONLY)["softmax"]
-    assert float(softmax.compute_s) == pytest.approx(1920 / 5e7, rel=1e-12)     # 3.84e-5 s
+    assert float(softmax.compute_s) == pytest.approx(1920 / 5e7, rel=1e-12)  # 3.84e-5 s
 
 
 def test_vector_rate_falls_back_to_fp32_peak_then_to_a_sixteenth_of_the_best_peak():
@@ -124,7 +139,7 @@ def test_attention_efficiency_scales_attention_compute():
     assert step(half) - step(COMPUTE_ONLY) == pytest.approx(ATTENTION_FLOPS / 5e8, rel=1e-9)
     t = timings(half)
     assert float(t["qk"].compute_s) == pytest.approx(3072 / 2.5e8, rel=1e-12)
-    assert float(t["q_proj"].compute_s) == pytest.approx(12288 / 5e8, rel=1e-12)   # GEMMs keep theirs
+    assert float(t["q_proj"].compute_s) == pytest.approx(12288 / 5e8, rel=1e-12)  # GEMMs keep theirs
     # q = 6: 24 rows, halfway between 12 and 48 in log2(rows) -> 0.75
     t6 = timings(half, tokens=6)
     # qk at q = 6: 2 * 2 * 8 * 6 * 11 * 4 = 8448 FLOPs at 5e8 x 0.75
@@ -152,8 +167,13 @@ def test_gemm_efficiency_is_read_at_batch_times_tokens_rows():
 
 
 def test_launch_block_and_head_overheads():
-    hw = MEMORY_ONLY.with_(bandwidth_bytes_per_s=HUGE, elementwise_bytes_per_s=HUGE, kernel_overhead_s=1e-6,
-                           attention_block_overhead_s=1e-7, head_overhead_s=1e-5)
+    hw = MEMORY_ONLY.with_(
+        bandwidth_bytes_per_s=HUGE,
+        elementwise_bytes_per_s=HUGE,
+        kernel_overhead_s=1e-6,
+        attention_block_overhead_s=1e-7,
+        head_overhead_s=1e-5,
+    )
     # fused: 17 operators per layer but softmax and pv run inside qk's kernel -> 15 kernels;
     # 2 layers + embedding, final_norm, lm_head = 33 kernels; qk pays 2 x 8 = 16 blocks per layer
     assert step(hw) == pytest.approx(33 * 1e-6 + 2 * 16 * 1e-7, rel=1e-9)
@@ -177,11 +197,11 @@ def test_memory_required_bytes_by_hand():
     # KV of b (s + q) = 2 x 8 tokens = 1024 bytes; largest activation: the MLP's b q x i x 2
     # (gate and up) = 2*3*64*2 x 2 bytes = 1536 > logits b (q + q K) V = 2*9*16 x 2 = 576
     need = memory_required_bytes(GQA, heads, batch=2, tokens=3, context=5)
-    assert float(need) == 37184 + 6272 + 1024 + 1536                          # 46016
+    assert float(need) == 37184 + 6272 + 1024 + 1536  # 46016
     # unfused attention, b = 1, q = 1, s = 99: KV 100 x 64 = 6400; the scores b n_h q (s+q)
     # = 8*100 x 2 = 1600 beat the MLP (1*64*2 x 2 = 256) and the logits (16 x 2 = 32)
     need = memory_required_bytes(GQA, None, batch=1, tokens=1, context=99, attention="unfused")
-    assert float(need) == 37184 + 6400 + 1600                                  # 45184
+    assert float(need) == 37184 + 6400 + 1600  # 45184
     # fused: no scores, the MLP activation is the largest
     assert float(memory_required_bytes(GQA, None, batch=1, tokens=1, context=99)) == 37184 + 6400 + 256
 

@@ -15,9 +15,20 @@ from treeopt.app.run import RunSettings, run_main_job
 from treeopt.cli import main
 
 # tests/test_pipeline.py's small run, with the demo's draft model drafting up to 4 tokens
-DRAFT_SMALL = RunSettings(steps=8, sizes=(0, 1, 4), max_nodes=4, batches=(1, 2), contexts=(32,), repeats=3,
-                          validation_sizes=(1, 4), validation_prompts=8, hw_quick=True, device="cpu",
-                          drafter="draft-model", num_heads=4)
+DRAFT_SMALL = RunSettings(
+    steps=8,
+    sizes=(0, 1, 4),
+    max_nodes=4,
+    batches=(1, 2),
+    contexts=(32,),
+    repeats=3,
+    validation_sizes=(1, 4),
+    validation_prompts=8,
+    hw_quick=True,
+    device="cpu",
+    drafter="draft-model",
+    num_heads=4,
+)
 
 
 def test_chain_tree_is_one_top1_guess_per_depth():
@@ -29,9 +40,18 @@ def test_run_with_a_draft_model_selects_chains(tmp_path):
     logs = []
     result = run_main_job(out, DRAFT_SMALL, log=logs.append, progress=False)
 
-    for name in ("accuracy.json", "accuracy.alpha.json", "proposal_tree.json", "hardware.json", "sweep.csv",
-                 "selection.json", "validation_acceptance.csv", "index.md", "prediction/index.md",
-                 "prediction/gamma.csv"):
+    for name in (
+        "accuracy.json",
+        "accuracy.alpha.json",
+        "proposal_tree.json",
+        "hardware.json",
+        "sweep.csv",
+        "selection.json",
+        "validation_acceptance.csv",
+        "index.md",
+        "prediction/index.md",
+        "prediction/gamma.csv",
+    ):
         assert (out / name).is_file(), name
     proposal = json.loads((out / "proposal_tree.json").read_text())
     assert proposal["medusa_choices"] == [[0], [0, 0], [0, 0, 0], [0, 0, 0, 0]]
@@ -55,8 +75,9 @@ def test_run_with_a_draft_model_selects_chains(tmp_path):
         same = grid[(grid["batch"] == b) & (grid["context"] == ctx)].set_index("gamma")["step_time_s"]
         cell = cell.set_index("nodes")["predicted_step_time_s"]
         np.testing.assert_allclose(cell.to_numpy(), same.loc[cell.index].to_numpy(), rtol=1e-5)
-    np.testing.assert_allclose(grid["speedup"], grid["tau"] * grid["plain_step_s"] / grid["step_time_s"],
-                               rtol=1e-5)  # the CSV keeps 6 digits
+    np.testing.assert_allclose(
+        grid["speedup"], grid["tau"] * grid["plain_step_s"] / grid["step_time_s"], rtol=1e-5
+    )  # the CSV keeps 6 digits
 
     # greedy verification is lossless and a longer chain never accepts fewer tokens per step;
     # a chain of gamma emits at most gamma + 1 tokens per step
@@ -91,7 +112,8 @@ def test_demo_train_draft_writes_only_its_output_folder(tmp_path, monkeypatch, c
     assert "after 2 steps" in capsys.readouterr().out
     assert sorted(str(p) for p in target.rglob("*")) == before  # the target is only read
     assert {"config.json", "model.safetensors", "training.json", ".work/draft.pt"} <= {
-        str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()}
+        str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()
+    }
     # the result is a draft model of the target's vocabulary that its loader takes
     lm = load_model(str(target), str(out), device="cpu", dtype="float32", drafter="draft-model", num_heads=2)
     assert lm.heads.kind == "draft-model" and lm.heads.vocab_size == 48

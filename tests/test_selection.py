@@ -30,17 +30,31 @@ def hand_sweep() -> pd.DataFrame:
     rows = []
     for (b, s), cell in CELLS.items():
         for n, (meas, pred) in cell.items():
-            rows.append({"batch": b, "context": s, "nodes": n, "tau": TAU[n], "tau_independent": TAU[n],
-                         "overhead": TAU[n] / meas, "speedup": meas, "predicted_overhead": TAU[n] / pred,
-                         "predicted_speedup": pred, "step_time_s": 0.01 * TAU[n] / meas})
+            rows.append(
+                {
+                    "batch": b,
+                    "context": s,
+                    "nodes": n,
+                    "tau": TAU[n],
+                    "tau_independent": TAU[n],
+                    "overhead": TAU[n] / meas,
+                    "speedup": meas,
+                    "predicted_overhead": TAU[n] / pred,
+                    "predicted_speedup": pred,
+                    "step_time_s": 0.01 * TAU[n] / meas,
+                }
+            )
     return pd.DataFrame(rows).reindex(columns=SWEEP_COLUMNS)
 
 
 def write_sweep(tmp_path, df=None, meta=None, name="sweep.csv"):
     path = tmp_path / name
     (hand_sweep() if df is None else df).to_csv(path, index=False)
-    meta = {"format": "treeopt.sweep/v1", "model": "tiny", "device": "cpu",
-            "proposal": PROPOSAL.to_choices()} if meta is None else meta
+    meta = (
+        {"format": "treeopt.sweep/v1", "model": "tiny", "device": "cpu", "proposal": PROPOSAL.to_choices()}
+        if meta is None
+        else meta
+    )
     if meta is not False:
         path.with_name(path.stem + ".meta.json").write_text(json.dumps(meta))
     return path
@@ -116,18 +130,42 @@ def test_select_end_to_end_where_measured():
 
 def test_prediction_regret_by_hand():
     reg = prediction_regret(hand_sweep()).set_index(["batch", "context"])
-    assert reg.loc[(1, 128)].to_dict() == pytest.approx({
-        "predicted_nodes": 4, "measured_best_nodes": 2, "measured_speedup_of_predicted": 1.6,
-        "measured_best_speedup": 1.8, "fraction_of_best": 1.6 / 1.8})
-    assert reg.loc[(1, 512)].to_dict() == pytest.approx({
-        "predicted_nodes": 0, "measured_best_nodes": 0, "measured_speedup_of_predicted": 1.0,
-        "measured_best_speedup": 1.0, "fraction_of_best": 1.0})
-    assert reg.loc[(4, 128)].to_dict() == pytest.approx({
-        "predicted_nodes": 2, "measured_best_nodes": 1, "measured_speedup_of_predicted": 1.3,
-        "measured_best_speedup": 1.3, "fraction_of_best": 1.0})
-    assert reg.loc[(4, 512)].to_dict() == pytest.approx({
-        "predicted_nodes": 4, "measured_best_nodes": 1, "measured_speedup_of_predicted": 0.7,
-        "measured_best_speedup": 1.1, "fraction_of_best": 0.7 / 1.1})
+    assert reg.loc[(1, 128)].to_dict() == pytest.approx(
+        {
+            "predicted_nodes": 4,
+            "measured_best_nodes": 2,
+            "measured_speedup_of_predicted": 1.6,
+            "measured_best_speedup": 1.8,
+            "fraction_of_best": 1.6 / 1.8,
+        }
+    )
+    assert reg.loc[(1, 512)].to_dict() == pytest.approx(
+        {
+            "predicted_nodes": 0,
+            "measured_best_nodes": 0,
+            "measured_speedup_of_predicted": 1.0,
+            "measured_best_speedup": 1.0,
+            "fraction_of_best": 1.0,
+        }
+    )
+    assert reg.loc[(4, 128)].to_dict() == pytest.approx(
+        {
+            "predicted_nodes": 2,
+            "measured_best_nodes": 1,
+            "measured_speedup_of_predicted": 1.3,
+            "measured_best_speedup": 1.3,
+            "fraction_of_best": 1.0,
+        }
+    )
+    assert reg.loc[(4, 512)].to_dict() == pytest.approx(
+        {
+            "predicted_nodes": 4,
+            "measured_best_nodes": 1,
+            "measured_speedup_of_predicted": 0.7,
+            "measured_best_speedup": 1.1,
+            "fraction_of_best": 0.7 / 1.1,
+        }
+    )
     with pytest.raises(UserError, match="no predicted speedups"):
         prediction_regret(hand_sweep().drop(columns=["predicted_speedup"]))
 
@@ -145,21 +183,24 @@ def test_read_sweep_round_trip(tmp_path):
     assert [c["nodes"] for c in select(df, PROPOSAL)["cells"]] == [2, 0, 1, 1]
 
 
-@pytest.mark.parametrize("case, match", [
-    ("missing file", "no such file"),
-    ("missing column", "missing column 'speedup'"),
-    ("missing meta", "sweep.meta.json .*is missing"),
-    ("bad meta json", "not valid JSON"),
-    ("meta without proposal", "no 'proposal' tree"),
-    ("bad proposal", "has no parent"),
-    ("proposal too small", "rows for 4 nodes but the proposal tree"),
-    ("not a number", "row 3: column 'speedup' is not a number"),
-    ("no plain row", "batch 1 context 128 has no row for 0 nodes"),
-    ("duplicate", "appears twice"),
-    ("fractional batch", "'batch' must be an integer"),
-    ("empty", "no rows"),
-    ("binary", "not a sweep CSV"),
-])
+@pytest.mark.parametrize(
+    "case, match",
+    [
+        ("missing file", "no such file"),
+        ("missing column", "missing column 'speedup'"),
+        ("missing meta", "sweep.meta.json .*is missing"),
+        ("bad meta json", "not valid JSON"),
+        ("meta without proposal", "no 'proposal' tree"),
+        ("bad proposal", "has no parent"),
+        ("proposal too small", "rows for 4 nodes but the proposal tree"),
+        ("not a number", "row 3: column 'speedup' is not a number"),
+        ("no plain row", "batch 1 context 128 has no row for 0 nodes"),
+        ("duplicate", "appears twice"),
+        ("fractional batch", "'batch' must be an integer"),
+        ("empty", "no rows"),
+        ("binary", "not a sweep CSV"),
+    ],
+)
 def test_read_sweep_errors_name_the_file(tmp_path, case, match):
     df = hand_sweep()
     meta = None
@@ -214,10 +255,12 @@ def test_select_cli(tmp_path, capsys):
     bad_col = write_sweep(tmp_path, hand_sweep().drop(columns=["nodes"]), name="bad.csv")
     no_meta = write_sweep(tmp_path, meta=False, name="lonely.csv")
     no_pred = write_sweep(tmp_path, hand_sweep().drop(columns=["predicted_speedup"]), name="nopred.csv")
-    for args, name in ([["--sweep", str(tmp_path / "missing.csv")], "missing.csv"],
-                       [["--sweep", str(bad_col)], "bad.csv"],
-                       [["--sweep", str(no_meta)], "lonely.csv"],
-                       [["--sweep", str(no_pred), "--by", "predicted"], "nopred.csv"]):
+    for args, name in (
+        [["--sweep", str(tmp_path / "missing.csv")], "missing.csv"],
+        [["--sweep", str(bad_col)], "bad.csv"],
+        [["--sweep", str(no_meta)], "lonely.csv"],
+        [["--sweep", str(no_pred), "--by", "predicted"], "nopred.csv"],
+    ):
         target = tmp_path / "new.json"
         with pytest.raises(SystemExit) as exc:
             main(["select", *args, "-o", str(target)])
@@ -232,9 +275,19 @@ def interval_sweep(x, tau):
     """A one-cell sweep table from per-round step times `x` (rounds, sizes 0, 1, 2, 4)."""
     overhead = np.median(same_round_ratios(x), axis=0)
     nodes = [0, 1, 2, 4]
-    df = pd.DataFrame({"batch": 1, "context": 128, "nodes": nodes, "tau": tau, "tau_se": 0.0,
-                       "overhead": overhead, "speedup": np.asarray(tau) / overhead, "samples": len(x),
-                       "unreliable": 0}).reindex(columns=SWEEP_COLUMNS)
+    df = pd.DataFrame(
+        {
+            "batch": 1,
+            "context": 128,
+            "nodes": nodes,
+            "tau": tau,
+            "tau_se": 0.0,
+            "overhead": overhead,
+            "speedup": np.asarray(tau) / overhead,
+            "samples": len(x),
+            "unreliable": 0,
+        }
+    ).reindex(columns=SWEEP_COLUMNS)
     samples = {(1, 128): (nodes, np.asarray(x))}
     return add_intervals(df, samples), samples
 

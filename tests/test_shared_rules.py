@@ -114,12 +114,17 @@ def test_default_heads_dir_rule(tmp_path):
 
 
 def test_dtype_names():
-    for spelling, canonical in [("float32", "fp32"), ("FP32", "fp32"), ("torch.bfloat16", "bf16"),
-                                ("half", "fp16"), ("float16", "fp16"), ("float8_e4m3fn", "fp8"),
-                                ("int8", "int8")]:
+    for spelling, canonical in [
+        ("float32", "fp32"),
+        ("FP32", "fp32"),
+        ("torch.bfloat16", "bf16"),
+        ("half", "fp16"),
+        ("float16", "fp16"),
+        ("float8_e4m3fn", "fp8"),
+        ("int8", "int8"),
+    ]:
         assert normalize_dtype(spelling) == canonical
-    assert {name: dtype_bytes(name) for name in DTYPE_BYTES} == \
-        {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
+    assert {name: dtype_bytes(name) for name in DTYPE_BYTES} == {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
     # every canonical name has a torch name, and that name normalises back to it
     assert {normalize_dtype(TORCH_NAMES[name]) for name in DTYPE_BYTES} == set(DTYPE_BYTES)
     with pytest.raises(UserError, match=r"--dtype: unknown dtype 'fp7' \(use one of fp32, bf16"):

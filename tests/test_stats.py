@@ -67,7 +67,7 @@ def test_tau_standard_error_by_enumeration():
     tau = np.array([1.0, 1.0 + a, 1.0 + a + a * b])
     mean = np.array([0.0, a, a + a * b])
     second = np.array([0.0, a, a * (1 - b) + 4 * a * b])
-    expected = np.sqrt((second - mean ** 2) / positions)
+    expected = np.sqrt((second - mean**2) / positions)
     got = tau_stderr_independent_positions(tau, [1, 2], positions)
     np.testing.assert_allclose(got, expected, rtol=1e-12)
     # siblings [0], [1] (p0, p1): M is 0 or 1, a Bernoulli of p0 + p1

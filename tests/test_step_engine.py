@@ -25,17 +25,31 @@ from treeopt.errors import UserError
 from treeopt.tree import Tree
 
 # 2 layers, h = 32, i = 64, 8 query heads sharing 2 KV heads of dim 4, V = 16, fp16 (beta = 2)
-GQA = ModelShape("gqa", layers=2, hidden=32, intermediate=64, heads=8, kv_heads=2, head_dim=4, vocab=16,
-                 dtype="fp16", dtype_bytes=2)
+GQA = ModelShape(
+    "gqa", layers=2, hidden=32, intermediate=64, heads=8, kv_heads=2, head_dim=4, vocab=16, dtype="fp16", dtype_bytes=2
+)
 FLAT = EfficiencyCurve((1.0,), (1.0,))
 HUGE = 1e30
 # only bytes cost time, at 1e9 x 0.5 = 5e8 B/s
-MEMORY_ONLY = HardwareProfile(name="memory-only", peak_flops={"fp16": HUGE}, vector_flops=HUGE,
-                              bandwidth_bytes_per_s=1e9, eta_memory=0.5, capacity_bytes=1e12,
-                              kernel_overhead_s=0.0, gemm_efficiency=FLAT)
+MEMORY_ONLY = HardwareProfile(
+    name="memory-only",
+    peak_flops={"fp16": HUGE},
+    vector_flops=HUGE,
+    bandwidth_bytes_per_s=1e9,
+    eta_memory=0.5,
+    capacity_bytes=1e12,
+    kernel_overhead_s=0.0,
+    gemm_efficiency=FLAT,
+)
 # a calibrated-looking profile: framework costs per forward, layer, token row and cached key
-FRAMEWORK = MEMORY_ONLY.with_(kernel_overhead_s=2e-6, forward_overhead_s=1e-4, layer_overhead_s=3e-5,
-                              token_overhead_s=1e-6, context_overhead_s=2e-8, plain_context_overhead_s=1e-8)
+FRAMEWORK = MEMORY_ONLY.with_(
+    kernel_overhead_s=2e-6,
+    forward_overhead_s=1e-4,
+    layer_overhead_s=3e-5,
+    token_overhead_s=1e-6,
+    context_overhead_s=2e-8,
+    plain_context_overhead_s=1e-8,
+)
 V7 = model_shape("vicuna-7b")
 A100 = load_hardware("a100-80gb-sxm")
 
@@ -46,20 +60,24 @@ def attention_s(timings) -> float:
 
 # ---- engine terms ------------------------------------------------------------------------
 
+
 def test_fixed_cost_is_paid_by_speculative_steps_only():
     hw = MEMORY_ONLY.with_(spec_step_overhead_s=2.5e-3)
     for q in (2, 3, 17):
-        assert step_time_s(GQA, None, hw, batch=2, tokens=q, context=5) - \
-            step_time_s(GQA, None, MEMORY_ONLY, batch=2, tokens=q, context=5) == pytest.approx(2.5e-3, rel=1e-9)
-    assert step_time_s(GQA, None, hw, batch=2, tokens=1, context=5) == \
-        step_time_s(GQA, None, MEMORY_ONLY, batch=2, tokens=1, context=5)
+        assert step_time_s(GQA, None, hw, batch=2, tokens=q, context=5) - step_time_s(
+            GQA, None, MEMORY_ONLY, batch=2, tokens=q, context=5
+        ) == pytest.approx(2.5e-3, rel=1e-9)
+    assert step_time_s(GQA, None, hw, batch=2, tokens=1, context=5) == step_time_s(
+        GQA, None, MEMORY_ONLY, batch=2, tokens=1, context=5
+    )
 
 
 def test_cost_per_verified_token_counts_every_token_of_every_sequence():
     hw = MEMORY_ONLY.with_(verified_token_s=7e-5)
     # b = 2 sequences x q = 3 tokens = 6 verified tokens; plain decoding verifies b = 2
-    assert step_time_s(GQA, None, hw, batch=2, tokens=3, context=5) - \
-        step_time_s(GQA, None, MEMORY_ONLY, batch=2, tokens=3, context=5) == pytest.approx(6 * 7e-5, rel=1e-9)
+    assert step_time_s(GQA, None, hw, batch=2, tokens=3, context=5) - step_time_s(
+        GQA, None, MEMORY_ONLY, batch=2, tokens=3, context=5
+    ) == pytest.approx(6 * 7e-5, rel=1e-9)
     assert float(speculation_overhead_s(hw, batch=2, tokens=1)) == pytest.approx(2 * 7e-5, rel=1e-12)
 
 
@@ -80,8 +98,9 @@ def test_attention_reads_the_kv_cache_at_its_own_bandwidth():
     assert base == pytest.approx(2560 / 5e8, rel=1e-12)
     assert attention_s(op_timings(GQA, None, slow, batch=2, tokens=3, context=5)) == pytest.approx(4 * base, rel=1e-12)
     # the other operators keep their rates
-    assert step_time_s(GQA, None, slow, batch=2, tokens=3, context=5) - \
-        step_time_s(GQA, None, MEMORY_ONLY, batch=2, tokens=3, context=5) == pytest.approx(3 * 2560 / 5e8, rel=1e-9)
+    assert step_time_s(GQA, None, slow, batch=2, tokens=3, context=5) - step_time_s(
+        GQA, None, MEMORY_ONLY, batch=2, tokens=3, context=5
+    ) == pytest.approx(3 * 2560 / 5e8, rel=1e-9)
 
 
 def test_attention_kv_efficiency_follows_the_keys_per_sequence():
@@ -93,6 +112,7 @@ def test_attention_kv_efficiency_follows_the_keys_per_sequence():
 
 
 # ---- verification modes ------------------------------------------------------------------
+
 
 def test_one_candidate_is_tree_verification():
     for att in ("fused", "unfused"):
@@ -108,10 +128,14 @@ def test_one_token_candidates_are_plain_decoding_of_the_expanded_batch():
         plain = op_timings(GQA, None, FRAMEWORK, batch=12, tokens=1, context=5, attention=att)
         for a, b in zip(cand, plain, strict=True):
             assert a.op.name == b.op.name
-            assert (float(a.time_s), float(a.op.flops), float(a.op.bytes)) == \
-                (float(b.time_s), float(b.op.flops), float(b.op.bytes)), a.op.name
-        assert step_time_s(GQA, None, FRAMEWORK, batch=2, tokens=6, context=5, attention=att, candidates=6) == \
-            step_time_s(GQA, None, FRAMEWORK, batch=12, tokens=1, context=5, attention=att)
+            assert (float(a.time_s), float(a.op.flops), float(a.op.bytes)) == (
+                float(b.time_s),
+                float(b.op.flops),
+                float(b.op.bytes),
+            ), a.op.name
+        assert step_time_s(
+            GQA, None, FRAMEWORK, batch=2, tokens=6, context=5, attention=att, candidates=6
+        ) == step_time_s(GQA, None, FRAMEWORK, batch=12, tokens=1, context=5, attention=att)
 
 
 def test_candidates_re_read_the_context():
@@ -149,17 +173,24 @@ def test_longer_context_lowers_the_speedup_under_unfused_attention():
     unfused = speedup_grid(V7, heads, A100, tau, [1], [128, 2048], attention="unfused").set_index(["context", "nodes"])
     for n in (32, 64):
         assert unfused.loc[(2048, n), "speedup"] < unfused.loc[(128, n), "speedup"]
-    proposal = Tree(tuple((r,) for r in range(10)) + tuple((0, r) for r in range(10)) +
-                    tuple((1, r) for r in range(10)) + tuple((0, 0, r) for r in range(10)) +
-                    tuple((0, 1, r) for r in range(10)) + tuple((1, 0, r) for r in range(10)) +
-                    tuple((0, 0, 0, r) for r in range(4)))
-    cand = speedup_grid(V7, heads, A100, tau, [1], [128, 2048], verification="candidates",
-                        tree=proposal).set_index(["context", "nodes"])
+    proposal = Tree(
+        tuple((r,) for r in range(10))
+        + tuple((0, r) for r in range(10))
+        + tuple((1, r) for r in range(10))
+        + tuple((0, 0, r) for r in range(10))
+        + tuple((0, 1, r) for r in range(10))
+        + tuple((1, 0, r) for r in range(10))
+        + tuple((0, 0, 0, r) for r in range(4))
+    )
+    cand = speedup_grid(V7, heads, A100, tau, [1], [128, 2048], verification="candidates", tree=proposal).set_index(
+        ["context", "nodes"]
+    )
     for n in (16, 32, 64):
         assert cand.loc[(2048, n), "speedup"] < cand.loc[(128, n), "speedup"]
 
 
 # ---- memory capacity ---------------------------------------------------------------------
+
 
 def test_capacity_is_the_binary_gigabytes_printed_on_the_datasheet():
     assert A100.capacity_bytes == 85899345920 and A100.capacity_gib == 80.0
@@ -176,8 +207,14 @@ def test_capacity_is_the_binary_gigabytes_printed_on_the_datasheet():
 
 # ---- fitting -----------------------------------------------------------------------------
 
-TRUE = {"eta_memory": 0.7, "forward_overhead_s": 1e-3, "spec_step_overhead_s": 2.5e-3, "verified_token_s": 7e-5,
-        "gemm_efficiency_scale": 0.8, "attention_kv_short": 0.33}
+TRUE = {
+    "eta_memory": 0.7,
+    "forward_overhead_s": 1e-3,
+    "spec_step_overhead_s": 2.5e-3,
+    "verified_token_s": 7e-5,
+    "gemm_efficiency_scale": 0.8,
+    "attention_kv_short": 0.33,
+}
 
 
 def synthetic_steps(terms=TRUE, batches=(1, 2, 4), contexts=(64, 2048), tokens=(1, 4, 16, 64, 128)):
@@ -201,7 +238,7 @@ def test_fit_recovers_the_terms_it_was_generated_from():
 
 def test_fit_is_robust_to_one_outlier_row():
     frame = synthetic_steps()
-    frame.loc[3, "step_ms"] *= 1.5      # batch 1, context 64, 64 tokens: one disturbed measurement
+    frame.loc[3, "step_ms"] *= 1.5  # batch 1, context 64, 64 tokens: one disturbed measurement
     fit = fit_profile(V7, None, A100, step_points_frame(frame, source="synthetic"), leave_one_out=False)
     for name in ("spec_step_overhead_s", "verified_token_s", "attention_kv_short"):
         assert fit.terms[name] == pytest.approx(TRUE[name], rel=0.1), name
@@ -212,8 +249,11 @@ def test_fit_is_robust_to_one_outlier_row():
 
 def test_plain_rows_alone_fix_no_speculative_term():
     frame = synthetic_steps(tokens=(1,))
-    assert identifiable_terms(step_points_frame(frame, source="s"), V7) == \
-        ("eta_memory", "forward_overhead_s", "attention_kv_short")
+    assert identifiable_terms(step_points_frame(frame, source="s"), V7) == (
+        "eta_memory",
+        "forward_overhead_s",
+        "attention_kv_short",
+    )
 
 
 def test_fit_and_predict_commands(tmp_path, capsys):
@@ -221,8 +261,20 @@ def test_fit_and_predict_commands(tmp_path, capsys):
     synthetic_steps().to_csv(steps, index=False)
     profile = tmp_path / "engine.json"
     with pytest.raises(SystemExit) as bad:
-        main(["hw", "fit", "--model", "vicuna-7b", "--hardware", "a100", "--measurements", str(tmp_path / "none.csv"),
-              "-o", str(profile)])
+        main(
+            [
+                "hw",
+                "fit",
+                "--model",
+                "vicuna-7b",
+                "--hardware",
+                "a100",
+                "--measurements",
+                str(tmp_path / "none.csv"),
+                "-o",
+                str(profile),
+            ]
+        )
     assert bad.value.code == 2
     main(["hw", "fit", "--model", "vicuna-7b", "--hardware", "a100", "--measurements", str(steps), "-o", str(profile)])
     out = capsys.readouterr().out
@@ -230,15 +282,30 @@ def test_fit_and_predict_commands(tmp_path, capsys):
     saved = json.loads(profile.read_text())
     assert saved["spec_step_overhead_s"] == pytest.approx(2.5e-3, rel=0.01)
     points = tmp_path / "points.csv"
-    pd.DataFrame({"batch": [1, 8], "context": [64, 512], "tokens": [1, 9], "candidates": [1, 3]}).to_csv(points,
-                                                                                                      index=False)
+    pd.DataFrame({"batch": [1, 8], "context": [64, 512], "tokens": [1, 9], "candidates": [1, 3]}).to_csv(
+        points, index=False
+    )
     predicted = tmp_path / "predicted.csv"
-    main(["roofline", "predict", "--model", "vicuna-7b", "--hardware", str(profile), "--points", str(points),
-          "-o", str(predicted)])
+    main(
+        [
+            "roofline",
+            "predict",
+            "--model",
+            "vicuna-7b",
+            "--hardware",
+            str(profile),
+            "--points",
+            str(points),
+            "-o",
+            str(predicted),
+        ]
+    )
     got = pd.read_csv(predicted)
     hw = load_hardware(str(profile))
-    expect = [step_time_s(V7, None, hw, batch=1, tokens=1, context=64) * 1e3,
-              step_time_s(V7, None, hw, batch=8, tokens=9, context=512, candidates=3) * 1e3]
+    expect = [
+        step_time_s(V7, None, hw, batch=1, tokens=1, context=64) * 1e3,
+        step_time_s(V7, None, hw, batch=8, tokens=9, context=512, candidates=3) * 1e3,
+    ]
     assert got["predicted_step_ms"].tolist() == pytest.approx(expect, rel=1e-5)
 
 

@@ -41,8 +41,9 @@ SETTINGS = SweepSettings((1, 3, 7), (1, 2), (8, 16), repeats=3, warmup=1)
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     """A tiny random Llama with GQA (4 query heads, 2 KV heads) and 3 random Medusa heads."""
-    path = tiny_model_for_tests(tmp_path_factory.mktemp("tiny"), vocab=VOCAB, hidden=32, layers=2,
-                                heads=4, kv_heads=2, num_medusa_heads=3)
+    path = tiny_model_for_tests(
+        tmp_path_factory.mktemp("tiny"), vocab=VOCAB, hidden=32, layers=2, heads=4, kv_heads=2, num_medusa_heads=3
+    )
     torch.set_num_threads(1)
     return path, load_model(str(path), device="cpu", dtype="float32")
 
@@ -86,9 +87,15 @@ def test_step_is_a_real_decoding_step(tiny):
         root_hidden = ref.hidden_states[-1][:, 8]  # after the final norm
         torch.testing.assert_close(head_logits[:, :, 0], lm.heads(root_hidden), atol=2e-5, rtol=1e-5)
 
-        plain, no_heads = plain_step_forward(lm.model, lm.heads, bench.cache, bench.inputs[0],
-                                             torch.ones(2, 9, dtype=torch.long), bench.positions[:, None],
-                                             num_heads=0)
+        plain, no_heads = plain_step_forward(
+            lm.model,
+            lm.heads,
+            bench.cache,
+            bench.inputs[0],
+            torch.ones(2, 9, dtype=torch.long),
+            bench.positions[:, None],
+            num_heads=0,
+        )
         bench.cache.crop(-1)
         ref = lm.model(torch.cat([bench.context_ids, bench.inputs[0]], dim=1)).logits[:, -1]
         torch.testing.assert_close(plain[:, 0], ref, atol=2e-5, rtol=1e-5)
@@ -127,8 +134,15 @@ def test_measure_group_rows(tiny, monkeypatch):
 def test_sweep_rows_and_derived_columns(tiny, tmp_path):
     _, lm = tiny
     out = tmp_path / "sweep.csv"
-    df = run_sweep(lm, TauCurve(PROPOSAL, TAU_IND, TAU_JOINT), SETTINGS, out, predictor=predictor,
-                   meta={"hardware": "test-hw"}, progress=False)
+    df = run_sweep(
+        lm,
+        TauCurve(PROPOSAL, TAU_IND, TAU_JOINT),
+        SETTINGS,
+        out,
+        predictor=predictor,
+        meta={"hardware": "test-hw"},
+        progress=False,
+    )
     assert list(df.columns) == SWEEP_COLUMNS and len(df) == 2 * 2 * 4
     keys = list(df[["batch", "context", "nodes"]].itertuples(index=False, name=None))
     assert keys == [(b, s, n) for b in (1, 2) for s in (8, 16) for n in (0, 1, 3, 7)]
@@ -178,29 +192,39 @@ def test_resume(tiny, tmp_path, monkeypatch):
 
     # same settings: nothing measured again, same rows
     calls.clear()
-    again = run_sweep(lm, TauCurve(PROPOSAL, TAU_IND, TAU_JOINT), one, out, predictor=predictor, resume=True,
-                      progress=False)
+    again = run_sweep(
+        lm, TauCurve(PROPOSAL, TAU_IND, TAU_JOINT), one, out, predictor=predictor, resume=True, progress=False
+    )
     assert calls == []
     pd.testing.assert_frame_equal(again, first, check_exact=False, rtol=1e-12, check_dtype=False)
 
     # more batch sizes: only the new groups are measured, the done ones keep their numbers
     more = SweepSettings((1, 3), (1, 2), (8, 16), repeats=3, warmup=1)
-    grown = run_sweep(lm, TauCurve(PROPOSAL, TAU_IND, TAU_JOINT), more, out, predictor=predictor, resume=True,
-                      progress=False)
+    grown = run_sweep(
+        lm, TauCurve(PROPOSAL, TAU_IND, TAU_JOINT), more, out, predictor=predictor, resume=True, progress=False
+    )
     assert calls == [(2, 8), (2, 16)]
-    pd.testing.assert_frame_equal(grown[grown["batch"] == 1].reset_index(drop=True), first,
-                                  check_exact=False, rtol=1e-12, check_dtype=False)
+    pd.testing.assert_frame_equal(
+        grown[grown["batch"] == 1].reset_index(drop=True), first, check_exact=False, rtol=1e-12, check_dtype=False
+    )
     assert len(grown) == 12 and json.loads(meta_path(out).read_text())["batches"] == [1, 2]
 
     # other measurement settings, tree or model: refuse, and leave the files alone
     before = out.read_bytes(), meta_path(out).read_bytes()
     for settings, proposal, match in (
-            (SweepSettings((1, 3), (1,), (8, 16), repeats=4, warmup=1), PROPOSAL, "repeats 3 -> 4"),
-            (SweepSettings((1, 2, 3), (1,), (8, 16), repeats=3, warmup=1), PROPOSAL, "sizes"),
-            (one, make_tree([[0], [1], [2], [3]]), "proposal: a different tree")):
+        (SweepSettings((1, 3), (1,), (8, 16), repeats=4, warmup=1), PROPOSAL, "repeats 3 -> 4"),
+        (SweepSettings((1, 2, 3), (1,), (8, 16), repeats=3, warmup=1), PROPOSAL, "sizes"),
+        (one, make_tree([[0], [1], [2], [3]]), "proposal: a different tree"),
+    ):
         with pytest.raises(UserError, match=match) as exc:
-            run_sweep(lm, TauCurve(proposal, TAU_IND[:proposal.size + 1], TAU_JOINT[:proposal.size + 1]), settings,
-                      out, resume=True, progress=False)
+            run_sweep(
+                lm,
+                TauCurve(proposal, TAU_IND[: proposal.size + 1], TAU_JOINT[: proposal.size + 1]),
+                settings,
+                out,
+                resume=True,
+                progress=False,
+            )
         assert str(out) in str(exc.value) and "cannot resume" in str(exc.value)
     assert (out.read_bytes(), meta_path(out).read_bytes()) == before
 
@@ -232,9 +256,13 @@ def test_interrupted_sweep_keeps_finished_groups_and_resumes(tiny, tmp_path, mon
     done = run_sweep(lm, TauCurve(PROPOSAL, TAU_IND, None), settings, out, resume=True, progress=False)
     assert calls == [(2, 8)]
     assert done[["batch", "nodes"]].values.tolist() == [[1, 0], [1, 1], [1, 3], [2, 0], [2, 1], [2, 3]]
-    pd.testing.assert_frame_equal(done[done["batch"] == 1].reset_index(drop=True),
-                                  partial.reindex(columns=SWEEP_COLUMNS), check_exact=False, rtol=1e-12,
-                                  check_dtype=False)
+    pd.testing.assert_frame_equal(
+        done[done["batch"] == 1].reset_index(drop=True),
+        partial.reindex(columns=SWEEP_COLUMNS),
+        check_exact=False,
+        rtol=1e-12,
+        check_dtype=False,
+    )
 
     # interrupted before the first group finished: nothing written, and a fresh sweep over an
     # existing file leaves it byte-identical until its first group is measured
@@ -284,9 +312,20 @@ def test_resume_recomputes_derived_columns_and_carries_end_to_end(tiny, tmp_path
 
     def fake(lm_, proposal, sizes, batch, context, **kw):
         calls.append((batch, context))
-        return [{"batch": batch, "context": context, "nodes": n, "step_time_s": 0.01 * (1 + n / 10),
-                 "step_time_p10_s": 0.009, "step_time_p90_s": 0.02, "samples": 3, "remeasured": 0,
-                 "overhead": 1 + n / 10} for n in sizes]
+        return [
+            {
+                "batch": batch,
+                "context": context,
+                "nodes": n,
+                "step_time_s": 0.01 * (1 + n / 10),
+                "step_time_p10_s": 0.009,
+                "step_time_p90_s": 0.02,
+                "samples": 3,
+                "remeasured": 0,
+                "overhead": 1 + n / 10,
+            }
+            for n in sizes
+        ]
 
     monkeypatch.setattr(sweep_mod, "measure_group", fake)
     out = tmp_path / "sweep.csv"
@@ -300,8 +339,9 @@ def test_resume_recomputes_derived_columns_and_carries_end_to_end(tiny, tmp_path
     df["e2e_speedup"] = [1.0, 1.2, 1.5]
     df.to_csv(out, index=False)
 
-    again = run_sweep(lm, TauCurve(PROPOSAL, TAU_IND, TAU_JOINT), one, out, predictor=predictor, resume=True,
-                      progress=False)
+    again = run_sweep(
+        lm, TauCurve(PROPOSAL, TAU_IND, TAU_JOINT), one, out, predictor=predictor, resume=True, progress=False
+    )
     assert calls == [(1, 8)]  # nothing re-measured
     np.testing.assert_allclose(again["speedup"], TAU_JOINT[[0, 1, 3]] / np.array([1.0, 1.1, 1.3]))
     assert again["predicted_speedup"].notna().all()

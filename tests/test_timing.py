@@ -59,12 +59,12 @@ def test_measure_interleaved_shuffles_and_times_each():
         def fn():
             order.append(name)
             state["now"] += clocks[name]
+
         return fn
 
-    stats = measure_interleaved([make("a"), make("b"), make("c")], rounds=6, warmup=0,
-                                clock=lambda: state["now"])
+    stats = measure_interleaved([make("a"), make("b"), make("c")], rounds=6, warmup=0, clock=lambda: state["now"])
     assert [s.median_s for s in stats] == [1.0, 2.0, 3.0]
-    rounds = [tuple(order[i:i + 3]) for i in range(0, 18, 3)]
+    rounds = [tuple(order[i : i + 3]) for i in range(0, 18, 3)]
     assert all(sorted(r) == ["a", "b", "c"] for r in rounds)
     assert len(set(rounds)) > 1  # the order changes between rounds
 

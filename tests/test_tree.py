@@ -208,7 +208,9 @@ def test_load_tree_errors(tmp_path):
 
 
 def test_buffers_reject_ranks_beyond_topk():
-    with pytest.raises(UserError, match=r"mc_sim_7b_63: node \[0, 5\] has rank 5, not below the candidate width \(topk\) 5"):
+    with pytest.raises(
+        UserError, match=r"mc_sim_7b_63: node \[0, 5\] has rank 5, not below the candidate width \(topk\) 5"
+    ):
         tree_buffers(reference_trees()["mc_sim_7b_63"], 5)
     with pytest.raises(UserError, match="topk"):
         tree_buffers(make_tree([[0]]), 0)

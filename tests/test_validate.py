@@ -30,8 +30,16 @@ PROMPTS = ["def f(x):\n", "import os", "a = [1, 2]", "class A:", "x"]
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    path = tiny_model_for_tests(tmp_path_factory.mktemp("tiny"), vocab=VOCAB, hidden=32, layers=2,
-                                heads=4, kv_heads=2, num_medusa_heads=NUM_HEADS, seed=1)
+    path = tiny_model_for_tests(
+        tmp_path_factory.mktemp("tiny"),
+        vocab=VOCAB,
+        hidden=32,
+        layers=2,
+        heads=4,
+        kv_heads=2,
+        num_medusa_heads=NUM_HEADS,
+        seed=1,
+    )
     torch.set_num_threads(1)
     return path, load_model(str(path), device="cpu", dtype="float32")
 
@@ -62,8 +70,13 @@ class OracleHeads(MedusaHeads):
                 ids = lm.tokenizer(text, return_tensors="pt")["input_ids"]
                 cont = greedy_decode(model, ids, max_new_tokens=max_new_tokens + NUM_HEADS + 2)[0]
                 seq = ids[0].tolist() + cont
-                h = model_forward_hidden(model, torch.tensor([seq]), attention_mask=None,
-                                         position_ids=torch.arange(len(seq))[None], cache=None)[0]
+                h = model_forward_hidden(
+                    model,
+                    torch.tensor([seq]),
+                    attention_mask=None,
+                    position_ids=torch.arange(len(seq))[None],
+                    cache=None,
+                )[0]
                 for t in range(ids.shape[1] - 1, len(seq) - NUM_HEADS - 1):
                     keys.append(h[t])
                     targets.append([seq[t + k + 2] for k in range(NUM_HEADS)])
@@ -91,8 +104,9 @@ def oracle_lm(tiny):
 
 def test_oracle_heads_make_a_chain_accept_everything(oracle_lm):
     tau = np.array([1.0, 1.9, 2.6, 3.2])
-    df = measure_acceptance(oracle_lm, TauCurve(CHAIN, tau, None), [0, 1, 2, 3], PROMPTS,
-                            max_new_tokens=13, batch_size=2, progress=False)
+    df = measure_acceptance(
+        oracle_lm, TauCurve(CHAIN, tau, None), [0, 1, 2, 3], PROMPTS, max_new_tokens=13, batch_size=2, progress=False
+    )
     assert list(df.columns) == ACCEPTANCE_COLUMNS and df["nodes"].tolist() == [0, 1, 2, 3]
     assert oracle_lm.heads.hits > 0
     # a chain of n nodes whose every proposal is right: n + 1 tokens per step
@@ -100,8 +114,9 @@ def test_oracle_heads_make_a_chain_accept_everything(oracle_lm):
     assert df["measured_tokens_per_step"].iloc[0] == 1.0
     # 12 tokens after the prefill's first: 12 / (n + 1) steps per prompt
     assert df["steps"].iloc[0] == 12 * len(PROMPTS) and df["steps"].iloc[3] == pytest.approx(3 * len(PROMPTS), abs=1)
-    np.testing.assert_allclose(df["error_independent"], (tau - df["measured_tokens_per_step"])
-                               / df["measured_tokens_per_step"], rtol=1e-12)
+    np.testing.assert_allclose(
+        df["error_independent"], (tau - df["measured_tokens_per_step"]) / df["measured_tokens_per_step"], rtol=1e-12
+    )
     assert df["error_independent"].iloc[1] == pytest.approx((1.9 - 2.0) / 2.0, abs=0.03)
     assert df["tau_joint"].isna().all() and df["error_joint"].isna().all()
 
@@ -116,8 +131,9 @@ def test_random_heads_acceptance(tiny):
     tau_i = np.array([1.0, 1.2, 1.3, 1.35, 1.4, 1.42, 1.43])
     tau_j = tau_i * 0.95
     tau_j[0] = 1.0
-    df = measure_acceptance(lm, TauCurve(tree, tau_i, tau_j), [0, 2, 6], PROMPTS,
-                            max_new_tokens=8, batch_size=3, progress=False)
+    df = measure_acceptance(
+        lm, TauCurve(tree, tau_i, tau_j), [0, 2, 6], PROMPTS, max_new_tokens=8, batch_size=3, progress=False
+    )
     m = df["measured_tokens_per_step"].to_numpy()
     assert m[0] == 1.0 and (m >= 1.0).all() and (m <= 1 + np.array([0, 2, 3])).all()
     assert (df["steps"] >= len(PROMPTS)).all()
@@ -130,12 +146,17 @@ def test_random_heads_acceptance(tiny):
 
 
 def test_latency_errors_by_hand():
-    sweep = pd.DataFrame({
-        "batch": [1, 1, 1, 2, 2], "context": [8, 8, 8, 8, 8], "nodes": [0, 1, 4, 0, 4],
-        "overhead": [1.0, 1.2, 1.5, 1.0, 2.0], "predicted_overhead": [1.0, 1.32, 1.2, 1.0, 2.5],
-        "step_time_s": [0.010, 0.012, 0.015, 0.020, 0.040],
-        "predicted_step_time_s": [0.005, 0.0066, 0.006, 0.01, 0.025],
-    })
+    sweep = pd.DataFrame(
+        {
+            "batch": [1, 1, 1, 2, 2],
+            "context": [8, 8, 8, 8, 8],
+            "nodes": [0, 1, 4, 0, 4],
+            "overhead": [1.0, 1.2, 1.5, 1.0, 2.0],
+            "predicted_overhead": [1.0, 1.32, 1.2, 1.0, 2.5],
+            "step_time_s": [0.010, 0.012, 0.015, 0.020, 0.040],
+            "predicted_step_time_s": [0.005, 0.0066, 0.006, 0.01, 0.025],
+        }
+    )
     err = latency_errors(sweep)
     assert err[["batch", "nodes"]].values.tolist() == [[1, 1], [1, 4], [2, 4]]
     np.testing.assert_allclose(err["overhead_error"], [0.1, -0.2, 0.25])
@@ -148,8 +169,11 @@ def test_latency_errors_by_hand():
 @pytest.fixture()
 def inputs(tmp_path):
     acc = tmp_path / "acc.json"
-    AccuracyTable(hits=[[60, 20, 10, 5], [40, 20, 10, 5], [30, 15, 10, 5]], positions=[100, 100, 100],
-                  provenance={"model": "tiny"}).save(acc)
+    AccuracyTable(
+        hits=[[60, 20, 10, 5], [40, 20, 10, 5], [30, 15, 10, 5]],
+        positions=[100, 100, 100],
+        provenance={"model": "tiny"},
+    ).save(acc)
     data = tmp_path / "prompts.jsonl"
     data.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
     return acc, data
@@ -162,8 +186,29 @@ def test_sweep_select_validate_cli(tiny, inputs, tmp_path, capsys):
     acc, data = inputs
     out = tmp_path / "sweep.csv"
     model = ["--model", str(path), "--device", "cpu"]
-    main(["sweep", *model, "--accuracy", str(acc), "--sizes", "0,1,3", "--batch", "1,2", "--context", "8",
-          "--repeats", "3", "--end-to-end", "--data", str(data), "--max-new-tokens", "4", "-o", str(out)])
+    main(
+        [
+            "sweep",
+            *model,
+            "--accuracy",
+            str(acc),
+            "--sizes",
+            "0,1,3",
+            "--batch",
+            "1,2",
+            "--context",
+            "8",
+            "--repeats",
+            "3",
+            "--end-to-end",
+            "--data",
+            str(data),
+            "--max-new-tokens",
+            "4",
+            "-o",
+            str(out),
+        ]
+    )
     assert f"wrote {out}" in capsys.readouterr().out
     df = pd.read_csv(out)
     assert df[["batch", "nodes"]].values.tolist() == [[1, 0], [1, 1], [1, 3], [2, 0], [2, 1], [2, 3]]
@@ -178,8 +223,26 @@ def test_sweep_select_validate_cli(tiny, inputs, tmp_path, capsys):
     capsys.readouterr()
 
     report = tmp_path / "validation"
-    main(["validate", *model, "--accuracy", str(acc), "--data", str(data), "--sizes", "1,3",
-          "--max-new-tokens", "5", "--batch-size", "2", "--sweep", str(out), "-o", str(report)])
+    main(
+        [
+            "validate",
+            *model,
+            "--accuracy",
+            str(acc),
+            "--data",
+            str(data),
+            "--sizes",
+            "1,3",
+            "--max-new-tokens",
+            "5",
+            "--batch-size",
+            "2",
+            "--sweep",
+            str(out),
+            "-o",
+            str(report),
+        ]
+    )
     text = capsys.readouterr().out
     assert "acceptance (tokens per step)" in text
     acc_df = pd.read_csv(report / "validation_acceptance.csv")
@@ -193,8 +256,25 @@ def test_sweep_select_validate_cli(tiny, inputs, tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "none.json" in err[0]
     with pytest.raises(SystemExit) as exc:
-        main(["sweep", *model, "--accuracy", str(acc), "--sizes", "0,1", "--batch", "1", "--context", "8",
-              "--repeats", "4", "--resume", "-o", str(out)])
+        main(
+            [
+                "sweep",
+                *model,
+                "--accuracy",
+                str(acc),
+                "--sizes",
+                "0,1",
+                "--batch",
+                "1",
+                "--context",
+                "8",
+                "--repeats",
+                "4",
+                "--resume",
+                "-o",
+                str(out),
+            ]
+        )
     assert exc.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and str(out) in err[0] and "cannot resume" in err[0]

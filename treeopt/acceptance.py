@@ -140,8 +140,7 @@ def accepted_lengths(ranks, tree: Tree) -> np.ndarray:
 def _blocks(sequence_ids, n_rows: int, start_rows: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(starts, ends) row ranges of each sequence, where steps may start; UserError unless rows
     are grouped and ordered."""
-    if start_rows is not None and (isinstance(start_rows, bool) or int(start_rows) != start_rows
-                                   or start_rows < 1):
+    if start_rows is not None and (isinstance(start_rows, bool) or int(start_rows) != start_rows or start_rows < 1):
         raise UserError(f"start_rows: must be an integer >= 1 or None, got {start_rows!r}")
     seq = np.asarray(sequence_ids)
     if seq.shape != (n_rows,):
@@ -153,9 +152,11 @@ def _blocks(sequence_ids, n_rows: int, start_rows: int | None = None) -> tuple[n
     down = np.flatnonzero(np.diff(seq) < 0)
     if down.size:
         i = int(down[0])
-        raise UserError(f"sequence_ids: must be non-decreasing (the rows of a sequence are its "
-                        f"positions in order, one block per sequence); row {i + 1} has sequence "
-                        f"{seq[i + 1]} after {seq[i]}")
+        raise UserError(
+            f"sequence_ids: must be non-decreasing (the rows of a sequence are its "
+            f"positions in order, one block per sequence); row {i + 1} has sequence "
+            f"{seq[i + 1]} after {seq[i]}"
+        )
     starts = np.flatnonzero(np.diff(seq, prepend=seq[0] - 1))
     ends = np.append(starts[1:], n_rows)
     if start_rows is not None:
@@ -163,8 +164,7 @@ def _blocks(sequence_ids, n_rows: int, start_rows: int | None = None) -> tuple[n
     return starts, ends
 
 
-def simulate_tokens_per_step(ranks, sequence_ids, tree: Tree, *,
-                             start_rows: int | None = None) -> tuple[float, int]:
+def simulate_tokens_per_step(ranks, sequence_ids, tree: Tree, *, start_rows: int | None = None) -> tuple[float, int]:
     """The greedy decoder's mean tokens per step on the calibration sequences, walked exactly.
 
     Each sequence: t <- its first row; repeat: A = A_T(t), record A, t += A; until t passes the
@@ -215,8 +215,10 @@ def simulated_tau_curve(tree: Tree, ranks, sequence_ids, *, start_rows: int | No
         late = np.flatnonzero((parent != n) & (parent > np.arange(n)))
         if late.size:
             i = int(late[0])
-            raise UserError(f"{tree.name}: node {list(tree.paths[i])} comes before its parent in "
-                            "insertion order, so its prefixes are not all trees (not a proposal sequence)")
+            raise UserError(
+                f"{tree.name}: node {list(tree.paths[i])} comes before its parent in "
+                "insertion order, so its prefixes are not all trees (not a proposal sequence)"
+            )
     chain = _matched_nodes(ranks, tree)  # (N, D), indices increase along the chain
     D = chain.shape[1]
     # position -> chain, with an unmatched depth larger than any m
@@ -227,7 +229,7 @@ def simulated_tau_curve(tree: Tree, ranks, sequence_ids, *, start_rows: int | No
     steps = np.zeros(M, np.int64)
     per_chunk = max(1, _WALK_CELLS // (M * max(D, 1)))
     for lo in range(0, len(starts), per_chunk):
-        first, stop = starts[lo:lo + per_chunk], ends[lo:lo + per_chunk]
+        first, stop = starts[lo : lo + per_chunk], ends[lo : lo + per_chunk]
         ptr = np.tile(first, M)  # prefix-major: entry (m, s)
         end = np.tile(stop, M)
         m = np.repeat(prefix, len(first))
@@ -251,21 +253,24 @@ def rank_vectors_path(accuracy_path) -> Path:
     return p.with_suffix(RANK_VECTORS_SUFFIX) if p.suffix else p.with_name(p.name + RANK_VECTORS_SUFFIX)
 
 
-def save_rank_vectors(path, ranks, sequence, width: int, fingerprint: dict | None = None,
-                      run_id: str | None = None) -> None:
+def save_rank_vectors(
+    path, ranks, sequence, width: int, fingerprint: dict | None = None, run_id: str | None = None
+) -> None:
     """Write an .npz (keys ranks, sequence, width, fingerprint as a JSON string, and run_id
     when given: the provenance key its accuracy table carries too) atomically.
 
     The archive is what ``np.savez_compressed`` writes, with a fixed member timestamp so that
     equal inputs give byte-identical files (numpy stamps the current time).
     """
-    arrays = {"ranks": np.asarray(ranks), "sequence": np.asarray(sequence),
-              "width": np.asarray(int(width), np.int64),
-              "fingerprint": np.asarray(json.dumps(fingerprint or {}, sort_keys=True))}
+    arrays = {
+        "ranks": np.asarray(ranks),
+        "sequence": np.asarray(sequence),
+        "width": np.asarray(int(width), np.int64),
+        "fingerprint": np.asarray(json.dumps(fingerprint or {}, sort_keys=True)),
+    }
     if run_id is not None:
         arrays["run_id"] = np.asarray(str(run_id))
-    with atomic_path(path) as tmp, \
-            zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED, allowZip64=True) as zf:
+    with atomic_path(path) as tmp, zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED, allowZip64=True) as zf:
         for key, value in arrays.items():
             info = zipfile.ZipInfo(key + ".npy", date_time=(1980, 1, 1, 0, 0, 0))
             info.compress_type = zipfile.ZIP_DEFLATED
@@ -302,8 +307,9 @@ def load_rank_vectors(accuracy_path, *, table=None) -> tuple[np.ndarray, np.ndar
     if ranks.ndim != 2 or ranks.shape[1] < 1 or ranks.dtype.kind not in "iu":
         raise UserError(f"{side}: 'ranks' must be an (N, K) integer array, got {ranks.dtype} {ranks.shape}")
     if sequence.shape != (ranks.shape[0],) or sequence.dtype.kind not in "iu":
-        raise UserError(f"{side}: 'sequence' must be {ranks.shape[0]} integers (one per row), "
-                        f"got {sequence.dtype} {sequence.shape}")
+        raise UserError(
+            f"{side}: 'sequence' must be {ranks.shape[0]} integers (one per row), got {sequence.dtype} {sequence.shape}"
+        )
     if width.shape != () or width.dtype.kind not in "iu" or int(width) < 1:
         raise UserError(f"{side}: 'width' must be an integer >= 1")
     if ranks.shape[0] and np.any(np.diff(sequence) < 0):
@@ -348,8 +354,7 @@ def rank_vectors_fingerprint(accuracy_path) -> dict | None:
     return fingerprint
 
 
-def _check_against_table(side: Path, ranks: np.ndarray, width: int, table,
-                         side_id: str | None = None) -> None:
+def _check_against_table(side: Path, ranks: np.ndarray, width: int, table, side_id: str | None = None) -> None:
     K, R = table.hits.shape
     problem = None
     table_id = table.provenance.get("run_id")
@@ -359,9 +364,9 @@ def _check_against_table(side: Path, ranks: np.ndarray, width: int, table,
         problem = f"{ranks.shape[1]} heads x width {width}, the table has {K} x {R}"
     else:
         counts = rank_hits(ranks, R)
-        if not (np.array_equal(counts.positions, table.positions)
-                and np.array_equal(counts.hits, table.hits)):
+        if not (np.array_equal(counts.positions, table.positions) and np.array_equal(counts.hits, table.hits)):
             problem = "its per-head, per-rank counts differ from the table's"
     if problem:
-        raise UserError(f"{side}: does not belong to the accuracy table beside it ({problem}); "
-                        "delete it or recalibrate")
+        raise UserError(
+            f"{side}: does not belong to the accuracy table beside it ({problem}); delete it or recalibrate"
+        )

@@ -108,7 +108,7 @@ class AccuracyTable:
     def from_dict(cls, d, source: str = "accuracy table") -> AccuracyTable:
         """Parse and validate a treeopt.accuracy/v1 document; errors name `source` and the field."""
         if not isinstance(d, dict):
-            raise UserError(f"{source}: expected a JSON object with \"format\": \"{ACCURACY_FORMAT}\"")
+            raise UserError(f'{source}: expected a JSON object with "format": "{ACCURACY_FORMAT}"')
         if d.get("format") != ACCURACY_FORMAT:
             raise UserError(f"{source}: field 'format' is {d.get('format')!r}, expected {ACCURACY_FORMAT!r}")
         K = _int_field(d, "num_heads", source, minimum=1)
@@ -234,9 +234,7 @@ def _validate_counts(hits: np.ndarray, positions: np.ndarray, src: str, first_he
             raise UserError(f"{src}: head {head} rank {int(neg[0])} has a negative hit count {hits[k, neg[0]]:g}")
         total = hits[k].sum()
         if total > positions[k] * (1 + _TOL):
-            raise UserError(
-                f"{src}: head {head} has {total:g} hits in all ranks but only {positions[k]:g} positions"
-            )
+            raise UserError(f"{src}: head {head} has {total:g} hits in all ranks but only {positions[k]:g} positions")
 
 
 def _validate_joint(joint: dict, width: int, positions: np.ndarray, src: str) -> None:
@@ -440,8 +438,7 @@ def _check_accuracies(row: np.ndarray, where: str) -> None:
         raise UserError(f"{where}: accuracy {row[bad[0]]:g} at rank {int(bad[0])} is outside [0, 1]")
     if row.sum() > 1 + _TOL:
         raise UserError(
-            f"{where}: per-rank accuracies sum to {row.sum():.4g} > 1 (cumulative top-k values? "
-            "those belong in a CSV)"
+            f"{where}: per-rank accuracies sum to {row.sum():.4g} > 1 (cumulative top-k values? those belong in a CSV)"
         )
 
 
@@ -495,8 +492,9 @@ def _read_csv(text: str, src: str, name: str, model: str | None, default_model: 
                 )
         heads = by_model.setdefault(m, {})
         if head in heads:
-            raise UserError(f"{src}: line {lineno}: head {head} of {m or 'the table'} appears twice "
-                            f"(line {heads[head][0]})")
+            raise UserError(
+                f"{src}: line {lineno}: head {head} of {m or 'the table'} appears twice (line {heads[head][0]})"
+            )
         heads[head] = (lineno, cum)
     if not by_model:
         raise UserError(f"{src}: no data rows")
@@ -585,8 +583,9 @@ def node_values(tree: Tree, table_or_acc, *, joint: bool = False, strict: bool =
 def _check_fits(tree: Tree, K: int, R: int) -> None:
     for p in tree.paths:
         if len(p) > K:
-            raise UserError(f"{tree.name}: node {_node_str(p)} has depth {len(p)}, but the accuracy "
-                            f"table has {K} heads")
+            raise UserError(
+                f"{tree.name}: node {_node_str(p)} has depth {len(p)}, but the accuracy table has {K} heads"
+            )
         if max(p) >= R:
             raise UserError(f"{tree.name}: node {_node_str(p)} has rank {max(p)}, but the accuracy table has width {R}")
 

@@ -48,7 +48,9 @@ def _limits(K: int, R: int, max_depth, max_children) -> tuple[int, list[int]]:
         widths = [int(max_children)] * D
     else:
         if len(max_children) < D:
-            raise UserError(param="max_children", message=f"{len(max_children)} values for max depth {D} (one per depth needed)")
+            raise UserError(
+                param="max_children", message=f"{len(max_children)} values for max depth {D} (one per depth needed)"
+            )
         widths = max_children[:D]
     for d, w in enumerate(widths, start=1):
         if w < 0:
@@ -76,8 +78,11 @@ def _check_nodes(nodes, D: int, widths: list[int]) -> int:
         raise UserError(param="nodes", message=f"must be a non-negative integer, got {nodes!r}")
     cap = _capacity(widths)
     if nodes > cap:
-        raise UserError(param="nodes", message=f"{nodes} exceeds the {cap} nodes a tree can have with max depth {D} "
-                                               f"and max children {','.join(map(str, widths))}")
+        raise UserError(
+            param="nodes",
+            message=f"{nodes} exceeds the {cap} nodes a tree can have with max depth {D} "
+            f"and max children {','.join(map(str, widths))}",
+        )
     return int(nodes)
 
 
@@ -146,7 +151,7 @@ def optimal_tree(acc, nodes: int, *, max_depth=None, max_children=None) -> Tree:
     R = a.shape[1]
     order = np.tile(np.arange(R), (D, 1))
     for d in range(D):
-        order[d, :widths[d]] = np.argsort(-a[d, :widths[d]], kind="stable")
+        order[d, : widths[d]] = np.argsort(-a[d, : widths[d]], kind="stable")
     ranked = np.take_along_axis(a[:D], order, axis=1)
     sorted_tree = greedy_tree(ranked, n, max_depth=D, max_children=widths)
     sorted_ranks = sorted_tree.rank_matrix  # (n, depth), -1 past each node's depth
@@ -156,7 +161,7 @@ def optimal_tree(acc, nodes: int, *, max_depth=None, max_children=None) -> Tree:
     factors = np.where(used, a[depth_of_column, np.maximum(ranks, 0)], 1.0)
     values = np.ones(len(ranks))
     for d in range(factors.shape[1]):  # root to leaf, as the greedy multiplies: a child never
-        values *= factors[:, d]        # rounds above its parent, so value order is tree order
+        values *= factors[:, d]  # rounds above its parent, so value order is tree order
     paths = [tuple(r for r in row if r >= 0) for row in ranks.tolist()]
     out = sorted(zip(values.tolist(), paths, strict=True), key=lambda vp: (-vp[0], len(vp[1]), vp[1]))
     return Tree(tuple(p for _, p in out), name="optimal")
@@ -175,13 +180,13 @@ def joint_tree(table: AccuracyTable, nodes: int, *, max_depth=None, max_children
     D, widths = _limits(table.num_heads, table.width, max_depth, max_children)
     n = _check_nodes(nodes, D, widths)
     items = [
-        (p, c)
-        for p, c in table.joint.items()
-        if c > 0 and len(p) <= D and all(r < widths[j] for j, r in enumerate(p))
+        (p, c) for p, c in table.joint.items() if c > 0 and len(p) <= D and all(r < widths[j] for j, r in enumerate(p))
     ]
     if n > len(items):
-        raise UserError(param="nodes", message=f"{n} exceeds the {len(items)} prefixes observed in {src}'s joint "
-                                               "statistics within the limits")
+        raise UserError(
+            param="nodes",
+            message=f"{n} exceeds the {len(items)} prefixes observed in {src}'s joint statistics within the limits",
+        )
     top = heapq.nsmallest(n, items, key=lambda pc: (-pc[1], len(pc[0]), pc[0]))
     return Tree(tuple(p for p, _ in top), name="joint")
 

@@ -45,11 +45,11 @@ def candidate_rank_paths(acc, topk: Sequence[int], n: int) -> np.ndarray:
     acc = np.asarray(acc, dtype=float)
     topk = _check(acc, topk, n)
     depth = len(topk)
-    product = np.indices(topk).reshape(depth, -1).T                 # (prod k, D), lexicographic
+    product = np.indices(topk).reshape(depth, -1).T  # (prod k, D), lexicographic
     with np.errstate(divide="ignore"):
         score = np.log(acc[np.arange(depth)[None, :], product]).sum(axis=1)
     order = np.argsort(-score, kind="stable")
-    return product[order[:int(n)]]
+    return product[order[: int(n)]]
 
 
 def merged_candidate_tree(paths) -> Tree:

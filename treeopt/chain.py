@@ -64,9 +64,16 @@ class ChainAcceptance:
         return chain_tau(self.alpha_per_depth)
 
     def save(self, path) -> None:
-        write_json(path, {"format": CHAIN_ACCEPTANCE_FORMAT, "temperature": self.temperature,
-                          "alpha_per_depth": list(self.alpha_per_depth), "tau_walked": list(self.tau_walked),
-                          "rows": self.rows})
+        write_json(
+            path,
+            {
+                "format": CHAIN_ACCEPTANCE_FORMAT,
+                "temperature": self.temperature,
+                "alpha_per_depth": list(self.alpha_per_depth),
+                "tau_walked": list(self.tau_walked),
+                "rows": self.rows,
+            },
+        )
 
 
 def alpha_path(accuracy_path) -> Path:

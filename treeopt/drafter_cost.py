@@ -28,8 +28,12 @@ DRAFTER_NAMES = ("medusa", "hydra", "mlp-speculator")
 MLP_SPECULATOR_TYPE = "mlp_speculator"
 HYDRA_ARCHS = ("mlp", "prefix-mlp")
 #: where a model directory keeps each kind of drafter (the demo model's layout)
-DRAFTER_SUBDIRS = {"medusa": ("heads", "medusa_heads"), "hydra": ("hydra",),
-                   "mlp-speculator": ("mlp_speculator", "speculator"), "draft-model": ("draft", "draft_model")}
+DRAFTER_SUBDIRS = {
+    "medusa": ("heads", "medusa_heads"),
+    "hydra": ("hydra",),
+    "mlp-speculator": ("mlp_speculator", "speculator"),
+    "draft-model": ("draft", "draft_model"),
+}
 
 
 @dataclass(frozen=True)
@@ -94,8 +98,10 @@ class DraftCost:
         mode = "sequential, depth by depth" if self.sequential else "parallel"
         extra = " + a prefix decoder layer" if self.prefix_layer else ""
         width = f", inner {self.inner_size}" if self.inner_size != self.hidden_size else ""
-        return (f"{self.drafter}: {self.stages} {unit} x {self.layers} layer(s){extra}, hidden {self.hidden_size}"
-                f"{width}, vocab {self.vocab_size}, {mode}")
+        return (
+            f"{self.drafter}: {self.stages} {unit} x {self.layers} layer(s){extra}, hidden {self.hidden_size}"
+            f"{width}, vocab {self.vocab_size}, {mode}"
+        )
 
 
 def drafter_kind(config: dict) -> str | None:
@@ -116,39 +122,66 @@ def _positive(config: dict, source: str, key: str, default=None) -> int:
     return value
 
 
-def draft_cost_from_config(config: dict, *, hidden_size: int | None = None, vocab_size: int | None = None,
-                           source: str = "drafter config") -> DraftCost:
+def draft_cost_from_config(
+    config: dict, *, hidden_size: int | None = None, vocab_size: int | None = None, source: str = "drafter config"
+) -> DraftCost:
     """The `DraftCost` of a drafter config.json's dict; `hidden_size` and `vocab_size` (the
     base model's) fill what the config leaves out (published Medusa configs hold neither)."""
     kind = drafter_kind(config)
     if kind is None:
-        raise UserError(f"{source}: not a drafter config (no medusa_num_heads, hydra_num_heads or "
-                        f"model_type {MLP_SPECULATOR_TYPE!r})")
+        raise UserError(
+            f"{source}: not a drafter config (no medusa_num_heads, hydra_num_heads or "
+            f"model_type {MLP_SPECULATOR_TYPE!r})"
+        )
     if kind == "mlp-speculator":
         emb = _positive(config, source, "emb_dim")
         inner = config.get("inner_dim") or emb
         stages = _positive(config, source, "n_predict")
         topk = config.get("top_k_tokens_per_head") or ()
         if not isinstance(topk, (list, tuple)) or not all(
-                isinstance(k, int) and not isinstance(k, bool) and k >= 1 for k in topk):
+            isinstance(k, int) and not isinstance(k, bool) and k >= 1 for k in topk
+        ):
             raise UserError(f"{source}: top_k_tokens_per_head must list positive integers, got {topk!r}")
-        return DraftCost("mlp-speculator", True, stages, 1, emb,
-                         _positive({"inner_dim": inner}, source, "inner_dim"),
-                         _positive(config, source, "vocab_size", vocab_size), topk_per_stage=tuple(topk),
-                         n_candidates=_positive(config, source, "n_candidates", 1) if topk else 0)
+        return DraftCost(
+            "mlp-speculator",
+            True,
+            stages,
+            1,
+            emb,
+            _positive({"inner_dim": inner}, source, "inner_dim"),
+            _positive(config, source, "vocab_size", vocab_size),
+            topk_per_stage=tuple(topk),
+            n_candidates=_positive(config, source, "n_candidates", 1) if topk else 0,
+        )
     arch = config.get("hydra_head_arch", "mlp")
     if kind == "hydra" and arch not in HYDRA_ARCHS:
         raise UserError(f"{source}: hydra_head_arch {arch!r} is not supported (one of {', '.join(HYDRA_ARCHS)})")
-    dims = {"hidden_size": _positive(config, source, "hidden_size", hidden_size),
-            "vocab_size": _positive(config, source, "vocab_size", vocab_size)}
+    dims = {
+        "hidden_size": _positive(config, source, "hidden_size", hidden_size),
+        "vocab_size": _positive(config, source, "vocab_size", vocab_size),
+    }
     if kind == "medusa":
-        return DraftCost("medusa", False, _positive(config, source, "medusa_num_heads"),
-                         _positive(config, source, "medusa_num_layers", 1), dims["hidden_size"],
-                         dims["hidden_size"], dims["vocab_size"])
+        return DraftCost(
+            "medusa",
+            False,
+            _positive(config, source, "medusa_num_heads"),
+            _positive(config, source, "medusa_num_layers", 1),
+            dims["hidden_size"],
+            dims["hidden_size"],
+            dims["vocab_size"],
+        )
     grounded = bool(config.get("grounded_heads", True))
-    return DraftCost("hydra", grounded, _positive(config, source, "hydra_num_heads"),
-                     _positive(config, source, "hydra_num_layers", 1), dims["hidden_size"], dims["hidden_size"],
-                     dims["vocab_size"], grounded=grounded, prefix_layer=arch == "prefix-mlp")
+    return DraftCost(
+        "hydra",
+        grounded,
+        _positive(config, source, "hydra_num_heads"),
+        _positive(config, source, "hydra_num_layers", 1),
+        dims["hidden_size"],
+        dims["hidden_size"],
+        dims["vocab_size"],
+        grounded=grounded,
+        prefix_layer=arch == "prefix-mlp",
+    )
 
 
 def read_draft_cost(path, *, hidden_size: int | None = None, vocab_size: int | None = None) -> DraftCost:

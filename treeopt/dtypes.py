@@ -12,16 +12,21 @@ __all__ = ["DTYPE_ALIASES", "DTYPE_BYTES", "TORCH_NAMES", "dtype_bytes", "normal
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
 #: canonical name -> the name of the torch dtype (``getattr(torch, name)``), for the packages
 #: that run torch; kept as strings so that the core imports no torch
-TORCH_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "fp8": "float8_e4m3fn",
-               "int8": "int8"}
+TORCH_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "fp8": "float8_e4m3fn", "int8": "int8"}
 #: accepted spelling (lower case, without a ``torch.`` prefix) -> canonical name; torch's and
 #: Hugging Face ``torch_dtype`` names are accepted so that config files and ``str(torch dtype)``
 #: normalise directly
 DTYPE_ALIASES = {
-    "fp32": "fp32", "float32": "fp32", "float": "fp32",
-    "bf16": "bf16", "bfloat16": "bf16",
-    "fp16": "fp16", "float16": "fp16", "half": "fp16",
-    "fp8": "fp8", "float8_e4m3fn": "fp8",
+    "fp32": "fp32",
+    "float32": "fp32",
+    "float": "fp32",
+    "bf16": "bf16",
+    "bfloat16": "bf16",
+    "fp16": "fp16",
+    "float16": "fp16",
+    "half": "fp16",
+    "fp8": "fp8",
+    "float8_e4m3fn": "fp8",
     "int8": "int8",
 }
 

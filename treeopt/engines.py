@@ -27,9 +27,22 @@ import numpy as np
 from treeopt.errors import UserError
 from treeopt.tree import Tree, _node_str
 
-__all__ = ["Engine", "EngineDraft", "ENGINES", "ENGINE_NAMES", "get_engine", "check", "uniform_tree",
-           "child_counts", "sglang_candidates", "sglang_tree", "sglang_pool_size", "sglang_triple_for",
-           "export_for", "EngineExport"]
+__all__ = [
+    "Engine",
+    "EngineDraft",
+    "ENGINES",
+    "ENGINE_NAMES",
+    "get_engine",
+    "check",
+    "uniform_tree",
+    "child_counts",
+    "sglang_candidates",
+    "sglang_tree",
+    "sglang_pool_size",
+    "sglang_triple_for",
+    "export_for",
+    "EngineExport",
+]
 
 GROUNDED_ALL_DEPTHS = 1 << 30  # left-closed at every depth
 
@@ -68,26 +81,53 @@ class Engine:
         return min(bounds) if bounds else None
 
 
-ENGINES: dict[str, Engine] = {e.name: e for e in (
-    # why: docs/engines.md "Medusa reference code": TOPK = 10 indexes the candidates by rank
-    Engine("medusa", "Medusa reference code (medusa_choices, TOPK = 10)", "static", "medusa", rank_limit=10),
-    # why: docs/engines.md "TensorRT-LLM": C++ runtime ranks <= 15, depth <= 16; Python runtime
-    # drafts depth-1 ranks 0..k-1
-    Engine("trtllm", "TensorRT-LLM Medusa (--medusa_choices, LLM API speculative_config)", "static", "trtllm",
-           rank_limit=16, depth_limit=16, left_closed_depth=1),
-    # why: docs/engines.md "vLLM": the EAGLE proposer's speculative_token_tree
-    Engine("vllm", "vLLM EAGLE-family proposer (--speculative-config speculative_token_tree)", "uniform", "vllm",
-           method_name="eagle"),
-    # why: docs/engines.md "vLLM": its Medusa path drafts the top-1 chain only
-    Engine("vllm-medusa", "vLLM Medusa proposer (top-1 chain, num_speculative_tokens)", "uniform", "vllm",
-           max_children=1, method_name="medusa"),
-    # why: docs/engines.md "SGLang": no static tree, three flags
-    Engine("sglang", "SGLang EAGLE (--speculative-num-steps/-eagle-topk/-num-draft-tokens)", "beam", "sglang"),
-    Engine("treeopt", "treeopt's reference decoder (any tree within heads and topk)", "static", "python"),
-    # why: docs/engines.md "Hydra": grounded heads expand only the first children of a node
-    Engine("hydra", "Hydra grounded (sequentially dependent) heads", "static", "python",
-           left_closed_depth=GROUNDED_ALL_DEPTHS, grounded=True),
-)}
+ENGINES: dict[str, Engine] = {
+    e.name: e
+    for e in (
+        # why: docs/engines.md "Medusa reference code": TOPK = 10 indexes the candidates by rank
+        Engine("medusa", "Medusa reference code (medusa_choices, TOPK = 10)", "static", "medusa", rank_limit=10),
+        # why: docs/engines.md "TensorRT-LLM": C++ runtime ranks <= 15, depth <= 16; Python runtime
+        # drafts depth-1 ranks 0..k-1
+        Engine(
+            "trtllm",
+            "TensorRT-LLM Medusa (--medusa_choices, LLM API speculative_config)",
+            "static",
+            "trtllm",
+            rank_limit=16,
+            depth_limit=16,
+            left_closed_depth=1,
+        ),
+        # why: docs/engines.md "vLLM": the EAGLE proposer's speculative_token_tree
+        Engine(
+            "vllm",
+            "vLLM EAGLE-family proposer (--speculative-config speculative_token_tree)",
+            "uniform",
+            "vllm",
+            method_name="eagle",
+        ),
+        # why: docs/engines.md "vLLM": its Medusa path drafts the top-1 chain only
+        Engine(
+            "vllm-medusa",
+            "vLLM Medusa proposer (top-1 chain, num_speculative_tokens)",
+            "uniform",
+            "vllm",
+            max_children=1,
+            method_name="medusa",
+        ),
+        # why: docs/engines.md "SGLang": no static tree, three flags
+        Engine("sglang", "SGLang EAGLE (--speculative-num-steps/-eagle-topk/-num-draft-tokens)", "beam", "sglang"),
+        Engine("treeopt", "treeopt's reference decoder (any tree within heads and topk)", "static", "python"),
+        # why: docs/engines.md "Hydra": grounded heads expand only the first children of a node
+        Engine(
+            "hydra",
+            "Hydra grounded (sequentially dependent) heads",
+            "static",
+            "python",
+            left_closed_depth=GROUNDED_ALL_DEPTHS,
+            grounded=True,
+        ),
+    )
+}
 ENGINE_NAMES = tuple(ENGINES)
 
 
@@ -188,8 +228,10 @@ def sglang_tree(acc, steps: int, topk: int, num_draft_tokens: int) -> Tree:
     paths, _ = sglang_candidates(acc, steps, topk)
     n = num_draft_tokens - 1
     if not 1 <= n <= len(paths):
-        raise UserError(f"--speculative-num-draft-tokens: {num_draft_tokens} is outside 2..{len(paths) + 1} "
-                        f"for {steps} steps of topk {topk}")
+        raise UserError(
+            f"--speculative-num-draft-tokens: {num_draft_tokens} is outside 2..{len(paths) + 1} "
+            f"for {steps} steps of topk {topk}"
+        )
     return Tree(tuple(paths[:n]), name=f"sglang steps={steps} topk={topk} draft_tokens={num_draft_tokens}")
 
 
@@ -255,8 +297,10 @@ def _check_static(tree: Tree, engine: Engine, heads: int | None) -> EngineDraft:
     refused = False
     drafted = tree
     if depth is not None and tree.depth > depth:
-        reasons.append(f"nodes deeper than {depth} cannot be drafted (depth limit {engine.depth_limit or '-'}, "
-                       f"{heads if heads is not None else '?'} heads); the engine refuses the tree")
+        reasons.append(
+            f"nodes deeper than {depth} cannot be drafted (depth limit {engine.depth_limit or '-'}, "
+            f"{heads if heads is not None else '?'} heads); the engine refuses the tree"
+        )
         refused = True
         drafted = _prune(drafted, lambda p: len(p) > depth)
     limit = engine.rank_limit
@@ -268,8 +312,10 @@ def _check_static(tree: Tree, engine: Engine, heads: int | None) -> EngineDraft:
         elif worst >= limit:
             # why: docs/engines.md "Medusa reference code" / "TensorRT-LLM": rank r >= TOPK reads
             # another head's candidate, so the node (and all below it) is a wasted slot
-            reasons.append(f"rank {worst} >= {limit} reads another head's candidate: "
-                           f"{sum(1 for p in tree.paths if max(p) >= limit)} node(s) verify the wrong token")
+            reasons.append(
+                f"rank {worst} >= {limit} reads another head's candidate: "
+                f"{sum(1 for p in tree.paths if max(p) >= limit)} node(s) verify the wrong token"
+            )
         drafted = _prune(drafted, lambda p: max(p) >= limit)
     if engine.left_closed_depth:
         missing = _left_closure_missing(drafted, engine.left_closed_depth)
@@ -277,25 +323,37 @@ def _check_static(tree: Tree, engine: Engine, heads: int | None) -> EngineDraft:
             if engine.name == "trtllm":
                 # why: docs/engines.md "TensorRT-LLM": the Python runtime drafts depth-1 ranks
                 # 0..k-1 whatever the tree lists
-                reasons.append(f"the Python runtime drafts every depth-1 rank up to the largest: "
-                               f"{len(missing)} extra node(s) {', '.join(_node_str(p) for p in missing[:4])}")
+                reasons.append(
+                    f"the Python runtime drafts every depth-1 rank up to the largest: "
+                    f"{len(missing)} extra node(s) {', '.join(_node_str(p) for p in missing[:4])}"
+                )
                 drafted = Tree(drafted.paths + tuple(missing), name=f"{tree.name} as drafted")
             else:
-                reasons.append(f"siblings must be ranks 0..c-1: {', '.join(_node_str(p) for p in missing[:4])} "
-                               "missing, so the nodes after them are never drafted")
+                reasons.append(
+                    f"siblings must be ranks 0..c-1: {', '.join(_node_str(p) for p in missing[:4])} "
+                    "missing, so the nodes after them are never drafted"
+                )
                 drafted = _prune(drafted, _not_left_closed(drafted, engine.left_closed_depth))
     if engine.grounded:
         bad = _ungrounded(drafted)
         if bad:
             shown = ", ".join(_node_str(p) for p in bad[:4])
-            reasons.append(f"only the first children of a node are expanded: {shown} have children while an "
-                           "earlier sibling has none")
+            reasons.append(
+                f"only the first children of a node are expanded: {shown} have children while an "
+                "earlier sibling has none"
+            )
         while bad:  # cutting children below one node can unground its next sibling
             drafted = _prune(drafted, lambda p, bad=set(bad): any(p[:i] in bad for i in range(1, len(p))))
             bad = _ungrounded(drafted)
     as_written = not reasons
-    return EngineDraft(engine.name, tree, tree if as_written else drafted, as_written, refused,
-                       "drafted as written" if as_written else "; ".join(reasons))
+    return EngineDraft(
+        engine.name,
+        tree,
+        tree if as_written else drafted,
+        as_written,
+        refused,
+        "drafted as written" if as_written else "; ".join(reasons),
+    )
 
 
 def _left_closure_missing(tree: Tree, max_depth: int) -> list[tuple[int, ...]]:
@@ -317,6 +375,7 @@ def _not_left_closed(tree: Tree, max_depth: int):
 
     def bad(p):
         return len(p) <= max_depth and any(p[:-1] + (r,) not in have for r in range(p[-1]))
+
     return bad
 
 
@@ -339,23 +398,31 @@ def _check_uniform(tree: Tree, engine: Engine, heads: int | None) -> EngineDraft
     if as_written:
         reason = f"drafted as written: children per level {', '.join(map(str, counts))}"
     else:
-        reason = (f"vLLM gives every node of a level the same number of children, the top ranks: "
-                  f"{', '.join(map(str, counts[:cut])) or 'none'} per level, {drafted.size} drafts "
-                  f"for {tree.size} slots (num_speculative_tokens)")
+        reason = (
+            f"vLLM gives every node of a level the same number of children, the top ranks: "
+            f"{', '.join(map(str, counts[:cut])) or 'none'} per level, {drafted.size} drafts "
+            f"for {tree.size} slots (num_speculative_tokens)"
+        )
     return EngineDraft(engine.name, tree, tree if as_written else drafted, as_written, False, reason)
 
 
 def _check_sglang(tree: Tree, accuracy) -> EngineDraft:
     if accuracy is None:
-        raise UserError("--engine sglang: needs --accuracy (SGLang picks its tree from the drafter's scores "
-                        "each step)")
+        raise UserError("--engine sglang: needs --accuracy (SGLang picks its tree from the drafter's scores each step)")
     a = np.asarray(accuracy, dtype=np.float64)
     triple = sglang_triple_for(tree, a) if tree.depth <= a.shape[0] else None
     if triple is not None:
         s, k, t = triple
-        return EngineDraft("sglang", tree, tree, True, False,
-                           f"drafted as written by --speculative-num-steps {s} --speculative-eagle-topk {k} "
-                           f"--speculative-num-draft-tokens {t}", triple)
+        return EngineDraft(
+            "sglang",
+            tree,
+            tree,
+            True,
+            False,
+            f"drafted as written by --speculative-num-steps {s} --speculative-eagle-topk {k} "
+            f"--speculative-num-draft-tokens {t}",
+            triple,
+        )
     # The flags a user would derive from the tree: its depth, its widest fan-out, its size.
     steps = min(max(tree.depth, 1), a.shape[0])
     fan = max([sum(1 for p in tree.paths if p[:-1] == q) for q in {p[:-1] for p in tree.paths}], default=1)
@@ -363,10 +430,16 @@ def _check_sglang(tree: Tree, accuracy) -> EngineDraft:
     tokens = min(tree.size, sglang_pool_size(steps, topk)) + 1
     drafted = sglang_tree(a, steps, topk, tokens)
     triple = (steps, topk, steps + 1 if topk == 1 else tokens)
-    return EngineDraft("sglang", tree, Tree(drafted.paths, name=f"{tree.name} as drafted"), False, False,
-                       f"SGLang has no static tree; its flags for this tree's depth, fan-out and size "
-                       f"(steps {triple[0]}, topk {triple[1]}, draft tokens {triple[2]}) draft another one",
-                       triple)
+    return EngineDraft(
+        "sglang",
+        tree,
+        Tree(drafted.paths, name=f"{tree.name} as drafted"),
+        False,
+        False,
+        f"SGLang has no static tree; its flags for this tree's depth, fan-out and size "
+        f"(steps {triple[0]}, topk {triple[1]}, draft tokens {triple[2]}) draft another one",
+        triple,
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -405,8 +478,12 @@ def export_for(engine: Engine, tree: Tree, *, heads: int | None = None, accuracy
         return EngineExport(engine.name, line, line + "\n")
     if kind == "trtllm":
         line = f'--medusa_choices="{choices}"'
-        config = {"decoding_type": "Medusa", "max_draft_len": trtllm_max_draft_len(tree.size),
-                  "num_medusa_heads": int(heads if heads is not None else tree.depth), "medusa_choices": choices}
+        config = {
+            "decoding_type": "Medusa",
+            "max_draft_len": trtllm_max_draft_len(tree.size),
+            "num_medusa_heads": int(heads if heads is not None else tree.depth),
+            "medusa_choices": choices,
+        }
         return EngineExport(engine.name, line, f"{line}\nspeculative_config = {json.dumps(config)}\n")
     if kind == "vllm":
         config = {"method": engine.method_name, "num_speculative_tokens": tree.size}
@@ -419,13 +496,17 @@ def export_for(engine: Engine, tree: Tree, *, heads: int | None = None, accuracy
             raise UserError("--engine sglang: needs --accuracy to find the flags that draft this tree")
         triple = sglang_triple_for(tree, accuracy)
         if triple is None:
-            raise UserError(f"{tree.name}: SGLang drafts no such tree for any --speculative-num-steps / "
-                            "--speculative-eagle-topk (build it with --engine sglang)")
+            raise UserError(
+                f"{tree.name}: SGLang drafts no such tree for any --speculative-num-steps / "
+                "--speculative-eagle-topk (build it with --engine sglang)"
+            )
         line = sglang_flags(*triple)
         return EngineExport(engine.name, line, line + "\n")
     raise UserError(f"engine {engine.name}: unknown export {kind!r}")
 
 
 def sglang_flags(steps: int, topk: int, num_draft_tokens: int) -> str:
-    return (f"--speculative-algorithm EAGLE --speculative-num-steps {steps} "
-            f"--speculative-eagle-topk {topk} --speculative-num-draft-tokens {num_draft_tokens}")
+    return (
+        f"--speculative-algorithm EAGLE --speculative-num-steps {steps} "
+        f"--speculative-eagle-topk {topk} --speculative-num-draft-tokens {num_draft_tokens}"
+    )

@@ -73,8 +73,9 @@ def render(renderable, *, ascii: bool = False, width: int = 200) -> str:
     """A rich renderable (tree, table) as plain text: no colour, no markup, no wrapping of
     long rows (`width`)."""
     buffer = _AsciiText() if ascii else io.StringIO()
-    console = Console(file=buffer, width=width, color_system=None, force_terminal=False, highlight=False,
-                      emoji=False, soft_wrap=True)
+    console = Console(
+        file=buffer, width=width, color_system=None, force_terminal=False, highlight=False, emoji=False, soft_wrap=True
+    )
     console.print(renderable)
     return "".join(line.rstrip() + "\n" for line in buffer.getvalue().splitlines())
 
@@ -93,8 +94,9 @@ def draw_tree(tree: Tree, *, tau=None, values=None, ascii: bool = False) -> str:
 def text_table(columns, rows, *, title: str | None = None, ascii: bool = False) -> str:
     """Rows of already formatted cells as an aligned plain-text table; a column named with a
     leading '<' is left-aligned (the rest are right-aligned numbers)."""
-    table = RichTable(box=box.ASCII if ascii else box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
-                      title=title, title_justify="left")
+    table = RichTable(
+        box=box.ASCII if ascii else box.SIMPLE_HEAD, show_edge=False, pad_edge=False, title=title, title_justify="left"
+    )
     for name in columns:
         left = name.startswith("<")
         table.add_column(name.lstrip("<"), justify="left" if left else "right", no_wrap=True)

@@ -25,8 +25,17 @@ from treeopt.engines import Engine, sglang_candidates, sglang_pool_size, uniform
 from treeopt.errors import UserError
 from treeopt.tree import Tree
 
-__all__ = ["FamilyLimits", "family_limits", "build_for_engine", "engine_proposal", "optimal_in_family",
-           "greedy_in_family", "uniform_counts", "best_uniform", "best_sglang"]
+__all__ = [
+    "FamilyLimits",
+    "family_limits",
+    "build_for_engine",
+    "engine_proposal",
+    "optimal_in_family",
+    "greedy_in_family",
+    "uniform_counts",
+    "best_uniform",
+    "best_sglang",
+]
 
 
 @dataclass(frozen=True)
@@ -44,13 +53,13 @@ class FamilyLimits:
         return [self.width] * self.depth
 
 
-
 def _maxplus(old: np.ndarray, h: np.ndarray, diff: np.ndarray, valid: np.ndarray):
     """new[m] = max_j old[m - j] + h[j] (a max-plus convolution step of the tree knapsack), and
     the maximising j (the smallest on ties)."""
     vals = np.where(valid, old[diff] + h[None, :], -np.inf)
     pick = np.argmax(vals, axis=1)
     return vals[np.arange(len(old)), pick], pick
+
 
 def family_limits(engine: Engine, num_heads: int, width: int, heads: int | None = None) -> FamilyLimits:
     if heads is not None and not 1 <= int(heads) <= num_heads:
@@ -66,12 +75,14 @@ def _joint_value(table: AccuracyTable):
 
     def value(path):
         return table.joint.get(path, 0) / table.positions[len(path) - 1]
+
     return value
 
 
 def _independent_value(acc: np.ndarray):
     def value(path):
         return float(np.prod(acc[np.arange(len(path)), list(path)]))
+
     return value
 
 
@@ -79,8 +90,9 @@ def _independent_value(acc: np.ndarray):
 # Static families
 
 
-def greedy_in_family(value, nodes: int, limits: FamilyLimits, *, name: str = "greedy",
-                     observed_only: bool = False, up_to: bool = False) -> Tree:
+def greedy_in_family(
+    value, nodes: int, limits: FamilyLimits, *, name: str = "greedy", observed_only: bool = False, up_to: bool = False
+) -> Tree:
     """Add the admissible node of greatest value (ties: shallower, then smaller path) `nodes`
     times. A node is admissible when its parent is in, it fits the depth and width, at a
     left-closed depth it is its parent's next rank, and, grounded, a parent of rank r > 0 gets
@@ -96,8 +108,7 @@ def greedy_in_family(value, nodes: int, limits: FamilyLimits, *, name: str = "gr
             d = len(q)
             if d >= limits.depth or limits.width == 0:
                 continue
-            if limits.grounded and d >= 1 and q[-1] > 0 and children[q] == 0 \
-                    and children[q[:-1] + (q[-1] - 1,)] == 0:
+            if limits.grounded and d >= 1 and q[-1] > 0 and children[q] == 0 and children[q[:-1] + (q[-1] - 1,)] == 0:
                 continue
             if d + 1 <= limits.left_closed_depth:
                 ranks = [children[q]] if children[q] < limits.width else []
@@ -115,8 +126,9 @@ def greedy_in_family(value, nodes: int, limits: FamilyLimits, *, name: str = "gr
             break
         if best is None:
             what = "observed prefixes" if observed_only else "nodes"
-            raise UserError(param="nodes", message=f"{nodes} exceeds the {len(chosen)} {what} the engine's "
-                                                   "family admits here")
+            raise UserError(
+                param="nodes", message=f"{nodes} exceeds the {len(chosen)} {what} the engine's family admits here"
+            )
         p = best[2]
         chosen.append(p)
         have.add(p)
@@ -129,8 +141,7 @@ class _Stage:
     the greatest value of m nodes below the node, and `split(m)` the (rank, subtree size) pairs
     that achieve it."""
 
-    def __init__(self, a_row: np.ndarray, inner: np.ndarray, width: int, left_closed: bool, grounded: bool,
-                 size: int):
+    def __init__(self, a_row: np.ndarray, inner: np.ndarray, width: int, left_closed: bool, grounded: bool, size: int):
         ms = np.arange(size)
         diff = ms[:, None] - ms[None, :]
         valid = diff >= 0
@@ -175,7 +186,7 @@ class _Stage:
             leaves = np.full(size, -np.inf)
             k_max = min(width - e, size - 1)
             leaves[0] = 0.0
-            leaves[1:k_max + 1] = np.cumsum(a_row[e:e + k_max] * inner[0])
+            leaves[1 : k_max + 1] = np.cumsum(a_row[e : e + k_max] * inner[0])
             total, k = _maxplus(expanded[e], leaves, diff, valid)
             better = total > best
             best = np.where(better, total, best)
@@ -214,8 +225,10 @@ def optimal_in_family(acc, nodes: int, limits: FamilyLimits, *, name: str = "opt
     D, W = limits.depth, limits.width
     cap = max_nodes(a.shape[0], a.shape[1], max_depth=D, max_children=W)
     if not 0 <= nodes <= cap:
-        raise UserError(param="nodes", message=f"{nodes} exceeds the {cap} nodes a tree can have with max depth {D} "
-                                               f"and max children {W}")
+        raise UserError(
+            param="nodes",
+            message=f"{nodes} exceeds the {cap} nodes a tree can have with max depth {D} and max children {W}",
+        )
     if nodes == 0:
         return Tree((), name=name)
     size = nodes + 1
@@ -249,6 +262,7 @@ def optimal_in_family(acc, nodes: int, limits: FamilyLimits, *, name: str = "opt
 def uniform_counts(nodes: int, depth: int, width: int):
     """Every child-count vector (c_1, ..., c_L), L <= depth, 1 <= c_l <= width, whose uniform
     tree has exactly `nodes` nodes (sum over l of c_1 * ... * c_l)."""
+
     def grow(prefix, level, total):
         if total == nodes:
             yield tuple(prefix)
@@ -259,11 +273,13 @@ def uniform_counts(nodes: int, depth: int, width: int):
             if total + level * c > nodes:
                 break
             yield from grow(prefix + [c], level * c, total + level * c)
+
     yield from grow([], 1, 0)
 
 
-def best_uniform(table: AccuracyTable, nodes: int, depth: int, width: int, *, joint: bool = False,
-                 name: str = "uniform") -> Tree:
+def best_uniform(
+    table: AccuracyTable, nodes: int, depth: int, width: int, *, joint: bool = False, name: str = "uniform"
+) -> Tree:
     """The uniform tree of `nodes` nodes with the greatest tau (joint statistics when `joint`)."""
     best, best_tau = None, -np.inf
     for counts in uniform_counts(nodes, depth, width):
@@ -272,13 +288,16 @@ def best_uniform(table: AccuracyTable, nodes: int, depth: int, width: int, *, jo
         if tau > best_tau:
             best, best_tau = tree, tau
     if best is None:
-        raise UserError(param="nodes", message=f"no uniform tree of {nodes} nodes has depth <= {depth} "
-                                               f"and <= {width} children per node")
+        raise UserError(
+            param="nodes",
+            message=f"no uniform tree of {nodes} nodes has depth <= {depth} and <= {width} children per node",
+        )
     return best
 
 
-def best_sglang(table: AccuracyTable, nodes: int, depth: int, width: int, *,
-                joint: bool = False) -> tuple[Tree, tuple[int, int, int]]:
+def best_sglang(
+    table: AccuracyTable, nodes: int, depth: int, width: int, *, joint: bool = False
+) -> tuple[Tree, tuple[int, int, int]]:
     """The SGLang draft of `nodes` nodes with the greatest tau over every (steps, topk) with
     steps <= depth and topk <= width, and its (steps, topk, num_draft_tokens)."""
     best, best_tau, triple = None, -np.inf, None
@@ -292,8 +311,9 @@ def best_sglang(table: AccuracyTable, nodes: int, depth: int, width: int, *,
             if tau > best_tau:
                 best, best_tau, triple = tree, tau, (steps, topk, nodes + 1)
     if best is None:
-        raise UserError(param="nodes", message=f"no SGLang draft of {nodes} nodes with at most {depth} steps "
-                                               f"and topk {width}")
+        raise UserError(
+            param="nodes", message=f"no SGLang draft of {nodes} nodes with at most {depth} steps and topk {width}"
+        )
     return best, triple
 
 
@@ -301,8 +321,9 @@ def best_sglang(table: AccuracyTable, nodes: int, depth: int, width: int, *,
 # Dispatch
 
 
-def build_for_engine(table: AccuracyTable, nodes: int, method: str, engine: Engine, *,
-                     heads: int | None = None) -> Tree:
+def build_for_engine(
+    table: AccuracyTable, nodes: int, method: str, engine: Engine, *, heads: int | None = None
+) -> Tree:
     """The `method` tree of `nodes` nodes within `engine`'s family (docs/engines.md "Building
     within a family"). For vLLM and SGLang every method searches the whole family; joint
     ranks its members by the joint statistics."""
@@ -328,8 +349,9 @@ def build_for_engine(table: AccuracyTable, nodes: int, method: str, engine: Engi
     return greedy_in_family(value, nodes, limits, name=method, observed_only=joint)
 
 
-def engine_proposal(table: AccuracyTable, nodes: int, engine: Engine, *, method: str = "auto",
-                    heads: int | None = None) -> Tree:
+def engine_proposal(
+    table: AccuracyTable, nodes: int, engine: Engine, *, method: str = "auto", heads: int | None = None
+) -> Tree:
     """A nested proposal sequence of up to `nodes` nodes every prefix of which `engine` drafts
     as written: the family's greedy (joint: most frequent admissible prefixes) for static
     families; for SGLang the candidates of the (steps, topk) pair with the greatest mean tau
@@ -339,16 +361,17 @@ def engine_proposal(table: AccuracyTable, nodes: int, engine: Engine, *, method:
         method = "joint" if table.joint else "greedy"
     limits = family_limits(engine, table.num_heads, table.width, heads)
     if engine.family == "uniform":
-        raise UserError(f"--engine {engine.name}: its uniform trees of different sizes are not prefixes of one "
-                        "another, so there is no proposal sequence; build one size at a time with "
-                        f"`treeopt build --engine {engine.name}`")
+        raise UserError(
+            f"--engine {engine.name}: its uniform trees of different sizes are not prefixes of one "
+            "another, so there is no proposal sequence; build one size at a time with "
+            f"`treeopt build --engine {engine.name}`"
+        )
     if engine.family == "beam":
         return _sglang_proposal(table, nodes, limits, joint=method == "joint")
     cap = max_nodes(table.num_heads, table.width, max_depth=limits.depth, max_children=limits.width)
     n = min(int(nodes), cap)
     if method == "joint":
-        observed = sum(1 for p, c in table.joint.items() if c > 0 and len(p) <= limits.depth
-                       and max(p) < limits.width)
+        observed = sum(1 for p, c in table.joint.items() if c > 0 and len(p) <= limits.depth and max(p) < limits.width)
         n = min(n, observed)
         if not limits.left_closed_depth and not limits.grounded:
             return build_tree(table, n, "joint", max_depth=limits.depth, max_children=limits.width)
@@ -368,6 +391,7 @@ def _sglang_proposal(table: AccuracyTable, nodes: int, limits: FamilyLimits, *, 
             if score > best_score:
                 best, best_score = seq, score
     if best is None:
-        raise UserError("--engine sglang: the accuracy table is one rank wide; SGLang needs topk >= 2 for "
-                        "a sequence of tree sizes")
+        raise UserError(
+            "--engine sglang: the accuracy table is one rank wide; SGLang needs topk >= 2 for a sequence of tree sizes"
+        )
     return best

@@ -115,8 +115,10 @@ def refuse_overwriting_inputs(outputs: Iterable, inputs: Iterable) -> None:
             continue
         for inp in ins:
             if _same_file(Path(out), inp):
-                raise UserError(f"{os.fspath(out)}: is also an input ({os.fspath(inp)}); writing it "
-                                "would destroy that input, choose another output file")
+                raise UserError(
+                    f"{os.fspath(out)}: is also an input ({os.fspath(inp)}); writing it "
+                    "would destroy that input, choose another output file"
+                )
 
 
 def _probe_directory(directory: Path) -> str | None:
@@ -250,8 +252,7 @@ def output_lock(output: str | os.PathLike) -> Iterator[Path]:
                 owner = os.read(fd, 32).decode("ascii", "replace").strip() or "unknown"
             finally:
                 os.close(fd)
-            raise UserError(f"{os.fspath(output)}: is being written by another treeopt process "
-                            f"(pid {owner})") from None
+            raise UserError(f"{os.fspath(output)}: is being written by another treeopt process (pid {owner})") from None
         try:
             current = os.stat(path)
         except FileNotFoundError:

@@ -93,7 +93,7 @@ class SquareGemmSample:
 
     @property
     def flops(self) -> float:
-        return 2.0 * self.size ** 3
+        return 2.0 * self.size**3
 
 
 @dataclass(frozen=True)

@@ -27,8 +27,18 @@ from treeopt.errors import UserError
 from treeopt.fileio import read_text_input
 from treeopt.selection import best_per_cell, measured_speedup
 
-__all__ = ["ANY_CONTEXT", "TrafficMix", "MixCell", "MixChoice", "parse_mix", "resolve_mix_contexts",
-           "mix_grid_from_sweep", "choose_mix_tree", "mix_section", "format_mix"]
+__all__ = [
+    "ANY_CONTEXT",
+    "TrafficMix",
+    "MixCell",
+    "MixChoice",
+    "parse_mix",
+    "resolve_mix_contexts",
+    "mix_grid_from_sweep",
+    "choose_mix_tree",
+    "mix_section",
+    "format_mix",
+]
 
 ANY_CONTEXT = -1  # a mix entry written without a context: the table's one context
 _INLINE = re.compile(r"^\s*(\d+)\s*(?:@\s*(\d+)\s*)?:\s*([^,:@]+?)\s*$")
@@ -39,7 +49,7 @@ class TrafficMix:
     """Weights of (batch, context) cells, normalised to sum 1 (duplicate cells summed)."""
 
     batch: tuple[int, ...]
-    context: tuple[int, ...]       # ANY_CONTEXT where the entry named no context
+    context: tuple[int, ...]  # ANY_CONTEXT where the entry named no context
     weight: tuple[float, ...]
     source: str
 
@@ -53,22 +63,22 @@ class MixCell:
     weight: float
     best_nodes: int
     best_speedup: float
-    mix_nodes: int                  # 0 where speculation is off at this batch
+    mix_nodes: int  # 0 where speculation is off at this batch
     mix_speedup: float
     plain_tokens_per_s: float
-    loss_fraction: float            # 1 - mix_speedup / best_speedup
+    loss_fraction: float  # 1 - mix_speedup / best_speedup
 
 
 @dataclass(frozen=True)
 class MixChoice:
     """The single tree for a mix and where speculation switches off."""
 
-    nodes: int                               # 0: speculation never pays on this mix
-    speculate_up_to_batch: int               # largest mix batch with speculation on; 0: never
-    off_from_batch: int | None               # smallest mix batch with speculation off; None: on everywhere
-    expected_tokens_per_s: float             # E(nodes, speculate_up_to_batch)
-    per_cell_best_tokens_per_s: float        # every cell with its own best tree (an upper bound)
-    plain_tokens_per_s: float                # no speculation anywhere
+    nodes: int  # 0: speculation never pays on this mix
+    speculate_up_to_batch: int  # largest mix batch with speculation on; 0: never
+    off_from_batch: int | None  # smallest mix batch with speculation off; None: on everywhere
+    expected_tokens_per_s: float  # E(nodes, speculate_up_to_batch)
+    per_cell_best_tokens_per_s: float  # every cell with its own best tree (an upper bound)
+    plain_tokens_per_s: float  # no speculation anywhere
     cells: tuple[MixCell, ...]
 
 
@@ -83,8 +93,12 @@ def _normalised(batch, context, weight, source: str) -> TrafficMix:
         raise _bad(source, "every weight is 0 (the mix needs at least one positive weight)")
     df = df.groupby(["batch", "context"], as_index=False, sort=True)["weight"].sum()
     w = df["weight"].to_numpy(dtype=float)
-    return TrafficMix(tuple(int(b) for b in df["batch"]), tuple(int(c) for c in df["context"]),
-                      tuple(float(x) for x in w / w.sum()), source)
+    return TrafficMix(
+        tuple(int(b) for b in df["batch"]),
+        tuple(int(c) for c in df["context"]),
+        tuple(float(x) for x in w / w.sum()),
+        source,
+    )
 
 
 def _parse_inline(spec: str) -> TrafficMix:
@@ -134,8 +148,9 @@ def _parse_csv(path: Path) -> TrafficMix:
             c = int(row["context"]) if row.get("context", "") != "" else ANY_CONTEXT
             w = float(row["weight"])
         except ValueError:
-            raise _bad(source, f"row {line_no}: batch and context must be integers and weight a number, "
-                               f"got {line!r}") from None
+            raise _bad(
+                source, f"row {line_no}: batch and context must be integers and weight a number, got {line!r}"
+            ) from None
         if c < 0 and c != ANY_CONTEXT:
             raise _bad(source, f"row {line_no}: context {c} must be >= 0")
         batch.append(b)
@@ -162,8 +177,11 @@ def resolve_mix_contexts(mix: TrafficMix, contexts) -> TrafficMix:
         return mix
     available = sorted({int(c) for c in contexts})
     if len(available) != 1:
-        raise _bad(mix.source, f"an entry has no context but the table has {len(available)} contexts "
-                               f"({', '.join(map(str, available))}): write BATCH@CONTEXT:WEIGHT")
+        raise _bad(
+            mix.source,
+            f"an entry has no context but the table has {len(available)} contexts "
+            f"({', '.join(map(str, available))}): write BATCH@CONTEXT:WEIGHT",
+        )
     ctx = [available[0] if c == ANY_CONTEXT else c for c in mix.context]
     return _normalised(mix.batch, ctx, mix.weight, mix.source)
 
@@ -178,9 +196,15 @@ def mix_grid_from_sweep(sweep: pd.DataFrame, by: str = "measured") -> pd.DataFra
     else:
         speed, _ = measured_speedup(sweep)
         step = sweep["step_time_s"].astype(float)
-    return pd.DataFrame({"batch": sweep["batch"].to_numpy(), "context": sweep["context"].to_numpy(),
-                         "nodes": sweep["nodes"].to_numpy(), "speedup": speed.to_numpy(),
-                         "step_time_s": step.to_numpy()})
+    return pd.DataFrame(
+        {
+            "batch": sweep["batch"].to_numpy(),
+            "context": sweep["context"].to_numpy(),
+            "nodes": sweep["nodes"].to_numpy(),
+            "speedup": speed.to_numpy(),
+            "step_time_s": step.to_numpy(),
+        }
+    )
 
 
 def _speedup_matrix(grid: pd.DataFrame, mix: TrafficMix, source: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -196,21 +220,23 @@ def _speedup_matrix(grid: pd.DataFrame, mix: TrafficMix, source: str) -> tuple[n
     missing = [k for k in keys if k not in wide.index or k not in plain.index]
     if missing:
         have = ", ".join(f"{b}@{c}" for b, c in sorted(set(wide.index) & set(plain.index)))
-        raise _bad(mix.source, f"cell batch {missing[0][0]} context {missing[0][1]} is not in {source} "
-                               f"(it has {have})")
+        raise _bad(mix.source, f"cell batch {missing[0][0]} context {missing[0][1]} is not in {source} (it has {have})")
     speed = wide.loc[keys].to_numpy(dtype=float, copy=True)
     speed[:, sizes == 0] = 1.0
     t_plain = plain.loc[keys, "step_time_s"].to_numpy(dtype=float)
     bad = ~np.isfinite(t_plain) | (t_plain <= 0)
     if bad.any():
         b, c = keys[int(np.flatnonzero(bad)[0])]
-        raise _bad(mix.source, f"cell batch {b} context {c}: plain decoding has no step time in {source} "
-                               "(does not fit in memory?)")
+        raise _bad(
+            mix.source,
+            f"cell batch {b} context {c}: plain decoding has no step time in {source} (does not fit in memory?)",
+        )
     return sizes, speed, np.asarray(mix.batch, dtype=float) / t_plain
 
 
-def choose_mix_tree(grid: pd.DataFrame, mix: TrafficMix, *, threshold: float = 1.0,
-                    source: str = "the speedup table") -> MixChoice:
+def choose_mix_tree(
+    grid: pd.DataFrame, mix: TrafficMix, *, threshold: float = 1.0, source: str = "the speedup table"
+) -> MixChoice:
     """The tree size n and speculation cut-off batch B of largest expected throughput E(n, B).
 
     grid: one row per (batch, context, nodes) with `speedup` (1 at nodes 0) and `step_time_s`
@@ -249,17 +275,23 @@ def choose_mix_tree(grid: pd.DataFrame, mix: TrafficMix, *, threshold: float = 1
     best_nodes = best.loc[keys, "nodes"].to_numpy(dtype=np.int64)
     best_speed = np.where(best_nodes > 0, best.loc[keys, "speedup"].to_numpy(dtype=float), 1.0)
     cells = tuple(
-        MixCell(int(b), int(c), float(w), int(bn), float(bs), nodes if o else 0, float(ms), float(p),
-                float(1.0 - ms / bs))
-        for b, c, w, bn, bs, o, ms, p in zip(batches, mix.context, weight, best_nodes, best_speed, on, mix_speed,
-                                              plain_tps, strict=True))
+        MixCell(
+            int(b), int(c), float(w), int(bn), float(bs), nodes if o else 0, float(ms), float(p), float(1.0 - ms / bs)
+        )
+        for b, c, w, bn, bs, o, ms, p in zip(
+            batches, mix.context, weight, best_nodes, best_speed, on, mix_speed, plain_tps, strict=True
+        )
+    )
     off_from = distinct[distinct > up_to] if nodes else distinct
     return MixChoice(
-        nodes=nodes, speculate_up_to_batch=up_to if nodes else 0,
+        nodes=nodes,
+        speculate_up_to_batch=up_to if nodes else 0,
         off_from_batch=int(off_from[0]) if off_from.size else None,
         expected_tokens_per_s=float(np.sum(weight * plain_tps * mix_speed)),
         per_cell_best_tokens_per_s=float(np.sum(weight * plain_tps * best_speed)),
-        plain_tokens_per_s=float(np.sum(weight * plain_tps)), cells=cells)
+        plain_tokens_per_s=float(np.sum(weight * plain_tps)),
+        cells=cells,
+    )
 
 
 def mix_section(choice: MixChoice, proposal, mix: TrafficMix, threshold: float = 1.0) -> dict:
@@ -267,17 +299,28 @@ def mix_section(choice: MixChoice, proposal, mix: TrafficMix, threshold: float =
     if choice.nodes > proposal.size:
         raise UserError(f"mix: the table picks {choice.nodes} nodes but the proposal tree has {proposal.size}")
     return {
-        "source": mix.source, "nodes": choice.nodes,
+        "source": mix.source,
+        "nodes": choice.nodes,
         "medusa_choices": proposal.prefix(choice.nodes).to_choices() if choice.nodes else [],
-        "speculate_up_to_batch": choice.speculate_up_to_batch, "off_from_batch": choice.off_from_batch,
+        "speculate_up_to_batch": choice.speculate_up_to_batch,
+        "off_from_batch": choice.off_from_batch,
         "threshold": threshold,
         "expected_tokens_per_s": round(choice.expected_tokens_per_s, 6),
         "per_cell_best_tokens_per_s": round(choice.per_cell_best_tokens_per_s, 6),
         "plain_tokens_per_s": round(choice.plain_tokens_per_s, 6),
-        "cells": [{"batch": c.batch, "context": c.context, "weight": round(c.weight, 6),
-                   "best_nodes": c.best_nodes, "best_speedup": round(c.best_speedup, 6),
-                   "mix_nodes": c.mix_nodes, "mix_speedup": round(c.mix_speedup, 6),
-                   "loss_fraction": round(c.loss_fraction, 6)} for c in choice.cells],
+        "cells": [
+            {
+                "batch": c.batch,
+                "context": c.context,
+                "weight": round(c.weight, 6),
+                "best_nodes": c.best_nodes,
+                "best_speedup": round(c.best_speedup, 6),
+                "mix_nodes": c.mix_nodes,
+                "mix_speedup": round(c.mix_speedup, 6),
+                "loss_fraction": round(c.loss_fraction, 6),
+            }
+            for c in choice.cells
+        ],
     }
 
 
@@ -286,20 +329,26 @@ def format_mix(section: dict) -> str:
     n = section["nodes"]
     if n:
         off = section["off_from_batch"]
-        head = (f"one tree for the mix ({section['source']}): {n} nodes, speculation on up to batch "
-                f"{section['speculate_up_to_batch']}" + (f", off from batch {off}" if off is not None else
-                                                          " (every batch of the mix)"))
+        head = (
+            f"one tree for the mix ({section['source']}): {n} nodes, speculation on up to batch "
+            f"{section['speculate_up_to_batch']}"
+            + (f", off from batch {off}" if off is not None else " (every batch of the mix)")
+        )
     else:
         head = f"one tree for the mix ({section['source']}): no speculation (no tree pays on this mix)"
     ratio = section["expected_tokens_per_s"] / section["per_cell_best_tokens_per_s"]
-    lines = [head,
-             f"  expected throughput {section['expected_tokens_per_s']:.4g} tokens/s = {ratio:.1%} of every cell "
-             f"with its own best tree ({section['per_cell_best_tokens_per_s']:.4g}); plain decoding "
-             f"{section['plain_tokens_per_s']:.4g}"]
+    lines = [
+        head,
+        f"  expected throughput {section['expected_tokens_per_s']:.4g} tokens/s = {ratio:.1%} of every cell "
+        f"with its own best tree ({section['per_cell_best_tokens_per_s']:.4g}); plain decoding "
+        f"{section['plain_tokens_per_s']:.4g}",
+    ]
     for c in section["cells"]:
-        lines.append(f"  batch {c['batch']:4d}  context {c['context']:6d}  weight {c['weight']:.3f}: best "
-                     f"{c['best_nodes']:3d} nodes {c['best_speedup']:.2f}x, mix tree {c['mix_nodes']:3d} nodes "
-                     f"{c['mix_speedup']:.2f}x (loses {c['loss_fraction']:.1%})")
+        lines.append(
+            f"  batch {c['batch']:4d}  context {c['context']:6d}  weight {c['weight']:.3f}: best "
+            f"{c['best_nodes']:3d} nodes {c['best_speedup']:.2f}x, mix tree {c['mix_nodes']:3d} nodes "
+            f"{c['mix_speedup']:.2f}x (loses {c['loss_fraction']:.1%})"
+        )
     if n:
         lines.append(f"  medusa_choices = {section['medusa_choices']}")
     return "\n".join(lines)

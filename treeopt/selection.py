@@ -38,11 +38,30 @@ from treeopt.stats import (
 from treeopt.tau import proposal_sequence
 from treeopt.tree import Tree, make_tree
 
-__all__ = ["SWEEP_COLUMNS", "REQUIRED", "SELECTION_FORMAT", "read_sweep", "select", "measured_speedup",
-           "prediction_regret", "proposal_from_meta", "sweep_meta_path", "best_per_cell", "selection_from_grid",
-           "format_selection", "format_speedup", "selection_from_grid_file", "read_grid_with_proposal",
-           "measured_decisions", "noise_summary", "sweep_samples_path", "read_round_samples", "write_round_samples",
-           "add_intervals", "cell_draws"]
+__all__ = [
+    "SWEEP_COLUMNS",
+    "REQUIRED",
+    "SELECTION_FORMAT",
+    "read_sweep",
+    "select",
+    "measured_speedup",
+    "prediction_regret",
+    "proposal_from_meta",
+    "sweep_meta_path",
+    "best_per_cell",
+    "selection_from_grid",
+    "format_selection",
+    "format_speedup",
+    "selection_from_grid_file",
+    "read_grid_with_proposal",
+    "measured_decisions",
+    "noise_summary",
+    "sweep_samples_path",
+    "read_round_samples",
+    "write_round_samples",
+    "add_intervals",
+    "cell_draws",
+]
 
 # Columns of a sweep CSV (calibration/sweep.py writes them; all numeric):
 #   batch, context, nodes          the configuration (nodes 0 = plain decoding)
@@ -59,11 +78,32 @@ __all__ = ["SWEEP_COLUMNS", "REQUIRED", "SELECTION_FORMAT", "read_sweep", "selec
 #   predicted_*                    the roofline's step time, overhead and speedup
 #   e2e_*                          real decoder on prompts: tokens/s, tokens per step, speedup
 SWEEP_COLUMNS = [
-    "batch", "context", "nodes", "tau", "tau_independent", "tau_joint", "tau_walk", "tau_se",
-    "step_time_s", "step_time_p10_s", "step_time_p90_s", "samples", "remeasured",
-    "overhead", "overhead_lo", "overhead_hi", "speedup", "speedup_lo", "speedup_hi", "unreliable",
-    "predicted_step_time_s", "predicted_overhead", "predicted_speedup",
-    "e2e_tokens_per_s", "e2e_tokens_per_step", "e2e_speedup",
+    "batch",
+    "context",
+    "nodes",
+    "tau",
+    "tau_independent",
+    "tau_joint",
+    "tau_walk",
+    "tau_se",
+    "step_time_s",
+    "step_time_p10_s",
+    "step_time_p90_s",
+    "samples",
+    "remeasured",
+    "overhead",
+    "overhead_lo",
+    "overhead_hi",
+    "speedup",
+    "speedup_lo",
+    "speedup_hi",
+    "unreliable",
+    "predicted_step_time_s",
+    "predicted_overhead",
+    "predicted_speedup",
+    "e2e_tokens_per_s",
+    "e2e_tokens_per_step",
+    "e2e_speedup",
 ]
 REQUIRED = ("batch", "context", "nodes", "speedup")
 #: the columns a predicted grid (`treeopt roofline speedup -o`) must hold to be selected from
@@ -100,8 +140,10 @@ def write_round_samples(path, groups: dict) -> None:
         cols["nodes"].append(np.tile(np.asarray(sizes, np.int64), rounds))
         cols["round"].append(np.repeat(np.arange(rounds, dtype=np.int64), n))
         cols["seconds"].append(x.ravel())
-    arrays = {k: (np.concatenate(v) if v else np.zeros(0, np.float64 if k == "seconds" else np.int64))
-              for k, v in cols.items()}
+    arrays = {
+        k: (np.concatenate(v) if v else np.zeros(0, np.float64 if k == "seconds" else np.int64))
+        for k, v in cols.items()
+    }
     with atomic_path(Path(path)) as tmp:
         with open(tmp, "wb") as fh:
             np.savez_compressed(fh, **arrays)
@@ -153,7 +195,8 @@ def add_intervals(table: pd.DataFrame, samples: dict) -> pd.DataFrame:
         o_lo, o_hi = interval(draws.overhead)
         s_lo, s_hi = interval(draws.speedup)
         t.loc[cell.index, ["overhead_lo", "overhead_hi", "speedup_lo", "speedup_hi"]] = np.column_stack(
-            [o_lo, o_hi, s_lo, s_hi])
+            [o_lo, o_hi, s_lo, s_hi]
+        )
     return t
 
 
@@ -180,8 +223,10 @@ def read_sweep(path) -> tuple[pd.DataFrame, dict]:
         # treeopt writes every row whole; a last line without its end was cut (a copy or a
         # disk that stopped midway), so its numbers cannot be trusted (docs/formats.md,
         # "Output safety")
-        raise UserError(f"{path}: ends in the middle of a line (a cut or damaged file); measure it again "
-                        "or resume it with `treeopt sweep --resume`")
+        raise UserError(
+            f"{path}: ends in the middle of a line (a cut or damaged file); measure it again "
+            "or resume it with `treeopt sweep --resume`"
+        )
     missing = [c for c in REQUIRED if c not in df.columns]
     if missing:
         raise UserError(f"{path}: missing column '{missing[0]}' (not a treeopt sweep CSV)")
@@ -210,8 +255,9 @@ def read_sweep(path) -> tuple[pd.DataFrame, dict]:
     plain = set(map(tuple, df.loc[df["nodes"] == 0, ["batch", "context"]].to_numpy().tolist()))
     for b, s in df[["batch", "context"]].drop_duplicates().itertuples(index=False):
         if (b, s) not in plain:
-            raise UserError(f"{path}: batch {b} context {s} has no row for 0 nodes (plain decoding, "
-                            "the baseline of every speedup)")
+            raise UserError(
+                f"{path}: batch {b} context {s} has no row for 0 nodes (plain decoding, the baseline of every speedup)"
+            )
 
     meta_file = sweep_meta_path(path)
     if not meta_file.is_file():
@@ -223,8 +269,9 @@ def read_sweep(path) -> tuple[pd.DataFrame, dict]:
     _check_complete(df, meta, path)
     biggest = int(df["nodes"].max())
     if biggest > proposal.size:
-        raise UserError(f"{path}: has rows for {biggest} nodes but the proposal tree in "
-                        f"{meta_file.name} has {proposal.size}")
+        raise UserError(
+            f"{path}: has rows for {biggest} nodes but the proposal tree in {meta_file.name} has {proposal.size}"
+        )
     df = df.sort_values(["batch", "context", "nodes"], ignore_index=True)
     df.attrs["source"] = str(path)
     return df, meta
@@ -241,15 +288,19 @@ def _check_complete(df: pd.DataFrame, meta: dict, path: Path) -> None:
     want = [(b, c) for b in batches for c in contexts]
     missing = [g for g in want if g not in have]
     if missing:
-        raise UserError(f"{path}: incomplete sweep: {len(want) - len(missing)} of {len(want)} (batch, context) "
-                        f"groups measured, batch {missing[0][0]} context {missing[0][1]} missing; finish it "
-                        "with `treeopt sweep --resume`")
+        raise UserError(
+            f"{path}: incomplete sweep: {len(want) - len(missing)} of {len(want)} (batch, context) "
+            f"groups measured, batch {missing[0][0]} context {missing[0][1]} missing; finish it "
+            "with `treeopt sweep --resume`"
+        )
     if isinstance(sizes, list):
         for (b, c), nodes in have.items():
             lacking = sorted(set(sizes) - nodes)
             if lacking:
-                raise UserError(f"{path}: incomplete sweep: batch {b} context {c} has no row for "
-                                f"{lacking[0]} nodes; finish it with `treeopt sweep --resume`")
+                raise UserError(
+                    f"{path}: incomplete sweep: batch {b} context {c} has no row for "
+                    f"{lacking[0]} nodes; finish it with `treeopt sweep --resume`"
+                )
 
 
 def proposal_from_meta(meta: dict, source: str) -> Tree:
@@ -287,8 +338,14 @@ def _check_columns(sweep: pd.DataFrame, source: str) -> None:
         raise UserError(f"{source}: no rows")
 
 
-def measured_decisions(df: pd.DataFrame, measured: pd.Series, measured_by: pd.Series, *,
-                       threshold: float = 1.0, samples: dict | None = None) -> pd.DataFrame:
+def measured_decisions(
+    df: pd.DataFrame,
+    measured: pd.Series,
+    measured_by: pd.Series,
+    *,
+    threshold: float = 1.0,
+    samples: dict | None = None,
+) -> pd.DataFrame:
     """Per (batch, context) the decision on measured speedups (`treeopt.stats.decide_cell`,
     docs/statistics.md "Choosing a tree with intervals"): columns batch, context, nodes,
     reason, best_nodes, speedup_lo, speedup_hi, rounds, unreliable_nodes, disagree_nodes.
@@ -325,11 +382,21 @@ def measured_decisions(df: pd.DataFrame, measured: pd.Series, measured_by: pd.Se
         step_speed = cell["speedup"].to_numpy(dtype=float)
         disagree = e2e & np.isfinite(step_lo) & ((speed < step_lo) | (speed > step_hi)) & (nodes > 0)
         k = decision.index
-        rows.append({"batch": int(b), "context": int(s), "nodes": int(nodes[k]), "reason": decision.reason,
-                     "best_nodes": int(nodes[decision.best]), "speedup_lo": lo[k] if k else 1.0,
-                     "speedup_hi": hi[k] if k else 1.0, "step_speedup": step_speed[k] if k else 1.0,
-                     "rounds": int(np.nanmax(_col(cell, "samples"), initial=0)),
-                     "unreliable_nodes": nodes[~reliable].tolist(), "disagree_nodes": nodes[disagree].tolist()})
+        rows.append(
+            {
+                "batch": int(b),
+                "context": int(s),
+                "nodes": int(nodes[k]),
+                "reason": decision.reason,
+                "best_nodes": int(nodes[decision.best]),
+                "speedup_lo": lo[k] if k else 1.0,
+                "speedup_hi": hi[k] if k else 1.0,
+                "step_speedup": step_speed[k] if k else 1.0,
+                "rounds": int(np.nanmax(_col(cell, "samples"), initial=0)),
+                "unreliable_nodes": nodes[~reliable].tolist(),
+                "disagree_nodes": nodes[disagree].tolist(),
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -337,9 +404,18 @@ def _col(df: pd.DataFrame, name: str) -> np.ndarray:
     return df[name].to_numpy(dtype=float) if name in df.columns else np.full(len(df), np.nan)
 
 
-def select(sweep: pd.DataFrame, proposal: Tree, *, by: str = "measured", hardware: str = "",
-           model: str = "", threshold: float = 1.0, source: str | None = None,
-           samples: dict | None = None, threads: int | None = None) -> dict:
+def select(
+    sweep: pd.DataFrame,
+    proposal: Tree,
+    *,
+    by: str = "measured",
+    hardware: str = "",
+    model: str = "",
+    threshold: float = 1.0,
+    source: str | None = None,
+    samples: dict | None = None,
+    threads: int | None = None,
+) -> dict:
     """The `treeopt.selection/v1` document from a sweep table.
 
     by="measured": the measured speedup (end to end where the sweep measured it, see
@@ -392,8 +468,11 @@ def select(sweep: pd.DataFrame, proposal: Tree, *, by: str = "measured", hardwar
         grid.loc[grid["nodes"] == 0, "speedup"] = 1.0
     doc = selection_from_grid(grid, proposal, hardware, model, threshold=threshold)
     uses_e2e = bool((measured_by == "end-to-end").any())
-    doc["source"] = (SELECTION_SOURCE["measured"] + (" (end to end where measured)" if uses_e2e else "")
-                     if by == "measured" else SELECTION_SOURCE["predicted"])
+    doc["source"] = (
+        SELECTION_SOURCE["measured"] + (" (end to end where measured)" if uses_e2e else "")
+        if by == "measured"
+        else SELECTION_SOURCE["predicted"]
+    )
     doc["selected_by"] = by
     doc["threshold"] = threshold
     key = pd.MultiIndex.from_frame(df[["batch", "context", "nodes"]])
@@ -436,8 +515,11 @@ def _add_decisions(doc: dict, decisions: pd.DataFrame) -> None:
         where = {"batch": cell["batch"], "context": cell["context"]}
         if d["reason"] in ("undecided", "unreliable"):
             undecided.append(where)
-        elif cell["nodes"] and np.isfinite(d["speedup_hi"]) and \
-                (d["speedup_hi"] - d["speedup_lo"]) / 2 > NOISY_HALF_WIDTH * cell["speedup"]:
+        elif (
+            cell["nodes"]
+            and np.isfinite(d["speedup_hi"])
+            and (d["speedup_hi"] - d["speedup_lo"]) / 2 > NOISY_HALF_WIDTH * cell["speedup"]
+        ):
             noisy.append(where)
     doc["confidence"] = CONFIDENCE
     doc["undecided"] = undecided
@@ -457,8 +539,9 @@ def best_per_cell(grid: pd.DataFrame, *, threshold: float = 1.0) -> pd.DataFrame
     if "overhead" not in g.columns:
         g["overhead"] = np.nan
     key = g["speedup"].fillna(-np.inf).to_numpy()
-    g = g.assign(_key=key).sort_values(["batch", "context", "_key", "nodes"],
-                                       ascending=[True, True, False, True], kind="mergesort")
+    g = g.assign(_key=key).sort_values(
+        ["batch", "context", "_key", "nodes"], ascending=[True, True, False, True], kind="mergesort"
+    )
     best = g.groupby(["batch", "context"], sort=True).head(1).copy()
     plain = grid[grid["nodes"] == 0].drop_duplicates(["batch", "context"]).set_index(["batch", "context"])
     out = []
@@ -469,18 +552,41 @@ def best_per_cell(grid: pd.DataFrame, *, threshold: float = 1.0) -> pd.DataFrame
             # no plain-decoding row (a grid of trees only): plain decoding is taken to fit
             p = plain.loc[(row.batch, row.context)] if (row.batch, row.context) in plain.index else None
             plain_ok = p is None or bool(np.isfinite(p["speedup"]))
-            out.append({"batch": int(row.batch), "context": int(row.context), "nodes": 0, "tau": 1.0,
-                        "overhead": 1.0 if plain_ok else np.nan,
-                        "speedup": 1.0 if plain_ok else np.nan, "fits_memory": bool(plain_ok)})
+            out.append(
+                {
+                    "batch": int(row.batch),
+                    "context": int(row.context),
+                    "nodes": 0,
+                    "tau": 1.0,
+                    "overhead": 1.0 if plain_ok else np.nan,
+                    "speedup": 1.0 if plain_ok else np.nan,
+                    "fits_memory": bool(plain_ok),
+                }
+            )
         else:
-            out.append({"batch": int(row.batch), "context": int(row.context), "nodes": int(row.nodes),
-                        "tau": float(row.tau), "overhead": float(row.overhead), "speedup": float(speed),
-                        "fits_memory": True})
+            out.append(
+                {
+                    "batch": int(row.batch),
+                    "context": int(row.context),
+                    "nodes": int(row.nodes),
+                    "tau": float(row.tau),
+                    "overhead": float(row.overhead),
+                    "speedup": float(speed),
+                    "fits_memory": True,
+                }
+            )
     return pd.DataFrame(out, columns=["batch", "context", "nodes", "tau", "overhead", "speedup", "fits_memory"])
 
 
-def selection_from_grid(grid_df: pd.DataFrame, proposal_tree, hardware_name: str, model_name: str,
-                        *, threshold: float = 1.0, extra: dict | None = None) -> dict:
+def selection_from_grid(
+    grid_df: pd.DataFrame,
+    proposal_tree,
+    hardware_name: str,
+    model_name: str,
+    *,
+    threshold: float = 1.0,
+    extra: dict | None = None,
+) -> dict:
     """The `treeopt.selection/v1` document: per (batch, context) the best tree size and its
     medusa_choices (proposal_tree.prefix(nodes)); nodes 0 and [] for no speculation. Cells
     where not even plain decoding fits in memory are listed under "out_of_memory" instead."""
@@ -497,11 +603,24 @@ def selection_from_grid(grid_df: pd.DataFrame, proposal_tree, hardware_name: str
         if nodes > size:
             raise UserError(f"selection: the grid picks {nodes} nodes but the proposal tree has {size}")
         choices = proposal_tree.prefix(nodes).to_choices() if nodes else []
-        cells.append({"batch": int(row.batch), "context": int(row.context), "nodes": nodes,
-                      "speedup": round(float(row.speedup), 6), "tau": round(float(row.tau), 6),
-                      "overhead": round(float(row.overhead), 6), "medusa_choices": choices})
-    doc = {"format": SELECTION_FORMAT, "hardware": hardware_name, "model": model_name,
-           "source": "roofline prediction", "cells": cells}
+        cells.append(
+            {
+                "batch": int(row.batch),
+                "context": int(row.context),
+                "nodes": nodes,
+                "speedup": round(float(row.speedup), 6),
+                "tau": round(float(row.tau), 6),
+                "overhead": round(float(row.overhead), 6),
+                "medusa_choices": choices,
+            }
+        )
+    doc = {
+        "format": SELECTION_FORMAT,
+        "hardware": hardware_name,
+        "model": model_name,
+        "source": "roofline prediction",
+        "cells": cells,
+    }
     if oom:
         doc["out_of_memory"] = oom
     if extra:
@@ -554,17 +673,22 @@ def format_selection(doc: dict) -> str:
         if c.get("speedup_lo") is not None and c["nodes"]:
             extra += f" [{c['speedup_lo']:.2f}, {c['speedup_hi']:.2f}]"
         if "measured_speedup" in c and "predicted_speedup" in c:
-            extra += (f"  (measured {format_speedup(c['measured_speedup'])}, "
-                      f"predicted {format_speedup(c['predicted_speedup'])})")
+            extra += (
+                f"  (measured {format_speedup(c['measured_speedup'])}, "
+                f"predicted {format_speedup(c['predicted_speedup'])})"
+            )
         if "reason" in c:
             extra += f"  {c['reason']}" + (f", {c['rounds']} rounds" if c.get("rounds") else "")
-        lines.append(f"  batch {c['batch']:4d}  context {c['context']:6d}: {what}  "
-                     f"speedup {format_speedup(c['speedup'])}{extra}")
+        lines.append(
+            f"  batch {c['batch']:4d}  context {c['context']:6d}: {what}  speedup {format_speedup(c['speedup'])}{extra}"
+        )
         if c.get("unreliable_nodes"):
             lines.append(f"      unreliable (failed the sanity checks, not selected): nodes {c['unreliable_nodes']}")
         if c.get("step_and_end_to_end_disagree"):
-            lines.append("      step latency and end-to-end throughput disagree beyond the interval at nodes "
-                         f"{c['step_and_end_to_end_disagree']}: selected on end-to-end")
+            lines.append(
+                "      step latency and end-to-end throughput disagree beyond the interval at nodes "
+                f"{c['step_and_end_to_end_disagree']}: selected on end-to-end"
+            )
     lines += noise_summary(doc)
     return "\n".join(lines)
 
@@ -574,13 +698,16 @@ def noise_summary(doc: dict) -> list[str]:
     out = []
     cells = ", ".join
     if doc.get("undecided"):
-        out.append("UNDECIDED: the machine was too noisy to decide (no speculation chosen) at "
-                   + cells(f"batch {u['batch']} context {u['context']}" for u in doc["undecided"])
-                   + "; re-run on a quiet machine or with a larger --time-budget")
+        out.append(
+            "UNDECIDED: the machine was too noisy to decide (no speculation chosen) at "
+            + cells(f"batch {u['batch']} context {u['context']}" for u in doc["undecided"])
+            + "; re-run on a quiet machine or with a larger --time-budget"
+        )
     if doc.get("noisy"):
-        out.append(f"NOISY: the chosen speedup's {doc.get('confidence', CONFIDENCE):.0%} interval is wider than "
-                   f"+-{NOISY_HALF_WIDTH:.0%} at "
-                   + cells(f"batch {u['batch']} context {u['context']}" for u in doc["noisy"]))
+        out.append(
+            f"NOISY: the chosen speedup's {doc.get('confidence', CONFIDENCE):.0%} interval is wider than "
+            f"+-{NOISY_HALF_WIDTH:.0%} at " + cells(f"batch {u['batch']} context {u['context']}" for u in doc["noisy"])
+        )
     return out
 
 
@@ -617,9 +744,26 @@ def prediction_regret(sweep: pd.DataFrame, *, threshold: float = 1.0) -> pd.Data
         n_meas = _pick(nodes, meas, threshold)
         got = 1.0 if n_pred == 0 else float(meas[nodes == n_pred][0])
         best = 1.0 if n_meas == 0 else float(meas[nodes == n_meas][0])
-        rows.append({"batch": int(b), "context": int(s), "predicted_nodes": n_pred,
-                     "measured_best_nodes": n_meas, "measured_speedup_of_predicted": got,
-                     "measured_best_speedup": best, "fraction_of_best": got / best})
-    return pd.DataFrame(rows, columns=["batch", "context", "predicted_nodes", "measured_best_nodes",
-                                       "measured_speedup_of_predicted", "measured_best_speedup",
-                                       "fraction_of_best"])
+        rows.append(
+            {
+                "batch": int(b),
+                "context": int(s),
+                "predicted_nodes": n_pred,
+                "measured_best_nodes": n_meas,
+                "measured_speedup_of_predicted": got,
+                "measured_best_speedup": best,
+                "fraction_of_best": got / best,
+            }
+        )
+    return pd.DataFrame(
+        rows,
+        columns=[
+            "batch",
+            "context",
+            "predicted_nodes",
+            "measured_best_nodes",
+            "measured_speedup_of_predicted",
+            "measured_best_speedup",
+            "fraction_of_best",
+        ],
+    )

@@ -20,9 +20,22 @@ import numpy as np
 from treeopt.acceptance import simulated_tau_curve
 from treeopt.tree import Tree
 
-__all__ = ["CONFIDENCE", "BOOTSTRAP_DRAWS", "MONOTONE_SLACK", "REASONS", "SpeedupDraws",
-           "same_round_ratios", "bootstrap_speedups", "interval", "impossible_sizes", "CellDecision",
-           "decide_cell", "paired_ties", "tau_stderr", "tau_stderr_independent_positions"]
+__all__ = [
+    "CONFIDENCE",
+    "BOOTSTRAP_DRAWS",
+    "MONOTONE_SLACK",
+    "REASONS",
+    "SpeedupDraws",
+    "same_round_ratios",
+    "bootstrap_speedups",
+    "interval",
+    "impossible_sizes",
+    "CellDecision",
+    "decide_cell",
+    "paired_ties",
+    "tau_stderr",
+    "tau_stderr_independent_positions",
+]
 
 CONFIDENCE = 0.95
 BOOTSTRAP_DRAWS = 2000
@@ -51,8 +64,7 @@ class SpeedupDraws:
     rounds: int
 
 
-def bootstrap_speedups(samples, tau, tau_se=None, *, draws: int = BOOTSTRAP_DRAWS,
-                       seed: int = 0) -> SpeedupDraws:
+def bootstrap_speedups(samples, tau, tau_se=None, *, draws: int = BOOTSTRAP_DRAWS, seed: int = 0) -> SpeedupDraws:
     """Percentile-bootstrap draws over rounds of the overhead (median of same-round ratios)
     and of the speedup tau / overhead, with tau drawn as tau + tau_se * z (z ~ N(0, 1), one z
     per draw shared by every size; tau_se None or 0: tau taken as exact)."""
@@ -64,9 +76,9 @@ def bootstrap_speedups(samples, tau, tau_se=None, *, draws: int = BOOTSTRAP_DRAW
     pick = rng.integers(0, rounds, size=(draws, rounds))
     # why: a tree step does the plain step's work and more, so an overhead below 1 is noise
     # (docs/statistics.md "Measured speedup intervals")
-    overhead = np.maximum(np.median(ratios[pick], axis=1), 1.0)      # (draws, sizes)
+    overhead = np.maximum(np.median(ratios[pick], axis=1), 1.0)  # (draws, sizes)
     z = rng.standard_normal((draws, 1))
-    tau_draws = np.maximum(tau[None, :] + se[None, :] * z, 1.0)      # at least the bonus token
+    tau_draws = np.maximum(tau[None, :] + se[None, :] * z, 1.0)  # at least the bonus token
     point = np.maximum(np.median(ratios, axis=0), 1.0)
     return SpeedupDraws(point, tau / point, overhead, tau_draws / overhead, rounds)
 
@@ -78,8 +90,9 @@ def interval(draws: np.ndarray, confidence: float = CONFIDENCE) -> tuple[np.ndar
     return lo, hi
 
 
-def impossible_sizes(samples, *, confidence: float = CONFIDENCE, draws: int = BOOTSTRAP_DRAWS,
-                     seed: int = 0) -> np.ndarray:
+def impossible_sizes(
+    samples, *, confidence: float = CONFIDENCE, draws: int = BOOTSTRAP_DRAWS, seed: int = 0
+) -> np.ndarray:
     """(sizes,) bool: tree sizes measured faster than the plain step beyond the noise (the
     upper bound of the median same-round ratio T(n) / T(0) is below 1 - MONOTONE_SLACK), and
     both sizes of a pair of consecutive trees a < b whose step time falls as the tree grows
@@ -96,9 +109,9 @@ def impossible_sizes(samples, *, confidence: float = CONFIDENCE, draws: int = BO
     pick = rng.integers(0, rounds, size=(draws, rounds))
     _, hi = interval(np.median(ratios[pick], axis=1), confidence)
     falls = hi < 1.0 - MONOTONE_SLACK
-    flags[1:] |= falls[:sizes - 1]
-    flags[2:] |= falls[sizes - 1:]
-    flags[1:-1] |= falls[sizes - 1:]
+    flags[1:] |= falls[: sizes - 1]
+    flags[2:] |= falls[sizes - 1 :]
+    flags[1:-1] |= falls[sizes - 1 :]
     return flags
 
 
@@ -185,6 +198,5 @@ def tau_stderr(proposal: Tree, tau, *, positions: float, rank_vectors=None, grou
         return tau_stderr_independent_positions(tau, depths, positions)
     group_of_sequence = np.arange(ids.size) * g // ids.size
     group = group_of_sequence[np.searchsorted(ids, sequence)]
-    curves = np.stack([simulated_tau_curve(proposal, ranks[group == k], sequence[group == k])
-                       for k in range(g)])
+    curves = np.stack([simulated_tau_curve(proposal, ranks[group == k], sequence[group == k]) for k in range(g)])
     return curves.std(axis=0, ddof=1) / np.sqrt(g)

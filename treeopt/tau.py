@@ -20,8 +20,7 @@ from treeopt.build import greedy_tree, joint_tree, max_nodes, tau_curve
 from treeopt.errors import UserError
 from treeopt.tree import Tree
 
-__all__ = ["PROPOSAL_METHODS", "TauCurve", "proposal_sequence", "tau_curves", "load_tau_curves",
-           "first_heads"]
+__all__ = ["PROPOSAL_METHODS", "TauCurve", "proposal_sequence", "tau_curves", "load_tau_curves", "first_heads"]
 
 PROPOSAL_METHODS = ("auto", "greedy", "joint")
 
@@ -48,8 +47,10 @@ class TauCurve:
                 continue
             curve = np.asarray(curve, dtype=float)
             if curve.shape != expected:
-                raise UserError(f"tau ({name}): expected {expected[0]} values (tree sizes 0..{expected[0] - 1}), "
-                                f"got shape {curve.shape}")
+                raise UserError(
+                    f"tau ({name}): expected {expected[0]} values (tree sizes 0..{expected[0] - 1}), "
+                    f"got shape {curve.shape}"
+                )
             curve.setflags(write=False)
             object.__setattr__(self, name, curve)
 
@@ -65,8 +66,11 @@ class TauCurve:
         return getattr(self, self.source)
 
     def describe(self) -> str:
-        return {"walked": "walked from its rank vectors", "joint": "from joint statistics",
-                "independent": "from independent heads"}[self.source]
+        return {
+            "walked": "walked from its rank vectors",
+            "joint": "from joint statistics",
+            "independent": "from independent heads",
+        }[self.source]
 
 
 def first_heads(table: AccuracyTable, num_heads: int | None) -> AccuracyTable:
@@ -77,8 +81,7 @@ def first_heads(table: AccuracyTable, num_heads: int | None) -> AccuracyTable:
     if isinstance(num_heads, bool) or not 1 <= int(num_heads) <= table.num_heads:
         raise UserError(f"--heads: {num_heads} heads asked for, the accuracy table has {table.num_heads}")
     k = int(num_heads)
-    return AccuracyTable(hits=table.hits[:k], positions=table.positions[:k], joint=None,
-                         provenance=table.provenance)
+    return AccuracyTable(hits=table.hits[:k], positions=table.positions[:k], joint=None, provenance=table.provenance)
 
 
 def proposal_sequence(table: AccuracyTable, nodes: int, *, method: str = "auto") -> Tree:
@@ -107,8 +110,9 @@ def tau_curves(table: AccuracyTable, proposal: Tree, rank_vectors=None) -> TauCu
     return TauCurve(proposal, tau_curve(proposal, table), joint, walked)
 
 
-def load_tau_curves(path, nodes: int, *, method: str = "auto",
-                    csv_model: str | None = None) -> tuple[AccuracyTable, TauCurve]:
+def load_tau_curves(
+    path, nodes: int, *, method: str = "auto", csv_model: str | None = None
+) -> tuple[AccuracyTable, TauCurve]:
     """The accuracy table at `path`, its proposal sequence of up to `nodes` nodes and the tau
     curves, walked from the rank-vector sidecar `NAME.ranks.npz` when `treeopt calibrate` wrote
     one beside a JSON table."""

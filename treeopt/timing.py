@@ -41,8 +41,13 @@ class TimingStats:
         return (self.p90_s - self.p10_s) / self.median_s if self.median_s > 0 else 0.0
 
     def to_dict(self) -> dict:
-        return {"median_s": self.median_s, "p10_s": self.p10_s, "p90_s": self.p90_s,
-                "n": len(self.samples), "remeasured": self.remeasured}
+        return {
+            "median_s": self.median_s,
+            "p10_s": self.p10_s,
+            "p90_s": self.p90_s,
+            "n": len(self.samples),
+            "remeasured": self.remeasured,
+        }
 
 
 def _quantile(sorted_xs: Sequence[float], p: float) -> float:
@@ -87,8 +92,7 @@ def _sample(fn: Callable[[], object], inner: int, clock) -> float:
     return (clock() - t0) / inner
 
 
-def _replace_outliers(samples: list[float], take: Callable[[], float], factor: float,
-                      max_remeasure: int) -> int:
+def _replace_outliers(samples: list[float], take: Callable[[], float], factor: float, max_remeasure: int) -> int:
     """Re-take samples above factor x median (in place); returns how many were re-taken."""
     remeasured = 0
     for _ in range(3):  # a few passes: the median itself moves when bursts are replaced
@@ -104,10 +108,17 @@ def _replace_outliers(samples: list[float], take: Callable[[], float], factor: f
     return remeasured
 
 
-def measure(fn: Callable[[], object], *, repeats: int = 15, warmup: int = 2,
-            inner: int | None = 1, target_sample_s: float = 2e-3, outlier_factor: float = 3.0,
-            max_remeasure: int | None = None, clock: Callable[[], float] = time.perf_counter
-            ) -> TimingStats:
+def measure(
+    fn: Callable[[], object],
+    *,
+    repeats: int = 15,
+    warmup: int = 2,
+    inner: int | None = 1,
+    target_sample_s: float = 2e-3,
+    outlier_factor: float = 3.0,
+    max_remeasure: int | None = None,
+    clock: Callable[[], float] = time.perf_counter,
+) -> TimingStats:
     """Time `fn()`: `warmup` untimed calls, then `repeats` samples of `inner` calls each.
 
     inner=None picks the number of calls per sample so that a sample lasts about
@@ -125,16 +136,27 @@ def measure(fn: Callable[[], object], *, repeats: int = 15, warmup: int = 2,
     samples = [_sample(fn, inner, clock) for _ in range(repeats)]
     remeasured = 0
     if repeats >= 3:
-        remeasured = _replace_outliers(samples, lambda: _sample(fn, inner, clock), outlier_factor,
-                                       repeats if max_remeasure is None else max_remeasure)
+        remeasured = _replace_outliers(
+            samples,
+            lambda: _sample(fn, inner, clock),
+            outlier_factor,
+            repeats if max_remeasure is None else max_remeasure,
+        )
     return _stats(samples, remeasured)
 
 
-def measure_interleaved(fns: Sequence[Callable[[], object]], *, rounds: int = 15,
-                        warmup: int = 1, inner: int | Sequence[int] | None = 1,
-                        target_sample_s: float = 2e-3, outlier_factor: float = 3.0,
-                        seed: int = 0, clock: Callable[[], float] = time.perf_counter,
-                        after_round: Callable[[], object] | None = None) -> list[TimingStats]:
+def measure_interleaved(
+    fns: Sequence[Callable[[], object]],
+    *,
+    rounds: int = 15,
+    warmup: int = 1,
+    inner: int | Sequence[int] | None = 1,
+    target_sample_s: float = 2e-3,
+    outlier_factor: float = 3.0,
+    seed: int = 0,
+    clock: Callable[[], float] = time.perf_counter,
+    after_round: Callable[[], object] | None = None,
+) -> list[TimingStats]:
     """Time several functions in `rounds` rounds; each round takes one sample of every
     function in a fresh random order. A slowdown burst then lands on a few samples of many
     configurations instead of on all samples of one. Outliers (> outlier_factor x that
@@ -157,22 +179,28 @@ def measure_interleaved(fns: Sequence[Callable[[], object]], *, rounds: int = 15
         inners = list(inner)
         if len(inners) != len(fns):
             raise ValueError("inner: one count per function")
-    by_round = interleaved_rounds(fns, rounds=rounds, inners=inners, seed=seed, clock=clock,
-                                  after_round=after_round)
+    by_round = interleaved_rounds(fns, rounds=rounds, inners=inners, seed=seed, clock=clock, after_round=after_round)
     samples = [list(col) for col in zip(*by_round, strict=True)]
     out = []
     for i, fn in enumerate(fns):
         remeasured = 0
         if rounds >= 3:
-            remeasured = _replace_outliers(samples[i], lambda fn=fn, inner=inners[i]: _sample(fn, inner, clock),
-                                           outlier_factor, rounds)
+            remeasured = _replace_outliers(
+                samples[i], lambda fn=fn, inner=inners[i]: _sample(fn, inner, clock), outlier_factor, rounds
+            )
         out.append(_stats(samples[i], remeasured))
     return out
 
 
-def interleaved_rounds(fns: Sequence[Callable[[], object]], *, rounds: int, inners: Sequence[int] | None = None,
-                       seed: int = 0, clock: Callable[[], float] = time.perf_counter,
-                       after_round: Callable[[], object] | None = None) -> list[list[float]]:
+def interleaved_rounds(
+    fns: Sequence[Callable[[], object]],
+    *,
+    rounds: int,
+    inners: Sequence[int] | None = None,
+    seed: int = 0,
+    clock: Callable[[], float] = time.perf_counter,
+    after_round: Callable[[], object] | None = None,
+) -> list[list[float]]:
     """`rounds` rounds of one sample (seconds per call) of every function, in a fresh random
     order each round: entry [r][i] is function i's sample of round r. Nothing is re-taken, so
     the samples of one round stay paired: a slowdown burst lands on the round it happened in,

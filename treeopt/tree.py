@@ -42,16 +42,16 @@ def _check_paths(paths, source, *, topk=None, num_heads=None, allow_empty=True):
             if r < 0:
                 raise UserError(f"{source}: node {_node_str(path)} has a negative rank {r}")
             if r > MAX_RANK:
-                raise UserError(f"{source}: node {_node_str(path)[:40]} has rank {str(r)[:24]}, beyond any "
-                                f"vocabulary (ranks are at most {MAX_RANK})")
+                raise UserError(
+                    f"{source}: node {_node_str(path)[:40]} has rank {str(r)[:24]}, beyond any "
+                    f"vocabulary (ranks are at most {MAX_RANK})"
+                )
             if topk is not None and r >= topk:
                 raise UserError(
                     f"{source}: node {_node_str(path)} has rank {r}, not below the candidate width (topk) {topk}"
                 )
         if num_heads is not None and len(path) > num_heads:
-            raise UserError(
-                f"{source}: node {_node_str(path)} has depth {len(path)}, more than the {num_heads} heads"
-            )
+            raise UserError(f"{source}: node {_node_str(path)} has depth {len(path)}, more than the {num_heads} heads")
         if path in seen:
             raise UserError(f"{source}: node {_node_str(path)} appears twice (#{seen[path]} and #{i})")
         seen[path] = i
@@ -188,9 +188,7 @@ def load_tree(spec: str, *, topk=None, num_heads=None, allow_empty=False) -> Tre
     if not stripped.startswith(("[", "(")):
         if not path.exists():
             names = ", ".join(refs)
-            raise UserError(
-                f"{spec}: no such file, and not a reference tree ({names}) or a list literal"
-            )
+            raise UserError(f"{spec}: no such file, and not a reference tree ({names}) or a list literal")
         doc = read_json_input(spec, "a tree file")
         if isinstance(doc, dict):
             if doc.get("format") != TREE_FORMAT:
@@ -247,8 +245,10 @@ def selection_cell_choices(path, cell: str) -> list:
     if not found:
         raise UserError(f"{spec}: no such cell in the selection (cells: {available})")
     if len(found) > 1:
-        raise UserError(f"{spec}: batch {want['batch']} has {len(found)} cells: add context=S "
-                        f"(cells: {'; '.join(_cell_name(c) for c in found)})")
+        raise UserError(
+            f"{spec}: batch {want['batch']} has {len(found)} cells: add context=S "
+            f"(cells: {'; '.join(_cell_name(c) for c in found)})"
+        )
     choices = found[0].get("medusa_choices")
     if not choices:
         raise UserError(f"{spec}: that cell's choice is no speculation (0 nodes): there is no tree to load")
@@ -317,9 +317,11 @@ def tree_buffers(tree: Tree, topk: int, *, max_bytes: int = BUFFER_BYTES_LIMIT) 
     leaf_count = q - len(np.unique(parent[1:]))
     need = buffer_bytes(q - 1, int(depth.max()), leaf_count)
     if need > max_bytes:
-        raise UserError(f"{tree.name}: the buffers of {q - 1} nodes (depth {int(depth.max())}, "
-                        f"{leaf_count} leaves) would take {need / 2**30:.2f} GiB, more than the "
-                        f"{max_bytes / 2**30:.2f} GiB limit")
+        raise UserError(
+            f"{tree.name}: the buffers of {q - 1} nodes (depth {int(depth.max())}, "
+            f"{leaf_count} leaves) would take {need / 2**30:.2f} GiB, more than the "
+            f"{max_bytes / 2**30:.2f} GiB limit"
+        )
 
     # Canonical order puts every depth level after its parents' level, so one vectorised pass
     # per depth fills both the ancestor mask and the root-to-node paths.

@@ -21,9 +21,19 @@ from calibration.drafters.mlp_speculator import MODEL_TYPE, MLPSpeculator
 from treeopt.drafter_cost import DRAFTER_SUBDIRS
 from treeopt.errors import UserError
 
-__all__ = ["DRAFTER_KINDS", "DraftModel", "Drafter", "DraftState", "HydraHeads", "MLPSpeculator", "MedusaDrafter",
-           "detect_kind", "load_drafter", "select_rows", "DRAFTER_SUBDIRS"]
-
+__all__ = [
+    "DRAFTER_KINDS",
+    "DraftModel",
+    "Drafter",
+    "DraftState",
+    "HydraHeads",
+    "MLPSpeculator",
+    "MedusaDrafter",
+    "detect_kind",
+    "load_drafter",
+    "select_rows",
+    "DRAFTER_SUBDIRS",
+]
 
 
 def detect_kind(config: dict) -> str | None:
@@ -48,30 +58,48 @@ def find_drafter_dir(model_dir, kind: str) -> Path | None:
     return None
 
 
-def load_drafter(path, *, kind: str | None = None, device=None, dtype=None, num_heads: int | None = None,
-                 lm_head_weight: torch.Tensor | None = None, input_embeddings: torch.Tensor | None = None,
-                 warn=None) -> Drafter:
+def load_drafter(
+    path,
+    *,
+    kind: str | None = None,
+    device=None,
+    dtype=None,
+    num_heads: int | None = None,
+    lm_head_weight: torch.Tensor | None = None,
+    input_embeddings: torch.Tensor | None = None,
+    warn=None,
+) -> Drafter:
     """The drafter in directory `path`. `kind` (`DRAFTER_KINDS`) overrides detection and must
     agree with what the config declares."""
     path = Path(path)
     if kind is not None and kind not in DRAFTER_KINDS:
         raise UserError(f"--drafter: unknown drafter {kind!r} (choose from {', '.join(DRAFTER_KINDS)})")
-    names = {None: "Medusa heads", "medusa": "Medusa heads", "hydra": "Hydra heads",
-             "mlp-speculator": "MLP speculator", "draft-model": "draft model"}
+    names = {
+        None: "Medusa heads",
+        "medusa": "Medusa heads",
+        "hydra": "Hydra heads",
+        "mlp-speculator": "MLP speculator",
+        "draft-model": "draft model",
+    }
     config, config_file = read_config(path, "a drafter config", names[kind])
     found = detect_kind(config)
     if found is None:
-        raise UserError(f"{config_file}: not a drafter config (no medusa_num_heads, hydra_num_heads, "
-                        f"model_type {MODEL_TYPE!r} or a ...ForCausalLM architecture)")
+        raise UserError(
+            f"{config_file}: not a drafter config (no medusa_num_heads, hydra_num_heads, "
+            f"model_type {MODEL_TYPE!r} or a ...ForCausalLM architecture)"
+        )
     if kind is not None and kind != found:
         raise UserError(f"--drafter: {path} holds a {found} drafter, not {kind}")
     if found == "medusa":
-        return MedusaDrafter.from_pretrained(path, device=device, dtype=dtype, num_heads=num_heads,
-                                             lm_head_weight=lm_head_weight, warn=warn)
+        return MedusaDrafter.from_pretrained(
+            path, device=device, dtype=dtype, num_heads=num_heads, lm_head_weight=lm_head_weight, warn=warn
+        )
     if found == "hydra":
-        return HydraHeads.from_pretrained(path, device=device, dtype=dtype, num_heads=num_heads,
-                                          input_embeddings=input_embeddings)
+        return HydraHeads.from_pretrained(
+            path, device=device, dtype=dtype, num_heads=num_heads, input_embeddings=input_embeddings
+        )
     if found == "draft-model":
-        return DraftModel.from_pretrained(path, device=device, dtype=dtype,
-                                          max_depth=DEFAULT_MAX_DEPTH if num_heads is None else num_heads)
+        return DraftModel.from_pretrained(
+            path, device=device, dtype=dtype, max_depth=DEFAULT_MAX_DEPTH if num_heads is None else num_heads
+        )
     return MLPSpeculator.from_pretrained(path, device=device, dtype=dtype, num_heads=num_heads)

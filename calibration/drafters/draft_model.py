@@ -69,22 +69,37 @@ class DraftModel(torch.nn.Module, Drafter):
 
 
 @torch.inference_mode()
-def draft_label_ranks(drafter: DraftModel, sequences, starts, *, pad_id: int = 0, num_heads: int | None = None,
-                      batch: int = 16) -> np.ndarray:
+def draft_label_ranks(
+    drafter: DraftModel, sequences, starts, *, pad_id: int = 0, num_heads: int | None = None, batch: int = 16
+) -> np.ndarray:
     """(N, K) ranks in `calibration.labels.label_rows` order: row (t, depth d) is the number of
     the draft's logits at position t + d + 1 strictly greater than that of the true x_{t+d+2}
     (ties in the label's favour, as `calibration.labels`), -1 where there is no label. One
     teacher-forced forward of the draft per `batch` sequences (docs/statistics.md, "Draft-model
     acceptance")."""
     k = drafter.num_heads if num_heads is None else num_heads
-    per_position = _per_position(sequences, pad_id, drafter, batch, lambda ids, logits, _: (
-        logits[:, :-1] > logits[:, :-1].gather(-1, ids[:, 1:, None])).sum(-1))
+    per_position = _per_position(
+        sequences,
+        pad_id,
+        drafter,
+        batch,
+        lambda ids, logits, _: (logits[:, :-1] > logits[:, :-1].gather(-1, ids[:, 1:, None])).sum(-1),
+    )
     return _rows(sequences, starts, k, per_position, -1).astype(np.int64)
 
 
 @torch.inference_mode()
-def acceptance_alpha(target, drafter: DraftModel, sequences, starts, *, temperature: float, pad_id: int = 0,
-                     num_heads: int | None = None, batch: int = 16) -> np.ndarray:
+def acceptance_alpha(
+    target,
+    drafter: DraftModel,
+    sequences,
+    starts,
+    *,
+    temperature: float,
+    pad_id: int = 0,
+    num_heads: int | None = None,
+    batch: int = 16,
+) -> np.ndarray:
     """(N, K) float64 in `label_rows` order: row (t, depth d) is alpha = sum_x min(p(x), q(x))
     of the target's and the draft's distributions of x_{t+d+2} at temperature T given the true
     prefix, NaN where there is no label. At T = 0 alpha is 1 exactly when both argmaxes agree
@@ -92,8 +107,9 @@ def acceptance_alpha(target, drafter: DraftModel, sequences, starts, *, temperat
     k = drafter.num_heads if num_heads is None else num_heads
 
     def alpha(ids, logits, mask):
-        target_logits = target(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
-                               use_cache=False).logits
+        target_logits = target(
+            input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0), use_cache=False
+        ).logits
         p = probabilities(target_logits[:, :-1], temperature)
         q = probabilities(logits[:, :-1], temperature)
         return torch.minimum(p, q).sum(-1).double()
@@ -108,12 +124,12 @@ ALPHA_TEMPERATURE = 1.0
 ALPHA_MAX_PROMPTS = 256
 
 
-def chain_acceptance(target, drafter: DraftModel, sequences, *, temperature: float = ALPHA_TEMPERATURE,
-                     pad_id: int = 0) -> ChainAcceptance:
+def chain_acceptance(
+    target, drafter: DraftModel, sequences, *, temperature: float = ALPHA_TEMPERATURE, pad_id: int = 0
+) -> ChainAcceptance:
     """The per-depth alpha and walked tau of chains (`treeopt.chain.ChainAcceptance`) over
     `sequences` read from their first token (docs/statistics.md, "Draft-model acceptance")."""
-    rows = acceptance_alpha(target, drafter, sequences, [0] * len(sequences), temperature=temperature,
-                            pad_id=pad_id)
+    rows = acceptance_alpha(target, drafter, sequences, [0] * len(sequences), temperature=temperature, pad_id=pad_id)
     return ChainAcceptance.from_rows(rows, temperature)
 
 
@@ -123,11 +139,11 @@ def _per_position(sequences, pad_id, drafter, batch, value):
     device = next(drafter.model.parameters()).device
     out = []
     for start in range(0, len(sequences), batch):
-        chunk = sequences[start:start + batch]
+        chunk = sequences[start : start + batch]
         ids, mask, pos = pad_left(chunk, pad_id, device)
         values = value(ids, drafter.sequence_logits(ids, mask, pos), mask).double().cpu().numpy()
         width = ids.shape[1]
-        out.extend(values[i, width - len(s):] for i, s in enumerate(chunk))
+        out.extend(values[i, width - len(s) :] for i, s in enumerate(chunk))
     return out
 
 

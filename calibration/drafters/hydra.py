@@ -56,8 +56,9 @@ class HydraResBlock(nn.Module):
 class HydraHeads(nn.Module, Drafter):
     kind = "hydra"
 
-    def __init__(self, hidden_size: int, vocab_size: int, num_heads: int, num_layers: int = 1, *,
-                 grounded: bool = True):
+    def __init__(
+        self, hidden_size: int, vocab_size: int, num_heads: int, num_layers: int = 1, *, grounded: bool = True
+    ):
         super().__init__()
         if num_layers < 1:
             raise UserError(f"hydra_num_layers: must be at least 1, got {num_layers}")
@@ -65,9 +66,12 @@ class HydraHeads(nn.Module, Drafter):
         self.num_heads, self.num_layers, self.grounded = num_heads, num_layers, grounded
         self.input_embed_fn = nn.Embedding(vocab_size, hidden_size)
         self.hydra_mlp = nn.ModuleList(
-            nn.Sequential(HydraResBlock(hidden_size, k + 1 if grounded else 0),
-                          *[HydraResBlock(hidden_size) for _ in range(num_layers - 1)])
-            for k in range(num_heads))
+            nn.Sequential(
+                HydraResBlock(hidden_size, k + 1 if grounded else 0),
+                *[HydraResBlock(hidden_size) for _ in range(num_layers - 1)],
+            )
+            for k in range(num_heads)
+        )
         self.hydra_lm_head = nn.ModuleList(nn.Linear(hidden_size, vocab_size) for _ in range(num_heads))
 
     @property
@@ -101,20 +105,30 @@ class HydraHeads(nn.Module, Drafter):
     # ---- files ------------------------------------------------------------------------------
 
     @classmethod
-    def from_pretrained(cls, path, *, device=None, dtype=None, num_heads: int | None = None,
-                        input_embeddings: torch.Tensor | None = None) -> HydraHeads:
+    def from_pretrained(
+        cls,
+        path,
+        *,
+        device=None,
+        dtype=None,
+        num_heads: int | None = None,
+        input_embeddings: torch.Tensor | None = None,
+    ) -> HydraHeads:
         path = Path(path)
         config, config_file = read_config(path, "a Hydra heads config")
         configured = config_int(config, config_file, "hydra_num_heads", minimum=1)
         num_layers = config_int(config, config_file, "hydra_num_layers", minimum=1, default=1)
         arch = config.get("hydra_head_arch", "mlp")
         if arch not in SUPPORTED_ARCHS:
-            raise UserError(f"{config_file}: hydra_head_arch {arch!r} is not supported (treeopt reads "
-                            f"{', '.join(SUPPORTED_ARCHS)})")
+            raise UserError(
+                f"{config_file}: hydra_head_arch {arch!r} is not supported (treeopt reads {', '.join(SUPPORTED_ARCHS)})"
+            )
         offset = config.get("hidden_state_offset", 0)
         if offset not in (0, None):
-            raise UserError(f"{config_file}: hidden_state_offset {offset!r} is not supported (treeopt "
-                            "feeds the heads the base model's last hidden state: offset 0)")
+            raise UserError(
+                f"{config_file}: hidden_state_offset {offset!r} is not supported (treeopt "
+                "feeds the heads the base model's last hidden state: offset 0)"
+            )
         grounded = bool(config.get("grounded_heads", True))
         if num_heads is None:
             num_heads = configured
@@ -136,8 +150,9 @@ class HydraHeads(nn.Module, Drafter):
         heads.base_model_name_or_path = config.get("base_model_name_or_path", "")
         return heads.to(device=device, dtype=dtype).eval()
 
-    def save_pretrained(self, path, *, base_model_name_or_path: str = "", dtype=torch.bfloat16,
-                        format: str = "safetensors") -> None:
+    def save_pretrained(
+        self, path, *, base_model_name_or_path: str = "", dtype=torch.bfloat16, format: str = "safetensors"
+    ) -> None:
         """config.json + hydra_lm_head.safetensors, or hydra_lm_head.pt (format="pt"), the file
         the authors' loader reads."""
         if format not in ("safetensors", "pt"):
@@ -151,12 +166,19 @@ class HydraHeads(nn.Module, Drafter):
         else:
             with atomic_path(path / WEIGHTS_SAFETENSORS) as tmp:
                 save_file(state, str(tmp))
-        write_json(path / "config.json", {
-            "hydra_num_heads": self.num_heads, "hydra_num_layers": self.num_layers,
-            "hydra_head_arch": "mlp", "grounded_heads": self.grounded, "hidden_state_offset": 0,
-            "base_model_name_or_path": base_model_name_or_path,
-            "hidden_size": self.hidden_size, "vocab_size": self.vocab_size,
-        })
+        write_json(
+            path / "config.json",
+            {
+                "hydra_num_heads": self.num_heads,
+                "hydra_num_layers": self.num_layers,
+                "hydra_head_arch": "mlp",
+                "grounded_heads": self.grounded,
+                "hidden_state_offset": 0,
+                "base_model_name_or_path": base_model_name_or_path,
+                "hidden_size": self.hidden_size,
+                "vocab_size": self.vocab_size,
+            },
+        )
 
 
 __all__ = ["HydraHeads", "HydraResBlock", "SUPPORTED_ARCHS"]

@@ -65,6 +65,7 @@ def check_state(path: Path, expected: dict[str, torch.Tensor], state: dict[str, 
         raise UserError(f"{path}: weights lack key '{missing[0]}' ({len(missing)} missing)")
     for key, value in expected.items():
         if tuple(state[key].shape) != tuple(value.shape):
-            raise UserError(f"{path}: weight '{key}' has shape {tuple(state[key].shape)}, "
-                            f"expected {tuple(value.shape)}")
+            raise UserError(
+                f"{path}: weight '{key}' has shape {tuple(state[key].shape)}, expected {tuple(value.shape)}"
+            )
     return {k: state[k] for k in expected}

@@ -44,8 +44,17 @@ class MLPSpeculator(nn.Module, Drafter):
     kind = "mlp-speculator"
     sequential = True
 
-    def __init__(self, emb_dim: int, inner_dim: int, vocab_size: int, n_predict: int, *,
-                 scale_input: bool = False, top_k_tokens_per_head=None, n_candidates: int | None = None):
+    def __init__(
+        self,
+        emb_dim: int,
+        inner_dim: int,
+        vocab_size: int,
+        n_predict: int,
+        *,
+        scale_input: bool = False,
+        top_k_tokens_per_head=None,
+        n_candidates: int | None = None,
+    ):
         super().__init__()
         inner_dim = inner_dim or emb_dim
         self.hidden_size, self.inner_dim, self.vocab_size = emb_dim, inner_dim, vocab_size
@@ -55,14 +64,15 @@ class MLPSpeculator(nn.Module, Drafter):
         self.top_k_tokens_per_head = list(top_k_tokens_per_head or [1] * n_predict)
         self.n_candidates = n_candidates or 1
         self.emb = nn.ModuleList(nn.Embedding(vocab_size, inner_dim) for _ in range(n_predict))
-        self.proj = nn.ModuleList(nn.Linear(emb_dim if i == 0 else inner_dim, inner_dim, bias=False)
-                                  for i in range(n_predict))
+        self.proj = nn.ModuleList(
+            nn.Linear(emb_dim if i == 0 else inner_dim, inner_dim, bias=False) for i in range(n_predict)
+        )
         self.head = nn.ModuleList(nn.Linear(inner_dim, vocab_size, bias=False) for _ in range(n_predict))
         self.ln = nn.ModuleList(nn.LayerNorm(inner_dim, eps=LN_EPS) for _ in range(n_predict))
         # why: paper section 3: the weights keep half the state's magnitude from s_0 by the
         # last stage, in expectation
         self.state_weight = 0.5 ** (0.5 / n_predict)
-        self.emb_weight = math.sqrt((1 - self.state_weight ** 2) * inner_dim / 2)
+        self.emb_weight = math.sqrt((1 - self.state_weight**2) * inner_dim / 2)
 
     # ---- the drafter interface: a node's state is (s, its own token) ------------------------
 
@@ -93,10 +103,12 @@ class MLPSpeculator(nn.Module, Drafter):
         vocab = config_int(config, config_file, "vocab_size", minimum=1)
         n_predict = config_int(config, config_file, "n_predict", minimum=1)
         topk = config.get("top_k_tokens_per_head")
-        if topk is not None and (not isinstance(topk, list) or len(topk) != n_predict
-                                 or not all(isinstance(k, int) and k >= 1 for k in topk)):
-            raise UserError(f"{config_file}: top_k_tokens_per_head must list {n_predict} positive integers, "
-                            f"got {topk!r}")
+        if topk is not None and (
+            not isinstance(topk, list) or len(topk) != n_predict or not all(isinstance(k, int) and k >= 1 for k in topk)
+        ):
+            raise UserError(
+                f"{config_file}: top_k_tokens_per_head must list {n_predict} positive integers, got {topk!r}"
+            )
         n_candidates = config.get("n_candidates")
         if n_candidates is not None:
             n_candidates = config_int(config, config_file, "n_candidates", minimum=1)
@@ -106,8 +118,15 @@ class MLPSpeculator(nn.Module, Drafter):
         state = {k.removeprefix("speculator."): v for k, v in load_state(path, *WEIGHTS).items()}
         if config.get("tie_weights"):
             state = _untie(state, n_predict)
-        model = cls(emb_dim, inner_dim, vocab, n_predict, scale_input=bool(config.get("scale_input")),
-                    top_k_tokens_per_head=topk, n_candidates=n_candidates)
+        model = cls(
+            emb_dim,
+            inner_dim,
+            vocab,
+            n_predict,
+            scale_input=bool(config.get("scale_input")),
+            top_k_tokens_per_head=topk,
+            n_candidates=n_candidates,
+        )
         model.load_state_dict(check_state(path, model.state_dict(), state))
         if stages < n_predict:
             model.truncate(stages)
@@ -130,12 +149,21 @@ class MLPSpeculator(nn.Module, Drafter):
             state = {k: v for k, v in state.items() if _is_tied_source(k)}
         with atomic_path(path / WEIGHTS[0]) as tmp:
             save_file(state, str(tmp))
-        write_json(path / "config.json", {
-            "architectures": ["MLPSpeculatorPreTrainedModel"], "model_type": MODEL_TYPE,
-            "emb_dim": self.hidden_size, "inner_dim": self.inner_dim, "vocab_size": self.vocab_size,
-            "n_predict": self.n_predict, "top_k_tokens_per_head": self.top_k_tokens_per_head,
-            "n_candidates": self.n_candidates, "tie_weights": tie_weights, "scale_input": self.scale_input,
-        })
+        write_json(
+            path / "config.json",
+            {
+                "architectures": ["MLPSpeculatorPreTrainedModel"],
+                "model_type": MODEL_TYPE,
+                "emb_dim": self.hidden_size,
+                "inner_dim": self.inner_dim,
+                "vocab_size": self.vocab_size,
+                "n_predict": self.n_predict,
+                "top_k_tokens_per_head": self.top_k_tokens_per_head,
+                "n_candidates": self.n_candidates,
+                "tie_weights": tie_weights,
+                "scale_input": self.scale_input,
+            },
+        )
 
 
 def _is_tied_source(key: str) -> bool:
@@ -148,9 +176,13 @@ def _untie(state: dict, n_predict: int) -> dict:
     """Fill the stages of a tied checkpoint from the weights they share."""
     state = dict(state)
     for i in range(1, n_predict):
-        for key, source in ((f"emb.{i}.weight", "emb.0.weight"), (f"head.{i}.weight", "head.0.weight"),
-                            (f"ln.{i}.weight", "ln.0.weight"), (f"ln.{i}.bias", "ln.0.bias"),
-                            (f"proj.{i}.weight", "proj.1.weight")):
+        for key, source in (
+            (f"emb.{i}.weight", "emb.0.weight"),
+            (f"head.{i}.weight", "head.0.weight"),
+            (f"ln.{i}.weight", "ln.0.weight"),
+            (f"ln.{i}.bias", "ln.0.bias"),
+            (f"proj.{i}.weight", "proj.1.weight"),
+        ):
             if key not in state and source in state:
                 state[key] = state[source]
     return state

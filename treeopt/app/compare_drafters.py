@@ -78,16 +78,27 @@ def compare_drafters(runs: dict[str, Path], out_dir, *, sizes=SIZES, command: st
     fig.tight_layout()
     fig.savefig(out / "tau.png", dpi=120)
 
-    L = ["# Drafters side by side", "",
-         "Each column is one `treeopt run --drafter KIND` on the same model, prompts and machine; each "
-         "drafter gets its own proposal trees, calibrated teacher-forced along the base model's greedy "
-         "continuation (docs/statistics.md, \"Dependent drafters\").", ""]
+    L = [
+        "# Drafters side by side",
+        "",
+        "Each column is one `treeopt run --drafter KIND` on the same model, prompts and machine; each "
+        "drafter gets its own proposal trees, calibrated teacher-forced along the base model's greedy "
+        'continuation (docs/statistics.md, "Dependent drafters").',
+        "",
+    ]
     if command:
         L += ["Regenerate with:", "", "```", command, "```", ""]
     L += ["| drafter | run | τ estimate |", "|---|---|---|"]
     L += [f"| {_NAMES.get(k, k)} | `{runs[k]}` | {curves[k].describe()} |" for k in runs]
-    L += ["", "## τ against tree size", "", "![tau](tau.png)", "",
-          "| nodes | " + " | ".join(_NAMES.get(k, k) for k in curves) + " |", "|---|" + "---|" * len(curves)]
+    L += [
+        "",
+        "## τ against tree size",
+        "",
+        "![tau](tau.png)",
+        "",
+        "| nodes | " + " | ".join(_NAMES.get(k, k) for k in curves) + " |",
+        "|---|" + "---|" * len(curves),
+    ]
     for row in table.itertuples(index=False):
         L.append(f"| {row[0]} | " + " | ".join("--" if not np.isfinite(v) else f"{v:.3f}" for v in row[1:]) + " |")
     if "medusa" in curves:
@@ -95,35 +106,52 @@ def compare_drafters(runs: dict[str, Path], out_dir, *, sizes=SIZES, command: st
         for kind in (k for k in curves if k != "medusa"):
             gains = (table[kind] - table["medusa"]).to_numpy()
             parts = [f"{d:+.3f} at {n}" for n, d in zip(table["nodes"], gains, strict=True) if np.isfinite(d)]
-            L.append(f"- {_NAMES.get(kind, kind)} vs Medusa heads, tokens per step at equal tree size: "
-                     + ", ".join(parts) + ".")
+            L.append(
+                f"- {_NAMES.get(kind, kind)} vs Medusa heads, tokens per step at equal tree size: "
+                + ", ".join(parts)
+                + "."
+            )
         L.append("- (The Hydra authors report +0.46 tokens per step over Medusa for Vicuna-7B; Ankner et al. 2024.)")
-    L += ["", "## Measured speedup per batch", "",
-          "The selection of each run: the tree of largest measured speedup per batch and context (nodes, "
-          "speedup τ·T(0)/T(n) from the measured step times).", ""]
+    L += [
+        "",
+        "## Measured speedup per batch",
+        "",
+        "The selection of each run: the tree of largest measured speedup per batch and context (nodes, "
+        "speedup τ·T(0)/T(n) from the measured step times).",
+        "",
+    ]
     cells = {}
     for kind, (_, selection, _) in data.items():
         for c in selection.get("cells", []):
             cells.setdefault((int(c["batch"]), int(c["context"])), {})[kind] = c
-    L += ["| batch | context | " + " | ".join(_NAMES.get(k, k) for k in data) + " |",
-          "|---|---|" + "---|" * len(data)]
-    for (b, ctx) in sorted(cells):
+    L += ["| batch | context | " + " | ".join(_NAMES.get(k, k) for k in data) + " |", "|---|---|" + "---|" * len(data)]
+    for b, ctx in sorted(cells):
         row = []
         for kind in data:
             c = cells[(b, ctx)].get(kind)
-            row.append("--" if c is None else "none" if not c["nodes"] else
-                       f"{c['nodes']} nodes, {format_speedup(c.get('measured_speedup', c['speedup']))}")
+            row.append(
+                "--"
+                if c is None
+                else "none"
+                if not c["nodes"]
+                else f"{c['nodes']} nodes, {format_speedup(c.get('measured_speedup', c['speedup']))}"
+            )
         L.append(f"| {b} | {ctx} | " + " | ".join(row) + " |")
     batch, context = _first_cell(data)
-    L += ["", f"## What a step costs (batch {batch}, context {context})", "",
-          "Measured step time of each tree size over plain decoding's, T(n)/T(0): a dependent drafter runs "
-          "once per depth, one after the other (docs/performance-model.md, \"Drafter cost\"), so its larger τ is "
-          "partly paid back in step time.", "",
-          "| nodes | " + " | ".join(_NAMES.get(k, k) for k in data) + " |", "|---|" + "---|" * len(data)]
+    L += [
+        "",
+        f"## What a step costs (batch {batch}, context {context})",
+        "",
+        "Measured step time of each tree size over plain decoding's, T(n)/T(0): a dependent drafter runs "
+        'once per depth, one after the other (docs/performance-model.md, "Drafter cost"), so its larger τ is '
+        "partly paid back in step time.",
+        "",
+        "| nodes | " + " | ".join(_NAMES.get(k, k) for k in data) + " |",
+        "|---|" + "---|" * len(data),
+    ]
     overheads = {k: _overheads(sweep, batch, context) for k, (_, _, sweep) in data.items()}
     for n in sorted(set().union(*(o.keys() for o in overheads.values()))):
-        L.append(f"| {n} | " + " | ".join(f"{overheads[k][n]:.3f}" if n in overheads[k] else "--" for k in data)
-                 + " |")
+        L.append(f"| {n} | " + " | ".join(f"{overheads[k][n]:.3f}" if n in overheads[k] else "--" for k in data) + " |")
     L += ["", "## The best tree of each", ""]
     for kind, (_, selection, _) in data.items():
         picks = [c for c in selection.get("cells", []) if c["nodes"]]
@@ -131,9 +159,11 @@ def compare_drafters(runs: dict[str, Path], out_dir, *, sizes=SIZES, command: st
             L.append(f"- {_NAMES.get(kind, kind)}: no tree beats plain decoding in any cell.")
             continue
         best = max(picks, key=lambda c: c.get("measured_speedup", c["speedup"]))
-        L.append(f"- {_NAMES.get(kind, kind)}: batch {best['batch']}, context {best['context']}, {best['nodes']} "
-                 f"nodes, τ {best['tau']:.3f}, {format_speedup(best.get('measured_speedup', best['speedup']))}: "
-                 f"`medusa_choices = {best['medusa_choices']}`")
+        L.append(
+            f"- {_NAMES.get(kind, kind)}: batch {best['batch']}, context {best['context']}, {best['nodes']} "
+            f"nodes, τ {best['tau']:.3f}, {format_speedup(best.get('measured_speedup', best['speedup']))}: "
+            f"`medusa_choices = {best['medusa_choices']}`"
+        )
     write_text(out / "index.md", "\n".join(L) + "\n")
     return {"index": out / "index.md", "tau": table}
 

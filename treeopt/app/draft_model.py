@@ -38,8 +38,9 @@ def chain_tau_curves(accuracy_path, max_nodes: int) -> tuple[AccuracyTable, TauC
     return table, tau_curves(table, chain, vectors)
 
 
-def gamma_prediction(target: ModelShape, draft: ModelShape, hw: HardwareProfile, tau: TauCurve, batches,
-                     contexts) -> pd.DataFrame:
+def gamma_prediction(
+    target: ModelShape, draft: ModelShape, hw: HardwareProfile, tau: TauCurve, batches, contexts
+) -> pd.DataFrame:
     """Predicted step and speedup tau(gamma) x T(plain) / T(gamma) of every chain prefix per
     (batch, context), columns `PREDICTION_COLUMNS`; NaN where the two models do not fit."""
     gammas = np.arange(tau.proposal.size + 1)
@@ -47,14 +48,25 @@ def gamma_prediction(target: ModelShape, draft: ModelShape, hw: HardwareProfile,
     for b in batches:  # loop over grid cells; each cell is vectorised over gamma
         for s in contexts:
             step = draft_model_step_time_s(target, draft, hw, batch=int(b), gamma=gammas, context=int(s))
-            frames.append(pd.DataFrame({"batch": int(b), "context": int(s), "gamma": gammas, "tau": tau.best,
-                                        "step_time_s": step, "plain_step_s": step[0],
-                                        "speedup": tau.best * step[0] / step}))
+            frames.append(
+                pd.DataFrame(
+                    {
+                        "batch": int(b),
+                        "context": int(s),
+                        "gamma": gammas,
+                        "tau": tau.best,
+                        "step_time_s": step,
+                        "plain_step_s": step[0],
+                        "speedup": tau.best * step[0] / step,
+                    }
+                )
+            )
     return pd.concat(frames, ignore_index=True)[PREDICTION_COLUMNS]
 
 
-def write_gamma_prediction(target: ModelShape, draft: ModelShape, hw: HardwareProfile, tau: TauCurve, batches,
-                           contexts, out_dir, *, title: str) -> pd.DataFrame:
+def write_gamma_prediction(
+    target: ModelShape, draft: ModelShape, hw: HardwareProfile, tau: TauCurve, batches, contexts, out_dir, *, title: str
+) -> pd.DataFrame:
     """`gamma_prediction` as `out_dir/gamma.csv` and `out_dir/index.md` (best gamma per cell,
     gamma 0 where no chain beats plain decoding)."""
     grid = gamma_prediction(target, draft, hw, tau, batches, contexts)
@@ -62,13 +74,20 @@ def write_gamma_prediction(target: ModelShape, draft: ModelShape, hw: HardwarePr
     out.mkdir(parents=True, exist_ok=True)
     write_text(out / "gamma.csv", grid.to_csv(index=False, float_format="%.6g"))
     best = grid.loc[grid.fillna({"speedup": -np.inf}).groupby(["batch", "context"])["speedup"].idxmax()]
-    L = [f"# {title}", "",
-         f"Draft model `{draft.name}` ({draft.layers} layer(s), hidden {draft.hidden}) before the target "
-         f"`{target.name}`; one step is gamma draft passes plus the verification of gamma + 1 tokens, "
-         f"τ {tau.describe()} (every gamma in `gamma.csv`).", "",
-         "| batch | context | best gamma | predicted speedup | step ms |", "|---|---|---|---|---|"]
+    L = [
+        f"# {title}",
+        "",
+        f"Draft model `{draft.name}` ({draft.layers} layer(s), hidden {draft.hidden}) before the target "
+        f"`{target.name}`; one step is gamma draft passes plus the verification of gamma + 1 tokens, "
+        f"τ {tau.describe()} (every gamma in `gamma.csv`).",
+        "",
+        "| batch | context | best gamma | predicted speedup | step ms |",
+        "|---|---|---|---|---|",
+    ]
     for row in best.itertuples(index=False):
-        L.append(f"| {row.batch} | {row.context} | {row.gamma or 'no speculation'} | {row.speedup:.2f}x | "
-                 f"{row.step_time_s * 1e3:.3f} |")
+        L.append(
+            f"| {row.batch} | {row.context} | {row.gamma or 'no speculation'} | {row.speedup:.2f}x | "
+            f"{row.step_time_s * 1e3:.3f} |"
+        )
     write_text(out / "index.md", "\n".join(L) + "\n")
     return grid

@@ -32,11 +32,20 @@ __all__ = ["calibrate_hardware", "calibrate_engine_terms", "framework_probe"]
 PROXY_HIDDEN, PROXY_INTERMEDIATE, PROXY_KV_HEADS, PROXY_HEAD_DIM, PROXY_VOCAB = 128, 256, 2, 64, 512
 
 
-def calibrate_hardware(device: str = "cpu", model="demo", *, dtype: str | None = None, quick: bool = False,
-                       name: str | None = None, validate: bool = True, progress: bool = True, seed: int = 0,
-                       threads: int | None = None) -> HardwareProfile:
-    """Measure `device` for `model` (a ModelShape or a model spec: demo, a built-in name, a config.json or directory) and return
-    the profile. dtype: the compute dtype (default fp32 on CPU, bf16 on CUDA). quick: fewer row
+def calibrate_hardware(
+    device: str = "cpu",
+    model="demo",
+    *,
+    dtype: str | None = None,
+    quick: bool = False,
+    name: str | None = None,
+    validate: bool = True,
+    progress: bool = True,
+    seed: int = 0,
+    threads: int | None = None,
+) -> HardwareProfile:
+    """Measure `device` for `model` (a ModelShape or a model spec: demo, a built-in name, a
+    config.json or directory) and return the profile. dtype: the compute dtype (default fp32 on CPU, bf16 on CUDA). quick: fewer row
     counts and rounds (seconds instead of about a minute; still usable). validate: compare
     with full-model forwards (models of at most SMALL_MODEL_PARAMS parameters). threads: torch
     CPU threads while measuring (default: torch's setting). progress: a bar on stderr."""
@@ -55,13 +64,23 @@ def calibrate_hardware(device: str = "cpu", model="demo", *, dtype: str | None =
     small = probe is shape
     notes = []
     if not small:
-        notes.append(f"framework overhead measured on a small proxy of {shape.name} (hidden {probe.hidden}, "
-                     f"{probe.heads} heads / {probe.kv_heads} KV heads, vocab {probe.vocab}) and extrapolated to "
-                     f"{shape.layers} layers")
+        notes.append(
+            f"framework overhead measured on a small proxy of {shape.name} (hidden {probe.hidden}, "
+            f"{probe.heads} heads / {probe.kv_heads} KV heads, vocab {probe.vocab}) and extrapolated to "
+            f"{shape.layers} layers"
+        )
     if validate and not small:
         notes.append("no full-model validation: the model is too large to run here")
-    measurements = run_hardware_bench(device, _dims(shape), None if small else _dims(probe), quick=quick,
-                                      validate=validate and small, threads=threads, progress=progress, seed=seed)
+    measurements = run_hardware_bench(
+        device,
+        _dims(shape),
+        None if small else _dims(probe),
+        quick=quick,
+        validate=validate and small,
+        threads=threads,
+        progress=progress,
+        seed=seed,
+    )
     return fit_hardware_profile(measurements, shape, probe, name=name, notes=tuple(notes))
 
 
@@ -71,15 +90,32 @@ def framework_probe(shape: ModelShape) -> ModelShape:
     if shape.params <= SMALL_MODEL_PARAMS:
         return shape
     group = shape.heads // shape.kv_heads
-    return replace(shape, name=f"{shape.name}-proxy", hidden=PROXY_HIDDEN, intermediate=PROXY_INTERMEDIATE,
-                   heads=PROXY_KV_HEADS * group, kv_heads=PROXY_KV_HEADS, head_dim=PROXY_HEAD_DIM,
-                   vocab=PROXY_VOCAB)
+    return replace(
+        shape,
+        name=f"{shape.name}-proxy",
+        hidden=PROXY_HIDDEN,
+        intermediate=PROXY_INTERMEDIATE,
+        heads=PROXY_KV_HEADS * group,
+        kv_heads=PROXY_KV_HEADS,
+        head_dim=PROXY_HEAD_DIM,
+        vocab=PROXY_VOCAB,
+    )
 
 
 def _dims(shape: ModelShape) -> ModelDims:
-    return ModelDims(name=shape.name, layers=shape.layers, hidden=shape.hidden, intermediate=shape.intermediate,
-                     heads=shape.heads, kv_heads=shape.kv_heads, head_dim=shape.head_dim, vocab=shape.vocab,
-                     dtype=shape.dtype, tied_embeddings=shape.tied_embeddings, weight_bytes=shape.weight_bytes)
+    return ModelDims(
+        name=shape.name,
+        layers=shape.layers,
+        hidden=shape.hidden,
+        intermediate=shape.intermediate,
+        heads=shape.heads,
+        kv_heads=shape.kv_heads,
+        head_dim=shape.head_dim,
+        vocab=shape.vocab,
+        dtype=shape.dtype,
+        tied_embeddings=shape.tied_embeddings,
+        weight_bytes=shape.weight_bytes,
+    )
 
 
 #: the profile terms the decoder's tree steps are fitted for
@@ -89,8 +125,16 @@ ENGINE_TERMS = ("spec_step_overhead_s", "verified_token_s")
 ENGINE_PROBE_TREE = ((0,), (1,), (0, 0), (2,), (0, 1), (1, 0), (0, 0, 0), (3,))
 
 
-def calibrate_engine_terms(lm, profile: HardwareProfile, *, batches=(1, 2), context: int = 64,
-                           sizes=(0, 1, 2, 4, 8), repeats: int = 7, seed: int = 0) -> ProfileFit:
+def calibrate_engine_terms(
+    lm,
+    profile: HardwareProfile,
+    *,
+    batches=(1, 2),
+    context: int = 64,
+    sizes=(0, 1, 2, 4, 8),
+    repeats: int = 7,
+    seed: int = 0,
+) -> ProfileFit:
     """The engine terms of `profile` (a fixed cost per speculative step, a cost per verified
     token, the attention kernel's KV bandwidth) measured with treeopt's own decoder: tree steps of
     the loaded model and drafter `lm` (calibration.models.load_model) timed as the sweep times
@@ -102,14 +146,25 @@ def calibrate_engine_terms(lm, profile: HardwareProfile, *, batches=(1, 2), cont
     rows = []
     with torch.inference_mode():
         for batch in batches:
-            rows += measure_group(lm, proposal, sizes, batch, context, repeats=repeats, warmup=1, topk=10,
-                                  seed=seed)
+            rows += measure_group(lm, proposal, sizes, batch, context, repeats=repeats, warmup=1, topk=10, seed=seed)
     table = pd.DataFrame(rows)
     heads_by_nodes = [proposal.prefix(n).depth for n in range(proposal.size + 1)]
     points = sweep_step_points(table, heads_by_nodes)
     shape = shape_of(lm.name, dtype=str(lm.dtype).replace("torch.", ""))
-    heads = DraftHeadsShape(lm.heads.num_heads, getattr(lm.heads, "num_layers", 1), lm.heads.hidden_size,
-                            lm.heads.vocab_size, tokens_per_sequence=1)
+    heads = DraftHeadsShape(
+        lm.heads.num_heads,
+        getattr(lm.heads, "num_layers", 1),
+        lm.heads.hidden_size,
+        lm.heads.vocab_size,
+        tokens_per_sequence=1,
+    )
     # only the engine terms are free: the microbenchmarks measured everything else directly
-    return fit_profile(shape, heads, profile, points, name=profile.name, terms=ENGINE_TERMS,
-                       source=f"treeopt's decoder on {lm.name}: {len(points)} tree steps")
+    return fit_profile(
+        shape,
+        heads,
+        profile,
+        points,
+        name=profile.name,
+        terms=ENGINE_TERMS,
+        source=f"treeopt's decoder on {lm.name}: {len(points)} tree steps",
+    )

@@ -25,8 +25,10 @@ def model_location(spec) -> str:
 def shape_of(spec, dtype: str | None = None) -> ModelShape:
     """The roofline shape of a model spec, named as the user wrote it."""
     if is_demo(spec) and not (DEMO_MODEL_DIR / "config.json").is_file():
-        raise UserError(f"--model demo: the demo model is not there ({DEMO_MODEL_DIR / 'config.json'} is "
-                        "missing); train it with `treeopt demo train` or pass a built-in name or a config.json")
+        raise UserError(
+            f"--model demo: the demo model is not there ({DEMO_MODEL_DIR / 'config.json'} is "
+            "missing); train it with `treeopt demo train` or pass a built-in name or a config.json"
+        )
     return model_shape(model_location(spec), dtype=dtype, name=DEMO if is_demo(spec) else None)
 
 
@@ -41,12 +43,19 @@ def draft_cost_of_drafter(drafter) -> DraftCost:
     inner = getattr(drafter, "inner_dim", drafter.hidden_size)
     topk = tuple(int(k) for k in getattr(drafter, "top_k_tokens_per_head", ()))
     # a drafter without a kind is a set of Medusa heads (calibration.heads.MedusaHeads)
-    return DraftCost(getattr(drafter, "kind", "medusa"), bool(getattr(drafter, "sequential", False)),
-                     int(drafter.num_heads),
-                     int(getattr(drafter, "num_layers", 1)), int(drafter.hidden_size), int(inner),
-                     int(drafter.vocab_size), grounded=bool(getattr(drafter, "grounded", False)),
-                     prefix_layer=bool(getattr(drafter, "prefix_layer", False)), topk_per_stage=topk,
-                     n_candidates=int(getattr(drafter, "n_candidates", 0)) if topk else 0)
+    return DraftCost(
+        getattr(drafter, "kind", "medusa"),
+        bool(getattr(drafter, "sequential", False)),
+        int(drafter.num_heads),
+        int(getattr(drafter, "num_layers", 1)),
+        int(drafter.hidden_size),
+        int(inner),
+        int(drafter.vocab_size),
+        grounded=bool(getattr(drafter, "grounded", False)),
+        prefix_layer=bool(getattr(drafter, "prefix_layer", False)),
+        topk_per_stage=topk,
+        n_candidates=int(getattr(drafter, "n_candidates", 0)) if topk else 0,
+    )
 
 
 def draft_cost_of(spec, shape: ModelShape, *, drafter: str | None = None, drafter_config=None) -> DraftCost | None:
@@ -65,8 +74,10 @@ def draft_cost_of(spec, shape: ModelShape, *, drafter: str | None = None, drafte
     for name in DRAFTER_SUBDIRS[drafter]:
         if (base / name / "config.json").is_file():
             return read_draft_cost(base / name, hidden_size=shape.hidden, vocab_size=shape.vocab)
-    raise UserError(f"--drafter {drafter}: no {drafter} drafter next to {spec} (looked for "
-                    f"{', '.join(DRAFTER_SUBDIRS[drafter])}); pass --drafter-config PATH")
+    raise UserError(
+        f"--drafter {drafter}: no {drafter} drafter next to {spec} (looked for "
+        f"{', '.join(DRAFTER_SUBDIRS[drafter])}); pass --drafter-config PATH"
+    )
 
 
 def draft_shape_of(drafter, dtype: str | None = None) -> ModelShape:

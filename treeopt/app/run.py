@@ -60,28 +60,28 @@ _DRAFT_UNITS = {"medusa": "Medusa heads", "hydra": "Hydra heads", "mlp-speculato
 class RunSettings:
     model: str = "demo"
     heads: str | None = None
-    drafter: str | None = None            # drafter kind; None: read from the drafter's config
-    num_heads: int | None = None          # heads used of those the weights hold; None: the config's
-    data: str | None = None               # calibration prompts; None: the demo's, for the demo only
-    validation_data: str | None = None    # held-out prompts; None: the demo's, for the demo only
+    drafter: str | None = None  # drafter kind; None: read from the drafter's config
+    num_heads: int | None = None  # heads used of those the weights hold; None: the config's
+    data: str | None = None  # calibration prompts; None: the demo's, for the demo only
+    validation_data: str | None = None  # held-out prompts; None: the demo's, for the demo only
     device: str = "auto"
     dtype: str = "auto"
-    steps: int = 32                       # generated tokens per calibration prompt
+    steps: int = 32  # generated tokens per calibration prompt
     topk: int = 10
     max_nodes: int = 64
-    method: str = "auto"                  # proposal sequence: joint when available, else greedy
+    method: str = "auto"  # proposal sequence: joint when available, else greedy
     sizes: tuple[int, ...] = (0, 1, 2, 4, 8, 16, 32, 64)
     batches: tuple[int, ...] = (1, 2, 4, 8)
     contexts: tuple[int, ...] = (128, 512)
     repeats: int = 10
-    time_budget_s: float = 60.0           # extra sweep rounds for undecided or noisy cells
+    time_budget_s: float = 60.0  # extra sweep rounds for undecided or noisy cells
     validation_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
     validation_prompts: int | None = None
     hw_quick: bool = False
-    threads: int | None = None            # torch CPU threads; None: 1 for small models on CPU
+    threads: int | None = None  # torch CPU threads; None: 1 for small models on CPU
     seed: int = 0
-    engine: str | None = None             # proposal trees from this engine's family (docs/engines.md)
-    mix: str | None = None                # traffic mix (CSV or inline spec): also choose one tree for it
+    engine: str | None = None  # proposal trees from this engine's family (docs/engines.md)
+    mix: str | None = None  # traffic mix (CSV or inline spec): also choose one tree for it
 
 
 def _read_state(out: Path, log=None) -> dict:
@@ -97,8 +97,10 @@ def _read_state(out: Path, log=None) -> dict:
         state = err
     if not isinstance(state, dict):
         if log is not None:
-            log(f"treeopt: warning: {state_file}: not a run state ({str(state).splitlines()[0][:80]}); "
-                "every stage runs again")
+            log(
+                f"treeopt: warning: {state_file}: not a run state ({str(state).splitlines()[0][:80]}); "
+                "every stage runs again"
+            )
         return {}
     return state
 
@@ -177,8 +179,10 @@ def _with_data(s: RunSettings) -> RunSettings:
         return replace(s, data=s.data or "demo", validation_data=s.validation_data or DEMO_VALIDATION)
     for option, value in (("--data", s.data), ("--validation-data", s.validation_data)):
         if value is None:
-            raise UserError(f"{option}: required for --model {s.model} (the demo prompts are Python code; "
-                            "give prompts from your model's own use, the validation ones disjoint from --data)")
+            raise UserError(
+                f"{option}: required for --model {s.model} (the demo prompts are Python code; "
+                "give prompts from your model's own use, the validation ones disjoint from --data)"
+            )
     return s
 
 
@@ -194,16 +198,39 @@ def _run_main_job(out: Path, settings: RunSettings, *, log, progress: bool) -> d
     # 1. calibration statistics, in the dtype every later stage runs in
     dtype = run_dtype(s.dtype, s.device)
     t0 = time.perf_counter()
-    cal_settings = {"model": s.model, "heads": s.heads, "data": s.data, "steps": s.steps, "topk": s.topk,
-                    "dtype": dtype, "seed": s.seed} | ({"num_heads": s.num_heads} if s.num_heads else {}) | (
-                       {"drafter": s.drafter} if s.drafter else {})
+    cal_settings = (
+        {
+            "model": s.model,
+            "heads": s.heads,
+            "data": s.data,
+            "steps": s.steps,
+            "topk": s.topk,
+            "dtype": dtype,
+            "seed": s.seed,
+        }
+        | ({"num_heads": s.num_heads} if s.num_heads else {})
+        | ({"drafter": s.drafter} if s.drafter else {})
+    )
     done = _stage(out, "calibrate", cal_settings, log)
     acc_file = out / "accuracy.json"
     if not (done and acc_file.is_file()):
         log(f"[calibrate] {s.model} on {s.data}: {s.steps} greedy tokens per prompt, top-{s.topk}")
-        run_calibration(s.model, s.heads, s.data, output=acc_file, device=s.device, dtype=dtype,
-                        num_heads=s.num_heads, drafter=s.drafter, steps=s.steps, topk=s.topk, seed=s.seed,
-                        resume=True, progress=progress, threads=s.threads)
+        run_calibration(
+            s.model,
+            s.heads,
+            s.data,
+            output=acc_file,
+            device=s.device,
+            dtype=dtype,
+            num_heads=s.num_heads,
+            drafter=s.drafter,
+            steps=s.steps,
+            topk=s.topk,
+            seed=s.seed,
+            resume=True,
+            progress=progress,
+            threads=s.threads,
+        )
         _mark(out, "calibrate", cal_settings)
     timings["calibrate_s"] = time.perf_counter() - t0
 
@@ -216,17 +243,30 @@ def _run_main_job(out: Path, settings: RunSettings, *, log, progress: bool) -> d
         table, tau = load_tau_curves(acc_file, s.max_nodes, method=s.method)
     else:
         table = load_accuracy(acc_file)
-        tau = tau_curves(table, engine_proposal(table, s.max_nodes, target, method=s.method),
-                         load_rank_vectors(acc_file, table=table))
+        tau = tau_curves(
+            table,
+            engine_proposal(table, s.max_nodes, target, method=s.method),
+            load_rank_vectors(acc_file, table=table),
+        )
     proposal = tau.proposal
     method = "joint" if (s.method == "auto" and table.joint) else ("greedy" if s.method == "auto" else s.method)
     method = "chain" if lm.heads.kind == "draft-model" else method
-    write_text(out / "proposal_tree.json",
-               format_tree(proposal, "json", tau=float(tau.joint[-1] if tau.joint is not None else tau.independent[-1]),
-                           method=method, provenance=table.provenance))
-    log(f"[trees] {method} proposal sequence of {proposal.size} nodes; tau({proposal.size}) = "
-        f"{tau.independent[-1]:.3f} independent" + (f", {tau.joint[-1]:.3f} joint" if tau.joint is not None else "")
-        + (f", {tau.walked[-1]:.3f} walked" if tau.walked is not None else ""))
+    write_text(
+        out / "proposal_tree.json",
+        format_tree(
+            proposal,
+            "json",
+            tau=float(tau.joint[-1] if tau.joint is not None else tau.independent[-1]),
+            method=method,
+            provenance=table.provenance,
+        ),
+    )
+    log(
+        f"[trees] {method} proposal sequence of {proposal.size} nodes; tau({proposal.size}) = "
+        f"{tau.independent[-1]:.3f} independent"
+        + (f", {tau.joint[-1]:.3f} joint" if tau.joint is not None else "")
+        + (f", {tau.walked[-1]:.3f} walked" if tau.walked is not None else "")
+    )
 
     threads = torch.get_num_threads()
     if lm.device.type == "cpu":
@@ -244,8 +284,7 @@ def _run_main_job(out: Path, settings: RunSettings, *, log, progress: bool) -> d
     hw_file = out / "hardware.json"
     if not (done and hw_file.is_file()):
         log(f"[hardware] microbenchmarks on {lm.device} ({dtype_name})")
-        hw = calibrate_hardware(lm.device.type, shape, dtype=dtype_name, quick=s.hw_quick,
-                                progress=progress)
+        hw = calibrate_hardware(lm.device.type, shape, dtype=dtype_name, quick=s.hw_quick, progress=progress)
         _mark(out, "hardware", hw_settings, writing={hw_file: hw.save})
     hw = load_hardware(hw_file)
     timings["hardware_s"] = time.perf_counter() - t0
@@ -254,37 +293,72 @@ def _run_main_job(out: Path, settings: RunSettings, *, log, progress: bool) -> d
     t0 = time.perf_counter()
     # Medusa's heads run in parallel on the accepted token; a sequential drafter's stages are
     # charged depth by depth (docs/performance-model.md, "Drafter cost")
-    heads_shape = DraftHeadsShape(lm.heads.num_heads, getattr(lm.heads, "num_layers", 1), lm.heads.hidden_size,
-                                  lm.heads.vocab_size, tokens_per_sequence=1)
+    heads_shape = DraftHeadsShape(
+        lm.heads.num_heads,
+        getattr(lm.heads, "num_layers", 1),
+        lm.heads.hidden_size,
+        lm.heads.vocab_size,
+        tokens_per_sequence=1,
+    )
     if lm.heads.kind == "draft-model":
-        write_gamma_prediction(shape, draft_shape_of(lm.heads, dtype=dtype_name), hw, tau, s.batches, s.contexts,
-                               out / "prediction", title=f"Predicted: {s.model} with its draft model on {hw.name}")
+        write_gamma_prediction(
+            shape,
+            draft_shape_of(lm.heads, dtype=dtype_name),
+            hw,
+            tau,
+            s.batches,
+            s.contexts,
+            out / "prediction",
+            title=f"Predicted: {s.model} with its draft model on {hw.name}",
+        )
     else:
-        build_report(shape, heads_shape, hw, out / "prediction", accuracy=table,
-                     accuracy_label=f"calibrated on {s.data} ({acc_file.name})", batches=s.batches,
-                     contexts=s.contexts, max_nodes=s.max_nodes, joint=table.joint is not None,
-                     proposal=proposal, tau=tau.best, used_heads=True,
-                     tau_source=f"The {method} proposal sequence of {proposal.size} nodes the sweep measures; τ "
-                                + tau.describe(),
-                     title=f"Predicted: {s.model} with {lm.heads.num_heads} {_DRAFT_UNITS[lm.heads.kind]} on {hw.name}",
-                     engine=target, draft_cost=draft_cost_of_drafter(lm.heads))
+        build_report(
+            shape,
+            heads_shape,
+            hw,
+            out / "prediction",
+            accuracy=table,
+            accuracy_label=f"calibrated on {s.data} ({acc_file.name})",
+            batches=s.batches,
+            contexts=s.contexts,
+            max_nodes=s.max_nodes,
+            joint=table.joint is not None,
+            proposal=proposal,
+            tau=tau.best,
+            used_heads=True,
+            tau_source=f"The {method} proposal sequence of {proposal.size} nodes the sweep measures; τ "
+            + tau.describe(),
+            title=f"Predicted: {s.model} with {lm.heads.num_heads} {_DRAFT_UNITS[lm.heads.kind]} on {hw.name}",
+            engine=target,
+            draft_cost=draft_cost_of_drafter(lm.heads),
+        )
     timings["predict_s"] = time.perf_counter() - t0
 
     # 5. measured sweep
     t0 = time.perf_counter()
     sizes = tuple(n for n in s.sizes if n <= proposal.size)
     sw = SweepSettings(sizes, s.batches, s.contexts, repeats=s.repeats, topk=s.topk, time_budget_s=s.time_budget_s)
-    log(f"[sweep] sizes {list(sizes)} x batch {list(s.batches)} x context {list(s.contexts)}, "
-        f"{s.repeats} rounds each (+ up to {s.time_budget_s:g} s of extra rounds where undecided), {dtype_name}")
-    sweep_df = sweep(lm, table, tau, sw, out / "sweep.csv", hardware=hw, resume="auto", progress=progress,
-                     accuracy_path=acc_file)
+    log(
+        f"[sweep] sizes {list(sizes)} x batch {list(s.batches)} x context {list(s.contexts)}, "
+        f"{s.repeats} rounds each (+ up to {s.time_budget_s:g} s of extra rounds where undecided), {dtype_name}"
+    )
+    sweep_df = sweep(
+        lm, table, tau, sw, out / "sweep.csv", hardware=hw, resume="auto", progress=progress, accuracy_path=acc_file
+    )
     timings["sweep_s"] = time.perf_counter() - t0
     if len(set(s.batches)) > 1 and 1 in s.batches and lm.heads.kind != "draft-model":
         log(f"[fit] {format_transfer(fit_from_sweep(lm, proposal, hw, sweep_df, out))}")
 
     # 6. selection
-    selection = select(sweep_df, proposal, by="measured", hardware=hw.name, model=s.model,
-                       samples=read_round_samples(sweep_samples_path(out / "sweep.csv")), threads=threads)
+    selection = select(
+        sweep_df,
+        proposal,
+        by="measured",
+        hardware=hw.name,
+        model=s.model,
+        samples=read_round_samples(sweep_samples_path(out / "sweep.csv")),
+        threads=threads,
+    )
     selection["dtype"] = dtype_name
     if mix is not None:
         choice = choose_mix_tree(mix_grid_from_sweep(sweep_df), mix, source=str(out / "sweep.csv"))
@@ -299,15 +373,37 @@ def _run_main_job(out: Path, settings: RunSettings, *, log, progress: bool) -> d
     t0 = time.perf_counter()
     val_sizes = tuple(n for n in s.validation_sizes if n <= proposal.size)
     log(f"[validate] decoder on {s.validation_data}, tree sizes {list(val_sizes)}")
-    result = validate(lm, tau, val_sizes, s.validation_data, sweep_df=sweep_df, max_new_tokens=s.steps,
-                      max_prompts=s.validation_prompts,
-                      topk=s.topk, out_dir=out, progress=progress)
+    result = validate(
+        lm,
+        tau,
+        val_sizes,
+        s.validation_data,
+        sweep_df=sweep_df,
+        max_new_tokens=s.steps,
+        max_prompts=s.validation_prompts,
+        topk=s.topk,
+        out_dir=out,
+        progress=progress,
+    )
     log(format_validation(result))
     timings["validate_s"] = time.perf_counter() - t0
     timings["total_s"] = time.perf_counter() - t_start
 
-    write_text(out / "index.md", _run_index(s, table, proposal, hw, selection, result, sweep_df, timings, method,
-                                            regime=f"{dtype_name}, {threads} torch thread(s)"))
+    write_text(
+        out / "index.md",
+        _run_index(
+            s,
+            table,
+            proposal,
+            hw,
+            selection,
+            result,
+            sweep_df,
+            timings,
+            method,
+            regime=f"{dtype_name}, {threads} torch thread(s)",
+        ),
+    )
     log(f"report: {out / 'index.md'} ({timings['total_s']:.0f} s)")
     return {"selection": selection, "validation": result, "timings": timings}
 
@@ -318,22 +414,29 @@ def _mix_markdown(mix: dict) -> str:
     n = mix["nodes"]
     if n:
         off = mix["off_from_batch"]
-        where = (f"speculation on up to batch {mix['speculate_up_to_batch']}"
-                 + (f", off from batch {off}" if off is not None else " (every batch of the mix)"))
+        where = f"speculation on up to batch {mix['speculate_up_to_batch']}" + (
+            f", off from batch {off}" if off is not None else " (every batch of the mix)"
+        )
         what = f"**{n} nodes**, {where}: `medusa_choices = {mix['medusa_choices']}`"
     else:
         what = "**no speculation**: no tree pays on this mix"
     ratio = mix["expected_tokens_per_s"] / mix["per_cell_best_tokens_per_s"]
-    L = ["### One tree for the traffic mix", "",
-         f"For the mix `{mix['source']}`, the one static tree of largest expected throughput is {what}. "
-         f"Expected {mix['expected_tokens_per_s']:.4g} tokens/s, {ratio:.1%} of every cell with its own best "
-         f"tree ({mix['per_cell_best_tokens_per_s']:.4g}); plain decoding {mix['plain_tokens_per_s']:.4g}.", "",
-         "| batch | context | weight | best nodes | best speedup | mix tree nodes | mix tree speedup | loss |",
-         "|---|---|---|---|---|---|---|---|"]
+    L = [
+        "### One tree for the traffic mix",
+        "",
+        f"For the mix `{mix['source']}`, the one static tree of largest expected throughput is {what}. "
+        f"Expected {mix['expected_tokens_per_s']:.4g} tokens/s, {ratio:.1%} of every cell with its own best "
+        f"tree ({mix['per_cell_best_tokens_per_s']:.4g}); plain decoding {mix['plain_tokens_per_s']:.4g}.",
+        "",
+        "| batch | context | weight | best nodes | best speedup | mix tree nodes | mix tree speedup | loss |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for c in mix["cells"]:
-        L.append(f"| {c['batch']} | {c['context']} | {c['weight']:.3f} | {c['best_nodes'] or 'none'} | "
-                 f"{format_speedup(c['best_speedup'])} | {c['mix_nodes'] or 'off'} | "
-                 f"{format_speedup(c['mix_speedup'])} | {c['loss_fraction']:.1%} |")
+        L.append(
+            f"| {c['batch']} | {c['context']} | {c['weight']:.3f} | {c['best_nodes'] or 'none'} | "
+            f"{format_speedup(c['best_speedup'])} | {c['mix_nodes'] or 'off'} | "
+            f"{format_speedup(c['mix_speedup'])} | {c['loss_fraction']:.1%} |"
+        )
     return "\n".join(L)
 
 
@@ -351,71 +454,152 @@ def _md_table(df: pd.DataFrame, floatfmt: str = "{:.3f}") -> str:
     return "\n".join(lines)
 
 
-def _run_index(s: RunSettings, table: AccuracyTable, proposal: Tree, hw, selection: dict,
-               result: ValidationResult, sweep_df: pd.DataFrame, timings: dict, method: str,
-               regime: str = "") -> str:
+def _run_index(
+    s: RunSettings,
+    table: AccuracyTable,
+    proposal: Tree,
+    hw,
+    selection: dict,
+    result: ValidationResult,
+    sweep_df: pd.DataFrame,
+    timings: dict,
+    method: str,
+    regime: str = "",
+) -> str:
     acc = table.accuracy
     K = table.num_heads
-    L = [f"# treeopt run: {s.model} on {hw.name}", "",
-         "Calibrate the draft heads, build the proposal trees, calibrate this machine's roofline profile, "
-         "predict, measure, select, and check the predictions against measurements on held-out prompts.", "",
-         "Regenerate with `treeopt run" + ("" if is_demo(s.model) else f" --model {s.model}") + " -o <dir>`.", "",
-         f"Measured in {regime}." if regime else "", ""] + [f"**{line}**" for line in noise_summary(selection)] + [
-         "",
-         "## 1. Head accuracies", "",
-         f"Greedy-label calibration on `{s.data}` ({int(table.positions[0])} positions for head 1), "
-         f"per-rank accuracy, top-1 and top-{table.width} (in `accuracy.json`):", "",
-         "| head | top-1 | top-" + str(table.width) + " | positions |", "|---|---|---|---|"]
+    L = (
+        [
+            f"# treeopt run: {s.model} on {hw.name}",
+            "",
+            "Calibrate the draft heads, build the proposal trees, calibrate this machine's roofline profile, "
+            "predict, measure, select, and check the predictions against measurements on held-out prompts.",
+            "",
+            "Regenerate with `treeopt run" + ("" if is_demo(s.model) else f" --model {s.model}") + " -o <dir>`.",
+            "",
+            f"Measured in {regime}." if regime else "",
+            "",
+        ]
+        + [f"**{line}**" for line in noise_summary(selection)]
+        + [
+            "",
+            "## 1. Head accuracies",
+            "",
+            f"Greedy-label calibration on `{s.data}` ({int(table.positions[0])} positions for head 1), "
+            f"per-rank accuracy, top-1 and top-{table.width} (in `accuracy.json`):",
+            "",
+            "| head | top-1 | top-" + str(table.width) + " | positions |",
+            "|---|---|---|---|",
+        ]
+    )
     for k in range(K):
         L.append(f"| {k + 1} | {acc[k, 0]:.3f} | {acc[k].sum():.3f} | {int(table.positions[k])} |")
-    L += ["", "## 2. Proposal trees", "",
-          f"{method} proposal sequence of {proposal.size} nodes (`proposal_tree.json`); every prefix is the "
-          "tree of that size.", "",
-          "## 3. Selection: the best tree per batch size on this machine", "",
-          "By measured speedup τ·T(0)/T(n) with its "
-          f"{selection.get('confidence', 0.95):.0%} interval (bootstrap over paired rounds, τ's calibration error "
-          "included): the smallest tree indistinguishable from the best; no speculation unless the best's lower "
-          "bound is above 1 (`selection.json`; `sweep.csv` and `sweep.samples.npz` hold every measurement):", "",
-          "| batch | context | chosen nodes | measured speedup | interval | rounds | reason | largest point speedup at "
-          "| predicted speedup |", "|---|---|---|---|---|---|---|---|---|"]
+    L += [
+        "",
+        "## 2. Proposal trees",
+        "",
+        f"{method} proposal sequence of {proposal.size} nodes (`proposal_tree.json`); every prefix is the "
+        "tree of that size.",
+        "",
+        "## 3. Selection: the best tree per batch size on this machine",
+        "",
+        "By measured speedup τ·T(0)/T(n) with its "
+        f"{selection.get('confidence', 0.95):.0%} interval (bootstrap over paired rounds, τ's calibration error "
+        "included): the smallest tree indistinguishable from the best; no speculation unless the best's lower "
+        "bound is above 1 (`selection.json`; `sweep.csv` and `sweep.samples.npz` hold every measurement):",
+        "",
+        "| batch | context | chosen nodes | measured speedup | interval | rounds | reason | largest point speedup at "
+        "| predicted speedup |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for c in selection["cells"]:
-        span = (f"{c['speedup_lo']:.2f}–{c['speedup_hi']:.2f}" if c.get("speedup_lo") is not None and c["nodes"]
-                else "--")
-        L.append(f"| {c['batch']} | {c['context']} | {c['nodes'] or 'no speculation'} | "
-                 f"{format_speedup(c['measured_speedup'])} | {span} | {c.get('rounds', '--')} | "
-                 f"{c.get('reason', '--')} | {c.get('best_nodes', '--')} | "
-                 f"{format_speedup(c.get('predicted_speedup'))} |")
-    L += ["", "Measured speedup against tree size per batch size, with its interval band, the pick marked "
-          "and the prediction beside it:", "", "![measured speedup](measured_speedup.png)"]
+        span = (
+            f"{c['speedup_lo']:.2f}–{c['speedup_hi']:.2f}" if c.get("speedup_lo") is not None and c["nodes"] else "--"
+        )
+        L.append(
+            f"| {c['batch']} | {c['context']} | {c['nodes'] or 'no speculation'} | "
+            f"{format_speedup(c['measured_speedup'])} | {span} | {c.get('rounds', '--')} | "
+            f"{c.get('reason', '--')} | {c.get('best_nodes', '--')} | "
+            f"{format_speedup(c.get('predicted_speedup'))} |"
+        )
+    L += [
+        "",
+        "Measured speedup against tree size per batch size, with its interval band, the pick marked "
+        "and the prediction beside it:",
+        "",
+        "![measured speedup](measured_speedup.png)",
+    ]
     if s.engine:
         target = get_engine(s.engine, topk=s.topk)
-        L += ["", f"Paste-ready for {target.title} (the proposal trees are from its family):", "",
-              "| batch | context | line |", "|---|---|---|"]
+        L += [
+            "",
+            f"Paste-ready for {target.title} (the proposal trees are from its family):",
+            "",
+            "| batch | context | line |",
+            "|---|---|---|",
+        ]
         for c in selection["cells"]:
-            line = ("no speculation" if not c["nodes"] else "`" + export_for(
-                target, proposal.prefix(c["nodes"]), heads=K, accuracy=acc).line + "`")
+            line = (
+                "no speculation"
+                if not c["nodes"]
+                else "`" + export_for(target, proposal.prefix(c["nodes"]), heads=K, accuracy=acc).line + "`"
+            )
             L.append(f"| {c['batch']} | {c['context']} | {line} |")
     if "mix" in selection:
         L += ["", _mix_markdown(selection["mix"])]
-    L += ["", "## 4. Validation on held-out prompts", "",
-          "Measured tokens per step of the reference decoder against τ predicted from the table:", "",
-          "![acceptance](validation_acceptance.png)", "",
-          _md_table(result.acceptance[["nodes", "measured_tokens_per_step", "tau_independent", "error_independent",
-                                       "tau_joint", "error_joint", "tau_walk", "error_walk", "steps"]]), "",
-          "tau_independent multiplies per-head per-rank accuracies; tau_joint averages the calibration's joint "
-          "rank-vector statistics over every position; tau_walk walks the same rank vectors the way the decoder "
-          "steps (after accepting A tokens the next step starts A positions on), which removes the length bias "
-          "of a per-position average where acceptance comes in runs.", ""]
+    L += [
+        "",
+        "## 4. Validation on held-out prompts",
+        "",
+        "Measured tokens per step of the reference decoder against τ predicted from the table:",
+        "",
+        "![acceptance](validation_acceptance.png)",
+        "",
+        _md_table(
+            result.acceptance[
+                [
+                    "nodes",
+                    "measured_tokens_per_step",
+                    "tau_independent",
+                    "error_independent",
+                    "tau_joint",
+                    "error_joint",
+                    "tau_walk",
+                    "error_walk",
+                    "steps",
+                ]
+            ]
+        ),
+        "",
+        "tau_independent multiplies per-head per-rank accuracies; tau_joint averages the calibration's joint "
+        "rank-vector statistics over every position; tau_walk walks the same rank vectors the way the decoder "
+        "steps (after accepting A tokens the next step starts A positions on), which removes the length bias "
+        "of a per-position average where acceptance comes in runs.",
+        "",
+    ]
     if result.latency is not None:
         err = result.latency["overhead_error"].abs()
-        L += ["Step-latency ratio T(n)/T(0), measured against the roofline prediction for this machine's "
-              f"calibrated profile: median |error| {err.median():.1%}, max {err.max():.1%} over {len(err)} "
-              "configurations.", "", "![latency](validation_latency.png)", ""]
+        L += [
+            "Step-latency ratio T(n)/T(0), measured against the roofline prediction for this machine's "
+            f"calibrated profile: median |error| {err.median():.1%}, max {err.max():.1%} over {len(err)} "
+            "configurations.",
+            "",
+            "![latency](validation_latency.png)",
+            "",
+        ]
     if result.regret is not None:
-        L += ["Tree chosen by prediction alone against the measured best (fraction of the best measured "
-              "speedup):", "", _md_table(result.regret), ""]
-    L += ["## 5. The prediction for this machine", "",
-          "The roofline report of this machine's profile: [prediction/index.md](prediction/index.md).", ""]
+        L += [
+            "Tree chosen by prediction alone against the measured best (fraction of the best measured speedup):",
+            "",
+            _md_table(result.regret),
+            "",
+        ]
+    L += [
+        "## 5. The prediction for this machine",
+        "",
+        "The roofline report of this machine's profile: [prediction/index.md](prediction/index.md).",
+        "",
+    ]
     if method != "chain":  # a draft model's prediction is a table over gamma, without plots
         L += ["![roofline](prediction/roofline.png)", "", "![speedup](prediction/speedup.png)", ""]
     L += ["## Run time", "", ", ".join(f"{k.removesuffix('_s')} {v:.0f} s" for k, v in timings.items()), ""]

@@ -72,8 +72,9 @@ def step_predictor(lm, proposal: Tree, hardware: HardwareProfile):
     heads = lm.heads
     if getattr(heads, "kind", "") == "draft-model":
         draft = draft_shape_of(heads, dtype=shape.dtype)
-        return lambda batch, tokens, context: float(draft_model_step_time_s(
-            shape, draft, hardware, batch=batch, gamma=tokens - 1, context=context))
+        return lambda batch, tokens, context: float(
+            draft_model_step_time_s(shape, draft, hardware, batch=batch, gamma=tokens - 1, context=context)
+        )
     cost = draft_cost_of_drafter(heads)
 
     def predict(batch: int, tokens: int, context: int) -> float:
@@ -82,10 +83,12 @@ def step_predictor(lm, proposal: Tree, hardware: HardwareProfile):
         if cost.sequential:
             draft = DraftWork(cost, draft_rows_by_prefix(proposal.prefix(n), cost.stages)[-1]) if used else None
         else:
-            draft = DraftHeadsShape(used, cost.layers, heads.hidden_size, heads.vocab_size,
-                                    tokens_per_sequence=1) if used else None
-        return float(step_time_s(shape, draft, hardware, batch=batch, tokens=tokens, context=context,
-                                 on_oom="ignore"))
+            draft = (
+                DraftHeadsShape(used, cost.layers, heads.hidden_size, heads.vocab_size, tokens_per_sequence=1)
+                if used
+                else None
+            )
+        return float(step_time_s(shape, draft, hardware, batch=batch, tokens=tokens, context=context, on_oom="ignore"))
 
     return predict
 
@@ -100,8 +103,18 @@ def curve_stderr(table, tau: TauCurve, accuracy_path=None):
     return tau_stderr(tau.proposal, tau.best, positions=float(table.positions[0]), rank_vectors=vectors)
 
 
-def sweep(lm, table, tau: TauCurve, settings: SweepSettings, output, *, hardware=None,
-          resume: bool | str = False, progress: bool = True, accuracy_path=None) -> pd.DataFrame:
+def sweep(
+    lm,
+    table,
+    tau: TauCurve,
+    settings: SweepSettings,
+    output,
+    *,
+    hardware=None,
+    resume: bool | str = False,
+    progress: bool = True,
+    accuracy_path=None,
+) -> pd.DataFrame:
     """`calibration.sweep.run_sweep` with the roofline's prediction of every step when a
     hardware profile (name, file or profile) is given, and tau's standard error from the
     calibration (`curve_stderr`)."""
@@ -110,16 +123,43 @@ def sweep(lm, table, tau: TauCurve, settings: SweepSettings, output, *, hardware
         hw = hardware if isinstance(hardware, HardwareProfile) else load_hardware(hardware)
         predictor = step_predictor(lm, tau.proposal, hw)
         meta["hardware"] = hw.name
-    return run_sweep(lm, tau, settings, output, predictor=predictor, meta=meta, resume=resume, progress=progress,
-                     tau_se=curve_stderr(table, tau, accuracy_path))
+    return run_sweep(
+        lm,
+        tau,
+        settings,
+        output,
+        predictor=predictor,
+        meta=meta,
+        resume=resume,
+        progress=progress,
+        tau_se=curve_stderr(table, tau, accuracy_path),
+    )
 
 
-def add_end_to_end(lm, proposal: Tree, df: pd.DataFrame, settings: SweepSettings, data: str,
-                   max_new_tokens: int, output, *, max_prompts: int = 32, progress: bool = True) -> pd.DataFrame:
+def add_end_to_end(
+    lm,
+    proposal: Tree,
+    df: pd.DataFrame,
+    settings: SweepSettings,
+    data: str,
+    max_new_tokens: int,
+    output,
+    *,
+    max_prompts: int = 32,
+    progress: bool = True,
+) -> pd.DataFrame:
     """Measure the real decoder end to end on prompts and merge its throughput into the sweep."""
     prompts = load_prompt_texts(data)[:max_prompts]
-    e2e = measure_end_to_end(lm, proposal, settings.sizes, settings.batches, prompts,
-                             max_new_tokens=max_new_tokens, topk=settings.topk, progress=progress)
+    e2e = measure_end_to_end(
+        lm,
+        proposal,
+        settings.sizes,
+        settings.batches,
+        prompts,
+        max_new_tokens=max_new_tokens,
+        topk=settings.topk,
+        progress=progress,
+    )
     df = df.drop(columns=E2E_COLUMNS, errors="ignore")
     df = df.merge(e2e, on=["batch", "nodes"], how="left").reindex(columns=SWEEP_COLUMNS)
     with atomic_path(Path(output)) as tmp:
@@ -143,8 +183,9 @@ def fit_from_sweep(lm, proposal: Tree, hardware: HardwareProfile, df: pd.DataFra
     the other batch sizes (docs/performance-model.md "Fitting a profile to measured steps"), and
     write `fitted_hardware.json` and `fit_transfer.csv` into out_dir."""
     shape = shape_of(lm.name, dtype=str(lm.dtype).replace("torch.", ""))
-    heads = DraftHeadsShape(lm.heads.num_heads, lm.heads.num_layers, lm.heads.hidden_size, lm.heads.vocab_size,
-                            tokens_per_sequence=1)
+    heads = DraftHeadsShape(
+        lm.heads.num_heads, lm.heads.num_layers, lm.heads.hidden_size, lm.heads.vocab_size, tokens_per_sequence=1
+    )
     depth = [proposal.prefix(n).depth for n in range(proposal.size + 1)]
     result = batch_transfer(shape, heads, hardware, df, depth)
     out = Path(out_dir)
@@ -159,7 +200,9 @@ def format_transfer(result: BatchTransfer) -> str:
     """How a profile fitted on batch 1 predicts the other batch sizes, in a few lines."""
     cells = result.cells
     terms = ", ".join(f"{k} {v:.3g}" for k, v in result.fit.terms.items())
-    return (f"profile fitted on batch 1 ({terms}; {error_summary(result.fit.in_sample_error)} on its rows); on the "
-            f"other batch sizes T(n)/T(0) is off by a median {cells['median_ratio_error'].median() * 100:.1f}% "
-            f"(worst {cells['worst_ratio_error'].max() * 100:.1f}%), and the predicted best tree is within one "
-            f"swept size of the measured best in {int(cells['within_one_step'].sum())} of {len(cells)} cells")
+    return (
+        f"profile fitted on batch 1 ({terms}; {error_summary(result.fit.in_sample_error)} on its rows); on the "
+        f"other batch sizes T(n)/T(0) is off by a median {cells['median_ratio_error'].median() * 100:.1f}% "
+        f"(worst {cells['worst_ratio_error'].max() * 100:.1f}%), and the predicted best tree is within one "
+        f"swept size of the measured best in {int(cells['within_one_step'].sum())} of {len(cells)} cells"
+    )

@@ -21,14 +21,26 @@ from treeopt.tau import TauCurve
 
 @dataclass(frozen=True)
 class ValidationResult:
-    acceptance: pd.DataFrame        # per tree size: measured tokens/step vs tau
-    latency: pd.DataFrame | None    # per (batch, context, size): measured vs predicted overhead
-    regret: pd.DataFrame | None     # per (batch, context): prediction's pick vs measured best
+    acceptance: pd.DataFrame  # per tree size: measured tokens/step vs tau
+    latency: pd.DataFrame | None  # per (batch, context, size): measured vs predicted overhead
+    regret: pd.DataFrame | None  # per (batch, context): prediction's pick vs measured best
 
 
-def validate(lm, tau: TauCurve, sizes, data, *, sweep_file=None, sweep_df=None, max_new_tokens: int = 32,
-             batch_size: int = 8, max_prompts=None, topk: int = 10, out_dir=None,
-             progress: bool = True) -> ValidationResult:
+def validate(
+    lm,
+    tau: TauCurve,
+    sizes,
+    data,
+    *,
+    sweep_file=None,
+    sweep_df=None,
+    max_new_tokens: int = 32,
+    batch_size: int = 8,
+    max_prompts=None,
+    topk: int = 10,
+    out_dir=None,
+    progress: bool = True,
+) -> ValidationResult:
     """Measured tokens per step of the decoder on held-out prompts against every tau, and
     (given a sweep with predictions) the roofline's step-latency ratios and picks against the
     measured ones."""
@@ -36,13 +48,17 @@ def validate(lm, tau: TauCurve, sizes, data, *, sweep_file=None, sweep_df=None, 
     if max_prompts:
         prompts = prompts[:max_prompts]
     sizes = [n for n in sizes if n <= tau.proposal.size]
-    acceptance = measure_acceptance(lm, tau, sizes, prompts, max_new_tokens=max_new_tokens,
-                                    batch_size=batch_size, topk=topk, progress=progress)
+    acceptance = measure_acceptance(
+        lm, tau, sizes, prompts, max_new_tokens=max_new_tokens, batch_size=batch_size, topk=topk, progress=progress
+    )
     if sweep_df is None and sweep_file is not None:
         sweep_df, _ = read_sweep(sweep_file)
     latency = regret = None
-    if (sweep_df is not None and "predicted_overhead" in sweep_df.columns
-            and sweep_df["predicted_overhead"].notna().any()):
+    if (
+        sweep_df is not None
+        and "predicted_overhead" in sweep_df.columns
+        and sweep_df["predicted_overhead"].notna().any()
+    ):
         latency = latency_errors(sweep_df)
         regret = prediction_regret(sweep_df)
     result = ValidationResult(acceptance, latency, regret)
@@ -55,9 +71,11 @@ def write_validation(result: ValidationResult, out_dir) -> list[str]:
     """CSV files and the validation plots; returns the PNG names written."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    for name, df in (("validation_acceptance.csv", result.acceptance),
-                     ("validation_latency.csv", result.latency),
-                     ("validation_selection.csv", result.regret)):
+    for name, df in (
+        ("validation_acceptance.csv", result.acceptance),
+        ("validation_latency.csv", result.latency),
+        ("validation_selection.csv", result.regret),
+    ):
         if df is not None:
             with atomic_path(out_dir / name) as tmp:
                 df.to_csv(tmp, index=False)
@@ -113,24 +131,34 @@ def plot_validation(result: ValidationResult, out_dir: Path) -> list[str]:
 
 def format_validation(result: ValidationResult) -> str:
     acc = result.acceptance
-    lines = ["acceptance (tokens per step) on held-out prompts:",
-             "  nodes  measured  tau_indep (err)    tau_joint (err)    tau_walk (err)    steps"]
+    lines = [
+        "acceptance (tokens per step) on held-out prompts:",
+        "  nodes  measured  tau_indep (err)    tau_joint (err)    tau_walk (err)    steps",
+    ]
     for r in acc.itertuples(index=False):
         joint = f"{r.tau_joint:8.3f} ({r.error_joint:+6.1%})" if np.isfinite(r.tau_joint) else "      --          "
         walk = f"{r.tau_walk:8.3f} ({r.error_walk:+6.1%})" if np.isfinite(r.tau_walk) else "      --          "
-        lines.append(f"  {r.nodes:5d}  {r.measured_tokens_per_step:8.3f}  {r.tau_independent:8.3f} "
-                     f"({r.error_independent:+6.1%})  {joint}  {walk}  {r.steps:6d}")
+        lines.append(
+            f"  {r.nodes:5d}  {r.measured_tokens_per_step:8.3f}  {r.tau_independent:8.3f} "
+            f"({r.error_independent:+6.1%})  {joint}  {walk}  {r.steps:6d}"
+        )
     agree = acc["agreement"].to_numpy(dtype=float) if "agreement" in acc.columns else np.array([])
     if np.isfinite(agree).any():
-        lines.append(f"agreement with plain greedy decoding: {np.nanmin(agree):.2%} of generated tokens identical "
-                     "at worst" + ("" if np.nanmin(agree) == 1.0 else
-                                   " (reduced precision: near-tied logits may flip, docs/decoder.md)"))
+        lines.append(
+            f"agreement with plain greedy decoding: {np.nanmin(agree):.2%} of generated tokens identical "
+            "at worst"
+            + ("" if np.nanmin(agree) == 1.0 else " (reduced precision: near-tied logits may flip, docs/decoder.md)")
+        )
     if result.latency is not None:
         err = result.latency["overhead_error"].abs()
-        lines.append(f"step-latency overhead, predicted vs measured over {len(err)} configurations: "
-                     f"median |error| {err.median():.1%}, max {err.max():.1%}")
+        lines.append(
+            f"step-latency overhead, predicted vs measured over {len(err)} configurations: "
+            f"median |error| {err.median():.1%}, max {err.max():.1%}"
+        )
     if result.regret is not None:
         worst = result.regret["fraction_of_best"].min()
-        lines.append(f"tree picked by prediction alone reaches >= {worst:.1%} of the measured best "
-                     f"speedup in every (batch, context) cell")
+        lines.append(
+            f"tree picked by prediction alone reaches >= {worst:.1%} of the measured best "
+            f"speedup in every (batch, context) cell"
+        )
     return "\n".join(lines)

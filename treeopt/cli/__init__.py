@@ -53,8 +53,10 @@ class LazyGroup(click.Group):
         return command
 
     def format_commands(self, ctx, formatter):
-        rows = [(name, self.lazy[name][1] if name in self.lazy else self.commands[name].get_short_help_str())
-                for name in self.list_commands(ctx)]
+        rows = [
+            (name, self.lazy[name][1] if name in self.lazy else self.commands[name].get_short_help_str())
+            for name in self.list_commands(ctx)
+        ]
         if rows:
             with formatter.section("Commands"):
                 formatter.write_dl(rows)
@@ -64,47 +66,83 @@ def _lazy_group(name: str, help_text: str, lazy: dict[str, tuple[str, str]]) -> 
     return LazyGroup(name=name, help=help_text, lazy=lazy, context_settings=CONTEXT)
 
 
-hw = _lazy_group("hw", "Hardware profiles: the built-in datasheet table and calibrated profiles.", {
-    "list": ("treeopt.cli.roofline_cmds:hw_list", "List the built-in hardware profiles."),
-    "calibrate": ("treeopt.cli.calibration_cmds:hw_calibrate",
-                  "Measure this machine and write a hardware profile."),
-    "fit": ("treeopt.cli.roofline_cmds:hw_fit", "Fit a profile's engine terms to measured step times of any engine."),
-})
-roofline = _lazy_group("roofline", "The operator-level latency model and the predicted speedup grid.", {
-    "ops": ("treeopt.cli.roofline_cmds:roofline_ops", "Every operator of one forward pass, with its roof."),
-    "speedup": ("treeopt.cli.roofline_cmds:roofline_speedup",
-                "Predicted speedup for every batch x context x tree size."),
-    "predict": ("treeopt.cli.roofline_cmds:roofline_predict", "Predicted step time for every row of a step CSV."),
-    "gamma": ("treeopt.cli.gamma_cmds:roofline_gamma",
-              "Predicted best draft length of a draft model per batch x context."),
-    "candidates": ("treeopt.cli.candidates_cmds:candidates_cmd",
-                   "IBM's candidate form: n candidate sequences or their prefix tree, per cell."),
-})
-demo = _lazy_group("demo", "The bundled demo model (a small Llama with Medusa heads trained on Python's stdlib).", {
-    "train": ("treeopt.cli.run_cmds:demo_train", "Train the demo model (the recipe behind the bundled one)."),
-    "train-drafters": ("treeopt.cli.demo_cmds:demo_train_drafters",
-                       "Train the demo's Hydra heads and MLP speculator on the demo model."),
-    "compare-drafters": ("treeopt.cli.demo_cmds:demo_compare_drafters",
-                         "Put `treeopt run` folders of several drafters side by side in one report."),
-    "train-draft": ("treeopt.cli.run_cmds:demo_train_draft",
-                    "Train the demo's draft model (the recipe behind the bundled one)."),
-})
+hw = _lazy_group(
+    "hw",
+    "Hardware profiles: the built-in datasheet table and calibrated profiles.",
+    {
+        "list": ("treeopt.cli.roofline_cmds:hw_list", "List the built-in hardware profiles."),
+        "calibrate": (
+            "treeopt.cli.calibration_cmds:hw_calibrate",
+            "Measure this machine and write a hardware profile.",
+        ),
+        "fit": (
+            "treeopt.cli.roofline_cmds:hw_fit",
+            "Fit a profile's engine terms to measured step times of any engine.",
+        ),
+    },
+)
+roofline = _lazy_group(
+    "roofline",
+    "The operator-level latency model and the predicted speedup grid.",
+    {
+        "ops": ("treeopt.cli.roofline_cmds:roofline_ops", "Every operator of one forward pass, with its roof."),
+        "speedup": (
+            "treeopt.cli.roofline_cmds:roofline_speedup",
+            "Predicted speedup for every batch x context x tree size.",
+        ),
+        "predict": ("treeopt.cli.roofline_cmds:roofline_predict", "Predicted step time for every row of a step CSV."),
+        "gamma": (
+            "treeopt.cli.gamma_cmds:roofline_gamma",
+            "Predicted best draft length of a draft model per batch x context.",
+        ),
+        "candidates": (
+            "treeopt.cli.candidates_cmds:candidates_cmd",
+            "IBM's candidate form: n candidate sequences or their prefix tree, per cell.",
+        ),
+    },
+)
+demo = _lazy_group(
+    "demo",
+    "The bundled demo model (a small Llama with Medusa heads trained on Python's stdlib).",
+    {
+        "train": ("treeopt.cli.run_cmds:demo_train", "Train the demo model (the recipe behind the bundled one)."),
+        "train-drafters": (
+            "treeopt.cli.demo_cmds:demo_train_drafters",
+            "Train the demo's Hydra heads and MLP speculator on the demo model.",
+        ),
+        "compare-drafters": (
+            "treeopt.cli.demo_cmds:demo_compare_drafters",
+            "Put `treeopt run` folders of several drafters side by side in one report.",
+        ),
+        "train-draft": (
+            "treeopt.cli.run_cmds:demo_train_draft",
+            "Train the demo's draft model (the recipe behind the bundled one).",
+        ),
+    },
+)
 
 
-@click.group(cls=LazyGroup, context_settings=CONTEXT, lazy={
-    "build": ("treeopt.cli.tree_cmds:build_cmd", "Build a tree of N nodes from an accuracy table."),
-    "show": ("treeopt.cli.tree_cmds:show_cmd", "Draw a tree with its statistics, and tau given --accuracy."),
-    "buffers": ("treeopt.cli.tree_cmds:buffers_cmd", "Medusa's verification buffers of a tree, as text or JSON."),
-    "compare": ("treeopt.cli.tree_cmds:compare_cmd", "tau of several trees under one accuracy table, side by side."),
-    "check": ("treeopt.cli.tree_cmds:check_cmd", "Whether an engine drafts a tree as written, and what instead."),
-    "select": ("treeopt.cli.tree_cmds:select_cmd", "Pick the best tree per (batch, context) from a sweep or grid."),
-    "report": ("treeopt.cli.roofline_cmds:report_cmd", "Write a predicted report: plots, grid, selection."),
-    "calibrate": ("treeopt.cli.calibration_cmds:calibrate_cmd", "Measure per-rank accuracies of draft heads."),
-    "decode": ("treeopt.cli.decode_cmds:decode_cmd", "Generate with the reference tree decoder."),
-    "sweep": ("treeopt.cli.run_cmds:sweep_cmd", "Measure step latency per tree size x batch x context."),
-    "validate": ("treeopt.cli.run_cmds:validate_cmd", "Check predicted tau and step latency against measurements."),
-    "run": ("treeopt.cli.run_cmds:run_cmd", "The main job: calibrate, build, predict, sweep, select, validate."),
-})
+@click.group(
+    cls=LazyGroup,
+    context_settings=CONTEXT,
+    lazy={
+        "build": ("treeopt.cli.tree_cmds:build_cmd", "Build a tree of N nodes from an accuracy table."),
+        "show": ("treeopt.cli.tree_cmds:show_cmd", "Draw a tree with its statistics, and tau given --accuracy."),
+        "buffers": ("treeopt.cli.tree_cmds:buffers_cmd", "Medusa's verification buffers of a tree, as text or JSON."),
+        "compare": (
+            "treeopt.cli.tree_cmds:compare_cmd",
+            "tau of several trees under one accuracy table, side by side.",
+        ),
+        "check": ("treeopt.cli.tree_cmds:check_cmd", "Whether an engine drafts a tree as written, and what instead."),
+        "select": ("treeopt.cli.tree_cmds:select_cmd", "Pick the best tree per (batch, context) from a sweep or grid."),
+        "report": ("treeopt.cli.roofline_cmds:report_cmd", "Write a predicted report: plots, grid, selection."),
+        "calibrate": ("treeopt.cli.calibration_cmds:calibrate_cmd", "Measure per-rank accuracies of draft heads."),
+        "decode": ("treeopt.cli.decode_cmds:decode_cmd", "Generate with the reference tree decoder."),
+        "sweep": ("treeopt.cli.run_cmds:sweep_cmd", "Measure step latency per tree size x batch x context."),
+        "validate": ("treeopt.cli.run_cmds:validate_cmd", "Check predicted tau and step latency against measurements."),
+        "run": ("treeopt.cli.run_cmds:run_cmd", "The main job: calibrate, build, predict, sweep, select, validate."),
+    },
+)
 @click.version_option(__version__, prog_name="treeopt")
 def cli() -> None:
     """Find the best static speculative-decoding tree (medusa_choices) for your model,

@@ -24,68 +24,185 @@ from treeopt.cli.safety import check_outputs, input_files
 from treeopt.errors import UserError
 from treeopt.export import text_table
 
-_RUN_OPTIONS = ("model", "heads", "drafter", "num_heads",
-                "data", "steps", "topk", "labels", "batch_size", "prompt_tokens",
-                "max_prompts", "checkpoint", "checkpoint_every", "resume", "seed", "device", "dtype",
-                "threads", "no_joint", "no_chat_template", "device_map")
+_RUN_OPTIONS = (
+    "model",
+    "heads",
+    "drafter",
+    "num_heads",
+    "data",
+    "steps",
+    "topk",
+    "labels",
+    "batch_size",
+    "prompt_tokens",
+    "max_prompts",
+    "checkpoint",
+    "checkpoint_every",
+    "resume",
+    "seed",
+    "device",
+    "dtype",
+    "threads",
+    "no_joint",
+    "no_chat_template",
+    "device_map",
+)
 
 
 @click.command("calibrate")
-@click.option("--model", default="demo", show_default=True, metavar="demo|DIR",
-              help="Base model: the bundled demo or a local transformers model directory.")
-@click.option("--heads", default=None, metavar="DIR",
-              help="Medusa heads directory (config.json + medusa_lm_head.safetensors/.pt). "
-                   "Default: MODEL/heads.")
+@click.option(
+    "--model",
+    default="demo",
+    show_default=True,
+    metavar="demo|DIR",
+    help="Base model: the bundled demo or a local transformers model directory.",
+)
+@click.option(
+    "--heads",
+    default=None,
+    metavar="DIR",
+    help="Medusa heads directory (config.json + medusa_lm_head.safetensors/.pt). Default: MODEL/heads.",
+)
 @DRAFTER_OPTION
-@click.option("--num-heads", type=AtLeast(1), default=None, metavar="K",
-              help="Use this many of the Medusa heads the weights hold [default: the heads config's medusa_num_heads].")
-@click.option("--data", default=None, metavar="demo|FILE|DIR",
-              help="Prompts: a JSON-lines or JSON file of ShareGPT conversations, OpenAI messages, "
-                   "Alpaca instructions or prompt/text/turns records, a text/code file, or a directory "
-                   "of them (cut into prompts). Required except for the demo model (default: demo).")
-@click.option("--no-chat-template", is_flag=True,
-              help="Do not put prompt records through the tokenizer's chat template.")
-@click.option("--device-map", type=click.Choice(["auto"]), default=None,
-              help="Spread a model larger than one device over this machine's devices (accelerate: "
-                   "pip install 'treeopt[scale]'); the heads go where the last hidden state is.")
-@click.option("--labels", type=click.Choice(["greedy", "data"]), default="greedy", show_default=True,
-              help="greedy: the base model's own greedy continuation; data: the text itself.")
-@click.option("--steps", type=AtLeast(1), default=32, show_default=True,
-              help="Tokens generated per prompt (greedy labels).")
-@click.option("--topk", type=AtLeast(1), default=10, show_default=True,
-              help="Ranks recorded per head (table width), up to the vocabulary size.")
-@click.option("--batch-size", type=AtLeast(1), default=8, show_default=True,
-              help="Prompts per batch (left-padded; counts do not depend on it).")
-@click.option("--prompt-tokens", type=AtLeast(1), default=128, show_default=True,
-              help="Chunk size for text files; longer JSON-lines prompts keep their first N tokens.")
+@click.option(
+    "--num-heads",
+    type=AtLeast(1),
+    default=None,
+    metavar="K",
+    help="Use this many of the Medusa heads the weights hold [default: the heads config's medusa_num_heads].",
+)
+@click.option(
+    "--data",
+    default=None,
+    metavar="demo|FILE|DIR",
+    help="Prompts: a JSON-lines or JSON file of ShareGPT conversations, OpenAI messages, "
+    "Alpaca instructions or prompt/text/turns records, a text/code file, or a directory "
+    "of them (cut into prompts). Required except for the demo model (default: demo).",
+)
+@click.option(
+    "--no-chat-template", is_flag=True, help="Do not put prompt records through the tokenizer's chat template."
+)
+@click.option(
+    "--device-map",
+    type=click.Choice(["auto"]),
+    default=None,
+    help="Spread a model larger than one device over this machine's devices (accelerate: "
+    "pip install 'treeopt[scale]'); the heads go where the last hidden state is.",
+)
+@click.option(
+    "--labels",
+    type=click.Choice(["greedy", "data"]),
+    default="greedy",
+    show_default=True,
+    help="greedy: the base model's own greedy continuation; data: the text itself.",
+)
+@click.option(
+    "--steps", type=AtLeast(1), default=32, show_default=True, help="Tokens generated per prompt (greedy labels)."
+)
+@click.option(
+    "--topk",
+    type=AtLeast(1),
+    default=10,
+    show_default=True,
+    help="Ranks recorded per head (table width), up to the vocabulary size.",
+)
+@click.option(
+    "--batch-size",
+    type=AtLeast(1),
+    default=8,
+    show_default=True,
+    help="Prompts per batch (left-padded; counts do not depend on it).",
+)
+@click.option(
+    "--prompt-tokens",
+    type=AtLeast(1),
+    default=128,
+    show_default=True,
+    help="Chunk size for text files; longer JSON-lines prompts keep their first N tokens.",
+)
 @click.option("--max-prompts", type=AtLeast(1), default=None, help="Use only the first N prompts.")
-@click.option("--checkpoint", default=None, metavar="FILE",
-              help="Checkpoint of partial counts. Default: OUTPUT.partial.")
-@click.option("--checkpoint-every", type=AtLeast(1), default=64, show_default=True, metavar="N",
-              help="Write the checkpoint every N prompts.")
+@click.option(
+    "--checkpoint", default=None, metavar="FILE", help="Checkpoint of partial counts. Default: OUTPUT.partial."
+)
+@click.option(
+    "--checkpoint-every",
+    type=AtLeast(1),
+    default=64,
+    show_default=True,
+    metavar="N",
+    help="Write the checkpoint every N prompts.",
+)
 @click.option("--resume", is_flag=True, help="Continue from the checkpoint (same inputs required).")
-@click.option("--seed", type=AtLeast(0), default=0, show_default=True,
-              help="Torch seed, recorded in the provenance (greedy calibration draws nothing "
-                   "random: same inputs and seed give the same file).")
+@click.option(
+    "--seed",
+    type=AtLeast(0),
+    default=0,
+    show_default=True,
+    help="Torch seed, recorded in the provenance (greedy calibration draws nothing "
+    "random: same inputs and seed give the same file).",
+)
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda, cuda:N or mps.")
-@click.option("--dtype", default="auto", show_default=True,
-              help="auto (fp32 on CPU, bf16/fp16 on GPUs), float32, bfloat16 or float16.")
-@click.option("--threads", type=AtLeast(1), default=None, metavar="N",
-              help="CPU threads for torch. Default: 1 for models under 100M parameters on the "
-                   "CPU (much faster on a busy machine), else one per core.")
+@click.option(
+    "--dtype",
+    default="auto",
+    show_default=True,
+    help="auto (fp32 on CPU, bf16/fp16 on GPUs), float32, bfloat16 or float16.",
+)
+@click.option(
+    "--threads",
+    type=AtLeast(1),
+    default=None,
+    metavar="N",
+    help="CPU threads for torch. Default: 1 for models under 100M parameters on the "
+    "CPU (much faster on a busy machine), else one per core.",
+)
 @click.option("--no-joint", is_flag=True, help="Skip the joint rank-vector prefix counts.")
-@click.option("--import", "import_file", default=None, metavar="FILE.pt",
-              help="Instead of running, convert the output of Medusa's heads_accuracy.py.")
-@click.option("--normalize", type=click.Choice(NORMALIZATIONS), default="own", show_default=True,
-              help="With --import: each head by its own positions, or every head by one count as Medusa's "
-                   "gen_results.py does (to rebuild the authors' tree from the file).")
+@click.option(
+    "--import",
+    "import_file",
+    default=None,
+    metavar="FILE.pt",
+    help="Instead of running, convert the output of Medusa's heads_accuracy.py.",
+)
+@click.option(
+    "--normalize",
+    type=click.Choice(NORMALIZATIONS),
+    default="own",
+    show_default=True,
+    help="With --import: each head by its own positions, or every head by one count as Medusa's "
+    "gen_results.py does (to rebuild the authors' tree from the file).",
+)
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar and no summary.")
 @click.option("-o", "--output", required=True, metavar="FILE", help="Accuracy table to write (JSON).")
 @click.pass_context
-def calibrate_cmd(ctx, model, heads, drafter, num_heads, data, no_chat_template, device_map, labels, steps, topk,
-                  batch_size, prompt_tokens, max_prompts,
-                  checkpoint, checkpoint_every, resume, seed, device, dtype, threads, no_joint,
-                  import_file, normalize, quiet, output):
+def calibrate_cmd(
+    ctx,
+    model,
+    heads,
+    drafter,
+    num_heads,
+    data,
+    no_chat_template,
+    device_map,
+    labels,
+    steps,
+    topk,
+    batch_size,
+    prompt_tokens,
+    max_prompts,
+    checkpoint,
+    checkpoint_every,
+    resume,
+    seed,
+    device,
+    dtype,
+    threads,
+    no_joint,
+    import_file,
+    normalize,
+    quiet,
+    output,
+):
     """Measure how often each draft head's rank-r proposal is right, and write an accuracy
     table (treeopt.accuracy/v1) for `treeopt build`.
 
@@ -101,8 +218,9 @@ def calibrate_cmd(ctx, model, heads, drafter, num_heads, data, no_chat_template,
     if import_file is None and ctx.get_parameter_source("normalize") == click.core.ParameterSource.COMMANDLINE:
         raise UserError("--normalize: only meaningful with --import")
     if import_file is not None:
-        given = [name for name in _RUN_OPTIONS
-                 if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE]
+        given = [
+            name for name in _RUN_OPTIONS if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE
+        ]
         if given:
             raise UserError(f"--import: cannot be combined with --{given[0].replace('_', '-')}")
         check_outputs([output, rank_vectors_path(output)], input_files(import_file))
@@ -117,17 +235,37 @@ def calibrate_cmd(ctx, model, heads, drafter, num_heads, data, no_chat_template,
 
     try:
         result = run_calibration(
-            model, heads, data, output=output, device=device, dtype=dtype, num_heads=num_heads, drafter=drafter,
-            prompt_tokens=prompt_tokens, max_prompts=max_prompts, threads=threads,
+            model,
+            heads,
+            data,
+            output=output,
+            device=device,
+            dtype=dtype,
+            num_heads=num_heads,
+            drafter=drafter,
+            prompt_tokens=prompt_tokens,
+            max_prompts=max_prompts,
+            threads=threads,
             checkpoint=checkpoint if checkpoint is not None else "auto",
-            steps=steps, topk=topk, labels=labels, batch_size=batch_size,
-            checkpoint_every=checkpoint_every, resume=resume, seed=seed, joint=not no_joint,
-            progress=False if quiet else None, chat_template=not no_chat_template,
-            device_map=device_map)
+            steps=steps,
+            topk=topk,
+            labels=labels,
+            batch_size=batch_size,
+            checkpoint_every=checkpoint_every,
+            resume=resume,
+            seed=seed,
+            joint=not no_joint,
+            progress=False if quiet else None,
+            chat_template=not no_chat_template,
+            device_map=device_map,
+        )
     except CalibrationInterrupted as stop:
         if stop.checkpoint is not None:
-            click.echo(f"treeopt: interrupted after {stop.prompts_done} prompts; counts saved to "
-                       f"{stop.checkpoint}. Continue with the same command plus --resume.", err=True)
+            click.echo(
+                f"treeopt: interrupted after {stop.prompts_done} prompts; counts saved to "
+                f"{stop.checkpoint}. Continue with the same command plus --resume.",
+                err=True,
+            )
         else:
             click.echo("treeopt: interrupted before any prompt was done; nothing saved", err=True)
         sys.exit(130)
@@ -136,21 +274,29 @@ def calibrate_cmd(ctx, model, heads, drafter, num_heads, data, no_chat_template,
     c = result.counts
     rate = result.run_tokens / result.elapsed_s if result.elapsed_s > 0 else float("nan")
     resumed = f" (resumed after {result.resumed_prompts})" if result.resumed_prompts else ""
-    _summary(result.table,
-             f"calibrated {c.prompts_done} prompts{resumed}, {c.tokens:,} tokens "
-             f"({c.generated:,} generated), {labels} labels, top-{topk}; this run "
-             f"{result.elapsed_s:.1f} s, {rate:,.0f} tok/s")
+    _summary(
+        result.table,
+        f"calibrated {c.prompts_done} prompts{resumed}, {c.tokens:,} tokens "
+        f"({c.generated:,} generated), {labels} labels, top-{topk}; this run "
+        f"{result.elapsed_s:.1f} s, {rate:,.0f} tok/s",
+    )
     prov = result.table.provenance
     if "data_format" in prov:
-        click.echo(f"data format {prov['data_format']}, chat template {prov['chat_template']}"
-                   + (f"; {prov['processes']} processes" if "processes" in prov else ""))
+        click.echo(
+            f"data format {prov['data_format']}, chat template {prov['chat_template']}"
+            + (f"; {prov['processes']} processes" if "processes" in prov else "")
+        )
     click.echo(f"wrote {output}")
     if result.checkpoint is not None and "processes" in prov:
-        click.echo(f"checkpoints kept, one per process ({result.checkpoint} ...): more prompts remain; "
-                   "a process resumes only its own shard, so a run over more prompts starts over")
+        click.echo(
+            f"checkpoints kept, one per process ({result.checkpoint} ...): more prompts remain; "
+            "a process resumes only its own shard, so a run over more prompts starts over"
+        )
     elif result.checkpoint is not None:
-        click.echo(f"checkpoint kept at {result.checkpoint}: more prompts remain; continue with "
-                   "--resume (and a larger or no --max-prompts)")
+        click.echo(
+            f"checkpoint kept at {result.checkpoint}: more prompts remain; continue with "
+            "--resume (and a larger or no --max-prompts)"
+        )
 
 
 def _summary(table, headline: str) -> None:
@@ -171,18 +317,32 @@ def _summary(table, headline: str) -> None:
 
 @click.command("calibrate")
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
-@click.option("--model", default="demo", show_default=True, metavar="NAME|CONFIG|DIR|demo",
-              help="Model whose weight shapes are measured (and whose forward pass fixes the overheads).")
+@click.option(
+    "--model",
+    default="demo",
+    show_default=True,
+    metavar="NAME|CONFIG|DIR|demo",
+    help="Model whose weight shapes are measured (and whose forward pass fixes the overheads).",
+)
 @click.option("--dtype", default=None, help="Compute dtype [default: fp32 on cpu, bf16 on cuda].")
 @click.option("--threads", type=AtLeast(1), default=None, help="torch CPU threads [default: torch's setting].")
 @click.option("--quick", is_flag=True, help="Fewer row counts and rounds (seconds; still a usable profile).")
 @click.option("--name", default=None, help="Profile name [default: cpu-calibrated / cuda-calibrated].")
 @click.option("--no-validate", is_flag=True, help="Skip the full-model validation forwards.")
-@click.option("--engine-terms/--no-engine-terms", default=None,
-              help="Also time tree steps of treeopt's own decoder with the model's drafter and fit the profile's "
-                   "engine terms to them [default: on for demo or a model directory, off for a built-in shape].")
-@click.option("-o", "--out", "out", default=None, type=click.Path(dir_okay=False),
-              help="Profile JSON to write [default: hardware-DEVICE.json].")
+@click.option(
+    "--engine-terms/--no-engine-terms",
+    default=None,
+    help="Also time tree steps of treeopt's own decoder with the model's drafter and fit the profile's "
+    "engine terms to them [default: on for demo or a model directory, off for a built-in shape].",
+)
+@click.option(
+    "-o",
+    "--out",
+    "out",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="Profile JSON to write [default: hardware-DEVICE.json].",
+)
 def hw_calibrate(device, model, dtype, threads, quick, name, no_validate, engine_terms, out) -> None:
     """Measure this machine (bandwidth, GEMM efficiency by rows for the model's weight shapes,
     attention, elementwise work, per-kernel and per-forward framework overhead, and the engine
@@ -192,35 +352,52 @@ def hw_calibrate(device, model, dtype, threads, quick, name, no_validate, engine
     loadable = is_demo(model) or Path(str(model)).is_dir()
     if engine_terms and not loadable:
         raise UserError("--engine-terms: needs a model to run (demo or a model directory), not a built-in shape")
-    prof = calibrate_hardware(device, model, dtype=dtype, quick=quick, threads=threads, name=name,
-                              validate=not no_validate, progress=True)
+    prof = calibrate_hardware(
+        device, model, dtype=dtype, quick=quick, threads=threads, name=name, validate=not no_validate, progress=True
+    )
     if engine_terms if engine_terms is not None else loadable:
         lm = load_model(str(model), device=device, dtype=prof.calibration["dtype"])
         with torch_threads(lm.model, lm.device, threads):
             fit = calibrate_engine_terms(lm, prof, repeats=5 if quick else 9)
         prof = fit.profile
-        click.echo("  engine terms from treeopt's decoder: " + ", ".join(f"{k} {v:.3g}" for k, v in fit.terms.items())
-                   + f"; {error_summary(fit.in_sample_error)} on {len(fit.in_sample_error)} tree steps")
+        click.echo(
+            "  engine terms from treeopt's decoder: "
+            + ", ".join(f"{k} {v:.3g}" for k, v in fit.terms.items())
+            + f"; {error_summary(fit.in_sample_error)} on {len(fit.in_sample_error)} tree steps"
+        )
     out = out or f"hardware-{device}.json"
     prof.save(out)
     cal = prof.calibration
     dt = cal["dtype"]
     click.echo(f"{prof.name}: {prof.description}")
-    click.echo(f"  peak {dt} GEMM {prof.peak(dt) / 1e9:.1f} GFLOP/s; "
-               f"streaming {prof.bandwidth_bytes_per_s / 1e9:.1f} GB/s "
-               f"(weights stream at x{prof.eta_memory:.2f}); elementwise {prof.elementwise_rate / 1e9:.1f} GB/s")
-    click.echo("  GEMM efficiency by rows: " + ", ".join(
-        f"{int(r)}:{v:.2f}" for r, v in zip(prof.gemm_efficiency.rows, prof.gemm_efficiency.values, strict=False)))
-    click.echo(f"  overheads: {prof.kernel_overhead_s * 1e6:.2f} us per kernel, {prof.forward_overhead_s * 1e3:.3f} ms "
-               f"per forward + {prof.layer_overhead_s * 1e3:.3f} ms per layer + {prof.head_overhead_s * 1e3:.3f} ms "
-               f"per draft head; per layer {prof.token_overhead_s * 1e6:.2f} us per token row and "
-               f"{prof.context_overhead_s * 1e9:.1f} ns per cached token in a tree step, "
-               f"{prof.plain_context_overhead_s * 1e9:.1f} ns in plain decoding")
+    click.echo(
+        f"  peak {dt} GEMM {prof.peak(dt) / 1e9:.1f} GFLOP/s; "
+        f"streaming {prof.bandwidth_bytes_per_s / 1e9:.1f} GB/s "
+        f"(weights stream at x{prof.eta_memory:.2f}); elementwise {prof.elementwise_rate / 1e9:.1f} GB/s"
+    )
+    click.echo(
+        "  GEMM efficiency by rows: "
+        + ", ".join(
+            f"{int(r)}:{v:.2f}" for r, v in zip(prof.gemm_efficiency.rows, prof.gemm_efficiency.values, strict=False)
+        )
+    )
+    click.echo(
+        f"  overheads: {prof.kernel_overhead_s * 1e6:.2f} us per kernel, {prof.forward_overhead_s * 1e3:.3f} ms "
+        f"per forward + {prof.layer_overhead_s * 1e3:.3f} ms per layer + {prof.head_overhead_s * 1e3:.3f} ms "
+        f"per draft head; per layer {prof.token_overhead_s * 1e6:.2f} us per token row and "
+        f"{prof.context_overhead_s * 1e9:.1f} ns per cached token in a tree step, "
+        f"{prof.plain_context_overhead_s * 1e9:.1f} ns in plain decoding"
+    )
     for v in cal.get("validation", []):
-        ratio = (f"; T(q)/T(1) measured {v['ratio_measured']:.2f}, predicted {v['ratio_predicted']:.2f}"
-                 if "ratio_measured" in v else "")
-        click.echo(f"  check b={v['batch']} q={v['tokens']} s={v['context']}: measured {v['measured_s'] * 1e3:.2f} ms, "
-                   f"predicted {v['predicted_s'] * 1e3:.2f} ms ({v['error'] * 100:+.0f}%){ratio}")
+        ratio = (
+            f"; T(q)/T(1) measured {v['ratio_measured']:.2f}, predicted {v['ratio_predicted']:.2f}"
+            if "ratio_measured" in v
+            else ""
+        )
+        click.echo(
+            f"  check b={v['batch']} q={v['tokens']} s={v['context']}: measured {v['measured_s'] * 1e3:.2f} ms, "
+            f"predicted {v['predicted_s'] * 1e3:.2f} ms ({v['error'] * 100:+.0f}%){ratio}"
+        )
     for note in cal.get("notes", []):
         click.echo(f"  note: {note}")
     click.echo(f"wrote {out} ({cal['seconds']:.0f} s)")

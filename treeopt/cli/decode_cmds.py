@@ -30,44 +30,121 @@ def _note(msg: str) -> None:
 
 
 @click.command("decode")
-@click.option("--model", "model_name", metavar="demo|PATH", default="demo", show_default=True,
-              help="'demo' (the bundled model) or a local transformers model directory.")
+@click.option(
+    "--model",
+    "model_name",
+    metavar="demo|PATH",
+    default="demo",
+    show_default=True,
+    help="'demo' (the bundled model) or a local transformers model directory.",
+)
 @click.option("--heads", metavar="PATH", default=None, help="Medusa heads directory (default: MODEL/heads).")
 @DRAFTER_OPTION
-@click.option("--num-heads", metavar="K", type=AtLeast(1), default=None,
-              help="Use this many of the Medusa heads the weights hold [default: the heads config's medusa_num_heads].")
-@click.option("--tree", "tree_spec", metavar="TREE", default="mc_sim_7b_63", show_default=True,
-              help="Reference tree name, JSON file, or literal like '[[0], [0, 0], [1]]'. Nodes "
-                   "deeper than the heads or with ranks >= --topk are cut off (with a note).")
+@click.option(
+    "--num-heads",
+    metavar="K",
+    type=AtLeast(1),
+    default=None,
+    help="Use this many of the Medusa heads the weights hold [default: the heads config's medusa_num_heads].",
+)
+@click.option(
+    "--tree",
+    "tree_spec",
+    metavar="TREE",
+    default="mc_sim_7b_63",
+    show_default=True,
+    help="Reference tree name, JSON file, or literal like '[[0], [0, 0], [1]]'. Nodes "
+    "deeper than the heads or with ranks >= --topk are cut off (with a note).",
+)
 @click.option("--prompt", "prompts", metavar="TEXT", multiple=True, help="Prompt text (repeatable).")
-@click.option("--data", metavar="FILE", default=None,
-              help="Prompts from a file: 'demo', JSON lines ({\"prompt\": ...}), a text file or a "
-                   "directory (cut into --prompt-tokens pieces).")
-@click.option("--max-prompts", metavar="N", type=AtLeast(1), default=4, show_default=True,
-              help="With --data: first N prompts.")
-@click.option("--prompt-tokens", metavar="N", type=AtLeast(1), default=128, show_default=True,
-              help="With --data: prompt length in tokens.")
+@click.option(
+    "--data",
+    metavar="FILE",
+    default=None,
+    help="Prompts from a file: 'demo', JSON lines ({\"prompt\": ...}), a text file or a "
+    "directory (cut into --prompt-tokens pieces).",
+)
+@click.option(
+    "--max-prompts", metavar="N", type=AtLeast(1), default=4, show_default=True, help="With --data: first N prompts."
+)
+@click.option(
+    "--prompt-tokens",
+    metavar="N",
+    type=AtLeast(1),
+    default=128,
+    show_default=True,
+    help="With --data: prompt length in tokens.",
+)
 @click.option("--max-new-tokens", metavar="N", type=AtLeast(1), default=64, show_default=True)
-@click.option("--batch-size", metavar="B", type=AtLeast(1), default=1, show_default=True,
-              help="Prompts decoded together (left padded).")
-@click.option("--temperature", metavar="T", type=NON_NEGATIVE, default=0.0, show_default=True,
-              help="0: greedy (lossless); > 0: typical acceptance, sampled root/bonus tokens.")
-@click.option("--posterior-threshold", metavar="EPS", type=NON_NEGATIVE, default=0.09, show_default=True,
-              help="Typical acceptance epsilon.")
-@click.option("--posterior-alpha", metavar="ALPHA", type=NON_NEGATIVE, default=0.3, show_default=True,
-              help="Typical acceptance alpha.")
+@click.option(
+    "--batch-size",
+    metavar="B",
+    type=AtLeast(1),
+    default=1,
+    show_default=True,
+    help="Prompts decoded together (left padded).",
+)
+@click.option(
+    "--temperature",
+    metavar="T",
+    type=NON_NEGATIVE,
+    default=0.0,
+    show_default=True,
+    help="0: greedy (lossless); > 0: typical acceptance, sampled root/bonus tokens.",
+)
+@click.option(
+    "--posterior-threshold",
+    metavar="EPS",
+    type=NON_NEGATIVE,
+    default=0.09,
+    show_default=True,
+    help="Typical acceptance epsilon.",
+)
+@click.option(
+    "--posterior-alpha",
+    metavar="ALPHA",
+    type=NON_NEGATIVE,
+    default=0.3,
+    show_default=True,
+    help="Typical acceptance alpha.",
+)
 @click.option("--topk", metavar="K", type=TOPK, default=10, show_default=True, help="Candidates per head.")
-@click.option("--seed", metavar="N", type=AtLeast(0), default=0, show_default=True,
-              help="Sampling seed (temperature > 0).")
+@click.option(
+    "--seed", metavar="N", type=AtLeast(0), default=0, show_default=True, help="Sampling seed (temperature > 0)."
+)
 @click.option("--device", metavar="DEV", default="auto", show_default=True, help="auto, cpu, cuda, cuda:N, mps.")
 @click.option("--dtype", metavar="DTYPE", default="auto", show_default=True, help="auto, float32, bfloat16, float16.")
-@click.option("--threads", type=AtLeast(1), default=None,
-              help="torch CPU threads [default: 1 for models under 100M parameters, else torch's].")
-@click.option("--compare", is_flag=True,
-              help="Also run plain greedy decoding: speed ratio and whether the tokens match.")
-def decode_cmd(model_name, heads, drafter, num_heads, tree_spec, prompts, data, max_prompts, prompt_tokens,
-               max_new_tokens, batch_size, temperature, posterior_threshold, posterior_alpha,
-               topk, seed, device, dtype, threads, compare):
+@click.option(
+    "--threads",
+    type=AtLeast(1),
+    default=None,
+    help="torch CPU threads [default: 1 for models under 100M parameters, else torch's].",
+)
+@click.option(
+    "--compare", is_flag=True, help="Also run plain greedy decoding: speed ratio and whether the tokens match."
+)
+def decode_cmd(
+    model_name,
+    heads,
+    drafter,
+    num_heads,
+    tree_spec,
+    prompts,
+    data,
+    max_prompts,
+    prompt_tokens,
+    max_new_tokens,
+    batch_size,
+    temperature,
+    posterior_threshold,
+    posterior_alpha,
+    topk,
+    seed,
+    device,
+    dtype,
+    threads,
+    compare,
+):
     """Decode prompts with Medusa tree decoding; print the text and the tokens per step."""
     max_new, batch, topk_n, seed_n = max_new_tokens, batch_size, topk, seed
     temp, eps, alpha = temperature, posterior_threshold, posterior_alpha
@@ -79,12 +156,27 @@ def decode_cmd(model_name, heads, drafter, num_heads, tree_spec, prompts, data, 
     tree = load_tree(tree_spec)  # validated before the model loads: bad trees fail fast
     loaded = load_model(model_name, heads, device=device, dtype=dtype, num_heads=num_heads, drafter=drafter)
     with torch_threads(loaded.model, loaded.device, threads):
-        _decode(loaded, tree, prompts, data, max_prompts, prompt_tokens, max_new, batch, temp, eps, alpha,
-                topk_n, seed_n, compare)
+        _decode(
+            loaded,
+            tree,
+            prompts,
+            data,
+            max_prompts,
+            prompt_tokens,
+            max_new,
+            batch,
+            temp,
+            eps,
+            alpha,
+            topk_n,
+            seed_n,
+            compare,
+        )
 
 
-def _decode(loaded, tree, prompts, data, max_prompts, prompt_tokens, max_new, batch, temp, eps, alpha,
-            topk_n, seed_n, compare) -> None:
+def _decode(
+    loaded, tree, prompts, data, max_prompts, prompt_tokens, max_new, batch, temp, eps, alpha, topk_n, seed_n, compare
+) -> None:
     tok = loaded.tokenizer
     k = loaded.heads.num_heads
     cut = cut_tree(tree, k, topk_n)
@@ -104,9 +196,11 @@ def _decode(loaded, tree, prompts, data, max_prompts, prompt_tokens, max_new, ba
     limit = getattr(loaded.model.config, "max_position_embeddings", None)
     longest = max(len(t) for t in token_lists) + max_new + cut.depth
     if limit and longest > limit:
-        raise UserError(f"{'--data/--prompt-tokens' if data else '--prompt'}/--max-new-tokens: sequences of up to "
-                        f"{longest} positions (prompt, new tokens and the tree's depth {cut.depth}) exceed the "
-                        f"model's {limit} positions")
+        raise UserError(
+            f"{'--data/--prompt-tokens' if data else '--prompt'}/--max-new-tokens: sequences of up to "
+            f"{longest} positions (prompt, new tokens and the tree's depth {cut.depth}) exceed the "
+            f"model's {limit} positions"
+        )
     if cut.size != tree.size:
         _note(f"{_label(tree)} cut to {k} heads and top-{topk_n}: {tree.size} -> {cut.size} nodes")
     tree = cut
@@ -117,27 +211,35 @@ def _decode(loaded, tree, prompts, data, max_prompts, prompt_tokens, max_new, ba
     speculative = isinstance(decoder, SpeculativeDecoder)
     # a draft model verifies by rejection sampling: the target's distribution, no typical-acceptance knobs
     rule = {} if speculative else {"posterior_threshold": eps, "posterior_alpha": alpha}
-    mode = ("greedy" if temp == 0 else f"rejection sampling (T={temp:g}, seed={seed_n})" if speculative
-            else f"typical (T={temp:g}, eps={eps:g}, alpha={alpha:g}, seed={seed_n})")
-    click.echo(f"model {loaded.name} on {loaded.device} {str(loaded.dtype).replace('torch.', '')}; "
-               f"{_label(tree)}: {tree.size} nodes, depth {tree.depth}, topk {topk_n}; {mode}; "
-               f"{len(token_lists)} prompt(s), batch size {batch}")
+    mode = (
+        "greedy"
+        if temp == 0
+        else f"rejection sampling (T={temp:g}, seed={seed_n})"
+        if speculative
+        else f"typical (T={temp:g}, eps={eps:g}, alpha={alpha:g}, seed={seed_n})"
+    )
+    click.echo(
+        f"model {loaded.name} on {loaded.device} {str(loaded.dtype).replace('torch.', '')}; "
+        f"{_label(tree)}: {tree.size} nodes, depth {tree.depth}, topk {topk_n}; {mode}; "
+        f"{len(token_lists)} prompt(s), batch size {batch}"
+    )
 
     def padded(batch_lists):
         length = max(len(t) for t in batch_lists)
         ids = torch.full((len(batch_lists), length), pad, dtype=torch.long)
         mask = torch.zeros((len(batch_lists), length), dtype=torch.long)
         for i, t in enumerate(batch_lists):
-            ids[i, length - len(t):] = torch.tensor(t)
-            mask[i, length - len(t):] = 1
+            ids[i, length - len(t) :] = torch.tensor(t)
+            mask[i, length - len(t) :] = 1
         return ids.to(loaded.device), mask.to(loaded.device)
 
     results, outputs, plain_s, plain_tokens, same = [], [], 0.0, 0, True
     for start in range(0, len(token_lists), batch):
-        chunk = token_lists[start:start + batch]
+        chunk = token_lists[start : start + batch]
         ids, mask = padded(chunk)
-        res = decoder.generate(ids, mask, max_new_tokens=max_new, temperature=temp, eos_token_id=eos,
-                               seed=seed_n + start, **rule)
+        res = decoder.generate(
+            ids, mask, max_new_tokens=max_new, temperature=temp, eos_token_id=eos, seed=seed_n + start, **rule
+        )
         results.append(res)
         outputs += res.tokens
         if compare:
@@ -162,8 +264,10 @@ def _decode(loaded, tree, prompts, data, max_prompts, prompt_tokens, max_new, ba
     if accepted.size:
         values, counts = np.unique(accepted, return_counts=True)
         hist = ", ".join(f"{v}: {c}" for v, c in zip(values, counts))
-        click.echo(f"tokens per step: {accepted.mean():.3f} (mean over {accepted.size} sequence-steps"
-                   f" in {steps} steps; +1 token per sequence from the prefill)")
+        click.echo(
+            f"tokens per step: {accepted.mean():.3f} (mean over {accepted.size} sequence-steps"
+            f" in {steps} steps; +1 token per sequence from the prefill)"
+        )
         click.echo(f"tokens per step histogram (tokens: sequence-steps): {hist}")
     else:
         click.echo("tokens per step: - (every sequence ended at its first token)")
@@ -174,13 +278,17 @@ def _decode(loaded, tree, prompts, data, max_prompts, prompt_tokens, max_new, ba
     total = draft + verify + update + prefill
     step_total = draft + verify + update
     if step_total > 0:
-        click.echo(f"time: {total:.3f} s = prefill {prefill:.3f} s + {steps} steps {step_total:.3f} s "
-                   f"({1e3 * step_total / max(steps, 1):.2f} ms/step: draft {100 * draft / step_total:.1f}%, "
-                   f"verify {100 * verify / step_total:.1f}%, update {100 * update / step_total:.1f}%); "
-                   f"{n_tokens / total:.1f} tokens/s")
+        click.echo(
+            f"time: {total:.3f} s = prefill {prefill:.3f} s + {steps} steps {step_total:.3f} s "
+            f"({1e3 * step_total / max(steps, 1):.2f} ms/step: draft {100 * draft / step_total:.1f}%, "
+            f"verify {100 * verify / step_total:.1f}%, update {100 * update / step_total:.1f}%); "
+            f"{n_tokens / total:.1f} tokens/s"
+        )
     if compare:
-        click.echo(f"plain greedy: {plain_s:.3f} s, {plain_tokens / plain_s:.1f} tokens/s; tree decoding "
-                   f"{(n_tokens / total) / (plain_tokens / plain_s):.2f}x; identical to plain greedy: "
-                   f"{'yes' if same else 'NO'}")
+        click.echo(
+            f"plain greedy: {plain_s:.3f} s, {plain_tokens / plain_s:.1f} tokens/s; tree decoding "
+            f"{(n_tokens / total) / (plain_tokens / plain_s):.2f}x; identical to plain greedy: "
+            f"{'yes' if same else 'NO'}"
+        )
         if not same:
             sys.exit(1)

@@ -16,12 +16,23 @@ from treeopt.errors import UserError
 
 
 @click.command("train-drafters")
-@click.option("-o", "--out", "out_dir", type=click.Path(file_okay=False), default=None,
-              help="Where the drafters go (OUT/hydra, OUT/mlp_speculator) [default: the bundled demo model].")
-@click.option("--model-dir", type=click.Path(file_okay=False), default=None,
-              help="The demo model they draft for [default: OUT].")
-@click.option("--work-dir", type=click.Path(file_okay=False), default=None,
-              help="Checkpoints and the tokenised corpus [default: OUT/.work].")
+@click.option(
+    "-o",
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Where the drafters go (OUT/hydra, OUT/mlp_speculator) [default: the bundled demo model].",
+)
+@click.option(
+    "--model-dir", type=click.Path(file_okay=False), default=None, help="The demo model they draft for [default: OUT]."
+)
+@click.option(
+    "--work-dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Checkpoints and the tokenised corpus [default: OUT/.work].",
+)
 @click.option("--steps", type=AtLeast(1), default=None, help="Training steps per drafter.")
 @click.option("--only", type=click.Choice(["hydra", "mlp-speculator"]), default=None, help="Train one drafter.")
 @click.option("--seed", type=AtLeast(0), default=0, show_default=True)

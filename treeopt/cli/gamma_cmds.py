@@ -38,15 +38,34 @@ def _alphas(alpha_file, alpha_value, max_gamma):
 @click.command("gamma")
 @apply(MODEL_OPTIONS)
 @HARDWARE_OPTION
-@click.option("--draft-model", "draft", required=True, metavar="NAME|CONFIG|DIR",
-              help="The draft model's shape: a built-in name, a config.json or a model directory.")
-@click.option("--alpha", "alpha_file", default=None, metavar="FILE",
-              help="Alpha sidecar (NAME.alpha.json from `calibrate --drafter draft-model`) or its accuracy table.")
-@click.option("--alpha-value", type=FiniteAtLeast(0.0), default=None, metavar="A",
-              help="One acceptance alpha for every depth (Leviathan et al.'s i.i.d. model).")
+@click.option(
+    "--draft-model",
+    "draft",
+    required=True,
+    metavar="NAME|CONFIG|DIR",
+    help="The draft model's shape: a built-in name, a config.json or a model directory.",
+)
+@click.option(
+    "--alpha",
+    "alpha_file",
+    default=None,
+    metavar="FILE",
+    help="Alpha sidecar (NAME.alpha.json from `calibrate --drafter draft-model`) or its accuracy table.",
+)
+@click.option(
+    "--alpha-value",
+    type=FiniteAtLeast(0.0),
+    default=None,
+    metavar="A",
+    help="One acceptance alpha for every depth (Leviathan et al.'s i.i.d. model).",
+)
 @apply(GRID_OPTIONS)
-@click.option("--max-gamma", type=AtLeast(0), default=None,
-              help="Longest chain [default: the depths the sidecar covers; 8 with --alpha-value].")
+@click.option(
+    "--max-gamma",
+    type=AtLeast(0),
+    default=None,
+    help="Longest chain [default: the depths the sidecar covers; 8 with --alpha-value].",
+)
 @click.option("-o", "--out", "out", default=None, type=click.Path(dir_okay=False), help="Grid CSV to write.")
 def roofline_gamma(model, dtype, hardware, draft, alpha_file, alpha_value, batches, contexts, max_gamma, out):
     """Predicted speedup of draft-model speculative decoding for every batch x context x gamma,
@@ -65,9 +84,16 @@ def roofline_gamma(model, dtype, hardware, draft, alpha_file, alpha_value, batch
     taus = chain_tau(alpha)[: top + 1]
     click.echo("tau of a chain of gamma: " + ", ".join(f"{g}: {t:.3f}" for g, t in enumerate(taus)))
     click.echo("best gamma (predicted speedup) per batch (rows) and context (columns):")
-    cell = {(int(r.batch), int(r.context)): "none" if r.gamma == 0 else f"{int(r.gamma)} ({r.speedup:.2f}x)"
-            for r in best.itertuples(index=False)}
-    click.echo(text_table(["batch"] + [str(c) for c in contexts],
-                          [[b] + [cell.get((int(b), int(c)), "OOM") for c in contexts] for b in batches]), nl=False)
+    cell = {
+        (int(r.batch), int(r.context)): "none" if r.gamma == 0 else f"{int(r.gamma)} ({r.speedup:.2f}x)"
+        for r in best.itertuples(index=False)
+    }
+    click.echo(
+        text_table(
+            ["batch"] + [str(c) for c in contexts],
+            [[b] + [cell.get((int(b), int(c)), "OOM") for c in contexts] for b in batches],
+        ),
+        nl=False,
+    )
     if out:
         click.echo(f"wrote grid {out}")

@@ -88,30 +88,57 @@ class IntList(click.ParamType):
 
 def apply(options):
     """Decorate a command with a list of click options, in order."""
+
     def decorate(fn):
         for option in reversed(options):
             fn = option(fn)
         return fn
+
     return decorate
 
 
 #: options of every command that loads and runs a model (torch)
 DRAFTER_OPTION = click.option(
-    "--drafter", type=click.Choice(["medusa", "hydra", "mlp-speculator", "draft-model"]), default=None,
+    "--drafter",
+    type=click.Choice(["medusa", "hydra", "mlp-speculator", "draft-model"]),
+    default=None,
     help="Drafter kind [default: read from the drafter's config.json; without --heads, MODEL's Medusa heads]; "
-         "hydra, mlp-speculator and draft-model come from MODEL/hydra, MODEL/mlp_speculator and MODEL/draft.")
+    "hydra, mlp-speculator and draft-model come from MODEL/hydra, MODEL/mlp_speculator and MODEL/draft.",
+)
 
 RUN_MODEL_OPTIONS = [
-    click.option("--model", default="demo", show_default=True, metavar="demo|DIR",
-                 help="Base model: the bundled demo or a local transformers model directory."),
-    click.option("--heads", default=None, metavar="DIR",
-                 help="Drafter directory: Medusa heads, Hydra heads or an MLP speculator [default: MODEL/heads]."),
+    click.option(
+        "--model",
+        default="demo",
+        show_default=True,
+        metavar="demo|DIR",
+        help="Base model: the bundled demo or a local transformers model directory.",
+    ),
+    click.option(
+        "--heads",
+        default=None,
+        metavar="DIR",
+        help="Drafter directory: Medusa heads, Hydra heads or an MLP speculator [default: MODEL/heads].",
+    ),
     DRAFTER_OPTION,
-    click.option("--num-heads", type=AtLeast(1), default=None, metavar="K",
-                 help="Use this many of the Medusa heads the weights hold [default: the heads config's medusa_num_heads]."),
+    click.option(
+        "--num-heads",
+        type=AtLeast(1),
+        default=None,
+        metavar="K",
+        help="Use this many of the Medusa heads the weights hold [default: the heads config's medusa_num_heads].",
+    ),
     click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda, cuda:N or mps."),
-    click.option("--dtype", default="auto", show_default=True,
-                 help="auto (fp32 on CPU, bf16/fp16 on GPUs), float32, bfloat16 or float16."),
-    click.option("--threads", type=AtLeast(1), default=None,
-                 help="torch CPU threads [default: 1 for models under 100M parameters, else torch's]."),
+    click.option(
+        "--dtype",
+        default="auto",
+        show_default=True,
+        help="auto (fp32 on CPU, bf16/fp16 on GPUs), float32, bfloat16 or float16.",
+    ),
+    click.option(
+        "--threads",
+        type=AtLeast(1),
+        default=None,
+        help="torch CPU threads [default: 1 for models under 100M parameters, else torch's].",
+    ),
 ]

@@ -29,13 +29,13 @@ from treeopt.app.models import draft_cost_of, heads_of, shape_of
 from treeopt.cli.options import AtLeast, IntList, apply
 from treeopt.cli.safety import check_outputs, input_files, require_file
 from treeopt.drafter_cost import DRAFTER_NAMES
+from treeopt.engines import ENGINE_NAMES, get_engine
 from treeopt.errors import UserError
 from treeopt.export import text_table
+from treeopt.family_build import engine_proposal
 from treeopt.fileio import atomic_folder, atomic_outputs, atomic_path
 from treeopt.mix import ANY_CONTEXT, choose_mix_tree, format_mix, mix_section, parse_mix
 from treeopt.selection import best_per_cell, selection_from_grid
-from treeopt.engines import ENGINE_NAMES, get_engine
-from treeopt.family_build import engine_proposal
 from treeopt.tau import first_heads, proposal_sequence, tau_curves
 
 
@@ -54,8 +54,11 @@ def _greedy_tau(table, max_nodes: int, num_heads: int, joint: bool, engine=None)
     if joint and num_heads < table.num_heads:
         raise UserError("--joint: cannot cut a table with joint counts to fewer heads")
     table = first_heads(table, num_heads)
-    proposal = (engine_proposal(table, max_nodes, engine, method="greedy") if engine is not None
-                else proposal_sequence(table, max_nodes, method="greedy"))
+    proposal = (
+        engine_proposal(table, max_nodes, engine, method="greedy")
+        if engine is not None
+        else proposal_sequence(table, max_nodes, method="greedy")
+    )
     curves = tau_curves(table, proposal)
     return curves.proposal, curves.joint if joint else curves.independent
 
@@ -74,10 +77,12 @@ def check_grid_size(batches, contexts, max_nodes: int) -> None:
     cells = len(batches) * len(contexts) * (max_nodes + 1)
     need = cells * GRID_BYTES_PER_CELL
     if need > GRID_MEMORY_LIMIT_BYTES:
-        raise UserError(f"--batch x --context x --max-nodes: {len(batches)} x {len(contexts)} x {max_nodes + 1} = "
-                        f"{cells:,} cells would take about {need / GIB:.1f} GiB (limit "
-                        f"{GRID_MEMORY_LIMIT_BYTES / GIB:.0f} GiB, {GRID_MEMORY_LIMIT_BYTES // GRID_BYTES_PER_CELL:,} "
-                        "cells); predict fewer values")
+        raise UserError(
+            f"--batch x --context x --max-nodes: {len(batches)} x {len(contexts)} x {max_nodes + 1} = "
+            f"{cells:,} cells would take about {need / GIB:.1f} GiB (limit "
+            f"{GRID_MEMORY_LIMIT_BYTES / GIB:.0f} GiB, {GRID_MEMORY_LIMIT_BYTES // GRID_BYTES_PER_CELL:,} "
+            "cells); predict fewer values"
+        )
 
 
 def _command_line() -> str:
@@ -85,40 +90,77 @@ def _command_line() -> str:
 
 
 MODEL_OPTIONS = [
-    click.option("--model", "model", required=True, metavar="NAME|CONFIG|DIR|demo",
-                 help="Built-in shape (llama-7b, vicuna-7b, llama-3-8b, mistral-7b, ...), a config.json, "
-                      "a model directory, or demo."),
-    click.option("--dtype", default=None, metavar="DTYPE",
-                 help="Compute dtype (fp32, bf16, fp16) [default: the model's]."),
+    click.option(
+        "--model",
+        "model",
+        required=True,
+        metavar="NAME|CONFIG|DIR|demo",
+        help="Built-in shape (llama-7b, vicuna-7b, llama-3-8b, mistral-7b, ...), a config.json, "
+        "a model directory, or demo.",
+    ),
+    click.option(
+        "--dtype", default=None, metavar="DTYPE", help="Compute dtype (fp32, bf16, fp16) [default: the model's]."
+    ),
 ]
-HARDWARE_OPTION = click.option("--hardware", "hardware", required=True, metavar="NAME|PROFILE.json",
-                               help="Built-in profile (see `treeopt hw list`) or a profile JSON from "
-                                    "`treeopt hw calibrate`.")
+HARDWARE_OPTION = click.option(
+    "--hardware",
+    "hardware",
+    required=True,
+    metavar="NAME|PROFILE.json",
+    help="Built-in profile (see `treeopt hw list`) or a profile JSON from `treeopt hw calibrate`.",
+)
 HEADS_OPTIONS = [
-    click.option("--heads", "num_heads", type=AtLeast(0), default=None,
-                 help="Number of draft heads K [default: the accuracy table's, else the Medusa heads config "
-                      "next to the model, else 5]; 0 = none."),
+    click.option(
+        "--heads",
+        "num_heads",
+        type=AtLeast(0),
+        default=None,
+        help="Number of draft heads K [default: the accuracy table's, else the Medusa heads config "
+        "next to the model, else 5]; 0 = none.",
+    ),
     click.option("--head-layers", type=AtLeast(0), default=None, help="ResBlocks per head [default: 1]."),
-    click.option("--head-tokens", type=AtLeast(1), default=None,
-                 help="Tokens per sequence the heads run on [default: all q, as Medusa's code; a decoder "
-                      "that runs them on the accepted token only: 1]."),
+    click.option(
+        "--head-tokens",
+        type=AtLeast(1),
+        default=None,
+        help="Tokens per sequence the heads run on [default: all q, as Medusa's code; a decoder "
+        "that runs them on the accepted token only: 1].",
+    ),
 ]
-ENGINE_OPTION = click.option("--engine", type=click.Choice(ENGINE_NAMES), default=None,
-                             help="Trees only from this engine's family; the report shows the line it takes.")
+ENGINE_OPTION = click.option(
+    "--engine",
+    type=click.Choice(ENGINE_NAMES),
+    default=None,
+    help="Trees only from this engine's family; the report shows the line it takes.",
+)
 VERIFICATION_OPTION = click.option(
-    "--verification", type=click.Choice(VERIFICATION_MODES), default="tree", show_default=True,
+    "--verification",
+    type=click.Choice(VERIFICATION_MODES),
+    default="tree",
+    show_default=True,
     help="tree: the tree's tokens under a tree mask, one read of the context; candidates: its root-to-leaf "
-         "paths as separate sequences that each re-read the context (engines without tree attention).")
+    "paths as separate sequences that each re-read the context (engines without tree attention).",
+)
 SEQUENTIAL_DRAFT_OPTION = click.option(
-    "--sequential-draft", is_flag=True,
-    help="The drafter drafts depth by depth: a tree pays the profile's draft_stage_s once per level of depth.")
+    "--sequential-draft",
+    is_flag=True,
+    help="The drafter drafts depth by depth: a tree pays the profile's draft_stage_s once per level of depth.",
+)
 DRAFTER_OPTIONS = [
-    click.option("--drafter", type=click.Choice(DRAFTER_NAMES), default=None,
-                 help="Drafter kind: its directory next to the model gives its cost shape [default: Medusa heads "
-                      "from the heads options]."),
-    click.option("--drafter-config", default=None, metavar="PATH",
-                 help="A drafter's config.json (or its directory; Medusa, Hydra or MLP speculator): the cost "
-                      "shape the roofline charges (docs/performance-model.md, \"Drafter cost\")."),
+    click.option(
+        "--drafter",
+        type=click.Choice(DRAFTER_NAMES),
+        default=None,
+        help="Drafter kind: its directory next to the model gives its cost shape [default: Medusa heads "
+        "from the heads options].",
+    ),
+    click.option(
+        "--drafter-config",
+        default=None,
+        metavar="PATH",
+        help="A drafter's config.json (or its directory; Medusa, Hydra or MLP speculator): the cost "
+        'shape the roofline charges (docs/performance-model.md, "Drafter cost").',
+    ),
 ]
 
 
@@ -133,15 +175,28 @@ def _heads_from_cost(cost, heads):
     """Medusa heads read from --drafter-config replace those of the heads options."""
     if cost is None or cost.sequential:
         return heads
-    return type(heads)(cost.stages, cost.layers, cost.hidden_size, cost.vocab_size,
-                       tokens_per_sequence=heads.tokens_per_sequence)
+    return type(heads)(
+        cost.stages, cost.layers, cost.hidden_size, cost.vocab_size, tokens_per_sequence=heads.tokens_per_sequence
+    )
 
 
 GRID_OPTIONS = [
-    click.option("--batch", "batches", type=IntList(1), default=",".join(map(str, DEFAULT_BATCHES)),
-                 show_default=True, help="Comma-separated batch sizes."),
-    click.option("--context", "contexts", type=IntList(0), default=",".join(map(str, DEFAULT_CONTEXTS)),
-                 show_default=True, help="Comma-separated context lengths."),
+    click.option(
+        "--batch",
+        "batches",
+        type=IntList(1),
+        default=",".join(map(str, DEFAULT_BATCHES)),
+        show_default=True,
+        help="Comma-separated batch sizes.",
+    ),
+    click.option(
+        "--context",
+        "contexts",
+        type=IntList(0),
+        default=",".join(map(str, DEFAULT_CONTEXTS)),
+        show_default=True,
+        help="Comma-separated context lengths.",
+    ),
 ]
 
 
@@ -160,14 +215,24 @@ def hw_list(as_json: bool) -> None:
     for name, p in profiles.items():
         fp32 = p.peak_flops.get("fp32")
         al = f" (alias {', '.join(aliases[name])})" if name in aliases else ""
-        rows.append([name, f"{p.peak('bf16') / 1e12:.4g}", f"{fp32 / 1e12:.4g}" if fp32 else "-",
-                     f"{p.bandwidth_bytes_per_s / 1e9:.0f}", f"{p.capacity_gib:.0f}", p.description + al])
+        rows.append(
+            [
+                name,
+                f"{p.peak('bf16') / 1e12:.4g}",
+                f"{fp32 / 1e12:.4g}" if fp32 else "-",
+                f"{p.bandwidth_bytes_per_s / 1e9:.0f}",
+                f"{p.capacity_gib:.0f}",
+                p.description + al,
+            ]
+        )
     click.echo(text_table(["<name", "bf16 TFLOP/s", "fp32 TFLOP/s", "GB/s", "GiB", "<description"], rows), nl=False)
     p = next(iter(profiles.values()))
-    click.echo(f"\nAll: eta_compute {p.eta_compute}, eta_memory {p.eta_memory}, {p.kernel_overhead_s * 1e6:g} us "
-               "per kernel, row-dependent GEMM efficiency fitted to A100 7B measurements (see roofline/hardware.py), "
-               "no engine costs beyond the forward pass; memory as sold (\"80 GB\" = 80 GiB). Fit a profile to your "
-               "engine's step times with `treeopt hw fit`, or calibrate this machine with `treeopt hw calibrate`.")
+    click.echo(
+        f"\nAll: eta_compute {p.eta_compute}, eta_memory {p.eta_memory}, {p.kernel_overhead_s * 1e6:g} us "
+        "per kernel, row-dependent GEMM efficiency fitted to A100 7B measurements (see roofline/hardware.py), "
+        'no engine costs beyond the forward pass; memory as sold ("80 GB" = 80 GiB). Fit a profile to your '
+        "engine's step times with `treeopt hw fit`, or calibrate this machine with `treeopt hw calibrate`."
+    )
 
 
 @click.command("ops")
@@ -175,24 +240,60 @@ def hw_list(as_json: bool) -> None:
 @HARDWARE_OPTION
 @apply(HEADS_OPTIONS)
 @click.option("--batch", "batch", type=AtLeast(1), default=1, show_default=True, help="Sequences b.")
-@click.option("--tokens", "tokens", type=AtLeast(1), default=1, show_default=True,
-              help="New tokens per sequence q (1 = decode, n+1 = tree of n nodes, prompt length = prefill).")
+@click.option(
+    "--tokens",
+    "tokens",
+    type=AtLeast(1),
+    default=1,
+    show_default=True,
+    help="New tokens per sequence q (1 = decode, n+1 = tree of n nodes, prompt length = prefill).",
+)
 @click.option("--context", "context", type=AtLeast(0), default=0, show_default=True, help="Cached tokens s.")
 @click.option("--attention", type=click.Choice(["fused", "unfused"]), default="fused", show_default=True)
 @VERIFICATION_OPTION
-@click.option("--candidates", type=AtLeast(1), default=None,
-              help="With --verification candidates: candidate sequences the tokens are split into "
-                   "[default: every token its own].")
-@click.option("--draft-stages", type=AtLeast(0), default=None,
-              help="Sequential draft stages of this step (the profile's draft_stage_s each) [default: those a "
-                   "sequential drafter runs, else 0].")
+@click.option(
+    "--candidates",
+    type=AtLeast(1),
+    default=None,
+    help="With --verification candidates: candidate sequences the tokens are split into "
+    "[default: every token its own].",
+)
+@click.option(
+    "--draft-stages",
+    type=AtLeast(0),
+    default=None,
+    help="Sequential draft stages of this step (the profile's draft_stage_s each) [default: those a "
+    "sequential drafter runs, else 0].",
+)
 @apply(DRAFTER_OPTIONS)
-@click.option("--draft-rows", type=IntList(0, ordered=True), default=None, metavar="R1,R2,...",
-              help="A sequential drafter: rows per sequence each stage runs on (the nodes of the depth above "
-                   "with children) [default: a chain of tokens - 1 nodes, one row per stage it reaches].")
+@click.option(
+    "--draft-rows",
+    type=IntList(0, ordered=True),
+    default=None,
+    metavar="R1,R2,...",
+    help="A sequential drafter: rows per sequence each stage runs on (the nodes of the depth above "
+    "with children) [default: a chain of tokens - 1 nodes, one row per stage it reaches].",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list of operators.")
-def roofline_ops(model, dtype, hardware, num_heads, head_layers, head_tokens, batch, tokens, context, attention,
-                 verification, candidates, draft_stages, drafter, drafter_config, draft_rows, as_json) -> None:
+def roofline_ops(
+    model,
+    dtype,
+    hardware,
+    num_heads,
+    head_layers,
+    head_tokens,
+    batch,
+    tokens,
+    context,
+    attention,
+    verification,
+    candidates,
+    draft_stages,
+    drafter,
+    drafter_config,
+    draft_rows,
+    as_json,
+) -> None:
     """Every operator of one forward pass: FLOPs, bytes, intensity, predicted time, binding roof."""
     shape = shape_of(model, dtype)
     hw = load_hardware(hardware)
@@ -201,8 +302,9 @@ def roofline_ops(model, dtype, hardware, num_heads, head_layers, head_tokens, ba
     heads = heads_of(model, shape, num_heads=num_heads, num_layers=head_layers, tokens_per_sequence=head_tokens)
     cost = draft_cost_of(model, shape, drafter=drafter, drafter_config=drafter_config)
     if draft_rows is not None and (cost is None or not cost.sequential):
-        raise UserError("--draft-rows: only with a sequential drafter (--drafter hydra|mlp-speculator or "
-                        "--drafter-config)")
+        raise UserError(
+            "--draft-rows: only with a sequential drafter (--drafter hydra|mlp-speculator or --drafter-config)"
+        )
     if cost is not None and cost.sequential:
         if draft_rows is not None and len(draft_rows) > cost.stages:
             raise UserError(f"--draft-rows: {len(draft_rows)} values for a drafter of {cost.stages} stages")
@@ -215,31 +317,76 @@ def roofline_ops(model, dtype, hardware, num_heads, head_layers, head_tokens, ba
     if candidates is not None and verification != "candidates":
         raise UserError("--candidates: only with --verification candidates")
     cands = candidates_of(verification, tokens, candidates)
-    timings = op_timings(shape, heads, hw, batch=batch, tokens=tokens, context=context, attention=attention,
-                         candidates=cands)
+    timings = op_timings(
+        shape, heads, hw, batch=batch, tokens=tokens, context=context, attention=attention, candidates=cands
+    )
     fixed = float(framework_overhead_s(shape, hw, batch=batch, tokens=tokens, context=context, candidates=cands))
     engine = float(speculation_overhead_s(hw, batch=batch, tokens=tokens, draft_stages=draft_stages))
     total = fixed + engine + sum(float(t.total_s) for t in timings)
-    need = float(memory_required_bytes(shape, heads, batch=batch, tokens=tokens, context=context, attention=attention,
-                                       candidates=cands))
+    need = float(
+        memory_required_bytes(
+            shape, heads, batch=batch, tokens=tokens, context=context, attention=attention, candidates=cands
+        )
+    )
     if need > hw.capacity_bytes:
-        click.echo(f"treeopt: warning: this configuration needs {need / GIB:.1f} GiB but {hw.name} has "
-                   f"{hw.capacity_text()}: it does not fit; times below are what it would take", err=True)
+        click.echo(
+            f"treeopt: warning: this configuration needs {need / GIB:.1f} GiB but {hw.name} has "
+            f"{hw.capacity_text()}: it does not fit; times below are what it would take",
+            err=True,
+        )
     rows = []
     for t in timings:
         flops, nbytes = float(t.op.flops), float(t.op.bytes)
-        rows.append({"name": t.op.name, "count": t.op.count, "flops": flops, "bytes": nbytes,
-                     "intensity": flops / nbytes if nbytes else None, "time_s": float(t.time_s),
-                     "bound": str(t.bound), "compute_s": float(t.compute_s), "memory_s": float(t.memory_s),
-                     "overhead_s": float(t.overhead_s), "kernels": float(t.op.kernels), "kind": t.op.kind})
+        rows.append(
+            {
+                "name": t.op.name,
+                "count": t.op.count,
+                "flops": flops,
+                "bytes": nbytes,
+                "intensity": flops / nbytes if nbytes else None,
+                "time_s": float(t.time_s),
+                "bound": str(t.bound),
+                "compute_s": float(t.compute_s),
+                "memory_s": float(t.memory_s),
+                "overhead_s": float(t.overhead_s),
+                "kernels": float(t.op.kernels),
+                "kind": t.op.kind,
+            }
+        )
     if fixed > 0:
-        rows.append({"name": "framework", "count": 1, "flops": 0.0, "bytes": 0.0, "intensity": None,
-                     "time_s": fixed, "bound": "overhead", "compute_s": 0.0, "memory_s": 0.0,
-                     "overhead_s": fixed, "kernels": 0, "kind": "framework"})
+        rows.append(
+            {
+                "name": "framework",
+                "count": 1,
+                "flops": 0.0,
+                "bytes": 0.0,
+                "intensity": None,
+                "time_s": fixed,
+                "bound": "overhead",
+                "compute_s": 0.0,
+                "memory_s": 0.0,
+                "overhead_s": fixed,
+                "kernels": 0,
+                "kind": "framework",
+            }
+        )
     if engine > 0:
-        rows.append({"name": "speculation", "count": 1, "flops": 0.0, "bytes": 0.0, "intensity": None,
-                     "time_s": engine, "bound": "overhead", "compute_s": 0.0, "memory_s": 0.0,
-                     "overhead_s": engine, "kernels": 0, "kind": "engine"})
+        rows.append(
+            {
+                "name": "speculation",
+                "count": 1,
+                "flops": 0.0,
+                "bytes": 0.0,
+                "intensity": None,
+                "time_s": engine,
+                "bound": "overhead",
+                "compute_s": 0.0,
+                "memory_s": 0.0,
+                "overhead_s": engine,
+                "kernels": 0,
+                "kind": "engine",
+            }
+        )
     if as_json:
         click.echo(json.dumps(rows, indent=1))
         return
@@ -249,23 +396,44 @@ def roofline_ops(model, dtype, hardware, num_heads, head_layers, head_tokens, ba
     click.echo(f"hardware: {hw.describe()}")
     split = f" in {cands} candidates" if cands is not None else ""
     click.echo(f"b={batch} q={tokens}{split} s={context} attention={attention}; memory needed {need / GIB:.2f} GiB")
-    click.echo(text_table(
-        ["<operator", "count", "GFLOP", "MB", "FLOP/B", "time/us", "total/us", "share", "<bound"],
-        [[row["name"], row["count"], f"{row['flops'] / 1e9:.4g}", f"{row['bytes'] / 1e6:.4g}",
-          f"{row['intensity']:.1f}" if row["intensity"] is not None else "-", f"{row['time_s'] * 1e6:.2f}",
-          f"{row['time_s'] * row['count'] * 1e6:.1f}", f"{row['time_s'] * row['count'] / total:.1%}", row["bound"]]
-         for row in rows]), nl=False)
+    click.echo(
+        text_table(
+            ["<operator", "count", "GFLOP", "MB", "FLOP/B", "time/us", "total/us", "share", "<bound"],
+            [
+                [
+                    row["name"],
+                    row["count"],
+                    f"{row['flops'] / 1e9:.4g}",
+                    f"{row['bytes'] / 1e6:.4g}",
+                    f"{row['intensity']:.1f}" if row["intensity"] is not None else "-",
+                    f"{row['time_s'] * 1e6:.2f}",
+                    f"{row['time_s'] * row['count'] * 1e6:.1f}",
+                    f"{row['time_s'] * row['count'] / total:.1%}",
+                    row["bound"],
+                ]
+                for row in rows
+            ],
+        ),
+        nl=False,
+    )
     tot_flops = sum(r["flops"] * r["count"] for r in rows)
     tot_bytes = sum(r["bytes"] * r["count"] for r in rows)
-    click.echo(f"step: {total * 1e3:.3f} ms; {tot_flops / 1e9:.4g} GFLOP, {tot_bytes / 1e6:.4g} MB moved, "
-               f"intensity {tot_flops / tot_bytes:.1f} FLOP/B (ridge {hw.ridge_intensity(shape.dtype):.0f})")
+    click.echo(
+        f"step: {total * 1e3:.3f} ms; {tot_flops / 1e9:.4g} GFLOP, {tot_bytes / 1e6:.4g} MB moved, "
+        f"intensity {tot_flops / tot_bytes:.1f} FLOP/B (ridge {hw.ridge_intensity(shape.dtype):.0f})"
+    )
 
 
 @click.command("speedup")
 @apply(MODEL_OPTIONS)
 @HARDWARE_OPTION
-@click.option("--accuracy", "accuracy", required=True, metavar="FILE",
-              help="Accuracy table (treeopt.accuracy/v1 JSON, per-rank matrix JSON, or cumulative top-k CSV).")
+@click.option(
+    "--accuracy",
+    "accuracy",
+    required=True,
+    metavar="FILE",
+    help="Accuracy table (treeopt.accuracy/v1 JSON, per-rank matrix JSON, or cumulative top-k CSV).",
+)
 @click.option("--csv-model", default=None, help="Row set of a CSV holding several models [default: --model].")
 @apply(HEADS_OPTIONS)
 @apply(GRID_OPTIONS)
@@ -278,15 +446,47 @@ def roofline_ops(model, dtype, hardware, num_heads, head_layers, head_tokens, ba
 @SEQUENTIAL_DRAFT_OPTION
 @click.option("-o", "--out", "out", default=None, type=click.Path(dir_okay=False), help="Grid CSV to write.")
 @ENGINE_OPTION
-@click.option("--select", "select", default=None, type=click.Path(dir_okay=False),
-              help="Selection JSON (treeopt.selection/v1) to write.")
-@click.option("--mix", "mix_spec", default=None, metavar="FILE.csv|SPEC",
-              help="Also choose one tree for this traffic mix (CSV batch,context,weight or '1:0.5,8@2048:0.5'); "
-                   "its cells join the grid.")
+@click.option(
+    "--select",
+    "select",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="Selection JSON (treeopt.selection/v1) to write.",
+)
+@click.option(
+    "--mix",
+    "mix_spec",
+    default=None,
+    metavar="FILE.csv|SPEC",
+    help="Also choose one tree for this traffic mix (CSV batch,context,weight or '1:0.5,8@2048:0.5'); "
+    "its cells join the grid.",
+)
 @apply(DRAFTER_OPTIONS)
-def roofline_speedup(model, dtype, hardware, accuracy, csv_model, num_heads, head_layers, head_tokens, batches,
-                     contexts, max_nodes, attention, joint, heads_in_baseline, used_heads, engine, verification,
-                     sequential_draft, out, select, mix_spec, drafter, drafter_config) -> None:
+def roofline_speedup(
+    model,
+    dtype,
+    hardware,
+    accuracy,
+    csv_model,
+    num_heads,
+    head_layers,
+    head_tokens,
+    batches,
+    contexts,
+    max_nodes,
+    attention,
+    joint,
+    heads_in_baseline,
+    used_heads,
+    engine,
+    verification,
+    sequential_draft,
+    out,
+    select,
+    mix_spec,
+    drafter,
+    drafter_config,
+) -> None:
     """Predicted overhead, tau and speedup for every batch x context x tree size, and the best
     tree per cell ("none" when no tree beats plain decoding)."""
     check_outputs([out, select], input_files(model, hardware, accuracy, mix_spec))
@@ -298,8 +498,14 @@ def roofline_speedup(model, dtype, hardware, accuracy, csv_model, num_heads, hea
     shape = shape_of(model, dtype)
     hw = load_hardware(hardware)
     table, label = _load_acc(accuracy, csv_model, model)
-    heads = heads_of(model, shape, num_heads=num_heads, num_layers=head_layers, accuracy_heads=table.num_heads,
-                     tokens_per_sequence=head_tokens)
+    heads = heads_of(
+        model,
+        shape,
+        num_heads=num_heads,
+        num_layers=head_layers,
+        accuracy_heads=table.num_heads,
+        tokens_per_sequence=head_tokens,
+    )
     cost = draft_cost_of(model, shape, drafter=drafter, drafter_config=drafter_config)
     heads = _heads_from_cost(cost, heads)
     if heads.num_heads < 1:
@@ -307,11 +513,20 @@ def roofline_speedup(model, dtype, hardware, accuracy, csv_model, num_heads, hea
     depth = min(heads.num_heads, cost.stages) if cost is not None else heads.num_heads
     tree, tau = _greedy_tau(table, max_nodes, depth, joint, get_engine(engine) if engine else None)
     work = _sequential_work(cost, tree)
-    grid = speedup_grid(shape, work or heads, hw, tau, batches, contexts, attention=attention,
-                        heads_in_baseline=heads_in_baseline,
-                        heads_used=heads_used_by_prefix(tree) if used_heads and work is None else None,
-                        verification=verification, tree=tree,
-                        draft_stages=heads_used_by_prefix(tree) if sequential_draft and work is None else None)
+    grid = speedup_grid(
+        shape,
+        work or heads,
+        hw,
+        tau,
+        batches,
+        contexts,
+        attention=attention,
+        heads_in_baseline=heads_in_baseline,
+        heads_used=heads_used_by_prefix(tree) if used_heads and work is None else None,
+        verification=verification,
+        tree=tree,
+        draft_stages=heads_used_by_prefix(tree) if sequential_draft and work is None else None,
+    )
     best = best_per_cell(grid)
     mix_doc = mix_section(choose_mix_tree(grid, mix, source="the grid"), tree, mix) if mix is not None else None
     with atomic_outputs() as files:  # the grid and the selection from it: both or neither
@@ -319,19 +534,28 @@ def roofline_speedup(model, dtype, hardware, accuracy, csv_model, num_heads, hea
             grid.to_csv(files.path(out), index=False, float_format="%.6g")
         if select:
             extra = {"heads": heads.num_heads, "attention": attention, "verification": verification}
-            doc = selection_from_grid(grid, tree, hw.name, shape.name,
-                                      extra=extra | ({"mix": mix_doc} if mix_doc else {}))
+            doc = selection_from_grid(
+                grid, tree, hw.name, shape.name, extra=extra | ({"mix": mix_doc} if mix_doc else {})
+            )
             files.path(select).write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
     click.echo(f"{shape.describe()}; {(work or heads).describe()}; hardware {hw.name}; accuracy {label}")
-    click.echo("tau of the greedy proposal sequence: " + ", ".join(
-        f"n={n}: {tau[n]:.3f}" for n in (1, 4, 16, 32, 64) if n < len(tau)))
+    click.echo(
+        "tau of the greedy proposal sequence: "
+        + ", ".join(f"n={n}: {tau[n]:.3f}" for n in (1, 4, 16, 32, 64) if n < len(tau))
+    )
     click.echo("best tree size (predicted speedup) per batch (rows) and context (columns):")
     ctxs = sorted(best["context"].unique())
-    cell = {(int(b), int(c)): ("OOM" if not fits else "none" if n == 0 else f"{int(n)} ({s:.2f}x)")
-            for b, c, n, s, fits in best[["batch", "context", "nodes", "speedup", "fits_memory"]].itertuples(index=False)}
-    click.echo(text_table(["batch"] + [str(c) for c in ctxs],
-                          [[b] + [cell[(int(b), int(c))] for c in ctxs] for b in sorted(best["batch"].unique())]),
-               nl=False)
+    cell = {
+        (int(b), int(c)): ("OOM" if not fits else "none" if n == 0 else f"{int(n)} ({s:.2f}x)")
+        for b, c, n, s, fits in best[["batch", "context", "nodes", "speedup", "fits_memory"]].itertuples(index=False)
+    }
+    click.echo(
+        text_table(
+            ["batch"] + [str(c) for c in ctxs],
+            [[b] + [cell[(int(b), int(c))] for c in ctxs] for b in sorted(best["batch"].unique())],
+        ),
+        nl=False,
+    )
     if not best["fits_memory"].all():
         click.echo(f"OOM: not even plain decoding fits in {hw.capacity_text()}", err=True)
     if mix_doc is not None:
@@ -344,8 +568,13 @@ def roofline_speedup(model, dtype, hardware, accuracy, csv_model, num_heads, hea
 @click.command("report")
 @apply(MODEL_OPTIONS)
 @HARDWARE_OPTION
-@click.option("--accuracy", "accuracy", default=None, metavar="FILE",
-              help="Accuracy table; without it the report has no tau, speedup or best-tree plots.")
+@click.option(
+    "--accuracy",
+    "accuracy",
+    default=None,
+    metavar="FILE",
+    help="Accuracy table; without it the report has no tau, speedup or best-tree plots.",
+)
 @click.option("--csv-model", default=None, help="Row set of a CSV holding several models [default: --model].")
 @apply(HEADS_OPTIONS)
 @apply(GRID_OPTIONS)
@@ -361,9 +590,31 @@ def roofline_speedup(model, dtype, hardware, accuracy, csv_model, num_heads, hea
 @click.option("--note", "notes", multiple=True, help="A note for index.md (repeatable).")
 @click.option("-o", "--out", "out", required=True, type=click.Path(file_okay=False), help="Report directory.")
 @apply(DRAFTER_OPTIONS)
-def report_cmd(model, dtype, hardware, accuracy, csv_model, num_heads, head_layers, head_tokens, batches, contexts,
-               plot_context, max_nodes, attention, joint, used_heads, engine, verification, sequential_draft, title,
-               notes, out, drafter, drafter_config) -> None:
+def report_cmd(
+    model,
+    dtype,
+    hardware,
+    accuracy,
+    csv_model,
+    num_heads,
+    head_layers,
+    head_tokens,
+    batches,
+    contexts,
+    plot_context,
+    max_nodes,
+    attention,
+    joint,
+    used_heads,
+    engine,
+    verification,
+    sequential_draft,
+    title,
+    notes,
+    out,
+    drafter,
+    drafter_config,
+) -> None:
     """Write a report directory: roofline chart, speedup curves, best-tree heatmaps (PNG),
     grid.csv, selection.json and an index.md stating inputs and assumptions."""
     check_outputs(inputs=input_files(model, hardware, accuracy), folders=[out])
@@ -373,8 +624,14 @@ def report_cmd(model, dtype, hardware, accuracy, csv_model, num_heads, head_laye
     table, label = (None, "")
     if accuracy:
         table, label = _load_acc(accuracy, csv_model, model)
-    heads = heads_of(model, shape, num_heads=num_heads, num_layers=head_layers,
-                     accuracy_heads=table.num_heads if table is not None else None, tokens_per_sequence=head_tokens)
+    heads = heads_of(
+        model,
+        shape,
+        num_heads=num_heads,
+        num_layers=head_layers,
+        accuracy_heads=table.num_heads if table is not None else None,
+        tokens_per_sequence=head_tokens,
+    )
     cost = draft_cost_of(model, shape, drafter=drafter, drafter_config=drafter_config)
     heads = _heads_from_cost(cost, heads)
     if table is not None and heads.num_heads < 1:
@@ -386,25 +643,59 @@ def report_cmd(model, dtype, hardware, accuracy, csv_model, num_heads, head_laye
         depth = min(heads.num_heads, cost.stages) if cost is not None else heads.num_heads
         proposal, tau = _greedy_tau(table, max_nodes, depth, joint, get_engine(engine) if engine else None)
     with atomic_folder(out) as folder:  # the whole report or none of it
-        summary = build_report(shape, heads, hw, folder, accuracy=table, accuracy_label=label, batches=batches,
-                               contexts=contexts, max_nodes=max_nodes, attention=attention, plot_context=plot_context,
-                               command=_command_line(), title=title, joint=joint, used_heads=used_heads, notes=notes,
-                               proposal=proposal, tau=tau, save_hardware=hw.name not in builtin_hardware(),
-                           engine=get_engine(engine) if engine else None, verification=verification,
-                           sequential_draft=sequential_draft, draft_cost=cost)
+        summary = build_report(
+            shape,
+            heads,
+            hw,
+            folder,
+            accuracy=table,
+            accuracy_label=label,
+            batches=batches,
+            contexts=contexts,
+            max_nodes=max_nodes,
+            attention=attention,
+            plot_context=plot_context,
+            command=_command_line(),
+            title=title,
+            joint=joint,
+            used_heads=used_heads,
+            notes=notes,
+            proposal=proposal,
+            tau=tau,
+            save_hardware=hw.name not in builtin_hardware(),
+            engine=get_engine(engine) if engine else None,
+            verification=verification,
+            sequential_draft=sequential_draft,
+            draft_cost=cost,
+        )
     click.echo(f"wrote {out}/index.md with " + ", ".join(v for k, v in summary["files"].items() if k != "index"))
 
 
 @click.command("fit")
 @apply(MODEL_OPTIONS)
-@click.option("--hardware", "hardware", required=True, metavar="NAME|PROFILE.json",
-              help="The base profile whose roofs are kept: the GPU's built-in name, or a profile JSON.")
-@click.option("--measurements", required=True, metavar="STEPS.csv",
-              help="Measured step times: columns batch, context, tokens, step_ms [, candidates, draft_stages] "
-                   "(docs/performance-model.md, \"Fitting a profile to measured steps\").")
-@click.option("--heads", "num_heads", type=AtLeast(0), default=0, show_default=True,
-              help="Draft heads whose operators the prediction of a speculative step includes (0: the drafting "
-                   "cost is left to the fitted engine terms). Use the same value wherever the profile is used.")
+@click.option(
+    "--hardware",
+    "hardware",
+    required=True,
+    metavar="NAME|PROFILE.json",
+    help="The base profile whose roofs are kept: the GPU's built-in name, or a profile JSON.",
+)
+@click.option(
+    "--measurements",
+    required=True,
+    metavar="STEPS.csv",
+    help="Measured step times: columns batch, context, tokens, step_ms [, candidates, draft_stages] "
+    '(docs/performance-model.md, "Fitting a profile to measured steps").',
+)
+@click.option(
+    "--heads",
+    "num_heads",
+    type=AtLeast(0),
+    default=0,
+    show_default=True,
+    help="Draft heads whose operators the prediction of a speculative step includes (0: the drafting "
+    "cost is left to the fitted engine terms). Use the same value wherever the profile is used.",
+)
 @click.option("--head-layers", type=AtLeast(0), default=None, help="ResBlocks per head [default: 1].")
 @click.option("--attention", type=click.Choice(["fused", "unfused"]), default="fused", show_default=True)
 @click.option("--name", default=None, help="Profile name [default: BASE-fitted].")
@@ -426,9 +717,11 @@ def hw_fit(model, dtype, hardware, measurements, num_heads, head_layers, attenti
     if result.loo_error is not None:
         click.echo(f"leave-one-out: {error_summary(result.loo_error)}")
         worst = int(np.argmax(np.abs(result.loo_error)))
-        click.echo(f"worst row (leave-one-out): batch {int(points.batch[worst])}, "
-                   f"context {int(points.context[worst])}, tokens {int(points.tokens[worst])}: "
-                   f"{result.loo_error[worst] * 100:+.1f}%")
+        click.echo(
+            f"worst row (leave-one-out): batch {int(points.batch[worst])}, "
+            f"context {int(points.context[worst])}, tokens {int(points.tokens[worst])}: "
+            f"{result.loo_error[worst] * 100:+.1f}%"
+        )
     click.echo(f"wrote profile {out} (use it as --hardware {out})")
 
 
@@ -441,14 +734,31 @@ def _term_text(name: str, value: float) -> str:
 @click.command("predict")
 @apply(MODEL_OPTIONS)
 @HARDWARE_OPTION
-@click.option("--points", "points_path", required=True, metavar="POINTS.csv",
-              help="Rows of batch, context, tokens [, candidates, draft_stages, step_ms]: the steps to predict.")
-@click.option("--heads", "num_heads", type=AtLeast(0), default=0, show_default=True,
-              help="Draft heads a speculative step runs (the value the profile was fitted with).")
+@click.option(
+    "--points",
+    "points_path",
+    required=True,
+    metavar="POINTS.csv",
+    help="Rows of batch, context, tokens [, candidates, draft_stages, step_ms]: the steps to predict.",
+)
+@click.option(
+    "--heads",
+    "num_heads",
+    type=AtLeast(0),
+    default=0,
+    show_default=True,
+    help="Draft heads a speculative step runs (the value the profile was fitted with).",
+)
 @click.option("--head-layers", type=AtLeast(0), default=None, help="ResBlocks per head [default: 1].")
 @click.option("--attention", type=click.Choice(["fused", "unfused"]), default="fused", show_default=True)
-@click.option("-o", "--out", "out", required=True, type=click.Path(dir_okay=False),
-              help="CSV to write: the rows with predicted_step_ms (and error, when step_ms is given).")
+@click.option(
+    "-o",
+    "--out",
+    "out",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="CSV to write: the rows with predicted_step_ms (and error, when step_ms is given).",
+)
 def roofline_predict(model, dtype, hardware, points_path, num_heads, head_layers, attention, out) -> None:
     """Predicted step_ms for every row of a step CSV (compare any prediction with any measurement)."""
     check_outputs([out], input_files(model, hardware, points_path))
@@ -465,14 +775,17 @@ def roofline_predict(model, dtype, hardware, points_path, num_heads, head_layers
     frame.columns = [str(c).strip().lower() for c in frame.columns]
     measured = "step_ms" in frame.columns
     # rows to predict need no times; a placeholder keeps one reader for both files
-    points = step_points_frame(frame if measured else frame.assign(step_ms=1.0), source=f"--points: {points_path}",
-                               heads=num_heads)
+    points = step_points_frame(
+        frame if measured else frame.assign(step_ms=1.0), source=f"--points: {points_path}", heads=num_heads
+    )
     predicted = predict_step_s(shape, heads, hw, points, attention=attention) * 1e3
     frame["predicted_step_ms"] = predicted
     if measured:
         frame["error"] = predicted / (points.step_s * 1e3) - 1.0
     with atomic_path(out) as tmp:
         frame.to_csv(tmp, index=False, float_format="%.6g")
-    click.echo(f"predicted {len(frame)} steps of {shape.name} on {hw.name}"
-               + (f"; against step_ms: {error_summary(frame['error'])}" if measured else ""))
+    click.echo(
+        f"predicted {len(frame)} steps of {shape.name} on {hw.name}"
+        + (f"; against step_ms: {error_summary(frame['error'])}" if measured else "")
+    )
     click.echo(f"wrote {out}")

@@ -38,17 +38,32 @@ from treeopt.selection import read_sweep, sweep_meta_path, sweep_samples_path
 from treeopt.tau import PROPOSAL_METHODS, load_tau_curves
 
 METHOD_OPTION = click.option(
-    "--method", type=click.Choice(PROPOSAL_METHODS), default="auto", show_default=True,
-    help="Proposal sequence: joint statistics when the table has them (auto), or Medusa's greedy.")
+    "--method",
+    type=click.Choice(PROPOSAL_METHODS),
+    default="auto",
+    show_default=True,
+    help="Proposal sequence: joint statistics when the table has them (auto), or Medusa's greedy.",
+)
 
 
 @click.command("train")
-@click.option("-o", "--out", "out_dir", type=click.Path(file_okay=False), default="demo_model", show_default=True,
-              help="Where to write the model (a folder in the current directory by default: the installed "
-                   "package is never written; copy the result over calibration/demo_model to replace the "
-                   "bundled one).")
-@click.option("--work-dir", type=click.Path(file_okay=False), default=None,
-              help="Checkpoints and tokenised corpus; an interrupted run resumes from here.")
+@click.option(
+    "-o",
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False),
+    default="demo_model",
+    show_default=True,
+    help="Where to write the model (a folder in the current directory by default: the installed "
+    "package is never written; copy the result over calibration/demo_model to replace the "
+    "bundled one).",
+)
+@click.option(
+    "--work-dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Checkpoints and tokenised corpus; an interrupted run resumes from here.",
+)
 @click.option("--base-steps", type=AtLeast(1), default=None, help="Base-model training steps.")
 @click.option("--head-steps", type=AtLeast(1), default=None, help="Medusa-head training steps.")
 @click.option("--seed", type=AtLeast(0), default=0, show_default=True)
@@ -68,14 +83,31 @@ def demo_train(out_dir, work_dir, base_steps, head_steps, seed, fresh) -> None:
 
 
 @click.command("train-draft")
-@click.option("-o", "--out", "out_dir", type=click.Path(file_okay=False), default="demo_draft", show_default=True,
-              help="Where to write the draft model (a folder in the current directory by default: the installed "
-                   "package is never written; copy the result over calibration/demo_model/draft to replace the "
-                   "bundled one).")
-@click.option("--target", "target_dir", type=click.Path(file_okay=False), default=None, metavar="DIR",
-              help="The model the draft learns from, with its tokenizer.json (default: the bundled demo model).")
-@click.option("--work-dir", type=click.Path(file_okay=False), default=None,
-              help="Checkpoints (default OUT/.work); an interrupted run resumes from here.")
+@click.option(
+    "-o",
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False),
+    default="demo_draft",
+    show_default=True,
+    help="Where to write the draft model (a folder in the current directory by default: the installed "
+    "package is never written; copy the result over calibration/demo_model/draft to replace the "
+    "bundled one).",
+)
+@click.option(
+    "--target",
+    "target_dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    metavar="DIR",
+    help="The model the draft learns from, with its tokenizer.json (default: the bundled demo model).",
+)
+@click.option(
+    "--work-dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Checkpoints (default OUT/.work); an interrupted run resumes from here.",
+)
 @click.option("--steps", type=AtLeast(1), default=None, help="Distillation steps.")
 @click.option("--seed", type=AtLeast(0), default=0, show_default=True)
 @click.option("--fresh", is_flag=True, help="Ignore checkpoints in --work-dir and start over.")
@@ -91,10 +123,13 @@ def demo_train_draft(out_dir, target_dir, work_dir, steps, seed, fresh) -> None:
     if steps:
         recipe = dataclasses.replace(recipe, steps=steps)
     out = Path(out_dir)
-    info = train_demo_draft(target, recipe, out_dir=out, work_dir=Path(work_dir) if work_dir else out / ".work",
-                            resume=not fresh)
-    click.echo(f"final KL {info['log'][-1]['kl']:.3f} after {info['log'][-1]['step']} steps; "
-               f"{info['params']} parameters; draft model in {out}")
+    info = train_demo_draft(
+        target, recipe, out_dir=out, work_dir=Path(work_dir) if work_dir else out / ".work", resume=not fresh
+    )
+    click.echo(
+        f"final KL {info['log'][-1]['kl']:.3f} after {info['log'][-1]['step']} steps; "
+        f"{info['params']} parameters; draft model in {out}"
+    )
 
 
 #: the most (batch, context) groups a sweep measures, and tree sizes in each: a sweep measures
@@ -112,42 +147,78 @@ def check_sweep_size(batches, contexts, sizes) -> None:
     configurations = groups * len(sizes)
     if groups > MAX_SWEEP_GROUPS or configurations > MAX_SWEEP_CONFIGURATIONS:
         hours = configurations * SECONDS_PER_CONFIGURATION / 3600
-        raise UserError(f"--batch x --context x --sizes: {len(batches)} x {len(contexts)} x {len(sizes)} = "
-                        f"{configurations:,} configurations in {groups:,} groups, about {hours:,.1f} hours or more "
-                        f"to measure (the limit is {MAX_SWEEP_GROUPS} groups and {MAX_SWEEP_CONFIGURATIONS} "
-                        "configurations); sweep fewer values")
+        raise UserError(
+            f"--batch x --context x --sizes: {len(batches)} x {len(contexts)} x {len(sizes)} = "
+            f"{configurations:,} configurations in {groups:,} groups, about {hours:,.1f} hours or more "
+            f"to measure (the limit is {MAX_SWEEP_GROUPS} groups and {MAX_SWEEP_CONFIGURATIONS} "
+            "configurations); sweep fewer values"
+        )
 
 
 @click.command("sweep")
 @apply(RUN_MODEL_OPTIONS)
 @click.option("--accuracy", required=True, metavar="FILE", help="Accuracy table (treeopt calibrate).")
 @METHOD_OPTION
-@click.option("--sizes", type=IntList(0), default="0,1,2,4,8,16,32,64", show_default=True,
-              help="Tree sizes (0 = plain decoding).")
+@click.option(
+    "--sizes", type=IntList(0), default="0,1,2,4,8,16,32,64", show_default=True, help="Tree sizes (0 = plain decoding)."
+)
 @click.option("--batch", "batches", type=IntList(1), default="1,2,4,8", show_default=True, help="Batch sizes.")
-@click.option("--context", "contexts", type=IntList(1), default="128,512", show_default=True,
-              help="Cached tokens per sequence.")
+@click.option(
+    "--context", "contexts", type=IntList(1), default="128,512", show_default=True, help="Cached tokens per sequence."
+)
 @click.option("--repeats", type=AtLeast(3), default=15, show_default=True, help="Timed rounds per configuration.")
-@click.option("--time-budget", type=FiniteAtLeast(0), default=60, show_default=True, metavar="SECONDS",
-              help="Extra time for more rounds where a cell is undecided or noisy (0: none).")
-@click.option("--hardware", default=None, metavar="NAME|FILE",
-              help="Profile for the prediction next to each measurement (e.g. from `treeopt hw calibrate`).")
+@click.option(
+    "--time-budget",
+    type=FiniteAtLeast(0),
+    default=60,
+    show_default=True,
+    metavar="SECONDS",
+    help="Extra time for more rounds where a cell is undecided or noisy (0: none).",
+)
+@click.option(
+    "--hardware",
+    default=None,
+    metavar="NAME|FILE",
+    help="Profile for the prediction next to each measurement (e.g. from `treeopt hw calibrate`).",
+)
 @click.option("--end-to-end", is_flag=True, help="Also measure tokens/s of the real decoder on prompts.")
 @click.option("--data", default=DEMO_VALIDATION, show_default=True, help="Prompts for --end-to-end.")
 @click.option("--max-new-tokens", type=AtLeast(1), default=32, show_default=True)
 @click.option("--topk", type=TOPK, default=10, show_default=True)
 @click.option("--resume", is_flag=True, help="Keep the (batch, context) groups already in OUTPUT.")
 @click.option("-o", "--output", required=True, metavar="FILE.csv")
-def sweep_cmd(model, heads, drafter, num_heads, device, dtype, threads, accuracy, method, sizes, batches, contexts,
-              repeats, time_budget, hardware, end_to_end, data, max_new_tokens, topk, resume, output):
+def sweep_cmd(
+    model,
+    heads,
+    drafter,
+    num_heads,
+    device,
+    dtype,
+    threads,
+    accuracy,
+    method,
+    sizes,
+    batches,
+    contexts,
+    repeats,
+    time_budget,
+    hardware,
+    end_to_end,
+    data,
+    max_new_tokens,
+    topk,
+    resume,
+    output,
+):
     """Measure one decoding step's latency for every tree size x batch x context on this
     machine (next to the roofline prediction), and the measured speedup tau * T(0) / T(n)."""
     fits = hardware is not None and 1 in batches and len(batches) > 1
     folder = Path(output).parent
-    check_outputs([output, sweep_meta_path(output), sweep_samples_path(output)]
-                  + ([folder / "fitted_hardware.json", folder / "fit_transfer.csv", folder / "fit_transfer.md"]
-                     if fits else []),
-                  input_files(accuracy, hardware, model, heads, data if end_to_end else None))
+    check_outputs(
+        [output, sweep_meta_path(output), sweep_samples_path(output)]
+        + ([folder / "fitted_hardware.json", folder / "fit_transfer.csv", folder / "fit_transfer.md"] if fits else []),
+        input_files(accuracy, hardware, model, heads, data if end_to_end else None),
+    )
     check_sweep_size(batches, contexts, sizes)
     settings = SweepSettings(sizes, batches, contexts, repeats=repeats, topk=topk, time_budget_s=time_budget)
     table, tau = load_tau_curves(accuracy, max(sizes), method=method)
@@ -171,20 +242,42 @@ def sweep_cmd(model, heads, drafter, num_heads, device, dtype, threads, accuracy
 @click.command("validate")
 @apply(RUN_MODEL_OPTIONS)
 @click.option("--accuracy", required=True, metavar="FILE", help="Accuracy table the predictions come from.")
-@click.option("--sweep", "sweep_file", default=None, metavar="FILE.csv",
-              help="A sweep with predictions (treeopt sweep --hardware): checks the latency model too.")
+@click.option(
+    "--sweep",
+    "sweep_file",
+    default=None,
+    metavar="FILE.csv",
+    help="A sweep with predictions (treeopt sweep --hardware): checks the latency model too.",
+)
 @METHOD_OPTION
-@click.option("--data", default=DEMO_VALIDATION, show_default=True,
-              help="Prompts disjoint from the calibration prompts.")
+@click.option(
+    "--data", default=DEMO_VALIDATION, show_default=True, help="Prompts disjoint from the calibration prompts."
+)
 @click.option("--sizes", type=IntList(1), default="1,2,4,8,16,32,64", show_default=True)
 @click.option("--max-new-tokens", type=AtLeast(1), default=32, show_default=True)
 @click.option("--batch-size", type=AtLeast(1), default=8, show_default=True)
 @click.option("--max-prompts", type=AtLeast(1), default=None)
 @click.option("--topk", type=TOPK, default=10, show_default=True)
 @click.option("-o", "--output", default=None, metavar="DIR", help="Write validation CSVs and plots here.")
-def validate_cmd(model, heads, drafter, num_heads,
-                 device, dtype, threads, accuracy, sweep_file, method, data, sizes, max_new_tokens,
-                 batch_size, max_prompts, topk, output):
+def validate_cmd(
+    model,
+    heads,
+    drafter,
+    num_heads,
+    device,
+    dtype,
+    threads,
+    accuracy,
+    sweep_file,
+    method,
+    data,
+    sizes,
+    max_new_tokens,
+    batch_size,
+    max_prompts,
+    topk,
+    output,
+):
     """Measured tokens per step of the decoder against tau predicted from the accuracy table,
     and measured step-latency ratios against the roofline, with relative errors."""
     check_outputs(inputs=input_files(accuracy, sweep_file, data, model, heads), folders=[output])
@@ -195,38 +288,90 @@ def validate_cmd(model, heads, drafter, num_heads,
     # the CSVs and plots land together or not at all
     folder = atomic_folder(output) if output is not None else contextlib.nullcontext()
     with torch_threads(lm.model, lm.device, threads), folder as out_dir:
-        result = validate(lm, tau, sizes, data, sweep_df=sweep_df, max_new_tokens=max_new_tokens,
-                          batch_size=batch_size, max_prompts=max_prompts, topk=topk, out_dir=out_dir)
+        result = validate(
+            lm,
+            tau,
+            sizes,
+            data,
+            sweep_df=sweep_df,
+            max_new_tokens=max_new_tokens,
+            batch_size=batch_size,
+            max_prompts=max_prompts,
+            topk=topk,
+            out_dir=out_dir,
+        )
     click.echo(format_validation(result))
 
 
 @click.command("run")
 @apply(RUN_MODEL_OPTIONS)
-@click.option("--data", default=None, metavar="demo|FILE|DIR",
-              help="Calibration prompts (required, except for the demo model).")
-@click.option("--validation-data", default=None, metavar="FILE",
-              help="Held-out prompts for validation (JSON lines), disjoint from --data (required, except for "
-                   "the demo model).")
-@click.option("--batch", "batches", type=IntList(1), default="1,2,4,8", show_default=True,
-              help="Batch sizes to sweep.")
-@click.option("--context", "contexts", type=IntList(1), default="128,512", show_default=True,
-              help="Context lengths to sweep.")
-@click.option("--sizes", type=IntList(0), default="0,1,2,4,8,16,32,64", show_default=True,
-              help="Tree sizes to sweep.")
+@click.option(
+    "--data", default=None, metavar="demo|FILE|DIR", help="Calibration prompts (required, except for the demo model)."
+)
+@click.option(
+    "--validation-data",
+    default=None,
+    metavar="FILE",
+    help="Held-out prompts for validation (JSON lines), disjoint from --data (required, except for the demo model).",
+)
+@click.option("--batch", "batches", type=IntList(1), default="1,2,4,8", show_default=True, help="Batch sizes to sweep.")
+@click.option(
+    "--context", "contexts", type=IntList(1), default="128,512", show_default=True, help="Context lengths to sweep."
+)
+@click.option("--sizes", type=IntList(0), default="0,1,2,4,8,16,32,64", show_default=True, help="Tree sizes to sweep.")
 @click.option("--repeats", type=AtLeast(3), default=10, show_default=True)
-@click.option("--time-budget", type=FiniteAtLeast(0), default=60, show_default=True, metavar="SECONDS",
-              help="Extra sweep time for more rounds where a cell is undecided or noisy (0: none).")
-@click.option("--steps", type=AtLeast(2), default=32, show_default=True,
-              help="Tokens generated per prompt (calibration and validation).")
+@click.option(
+    "--time-budget",
+    type=FiniteAtLeast(0),
+    default=60,
+    show_default=True,
+    metavar="SECONDS",
+    help="Extra sweep time for more rounds where a cell is undecided or noisy (0: none).",
+)
+@click.option(
+    "--steps",
+    type=AtLeast(2),
+    default=32,
+    show_default=True,
+    help="Tokens generated per prompt (calibration and validation).",
+)
 @click.option("--quick", is_flag=True, help="Quick hardware calibration and fewer validation prompts.")
-@click.option("--engine", type=click.Choice(ENGINE_NAMES), default=None,
-              help="Proposal trees from this engine's family; index.md gives each cell's line for it.")
-@click.option("--mix", "mix", default=None, metavar="FILE.csv|SPEC",
-              help="Also choose one tree for this traffic mix over the swept cells (CSV batch,context,weight "
-                   "or '1@128:0.5,8@512:0.5').")
+@click.option(
+    "--engine",
+    type=click.Choice(ENGINE_NAMES),
+    default=None,
+    help="Proposal trees from this engine's family; index.md gives each cell's line for it.",
+)
+@click.option(
+    "--mix",
+    "mix",
+    default=None,
+    metavar="FILE.csv|SPEC",
+    help="Also choose one tree for this traffic mix over the swept cells (CSV batch,context,weight "
+    "or '1@128:0.5,8@512:0.5').",
+)
 @click.option("-o", "--output", default="reports/run", show_default=True, metavar="DIR")
-def run_cmd(model, heads, drafter, num_heads, device, dtype, threads, data, validation_data, batches, contexts, sizes,
-            repeats, time_budget, steps, quick, engine, mix, output):
+def run_cmd(
+    model,
+    heads,
+    drafter,
+    num_heads,
+    device,
+    dtype,
+    threads,
+    data,
+    validation_data,
+    batches,
+    contexts,
+    sizes,
+    repeats,
+    time_budget,
+    steps,
+    quick,
+    engine,
+    mix,
+    output,
+):
     """The main job: calibrate -> build trees -> calibrate the hardware profile -> predict ->
     sweep -> select -> validate -> report. Stages already done in DIR are kept, so an
     interrupted run continues where it stopped."""
@@ -238,11 +383,27 @@ def run_cmd(model, heads, drafter, num_heads, device, dtype, threads, data, vali
         check_prompt_source(data, "--data")
     if validation_data is not None:
         load_prompt_texts(validation_data)
-    settings = RunSettings(model=model, heads=heads, drafter=drafter, num_heads=num_heads,
-                           data=data, validation_data=validation_data,
-                           device=device, dtype=dtype, steps=steps, sizes=sizes, max_nodes=max(max(sizes), 1),
-                           batches=batches, contexts=contexts, repeats=repeats, time_budget_s=time_budget,
-                           validation_sizes=tuple(n for n in sizes if n > 0) or (1,),
-                           hw_quick=quick, threads=threads, validation_prompts=32 if quick else None,
-                           engine=engine, mix=mix)
+    settings = RunSettings(
+        model=model,
+        heads=heads,
+        drafter=drafter,
+        num_heads=num_heads,
+        data=data,
+        validation_data=validation_data,
+        device=device,
+        dtype=dtype,
+        steps=steps,
+        sizes=sizes,
+        max_nodes=max(max(sizes), 1),
+        batches=batches,
+        contexts=contexts,
+        repeats=repeats,
+        time_budget_s=time_budget,
+        validation_sizes=tuple(n for n in sizes if n > 0) or (1,),
+        hw_quick=quick,
+        threads=threads,
+        validation_prompts=32 if quick else None,
+        engine=engine,
+        mix=mix,
+    )
     run_main_job(output, settings, log=lambda m: click.echo(m, err=True))

@@ -58,7 +58,6 @@ def check_outputs(outputs: Iterable = (), inputs: Iterable = (), folders: Iterab
     check_writable(files + [d / _PROBE_NAME for d in dirs])
 
 
-
 def require_file(path, option: str) -> None:
     """UserError naming `option` when `path` is not a readable file (missing or a folder)."""
     if path is None:

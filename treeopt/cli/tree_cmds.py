@@ -127,28 +127,63 @@ def _display_name(name: str, width: int = 28) -> str:
 
 
 @click.command("build")
-@click.option("--accuracy", "accuracy_path", metavar="FILE",
-              help="[required] Accuracy table: treeopt.accuracy/v1 JSON, per-rank matrix JSON, or cumulative top-k CSV.")
+@click.option(
+    "--accuracy",
+    "accuracy_path",
+    metavar="FILE",
+    help="[required] Accuracy table: treeopt.accuracy/v1 JSON, per-rank matrix JSON, or cumulative top-k CSV.",
+)
 @click.option("--csv-model", metavar="NAME", help="Row set of a multi-model CSV (e.g. vicuna-7b).")
-@click.option("--nodes", metavar="N", type=AtLeast(1),
-              help="[required without --tree] Tree size (tokens per step = N + 1).")
-@click.option("--tree", "tree_spec", metavar="TREE",
-              help="Re-export this tree instead of building one (a reference name, a JSON file, a list literal, "
-                   "or a selection cell such as selection.json:batch=8,context=1024 or selection.json:mix).")
-@click.option("--method", default="greedy", show_default=True, type=click.Choice(METHODS),
-              help="Medusa's greedy, the exact optimum under independent heads, or the most frequent joint prefixes.")
+@click.option(
+    "--nodes", metavar="N", type=AtLeast(1), help="[required without --tree] Tree size (tokens per step = N + 1)."
+)
+@click.option(
+    "--tree",
+    "tree_spec",
+    metavar="TREE",
+    help="Re-export this tree instead of building one (a reference name, a JSON file, a list literal, "
+    "or a selection cell such as selection.json:batch=8,context=1024 or selection.json:mix).",
+)
+@click.option(
+    "--method",
+    default="greedy",
+    show_default=True,
+    type=click.Choice(METHODS),
+    help="Medusa's greedy, the exact optimum under independent heads, or the most frequent joint prefixes.",
+)
 @click.option("--max-depth", metavar="D", type=AtLeast(1), help="Deepest level (default: the number of heads).")
-@click.option("--max-children", metavar="W[,W...]", type=Widths(),
-              help="Ranks allowed per depth (< W), one value for all depths or one per depth.")
-@click.option("--engine", type=click.Choice(ENGINE_NAMES), default=None,
-              help="Search only the trees this engine drafts as written, and end with the line it takes.")
-@click.option("--heads", "engine_heads", metavar="K", type=AtLeast(1), default=None,
-              help="With --engine: the draft heads the engine runs [default: the table's].")
-@click.option("--format", "fmt", default="text", show_default=True, type=click.Choice(FORMATS + ("engine",)),
-              help="Output format; 'engine': only what --engine takes.")
+@click.option(
+    "--max-children",
+    metavar="W[,W...]",
+    type=Widths(),
+    help="Ranks allowed per depth (< W), one value for all depths or one per depth.",
+)
+@click.option(
+    "--engine",
+    type=click.Choice(ENGINE_NAMES),
+    default=None,
+    help="Search only the trees this engine drafts as written, and end with the line it takes.",
+)
+@click.option(
+    "--heads",
+    "engine_heads",
+    metavar="K",
+    type=AtLeast(1),
+    default=None,
+    help="With --engine: the draft heads the engine runs [default: the table's].",
+)
+@click.option(
+    "--format",
+    "fmt",
+    default="text",
+    show_default=True,
+    type=click.Choice(FORMATS + ("engine",)),
+    help="Output format; 'engine': only what --engine takes.",
+)
 @click.option("-o", "--output", metavar="FILE", help="Write to FILE instead of stdout.")
-def build_cmd(accuracy_path, csv_model, nodes, tree_spec, method, max_depth, max_children, engine, engine_heads, fmt,
-              output):
+def build_cmd(
+    accuracy_path, csv_model, nodes, tree_spec, method, max_depth, max_children, engine, engine_heads, fmt, output
+):
     """Build a tree of N nodes from an accuracy table (or, with --tree, write a given tree in
     another format)."""
     check_outputs([output], input_files(accuracy_path, tree_spec))
@@ -171,8 +206,11 @@ def build_cmd(accuracy_path, csv_model, nodes, tree_spec, method, max_depth, max
         tree = build_tree(table, nodes, method, max_depth=max_depth, max_children=max_children)
     joint = method == "joint"
     tau = expected_tokens(tree, table, joint=joint)
-    paste = (export_for(target, tree, heads=engine_heads or table.num_heads, accuracy=table.accuracy)
-             if target is not None else None)
+    paste = (
+        export_for(target, tree, heads=engine_heads or table.num_heads, accuracy=table.accuracy)
+        if target is not None
+        else None
+    )
     if fmt == "engine":
         text = paste.text
     elif fmt != "text":
@@ -187,7 +225,10 @@ def build_cmd(accuracy_path, csv_model, nodes, tree_spec, method, max_depth, max
         if table.joint is not None and not joint:
             head += f"tau under the table's joint statistics: {expected_tokens(tree, table, joint=True):.4f}\n"
         drawing = format_tree(
-            tree, "text", tau=tau, values=node_values(tree, table, joint=joint),
+            tree,
+            "text",
+            tau=tau,
+            values=node_values(tree, table, joint=joint),
             ascii=output is None and not _can_draw_unicode(),
         )
         if paste is None:
@@ -208,12 +249,20 @@ def _export_given_tree(tree_spec, accuracy_path, csv_model, nodes, fmt, output):
         text = format_tree(tree, fmt, tau=tau, provenance=table.provenance if table is not None else None)
     else:
         values = node_values(tree, table, strict=False) if table is not None else None
-        head = f"{tree.name}: {tree.size} nodes, depth {tree.depth}" + (
-            f", tau = {tau:.4f} expected tokens per step ({_table_label(table)}, independent heads)"
-            if tau is not None else "") + "\n"
-        text = (head + format_tree(tree, "text", tau=tau, values=values,
-                                   ascii=output is None and not _can_draw_unicode())
-                + f"medusa_choices = {tree.to_choices()}\n")
+        head = (
+            f"{tree.name}: {tree.size} nodes, depth {tree.depth}"
+            + (
+                f", tau = {tau:.4f} expected tokens per step ({_table_label(table)}, independent heads)"
+                if tau is not None
+                else ""
+            )
+            + "\n"
+        )
+        text = (
+            head
+            + format_tree(tree, "text", tau=tau, values=values, ascii=output is None and not _can_draw_unicode())
+            + f"medusa_choices = {tree.to_choices()}\n"
+        )
     _emit(text, output, f" ({tree.size} nodes)")
 
 
@@ -266,7 +315,9 @@ def show_cmd(tree_spec, accuracy_path, csv_model, topk, num_heads, as_json):
 @click.command("buffers")
 @click.argument("tree_spec", metavar="TREE")
 @click.option("--topk", default=10, show_default=True, metavar="K", type=TOPK, help="Candidates per head (TOPK).")
-@click.option("--json", "as_json", is_flag=True, help="JSON: attention_mask, position_ids, tree_indices, retrieve_indices.")
+@click.option(
+    "--json", "as_json", is_flag=True, help="JSON: attention_mask, position_ids, tree_indices, retrieve_indices."
+)
 @click.option("-o", "--output", metavar="FILE", help="Write to FILE instead of stdout.")
 def buffers_cmd(tree_spec, topk, as_json, output):
     """Medusa's verification buffers for TREE (token 0 the root, nodes in (depth, path) order)."""
@@ -295,10 +346,18 @@ def buffers_cmd(tree_spec, topk, as_json, output):
 @click.argument("tree_specs", metavar="TREE...", nargs=-1)
 @click.option("--accuracy", "accuracy_path", metavar="FILE", help="[required] Accuracy table used for every tree.")
 @click.option("--csv-model", metavar="NAME", help="Row set of a multi-model CSV.")
-@click.option("--nodes", metavar="N", type=AtLeast(1),
-              help="Truncate each tree to its first N nodes; size of the trees built by greedy/optimal/joint.")
-@click.option("--engine", type=click.Choice(ENGINE_NAMES), default=None,
-              help="Build greedy/optimal/joint within this engine's family; add what it drafts of each tree.")
+@click.option(
+    "--nodes",
+    metavar="N",
+    type=AtLeast(1),
+    help="Truncate each tree to its first N nodes; size of the trees built by greedy/optimal/joint.",
+)
+@click.option(
+    "--engine",
+    type=click.Choice(ENGINE_NAMES),
+    default=None,
+    help="Build greedy/optimal/joint within this engine's family; add what it drafts of each tree.",
+)
 @click.option("--json", "as_json", is_flag=True, help="The comparison as JSON.")
 def compare_cmd(tree_specs, accuracy_path, csv_model, nodes, engine, as_json):
     """tau of each TREE under one accuracy table, side by side.
@@ -349,47 +408,91 @@ def compare_cmd(tree_specs, accuracy_path, csv_model, nodes, engine, as_json):
     cols = ["nodes", "depth", "leaves", "tau"] + (["tau_joint"] if table.joint is not None else [])
     if target is not None:
         cols += ["as_written", "drafted", "tau_drafted"]
-    click.echo(f"accuracy: {_table_label(table)}: {table.num_heads} heads, width {table.width}; "
-               "tau = expected tokens per step" + (" (independent heads; tau_joint from joint statistics)"
-                                                   if table.joint is not None else " (independent heads)")
-               + (f"; as_written, drafted, tau_drafted: what {target.name} drafts" if target is not None else ""))
-    click.echo(text_table(["<tree"] + cols, [[_display_name(r["tree"])] + [
-        f"{r[c]:.4f}" if c.startswith("tau") else r[c] for c in cols] for r in rows],
-        ascii=not _can_draw_unicode()), nl=False)
+    click.echo(
+        f"accuracy: {_table_label(table)}: {table.num_heads} heads, width {table.width}; "
+        "tau = expected tokens per step"
+        + (
+            " (independent heads; tau_joint from joint statistics)"
+            if table.joint is not None
+            else " (independent heads)"
+        )
+        + (f"; as_written, drafted, tau_drafted: what {target.name} drafts" if target is not None else "")
+    )
+    click.echo(
+        text_table(
+            ["<tree"] + cols,
+            [[_display_name(r["tree"])] + [f"{r[c]:.4f}" if c.startswith("tau") else r[c] for c in cols] for r in rows],
+            ascii=not _can_draw_unicode(),
+        ),
+        nl=False,
+    )
     if notes:
         click.echo("\n".join(notes))
 
 
 @click.command("select")
 @click.option("--sweep", "sweep_file", default=None, metavar="FILE.csv", help="A sweep from `treeopt sweep`.")
-@click.option("--grid", "grid_file", default=None, metavar="FILE.csv",
-              help="Or a predicted grid from `treeopt roofline speedup` (needs --accuracy).")
-@click.option("--accuracy", default=None, metavar="FILE",
-              help="With --grid: the table whose proposal sequence the grid used.")
+@click.option(
+    "--grid",
+    "grid_file",
+    default=None,
+    metavar="FILE.csv",
+    help="Or a predicted grid from `treeopt roofline speedup` (needs --accuracy).",
+)
+@click.option(
+    "--accuracy", default=None, metavar="FILE", help="With --grid: the table whose proposal sequence the grid used."
+)
 @click.option("--csv-model", default=None, metavar="NAME", help="With --grid: row set of a multi-model accuracy CSV.")
-@click.option("--by", type=click.Choice(["measured", "predicted"]), default="measured", show_default=True,
-              help="Select by the measured speedup or by the roofline prediction stored in the sweep.")
-@click.option("--threshold", type=float, default=1.0, show_default=True,
-              help="A tree must beat this speedup, else no speculation.")
-@click.option("--engine", type=click.Choice(ENGINE_NAMES), default=None,
-              help="Add each cell's tree as the line this engine takes (engine_line); SGLang needs --accuracy.")
-@click.option("--mix", "mix_spec", default=None, metavar="FILE.csv|SPEC",
-              help="Also choose one tree for this traffic mix: a CSV batch,context,weight or inline "
-                   "'1:0.5,8:0.3,32@2048:0.2' (BATCH[@CONTEXT]:WEIGHT).")
+@click.option(
+    "--by",
+    type=click.Choice(["measured", "predicted"]),
+    default="measured",
+    show_default=True,
+    help="Select by the measured speedup or by the roofline prediction stored in the sweep.",
+)
+@click.option(
+    "--threshold",
+    type=float,
+    default=1.0,
+    show_default=True,
+    help="A tree must beat this speedup, else no speculation.",
+)
+@click.option(
+    "--engine",
+    type=click.Choice(ENGINE_NAMES),
+    default=None,
+    help="Add each cell's tree as the line this engine takes (engine_line); SGLang needs --accuracy.",
+)
+@click.option(
+    "--mix",
+    "mix_spec",
+    default=None,
+    metavar="FILE.csv|SPEC",
+    help="Also choose one tree for this traffic mix: a CSV batch,context,weight or inline "
+    "'1:0.5,8:0.3,32@2048:0.2' (BATCH[@CONTEXT]:WEIGHT).",
+)
 @click.option("-o", "--output", default=None, metavar="FILE.json", help="Selection JSON [default: stdout].")
 def select_cmd(sweep_file, grid_file, accuracy, csv_model, by, threshold, engine, mix_spec, output):
     """Pick the best tree per (batch, context): from a measured sweep, or from predictions
     alone for hardware you don't have."""
     if (sweep_file is None) == (grid_file is None):
         raise UserError("select: give exactly one of --sweep or --grid")
-    sweep_inputs = ([sweep_file, sweep_meta_path(sweep_file), sweep_samples_path(sweep_file)]
-                    if sweep_file is not None else [])
+    sweep_inputs = (
+        [sweep_file, sweep_meta_path(sweep_file), sweep_samples_path(sweep_file)] if sweep_file is not None else []
+    )
     check_outputs([output], input_files(*sweep_inputs, grid_file, accuracy, mix_spec))
     if sweep_file is not None:
         df, meta = read_sweep(sweep_file)
-        doc = select(df, proposal_from_meta(meta, str(sweep_file)), by=by, threshold=threshold,
-                     hardware=meta.get("hardware", meta.get("device", "")), model=meta.get("model", ""),
-                     samples=read_round_samples(sweep_samples_path(sweep_file)), threads=meta.get("threads"))
+        doc = select(
+            df,
+            proposal_from_meta(meta, str(sweep_file)),
+            by=by,
+            threshold=threshold,
+            hardware=meta.get("hardware", meta.get("device", "")),
+            model=meta.get("model", ""),
+            samples=read_round_samples(sweep_samples_path(sweep_file)),
+            threads=meta.get("threads"),
+        )
     else:
         doc = selection_from_grid_file(grid_file, accuracy, csv_model=csv_model, threshold=threshold)
     if engine is not None:
@@ -423,19 +526,31 @@ def _add_engine_lines(doc: dict, engine, accuracy, csv_model) -> None:
         tree = make_tree(cell["medusa_choices"], source=f"cell batch={cell['batch']},context={cell['context']}")
         drafted = check(tree, engine, heads=heads, accuracy=acc)
         if not drafted.as_written:
-            raise UserError(f"--engine {engine.name}: {tree.name}: not drafted as written ({drafted.reason}); "
-                            f"build the sweep or grid with --engine {engine.name}")
+            raise UserError(
+                f"--engine {engine.name}: {tree.name}: not drafted as written ({drafted.reason}); "
+                f"build the sweep or grid with --engine {engine.name}"
+            )
         cell["engine_line"] = export_for(engine, tree, heads=heads, accuracy=acc).line
 
 
 @click.command("check")
 @click.argument("tree_spec", metavar="TREE")
 @click.option("--engine", required=True, type=click.Choice(ENGINE_NAMES), help="The engine that gets the tree.")
-@click.option("--accuracy", "accuracy_path", metavar="FILE",
-              help="Accuracy table: tau of the tree and of what the engine drafts (SGLang needs it).")
+@click.option(
+    "--accuracy",
+    "accuracy_path",
+    metavar="FILE",
+    help="Accuracy table: tau of the tree and of what the engine drafts (SGLang needs it).",
+)
 @click.option("--csv-model", metavar="NAME", help="Row set of a multi-model CSV.")
-@click.option("--heads", "engine_heads", metavar="K", type=AtLeast(1), default=None,
-              help="Draft heads the engine runs [default: the table's, else unbounded].")
+@click.option(
+    "--heads",
+    "engine_heads",
+    metavar="K",
+    type=AtLeast(1),
+    default=None,
+    help="Draft heads the engine runs [default: the table's, else unbounded].",
+)
 @click.option("--topk", metavar="K", type=TOPK, default=None, help="treeopt's decoder: candidates per head.")
 @click.option("--json", "as_json", is_flag=True, help="The answer as JSON.")
 def check_cmd(tree_spec, engine, accuracy_path, csv_model, engine_heads, topk, as_json):
@@ -447,30 +562,50 @@ def check_cmd(tree_spec, engine, accuracy_path, csv_model, engine_heads, topk, a
     result = check(tree, target, heads=heads, accuracy=table.accuracy if table is not None else None)
     taus = {}
     if table is not None:
-        taus = {"tau": expected_tokens(tree, table, strict=False),
-                "tau_drafted": expected_tokens(result.drafted, table, strict=False)}
+        taus = {
+            "tau": expected_tokens(tree, table, strict=False),
+            "tau_drafted": expected_tokens(result.drafted, table, strict=False),
+        }
     paste = None
     if result.as_written:
         paste = export_for(target, tree, heads=heads, accuracy=table.accuracy if table is not None else None)
     if as_json:
-        doc = {"tree": tree.name, "engine": target.name, "as_written": result.as_written, "refused": result.refused,
-               "reason": result.reason, "nodes": tree.size, "drafted_nodes": result.drafted.size,
-               "drafted": result.drafted.to_choices(), **taus, "paste": paste.line if paste else None}
+        doc = {
+            "tree": tree.name,
+            "engine": target.name,
+            "as_written": result.as_written,
+            "refused": result.refused,
+            "reason": result.reason,
+            "nodes": tree.size,
+            "drafted_nodes": result.drafted.size,
+            "drafted": result.drafted.to_choices(),
+            **taus,
+            "paste": paste.line if paste else None,
+        }
         if result.triple is not None:
             doc["sglang_flags"] = list(result.triple)
         click.echo(compact_json(doc), nl=False)
         return
-    verdict = ("drafts it as written" if result.as_written else
-               "refuses it" if result.refused else "does NOT draft it as written")
+    verdict = (
+        "drafts it as written"
+        if result.as_written
+        else "refuses it"
+        if result.refused
+        else "does NOT draft it as written"
+    )
     lines = [f"{tree.name}: {tree.size} nodes; {target.title} {verdict}", f"  {result.reason}"]
     if not result.as_written:
         lines.append(f"  drafted instead: {result.drafted.size} nodes {result.drafted.to_choices()}")
     if taus:
-        lines.append(f"  tau = {taus['tau']:.4f} as written, {taus['tau_drafted']:.4f} as drafted "
-                     f"({_table_label(table)}, independent heads)")
+        lines.append(
+            f"  tau = {taus['tau']:.4f} as written, {taus['tau_drafted']:.4f} as drafted "
+            f"({_table_label(table)}, independent heads)"
+        )
     if paste is not None:
         lines.append(paste.text.rstrip("\n"))
     click.echo("\n".join(lines))
+
+
 def _mix_for_selection(mix_spec, sweep_file, grid_file, accuracy, csv_model, by, threshold) -> dict:
     """The selection's `mix` section from the same sweep or grid the cells came from."""
     mix = parse_mix(mix_spec)
