@@ -45,8 +45,8 @@ def calibrate_hardware(
     threads: int | None = None,
 ) -> HardwareProfile:
     """Measure `device` for `model` (a ModelShape or a model spec: demo, a built-in name, a
-    config.json or directory) and return the profile. dtype: the compute dtype (default fp32 on CPU, bf16 on CUDA). quick: fewer row
-    counts and rounds (seconds instead of about a minute; still usable). validate: compare
+    config.json or directory) and return the profile. dtype: the compute dtype (default fp32 on
+    CPU, bf16 on CUDA). quick: fewer row counts and rounds (seconds instead of about a minute; still usable). validate: compare
     with full-model forwards (models of at most SMALL_MODEL_PARAMS parameters). threads: torch
     CPU threads while measuring (default: torch's setting). progress: a bar on stderr."""
     shape = model if isinstance(model, ModelShape) else shape_of(model)
