@@ -46,9 +46,10 @@ def calibrate_hardware(
 ) -> HardwareProfile:
     """Measure `device` for `model` (a ModelShape or a model spec: demo, a built-in name, a
     config.json or directory) and return the profile. dtype: the compute dtype (default fp32 on
-    CPU, bf16 on CUDA). quick: fewer row counts and rounds (seconds instead of about a minute; still usable). validate: compare
-    with full-model forwards (models of at most SMALL_MODEL_PARAMS parameters). threads: torch
-    CPU threads while measuring (default: torch's setting). progress: a bar on stderr."""
+    CPU, bf16 on CUDA). quick: fewer row counts and rounds (seconds instead of about a minute;
+    still usable). validate: compare with full-model forwards (models of at most
+    SMALL_MODEL_PARAMS parameters). threads: torch CPU threads while measuring (default:
+    torch's setting). progress: a bar on stderr."""
     shape = model if isinstance(model, ModelShape) else shape_of(model)
     if device not in ("cpu", "cuda") and not str(device).startswith("cuda:"):
         raise UserError(f"--device: must be cpu or cuda, got '{device}'")

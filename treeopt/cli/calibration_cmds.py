@@ -23,6 +23,7 @@ from treeopt.cli.options import DRAFTER_OPTION, AtLeast
 from treeopt.cli.safety import check_outputs, input_files
 from treeopt.errors import UserError
 from treeopt.export import text_table
+from treeopt.layout import default_heads_dir
 
 _RUN_OPTIONS = (
     "model",
@@ -349,7 +350,7 @@ def hw_calibrate(device, model, dtype, threads, quick, name, no_validate, engine
     terms of a speculative step with treeopt's decoder) and write a hardware profile the other
     commands accept as --hardware."""
     check_outputs([out or f"hardware-{device}.json"], input_files(model))
-    loadable = is_demo(model) or Path(str(model)).is_dir()
+    loadable = is_demo(model) or _runnable_with_drafter(Path(str(model)))
     if engine_terms and not loadable:
         raise UserError("--engine-terms: needs a model to run (demo or a model directory), not a built-in shape")
     prof = calibrate_hardware(
@@ -401,3 +402,13 @@ def hw_calibrate(device, model, dtype, threads, quick, name, no_validate, engine
     for note in cal.get("notes", []):
         click.echo(f"  note: {note}")
     click.echo(f"wrote {out} ({cal['seconds']:.0f} s)")
+
+
+def _runnable_with_drafter(model_dir: Path) -> bool:
+    """A model directory holding weights and a drafter beside them: the decoder can run it."""
+    weights = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+    return (
+        model_dir.is_dir()
+        and default_heads_dir(model_dir) is not None
+        and any((model_dir / name).is_file() for name in weights)
+    )
