@@ -27,6 +27,7 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
+from calibration.batching import label_rows, pad_left
 from calibration.drafters.base import select_rows
 from treeopt.errors import UserError
 
@@ -35,21 +36,6 @@ LABEL_MODES = ("greedy", "data")
 #: logits elements (rows x vocabulary) materialised at once when ranking: 16 MB of fp32 on a
 #: CPU (stays in cache), 256 MB on an accelerator (fewer, larger kernels)
 CHUNK_ELEMENTS = {"cpu": 1 << 22, "other": 1 << 26}
-
-
-def pad_left(seqs, pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Left-pad token lists -> input_ids, attention_mask, position_ids (B, T) on `device`."""
-    lengths = [len(s) for s in seqs]
-    width = max(lengths)
-    ids = np.full((len(seqs), width), pad_id, np.int64)
-    mask = np.zeros((len(seqs), width), np.int64)
-    for i, s in enumerate(seqs):
-        ids[i, width - len(s) :] = s
-        mask[i, width - len(s) :] = 1
-    ids_t = torch.from_numpy(ids).to(device)
-    mask_t = torch.from_numpy(mask).to(device)
-    pos_t = (mask_t.cumsum(-1) - 1).clamp_(min=0)
-    return ids_t, mask_t, pos_t
 
 
 def _logits_to_keep_kwarg(model) -> dict:
@@ -113,23 +99,6 @@ def decoder_body(model):
     if body is None:
         raise UserError(f"{type(model).__name__}: cannot find the decoder body (no get_decoder())")
     return body
-
-
-def label_rows(lengths, starts, num_heads: int):
-    """Index the counted positions of a batch of sequences.
-
-    lengths[i] = L_i, starts[i] = first counted position. Rows are the positions
-    t = start_i .. L_i - 3 (where head 0 has a label), sequence by sequence. Returns (seq, t)
-    int64 arrays and the (N, K) bool matrix `has_label` (t + k + 2 <= L_i - 1).
-    """
-    lengths = np.asarray(lengths, np.int64)
-    starts = np.asarray(starts, np.int64)
-    nrows = np.maximum(lengths - 2 - starts, 0)
-    seq = np.repeat(np.arange(len(lengths)), nrows)
-    first = np.cumsum(nrows) - nrows
-    t = starts[seq] + np.arange(int(nrows.sum())) - first[seq]
-    has = (t[:, None] + np.arange(num_heads)[None, :] + 2) <= (lengths[seq] - 1)[:, None]
-    return seq, t, has
 
 
 @torch.inference_mode()

@@ -104,3 +104,29 @@ def test_tree_and_roofline_commands_do_not_load_torch(module):
     code = f"import sys, {module}; print(sorted(m for m in {HEAVY!r} if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_every_calibration_module_imports_first():
+    """Whichever calibration module a user imports first must load (an import cycle only shows
+    when one of its modules is imported before the others). One interpreter loads the heavy
+    libraries, then a forked child per module imports that module first."""
+    modules = [m for m, _ in _modules() if m.startswith("calibration.")]
+    code = (
+        "import importlib, os, sys, traceback\n"
+        "import numpy, pandas, scipy, torch, transformers\n"
+        "failed = []\n"
+        "for name in sys.argv[1:]:\n"
+        "    pid = os.fork()\n"
+        "    if pid == 0:\n"
+        "        try:\n"
+        "            importlib.import_module(name)\n"
+        "        except BaseException:\n"
+        "            traceback.print_exc(limit=1)\n"
+        "            os._exit(1)\n"
+        "        os._exit(0)\n"
+        "    if os.waitpid(pid, 0)[1]:\n"
+        "        failed.append(name)\n"
+        "print(' '.join(failed))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code, *modules], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0 and proc.stdout.strip() == "", proc.stdout + proc.stderr

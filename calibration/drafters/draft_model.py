@@ -23,8 +23,8 @@ import numpy as np
 import torch
 from transformers import AutoModelForCausalLM
 
+from calibration.batching import label_rows, pad_left
 from calibration.drafters.base import Drafter
-from calibration.labels import label_rows, pad_left
 from treeopt.chain import ChainAcceptance
 from treeopt.errors import UserError
 
