@@ -227,3 +227,30 @@ def test_a_second_run_into_the_same_folder_fails_at_once(capsys, tmp_path):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "is being written by another treeopt process" in err[0]
     assert not (out / "accuracy.json").exists()
+
+
+@pytest.mark.parametrize("command", ["sweep", "validate"])
+def test_a_drafter_shallower_than_the_proposal_is_one_line(capsys, tmp_path, command):
+    """A table calibrated for deeper heads than the loaded drafter: one line naming --heads, at
+    once after the model loads, and nothing written."""
+    from calibration.models import tiny_model_for_tests
+
+    model = tiny_model_for_tests(tmp_path / "tiny", num_medusa_heads=2)
+    argv = [
+        command,
+        "--model",
+        str(model),
+        "--accuracy",
+        "reports/demo-cpu/accuracy.json",
+        "--sizes",
+        "8",
+        "--device",
+        "cpu",
+    ]
+    argv += ["--batch", "1", "--context", "8", "-o", str(tmp_path / "s.csv")] if command == "sweep" else []
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("treeopt: error: --heads: the drafter of") and "need 3" in err[-1]
+    assert not (tmp_path / "s.csv").exists()

@@ -227,6 +227,7 @@ def sweep_cmd(
         load_prompt_texts(data)
     with output_lock(output):  # a second sweep to the same CSV fails at once
         lm = load_model(model, heads, device=device, dtype=dtype, num_heads=num_heads, drafter=drafter)
+        check_drafter_depth(lm, tau.proposal, accuracy)
         with torch_threads(lm.model, lm.device, threads):
             df = sweep(lm, table, tau, settings, output, hardware=profile, resume=resume, accuracy_path=accuracy)
             if end_to_end:
@@ -285,6 +286,7 @@ def validate_cmd(
     sweep_df = read_sweep(sweep_file)[0] if sweep_file is not None else None  # before hours of decoding
     load_prompt_texts(data)
     lm = load_model(model, heads, device=device, dtype=dtype, num_heads=num_heads, drafter=drafter)
+    check_drafter_depth(lm, tau.proposal, accuracy)
     # the CSVs and plots land together or not at all
     folder = atomic_folder(output) if output is not None else contextlib.nullcontext()
     with torch_threads(lm.model, lm.device, threads), folder as out_dir:
@@ -407,3 +409,14 @@ def run_cmd(
         mix=mix,
     )
     run_main_job(output, settings, log=lambda m: click.echo(m, err=True))
+
+
+def check_drafter_depth(lm, proposal, accuracy) -> None:
+    """Refuse, right after the model loads and before any measuring, a proposal tree deeper than
+    the loaded drafter can draft (a table calibrated with other heads)."""
+    have = getattr(lm.heads, "num_heads", 0)
+    if proposal.depth > have:
+        raise UserError(
+            f"--heads: the drafter of {lm.name} drafts {have} levels, the proposal trees from {accuracy} "
+            f"need {proposal.depth}; use the table calibrated for these heads (or --sizes small enough)"
+        )
