@@ -83,7 +83,7 @@ def main(repeats: int = 9) -> list[tuple[str, float, float]]:
 
 
 def memory_check() -> list[tuple]:
-    """Issue 13: a grid the CLI accepts fits in 1 GiB (the largest one, 64 x 160 x 65 cells,
+    """Size guard: a grid the CLI accepts fits in 1 GiB (the largest one, 64 x 160 x 65 cells,
     with the best tree per cell and the selection, peak traced memory), and 1M cells are
     refused at once with an estimate."""
     import tracemalloc  # noqa: PLC0415 - only this check traces allocations

@@ -1,4 +1,4 @@
-"""Nothing lost, nothing overwritten, no traceback: the library side of issue 13.
+"""Nothing lost, nothing overwritten, no traceback: the library side (docs/formats.md, "Output safety").
 
 Output safety (treeopt/fileio.py), the calibration commit and checkpoint windows under fault
 injection, concurrent writers, the table/sidecar fingerprint, size guards, the exact optimum on

@@ -74,7 +74,7 @@ class Mutant:
 
 
 MUTANTS = (
-    # ---- issue 16: prompt data through the chat template, counts from many processes
+    # ---- prompt data through the chat template, counts from many processes
     Mutant(
         "data-context-includes-reply",
         "calibration/data.py",
@@ -547,7 +547,7 @@ MUTANTS = (
         "tree capacity adds widths instead of level sizes",
         BUILD_TESTS,
     ),
-    # ---- issue 13: size guards, the commit and checkpoint windows, the shared run_id
+    # ---- size guards, the commit and checkpoint windows, the shared run_id
     Mutant(
         "tree-buffer-bytes-no-retrieve",
         "treeopt/tree.py",
