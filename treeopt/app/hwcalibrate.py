@@ -48,8 +48,9 @@ def calibrate_hardware(
     config.json or directory) and return the profile. dtype: the compute dtype (default fp32 on
     CPU, bf16 on CUDA). quick: fewer row counts and rounds (seconds instead of about a minute;
     still usable). validate: compare with full-model forwards (models of at most
-    SMALL_MODEL_PARAMS parameters). threads: torch CPU threads while measuring (default:
-    torch's setting). progress: a bar on stderr."""
+    SMALL_MODEL_PARAMS parameters). threads: torch CPU threads while measuring (default: 1 for
+    a model under SMALL_MODEL_PARAMS parameters on the CPU, as every command that runs a model,
+    else torch's setting). progress: a bar on stderr."""
     shape = model if isinstance(model, ModelShape) else shape_of(model)
     if device not in ("cpu", "cuda") and not str(device).startswith("cuda:"):
         raise UserError(f"--device: must be cpu or cuda, got '{device}'")
@@ -60,6 +61,8 @@ def calibrate_hardware(
         raise UserError(f"--dtype: calibration supports fp32, bf16 and fp16, not {dt}")
     if threads is not None and threads < 1:
         raise UserError("--threads: must be >= 1")
+    if threads is None and device == "cpu" and shape.params < SMALL_MODEL_PARAMS:
+        threads = 1  # the one policy of every command that runs a model (calibration.threads)
     shape = shape.with_dtype(dt)
     probe = framework_probe(shape)
     small = probe is shape

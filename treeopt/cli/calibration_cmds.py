@@ -326,7 +326,12 @@ def _summary(table, headline: str) -> None:
     help="Model whose weight shapes are measured (and whose forward pass fixes the overheads).",
 )
 @click.option("--dtype", default=None, help="Compute dtype [default: fp32 on cpu, bf16 on cuda].")
-@click.option("--threads", type=AtLeast(1), default=None, help="torch CPU threads [default: torch's setting].")
+@click.option(
+    "--threads",
+    type=AtLeast(1),
+    default=None,
+    help="torch CPU threads [default: 1 for models under 100M parameters, else torch's].",
+)
 @click.option("--quick", is_flag=True, help="Fewer row counts and rounds (seconds; still a usable profile).")
 @click.option("--name", default=None, help="Profile name [default: cpu-calibrated / cuda-calibrated].")
 @click.option("--no-validate", is_flag=True, help="Skip the full-model validation forwards.")

@@ -219,7 +219,8 @@ def _decode(
         else f"typical (T={temp:g}, eps={eps:g}, alpha={alpha:g}, seed={seed_n})"
     )
     click.echo(
-        f"model {loaded.name} on {loaded.device} {str(loaded.dtype).replace('torch.', '')}; "
+        f"model {loaded.name} on {loaded.device} {str(loaded.dtype).replace('torch.', '')}, "
+        f"{torch.get_num_threads()} torch thread(s); "
         f"{_label(tree)}: {tree.size} nodes, depth {tree.depth}, topk {topk_n}; {mode}; "
         f"{len(token_lists)} prompt(s), batch size {batch}"
     )
