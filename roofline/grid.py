@@ -144,6 +144,7 @@ def speedup_grid(
     verification: str = "tree",
     tree=None,
     draft_stages=None,
+    drafted=None,
 ) -> pd.DataFrame:
     """One row per (batch, context, nodes) with columns GRID_COLUMNS, sorted in that order.
 
@@ -159,6 +160,9 @@ def speedup_grid(
     drafter that drafts depth by depth); default: those of a `DraftWork` heads_shape (a
     sequential drafter whose rows_per_sequence are (N + 1, stages), `draft_rows_by_prefix`),
     else none.
+    drafted: optional (N + 1,) bool, whether the target engine drafts the tree of n nodes as
+    written (`treeopt.family_build.drafted_sizes`); the speedup of the other sizes is NaN, so no
+    selection picks them.
     """
     tau = check_tau(tau_by_nodes)
     b = _positive_ints(batches, "--batch", 1)[:, None, None]
@@ -238,6 +242,8 @@ def speedup_grid(
     overhead = step / step[:, :, :1]
     tau_full = np.broadcast_to(tau[None, None, :], step.shape)
     speedup = tau_full / overhead
+    if drafted is not None:
+        speedup = np.where(np.asarray(drafted, bool)[None, None, : speedup.shape[2]], speedup, np.nan)
     B, S, N = np.broadcast_arrays(b, s, n)
     return pd.DataFrame(
         {

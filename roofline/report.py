@@ -17,6 +17,7 @@ from treeopt import __version__
 from treeopt.drafter_cost import DraftCost
 from treeopt.engines import export_for
 from treeopt.errors import UserError
+from treeopt.family_build import drafted_sizes
 from treeopt.fileio import atomic_path, write_json, write_text
 from treeopt.selection import best_per_cell, selection_from_grid
 
@@ -209,6 +210,7 @@ def build_report(
             verification=verification,
             tree=tree,
             draft_stages=heads_used_by_prefix(tree) if sequential_draft and not sequential else None,
+            drafted=drafted_sizes(tree, engine) if engine is not None and engine.family == "uniform" else None,
         )
         best = best_per_cell(grid)
         with atomic_path(out / "grid.csv") as tmp:

@@ -12,11 +12,24 @@ from importlib import resources
 import numpy as np
 import pytest
 
+from roofline.grid import speedup_grid
+from roofline.hardware import load_hardware
+from roofline.shapes import draft_heads_shape, model_shape
 from treeopt.accuracy import AccuracyTable, expected_tokens, load_accuracy
+from treeopt.build import tau_curve
 from treeopt.cli import main
-from treeopt.engines import ENGINE_NAMES, check, export_for, get_engine, trtllm_max_draft_len
+from treeopt.engines import (
+    ENGINE_NAMES,
+    check,
+    child_counts,
+    export_for,
+    get_engine,
+    trtllm_max_draft_len,
+    uniform_tree,
+)
 from treeopt.errors import UserError
-from treeopt.family_build import build_for_engine, engine_proposal
+from treeopt.family_build import build_for_engine, drafted_sizes, engine_proposal
+from treeopt.selection import best_per_cell
 from treeopt.tree import Tree, load_tree, make_tree
 
 MEDUSA_CSV = str(resources.files("treeopt").joinpath("data/medusa_train_accuracy.csv"))
@@ -203,8 +216,34 @@ def test_proposal_sequences_stay_in_the_family_at_every_size():
             assert seq.size == 30
             for n in range(1, seq.size + 1):
                 assert check(seq.prefix(n), engine, accuracy=table.accuracy).as_written, (name, method, n)
-    with pytest.raises(UserError, match="not prefixes of one another"):
-        engine_proposal(table, 30, get_engine("vllm"))
+
+
+def test_vllm_gets_a_nested_sequence_of_uniform_trees():
+    """vLLM's trees of different sizes are not prefixes of one another, so its sequence grows by
+    whole levels: the prefixes that end a step are uniform trees, nested, each of the size the
+    child counts imply, and the grid never picks a size in between."""
+    table = load_accuracy(DEMO)
+    engine = get_engine("vllm")
+    seq = engine_proposal(table, 40, engine, method="greedy")
+    drafted = drafted_sizes(seq, engine)
+    sizes = np.flatnonzero(drafted)
+    assert sizes[0] == 0 and sizes[1] == 1 and len(sizes) >= 5
+    for n in sizes[1:]:
+        counts = child_counts(seq.prefix(int(n)))
+        # hand rule: a uniform tree with children c_1..c_L has c_1 + c_1 c_2 + ... nodes
+        assert int(n) == sum(int(np.prod(counts[: level + 1])) for level in range(len(counts)))
+        assert set(seq.prefix(int(n)).paths) == set(uniform_tree(counts).paths)
+    grid = speedup_grid(
+        model_shape("vicuna-7b"),
+        draft_heads_shape(model_shape("vicuna-7b"), 4),
+        load_hardware("a100"),
+        tau_curve(seq, table),
+        [1, 64],
+        [1024],
+        drafted=drafted,
+    )
+    best = best_per_cell(grid)
+    assert all(drafted[int(n)] for n in best["nodes"])
 
 
 # --- check: what each engine drafts ----------------------------------------------------------------

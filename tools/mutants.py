@@ -720,6 +720,14 @@ MUTANTS = (
         ("tests/test_hwfit.py",),
     ),
     Mutant(
+        "engine-vllm-undrafted-sizes",
+        "roofline/grid.py",
+        "    if drafted is not None:\n        speedup = np.where(",
+        "    if False:\n        speedup = np.where(",
+        "the grid may pick a vLLM tree size that vLLM would not draft as written",
+        ENGINE_TESTS,
+    ),
+    Mutant(
         "engine-vllm-children",
         "treeopt/engines.py",
         "return tuple(int(c) for c in hist // previous)",

@@ -21,7 +21,7 @@ import numpy as np
 
 from treeopt.accuracy import AccuracyTable, expected_tokens
 from treeopt.build import build_tree, greedy_tree, max_nodes, tau_curve
-from treeopt.engines import Engine, sglang_candidates, sglang_pool_size, uniform_tree
+from treeopt.engines import Engine, check, sglang_candidates, sglang_pool_size, uniform_tree
 from treeopt.errors import UserError
 from treeopt.tree import Tree
 
@@ -356,16 +356,13 @@ def engine_proposal(
     as written: the family's greedy (joint: most frequent admissible prefixes) for static
     families; for SGLang the candidates of the (steps, topk) pair with the greatest mean tau
     over the sizes. vLLM's uniform trees of different sizes are not prefixes of one another, so
-    it has none."""
+    it gets a nested sequence of uniform trees instead (`uniform_proposal`), whose prefixes at
+    the block boundaries (`drafted_sizes`) are the sizes it drafts as written."""
     if method == "auto":
         method = "joint" if table.joint else "greedy"
     limits = family_limits(engine, table.num_heads, table.width, heads)
     if engine.family == "uniform":
-        raise UserError(
-            f"--engine {engine.name}: its uniform trees of different sizes are not prefixes of one "
-            "another, so there is no proposal sequence; build one size at a time with "
-            f"`treeopt build --engine {engine.name}`"
-        )
+        return uniform_proposal(table, nodes, limits, joint=method == "joint")
     if engine.family == "beam":
         return _sglang_proposal(table, nodes, limits, joint=method == "joint")
     cap = max_nodes(table.num_heads, table.width, max_depth=limits.depth, max_children=limits.width)
@@ -377,6 +374,50 @@ def engine_proposal(
             return build_tree(table, n, "joint", max_depth=limits.depth, max_children=limits.width)
         return greedy_in_family(_joint_value(table), n, limits, name="joint", observed_only=True, up_to=True)
     return build_for_engine(table, n, "greedy", engine, heads=heads)
+
+
+def uniform_proposal(table: AccuracyTable, nodes: int, limits: FamilyLimits, *, joint: bool = False) -> Tree:
+    """A nested sequence of uniform trees (vLLM's family: every node of a level has the same
+    number of children, the top ranks) of up to `nodes` nodes: starting from the root, each
+    step adds one child per node at one level, with the subtrees the deeper levels then
+    require, choosing the step of largest tau gained per node added
+    (docs/builders.md "Within an engine's family"). Every prefix is a tree; the prefixes that
+    end a step are uniform trees (`drafted_sizes`)."""
+    children: list[int] = []
+    paths: list[tuple[int, ...]] = []
+    have: set[tuple[int, ...]] = set()
+    current = 1.0
+    while True:
+        best = None
+        for level in range(min(len(children) + 1, limits.depth)):
+            trial = (
+                children + [1]
+                if level == len(children)
+                else children[:level] + [children[level] + 1] + children[level + 1 :]
+            )
+            if trial[level] > limits.width:
+                continue
+            added = [p for p in uniform_tree(trial).paths if p not in have]
+            if not added or len(paths) + len(added) > nodes:
+                continue
+            tau = expected_tokens(Tree(tuple(paths + added), name="uniform"), table, joint=joint)
+            gain = (tau - current) / len(added)
+            if best is None or gain > best[0] + 1e-15:
+                best = (gain, trial, added, tau)
+        if best is None:
+            return Tree(tuple(paths), name="uniform")
+        _, children, added, current = best
+        paths += added  # in (depth, path) order: parents before their children
+        have.update(added)
+
+
+def drafted_sizes(proposal: Tree, engine: Engine, *, heads: int | None = None, accuracy=None) -> np.ndarray:
+    """(n+1,) bool: whether `engine` drafts `proposal.prefix(n)` as written, n = 0..size (plain
+    decoding, n = 0, always)."""
+    drafted = np.ones(proposal.size + 1, bool)
+    for n in range(1, proposal.size + 1):
+        drafted[n] = check(proposal.prefix(n), engine, heads=heads, accuracy=accuracy).as_written
+    return drafted
 
 
 def _sglang_proposal(table: AccuracyTable, nodes: int, limits: FamilyLimits, *, joint: bool) -> Tree:

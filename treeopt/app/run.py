@@ -39,7 +39,7 @@ from treeopt.app.validation import ValidationResult, format_validation, validate
 from treeopt.engines import export_for, get_engine
 from treeopt.errors import UserError
 from treeopt.export import format_tree
-from treeopt.family_build import engine_proposal
+from treeopt.family_build import drafted_sizes, engine_proposal
 from treeopt.fileio import atomic_outputs, output_lock, write_json, write_text
 from treeopt.mix import choose_mix_tree, format_mix, mix_grid_from_sweep, mix_section, parse_mix
 from treeopt.selection import (
@@ -170,6 +170,15 @@ def run_main_job(out_dir, settings: RunSettings = RunSettings(), *, log=print, p
         if fresh and out.is_dir() and not any(out.iterdir()):
             out.rmdir()
         raise
+
+
+def _drafted(sizes, proposal, target) -> tuple[int, ...]:
+    """The sizes to measure: for an engine that drafts only some prefixes of the proposal as
+    written (vLLM's uniform trees), each size becomes the largest such prefix not above it."""
+    if target is None or target.family != "uniform":
+        return tuple(sizes)
+    ok = np.flatnonzero(drafted_sizes(proposal, target))
+    return tuple(sorted({int(ok[ok <= min(n, proposal.size)].max()) for n in sizes}))
 
 
 def _with_data(s: RunSettings) -> RunSettings:
@@ -336,7 +345,7 @@ def _run_main_job(out: Path, settings: RunSettings, *, log, progress: bool) -> d
 
     # 5. measured sweep
     t0 = time.perf_counter()
-    sizes = tuple(n for n in s.sizes if n <= proposal.size)
+    sizes = _drafted(tuple(n for n in s.sizes if n <= proposal.size), proposal, target)
     sw = SweepSettings(sizes, s.batches, s.contexts, repeats=s.repeats, topk=s.topk, time_budget_s=s.time_budget_s)
     log(
         f"[sweep] sizes {list(sizes)} x batch {list(s.batches)} x context {list(s.contexts)}, "
@@ -371,7 +380,7 @@ def _run_main_job(out: Path, settings: RunSettings, *, log, progress: bool) -> d
 
     # 7. validation on held-out prompts
     t0 = time.perf_counter()
-    val_sizes = tuple(n for n in s.validation_sizes if n <= proposal.size)
+    val_sizes = tuple(n for n in _drafted(s.validation_sizes, proposal, target) if 0 < n <= proposal.size)
     log(f"[validate] decoder on {s.validation_data}, tree sizes {list(val_sizes)}")
     result = validate(
         lm,

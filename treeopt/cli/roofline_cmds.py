@@ -32,7 +32,7 @@ from treeopt.drafter_cost import DRAFTER_NAMES
 from treeopt.engines import ENGINE_NAMES, get_engine
 from treeopt.errors import UserError
 from treeopt.export import text_table
-from treeopt.family_build import engine_proposal
+from treeopt.family_build import drafted_sizes, engine_proposal
 from treeopt.fileio import atomic_folder, atomic_outputs, atomic_path
 from treeopt.mix import ANY_CONTEXT, choose_mix_tree, format_mix, mix_section, parse_mix
 from treeopt.selection import best_per_cell, selection_from_grid
@@ -511,8 +511,11 @@ def roofline_speedup(
     if heads.num_heads < 1:
         raise UserError("--heads: a speedup grid needs at least one draft head")
     depth = min(heads.num_heads, cost.stages) if cost is not None else heads.num_heads
-    tree, tau = _greedy_tau(table, max_nodes, depth, joint, get_engine(engine) if engine else None)
+    target = get_engine(engine) if engine else None
+    tree, tau = _greedy_tau(table, max_nodes, depth, joint, target)
     work = _sequential_work(cost, tree)
+    # sizes the engine would not draft as written are never picked (vLLM's uniform trees)
+    drafted = drafted_sizes(tree, target) if target is not None and target.family == "uniform" else None
     grid = speedup_grid(
         shape,
         work or heads,
@@ -526,6 +529,7 @@ def roofline_speedup(
         verification=verification,
         tree=tree,
         draft_stages=heads_used_by_prefix(tree) if sequential_draft and work is None else None,
+        drafted=drafted,
     )
     best = best_per_cell(grid)
     mix_doc = mix_section(choose_mix_tree(grid, mix, source="the grid"), tree, mix) if mix is not None else None
