@@ -254,3 +254,20 @@ def test_a_drafter_shallower_than_the_proposal_is_one_line(capsys, tmp_path, com
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("treeopt: error: --heads: the drafter of") and "need 3" in err[-1]
     assert not (tmp_path / "s.csv").exists()
+
+
+def test_run_for_vllm_measures_and_picks_only_trees_vllm_drafts_as_written(tmp_path):
+    import pandas as pd
+
+    from treeopt.engines import check, get_engine
+
+    settings = replace(SMALL, sizes=(0, 1, 2, 3, 4, 8), max_nodes=8, engine="vllm")
+    run_main_job(tmp_path / "r", settings, log=lambda m: None, progress=False)
+    vllm = get_engine("vllm")
+    proposal = make_tree(json.loads((tmp_path / "r" / "proposal_tree.json").read_text())["medusa_choices"])
+    measured = sorted(int(n) for n in pd.read_csv(tmp_path / "r" / "sweep.csv")["nodes"].unique())
+    assert 3 not in measured  # 3 nodes of this sequence are not a uniform tree: measured as 2
+    for n in measured:
+        assert n == 0 or check(proposal.prefix(n), vllm).as_written, n
+    for cell in json.loads((tmp_path / "r" / "selection.json").read_text())["cells"]:
+        assert cell["nodes"] == 0 or check(make_tree(cell["medusa_choices"]), vllm).as_written
