@@ -1030,8 +1030,8 @@ MUTANTS = (
     Mutant(
         "cost-report-medusa-for-all",
         "roofline/report.py",
-        "if sequential else heads\n",
-        "if False else heads\n",
+        "            if sequential\n            else heads\n        )",
+        "            if False\n            else heads\n        )",
         "the report's grid charges Medusa's heads for a sequential drafter",
         DRAFT_COST_TESTS,
     ),
