@@ -556,6 +556,24 @@ def plain_step_forward(model, heads, cache, input_ids, attention_mask, position_
 # The tree decoder
 
 
+def emit_tokens(out, rows, n_keep, new, batch: int, max_new_tokens: int, eos) -> tuple[np.ndarray, np.ndarray, list]:
+    """Append each live sequence's new tokens to its output (`out[i]`, in input order), cut at
+    the first eos and at max_new_tokens. Returns the step's accepted and emitted counts per
+    input sequence, (batch,) each, and whether each live sequence (in `rows` order) finished.
+    A loop over sequences, not tree nodes: each one's cut is its own."""
+    accepted, emitted = np.zeros(batch, np.int64), np.zeros(batch, np.int64)
+    finished = []
+    for i, count, toks in zip(rows.tolist(), n_keep.tolist(), new.tolist(), strict=True):
+        take = toks[:count][: max_new_tokens - len(out[i])]
+        stop = next((p for p, tok in enumerate(take) if tok in eos), None)
+        if stop is not None:
+            take = take[: stop + 1]
+        out[i].extend(take)
+        accepted[i], emitted[i] = count, len(take)
+        finished.append(stop is not None or len(out[i]) >= max_new_tokens)
+    return accepted, emitted, finished
+
+
 class TreeDecoder:
     """Medusa tree decoding with `model` (a transformers causal LM, eval mode) and `heads`
     (`MedusaHeads` on the same device and dtype) over the static `tree`, candidates from the
@@ -908,16 +926,7 @@ class TreeDecoder:
         while state.rows.numel():
             new, n_keep = self.step(state, clock, **rule)
             with clock("update"):
-                acc_row, emi_row = np.zeros(b, np.int64), np.zeros(b, np.int64)
-                finished = []
-                for i, count, toks in zip(state.rows.tolist(), n_keep.tolist(), new.tolist()):
-                    take = toks[:count][: max_new_tokens - len(out[i])]  # loop over sequences
-                    stop = next((p for p, t in enumerate(take) if t in eos), None)
-                    if stop is not None:
-                        take = take[: stop + 1]
-                    out[i].extend(take)
-                    acc_row[i], emi_row[i] = count, len(take)
-                    finished.append(stop is not None or len(out[i]) >= max_new_tokens)
+                acc_row, emi_row, finished = emit_tokens(out, state.rows, n_keep, new, b, max_new_tokens, eos)
                 self._drop_finished(state, finished)
             accepted.append(acc_row)
             emitted.append(emi_row)

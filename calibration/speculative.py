@@ -38,6 +38,7 @@ from calibration.decoder import (
     TreeDecoder,
     additive_mask,
     check_inputs,
+    emit_tokens,
     eos_set,
     force_sdpa_gqa,
     model_forward_hidden,
@@ -471,16 +472,7 @@ class SpeculativeDecoder:
         while state.target.rows.numel():
             new, n_keep = self.step(state, clock, temperature=temperature, generator=gen)
             with clock("update"):
-                acc_row, emi_row = np.zeros(b, np.int64), np.zeros(b, np.int64)
-                finished = []
-                for i, count, toks in zip(state.target.rows.tolist(), n_keep.tolist(), new.tolist(), strict=True):
-                    take = toks[:count][: max_new_tokens - len(out[i])]  # loop over sequences
-                    stop = next((p for p, tok in enumerate(take) if tok in eos), None)
-                    if stop is not None:
-                        take = take[: stop + 1]
-                    out[i].extend(take)
-                    acc_row[i], emi_row[i] = count, len(take)
-                    finished.append(stop is not None or len(out[i]) >= max_new_tokens)
+                acc_row, emi_row, finished = emit_tokens(out, state.target.rows, n_keep, new, b, max_new_tokens, eos)
                 self._drop_finished(state, finished)
             accepted.append(acc_row)
             emitted.append(emi_row)
