@@ -556,6 +556,45 @@ def plain_step_forward(model, heads, cache, input_ids, attention_mask, position_
 # The tree decoder
 
 
+def emit_roots(out, roots, max_new_tokens: int, eos) -> list:
+    """The prefill's first token of every sequence into its output; which ones are finished."""
+    finished = []
+    for i, tok in enumerate(roots.tolist()):
+        out[i].append(tok)
+        finished.append(tok in eos or max_new_tokens <= 1)
+    return finished
+
+
+def generation_loop(step, live_rows, drop_finished, out, batch: int, max_new_tokens: int, eos, clock) -> DecodeResult:
+    """Step until every sequence has finished, emitting each step's tokens (`emit_tokens`) and
+    timing its phases; `clock` has just timed the prefill. Shared by every decoder: `step()`
+    returns (new tokens (b_live, q), tokens to keep (b_live,)), `live_rows()` the input index of
+    each live sequence, `drop_finished(flags)` removes the finished ones from the state."""
+    prefill_s = clock.lap()["prefill"]
+    accepted, emitted, seconds = [], [], []
+    while live_rows().numel():
+        new, n_keep = step()
+        with clock("update"):
+            acc_row, emi_row, finished = emit_tokens(out, live_rows(), n_keep, new, batch, max_new_tokens, eos)
+            drop_finished(finished)
+        accepted.append(acc_row)
+        emitted.append(emi_row)
+        seconds.append(clock.lap())
+
+    def col(phase):
+        return np.array([s[phase] for s in seconds])
+
+    return DecodeResult(
+        out,
+        np.array(accepted, np.int64).reshape(-1, batch),
+        col("draft"),
+        col("verify"),
+        col("update"),
+        prefill_s,
+        np.array(emitted, np.int64).reshape(-1, batch),
+    )
+
+
 def emit_tokens(out, rows, n_keep, new, batch: int, max_new_tokens: int, eos) -> tuple[np.ndarray, np.ndarray, list]:
     """Append each live sequence's new tokens to its output (`out[i]`, in input order), cut at
     the first eos and at max_new_tokens. Returns the step's accepted and emitted counts per
@@ -915,32 +954,14 @@ class TreeDecoder:
             # cache; ragged acceptance in a batch (holes) may, by doubling.
             capacity = input_ids.shape[1] + max_new_tokens + self.q
             state = self.prefill(input_ids, attention_mask, capacity=capacity, temperature=temperature, generator=gen)
-            finished = []
-            for i, t in enumerate(state.root.tolist()):
-                out[i].append(t)
-                finished.append(t in eos or max_new_tokens <= 1)
-            self._drop_finished(state, finished)
-        prefill_s = clock.lap()["prefill"]
-
-        accepted, emitted, seconds = [], [], []
-        while state.rows.numel():
-            new, n_keep = self.step(state, clock, **rule)
-            with clock("update"):
-                acc_row, emi_row, finished = emit_tokens(out, state.rows, n_keep, new, b, max_new_tokens, eos)
-                self._drop_finished(state, finished)
-            accepted.append(acc_row)
-            emitted.append(emi_row)
-            seconds.append(clock.lap())
-
-        def col(phase):
-            return np.array([s[phase] for s in seconds])
-
-        return DecodeResult(
+            self._drop_finished(state, emit_roots(out, state.root, max_new_tokens, eos))
+        return generation_loop(
+            lambda: self.step(state, clock, **rule),
+            lambda: state.rows,
+            lambda finished: self._drop_finished(state, finished),
             out,
-            np.array(accepted, np.int64).reshape(-1, b),
-            col("draft"),
-            col("verify"),
-            col("update"),
-            prefill_s,
-            np.array(emitted, np.int64).reshape(-1, b),
+            b,
+            max_new_tokens,
+            eos,
+            clock,
         )

@@ -38,9 +38,10 @@ from calibration.decoder import (
     TreeDecoder,
     additive_mask,
     check_inputs,
-    emit_tokens,
+    emit_roots,
     eos_set,
     force_sdpa_gqa,
+    generation_loop,
     model_forward_hidden,
     new_cache,
     uses_gqa,
@@ -462,31 +463,14 @@ class SpeculativeDecoder:
         with clock("prefill"):
             capacity = input_ids.shape[1] + 2 * max_new_tokens + self.q
             state = self.prefill(input_ids, attention_mask, capacity=capacity, temperature=temperature, generator=gen)
-            finished = []
-            for i, tok in enumerate(state.target.root.tolist()):
-                out[i].append(tok)
-                finished.append(tok in eos or max_new_tokens <= 1)
-            self._drop_finished(state, finished)
-        prefill_s = clock.lap()["prefill"]
-        accepted, emitted, seconds = [], [], []
-        while state.target.rows.numel():
-            new, n_keep = self.step(state, clock, temperature=temperature, generator=gen)
-            with clock("update"):
-                acc_row, emi_row, finished = emit_tokens(out, state.target.rows, n_keep, new, b, max_new_tokens, eos)
-                self._drop_finished(state, finished)
-            accepted.append(acc_row)
-            emitted.append(emi_row)
-            seconds.append(clock.lap())
-
-        def col(phase):
-            return np.array([s[phase] for s in seconds])
-
-        return DecodeResult(
+            self._drop_finished(state, emit_roots(out, state.target.root, max_new_tokens, eos))
+        return generation_loop(
+            lambda: self.step(state, clock, temperature=temperature, generator=gen),
+            lambda: state.target.rows,
+            lambda finished: self._drop_finished(state, finished),
             out,
-            np.array(accepted, np.int64).reshape(-1, b),
-            col("draft"),
-            col("verify"),
-            col("update"),
-            prefill_s,
-            np.array(emitted, np.int64).reshape(-1, b),
+            b,
+            max_new_tokens,
+            eos,
+            clock,
         )
