@@ -134,9 +134,10 @@ def _batch(tokens: np.ndarray, seed: int, step: int, batch: int, seq: int) -> to
     return torch.from_numpy(np.stack([tokens[s : s + seq + 1] for s in starts]).astype(np.int64))
 
 
-def _load_checkpoint(path: Path, recipe: DemoRecipe) -> dict:
-    """A training checkpoint of this recipe. Loaded with weights_only: a checkpoint holds
-    tensors and plain containers, and a crafted pickle must not run code."""
+def load_training_checkpoint(path: Path, recipe) -> dict:
+    """A training checkpoint of this recipe (any of the demo recipes, a dataclass). Loaded with
+    weights_only: a checkpoint holds tensors and plain containers, and a crafted pickle must
+    not run code."""
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # noqa: BLE001 - torch.load raises many types for a damaged file
@@ -179,6 +180,12 @@ def _prompt_files(out_dir: Path) -> tuple[Path, Path]:
     if out_dir.resolve() == DEMO_MODEL_DIR.resolve():
         return DEMO_PROMPTS, DEMO_VALIDATION_PROMPTS
     return out_dir / "data" / DEMO_PROMPTS.name, out_dir / "data" / DEMO_VALIDATION_PROMPTS.name
+
+
+def save_training_checkpoint(path: Path, recipe, **state) -> None:
+    """Write a training checkpoint atomically, tied to `recipe` (`load_training_checkpoint`)."""
+    with atomic_path(path) as tmp:
+        torch.save({**state, "recipe": asdict(recipe)}, tmp)
 
 
 def _log(msg: str) -> None:
@@ -267,7 +274,7 @@ def train_demo(out_dir, recipe: DemoRecipe = DemoRecipe(), *, work_dir=None, res
     step, log = 0, {"base": [], "heads": []}
     opt = torch.optim.AdamW(model.parameters(), lr=recipe.base_lr, betas=(0.9, 0.95), weight_decay=0.1)
     if ckpt.exists() and resume:
-        state = _load_checkpoint(ckpt, recipe)
+        state = load_training_checkpoint(ckpt, recipe)
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["opt"])
         step, log = state["step"], state["log"]
@@ -294,17 +301,7 @@ def train_demo(out_dir, recipe: DemoRecipe = DemoRecipe(), *, work_dir=None, res
             log["base"].append(entry)
             _log(f"base {step}/{recipe.base_steps} " + " ".join(f"{k}={v}" for k, v in entry.items() if k != "step"))
         if step % 50 == 0 or step == recipe.base_steps:
-            with atomic_path(ckpt) as tmp:
-                torch.save(
-                    {
-                        "model": model.state_dict(),
-                        "opt": opt.state_dict(),
-                        "step": step,
-                        "log": log,
-                        "recipe": asdict(recipe),
-                    },
-                    tmp,
-                )
+            save_training_checkpoint(ckpt, recipe, model=model.state_dict(), opt=opt.state_dict(), step=step, log=log)
 
     # Stage 2: Medusa-1 heads on the frozen base.
     model.eval()
@@ -314,7 +311,7 @@ def train_demo(out_dir, recipe: DemoRecipe = DemoRecipe(), *, work_dir=None, res
     step = 0
     opt = torch.optim.AdamW(heads.parameters(), lr=recipe.head_lr, betas=(0.9, 0.95), weight_decay=0.0)
     if ckpt.exists() and resume:
-        state = _load_checkpoint(ckpt, recipe)
+        state = load_training_checkpoint(ckpt, recipe)
         heads.load_state_dict(state["heads"])
         opt.load_state_dict(state["opt"])
         step, log = state["step"], state["log"]
@@ -347,17 +344,7 @@ def train_demo(out_dir, recipe: DemoRecipe = DemoRecipe(), *, work_dir=None, res
             log["heads"].append(entry)
             _log(f"heads {step}/{recipe.head_steps} losses={entry['losses']} tokens_per_s={entry['tokens_per_s']}")
         if step % 50 == 0 or step == recipe.head_steps:
-            with atomic_path(ckpt) as tmp:
-                torch.save(
-                    {
-                        "heads": heads.state_dict(),
-                        "opt": opt.state_dict(),
-                        "step": step,
-                        "log": log,
-                        "recipe": asdict(recipe),
-                    },
-                    tmp,
-                )
+            save_training_checkpoint(ckpt, recipe, heads=heads.state_dict(), opt=opt.state_dict(), step=step, log=log)
 
     # Save everything in 16-bit.
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -20,10 +20,17 @@ from tokenizers import Tokenizer
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 from transformers.utils import logging as hf_logging
 
-from calibration.demo import _batch, _lr, is_held_out, read_source, stdlib_files
+from calibration.demo import (
+    _batch,
+    _lr,
+    is_held_out,
+    load_training_checkpoint,
+    read_source,
+    save_training_checkpoint,
+    stdlib_files,
+)
 from calibration.demo_files import DEMO_MODEL_DIR
-from treeopt.errors import UserError, first_line
-from treeopt.fileio import atomic_path, write_json
+from treeopt.fileio import write_json
 
 
 @dataclass(frozen=True)
@@ -88,12 +95,7 @@ def train_demo_draft(
     opt = torch.optim.AdamW(model.parameters(), lr=recipe.lr, betas=(0.9, 0.95), weight_decay=0.1)
     ckpt, step, log = work_dir / "draft.pt", 0, []
     if ckpt.exists() and resume:
-        try:
-            state = torch.load(ckpt, map_location="cpu", weights_only=True)
-        except Exception as err:  # noqa: BLE001 - torch.load raises many types for a damaged file
-            raise UserError(f"{ckpt}: not a draft training checkpoint ({first_line(err)}); delete it") from None
-        if state.get("recipe") != asdict(recipe):
-            raise UserError(f"{ckpt}: written by another recipe; delete it")
+        state = load_training_checkpoint(ckpt, recipe)
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["opt"])
         step, log = state["step"], state["log"]
@@ -120,17 +122,7 @@ def train_demo_draft(
             log.append({"step": step, "kl": round(loss.item(), 4)})
             _log(f"{step}/{recipe.steps} kl={loss.item():.4f} ({time.time() - t0:.0f} s)")
         if step % 50 == 0 or step == recipe.steps:
-            with atomic_path(ckpt) as tmp:
-                torch.save(
-                    {
-                        "model": model.state_dict(),
-                        "opt": opt.state_dict(),
-                        "step": step,
-                        "log": log,
-                        "recipe": asdict(recipe),
-                    },
-                    tmp,
-                )
+            save_training_checkpoint(ckpt, recipe, model=model.state_dict(), opt=opt.state_dict(), step=step, log=log)
     model.eval()
     out_dir.mkdir(parents=True, exist_ok=True)
     model.to(torch.bfloat16).save_pretrained(str(out_dir))

@@ -30,7 +30,15 @@ from tokenizers import Tokenizer
 from transformers import LlamaForCausalLM
 from transformers.utils import logging as hf_logging
 
-from calibration.demo import _batch, _lr, is_held_out, read_source, stdlib_files
+from calibration.demo import (
+    _batch,
+    _lr,
+    is_held_out,
+    load_training_checkpoint,
+    read_source,
+    save_training_checkpoint,
+    stdlib_files,
+)
 from calibration.demo_files import DEMO_MODEL_DIR
 from calibration.drafters.hydra import HydraHeads
 from calibration.drafters.mlp_speculator import MLPSpeculator
@@ -57,19 +65,6 @@ class DrafterRecipe:
 
 def _log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
-
-
-def _load_checkpoint(path: Path, recipe: DrafterRecipe) -> dict:
-    """A checkpoint of this recipe (weights_only: a crafted pickle must not run code)."""
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # noqa: BLE001 - torch.load raises many types for a damaged file
-        raise UserError(
-            f"{path}: not a drafter training checkpoint ({first_line(err)}); delete it or pass --fresh"
-        ) from None
-    if not isinstance(state, dict) or state.get("recipe") != asdict(recipe):
-        raise UserError(f"{path}: written by another recipe or seed; delete it or pass --fresh")
-    return state
 
 
 def _train_tokens(tokenizer_file: Path, work_dir: Path, resume: bool) -> np.ndarray:
@@ -119,7 +114,7 @@ def _train(
     opt = torch.optim.AdamW(params, lr=recipe.lr, betas=(0.9, 0.95), weight_decay=0.0)
     step, log = 0, []
     if ckpt.exists() and resume:
-        state = _load_checkpoint(ckpt, recipe)
+        state = load_training_checkpoint(ckpt, recipe)
         drafter.load_state_dict(state["drafter"])
         opt.load_state_dict(state["opt"])
         step, log = state["step"], state["log"]
@@ -153,17 +148,9 @@ def _train(
             log.append(entry)
             _log(f"{name} {step}/{recipe.steps} losses={entry['losses']}")
         if step % 50 == 0 or step == recipe.steps:
-            with atomic_path(ckpt) as tmp:
-                torch.save(
-                    {
-                        "drafter": drafter.state_dict(),
-                        "opt": opt.state_dict(),
-                        "step": step,
-                        "log": log,
-                        "recipe": asdict(recipe),
-                    },
-                    tmp,
-                )
+            save_training_checkpoint(
+                ckpt, recipe, drafter=drafter.state_dict(), opt=opt.state_dict(), step=step, log=log
+            )
     drafter.eval()
     return log
 
