@@ -14,6 +14,7 @@ from roofline.latency import step_time_s
 from roofline.shapes import ModelShape
 from treeopt.accuracy import expected_tokens
 from treeopt.candidates import (
+    candidate_proposal,
     candidate_rank_paths,
     candidate_tokens,
     merged_candidate_tree,
@@ -31,6 +32,22 @@ def test_hand_derived_small_case():
     assert paths.tolist() == [[0, 0], [0, 1], [1, 0]]
     tree = merged_candidate_tree(paths)
     assert tree.paths == ((0,), (1,), (0, 0), (0, 1), (1, 0))
+
+
+def test_candidate_proposal_prefixes_are_the_candidate_sets():
+    # hand-derived from the small case above: (0,0) adds [0], [0,0]; (0,1) adds [0,1];
+    # (1,0) adds [1], [1,0]
+    tree, sizes = candidate_proposal(ACC[:2], (2, 2), 3)
+    assert tree.paths == ((0,), (0, 0), (0, 1), (1,), (1, 0))
+    assert sizes == (2, 3, 5)
+    for m, size in enumerate(sizes, start=1):
+        # the prefix holds exactly the merged tree of the m best, its leaves the m candidates
+        assert set(tree.prefix(size).paths) == set(
+            merged_candidate_tree(candidate_rank_paths(ACC[:2], (2, 2), m)).paths
+        )
+        assert {p for p in tree.prefix(size).paths if len(p) == 2} == {
+            tuple(p) for p in candidate_rank_paths(ACC[:2], (2, 2), m)
+        }
 
 
 def test_best_candidates_against_brute_force():

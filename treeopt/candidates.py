@@ -22,7 +22,13 @@ import numpy as np
 from treeopt.errors import UserError
 from treeopt.tree import Tree
 
-__all__ = ["candidate_rank_paths", "merged_candidate_tree", "candidate_tokens", "speculator_draft_rows"]
+__all__ = [
+    "candidate_proposal",
+    "candidate_rank_paths",
+    "candidate_tokens",
+    "merged_candidate_tree",
+    "speculator_draft_rows",
+]
 
 
 def _check(acc: np.ndarray, topk: Sequence[int], n: int) -> tuple[int, ...]:
@@ -60,6 +66,23 @@ def merged_candidate_tree(paths) -> Tree:
     for d in range(1, paths.shape[1] + 1):  # one pass per depth, each vectorised over candidates
         nodes.extend(tuple(int(r) for r in p) for p in np.unique(paths[:, :d], axis=0))
     return Tree(nodes, name=f"{paths.shape[0]} candidates merged")
+
+
+def candidate_proposal(acc, topk: Sequence[int], n: int) -> tuple[Tree, tuple[int, ...]]:
+    """IBM's candidate sets for 1..n candidates as one proposal sequence: the merged tree of the
+    n best candidates with its nodes in the order the candidates first reach them, and
+    `sizes[m - 1]`, the node count of the merged tree of the m best. The m-candidate set is
+    then `tree.prefix(sizes[m - 1])`, whose leaves are exactly those m candidates (each is a
+    full-length path, so none is a prefix of another): a sweep measures every candidate count
+    on one proposal, in either verification form (docs/builders.md, "IBM's candidate form")."""
+    paths = candidate_rank_paths(acc, topk, n)
+    nodes: dict[tuple[int, ...], None] = {}
+    sizes = []
+    for path in paths:  # one pass per candidate; a candidate adds at most D nodes
+        for d in range(1, len(path) + 1):
+            nodes.setdefault(tuple(int(r) for r in path[:d]))
+        sizes.append(len(nodes))
+    return Tree(list(nodes), name=f"{len(paths)} candidates, top-k {list(topk)}"), tuple(sizes)
 
 
 def candidate_tokens(n: int, depth: int) -> tuple[int, int]:
