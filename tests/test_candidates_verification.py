@@ -15,19 +15,22 @@ import json
 from types import SimpleNamespace
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
 from calibration.decoder import KVCache, TreeDecoder, cut_tree, greedy_decode
 from calibration.models import load_model, tiny_model_for_tests
-from calibration.sweep import SweepSettings, run_sweep, step_bench
+from calibration.sweep import SweepSettings, check_form, run_sweep, step_bench
 from roofline.hardware import load_hardware
 from roofline.latency import step_time_s
 from roofline.shapes import DraftHeadsShape
 from tests import test_decoder as decoder_tests
 from tests import test_drafters as drafter_tests
+from treeopt.accuracy import AccuracyTable
 from treeopt.app.models import shape_of
 from treeopt.app.sweep import step_predictor
+from treeopt.cli import main
 from treeopt.errors import UserError
 from treeopt.forms import FORMS_FORMAT, choose_form
 from treeopt.tau import TauCurve
@@ -412,3 +415,37 @@ def test_choose_form_refuses_mismatched_cells_and_unknown_forms():
         choose_form({"tree": a, "beam": a})
     with pytest.raises(UserError, match="no selections"):
         choose_form({})
+
+
+def test_sweep_cli_measures_the_candidate_form(tiny, tmp_path, capsys):
+    path, _ = tiny
+    acc = tmp_path / "acc.json"
+    AccuracyTable(
+        hits=[[60, 20, 10, 5], [40, 20, 10, 5], [30, 15, 10, 5]], positions=[100, 100, 100], provenance={"model": "t"}
+    ).save(acc)
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ["def f(x):\n", "import os", "a = 1"]))
+    out = tmp_path / "sweep.csv"
+    common = ["sweep", "--model", str(path), "--accuracy", str(acc), "--sizes", "0,1,3", "--batch", "1,2"]
+    common += ["--context", "8", "--repeats", "3", "--time-budget", "0", "-o", str(out)]
+    main([*common, "--verification", "candidates", "--hardware", "a100", "--end-to-end", "--data", str(data)])
+    capsys.readouterr()
+    assert json.loads((tmp_path / "sweep.meta.json").read_text())["verification"] == "candidates"
+    df = pd.read_csv(out)
+    assert df["predicted_speedup"].notna().all() and (df["e2e_tokens_per_step"] >= 1).all()
+    assert not (tmp_path / "fitted_hardware.json").exists()  # the profile fit models the tree form
+    main(["select", "--sweep", str(out), "-o", str(tmp_path / "sel.json")])
+    assert len(json.loads((tmp_path / "sel.json").read_text())["cells"]) == 2
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exc:
+        main([*common, "--resume"])  # the tree form (the default) cannot continue it
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "verification: 'candidates' -> 'tree'" in err[0]
+
+
+def test_a_draft_model_is_verified_in_the_tree_form_only():
+    check_form(SimpleNamespace(kind="draft-model"), "tree")
+    check_form(SimpleNamespace(kind="hydra"), "candidates")
+    with pytest.raises(UserError, match="--verification candidates: a draft model"):
+        check_form(SimpleNamespace(kind="draft-model"), "candidates")
