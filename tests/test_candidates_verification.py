@@ -386,7 +386,7 @@ def test_choose_form_rules():
         32: ("tree", 6, 1.60),
     }
     reasons = {c["batch"]: c["reason"] for c in doc["cells"]}
-    assert "cheaper verification" in reasons[1] and "overlaps candidates" in reasons[1]
+    assert "cheaper verification" in reasons[1] and "overlaps that of candidates" in reasons[1]
     assert reasons[2] == "highest speedup lower bound"
     assert reasons[8].startswith("no speculation")
     cell = next(c for c in doc["cells"] if c["batch"] == 2)

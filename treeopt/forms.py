@@ -122,7 +122,7 @@ def choose_form(selections: dict[str, dict], *, threshold: float = 1.0) -> dict:
                 else ""
             )
         else:
-            reason = f"interval overlaps {best}'s (the highest lower bound); cheaper verification"
+            reason = f"interval overlaps that of {best} (the highest lower bound); cheaper verification"
         s, lo, hi = bounds[winner]
         out.append(
             {
