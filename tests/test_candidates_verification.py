@@ -235,6 +235,35 @@ def test_accept_candidates_by_hand(tiny):
     assert bonus.tolist() == [11, 6, 3]  # seq 1: the argmax after 8, not past the padding
 
 
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
+def test_accept_candidates_agrees_with_the_tree_rule_on_shared_logits(tiny, temperature):
+    """Rows whose logits are the tree's at their nodes (as exact arithmetic gives): greedy and
+    typical acceptance of the rows choose the tree form's path, length and bonus (the same
+    seeded draw)."""
+    _, lm = tiny
+    dec = TreeDecoder(lm.model, lm.heads, make_tree(BUSHY), verification="candidates")
+    g = torch.Generator().manual_seed(11)
+    b = 64
+    tree_tokens = torch.randint(0, 6, (b, dec.q), generator=g)  # few tokens: many acceptances
+    logits = torch.randn(b, dec.q, VOCAB, generator=g) * 3
+    logits[..., :6] += 4
+    rule = {"temperature": temperature, "posterior_threshold": 0.09, "posterior_alpha": 0.3}
+    path, n_keep, _, bonus = dec.accept(
+        tree_tokens, logits, **rule, generator=torch.Generator().manual_seed(1) if temperature else None
+    )
+    best, n_keep_c, bonus_c = dec.accept_candidates(
+        tree_tokens[:, dec.retrieve],
+        logits[:, dec.retrieve],
+        **rule,
+        generator=torch.Generator().manual_seed(1) if temperature else None,
+    )
+    assert (n_keep > 1).sum() > 10 and (n_keep > 2).any()  # the case is not trivial
+    assert torch.equal(n_keep_c, n_keep) and torch.equal(bonus_c, bonus)
+    for row in range(b):
+        k = int(n_keep[row])
+        assert dec.retrieve[best[row], :k].tolist() == path[row, :k].tolist()
+
+
 def test_kv_cache_expansion_and_write_back_by_hand():
     cache = KVCache(num_layers=2, capacity=6)
     # (layers 2, k/v 2, b 2, heads 1, slots 6, head_dim 1), slot values 100 l + 10 kv + b + s / 10
