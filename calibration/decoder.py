@@ -263,16 +263,27 @@ class KVCache(Cache):
         for layer in self.layers:
             layer.length = start + k
 
-    def expanded(self, repeats: int, extra: int) -> KVCache:
-        """A new cache in which rows ``i * repeats .. i * repeats + repeats - 1`` each hold a copy
-        of sequence i's filled slots, with room for `extra` more slots per row: one copy over
-        the whole buffer. Batch expansion gives every candidate sequence its own context
-        (docs/decoder.md, "Candidate-sequence verification")."""
+    def expanded(self, repeats: int, extra: int, scratch: KVCache | None = None) -> KVCache:
+        """A cache in which rows ``i * repeats .. i * repeats + repeats - 1`` each hold a copy of
+        sequence i's filled slots, with room for `extra` more slots per row: one copy over the
+        whole buffer. Batch expansion gives every candidate sequence its own context
+        (docs/decoder.md, "Candidate-sequence verification").
+
+        `scratch`: a cache returned by an earlier call, whose buffer is reused when it has the
+        rows and room (else replaced, its slots doubled as `reserve` does), as an engine reuses
+        its preallocated blocks: a fresh allocation per step would add the page faults of
+        touching new memory to the copy (docs/decoder.md, "Candidate-sequence verification")."""
         n_layers, two, b, heads, _, head_dim = self.buffer.shape
         filled = self.length
-        out = KVCache(len(self.layers), filled + extra)
-        out.buffer = self.buffer.new_empty((n_layers, two, b * repeats, heads, filled + extra, head_dim))
-        rows = out.buffer.view(n_layers, two, b, repeats, heads, filled + extra, head_dim)
+        out = scratch if scratch is not None else KVCache(len(self.layers))
+        rows_shape = (n_layers, two, b * repeats, heads)
+        old = out.buffer
+        same_rows = old is not None and tuple(old.shape[:4]) == rows_shape and old.dtype == self.buffer.dtype
+        if not same_rows or old.shape[4] < filled + extra or old.device != self.buffer.device:
+            slots = max(filled + extra, 2 * old.shape[4] if same_rows else 0)
+            out.buffer = self.buffer.new_empty((*rows_shape, slots, head_dim))
+        capacity = out.buffer.shape[4]
+        rows = out.buffer.view(n_layers, two, b, repeats, heads, capacity, head_dim)
         rows[..., :filled, :] = self.buffer[:, :, :, None, :, :filled]
         for layer in out.layers:
             layer.length = filled
@@ -719,6 +730,7 @@ class TreeDecoder:
         length = ri.shape[1]  # root + the deepest path
         self.candidate_mask_add = additive_mask(t(np.tri(length, dtype=bool)), self.dtype)[None, None]
         self.candidate_depth = torch.arange(length, device=self.device)
+        self._expansion: KVCache | None = None  # the candidate rows' cache, reused step to step
         self.sequential = bool(getattr(heads, "sequential", False))
         self.levels = (
             _draft_levels(buf.depth, buf.parent, np.array([0, *(p[-1] for p in tree.sorted_paths)]), t)
@@ -821,7 +833,8 @@ class TreeDecoder:
         mask keeps the padding out of the path's own attention, and acceptance ignores it."""
         b = tree_tokens.shape[0]
         rows = tree_tokens[:, self.retrieve].reshape(b * self.candidates, -1)  # (b n, D + 1)
-        expanded = cache.expanded(self.candidates, rows.shape[1])
+        expanded = cache.expanded(self.candidates, rows.shape[1], self._expansion)
+        self._expansion = expanded
         logits, hidden = self._forward(expanded, rows, mask, positions)
         return (
             logits.view(b, self.candidates, *logits.shape[1:]),

@@ -290,6 +290,16 @@ def test_kv_cache_expansion_and_write_back_by_hand():
     assert cache.buffer[:, :, 0, 0, 3:5, 0].unique().tolist() == [2.5]
     assert cache.buffer[:, :, 1, 0, 3:5, 0].unique().tolist() == [4.5]
     assert torch.equal(cache.buffer[:, :, :, :, :3], big.buffer[:, :, ::3, :, :3])  # the context untouched
+    # the next expansion reuses the rows' buffer (room for 5 + 2 slots: doubled to 10) and
+    # copies the longer context into it
+    again = cache.expanded(3, 2, big)
+    assert again is big and again.length == 5 and again.buffer.shape[4] == 10
+    assert torch.equal(again.buffer[:, :, 3:6, :, :5], cache.buffer[:, :, 1:2, :, :5].expand(-1, -1, 3, -1, -1, -1))
+    reused = again.buffer.data_ptr()
+    assert cache.expanded(3, 2, again).buffer.data_ptr() == reused  # room enough: no new buffer
+    fewer = cache.expanded(2, 2, again)  # other rows: a new buffer
+    assert fewer.buffer.shape[2] == 4 and fewer.buffer.data_ptr() != reused
+    assert torch.equal(fewer.buffer[:, :, 2:4, :, :5], cache.buffer[:, :, 1:2, :, :5].expand(-1, -1, 2, -1, -1, -1))
 
 
 def test_bad_verification_is_one_line(tiny):
