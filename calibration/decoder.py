@@ -20,6 +20,12 @@ over the batch and the tree:
 4. update: the cache keeps the step's root and accepted nodes, the sequences get their tokens,
    finished ones (eos, max_new_tokens) leave the batch.
 
+Verification "candidates" (IBM's batch expansion) verifies the same tree as its leaves' root
+paths instead: every sequence becomes n rows, one per leaf, each the root and its path against
+its own copy of the context; the row with the longest accepted prefix is the tree form's
+accepted path, and its new cache entries are written back (docs/decoder.md,
+"Candidate-sequence verification").
+
 Tokens emitted per step per sequence = accepted nodes + 1 (the bonus, which is the next root).
 The first token comes from the prefill, so with the empty tree this is plain greedy decoding.
 
@@ -48,6 +54,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 
 from calibration.drafters.base import select_rows
 from treeopt.errors import UserError
+from treeopt.forms import VERIFICATION_FORMS
 from treeopt.tree import Tree, make_tree, tree_buffers
 
 __all__ = [
@@ -256,6 +263,43 @@ class KVCache(Cache):
         for layer in self.layers:
             layer.length = start + k
 
+    def expanded(self, repeats: int, extra: int, scratch: KVCache | None = None) -> KVCache:
+        """A cache in which rows ``i * repeats .. i * repeats + repeats - 1`` each hold a copy of
+        sequence i's filled slots, with room for `extra` more slots per row: one copy over the
+        whole buffer. Batch expansion gives every candidate sequence its own context
+        (docs/decoder.md, "Candidate-sequence verification").
+
+        `scratch`: a cache returned by an earlier call, whose buffer is reused when it has the
+        rows and room (else replaced, its slots doubled as `reserve` does), as an engine reuses
+        its preallocated blocks: a fresh allocation per step would add the page faults of
+        touching new memory to the copy (docs/decoder.md, "Candidate-sequence verification")."""
+        n_layers, two, b, heads, _, head_dim = self.buffer.shape
+        filled = self.length
+        out = scratch if scratch is not None else KVCache(len(self.layers))
+        rows_shape = (n_layers, two, b * repeats, heads)
+        old = out.buffer
+        same_rows = old is not None and tuple(old.shape[:4]) == rows_shape and old.dtype == self.buffer.dtype
+        if not same_rows or old.shape[4] < filled + extra or old.device != self.buffer.device:
+            slots = max(filled + extra, 2 * old.shape[4] if same_rows else 0)
+            out.buffer = self.buffer.new_empty((*rows_shape, slots, head_dim))
+        capacity = out.buffer.shape[4]
+        rows = out.buffer.view(n_layers, two, b, repeats, heads, capacity, head_dim)
+        rows[..., :filled, :] = self.buffer[:, :, :, None, :, :filled]
+        for layer in out.layers:
+            layer.length = filled
+        return out
+
+    def take_rows(self, source: KVCache, rows: torch.Tensor, count: int) -> None:
+        """Per sequence i, the `count` slots after the filled ones take the entries of `source`'s
+        row ``rows[i]`` at the same slots (rows (b,) int64), in every layer; the length grows
+        by `count`. Writes a chosen candidate's new entries back (docs/decoder.md,
+        "Candidate-sequence verification")."""
+        start = self.length
+        self.reserve(start + count, source.buffer[0, 0])
+        self.buffer[:, :, :, :, start : start + count] = source.buffer[:, :, rows, :, start : start + count]
+        for layer in self.layers:
+            layer.length = start + count
+
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         """Keep the sequences `indices` (the cache's batch order), all layers at once."""
         if self.buffer is not None:
@@ -355,6 +399,25 @@ def _run_heads(heads, hidden: torch.Tensor, num: int) -> torch.Tensor:
     if num == 0:
         return hidden.new_zeros((0, *hidden.shape[:-1], heads.vocab_size))
     return torch.stack([heads[k](hidden) for k in range(num)])
+
+
+def _longest_accepted(on_path: torch.Tensor, loglik: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The chosen path of a verification: on_path (b, L, D + 1) bool, whether each position of
+    each root-to-leaf path (or candidate sequence) passed the acceptance rule (False past the
+    path's end); loglik (b, L, D + 1) the log-probability of each position's token (typical
+    acceptance) or None (greedy). A path is accepted up to its first rejected position.
+    Returns (best (b,) the path kept, n_keep (b,) its accepted length, root included)."""
+    accepted = on_path.long().cumprod(-1)
+    lengths = accepted.sum(-1)  # (b, L), root included
+    n_keep = lengths.max(-1).values
+    if loglik is None:
+        return lengths.argmax(-1), n_keep  # the first longest path, as Medusa's reference code
+    # why: Medusa's reference code takes, among the longest, the most likely path.
+    counted = accepted.bool()
+    counted[..., 0] = False  # the root's own probability does not count
+    path_ll = torch.where(counted, loglik, 0.0).sum(-1)
+    path_ll = path_ll.masked_fill(lengths != n_keep[:, None], float("-inf"))
+    return path_ll.argmax(-1), n_keep
 
 
 _DRAFT_UNITS = {
@@ -620,9 +683,14 @@ class TreeDecoder:
 
     `timing=True` records per-step wall times of the phases (synchronising CUDA devices before
     each clock read); with False the times are zeros and nothing is synchronised.
+    `verification`: "tree" (one sequence of q tokens under the tree mask) or "candidates" (the
+    tree's leaves' root paths as candidate sequences, docs/decoder.md "Candidate-sequence
+    verification"); both accept the same tokens.
     """
 
-    def __init__(self, model, heads, tree: Tree, *, topk: int = 10, timing: bool = True):
+    def __init__(self, model, heads, tree: Tree, *, topk: int = 10, timing: bool = True, verification: str = "tree"):
+        if verification not in VERIFICATION_FORMS:
+            raise UserError(f"verification: must be one of {', '.join(VERIFICATION_FORMS)}, got {verification!r}")
         if tree.depth > heads.num_heads:
             what = _DRAFT_UNITS.get(getattr(heads, "kind", "medusa"), "draft heads")
             raise UserError(
@@ -657,6 +725,12 @@ class TreeDecoder:
         # keeps Medusa's stride `topk` (docs/trees.md, "Medusa buffers").
         self.topk_used = 1 + max((p[-1] for p in tree.paths), default=-1)
         self.force_gqa = self.device.type == "cpu" and uses_gqa(model)
+        self.verification = verification
+        self.candidates = int(ri.shape[0])  # one candidate sequence per leaf
+        length = ri.shape[1]  # root + the deepest path
+        self.candidate_mask_add = additive_mask(t(np.tri(length, dtype=bool)), self.dtype)[None, None]
+        self.candidate_depth = torch.arange(length, device=self.device)
+        self._expansion: KVCache | None = None  # the candidate rows' cache, reused step to step
         self.sequential = bool(getattr(heads, "sequential", False))
         self.levels = (
             _draft_levels(buf.depth, buf.parent, np.array([0, *(p[-1] for p in tree.sorted_paths)]), t)
@@ -732,6 +806,42 @@ class TreeDecoder:
             dim=-1,
         )
 
+    def layout(self, valid: torch.Tensor, next_pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The 4D additive mask and the position ids of a step's verification forward, given the
+        sequences' cache validity (b, C) and root positions (b,). Tree: (b, 1, q, C + q) and
+        (b, q). Candidates: (b n, 1, D + 1, C + D + 1) and (b n, D + 1), row i n + j the j-th
+        leaf's path of sequence i, causal over its own tokens."""
+        if self.verification == "tree":
+            return self.step_mask(valid), next_pos[:, None] + self.depth[None]
+        n, length = self.candidates, self.candidate_depth.shape[0]
+        rows_valid = valid.repeat_interleave(n, dim=0)
+        mask = torch.cat(
+            [
+                additive_mask(rows_valid, self.dtype)[:, None, None, :].expand(-1, 1, length, -1),
+                self.candidate_mask_add.expand(rows_valid.shape[0], 1, length, length),
+            ],
+            dim=-1,
+        )
+        return mask, next_pos.repeat_interleave(n)[:, None] + self.candidate_depth[None]
+
+    def _forward_candidates(self, cache, tree_tokens, mask, positions):
+        """Batch expansion (docs/decoder.md, "Candidate-sequence verification"): the context of
+        each sequence copied to its n candidate rows, one forward over the rows' root-to-leaf
+        tokens. Returns (base logits (b, n, D + 1, V), hidden states (b, n, D + 1, h), the
+        expanded cache holding the rows' new entries); `cache` itself is not written.
+        A path shorter than the deepest is padded at its end (with the root token): the causal
+        mask keeps the padding out of the path's own attention, and acceptance ignores it."""
+        b = tree_tokens.shape[0]
+        rows = tree_tokens[:, self.retrieve].reshape(b * self.candidates, -1)  # (b n, D + 1)
+        expanded = cache.expanded(self.candidates, rows.shape[1], self._expansion)
+        self._expansion = expanded
+        logits, hidden = self._forward(expanded, rows, mask, positions)
+        return (
+            logits.view(b, self.candidates, *logits.shape[1:]),
+            hidden.view(b, self.candidates, *hidden.shape[1:]),
+            expanded,
+        )
+
     def draft_sequential(self, hidden: torch.Tensor, root: torch.Tensor) -> torch.Tensor:
         """The tree tokens (b, q) a sequential drafter drafts from `hidden` (b, h), the base
         model's hidden state at the token that produced `root` (b,): depth by depth, one
@@ -768,7 +878,7 @@ class TreeDecoder:
         # why: tree attention, Medusa paper section 2.1.2: a node attends to the context and its
         # ancestors only and sits at position root + depth, so every node's logits are those of
         # a causal run of its root-to-node path (docs/decoder.md, "step").
-        return tokens, self.step_mask(state.valid), state.next_pos[:, None] + self.depth[None]
+        return tokens, *self.layout(state.valid, state.next_pos)
 
     @torch.inference_mode()
     def verify_forward(self, cache, tree_tokens, cache_valid, positions):
@@ -783,13 +893,26 @@ class TreeDecoder:
         positions:   (b,) int64, each sequence's root position (its number of valid slots).
         Returns (base logits (b, q, V), head logits (D, b, 1, V)), D = the tree's depth; for a
         sequential drafter the second item is the tree it drafts from the root (b, q).
+
+        Verification "candidates": the context copied to the n candidate rows of each sequence
+        and one forward over the rows (`_forward_candidates`); nothing is appended to `cache`
+        (`verify_appends` is 0), and the base logits are per row, (b, n, D + 1, V): row j is
+        the j-th leaf's root path (`tree_buffers(...).retrieve_indices[j]`), padded at its end.
         """
-        logits, hidden = self._forward(
-            cache, tree_tokens, self.step_mask(cache_valid), positions[:, None] + self.depth[None]
-        )
+        mask, position_ids = self.layout(cache_valid, positions)
+        if self.verification == "tree":
+            logits, hidden = self._forward(cache, tree_tokens, mask, position_ids)
+        else:
+            logits, hidden, _ = self._forward_candidates(cache, tree_tokens, mask, position_ids)
+            hidden = hidden[:, 0]  # every row starts at the root
         if self.sequential:
             return logits, self.draft_sequential(hidden[:, 0], tree_tokens[:, 0])
         return logits, _run_heads(self.heads, hidden[:, :1], self.num_draft_heads)
+
+    @property
+    def verify_appends(self) -> int:
+        """Slots `verify_forward` appends to the cache it is given (to crop between repeats)."""
+        return self.q if self.verification == "tree" else 0
 
     @torch.inference_mode()
     def accept(
@@ -818,20 +941,8 @@ class TreeDecoder:
             match = cand_p > threshold[:, self.parent]
             loglik = torch.log(cand_p)
         match[:, 0] = True  # the root is the base model's own token
-        # A path is accepted up to its first rejected node: cumprod along each root-to-leaf path.
         on_path = match[:, self.retrieve] & self.retrieve_valid  # (b, L, D + 1)
-        accepted = on_path.long().cumprod(-1)
-        lengths = accepted.sum(-1)  # (b, L), root included
-        n_keep = lengths.max(-1).values
-        if loglik is None:
-            best = lengths.argmax(-1)  # the first longest path, as Medusa's reference code
-        else:
-            # why: Medusa's reference code takes, among the longest, the most likely path.
-            counted = accepted.bool()
-            counted[..., 0] = False  # the root's own probability does not count
-            path_ll = torch.where(counted, loglik[:, self.retrieve], 0.0).sum(-1)
-            path_ll = path_ll.masked_fill(lengths != n_keep[:, None], float("-inf"))
-            best = path_ll.argmax(-1)
+        best, n_keep = _longest_accepted(on_path, None if loglik is None else loglik[:, self.retrieve])
         path = self.retrieve[best]  # (b, D + 1)
         last = path[bi, n_keep - 1]
         # The bonus: the base model's own next token after the last accepted one.
@@ -840,6 +951,41 @@ class TreeDecoder:
         else:
             bonus = torch.multinomial(probs[bi, last], 1, generator=generator)[:, 0]
         return path, n_keep, last, bonus
+
+    @torch.inference_mode()
+    def accept_candidates(
+        self, row_tokens, logits, *, temperature=0.0, posterior_threshold=0.09, posterior_alpha=0.3, generator=None
+    ):
+        """Verification of candidate sequences (b, n, D + 1) from their own rows' logits
+        (b, n, D + 1, V): a row's token j is judged by the row's distribution at j - 1, with
+        `accept`'s rules; the rows' padding (past each leaf's depth) never counts.
+
+        Returns (best (b,) the row of the longest accepted prefix (the first on ties, the tree
+        form's choice: rows are the tree's retrieve rows in order), n_keep (b,) = 1 + accepted
+        tokens, bonus (b,) token after the last accepted one in that row)."""
+        b = row_tokens.shape[0]
+        bi = torch.arange(b, device=row_tokens.device)
+        match = torch.ones_like(row_tokens, dtype=torch.bool)  # position 0: the root
+        loglik = None
+        if temperature <= 0:
+            # why: greedy verification, as the tree form (docs/decoder.md, "acceptance rules")
+            pred = _argmax(logits)  # (b, n, D + 1)
+            match[..., 1:] = row_tokens[..., 1:] == pred[..., :-1]
+        else:
+            # why: typical acceptance, Medusa paper section 2.3.1, as the tree form
+            probs = torch.softmax(logits.float() / temperature, dim=-1)
+            entropy = -(probs * torch.log(probs + 1e-5)).sum(-1)
+            threshold = torch.clamp(posterior_alpha * torch.exp(-entropy), max=posterior_threshold)
+            cand_p = torch.ones(row_tokens.shape, dtype=probs.dtype, device=probs.device)
+            cand_p[..., 1:] = probs[..., :-1, :].gather(-1, row_tokens[..., 1:, None])[..., 0]
+            match[..., 1:] = cand_p[..., 1:] > threshold[..., :-1]
+            loglik = torch.log(cand_p)
+        best, n_keep = _longest_accepted(match & self.retrieve_valid, loglik)
+        if temperature <= 0:
+            bonus = pred[bi, best, n_keep - 1]
+        else:
+            bonus = torch.multinomial(probs[bi, best, n_keep - 1], 1, generator=generator)[:, 0]
+        return best, n_keep, bonus
 
     # ---- one step --------------------------------------------------------------------------
 
@@ -858,30 +1004,44 @@ class TreeDecoder:
             with clock("verify"):
                 tokens = self.draft_sequential(state.hidden, state.root)
             with clock("draft"):
-                mask, positions = self.step_mask(state.valid), state.next_pos[:, None] + self.depth[None]
+                mask, positions = self.layout(state.valid, state.next_pos)
         else:
             with clock("verify"):
                 head_logits = _run_heads(self.heads, state.hidden, self.num_draft_heads)
             with clock("draft"):
                 tokens, mask, positions = self.draft(state, head_logits)
-        # 2. verify: one forward over the whole tree scores every candidate at once.
+        # 2. verify: one forward over the whole tree scores every candidate at once; or, as
+        #    candidate sequences, one forward over the leaves' root paths, each against its own
+        #    copy of the context (batch expansion).
         with clock("verify"):
-            logits, hidden = self._forward(state.cache, tokens, mask, positions)
+            if self.verification == "tree":
+                logits, hidden = self._forward(state.cache, tokens, mask, positions)
+            else:
+                logits, hidden, expanded = self._forward_candidates(state.cache, tokens, mask, positions)
         with clock("update"):
             # 3. accept: the longest accepted root-to-leaf path and the bonus token after it.
-            path, n_keep, last, bonus = self.accept(tokens, logits, **rule)
-            # 4. update: the cache keeps, per sequence, the root and the accepted nodes (slots
-            #    C..C+q-1 hold the tree; path[:, j] is the j-th kept token's tree index); a
-            #    sequence that accepted fewer than the batch's longest keeps holes, masked out
-            #    (docs/decoder.md, "KV cache handling", "batches with holes").
+            bi = torch.arange(tokens.shape[0], device=self.device)
+            if self.verification == "tree":
+                path, n_keep, last, bonus = self.accept(tokens, logits, **rule)
+                state.hidden = hidden[bi, last]
+            else:
+                best, n_keep, bonus = self.accept_candidates(tokens[:, self.retrieve], logits, **rule)
+                path = self.retrieve[best]  # the same path as the tree form's: rows = retrieve rows
+                state.hidden = hidden[bi, best, n_keep - 1]
+            # 4. update: the cache keeps, per sequence, the root and the accepted nodes: out of
+            #    the tree's slots C..C+q-1 (path[:, j] is the j-th kept token's tree index), or
+            #    out of the chosen candidate row's slots C..C+D; a sequence that accepted fewer
+            #    than the batch's longest keeps holes, masked out (docs/decoder.md, "KV cache
+            #    handling", "batches with holes").
             c = state.valid.shape[1]
             keep = int(n_keep.max())
-            state.cache.keep_slots(c, c + path[:, :keep])
+            if self.verification == "tree":
+                state.cache.keep_slots(c, c + path[:, :keep])
+            else:
+                state.cache.take_rows(expanded, bi * self.candidates + best, keep)
             kept = torch.arange(keep, device=self.device)[None] < n_keep[:, None]
             state.valid = torch.cat([state.valid, kept], dim=1)
             state.next_pos = state.next_pos + n_keep
-            bi = torch.arange(tokens.shape[0], device=self.device)
-            state.hidden = hidden[bi, last]
             state.root = bonus
             new = torch.cat([tokens.gather(1, path[:, 1:]), bonus[:, None]], dim=1)
             new[bi, n_keep - 1] = bonus  # the accepted nodes, then the bonus

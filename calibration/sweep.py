@@ -16,6 +16,12 @@ samples far above their median are re-measured.
 - Tree size 0: plain decoding, `plain_step_forward` with q = 1 and no heads: what decoding
   without speculation costs.
 
+One sweep measures one verification form (`SweepSettings.verification`): "tree" as above, or
+"candidates": the same drafted tree verified as its leaves' root paths, each sequence's
+context copied to its candidate rows (`TreeDecoder(verification="candidates").verify_forward`,
+docs/decoder.md "Candidate-sequence verification"). The form is part of the metadata a resumed
+sweep must share; sweeps of both forms are joined by `treeopt.forms.choose_form`.
+
 Every timed call appends its tokens to the cache and crops them off again, so every call sees
 exactly `context` cached tokens (checked after each group). Overhead T(n)/T(0) is the median
 over rounds of the per-round ratio: both were measured moments apart. Measured speedup =
@@ -25,7 +31,7 @@ The CSV (columns `treeopt.selection.SWEEP_COLUMNS`) is rewritten atomically afte
 group, with a `NAME.meta.json` beside it (the proposal tree, the measurement settings, the
 model), so an interrupted sweep resumes where it stopped (`resume=True`): groups already in
 the file are kept, missing ones measured. Resuming needs the same measurement settings (tree
-sizes, repeats, warm-up, topk, seed), proposal tree, model, device and dtype; the batch sizes
+sizes, repeats, warm-up, topk, seed), verification form, proposal tree, model, device and dtype; the batch sizes
 and contexts may differ (new groups are added). The derived columns (tau, speedup, the
 prediction) are recomputed for every row from the call's tau curves and predictor.
 """
@@ -51,6 +57,7 @@ from calibration.decoder import TreeDecoder, model_forward_hidden, new_cache, pl
 from calibration.speculative import SpeculativeDecoder, decoder_for
 from treeopt.errors import UserError
 from treeopt.fileio import atomic_outputs, atomic_path, write_json
+from treeopt.forms import VERIFICATION_FORMS
 from treeopt.selection import (
     SWEEP_COLUMNS,
     add_intervals,
@@ -73,6 +80,7 @@ __all__ = [
     "meta_path",
     "effective_sizes",
     "step_bench",
+    "check_form",
     "measure_group",
     "run_sweep",
     "measure_end_to_end",
@@ -108,8 +116,13 @@ class SweepSettings:
     seed: int = 0
     time_budget_s: float = 0.0  # seconds of extra rounds for undecided cells, the whole sweep
     max_rounds_factor: int = 8  # at most this x repeats rounds per group
+    verification: str = "tree"  # the form measured: "tree" or "candidates" (treeopt.forms)
 
     def __post_init__(self):
+        if self.verification not in VERIFICATION_FORMS:
+            raise UserError(
+                f"--verification: must be one of {', '.join(VERIFICATION_FORMS)}, got {self.verification!r}"
+            )
         for name, minimum in (("sizes", 0), ("batches", 1), ("contexts", 1)):
             values = tuple(getattr(self, name))
             if not values or any(isinstance(v, bool) or int(v) != v or v < minimum for v in values):
@@ -140,7 +153,8 @@ class StepBench:
     valid:       (b, context) bool, all True (the cache slots each sequence sees).
     positions:   (b,) int64, the root's position id (= context).
     inputs:      size -> the token ids fed: (b, 1) for 0, (b, n + 1) tree tokens otherwise.
-    decoders:    size -> the TreeDecoder whose `verify_forward` is timed (sizes > 0).
+    decoders:    size -> the TreeDecoder whose `verify_forward` is timed (sizes > 0), in the
+                 sweep's verification form.
     """
 
     sizes: list[int]
@@ -164,15 +178,36 @@ class StepBench:
         return lengths.pop()
 
 
-def step_bench(lm, proposal: Tree, sizes, batch: int, context: int, *, topk: int = 10, seed: int = 0) -> StepBench:
+def check_form(drafter, verification: str) -> None:
+    """UserError when `drafter` cannot be verified in the `verification` form: a draft model's
+    decoder (`SpeculativeDecoder`) verifies its chain, one candidate, as a tree only."""
+    if verification != "tree" and getattr(drafter, "kind", "") == "draft-model":
+        raise UserError(
+            f"--verification {verification}: a draft model drafts a chain, one candidate, verified "
+            "in the tree form (use --verification tree)"
+        )
+
+
+def step_bench(
+    lm,
+    proposal: Tree,
+    sizes,
+    batch: int,
+    context: int,
+    *,
+    topk: int = 10,
+    seed: int = 0,
+    verification: str = "tree",
+) -> StepBench:
     """Build the cache of `context` random tokens for `batch` sequences and one closure per
-    tree size (0 first) running exactly one decoding step's model work, then undoing its cache
-    append. The closures call `torch.cuda.synchronize()` on CUDA."""
+    tree size (0 first) running exactly one decoding step's model work in the `verification`
+    form, then undoing its cache append. The closures call `torch.cuda.synchronize()` on CUDA."""
     sizes = sorted(set(int(n) for n in sizes) | {0})
     model, heads, device = lm.model, lm.heads, lm.device
     vocab = heads.vocab_size
     gen = torch.Generator().manual_seed(seed)
     context_ids = torch.randint(0, vocab, (batch, context), generator=gen).to(device)
+    check_form(heads, verification)
     if getattr(heads, "kind", "") == "draft-model":
         return _draft_model_bench(lm, proposal, sizes, context_ids)
     cache = new_cache(model, capacity=context + max(sizes) + 1)
@@ -202,12 +237,12 @@ def step_bench(lm, proposal: Tree, sizes, batch: int, context: int, *, topk: int
             bench.inputs[0] = token
             bench.fns.append(plain)
         else:
-            decoder = TreeDecoder(model, heads, proposal.prefix(n), topk=topk, timing=False)
+            decoder = TreeDecoder(model, heads, proposal.prefix(n), topk=topk, timing=False, verification=verification)
             tokens = torch.randint(0, vocab, (batch, n + 1), generator=gen).to(device)
 
-            def tree_step(decoder=decoder, tokens=tokens, q=n + 1):
+            def tree_step(decoder=decoder, tokens=tokens):
                 decoder.verify_forward(cache, tokens, valid, positions)
-                cache.crop(-q)
+                cache.crop(-decoder.verify_appends)
                 sync()
 
             bench.inputs[n] = tokens
@@ -292,6 +327,7 @@ def measure_group(
     topk: int,
     seed: int,
     budget: GroupBudget | None = None,
+    verification: str = "tree",
 ) -> list[dict]:
     """Time every size of `sizes` (0 added) for one (batch, context) in paired rounds: one
     row per size with the MEASURED_COLUMNS (and batch, context, nodes), sizes ascending, and
@@ -300,7 +336,7 @@ def measure_group(
     A group whose step time falls as the tree grows beyond the noise is measured again with
     fresh rounds (once); sizes still impossible then are marked `unreliable`. With a `budget`,
     rounds are added until the cell is settled (`_settled`) or the budget is spent."""
-    bench = step_bench(lm, proposal, sizes, batch, context, topk=topk, seed=seed)
+    bench = step_bench(lm, proposal, sizes, batch, context, topk=topk, seed=seed, verification=verification)
     gc_was_enabled = gc.isenabled()
     gc.disable()  # as timeit does: a collection would land on whichever sample is running
     try:
@@ -382,6 +418,7 @@ def _fingerprint(lm, proposal: Tree, sizes: list[int], settings: SweepSettings) 
             "dtype": str(lm.dtype).replace("torch.", ""),
             "threads": torch.get_num_threads(),
             "proposal": proposal.to_choices(),
+            "verification": settings.verification,
             "measurement": {
                 "sizes": sizes,
                 "repeats": settings.repeats,
@@ -413,7 +450,8 @@ def _read_done(out_csv: Path, mpath: Path, fingerprint: dict, sizes: list[int]) 
         raise UserError(f"{mpath}: not valid JSON ({str(err).splitlines()[0]}); cannot resume") from None
     if not isinstance(old, dict) or old.get("format") != SWEEP_FORMAT:
         raise UserError(f"{mpath}: not a treeopt sweep metadata file; cannot resume")
-    diff = _differences(old, fingerprint)
+    # a sweep written before the field existed measured the tree form
+    diff = _differences({"verification": "tree", **old}, fingerprint)
     if diff:
         raise UserError(
             f"{out_csv}: was measured with other settings ({'; '.join(diff)}); cannot resume "
@@ -599,6 +637,7 @@ def run_sweep(
                 topk=settings.topk,
                 seed=settings.seed,
                 budget=budget,
+                verification=settings.verification,
             )
             if all("round_samples" in r for r in rows):
                 round_samples[(b, s)] = (
@@ -673,6 +712,13 @@ def prompt_batches(tokenizer, prompts: list[str], batch: int, device) -> list[tu
     return out
 
 
+def _decoder(lm, tree: Tree, topk: int, verification: str):
+    """The reference decoder of `lm` over `tree` in the `verification` form."""
+    if verification == "tree":
+        return decoder_for(lm.model, lm.heads, tree, topk=topk, timing=False)
+    return TreeDecoder(lm.model, lm.heads, tree, topk=topk, timing=False, verification=verification)
+
+
 def measure_end_to_end(
     lm,
     proposal: Tree,
@@ -685,6 +731,7 @@ def measure_end_to_end(
     warmup: bool = True,
     seed: int = 0,
     progress: bool = True,
+    verification: str = "tree",
 ) -> pd.DataFrame:
     """The real greedy decoder on `prompts`, per (batch, tree size): rows batch, nodes,
     e2e_tokens_per_s, e2e_tokens_per_step, e2e_speedup.
@@ -696,10 +743,11 @@ def measure_end_to_end(
     and the ratio to plain decoding (e2e_speedup) is the throughput gain.
     e2e_tokens_per_step: tokens per decoding step per sequence, over the (sequence, step)
     pairs, = accepted nodes + 1 (the first token comes from the prefill, not from a step); the
-    measured counterpart of tau.
+    measured counterpart of tau. The decoder verifies in the `verification` form.
     """
     if max_new_tokens < 1:
         raise UserError(f"--max-new-tokens: must be >= 1, got {max_new_tokens}")
+    check_form(lm.heads, verification)
     sizes = effective_sizes(sizes, proposal)
     batches = sorted({int(b) for b in batches})
     rng = random.Random(seed)
@@ -709,7 +757,7 @@ def measure_end_to_end(
     try:
         for b in batches:
             encoded = prompt_batches(lm.tokenizer, prompts, b, lm.device)
-            decoders = {n: decoder_for(lm.model, lm.heads, proposal.prefix(n), topk=topk, timing=False) for n in sizes}
+            decoders = {n: _decoder(lm, proposal.prefix(n), topk, verification) for n in sizes}
             if warmup:
                 for n in sizes:
                     decoders[n].generate(*encoded[0], max_new_tokens=min(2, max_new_tokens))

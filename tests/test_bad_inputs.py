@@ -532,6 +532,12 @@ CASES = [
     ("heads-fewer-than-tree", "decode --model {tiny} --num-heads 5 --prompt hi", {}, "--num-heads"),
     ("sweep-heads-fewer", "sweep --model {tiny} --num-heads 9 --accuracy acc.json -o s.csv", {}, "--num-heads"),
     (
+        "sweep-verification-bad",
+        "sweep --model {tiny} --accuracy acc.json --verification beams -o s.csv",
+        {},
+        "--verification",
+    ),
+    (
         "validate-heads-fewer",
         "validate --model {tiny} --num-heads 9 --accuracy acc.json --data prompts.jsonl",
         {},

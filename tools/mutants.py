@@ -60,6 +60,7 @@ DRAFT_MODEL_TESTS = ("tests/test_draft_model.py",)
 GAMMA_TESTS = ("tests/test_roofline_speculative.py", "tests/test_draft_model_wiring.py")
 DRAFT_COST_TESTS = ("tests/test_drafter_cost.py",)
 CANDIDATE_TESTS = ("tests/test_candidates.py",)
+FORM_TESTS = ("tests/test_candidates_verification.py",)
 
 
 @dataclass(frozen=True)
@@ -1084,6 +1085,80 @@ MUTANTS = (
         '"speedup": tau.best',
         "the predicted speedup ignores the step's cost",
         ("tests/test_run_draft_model.py",),
+    ),
+    # ---- candidate-sequence verification and the choice of form (docs/decoder.md,
+    # "Candidate-sequence verification"; docs/builders.md, "Choosing the verification form")
+    Mutant(
+        "form-row-judged-at-own-position",
+        "calibration/decoder.py",
+        "match[..., 1:] = row_tokens[..., 1:] == pred[..., :-1]",
+        "match[..., 1:] = row_tokens[..., 1:] == pred[..., 1:]",
+        "a candidate's token judged by the distribution at its own position, not its parent's",
+        FORM_TESTS,
+    ),
+    Mutant(
+        "form-padding-counts",
+        "calibration/decoder.py",
+        "best, n_keep = _longest_accepted(match & self.retrieve_valid, loglik)",
+        "best, n_keep = _longest_accepted(match, loglik)",
+        "the padding after a short candidate can be accepted",
+        FORM_TESTS,
+    ),
+    Mutant(
+        "form-write-back-first-row",
+        "calibration/decoder.py",
+        "state.cache.take_rows(expanded, bi * self.candidates + best, keep)",
+        "state.cache.take_rows(expanded, bi * self.candidates, keep)",
+        "the first candidate's cache entries written back, not the chosen one's",
+        FORM_TESTS,
+    ),
+    Mutant(
+        "form-hidden-first-row",
+        "calibration/decoder.py",
+        "state.hidden = hidden[bi, best, n_keep - 1]",
+        "state.hidden = hidden[bi, 0, n_keep - 1]",
+        "the next step drafts from the first candidate's hidden state",
+        FORM_TESTS,
+    ),
+    Mutant(
+        "form-expansion-one-sequence",
+        "calibration/decoder.py",
+        "rows[..., :filled, :] = self.buffer[:, :, :, None, :, :filled]",
+        "rows[..., :filled, :] = self.buffer[:, :, :1, None, :, :filled]",
+        "every candidate row gets the first sequence's context",
+        FORM_TESTS,
+    ),
+    Mutant(
+        "form-predictor-unpadded",
+        "treeopt/app/sweep.py",
+        "tokens, candidates = candidate_tokens(proposal.prefix(n).num_leaves, used)",
+        "candidates = proposal.prefix(n).num_leaves",
+        "the sweep's prediction of candidates verifies n + 1 tokens",
+        FORM_TESTS,
+    ),
+    Mutant(
+        "form-not-in-fingerprint",
+        "calibration/sweep.py",
+        '            "verification": settings.verification,\n',
+        "",
+        "a sweep of one form resumes as the other",
+        FORM_TESTS,
+    ),
+    Mutant(
+        "form-no-tie-break",
+        "treeopt/forms.py",
+        "winner = overlapping[0]",
+        "winner = best",
+        "overlapping intervals go to the highest lower bound, not the cheaper verification",
+        FORM_TESTS,
+    ),
+    Mutant(
+        "form-point-not-lower-bound",
+        "treeopt/forms.py",
+        "bounds[f][1] > threshold]",
+        "bounds[f][0] > threshold]",
+        "a form competes on its point speedup, not its lower bound",
+        FORM_TESTS,
     ),
 )
 

@@ -9,7 +9,7 @@ import pandas as pd
 
 from calibration.data import read_jsonl_prompts
 from calibration.demo_files import DEMO_PROMPTS, DEMO_VALIDATION_PROMPTS
-from calibration.sweep import E2E_COLUMNS, SweepSettings, measure_end_to_end, run_sweep
+from calibration.sweep import E2E_COLUMNS, SweepSettings, check_form, measure_end_to_end, run_sweep
 from roofline.grid import draft_rows_by_prefix
 from roofline.hardware import HardwareProfile, load_hardware
 from roofline.latency import step_time_s
@@ -19,6 +19,7 @@ from roofline.shapes import DraftHeadsShape
 from roofline.speculative import draft_model_step_time_s
 from treeopt.acceptance import load_rank_vectors
 from treeopt.app.models import draft_cost_of_drafter, draft_shape_of, shape_of
+from treeopt.candidates import candidate_tokens
 from treeopt.errors import UserError
 from treeopt.fileio import atomic_path, write_text
 from treeopt.selection import SWEEP_COLUMNS
@@ -60,14 +61,20 @@ def check_prompt_source(data: str, option: str) -> None:
             raise UserError(f"{option}: {data}: cannot read ({err.strerror or err})") from None
 
 
-def step_predictor(lm, proposal: Tree, hardware: HardwareProfile):
+def step_predictor(lm, proposal: Tree, hardware: HardwareProfile, *, verification: str = "tree"):
     """predict(batch, tokens, context) -> seconds of one decoding step as the reference decoder
     runs it: the base model over q tokens plus, for q > 1, the heads the tree reaches, run on one
     token per sequence (docs/decoder.md "Where the heads run"); a sequential drafter's stages run
     depth by depth on the nodes of each depth that have children (docs/performance-model.md,
     "Drafter cost"). A draft model's proposal is a
     chain, so tree size n is gamma = n draft passes plus the verification of n + 1 tokens
-    (docs/performance-model.md, "Draft-model steps")."""
+    (docs/performance-model.md, "Draft-model steps").
+
+    verification="candidates": tree size n is verified as the L leaves' root paths of
+    `proposal.prefix(n)`, L candidate sequences of D + 1 tokens each (D its depth, shorter paths
+    padded, as the decoder runs them: docs/decoder.md "Candidate-sequence verification"); the
+    drafting is the tree form's."""
+    check_form(lm.heads, verification)
     shape = shape_of(lm.name, dtype=str(lm.dtype).replace("torch.", ""))
     heads = lm.heads
     if getattr(heads, "kind", "") == "draft-model":
@@ -80,6 +87,9 @@ def step_predictor(lm, proposal: Tree, hardware: HardwareProfile):
     def predict(batch: int, tokens: int, context: int) -> float:
         n = tokens - 1
         used = proposal.prefix(n).depth if n else 0
+        candidates = None
+        if verification == "candidates" and n:
+            tokens, candidates = candidate_tokens(proposal.prefix(n).num_leaves, used)
         if cost.sequential:
             draft = DraftWork(cost, draft_rows_by_prefix(proposal.prefix(n), cost.stages)[-1]) if used else None
         else:
@@ -88,7 +98,18 @@ def step_predictor(lm, proposal: Tree, hardware: HardwareProfile):
                 if used
                 else None
             )
-        return float(step_time_s(shape, draft, hardware, batch=batch, tokens=tokens, context=context, on_oom="ignore"))
+        return float(
+            step_time_s(
+                shape,
+                draft,
+                hardware,
+                batch=batch,
+                tokens=tokens,
+                context=context,
+                on_oom="ignore",
+                candidates=candidates,
+            )
+        )
 
     return predict
 
@@ -117,11 +138,12 @@ def sweep(
 ) -> pd.DataFrame:
     """`calibration.sweep.run_sweep` with the roofline's prediction of every step when a
     hardware profile (name, file or profile) is given, and tau's standard error from the
-    calibration (`curve_stderr`)."""
+    calibration (`curve_stderr`). The prediction is of the verification form the sweep
+    measures (`settings.verification`)."""
     predictor, meta = None, {"accuracy": table.provenance}
     if hardware is not None:
         hw = hardware if isinstance(hardware, HardwareProfile) else load_hardware(hardware)
-        predictor = step_predictor(lm, tau.proposal, hw)
+        predictor = step_predictor(lm, tau.proposal, hw, verification=settings.verification)
         meta["hardware"] = hw.name
     return run_sweep(
         lm,
@@ -159,6 +181,7 @@ def add_end_to_end(
         max_new_tokens=max_new_tokens,
         topk=settings.topk,
         progress=progress,
+        verification=settings.verification,
     )
     df = df.drop(columns=E2E_COLUMNS, errors="ignore")
     df = df.merge(e2e, on=["batch", "nodes"], how="left").reindex(columns=SWEEP_COLUMNS)

@@ -13,7 +13,7 @@ from calibration.demo import DemoRecipe, train_demo
 from calibration.demo_draft import DraftRecipe, train_demo_draft
 from calibration.demo_files import DEMO_MODEL_DIR
 from calibration.models import load_model
-from calibration.sweep import SweepSettings
+from calibration.sweep import SweepSettings, check_form
 from calibration.threads import torch_threads
 from roofline.hardware import load_hardware
 from treeopt.app.run import RunSettings, run_main_job
@@ -33,6 +33,7 @@ from treeopt.cli.safety import check_outputs, input_files
 from treeopt.engines import ENGINE_NAMES
 from treeopt.errors import UserError
 from treeopt.fileio import atomic_folder, output_lock
+from treeopt.forms import VERIFICATION_FORMS
 from treeopt.mix import parse_mix
 from treeopt.selection import read_sweep, sweep_meta_path, sweep_samples_path
 from treeopt.tau import PROPOSAL_METHODS, load_tau_curves
@@ -181,6 +182,14 @@ def check_sweep_size(batches, contexts, sizes) -> None:
     metavar="NAME|FILE",
     help="Profile for the prediction next to each measurement (e.g. from `treeopt hw calibrate`).",
 )
+@click.option(
+    "--verification",
+    type=click.Choice(VERIFICATION_FORMS),
+    default="tree",
+    show_default=True,
+    help="Verify each tree under a tree mask, or as its leaves' root paths, one candidate sequence "
+    "each (batch expansion). One sweep measures one form; sweep each to compare them.",
+)
 @click.option("--end-to-end", is_flag=True, help="Also measure tokens/s of the real decoder on prompts.")
 @click.option("--data", default=DEMO_VALIDATION, show_default=True, help="Prompts for --end-to-end.")
 @click.option("--max-new-tokens", type=AtLeast(1), default=32, show_default=True)
@@ -203,6 +212,7 @@ def sweep_cmd(
     repeats,
     time_budget,
     hardware,
+    verification,
     end_to_end,
     data,
     max_new_tokens,
@@ -212,7 +222,9 @@ def sweep_cmd(
 ):
     """Measure one decoding step's latency for every tree size x batch x context on this
     machine (next to the roofline prediction), and the measured speedup tau * T(0) / T(n)."""
-    fits = hardware is not None and 1 in batches and len(batches) > 1
+    # the profile fit models tree verification (docs/performance-model.md, "Fitting a profile to
+    # measured steps"): a sweep of candidate sequences is not fitted
+    fits = hardware is not None and 1 in batches and len(batches) > 1 and verification == "tree"
     folder = Path(output).parent
     check_outputs(
         [output, sweep_meta_path(output), sweep_samples_path(output)]
@@ -220,7 +232,9 @@ def sweep_cmd(
         input_files(accuracy, hardware, model, heads, data if end_to_end else None),
     )
     check_sweep_size(batches, contexts, sizes)
-    settings = SweepSettings(sizes, batches, contexts, repeats=repeats, topk=topk, time_budget_s=time_budget)
+    settings = SweepSettings(
+        sizes, batches, contexts, repeats=repeats, topk=topk, time_budget_s=time_budget, verification=verification
+    )
     table, tau = load_tau_curves(accuracy, max(sizes), method=method)
     profile = load_hardware(hardware) if hardware is not None else None
     if end_to_end:
@@ -228,6 +242,7 @@ def sweep_cmd(
     with output_lock(output):  # a second sweep to the same CSV fails at once
         lm = load_model(model, heads, device=device, dtype=dtype, num_heads=num_heads, drafter=drafter)
         check_drafter_depth(lm, tau.proposal, accuracy)
+        check_form(lm.heads, verification)
         with torch_threads(lm.model, lm.device, threads):
             df = sweep(lm, table, tau, settings, output, hardware=profile, resume=resume, accuracy_path=accuracy)
             if end_to_end:

@@ -1,0 +1,140 @@
+"""Verification forms of one static candidate set and the choice between them.
+
+A drafted tree can be verified as a tree (one sequence of q tokens under a tree mask, the
+context read once) or as its leaves' root paths, each a candidate sequence of its own (IBM's
+batch expansion: the context read once per candidate). Both accept the same tokens; only the
+cost differs (docs/decoder.md, "Candidate-sequence verification"). A measured sweep measures one
+form; `choose_form` joins the selections of several forms measured on the same (batch, context)
+cells (docs/builders.md, "Choosing the verification form").
+"""
+
+from __future__ import annotations
+
+import math
+
+from treeopt.errors import UserError
+
+__all__ = ["VERIFICATION_FORMS", "FORMS_FORMAT", "choose_form"]
+
+#: the verification forms, cheapest verification first: the tree reads each sequence's context
+#: once, candidate sequences once per candidate (docs/performance-model.md, "Verification modes")
+VERIFICATION_FORMS = ("tree", "candidates")
+FORMS_FORMAT = "treeopt.forms/v1"
+
+
+def _interval(cell: dict, form: str) -> tuple[float, float, float]:
+    """(speedup, lower, upper) of a selection cell; a cell without an interval (a predicted
+    selection) is its point speedup at both ends. No speculation is speedup 1."""
+    if not cell.get("nodes"):
+        return 1.0, 1.0, 1.0
+
+    def number(name: str, default):
+        value = cell.get(name, default)
+        if value is None:
+            value = default
+        try:
+            value = float(value)
+        except (TypeError, ValueError):
+            raise UserError(
+                f"selection '{form}': cell batch {cell.get('batch')} context {cell.get('context')}: "
+                f"'{name}' is not a number ({value!r})"
+            ) from None
+        return value
+
+    speedup = number("speedup", math.nan)
+    return speedup, number("speedup_lo", speedup), number("speedup_hi", speedup)
+
+
+def _cells(doc: dict, form: str) -> dict[tuple[int, int], dict]:
+    if not isinstance(doc, dict) or not isinstance(doc.get("cells"), list):
+        raise UserError(f"selection '{form}': not a treeopt.selection/v1 document (no 'cells' list)")
+    out = {}
+    for cell in doc["cells"]:
+        try:
+            key = (int(cell["batch"]), int(cell["context"]))
+        except (KeyError, TypeError, ValueError):
+            raise UserError(f"selection '{form}': a cell without an integer batch and context: {cell!r}") from None
+        out[key] = cell
+    return out
+
+
+def choose_form(selections: dict[str, dict], *, threshold: float = 1.0) -> dict:
+    """Per (batch, context) the verification form to serve with, from the selection documents
+    (`treeopt.selection.select`) of several forms measured on the same cells, keyed by form.
+
+    Rule (docs/builders.md, "Choosing the verification form"): a form competes in a cell when it
+    speculates there (nodes > 0) and its speedup's lower bound exceeds `threshold`; none does:
+    no speculation. Among those the highest lower bound wins, unless another competing form's
+    interval overlaps the winner's: then, of the overlapping ones, the form with the cheaper
+    verification (the earlier in VERIFICATION_FORMS: the tree reads the context once) wins.
+
+    Returns {"format", "forms", "threshold", "cells": [{batch, context, form (None for no
+    speculation), nodes, speedup, speedup_lo, speedup_hi, medusa_choices, reason, by_form:
+    {form: {nodes, speedup, speedup_lo, speedup_hi}}}]}, cells sorted by (batch, context).
+    """
+    if not selections:
+        raise UserError("choose_form: no selections given")
+    unknown = sorted(set(selections) - set(VERIFICATION_FORMS))
+    if unknown:
+        raise UserError(f"choose_form: unknown form '{unknown[0]}' (one of {', '.join(VERIFICATION_FORMS)})")
+    forms = [f for f in VERIFICATION_FORMS if f in selections]  # cheapest verification first
+    cells = {form: _cells(selections[form], form) for form in forms}
+    keys = set(cells[forms[0]])
+    for form in forms[1:]:
+        if set(cells[form]) != keys:
+            missing = sorted(keys ^ set(cells[form]))[0]
+            raise UserError(
+                f"choose_form: the selections of '{forms[0]}' and '{form}' cover other cells "
+                f"(batch {missing[0]} context {missing[1]} is in one only); measure both forms on the same cells"
+            )
+    out = []
+    for key in sorted(keys):
+        bounds = {form: _interval(cells[form][key], form) for form in forms}
+        competing = [f for f in forms if cells[f][key].get("nodes") and bounds[f][1] > threshold]
+        by_form = {
+            f: {"nodes": int(cells[f][key].get("nodes") or 0), "speedup": s, "speedup_lo": lo, "speedup_hi": hi}
+            for f, (s, lo, hi) in bounds.items()
+        }
+        row = {"batch": key[0], "context": key[1]}
+        if not competing:
+            out.append(
+                {
+                    **row,
+                    "form": None,
+                    "nodes": 0,
+                    "speedup": 1.0,
+                    "speedup_lo": 1.0,
+                    "speedup_hi": 1.0,
+                    "medusa_choices": [],
+                    "reason": f"no speculation: no form's speedup lower bound exceeds {threshold:g}",
+                    "by_form": by_form,
+                }
+            )
+            continue
+        best = max(competing, key=lambda f: bounds[f][1])  # the first (cheapest) on ties
+        overlapping = [f for f in competing if bounds[f][2] >= bounds[best][1] and bounds[f][1] <= bounds[best][2]]
+        winner = overlapping[0]  # competing is in cost order, and best overlaps itself
+        if winner == best:
+            others = [f for f in competing if f != best]
+            reason = "highest speedup lower bound" + (
+                f" (intervals overlap with {', '.join(others)}; cheapest verification)"
+                if any(f in overlapping for f in others)
+                else ""
+            )
+        else:
+            reason = f"interval overlaps that of {best} (the highest lower bound); cheaper verification"
+        s, lo, hi = bounds[winner]
+        out.append(
+            {
+                **row,
+                "form": winner,
+                "nodes": int(cells[winner][key]["nodes"]),
+                "speedup": s,
+                "speedup_lo": lo,
+                "speedup_hi": hi,
+                "medusa_choices": cells[winner][key].get("medusa_choices", []),
+                "reason": reason,
+                "by_form": by_form,
+            }
+        )
+    return {"format": FORMS_FORMAT, "forms": forms, "threshold": float(threshold), "cells": out}
