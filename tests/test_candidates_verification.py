@@ -445,6 +445,18 @@ def test_choose_form_without_intervals_and_with_a_threshold():
     assert choose_form({"candidates": cands})["cells"][0]["form"] == "candidates"
 
 
+def test_choose_form_prefers_the_chain_of_a_draft_model_on_overlap():
+    """A draft model's chain and tree forms: overlapping intervals go to the form named first in
+    `order` (the chain), a clearly better tree still wins."""
+    chain = _selection([(1, 64, 2, 1.20, 1.10, 1.30), (2, 64, 1, 1.10, 1.05, 1.15)])
+    tree = _selection([(1, 64, 4, 1.25, 1.15, 1.35), (2, 64, 4, 1.30, 1.20, 1.40)])
+    doc = choose_form({"tree": tree, "chain": chain}, order=("chain", "tree"))
+    assert doc["forms"] == ["chain", "tree"]
+    assert [(c["form"], c["nodes"]) for c in doc["cells"]] == [("chain", 2), ("tree", 4)]
+    with pytest.raises(UserError, match="unknown form 'chain'"):
+        choose_form({"tree": tree, "chain": chain})
+
+
 def test_choose_form_refuses_mismatched_cells_and_unknown_forms():
     a = {"cells": [{"batch": 1, "context": 64, "nodes": 4, "speedup": 1.3}]}
     b = {"cells": [{"batch": 2, "context": 64, "nodes": 4, "speedup": 1.3}]}

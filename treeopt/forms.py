@@ -58,7 +58,7 @@ def _cells(doc: dict, form: str) -> dict[tuple[int, int], dict]:
     return out
 
 
-def choose_form(selections: dict[str, dict], *, threshold: float = 1.0) -> dict:
+def choose_form(selections: dict[str, dict], *, threshold: float = 1.0, order=None) -> dict:
     """Per (batch, context) the verification form to serve with, from the selection documents
     (`treeopt.selection.select`) of several forms measured on the same cells, keyed by form.
 
@@ -67,6 +67,9 @@ def choose_form(selections: dict[str, dict], *, threshold: float = 1.0) -> dict:
     no speculation. Among those the highest lower bound wins, unless another competing form's
     interval overlaps the winner's: then, of the overlapping ones, the form with the cheaper
     verification (the earlier in VERIFICATION_FORMS: the tree reads the context once) wins.
+    `order` names the forms in that preference order when they are other ways of drafting than
+    the verification forms (a draft model's "chain" before its "tree": every engine that serves
+    a draft model verifies chains, fewer verify trees).
 
     Returns {"format", "forms", "threshold", "cells": [{batch, context, form (None for no
     speculation), nodes, speedup, speedup_lo, speedup_hi, medusa_choices, reason, by_form:
@@ -74,10 +77,11 @@ def choose_form(selections: dict[str, dict], *, threshold: float = 1.0) -> dict:
     """
     if not selections:
         raise UserError("choose_form: no selections given")
-    unknown = sorted(set(selections) - set(VERIFICATION_FORMS))
+    order = tuple(VERIFICATION_FORMS if order is None else order)
+    unknown = sorted(set(selections) - set(order))
     if unknown:
-        raise UserError(f"choose_form: unknown form '{unknown[0]}' (one of {', '.join(VERIFICATION_FORMS)})")
-    forms = [f for f in VERIFICATION_FORMS if f in selections]  # cheapest verification first
+        raise UserError(f"choose_form: unknown form '{unknown[0]}' (one of {', '.join(order)})")
+    forms = [f for f in order if f in selections]  # preferred (cheapest verification) first
     cells = {form: _cells(selections[form], form) for form in forms}
     keys = set(cells[forms[0]])
     for form in forms[1:]:
