@@ -127,8 +127,10 @@ class DecodeState:
     next_pos: (b,) int64, position id of the root token (number of valid slots).
     root:     (b,) int64, the next token (already emitted, not yet in the cache).
     hidden:   (b, h), the base model's last hidden state at the token that produced `root`:
-              the heads draft the next step from it.
+              the heads draft the next step from it (Hydra++: the prefix layer's output there).
     rows:     (b,) int64, each active sequence's index in the caller's batch.
+    draft_cache: Hydra++'s prefix-layer `KVCache` (one layer), slot for slot as `cache` (the
+              same `valid`); None for other drafters.
     """
 
     cache: KVCache
@@ -137,6 +139,7 @@ class DecodeState:
     root: torch.Tensor
     hidden: torch.Tensor
     rows: torch.Tensor
+    draft_cache: KVCache | None = None
 
 
 # --------------------------------------------------------------------------------------------
@@ -658,6 +661,7 @@ class TreeDecoder:
         self.topk_used = 1 + max((p[-1] for p in tree.paths), default=-1)
         self.force_gqa = self.device.type == "cpu" and uses_gqa(model)
         self.sequential = bool(getattr(heads, "sequential", False))
+        self.prefix_layer = bool(getattr(heads, "prefix_layer", False))
         self.levels = (
             _draft_levels(buf.depth, buf.parent, np.array([0, *(p[-1] for p in tree.sorted_paths)]), t)
             if self.sequential
@@ -711,13 +715,20 @@ class TreeDecoder:
         last = length - 1 - valid.flip(-1).long().argmax(-1)  # index of each row's last real token
         rows = torch.arange(b, device=self.device)
         h_last = hidden[rows, last]  # (b, h)
+        draft_cache, draft_hidden = None, h_last
+        if self.prefix_layer:
+            # why: Hydra++'s prefix layer reads the whole prompt into a cache of its own
+            # (docs/decoder.md, "Hydra++")
+            draft_cache = KVCache(1, max(capacity, length))
+            draft_hidden = self.heads.context_states(hidden, valid, positions, cache=draft_cache)[rows, last]
         return DecodeState(
             cache=cache,
             valid=valid,
             next_pos=valid.sum(-1),
             root=self._pick(_lm_head(self.model, h_last), temperature, generator),
-            hidden=h_last,
+            hidden=draft_hidden,
             rows=rows,
+            draft_cache=draft_cache,
         )
 
     def step_mask(self, valid: torch.Tensor) -> torch.Tensor:
@@ -878,10 +889,22 @@ class TreeDecoder:
             keep = int(n_keep.max())
             state.cache.keep_slots(c, c + path[:, :keep])
             kept = torch.arange(keep, device=self.device)[None] < n_keep[:, None]
+            bi = torch.arange(tokens.shape[0], device=self.device)
+            if state.draft_cache is None:
+                state.hidden = hidden[bi, last]
+            else:
+                # Hydra++: the prefix layer reads the kept tokens' hidden states into its cache,
+                # slot for slot as the target's; its output at the last one drafts next
+                # (docs/decoder.md, "Hydra++").
+                state.hidden = self.heads.context_states(
+                    hidden[bi[:, None], path[:, :keep]],
+                    kept,
+                    state.next_pos[:, None] + torch.arange(keep, device=self.device)[None],
+                    past_valid=state.valid,
+                    cache=state.draft_cache,
+                )[bi, n_keep - 1]
             state.valid = torch.cat([state.valid, kept], dim=1)
             state.next_pos = state.next_pos + n_keep
-            bi = torch.arange(tokens.shape[0], device=self.device)
-            state.hidden = hidden[bi, last]
             state.root = bonus
             new = torch.cat([tokens.gather(1, path[:, 1:]), bonus[:, None]], dim=1)
             new[bi, n_keep - 1] = bonus  # the accepted nodes, then the bonus
@@ -896,13 +919,16 @@ class TreeDecoder:
         state.rows = state.rows[idx]
         if idx.numel() == 0:
             return
-        state.cache.batch_select_indices(idx)
+        caches = [c for c in (state.cache, state.draft_cache) if c is not None]
+        for cache in caches:
+            cache.batch_select_indices(idx)
         state.valid, state.next_pos = state.valid[idx], state.next_pos[idx]
         state.root, state.hidden = state.root[idx], state.hidden[idx]
         used = state.valid.any(0)
         if not bool(used.all()):
             cols = used.nonzero()[:, 0]
-            state.cache.keep_slots(0, cols[None].expand(idx.numel(), -1))
+            for cache in caches:
+                cache.keep_slots(0, cols[None].expand(idx.numel(), -1))
             state.valid = state.valid[:, cols]
 
     # ---- the loop --------------------------------------------------------------------------

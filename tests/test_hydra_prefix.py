@@ -1,0 +1,421 @@
+"""Hydra++ "prefix-mlp" heads (calibration.drafters.hydra): a checkpoint written here in exactly
+the authors' key layout (their HydraPrefixMLP: every block and projection behind a Dropout in a
+Sequential, a one-layer LlamaModel as ``prefix_embeding_layer``) loads, and its prefix layer and
+heads equal a hand-written implementation of the equations (RMSNorm, rotary, causal GQA
+attention, SwiGLU MLP, final norm); calibration equals a slow per-position reference; the
+decoder's prefix cache gives at every step the prefix output of the whole sequence so far; greedy
+decoding stays lossless; the CLI calibrates and decodes with such a directory."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from transformers import AutoConfig
+
+from calibration.decoder import KVCache, TreeDecoder, greedy_decode
+from calibration.drafters import HydraHeads, load_drafter
+from calibration.labels import label_ranks, label_rows
+from calibration.models import load_model, tiny_model_for_tests
+from treeopt.accuracy import load_accuracy
+from treeopt.cli import main
+from treeopt.errors import UserError
+from treeopt.fileio import write_json
+from treeopt.tree import make_tree
+
+VOCAB, HIDDEN, HEADS, KV_HEADS, INTER = 64, 32, 4, 2, 64
+HEAD_DIM = HIDDEN // HEADS
+TREES = [
+    [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0], [0, 1, 0], [0, 0, 0, 0]],
+    [[0], [2], [0, 0], [2, 1], [2, 1, 3], [0, 0, 0]],
+    [[0], [0, 0], [0, 0, 0]],
+]
+
+
+def rand(*shape, g, scale=0.3):
+    return torch.randn(*shape, generator=g) * scale
+
+
+def prefix_state_dict(num_heads, num_layers, g):
+    """A grounded prefix-mlp state dict with the authors' keys: Sequential(Dropout, ResBlock(h,
+    k + 1), [Dropout, ResBlock(h)] * (L - 1)) per head, whose later blocks are ONE module in
+    their code (list repetition), so the file holds the same tensors under each index; the
+    projections Sequential(Dropout, Linear); the one-layer LlamaModel with its unused
+    embed_tokens and an old-style rotary buffer."""
+    h, v = HIDDEN, VOCAB
+    sd = {"input_embed_fn.weight": rand(v, h, g=g)}
+    for k in range(num_heads):
+        width = (k + 2) * h
+        sd[f"hydra_mlp.{k}.1.linear.weight"] = rand(h, width, g=g)
+        sd[f"hydra_mlp.{k}.1.linear.bias"] = rand(h, g=g)
+        sd[f"hydra_mlp.{k}.1.res_connection.weight"] = rand(h, width, g=g)
+        sd[f"hydra_mlp.{k}.1.res_connection.bias"] = rand(h, g=g)
+        shared_w, shared_b = rand(h, h, g=g), rand(h, g=g)
+        for j in range(1, num_layers):
+            sd[f"hydra_mlp.{k}.{2 * j + 1}.linear.weight"] = shared_w.clone()
+            sd[f"hydra_mlp.{k}.{2 * j + 1}.linear.bias"] = shared_b.clone()
+        sd[f"hydra_lm_head.{k}.1.weight"] = rand(v, h, g=g)
+        sd[f"hydra_lm_head.{k}.1.bias"] = rand(v, g=g)
+    p = "prefix_embeding_layer."
+    sd[p + "embed_tokens.weight"] = rand(v, h, g=g)
+    sd[p + "layers.0.self_attn.q_proj.weight"] = rand(HEADS * HEAD_DIM, h, g=g)
+    sd[p + "layers.0.self_attn.k_proj.weight"] = rand(KV_HEADS * HEAD_DIM, h, g=g)
+    sd[p + "layers.0.self_attn.v_proj.weight"] = rand(KV_HEADS * HEAD_DIM, h, g=g)
+    sd[p + "layers.0.self_attn.o_proj.weight"] = rand(h, HEADS * HEAD_DIM, g=g)
+    sd[p + "layers.0.self_attn.rotary_emb.inv_freq"] = torch.ones(HEAD_DIM // 2)
+    sd[p + "layers.0.mlp.gate_proj.weight"] = rand(INTER, h, g=g)
+    sd[p + "layers.0.mlp.up_proj.weight"] = rand(INTER, h, g=g)
+    sd[p + "layers.0.mlp.down_proj.weight"] = rand(h, INTER, g=g)
+    sd[p + "layers.0.input_layernorm.weight"] = 1 + rand(h, g=g, scale=0.1)
+    sd[p + "layers.0.post_attention_layernorm.weight"] = 1 + rand(h, g=g, scale=0.1)
+    sd[p + "norm.weight"] = 1 + rand(h, g=g, scale=0.1)
+    return sd
+
+
+def write_prefix(path, num_heads=4, num_layers=3, seed=0):
+    sd = prefix_state_dict(num_heads, num_layers, torch.Generator().manual_seed(seed))
+    path.mkdir(parents=True, exist_ok=True)
+    torch.save(sd, path / "hydra_lm_head.pt")
+    write_json(
+        path / "config.json",
+        {
+            "hydra_num_heads": num_heads,
+            "hydra_num_layers": num_layers,
+            "hydra_head_arch": "prefix-mlp",
+            "grounded_heads": True,
+            "hidden_state_offset": 0,
+            "base_model_name_or_path": "tiny",
+        },
+    )
+    return sd
+
+
+# ---- the equations, written out ------------------------------------------------------------
+
+
+def rms(x, w, eps=1e-6):
+    return x / torch.sqrt((x * x).mean(-1, keepdim=True) + eps) * w
+
+
+def rotate(x, positions, theta=10000.0):
+    """Llama's rotary embedding (the half-split form transformers uses): pairs (i, i + d/2)
+    rotated by position * theta^(-2i/d)."""
+    d = x.shape[-1]
+    freq = theta ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    angle = positions.double()[:, None] * freq[None]  # (n, d/2)
+    cos, sin = torch.cos(angle).float()[:, None], torch.sin(angle).float()[:, None]
+    a, b = x[..., : d // 2], x[..., d // 2 :]
+    return torch.cat([a * cos - b * sin, b * cos + a * sin], dim=-1)
+
+
+def prefix_reference(sd, hidden, eps):
+    """The prefix layer over one sequence's hidden states (n, h), positions 0..n-1, causal."""
+    p = "prefix_embeding_layer.layers.0."
+    n = hidden.shape[0]
+    x = rms(hidden, sd[p + "input_layernorm.weight"], eps)
+    q = (x @ sd[p + "self_attn.q_proj.weight"].T).view(n, HEADS, HEAD_DIM)
+    k = (x @ sd[p + "self_attn.k_proj.weight"].T).view(n, KV_HEADS, HEAD_DIM)
+    v = (x @ sd[p + "self_attn.v_proj.weight"].T).view(n, KV_HEADS, HEAD_DIM)
+    pos = torch.arange(n)
+    q, k = rotate(q, pos), rotate(k, pos)
+    heads = []
+    for i in range(HEADS):
+        j = i // (HEADS // KV_HEADS)  # the query head's KV group
+        scores = q[:, i] @ k[:, j].T / math.sqrt(HEAD_DIM)
+        scores = scores.masked_fill(~torch.ones(n, n, dtype=torch.bool).tril(), float("-inf"))
+        heads.append(torch.softmax(scores, -1) @ v[:, j])
+    h1 = hidden + torch.cat(heads, -1) @ sd[p + "self_attn.o_proj.weight"].T
+    m = rms(h1, sd[p + "post_attention_layernorm.weight"], eps)
+    gate, up = m @ sd[p + "mlp.gate_proj.weight"].T, m @ sd[p + "mlp.up_proj.weight"].T
+    h2 = h1 + (torch.nn.functional.silu(gate) * up) @ sd[p + "mlp.down_proj.weight"].T
+    return rms(h2, sd["prefix_embeding_layer.norm.weight"], eps)
+
+
+def head_reference(sd, k, num_layers, h, path_tokens):
+    """Head k on [h, E(path...)], the authors' indices: block 1 widened, 3, 5, ... ordinary."""
+    x = torch.cat([h, *(sd["input_embed_fn.weight"][t] for t in path_tokens)])
+    silu = torch.nn.functional.silu
+    lin = f"hydra_mlp.{k}.1."
+    x = (
+        x @ sd[lin + "res_connection.weight"].T
+        + sd[lin + "res_connection.bias"]
+        + silu(x @ sd[lin + "linear.weight"].T + sd[lin + "linear.bias"])
+    )
+    for j in range(1, num_layers):
+        blk = f"hydra_mlp.{k}.{2 * j + 1}."
+        x = x + silu(x @ sd[blk + "linear.weight"].T + sd[blk + "linear.bias"])
+    return x @ sd[f"hydra_lm_head.{k}.1.weight"].T + sd[f"hydra_lm_head.{k}.1.bias"]
+
+
+# ---- fixtures -------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    path = tiny_model_for_tests(
+        tmp_path_factory.mktemp("tiny"),
+        vocab=VOCAB,
+        hidden=HIDDEN,
+        layers=2,
+        heads=HEADS,
+        kv_heads=KV_HEADS,
+        num_medusa_heads=3,
+    )
+    sd = write_prefix(path / "hydra", num_heads=4, num_layers=3)
+    torch.set_num_threads(1)
+    return path, sd
+
+
+def test_prefix_layout_forward_equals_the_equations(tiny):
+    path, sd = tiny
+    config = AutoConfig.from_pretrained(path)
+    heads = load_drafter(path / "hydra", dtype=torch.float32, base_config=config)
+    assert heads.kind == "hydra" and heads.prefix_layer and heads.sequential and heads.num_layers == 3
+    g = torch.Generator().manual_seed(1)
+    hidden = torch.randn(1, 7, HIDDEN, generator=g)
+    with torch.no_grad():
+        out = heads.context_states(hidden, torch.ones(1, 7, dtype=torch.bool), torch.arange(7)[None])
+    expected = prefix_reference(sd, hidden[0], config.rms_norm_eps)
+    assert torch.allclose(out[0], expected, atol=1e-5), (out[0] - expected).abs().max()
+    path_tokens = [5, 17, 33, 2, 40]
+    with torch.no_grad():
+        logits = heads.teacher_forced_logits(out[0, -1:], torch.tensor([path_tokens[:4]]))[0]
+    for k in range(4):
+        want = head_reference(sd, k, 3, expected[-1], path_tokens[: k + 1])
+        assert torch.allclose(logits[k], want, atol=1e-4), k
+
+
+def test_prefix_layer_with_padding_and_a_cache_equals_one_pass(tiny):
+    """Left padding is invisible, and feeding a sequence in two pieces through the cache gives
+    the outputs of one pass (positions continue)."""
+    path, sd = tiny
+    config = AutoConfig.from_pretrained(path)
+    heads = load_drafter(path / "hydra", dtype=torch.float32, base_config=config)
+    g = torch.Generator().manual_seed(2)
+    hidden = torch.randn(1, 9, HIDDEN, generator=g)
+    expected = prefix_reference(sd, hidden[0], config.rms_norm_eps)
+    padded = torch.cat([torch.randn(1, 3, HIDDEN, generator=g), hidden], 1)
+    valid = torch.tensor([[False] * 3 + [True] * 9])
+    positions = (valid.long().cumsum(-1) - 1).clamp(min=0)
+    cache = KVCache(1)
+    with torch.no_grad():
+        first = heads.context_states(padded[:, :8], valid[:, :8], positions[:, :8], cache=cache)
+        second = heads.context_states(
+            padded[:, 8:], valid[:, 8:], positions[:, 8:], past_valid=valid[:, :8], cache=cache
+        )
+    out = torch.cat([first, second], 1)[0, 3:]
+    assert torch.allclose(out, expected, atol=1e-5)
+
+
+def test_prefix_checkpoint_round_trips_in_the_authors_layout(tiny, tmp_path):
+    path, sd = tiny
+    config = AutoConfig.from_pretrained(path)
+    heads = load_drafter(path / "hydra", dtype=torch.float32, base_config=config)
+    heads.save_pretrained(tmp_path / "out", dtype=torch.float32, format="pt")
+    saved = torch.load(tmp_path / "out" / "hydra_lm_head.pt", weights_only=True)
+    # everything the authors' file holds, except the unused embed_tokens and the rotary buffer
+    ignored = {
+        "prefix_embeding_layer.embed_tokens.weight",
+        "prefix_embeding_layer.layers.0.self_attn.rotary_emb.inv_freq",
+    }
+    assert set(saved) == set(sd) - ignored
+    for key in saved:
+        assert torch.equal(saved[key], sd[key]), key
+    again = load_drafter(tmp_path / "out", dtype=torch.float32, base_config=config)
+    assert again.prefix_layer and again.head_arch == "prefix-mlp"
+
+
+def test_prefix_bad_inputs_are_one_line_errors(tiny, tmp_path):
+    path, sd = tiny
+    with pytest.raises(UserError, match="needs the base model's config"):
+        load_drafter(path / "hydra")
+    bad = tmp_path / "bad"
+    write_prefix(bad)
+    state = torch.load(bad / "hydra_lm_head.pt", weights_only=True)
+    del state["prefix_embeding_layer.layers.0.mlp.up_proj.weight"]
+    torch.save(state, bad / "hydra_lm_head.pt")
+    config = AutoConfig.from_pretrained(path)
+    with pytest.raises(UserError, match="lack key 'prefix_embeding_layer.layers.0.mlp.up_proj.weight'"):
+        load_drafter(bad, base_config=config)
+
+
+# ---- calibration ----------------------------------------------------------------------------
+
+
+def test_prefix_calibration_equals_slow_per_position_reference(tiny):
+    path, _ = tiny
+    lm = load_model(str(path), device="cpu", dtype="float32", drafter="hydra")
+    g = torch.Generator().manual_seed(6)
+    seqs = [torch.randint(3, VOCAB, (n,), generator=g).tolist() for n in (9, 14, 4)]
+    starts = [2, 3, 0]
+    ranks = label_ranks(lm.model, lm.heads, seqs, starts, chunk_elements=5 * VOCAB)
+    seq, t, has = label_rows([len(s) for s in seqs], starts, lm.heads.num_heads)
+    for r in range(len(seq)):  # one position at a time: the prefix layer over x_0..x_t alone
+        x = seqs[seq[r]][: t[r] + 1]
+        with torch.no_grad():
+            base = lm.model.model(input_ids=torch.tensor([x])).last_hidden_state
+            h = lm.heads.context_states(base, torch.ones(1, len(x), dtype=torch.bool), torch.arange(len(x))[None])
+        for k in range(lm.heads.num_heads):
+            if not has[r, k]:
+                assert ranks[r, k] == -1
+                continue
+            full = seqs[seq[r]]
+            with torch.no_grad():
+                logits = lm.heads.teacher_forced_logits(h[0, -1:], torch.tensor([full[t[r] + 1 : t[r] + k + 2]]))[0, k]
+            label = full[t[r] + k + 2]
+            assert ranks[r, k] == int((logits > logits[label]).sum()), (r, k)
+    assert (ranks[has] >= 0).all()
+
+
+# ---- decoding -------------------------------------------------------------------------------
+
+
+def prompts(lengths, seed):
+    g = torch.Generator().manual_seed(seed)
+    width = max(lengths)
+    ids = torch.zeros((len(lengths), width), dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, n in enumerate(lengths):
+        ids[i, width - n :] = torch.randint(3, VOCAB, (n,), generator=g)
+        mask[i, width - n :] = 1
+    return ids, mask
+
+
+@pytest.mark.parametrize("lengths", [(7,), (5, 9, 3)])
+def test_greedy_decoding_with_prefix_heads_is_lossless(tiny, lengths):
+    path, _ = tiny
+    ids, mask = prompts(lengths, seed=len(lengths))
+    lm = load_model(str(path), device="cpu", dtype="float32", drafter="hydra")
+    reference = greedy_decode(lm.model, ids, mask, max_new_tokens=24)
+    for paths in TREES:
+        result = TreeDecoder(lm.model, lm.heads, make_tree(paths), topk=4, timing=False).generate(
+            ids, mask, max_new_tokens=24
+        )
+        assert result.tokens == reference, paths
+
+
+class OraclePrefixHeads(HydraHeads):
+    """Prefix-mlp heads whose guesses come from a table of the true continuations (keyed by
+    the last two path tokens), so that steps accept several tokens and a batch gets holes;
+    the prefix layer and its cache are the real ones."""
+
+    table: dict = {}
+
+    def begin(self, hidden, root):
+        return (*super().begin(hidden, root), torch.stack([torch.full_like(root, -1), root], 1))
+
+    def depth_logits(self, state, depth):
+        logits = -torch.arange(VOCAB, dtype=torch.float32).repeat(len(state[-1]), 1)
+        for i, (a, b) in enumerate(state[-1].tolist()):  # a test oracle, not the code under test
+            nxt = self.table.get((a, b), self.table.get((b,), 3))
+            logits[i, nxt] = 1.0
+        return logits, state
+
+    def child_state(self, carry, depth, tokens):
+        return (*super().child_state(carry[:-1], depth, tokens), torch.stack([carry[-1][:, 1], tokens], 1))
+
+
+def test_prefix_cache_gives_the_prefix_output_of_the_whole_sequence(tiny):
+    """After the prefill and every step, each live sequence's drafting state equals the prefix
+    layer run once over the base hidden states of its whole sequence so far, taken at the token
+    that produced its root: the cache kept the accepted tokens, in order, across holes and a
+    dropped sequence."""
+    path, _ = tiny
+    lm = load_model(str(path), device="cpu", dtype="float32", drafter="hydra")
+    heads = OraclePrefixHeads(HIDDEN, VOCAB, 4, 3, prefix_config=lm.model.config)
+    heads.load_state_dict(lm.heads.state_dict())
+    heads.eval()
+    lengths = (5, 9, 3)
+    ids, mask = prompts(lengths, seed=3)
+    reference = greedy_decode(lm.model, ids, mask, max_new_tokens=30)
+    rows = [ids[i][mask[i].bool()].tolist() + reference[i] for i in range(3)]
+    table = {}
+    for j, seq in enumerate(rows):
+        for p in range(1, len(seq) - 1):
+            if j != 1 or p % 4:  # sequence 1's guesses go wrong now and then: ragged acceptance
+                table[(seq[p - 1], seq[p])] = seq[p + 1]
+                table[(seq[p],)] = seq[p + 1]
+    OraclePrefixHeads.table = table
+    decoder = TreeDecoder(lm.model, heads, make_tree(TREES[0]), topk=4, timing=False)
+    state = decoder.prefill(ids, mask, capacity=64)
+    seen = [ids[i][mask[i].bool()].tolist() for i in range(3)]  # tokens whose hidden states are in
+    roots = state.root.tolist()
+    accepted = []
+
+    def check():
+        for live, i in enumerate(state.rows.tolist()):
+            with torch.no_grad():
+                base = lm.model.model(input_ids=torch.tensor([seen[i]])).last_hidden_state
+                want = heads.context_states(
+                    base, torch.ones(1, len(seen[i]), dtype=torch.bool), torch.arange(len(seen[i]))[None]
+                )[0, -1]
+            assert torch.allclose(state.hidden[live], want, atol=1e-4), (i, len(seen[i]))
+
+    check()
+    for step in range(5):
+        new, n_keep = decoder.step(state)
+        for live, i in enumerate(state.rows.tolist()):
+            kept = new[live, : n_keep[live]].tolist()
+            seen[i] += [roots[i]] + kept[:-1]
+            roots[i] = kept[-1]
+        accepted.append(n_keep.tolist())
+        check()
+        if step == 1:
+            decoder._drop_finished(state, [False, True, False])
+    for i in (0, 2):
+        assert seen[i] + [roots[i]] == rows[i][: len(seen[i]) + 1]
+    flat = [a for row in accepted for a in row]
+    assert max(flat) >= 3 and len(set(accepted[0])) > 1  # deep and ragged acceptance happened
+
+
+# ---- the CLI --------------------------------------------------------------------------------
+
+
+def test_cli_calibrates_and_decodes_with_a_prefix_checkpoint(tiny, tmp_path, capsys):
+    path, _ = tiny
+    main(
+        [
+            "decode",
+            "--model",
+            str(path),
+            "--drafter",
+            "hydra",
+            "--tree",
+            "[[0], [0, 0], [1]]",
+            "--prompt",
+            "def f(x):",
+            "--max-new-tokens",
+            "8",
+            "--topk",
+            "4",
+            "--device",
+            "cpu",
+            "--compare",
+        ]
+    )
+    assert "identical to plain greedy: yes" in capsys.readouterr().out
+    main(
+        [
+            "calibrate",
+            "--model",
+            str(path),
+            "--drafter",
+            "hydra",
+            "--data",
+            "demo",
+            "--max-prompts",
+            "3",
+            "--steps",
+            "8",
+            "--topk",
+            "4",
+            "--device",
+            "cpu",
+            "-q",
+            "-o",
+            str(tmp_path / "acc.json"),
+        ]
+    )
+    table = load_accuracy(tmp_path / "acc.json")
+    assert table.num_heads == 4  # one row per Hydra head
