@@ -10,16 +10,24 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 from transformers import AutoConfig
 
 from calibration.decoder import KVCache, TreeDecoder, greedy_decode
 from calibration.drafters import HydraHeads, load_drafter
 from calibration.labels import label_ranks, label_rows
 from calibration.models import load_model, tiny_model_for_tests
+from roofline.grid import draft_rows_by_prefix, speedup_grid
+from roofline.hardware import EfficiencyCurve, HardwareProfile
+from roofline.latency import step_time_s
+from roofline.ops import DraftWork, operators
+from roofline.shapes import ModelShape
 from treeopt.accuracy import load_accuracy
 from treeopt.cli import main
+from treeopt.drafter_cost import DraftCost
 from treeopt.errors import UserError
 from treeopt.fileio import write_json
 from treeopt.tree import make_tree
@@ -419,3 +427,102 @@ def test_cli_calibrates_and_decodes_with_a_prefix_checkpoint(tiny, tmp_path, cap
     )
     table = load_accuracy(tmp_path / "acc.json")
     assert table.num_heads == 4  # one row per Hydra head
+
+
+# ---- the cost: one decoder layer per step on the accepted tokens, over the context -----------
+
+SHAPE = ModelShape(
+    "tiny",
+    layers=2,
+    hidden=HIDDEN,
+    intermediate=INTER,
+    heads=HEADS,
+    kv_heads=KV_HEADS,
+    head_dim=HEAD_DIM,
+    vocab=VOCAB,
+    dtype="fp32",
+    dtype_bytes=4,
+)
+PREFIX_COST = DraftCost("hydra", True, 2, 1, HIDDEN, HIDDEN, VOCAB, grounded=True, prefix_layer=True)
+MATMULS = ("q_proj", "k_proj", "v_proj", "qk", "pv", "o_proj", "gate", "up", "down")
+
+
+def prefix_ops(batch, tokens, context):
+    work = DraftWork(PREFIX_COST, np.array([1, 1]), prefix_tokens_per_sequence=tokens)
+    ops = operators(SHAPE, work, batch=batch, tokens=5, context=context)
+    return {o.name[len("prefix_layer.") :]: o for o in ops if o.name.startswith("prefix_layer.")}
+
+
+@pytest.mark.parametrize(("batch", "tokens", "context"), [(1, 1, 6), (3, 4, 10)])
+def test_prefix_layer_matmul_flops_equal_the_layers_own_count(tiny, batch, tokens, context):
+    """The roofline's matrix FLOPs of the prefix layer (weights, QK^T, PV) equal those torch
+    counts while the real layer reads `tokens` new positions per sequence over a cache of
+    `context` entries, once per step."""
+    path, _ = tiny
+    config = AutoConfig.from_pretrained(path)
+    heads = HydraHeads(HIDDEN, VOCAB, 2, 1, prefix_config=config).eval()
+    # eager attention: its QK^T and PV are matmuls torch's counter sees (CPU sdpa it does not)
+    heads.prefix_embeding_layer.layers[0].self_attn.config._attn_implementation = "eager"
+    cache = KVCache(1)
+    g = torch.Generator().manual_seed(9)
+    with torch.no_grad():
+        heads.context_states(
+            torch.randn(batch, context, HIDDEN, generator=g),
+            torch.ones(batch, context, dtype=torch.bool),
+            torch.arange(context).expand(batch, -1),
+            cache=cache,
+        )
+        with FlopCounterMode(display=False) as counter:
+            heads.context_states(
+                torch.randn(batch, tokens, HIDDEN, generator=g),
+                torch.ones(batch, tokens, dtype=torch.bool),
+                (context + torch.arange(tokens)).expand(batch, -1),
+                past_valid=torch.ones(batch, context, dtype=torch.bool),
+                cache=cache,
+            )
+    ops = prefix_ops(batch, tokens, context)
+    assert sum(float(ops[n].flops) * ops[n].count for n in MATMULS) == counter.get_total_flops()
+    assert all(ops[n].count == 1 for n in ops)  # one layer, once per step
+
+
+def test_prefix_layer_cost_by_hand():
+    """b = 3 sequences, p = 2 accepted tokens each, s = 10 cached: q_proj 2 b p h (nh d) FLOPs
+    and β (h nh d + b p h + b p nh d) bytes; attention 2 b nh p (s + p) d; the final norm 4 b p h;
+    an expected p = 2.5 costs the mean of p = 2 and p = 3 in every token-linear operator."""
+    b, p, s, h, nh, d, beta = 3, 2, 10, HIDDEN, HEADS, HEAD_DIM, 4
+    ops = prefix_ops(b, p, s)
+    assert float(ops["q_proj"].flops) == 2 * b * p * h * nh * d
+    assert float(ops["q_proj"].bytes) == beta * (h * nh * d + b * p * h + b * p * nh * d)
+    assert float(ops["qk"].flops) == 2 * b * nh * p * (s + p) * d
+    assert float(ops["final_norm"].flops) == 4 * b * p * h
+    assert float(ops["down"].flops) == 2 * b * p * INTER * h
+    half = prefix_ops(b, 2.5, s)
+    lo, hi = prefix_ops(b, 2, s), prefix_ops(b, 3, s)
+    for name in ("q_proj", "gate", "down", "final_norm", "act"):
+        assert float(half[name].flops) == pytest.approx((float(lo[name].flops) + float(hi[name].flops)) / 2)
+        assert float(half[name].bytes) == pytest.approx((float(lo[name].bytes) + float(hi[name].bytes)) / 2)
+
+
+def test_grid_charges_the_prefix_layer_on_tau_tokens():
+    """In the speedup grid the prefix layer of the tree of n nodes reads τ[n] tokens per
+    sequence: the step time there is that of a step whose prefix layer reads τ[n]; with no
+    prefix layer a different τ changes nothing."""
+    hw = HardwareProfile(
+        name="bandwidth-only",
+        peak_flops={"fp32": 1e30},
+        vector_flops=1e30,
+        bandwidth_bytes_per_s=1e9,
+        capacity_bytes=1e12,
+        kernel_overhead_s=0.0,
+        gemm_efficiency=EfficiencyCurve((1.0,), (1.0,)),
+    )
+    tree = make_tree([[0], [1], [0, 0]])
+    rows = draft_rows_by_prefix(tree, 2)
+    tau = np.array([1.0, 1.5, 1.8, 2.6])
+    grid = speedup_grid(SHAPE, DraftWork(PREFIX_COST, rows), hw, tau, batches=[2], contexts=[16])
+    for n in (1, 2, 3):
+        work = DraftWork(PREFIX_COST, rows[n], prefix_tokens_per_sequence=tau[n])
+        want = step_time_s(SHAPE, work, hw, batch=2, tokens=n + 1, context=16)
+        assert float(grid.step_time_s[n]) == pytest.approx(float(want))
+    one = step_time_s(SHAPE, DraftWork(PREFIX_COST, rows[3]), hw, batch=2, tokens=4, context=16)
+    assert float(grid.step_time_s[3]) > float(one)  # 2.6 tokens read cost more than 1
