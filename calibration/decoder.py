@@ -793,14 +793,40 @@ class TreeDecoder:
         cache_valid: (b, C) bool, the cache slots each sequence may attend to.
         positions:   (b,) int64, each sequence's root position (its number of valid slots).
         Returns (base logits (b, q, V), head logits (D, b, 1, V)), D = the tree's depth; for a
-        sequential drafter the second item is the tree it drafts from the root (b, q).
+        sequential drafter the second item is the tree it drafts from the root (b, q). Hydra++'s
+        prefix layer runs too, on one token over a stand-in cache of C entries (undone after).
         """
         logits, hidden = self._forward(
             cache, tree_tokens, self.step_mask(cache_valid), positions[:, None] + self.depth[None]
         )
+        if self.prefix_layer:
+            draft_cache = self._stand_in_draft_cache(cache_valid.shape[0], cache_valid.shape[1])
+            root_hidden = self.heads.context_states(
+                hidden[:, :1],
+                cache_valid.new_ones((cache_valid.shape[0], 1)),
+                positions[:, None],
+                past_valid=cache_valid,
+                cache=draft_cache,
+            )[:, 0]
+            draft_cache.crop(-1)
+            return logits, self.draft_sequential(root_hidden, tree_tokens[:, 0])
         if self.sequential:
             return logits, self.draft_sequential(hidden[:, 0], tree_tokens[:, 0])
         return logits, _run_heads(self.heads, hidden[:, :1], self.num_draft_heads)
+
+    def _stand_in_draft_cache(self, b: int, c: int) -> KVCache:
+        """A prefix-layer cache of c zero entries per sequence for timing `verify_forward`
+        (the values do not change the work), kept between calls."""
+        cache = getattr(self, "_timing_draft_cache", None)
+        if cache is None or cache.buffer.shape[2] != b or cache.capacity < c + 1:
+            attn = self.heads.prefix_embeding_layer.layers[0].self_attn
+            kv_heads = attn.config.num_key_value_heads
+            cache = KVCache(1, c + 1)
+            cache.reserve(c + 1, torch.zeros((b, kv_heads, 0, attn.head_dim), dtype=self.dtype, device=self.device))
+            cache.buffer.zero_()
+            self._timing_draft_cache = cache
+        cache.layers[0].length = c
+        return cache
 
     @torch.inference_mode()
     def accept(

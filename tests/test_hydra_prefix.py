@@ -17,6 +17,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from transformers import AutoConfig
 
 from calibration.decoder import KVCache, TreeDecoder, greedy_decode
+from calibration.demo_files import DEMO_VALIDATION_PROMPTS as DEMO_VALIDATION
 from calibration.drafters import HydraHeads, load_drafter
 from calibration.labels import label_ranks, label_rows
 from calibration.models import load_model, tiny_model_for_tests
@@ -526,3 +527,68 @@ def test_grid_charges_the_prefix_layer_on_tau_tokens():
         assert float(grid.step_time_s[n]) == pytest.approx(float(want))
     one = step_time_s(SHAPE, DraftWork(PREFIX_COST, rows[3]), hw, batch=2, tokens=4, context=16)
     assert float(grid.step_time_s[3]) > float(one)  # 2.6 tokens read cost more than 1
+
+
+def test_verify_forward_runs_the_prefix_layer_once(tiny):
+    """The sweep's timed step (`verify_forward`) includes the prefix layer: one call on one
+    token per sequence, its stand-in cache back at the context length afterwards."""
+    path, _ = tiny
+    lm = load_model(str(path), device="cpu", dtype="float32", drafter="hydra")
+    decoder = TreeDecoder(lm.model, lm.heads, make_tree(TREES[0]), topk=4, timing=False)
+    ids, mask = prompts((6, 6), seed=4)
+    state = decoder.prefill(ids, mask, capacity=32)
+    calls = []
+    hook = lm.heads.prefix_embeding_layer.register_forward_hook(lambda m, args, out: calls.append(args[0].shape))
+    try:
+        for _ in range(2):
+            logits, tokens = decoder.verify_forward(
+                state.cache, state.root[:, None].repeat(1, decoder.q), state.valid, state.next_pos
+            )
+            state.cache.crop(-decoder.q)
+    finally:
+        hook.remove()
+    assert calls == [torch.Size([2, 1, HIDDEN])] * 2 and tokens.shape == (2, decoder.q)
+    assert decoder._timing_draft_cache.layers[0].length == state.valid.shape[1]
+
+
+def test_cli_run_with_a_prefix_checkpoint(tiny, tmp_path, capsys):
+    """calibrate -> sweep -> validate -> report with prefix-mlp heads, tiny sizes."""
+    path, _ = tiny
+    with pytest.raises(SystemExit) as exc:
+        main(
+            [
+                "run",
+                "--model",
+                str(path),
+                "--drafter",
+                "hydra",
+                "--device",
+                "cpu",
+                "--dtype",
+                "float32",
+                "--data",
+                "demo",
+                "--validation-data",
+                str(DEMO_VALIDATION),
+                "--steps",
+                "8",
+                "--sizes",
+                "0,1,4",
+                "--batch",
+                "1,2",
+                "--context",
+                "16",
+                "--repeats",
+                "3",
+                "--time-budget",
+                "0",
+                "--quick",
+                "-o",
+                str(tmp_path / "run"),
+            ]
+        )
+        raise SystemExit(0)
+    assert (exc.value.code or 0) == 0
+    assert "100.00% of generated tokens identical" in capsys.readouterr().err
+    prediction = (tmp_path / "run" / "prediction" / "index.md").read_text()
+    assert "4 heads x 3 layer(s) + a prefix decoder layer" in prediction
