@@ -322,7 +322,7 @@ def _forward_ops(shape, heads, b, q, s, c, attention: str, kv_cache_update: str)
         for op in draft_stage_ops(heads, b):
             add(op.name, op.kind, op.count, op.flops, op.bytes, op.rows, op.kernels)
         if heads.cost.prefix_layer:
-            # why: Hydra++ (Ankner et al. 2024, section 5) queries its decoder layer once per
+            # why: Hydra++ (Ankner et al. 2024, the Hydra++ section) queries its decoder layer once per
             # step on the tokens just accepted, over its own cache of the context
             # (docs/performance-model.md, "Drafter cost")
             tokens = np.asarray(heads.prefix_tokens_per_sequence, dtype=float)

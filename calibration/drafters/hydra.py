@@ -16,7 +16,7 @@ in ``hydra_lm_head.pt`` (the authors' file) or ``hydra_lm_head.safetensors``, wi
 ``hydra_mlp.{k}.0.res_connection.{weight,bias}`` (grounded) and
 ``hydra_lm_head.{k}.{weight,bias}``.
 
-Hydra++ (``hydra_head_arch: "prefix-mlp"``, paper section 5) adds one Llama decoder layer built
+Hydra++ (``hydra_head_arch: "prefix-mlp"``, the paper's Hydra++ section) adds one Llama decoder layer built
 from the base model's config, ``prefix_embeding_layer``: it runs causally over the base model's
 last hidden states of the whole context, then the final RMSNorm, and its output at t replaces
 h_t as the heads' input. The authors' module wraps every block and projection in a Sequential
