@@ -195,6 +195,44 @@ def test_prefix_layout_forward_equals_the_equations(tiny):
         assert torch.allclose(logits[k], want, atol=1e-4), k
 
 
+def test_ungrounded_prefix_heads_read_the_prefix_output_alone(tiny, tmp_path):
+    """grounded_heads false: head k is Sequential([Dropout, ResBlock(h)] * L) on the prefix
+    output (the authors' training forward), keys hydra_mlp.{k}.{1,3,...}.linear.*."""
+    path, sd = tiny
+    config = AutoConfig.from_pretrained(path)
+    g = torch.Generator().manual_seed(3)
+    flat = {k: v for k, v in sd.items() if not k.startswith(("hydra_mlp.", "hydra_lm_head."))}
+    for k in range(2):
+        w, b = rand(HIDDEN, HIDDEN, g=g), rand(HIDDEN, g=g)
+        for j in range(2):  # one module repeated in their code: the same tensors at 1 and 3
+            flat[f"hydra_mlp.{k}.{2 * j + 1}.linear.weight"], flat[f"hydra_mlp.{k}.{2 * j + 1}.linear.bias"] = w, b
+        flat[f"hydra_lm_head.{k}.1.weight"], flat[f"hydra_lm_head.{k}.1.bias"] = (
+            rand(VOCAB, HIDDEN, g=g),
+            rand(VOCAB, g=g),
+        )
+    (tmp_path / "u").mkdir()
+    torch.save(flat, tmp_path / "u" / "hydra_lm_head.pt")
+    write_json(
+        tmp_path / "u" / "config.json",
+        {"hydra_num_heads": 2, "hydra_num_layers": 2, "hydra_head_arch": "prefix-mlp", "grounded_heads": False},
+    )
+    heads = load_drafter(tmp_path / "u", dtype=torch.float32, base_config=config)
+    hidden = torch.randn(1, 5, HIDDEN, generator=g)
+    with torch.no_grad():
+        p_t = heads.context_states(hidden, torch.ones(1, 5, dtype=torch.bool), torch.arange(5)[None])[0, -1:]
+        logits = heads.teacher_forced_logits(p_t, torch.tensor([[7, 9]]))[0]
+    expected_p = prefix_reference(sd, hidden[0], config.rms_norm_eps)[-1]
+    silu = torch.nn.functional.silu
+    for k in range(2):
+        x = expected_p
+        for j in range(2):
+            x = x + silu(
+                x @ flat[f"hydra_mlp.{k}.{2 * j + 1}.linear.weight"].T + flat[f"hydra_mlp.{k}.{2 * j + 1}.linear.bias"]
+            )
+        want = x @ flat[f"hydra_lm_head.{k}.1.weight"].T + flat[f"hydra_lm_head.{k}.1.bias"]
+        assert torch.allclose(logits[k], want, atol=1e-4), k
+
+
 def test_prefix_layer_with_padding_and_a_cache_equals_one_pass(tiny):
     """Left padding is invisible, and feeding a sequence in two pieces through the cache gives
     the outputs of one pass (positions continue)."""
