@@ -23,7 +23,7 @@ from calibration.labels import label_ranks, label_rows
 from calibration.models import load_model, tiny_model_for_tests
 from roofline.grid import draft_rows_by_prefix, speedup_grid
 from roofline.hardware import EfficiencyCurve, HardwareProfile
-from roofline.latency import step_time_s
+from roofline.latency import memory_required_bytes, step_time_s
 from roofline.ops import DraftWork, operators
 from roofline.shapes import ModelShape
 from treeopt.accuracy import load_accuracy
@@ -630,3 +630,15 @@ def test_cli_run_with_a_prefix_checkpoint(tiny, tmp_path, capsys):
     assert "100.00% of generated tokens identical" in capsys.readouterr().err
     prediction = (tmp_path / "run" / "prediction" / "index.md").read_text()
     assert "4 heads x 3 layer(s) + a prefix decoder layer" in prediction
+
+
+def test_memory_adds_the_prefix_layer_and_its_cache():
+    """One base layer's weights and a norm, β (h nh d + 2 h nkv d + nh d h + 3 h i + 2 h + h),
+    and one layer of K and V for the b (s + q) tokens, β 2 nkv d b (s + q)."""
+    b, q, s, h, beta = 2, 5, 40, HIDDEN, 4
+    rows = np.array([1, 2])
+    plain = DraftCost("hydra", True, 2, 1, HIDDEN, HIDDEN, VOCAB, grounded=True)
+    with_prefix = memory_required_bytes(SHAPE, DraftWork(PREFIX_COST, rows), batch=b, tokens=q, context=s)
+    without = memory_required_bytes(SHAPE, DraftWork(plain, rows), batch=b, tokens=q, context=s)
+    layer = h * HEADS * HEAD_DIM + 2 * h * KV_HEADS * HEAD_DIM + HEADS * HEAD_DIM * h + 3 * h * INTER + 2 * h
+    assert float(with_prefix - without) == beta * (layer + h) + beta * 2 * KV_HEADS * HEAD_DIM * b * (s + q)

@@ -924,6 +924,22 @@ MUTANTS = (
         PREFIX_TESTS,
     ),
     Mutant(
+        "prefix-memory-no-norm",
+        "roofline/latency.py",
+        "weights += (one_layer.layer_params + shape.hidden) * beta",
+        "weights += one_layer.layer_params * beta",
+        "the prefix layer's final norm weighs nothing",
+        PREFIX_TESTS,
+    ),
+    Mutant(
+        "prefix-memory-cache-context-only",
+        "roofline/latency.py",
+        "kv = kv + b * (s + q) * one_layer.kv_bytes_per_token",
+        "kv = kv + b * s * one_layer.kv_bytes_per_token",
+        "the prefix layer's cache leaves out the step's tokens",
+        PREFIX_TESTS,
+    ),
+    Mutant(
         "prefix-grid-tau",
         "roofline/grid.py",
         "prefix_tokens = tau[None, None, :] if heads_shape.cost.prefix_layer",
