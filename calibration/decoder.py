@@ -134,8 +134,10 @@ class DecodeState:
     next_pos: (b,) int64, position id of the root token (number of valid slots).
     root:     (b,) int64, the next token (already emitted, not yet in the cache).
     hidden:   (b, h), the base model's last hidden state at the token that produced `root`:
-              the heads draft the next step from it.
+              the heads draft the next step from it (Hydra++: the prefix layer's output there).
     rows:     (b,) int64, each active sequence's index in the caller's batch.
+    draft_cache: Hydra++'s prefix-layer `KVCache` (one layer), slot for slot as `cache` (the
+              same `valid`); None for other drafters.
     """
 
     cache: KVCache
@@ -144,6 +146,7 @@ class DecodeState:
     root: torch.Tensor
     hidden: torch.Tensor
     rows: torch.Tensor
+    draft_cache: KVCache | None = None
 
 
 # --------------------------------------------------------------------------------------------
@@ -732,6 +735,7 @@ class TreeDecoder:
         self.candidate_depth = torch.arange(length, device=self.device)
         self._expansion: KVCache | None = None  # the candidate rows' cache, reused step to step
         self.sequential = bool(getattr(heads, "sequential", False))
+        self.prefix_layer = bool(getattr(heads, "prefix_layer", False))
         self.levels = (
             _draft_levels(buf.depth, buf.parent, np.array([0, *(p[-1] for p in tree.sorted_paths)]), t)
             if self.sequential
@@ -785,13 +789,20 @@ class TreeDecoder:
         last = length - 1 - valid.flip(-1).long().argmax(-1)  # index of each row's last real token
         rows = torch.arange(b, device=self.device)
         h_last = hidden[rows, last]  # (b, h)
+        draft_cache, draft_hidden = None, h_last
+        if self.prefix_layer:
+            # why: Hydra++'s prefix layer reads the whole prompt into a cache of its own
+            # (docs/decoder.md, "Hydra++")
+            draft_cache = KVCache(1, max(capacity, length))
+            draft_hidden = self.heads.context_states(hidden, valid, positions, cache=draft_cache)[rows, last]
         return DecodeState(
             cache=cache,
             valid=valid,
             next_pos=valid.sum(-1),
             root=self._pick(_lm_head(self.model, h_last), temperature, generator),
-            hidden=h_last,
+            hidden=draft_hidden,
             rows=rows,
+            draft_cache=draft_cache,
         )
 
     def step_mask(self, valid: torch.Tensor) -> torch.Tensor:
@@ -892,7 +903,8 @@ class TreeDecoder:
         cache_valid: (b, C) bool, the cache slots each sequence may attend to.
         positions:   (b,) int64, each sequence's root position (its number of valid slots).
         Returns (base logits (b, q, V), head logits (D, b, 1, V)), D = the tree's depth; for a
-        sequential drafter the second item is the tree it drafts from the root (b, q).
+        sequential drafter the second item is the tree it drafts from the root (b, q). Hydra++'s
+        prefix layer runs too, on one token over a stand-in cache of C entries (undone after).
 
         Verification "candidates": the context copied to the n candidate rows of each sequence
         and one forward over the rows (`_forward_candidates`); nothing is appended to `cache`
@@ -905,6 +917,17 @@ class TreeDecoder:
         else:
             logits, hidden, _ = self._forward_candidates(cache, tree_tokens, mask, position_ids)
             hidden = hidden[:, 0]  # every row starts at the root
+        if self.prefix_layer:
+            draft_cache = self._stand_in_draft_cache(cache_valid.shape[0], cache_valid.shape[1])
+            root_hidden = self.heads.context_states(
+                hidden[:, :1],
+                cache_valid.new_ones((cache_valid.shape[0], 1)),
+                positions[:, None],
+                past_valid=cache_valid,
+                cache=draft_cache,
+            )[:, 0]
+            draft_cache.crop(-1)
+            return logits, self.draft_sequential(root_hidden, tree_tokens[:, 0])
         if self.sequential:
             return logits, self.draft_sequential(hidden[:, 0], tree_tokens[:, 0])
         return logits, _run_heads(self.heads, hidden[:, :1], self.num_draft_heads)
@@ -913,6 +936,20 @@ class TreeDecoder:
     def verify_appends(self) -> int:
         """Slots `verify_forward` appends to the cache it is given (to crop between repeats)."""
         return self.q if self.verification == "tree" else 0
+
+    def _stand_in_draft_cache(self, b: int, c: int) -> KVCache:
+        """A prefix-layer cache of c zero entries per sequence for timing `verify_forward`
+        (the values do not change the work), kept between calls."""
+        cache = getattr(self, "_timing_draft_cache", None)
+        if cache is None or cache.buffer.shape[2] != b or cache.capacity < c + 1:
+            attn = self.heads.prefix_embeding_layer.layers[0].self_attn
+            kv_heads = attn.config.num_key_value_heads
+            cache = KVCache(1, c + 1)
+            cache.reserve(c + 1, torch.zeros((b, kv_heads, 0, attn.head_dim), dtype=self.dtype, device=self.device))
+            cache.buffer.zero_()
+            self._timing_draft_cache = cache
+        cache.layers[0].length = c
+        return cache
 
     @torch.inference_mode()
     def accept(
@@ -1022,12 +1059,12 @@ class TreeDecoder:
             # 3. accept: the longest accepted root-to-leaf path and the bonus token after it.
             bi = torch.arange(tokens.shape[0], device=self.device)
             if self.verification == "tree":
-                path, n_keep, last, bonus = self.accept(tokens, logits, **rule)
-                state.hidden = hidden[bi, last]
+                path, n_keep, _, bonus = self.accept(tokens, logits, **rule)
+                path_hidden = hidden[bi[:, None], path]  # (b, D + 1, h) along the accepted path
             else:
                 best, n_keep, bonus = self.accept_candidates(tokens[:, self.retrieve], logits, **rule)
                 path = self.retrieve[best]  # the same path as the tree form's: rows = retrieve rows
-                state.hidden = hidden[bi, best, n_keep - 1]
+                path_hidden = hidden[bi, best]  # the chosen row is the path
             # 4. update: the cache keeps, per sequence, the root and the accepted nodes: out of
             #    the tree's slots C..C+q-1 (path[:, j] is the j-th kept token's tree index), or
             #    out of the chosen candidate row's slots C..C+D; a sequence that accepted fewer
@@ -1040,6 +1077,19 @@ class TreeDecoder:
             else:
                 state.cache.take_rows(expanded, bi * self.candidates + best, keep)
             kept = torch.arange(keep, device=self.device)[None] < n_keep[:, None]
+            if state.draft_cache is None:
+                state.hidden = path_hidden[bi, n_keep - 1]  # the last accepted token drafts next
+            else:
+                # Hydra++: the prefix layer reads the kept tokens' hidden states into its cache,
+                # slot for slot as the target's; its output at the last one drafts next
+                # (docs/decoder.md, "Hydra++").
+                state.hidden = self.heads.context_states(
+                    path_hidden[:, :keep],
+                    kept,
+                    state.next_pos[:, None] + torch.arange(keep, device=self.device)[None],
+                    past_valid=state.valid,
+                    cache=state.draft_cache,
+                )[bi, n_keep - 1]
             state.valid = torch.cat([state.valid, kept], dim=1)
             state.next_pos = state.next_pos + n_keep
             state.root = bonus
@@ -1056,13 +1106,16 @@ class TreeDecoder:
         state.rows = state.rows[idx]
         if idx.numel() == 0:
             return
-        state.cache.batch_select_indices(idx)
+        caches = [c for c in (state.cache, state.draft_cache) if c is not None]
+        for cache in caches:
+            cache.batch_select_indices(idx)
         state.valid, state.next_pos = state.valid[idx], state.next_pos[idx]
         state.root, state.hidden = state.root[idx], state.hidden[idx]
         used = state.valid.any(0)
         if not bool(used.all()):
             cols = used.nonzero()[:, 0]
-            state.cache.keep_slots(0, cols[None].expand(idx.numel(), -1))
+            for cache in caches:
+                cache.keep_slots(0, cols[None].expand(idx.numel(), -1))
             state.valid = state.valid[:, cols]
 
     # ---- the loop --------------------------------------------------------------------------

@@ -129,6 +129,10 @@ def label_ranks(model, heads, sequences, starts, *, pad_id: int = 0, chunk_eleme
     ).last_hidden_state
     # a model spread over devices (--device-map) ends on its last one, where the heads are
     device = hidden.device
+    if getattr(heads, "prefix_layer", False):
+        # why: Hydra++'s prefix layer reads the whole context causally; its output at t replaces
+        # h_t (docs/statistics.md, "Dependent drafters"; docs/decoder.md, "Hydra++")
+        hidden = heads.context_states(hidden, mask[:, :-2].to(device).bool(), pos[:, :-2].to(device))
     ids = ids.to(device)
     width = ids.shape[1]
     col = (width - np.asarray(lengths, np.int64))[seq] + t  # column of position t

@@ -149,6 +149,7 @@ def load_model(
         num_heads=num_heads,
         lm_head_weight=base.get_output_embeddings().weight,
         input_embeddings=base.get_input_embeddings().weight,
+        base_config=base.config,
     )
 
     hidden, vocab = base.config.hidden_size, base.get_output_embeddings().weight.shape[0]

@@ -186,7 +186,9 @@ def speedup_grid(
         rows = np.asarray(heads_shape.rows_per_sequence, dtype=float)
         if rows.ndim != 2 or rows.shape[0] != tau.size:
             raise UserError(f"draft rows: expected ({tau.size}, stages) rows per tree size, got {rows.shape}")
-        heads_shape = replace(heads_shape, rows_per_sequence=rows[None, None])
+        # Hydra++'s prefix layer reads the tokens the step before accepted: τ in the steady state
+        prefix_tokens = tau[None, None, :] if heads_shape.cost.prefix_layer else heads_shape.prefix_tokens_per_sequence
+        heads_shape = replace(heads_shape, rows_per_sequence=rows[None, None], prefix_tokens_per_sequence=prefix_tokens)
     full = (b.shape[0], s.shape[1], n.shape[2])
     if heads_used is None or heads_shape is None:
         t_tree = step_time_s(

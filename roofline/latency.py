@@ -169,6 +169,12 @@ def memory_required_bytes(
     if heads is not None and heads.num_heads > 0:
         weights += heads.params * beta
     kv = b * (s + q) * shape.kv_bytes_per_token
+    if isinstance(heads, DraftWork) and heads.cost.prefix_layer:
+        # Hydra++'s prefix layer: one base layer and its norm, and its own cache of the context
+        # (docs/performance-model.md, "Drafter cost")
+        one_layer = shape.with_layers(1)
+        weights += (one_layer.layer_params + shape.hidden) * beta
+        kv = kv + b * (s + q) * one_layer.kv_bytes_per_token
     if isinstance(heads, DraftWork):
         # one stage's logits live at a time: the widest stage's rows
         draft_logits = np.asarray(heads.rows_per_sequence, dtype=float).max(axis=-1) * heads.cost.vocab_size

@@ -101,10 +101,15 @@ class Op:
 class DraftWork:
     """A sequential drafter's work in one step: its shape and, per stage, the rows per
     sequence it runs on, (..., stages) broadcasting like b, q, s over the leading axes (0: the
-    stage does not run; `roofline.grid.draft_rows_by_prefix` gives them for a tree)."""
+    stage does not run; `roofline.grid.draft_rows_by_prefix` gives them for a tree).
+
+    prefix_tokens_per_sequence: Hydra++ only, the tokens per sequence its prefix layer reads in
+    the step: the previous step's accepted tokens, τ of the tree in the steady state
+    (`roofline.grid.speedup_grid` sets it); any real >= 1, broadcasting like b, q, s."""
 
     cost: DraftCost
     rows_per_sequence: np.ndarray
+    prefix_tokens_per_sequence: np.ndarray | float = 1.0
 
     @property
     def stages_run(self) -> np.ndarray:
@@ -211,8 +216,9 @@ def operators(
     batch (b >= 1), tokens (q >= 1), context (s >= 0, cached tokens before this step) may be
     numpy arrays; they broadcast. heads=None or heads.num_heads == 0: no draft heads; a
     `DraftWork`: a sequential drafter's stages (`draft_stage_ops`) and, for Hydra++, its prefix
-    layer: one base decoder layer over one token per sequence (the accepted token's hidden
-    state it adds to its own cache of s entries).
+    layer once per step: one base decoder layer and its final norm over the tokens the previous
+    step accepted (`DraftWork.prefix_tokens_per_sequence`), attending to its own cache of the s
+    context entries (docs/performance-model.md, "Drafter cost").
     kv_cache_update: "append" writes the q new K/V rows; "concat" (transformers'
     DynamicCache) reads the s cached rows and writes all s + q.
     candidates: None (tree verification) or the c candidate sequences the q tokens of each
@@ -226,6 +232,11 @@ def operators(
     q = _check("--tokens", tokens, 1)
     s = _check("--context", context, 0)
     c = np.ones(()) if candidates is None else check_candidates(tokens, candidates)
+    return _forward_ops(shape, heads, b, q, s, c, attention, kv_cache_update)
+
+
+def _forward_ops(shape, heads, b, q, s, c, attention: str, kv_cache_update: str) -> list[Op]:
+    """`operators` on checked arrays; q may be an expected (real) token count."""
     b, q, s, c = np.broadcast_arrays(b, q, s, c)
     beta = float(shape.dtype_bytes)
     h, i, V = float(shape.hidden), float(shape.intermediate), float(shape.vocab)
@@ -311,14 +322,14 @@ def operators(
         for op in draft_stage_ops(heads, b):
             add(op.name, op.kind, op.count, op.flops, op.bytes, op.rows, op.kernels)
         if heads.cost.prefix_layer:
-            layer = operators(
-                shape.with_layers(1),
-                None,
-                batch=b,
-                tokens=1,
-                context=s,
-                attention=attention,
-                kv_cache_update=kv_cache_update,
+            # why: Hydra++ (Ankner et al. 2024, the Hydra++ section) queries its decoder layer once per
+            # step on the tokens just accepted, over its own cache of the context
+            # (docs/performance-model.md, "Drafter cost")
+            tokens = np.asarray(heads.prefix_tokens_per_sequence, dtype=float)
+            if np.any(~np.isfinite(tokens)) or np.any(tokens < 1):
+                raise UserError(f"prefix layer: tokens per sequence must be >= 1, got {tokens!r}")
+            layer = _forward_ops(
+                shape.with_layers(1), None, b, tokens + zeros, s, np.ones(()), attention, kv_cache_update
             )
             ops.extend(
                 Op(
@@ -333,7 +344,7 @@ def operators(
                     o.keys,
                 )
                 for o in layer
-                if o.name in LAYER_OPS
+                if o.name in LAYER_OPS or o.name == "final_norm"
             )
     elif heads is not None and heads.num_heads > 0:
         K, Lh, hh, Vh = float(heads.num_heads), float(heads.num_layers), float(heads.hidden), float(heads.vocab)

@@ -54,6 +54,7 @@ MIX_TESTS = ("tests/test_mix.py",)
 RELIABILITY_TESTS = ("tests/test_reliability.py",)
 STEP_TESTS = ("tests/test_step_engine.py",)
 DRAFTER_TESTS = ("tests/test_drafters.py",)
+PREFIX_TESTS = ("tests/test_hydra_prefix.py",)
 DATA_TESTS = ("tests/test_data_formats.py",)
 DIST_TESTS = ("tests/test_distributed.py",)
 DRAFT_MODEL_TESTS = ("tests/test_draft_model.py",)
@@ -841,6 +842,111 @@ MUTANTS = (
         "state = drafter.child_state(carry, k, logits.argmax(-1))",
         "calibration follows the drafter's own guesses, not the true path",
         DRAFTER_TESTS,
+    ),
+    # ---- Hydra++'s prefix layer: its forward, calibration, decoder cache and cost
+    Mutant(
+        "prefix-not-causal",
+        "calibration/drafters/hydra.py",
+        "new = (causal[None] & valid[:, None, :]) | eye[None]",
+        "new = valid[:, None, :].expand(b, n, n) | eye[None]",
+        "the prefix layer's tokens see the tokens after them",
+        PREFIX_TESTS,
+    ),
+    Mutant(
+        "prefix-padding-visible",
+        "calibration/drafters/hydra.py",
+        "new = (causal[None] & valid[:, None, :]) | eye[None]",
+        "new = causal[None].expand(b, n, n) | eye[None]",
+        "the prefix layer attends to left padding",
+        PREFIX_TESTS,
+    ),
+    Mutant(
+        "prefix-past-unseen",
+        "calibration/drafters/hydra.py",
+        "past = past_valid[:, None, :].expand(b, n, past_valid.shape[1])",
+        "past = past_valid[:, None, :].expand(b, n, past_valid.shape[1]) & False",
+        "the prefix layer's new tokens do not see its cache",
+        PREFIX_TESTS,
+    ),
+    Mutant(
+        "prefix-no-final-norm",
+        "calibration/drafters/hydra.py",
+        "return self.norm(out)",
+        "return out",
+        "the prefix layer's output skips its final RMSNorm",
+        PREFIX_TESTS,
+    ),
+    Mutant(
+        "prefix-calibration-padded-positions",
+        "calibration/labels.py",
+        "hidden = heads.context_states(hidden, mask[:, :-2].to(device).bool(), pos[:, :-2].to(device))",
+        "hidden = heads.context_states(hidden, mask[:, :-2].to(device).bool(), 0 * pos[:, :-2].to(device))",
+        "calibration runs the prefix layer at position 0 for every token",
+        PREFIX_TESTS,
+    ),
+    Mutant(
+        "prefix-decoder-positions",
+        "calibration/decoder.py",
+        "state.next_pos[:, None] + torch.arange(keep, device=self.device)[None],",
+        "state.next_pos[:, None] + 0 * torch.arange(keep, device=self.device)[None],",
+        "the kept tokens all enter the prefix layer at the root's position",
+        PREFIX_TESTS,
+    ),
+    Mutant(
+        "prefix-decoder-first-kept",
+        "calibration/decoder.py",
+        "                )[bi, n_keep - 1]",
+        "                )[bi, 0]",
+        "the next step drafts from the prefix output at the step's root, not its last kept token",
+        PREFIX_TESTS,
+    ),
+    Mutant(
+        "prefix-decoder-drop",
+        "calibration/decoder.py",
+        "caches = [c for c in (state.cache, state.draft_cache) if c is not None]",
+        "caches = [state.cache]",
+        "a finished sequence leaves the target's cache but not the prefix layer's",
+        PREFIX_TESTS,
+    ),
+    Mutant(
+        "prefix-cost-one-token",
+        "roofline/ops.py",
+        "shape.with_layers(1), None, b, tokens + zeros, s,",
+        "shape.with_layers(1), None, b, 1.0 + zeros, s,",
+        "the prefix layer is charged one token per sequence, not the accepted ones",
+        PREFIX_TESTS,
+    ),
+    Mutant(
+        "prefix-cost-no-norm",
+        "roofline/ops.py",
+        'if o.name in LAYER_OPS or o.name == "final_norm"',
+        "if o.name in LAYER_OPS",
+        "the prefix layer's final norm is free",
+        PREFIX_TESTS,
+    ),
+    Mutant(
+        "prefix-memory-no-norm",
+        "roofline/latency.py",
+        "weights += (one_layer.layer_params + shape.hidden) * beta",
+        "weights += one_layer.layer_params * beta",
+        "the prefix layer's final norm weighs nothing",
+        PREFIX_TESTS,
+    ),
+    Mutant(
+        "prefix-memory-cache-context-only",
+        "roofline/latency.py",
+        "kv = kv + b * (s + q) * one_layer.kv_bytes_per_token",
+        "kv = kv + b * s * one_layer.kv_bytes_per_token",
+        "the prefix layer's cache leaves out the step's tokens",
+        PREFIX_TESTS,
+    ),
+    Mutant(
+        "prefix-grid-tau",
+        "roofline/grid.py",
+        "prefix_tokens = tau[None, None, :] if heads_shape.cost.prefix_layer",
+        "prefix_tokens = 1.0 + 0 * tau[None, None, :] if heads_shape.cost.prefix_layer",
+        "the grid charges the prefix layer one token, not tau",
+        PREFIX_TESTS,
     ),
     # ---- draft-model speculative decoding (docs/decoder.md, "Draft models")
     Mutant(

@@ -68,9 +68,11 @@ def load_drafter(
     lm_head_weight: torch.Tensor | None = None,
     input_embeddings: torch.Tensor | None = None,
     warn=None,
+    base_config=None,
 ) -> Drafter:
     """The drafter in directory `path`. `kind` (`DRAFTER_KINDS`) overrides detection and must
-    agree with what the config declares."""
+    agree with what the config declares. `base_config`: the base model's transformers config
+    (Hydra++ builds its prefix decoder layer from it)."""
     path = Path(path)
     if kind is not None and kind not in DRAFTER_KINDS:
         raise UserError(f"--drafter: unknown drafter {kind!r} (choose from {', '.join(DRAFTER_KINDS)})")
@@ -96,7 +98,12 @@ def load_drafter(
         )
     if found == "hydra":
         return HydraHeads.from_pretrained(
-            path, device=device, dtype=dtype, num_heads=num_heads, input_embeddings=input_embeddings
+            path,
+            device=device,
+            dtype=dtype,
+            num_heads=num_heads,
+            input_embeddings=input_embeddings,
+            base_config=base_config,
         )
     if found == "draft-model":
         return DraftModel.from_pretrained(

@@ -15,15 +15,26 @@ in ``hydra_lm_head.pt`` (the authors' file) or ``hydra_lm_head.safetensors``, wi
 ``input_embed_fn.weight``, ``hydra_mlp.{k}.{j}.linear.{weight,bias}``,
 ``hydra_mlp.{k}.0.res_connection.{weight,bias}`` (grounded) and
 ``hydra_lm_head.{k}.{weight,bias}``.
+
+Hydra++ (``hydra_head_arch: "prefix-mlp"``, the paper's Hydra++ section) adds one Llama decoder layer built
+from the base model's config, ``prefix_embeding_layer``: it runs causally over the base model's
+last hidden states of the whole context, then the final RMSNorm, and its output at t replaces
+h_t as the heads' input. The authors' module wraps every block and projection in a Sequential
+behind a Dropout, so that layout keys them ``hydra_mlp.{k}.{2j+1}.*`` and
+``hydra_lm_head.{k}.1.*``, and the layer ``prefix_embeding_layer.layers.0.*`` and
+``prefix_embeding_layer.norm.weight`` (docs/formats.md, "Hydra heads").
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
 from torch import nn
+from transformers import LlamaConfig
+from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
 
 from calibration.drafters.base import Drafter, DraftState
 from calibration.drafters.io import check_state, config_int, load_state, read_config
@@ -32,9 +43,10 @@ from treeopt.fileio import atomic_path, write_json
 
 WEIGHTS_PT = "hydra_lm_head.pt"
 WEIGHTS_SAFETENSORS = "hydra_lm_head.safetensors"
-#: the head architectures treeopt reads (the authors' "mlp"; their "prefix-mlp" adds a decoder
-#: layer over the context, which the reference decoder does not run yet)
-SUPPORTED_ARCHS = ("mlp",)
+#: the head architectures treeopt reads: the authors' "mlp" and Hydra++'s "prefix-mlp" (an extra
+#: decoder layer over the context); their attention heads ("cross-attn", "eagle-attn") are not
+SUPPORTED_ARCHS = ("mlp", "prefix-mlp")
+PREFIX_ARCH = "prefix-mlp"
 
 
 class HydraResBlock(nn.Module):
@@ -53,12 +65,78 @@ class HydraResBlock(nn.Module):
         return self.res_connection(x) + self.act(self.linear(x))
 
 
+def prefix_layer_config(base_config) -> LlamaConfig:
+    """The config of Hydra++'s prefix layer: the base model's (text) config with one layer, as
+    the authors build it (a copy of the base config, num_hidden_layers = 1)."""
+    text = base_config.get_text_config() if hasattr(base_config, "get_text_config") else base_config
+    config = LlamaConfig(**{**text.to_dict(), "num_hidden_layers": 1, "layer_types": None})
+    config._attn_implementation = "sdpa"
+    return config
+
+
+def additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """bool (True = may attend) -> 0 / dtype's most negative value (transformers' own value)."""
+    return torch.where(mask, torch.zeros((), dtype=dtype), torch.tensor(torch.finfo(dtype).min, dtype=dtype))
+
+
+class HydraPrefixLayer(nn.Module):
+    """Hydra++'s ``prefix_embeding_layer``: one decoder layer of the base architecture over the
+    base model's last hidden states, then the final RMSNorm (the authors' one-layer LlamaModel
+    fed ``inputs_embeds``; its unused ``embed_tokens`` is not kept)."""
+
+    def __init__(self, base_config):
+        super().__init__()
+        config = prefix_layer_config(base_config)
+        self.layers = nn.ModuleList([LlamaDecoderLayer(config, layer_idx=0)])
+        self.norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.rotary_emb = LlamaRotaryEmbedding(config)
+
+    def forward(self, hidden, attention_mask, position_ids, cache=None) -> torch.Tensor:
+        rotary = self.rotary_emb(hidden, position_ids)
+        out = self.layers[0](
+            hidden,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=cache,
+            use_cache=cache is not None,
+            position_embeddings=rotary,
+        )
+        return self.norm(out)
+
+
+def _from_authors_prefix_keys(state: dict) -> dict:
+    """The prefix-mlp file's keys -> this module's: Sequential index 2j+1 (behind a Dropout) ->
+    j; ``hydra_lm_head.{k}.1`` -> ``hydra_lm_head.{k}``."""
+    out = {}
+    for key, value in state.items():
+        key = re.sub(r"^hydra_mlp\.(\d+)\.(\d+)\.", lambda m: f"hydra_mlp.{m[1]}.{(int(m[2]) - 1) // 2}.", key)
+        out[re.sub(r"^hydra_lm_head\.(\d+)\.1\.", r"hydra_lm_head.\1.", key)] = value
+    return out
+
+
+def _to_authors_prefix_keys(state: dict) -> dict:
+    out = {}
+    for key, value in state.items():
+        key = re.sub(r"^hydra_mlp\.(\d+)\.(\d+)\.", lambda m: f"hydra_mlp.{m[1]}.{2 * int(m[2]) + 1}.", key)
+        out[re.sub(r"^hydra_lm_head\.(\d+)\.", r"hydra_lm_head.\1.1.", key)] = value
+    return out
+
+
 class HydraHeads(nn.Module, Drafter):
     kind = "hydra"
 
     def __init__(
-        self, hidden_size: int, vocab_size: int, num_heads: int, num_layers: int = 1, *, grounded: bool = True
+        self,
+        hidden_size: int,
+        vocab_size: int,
+        num_heads: int,
+        num_layers: int = 1,
+        *,
+        grounded: bool = True,
+        prefix_config=None,
     ):
+        """`prefix_config`: the base model's config, for Hydra++'s prefix layer (None: plain
+        "mlp" heads)."""
         super().__init__()
         if num_layers < 1:
             raise UserError(f"hydra_num_layers: must be at least 1, got {num_layers}")
@@ -73,10 +151,48 @@ class HydraHeads(nn.Module, Drafter):
             for k in range(num_heads)
         )
         self.hydra_lm_head = nn.ModuleList(nn.Linear(hidden_size, vocab_size) for _ in range(num_heads))
+        if prefix_config is not None:
+            self.prefix_embeding_layer = HydraPrefixLayer(prefix_config)
 
     @property
     def sequential(self) -> bool:  # type: ignore[override]
-        return self.grounded
+        # the prefix layer's state is kept by the decoder's sequential path either way
+        return self.grounded or self.prefix_layer
+
+    @property
+    def prefix_layer(self) -> bool:
+        """Hydra++: a decoder layer over the context replaces h_t (docs/decoder.md, "Hydra++")."""
+        return hasattr(self, "prefix_embeding_layer")
+
+    @property
+    def head_arch(self) -> str:
+        return PREFIX_ARCH if self.prefix_layer else "mlp"
+
+    def context_states(
+        self,
+        hidden: torch.Tensor,
+        valid: torch.Tensor,
+        positions: torch.Tensor,
+        *,
+        past_valid: torch.Tensor | None = None,
+        cache=None,
+    ) -> torch.Tensor:
+        """Hydra++'s prefix layer on n new tokens per sequence: `hidden` (b, n, h) their base
+        hidden states, `valid` (b, n) which are real tokens, `positions` (b, n) their position
+        ids; `cache` (a one-layer `calibration.decoder.KVCache`, None: no cache) holds the C
+        earlier tokens, `past_valid` (b, C) which of them each sequence sees. A token sees the
+        valid earlier tokens and the valid new ones up to itself (causal); a padding token sees
+        itself too, so that no row is empty. Returns (b, n, h): the heads' input at each token
+        (docs/decoder.md, "Hydra++")."""
+        b, n = valid.shape
+        causal = torch.ones((n, n), dtype=torch.bool, device=valid.device).tril()
+        eye = torch.eye(n, dtype=torch.bool, device=valid.device)
+        new = (causal[None] & valid[:, None, :]) | eye[None]
+        if past_valid is None:
+            past_valid = valid.new_zeros((b, 0))
+        past = past_valid[:, None, :].expand(b, n, past_valid.shape[1])
+        mask = additive(torch.cat([past, new], dim=-1), hidden.dtype).to(hidden.device)[:, None]
+        return self.prefix_embeding_layer(hidden, mask, positions, cache)
 
     # ---- the drafter interface: the state is the head input so far, [h, E(root), ...] -------
 
@@ -113,7 +229,10 @@ class HydraHeads(nn.Module, Drafter):
         dtype=None,
         num_heads: int | None = None,
         input_embeddings: torch.Tensor | None = None,
+        base_config=None,
     ) -> HydraHeads:
+        """`base_config`: the base model's config (transformers), needed by "prefix-mlp" heads
+        (their decoder layer is built from it)."""
         path = Path(path)
         config, config_file = read_config(path, "a Hydra heads config")
         configured = config_int(config, config_file, "hydra_num_heads", minimum=1)
@@ -129,12 +248,19 @@ class HydraHeads(nn.Module, Drafter):
                 f"{config_file}: hidden_state_offset {offset!r} is not supported (treeopt "
                 "feeds the heads the base model's last hidden state: offset 0)"
             )
+        if arch == PREFIX_ARCH and base_config is None:
+            raise UserError(
+                f"{config_file}: hydra_head_arch 'prefix-mlp' needs the base model's config "
+                "(its prefix decoder layer is built from it)"
+            )
         grounded = bool(config.get("grounded_heads", True))
         if num_heads is None:
             num_heads = configured
         elif not 1 <= num_heads <= configured:
             raise UserError(f"--num-heads: {path} holds {configured} Hydra heads, asked for {num_heads}")
         state = load_state(path, WEIGHTS_SAFETENSORS, WEIGHTS_PT)
+        if arch == PREFIX_ARCH:
+            state = _from_authors_prefix_keys(state)
         proj = state.get("hydra_lm_head.0.weight")
         if proj is None or proj.ndim != 2:
             raise UserError(f"{path}: weights lack key 'hydra_lm_head.0.weight' (head 0's projection)")
@@ -145,8 +271,21 @@ class HydraHeads(nn.Module, Drafter):
             state = {**state, "input_embed_fn.weight": input_embeddings.detach().to("cpu")}
         elif not grounded and "input_embed_fn.weight" not in state:
             state = {**state, "input_embed_fn.weight": torch.zeros(vocab_size, hidden_size)}
-        heads = cls(int(hidden_size), int(vocab_size), num_heads, num_layers, grounded=grounded)
-        heads.load_state_dict(check_state(path, heads.state_dict(), state))
+        heads = cls(
+            int(hidden_size),
+            int(vocab_size),
+            num_heads,
+            num_layers,
+            grounded=grounded,
+            prefix_config=base_config if arch == PREFIX_ARCH else None,
+        )
+        expected = heads.state_dict()
+        if arch == PREFIX_ARCH:
+            # the file's names, so that a missing or misshapen weight is named as written there
+            found = check_state(path, _to_authors_prefix_keys(expected), _to_authors_prefix_keys(state))
+            heads.load_state_dict(_from_authors_prefix_keys(found))
+        else:
+            heads.load_state_dict(check_state(path, expected, state))
         heads.base_model_name_or_path = config.get("base_model_name_or_path", "")
         return heads.to(device=device, dtype=dtype).eval()
 
@@ -154,12 +293,14 @@ class HydraHeads(nn.Module, Drafter):
         self, path, *, base_model_name_or_path: str = "", dtype=torch.bfloat16, format: str = "safetensors"
     ) -> None:
         """config.json + hydra_lm_head.safetensors, or hydra_lm_head.pt (format="pt"), the file
-        the authors' loader reads."""
+        the authors' loader reads (prefix-mlp heads in their prefix-mlp key layout)."""
         if format not in ("safetensors", "pt"):
             raise UserError(f"format: must be 'safetensors' or 'pt', got {format!r}")
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         state = {k: v.detach().to("cpu", dtype).contiguous() for k, v in self.state_dict().items()}
+        if self.prefix_layer:
+            state = _to_authors_prefix_keys(state)
         if format == "pt":
             with atomic_path(path / WEIGHTS_PT) as tmp:
                 torch.save(state, tmp)
@@ -171,7 +312,7 @@ class HydraHeads(nn.Module, Drafter):
             {
                 "hydra_num_heads": self.num_heads,
                 "hydra_num_layers": self.num_layers,
-                "hydra_head_arch": "mlp",
+                "hydra_head_arch": self.head_arch,
                 "grounded_heads": self.grounded,
                 "hidden_state_offset": 0,
                 "base_model_name_or_path": base_model_name_or_path,
@@ -181,4 +322,4 @@ class HydraHeads(nn.Module, Drafter):
         )
 
 
-__all__ = ["HydraHeads", "HydraResBlock", "SUPPORTED_ARCHS"]
+__all__ = ["HydraHeads", "HydraPrefixLayer", "HydraResBlock", "SUPPORTED_ARCHS", "prefix_layer_config"]
