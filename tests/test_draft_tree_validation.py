@@ -61,7 +61,9 @@ def noisy_copy(model, noise, seed, *, constant=False):
 
 
 def calibrate(target, drafter, sequences, start):
-    rows = acceptance_per_child(target, drafter, sequences, [start] * len(sequences), temperature=1.0, children=3)
+    rows = acceptance_per_child(
+        target, drafter, sequences, [start] * len(sequences), temperature=1.0, children=3, samples=32
+    )
     return ChainAcceptance.from_rows(rows[..., 0], 1.0, child_rows=rows, samples=32)
 
 
