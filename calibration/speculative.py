@@ -46,7 +46,7 @@ from calibration.decoder import (
     new_cache,
     uses_gqa,
 )
-from calibration.drafters.draft_model import probabilities
+from calibration.drafters.draft_model import draw_children, probabilities
 from treeopt.errors import UserError
 from treeopt.tree import Tree
 
@@ -126,19 +126,6 @@ def children_table(tree: Tree) -> np.ndarray:
         for j, (_, child) in enumerate(sorted(k)):
             table[i, j] = child
     return table
-
-
-def draw_children(probs: torch.Tensor, k: int, temperature: float, generator=None) -> torch.Tensor:
-    """k distinct tokens per row of `probs` (..., V): the top-k at temperature 0, else k draws
-    without replacement from probs, in draw order."""
-    if temperature <= 0:
-        return probs.topk(k, dim=-1).indices
-    # why: the Gumbel-top-k trick draws k items without replacement in draw order (Kool et al.
-    # 2019, section 2), which recursive rejection sampling needs (docs/decoder.md, "Draft models").
-    u = _uniform(probs.shape, probs, generator).clamp(min=1e-20)
-    keys = torch.log(probs.clamp(min=1e-30)) - torch.log(-torch.log(u))
-    keys = torch.where(probs > 0, keys, torch.full_like(keys, float("-inf")))
-    return keys.topk(k, dim=-1).indices
 
 
 def recursive_rejection(

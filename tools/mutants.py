@@ -62,6 +62,9 @@ GAMMA_TESTS = ("tests/test_roofline_speculative.py", "tests/test_draft_model_wir
 DRAFT_COST_TESTS = ("tests/test_drafter_cost.py",)
 CANDIDATE_TESTS = ("tests/test_candidates.py",)
 FORM_TESTS = ("tests/test_candidates_verification.py",)
+TREE_ACCEPT_TESTS = ("tests/test_draft_tree_acceptance.py",)
+TREE_COST_TESTS = ("tests/test_draft_tree_cost.py",)
+TREE_VALIDATION_TESTS = ("tests/test_draft_tree_validation.py",)
 
 
 @dataclass(frozen=True)
@@ -991,7 +994,7 @@ MUTANTS = (
     ),
     Mutant(
         "spec-gumbel-with-replacement",
-        "calibration/speculative.py",
+        "calibration/drafters/draft_model.py",
         "keys = torch.log(probs.clamp(min=1e-30)) - torch.log(-torch.log(u))",
         "keys = torch.log(probs.clamp(min=1e-30))",
         "children are the top-k, not draws from q",
@@ -1032,7 +1035,7 @@ MUTANTS = (
     Mutant(
         "chain-alpha-conditional",
         "treeopt/chain.py",
-        "alpha = reach / np.concatenate([[1.0], reach[:-1]]).clip(min=1e-300)",
+        "alpha = (reach / np.concatenate([[1.0], reach[:-1]]).clip(min=1e-300)).clip(0, 1)",
         "alpha = reach",
         "the sidecar stores reach probabilities as conditional alphas",
         GAMMA_TESTS,
@@ -1060,6 +1063,120 @@ MUTANTS = (
         '"speedup": tau[: top + 1] * plain / verify',
         "speedup ignores the draft's passes",
         GAMMA_TESTS,
+    ),
+    # ---- draft-model trees under rejection sampling (docs/statistics.md, "Positional
+    # acceptance of a tree"; docs/performance-model.md, "Draft-model trees")
+    Mutant(
+        "tree-accept-no-residual",
+        "calibration/drafters/draft_model.py",
+        "residual = (p - q).clamp(min=0)",
+        "residual = p",
+        "positional acceptance tries later children against p, not the residual",
+        TREE_ACCEPT_TESTS,
+    ),
+    Mutant(
+        "tree-accept-q-keeps-rejected",
+        "calibration/drafters/draft_model.py",
+        "q = q.scatter(1, x, 0.0)",
+        "q = q",
+        "positional acceptance keeps the rejected child in q",
+        TREE_ACCEPT_TESTS,
+    ),
+    Mutant(
+        "tree-accept-reach",
+        "calibration/drafters/draft_model.py",
+        "reach = reach * (1.0 - kept)",
+        "reach = reach",
+        "a later child is tried even when an earlier one was kept",
+        TREE_ACCEPT_TESTS,
+    ),
+    Mutant(
+        "tree-accept-first-sampled",
+        "calibration/drafters/draft_model.py",
+        "mean[:, 0] = torch.minimum(p2, q2).sum(-1).double()",
+        "mean[:, 0] = mean[:, 0]",
+        "the first child's acceptance is a Monte Carlo estimate, not sum min(p, q)",
+        TREE_ACCEPT_TESTS,
+    ),
+    Mutant(
+        "tree-table-unweighted",
+        "treeopt/chain.py",
+        "weight = np.concatenate([np.ones((n, 1)), np.cumprod(alpha_rows, axis=1)[:, :-1]], axis=1)",
+        "weight = np.ones((n, k))",
+        "the per-child table weighs every row alike, not by its probability of reaching the depth",
+        TREE_ACCEPT_TESTS,
+    ),
+    Mutant(
+        "tree-tau-no-packing",
+        "treeopt/chain.py",
+        "paths = tuple(tuple(position[p[: i + 1]] for i in range(len(p))) for p in tree.paths)",
+        "paths = tree.paths",
+        "a child's rank, not its draw position, picks its acceptance",
+        TREE_ACCEPT_TESTS,
+    ),
+    Mutant(
+        "tree-tau-product",
+        "treeopt/chain.py",
+        "return float(1.0 + np.prod(factors, axis=1).sum())",
+        "return float(1.0 + factors.min(axis=1).sum())",
+        "a node's acceptance is its weakest link, not the product along its path",
+        TREE_ACCEPT_TESTS,
+    ),
+    Mutant(
+        "tree-tau-stderr-path",
+        "treeopt/chain.py",
+        "np.add.at(grad, (depth[used], m[used]), (before * after)[used])",
+        "np.add.at(grad, (depth[used], m[used]), before[used])",
+        "tau's standard error misses the factors below each entry",
+        TREE_ACCEPT_TESTS,
+    ),
+    Mutant(
+        "tree-proposal-optimal-always",
+        "treeopt/chain.py",
+        "if np.all(np.diff(a, axis=1) <= 0):",
+        "if True:",
+        "the exact optimum is used where it may skip a draw position",
+        TREE_ACCEPT_TESTS,
+    ),
+    Mutant(
+        "tree-cost-reads-own-level",
+        "roofline/speculative.py",
+        "reads = np.concatenate([np.ones((len(w), 1), np.int64), w[:, :-1]], axis=1)",
+        "reads = w",
+        "draft pass d reads the nodes of depth d, not of depth d - 1",
+        TREE_COST_TESTS,
+    ),
+    Mutant(
+        "tree-cost-context",
+        "roofline/speculative.py",
+        "context=context + read_before,",
+        "context=context,",
+        "every draft pass of a tree reads the same context",
+        TREE_COST_TESTS,
+    ),
+    Mutant(
+        "tree-cost-verify-tokens",
+        "roofline/speculative.py",
+        'target, None, hw, batch=batch, tokens=nodes + 1, context=context, attention=attention, on_oom="ignore"',
+        'target, None, hw, batch=batch, tokens=nodes, context=context, attention=attention, on_oom="ignore"',
+        "the target verifies n tokens of a tree, not n + 1",
+        TREE_COST_TESTS,
+    ),
+    Mutant(
+        "tree-sweep-predictor-prefix",
+        "treeopt/app/sweep.py",
+        "level_widths=widths[tokens - 1]",
+        "level_widths=widths[-1]",
+        "the sweep predicts the whole proposal for every tree size",
+        TREE_COST_TESTS,
+    ),
+    Mutant(
+        "tree-validation-stderr",
+        "treeopt/app/draft_model.py",
+        "var = m / (m - 1) * ((per_seq - mean * n_seq) ** 2).sum() / n_seq.sum() ** 2",
+        "var = ((per_seq - mean * n_seq) ** 2).sum() / n_seq.sum() ** 2",
+        "the measured tokens per step's standard error misses the small-sample correction",
+        TREE_VALIDATION_TESTS,
     ),
     # ---- the cost of dependent drafters (docs/performance-model.md, "Drafter cost")
     Mutant(
@@ -1179,8 +1296,8 @@ MUTANTS = (
     Mutant(
         "run-dm-predictor-gamma",
         "treeopt/app/sweep.py",
-        "gamma=tokens - 1, context=context",
-        "gamma=tokens, context=context",
+        "level_widths=widths[tokens - 1]",
+        "level_widths=widths[min(tokens, len(widths) - 1)]",
         "the sweep's prediction drafts one pass too many",
         ("tests/test_run_draft_model.py",),
     ),

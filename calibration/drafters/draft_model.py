@@ -11,7 +11,9 @@ calibration statistics are teacher-forced over whole sequences in one forward of
   position t+d+1 (given the true prefix): the rank vectors every other drafter gives;
 - rejection sampling: alpha at each position, the accepted mass sum_x min(p(x), q(x)) of the
   target's and the draft's distributions at temperature T, from which the expected tokens per
-  step of a chain of any gamma follow (`chain_tau`).
+  step of a chain of any gamma follow (`chain_tau`); and for trees the positional acceptance
+  a_j, the probability that the j-th child tried under recursive rejection sampling is the one
+  kept (`positional_acceptance`, docs/statistics.md, "Positional acceptance of a tree").
 """
 
 from __future__ import annotations
@@ -122,15 +124,139 @@ def acceptance_alpha(
 ALPHA_TEMPERATURE = 1.0
 #: prompts alpha is measured on: one forward of each model per prompt, no generation
 ALPHA_MAX_PROMPTS = 256
+#: children per node whose positional acceptance the alpha sidecar holds (docs/formats.md)
+ACCEPT_CHILDREN = 4
+#: draw orders sampled per position for the children after the first, and their seed: the
+#: spread between positions, not the Monte Carlo, dominates the table's standard error over a
+#: calibration set (docs/statistics.md, "Positional acceptance of a tree")
+ACCEPT_SAMPLES = 4
+ACCEPT_SEED = 0
+#: elements (positions x vocabulary) the Monte Carlo of `positional_acceptance` holds at once
+_CHUNK_ELEMENTS = 1 << 24
+
+
+def positional_acceptance(
+    p: torch.Tensor, q: torch.Tensor, children: int, *, samples: int = ACCEPT_SAMPLES, generator=None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Positional acceptance under recursive rejection sampling, for every position at once.
+
+    p, q: (..., V) the target's and the draft's distributions at each position. Returns (mean,
+    stderr), (..., children) float64 each: a_j = P(the j-th child drawn without replacement
+    from q is the one kept), and the Monte Carlo standard error of its estimate (0 for j = 1).
+
+    a_1 = sum_x min(p, q) exactly. For j >= 2, `samples` draw orders per position (Gumbel-top-k,
+    as the decoder draws them) and, given an order c_1..c_K, the exact probability that c_j is
+    the first kept: prod_{i<j} (1 - r_i) r_j with r_i = min(1, p_i(c_i) / q_i(c_i)), p_i and
+    q_i the residuals after i - 1 rejections (Jeon et al. 2024, section 3): the acceptance
+    draws are averaged out analytically, only the draw order is sampled (docs/statistics.md,
+    "Positional acceptance of a tree")."""
+    shape, vocab = p.shape[:-1], p.shape[-1]
+    p2, q2 = p.reshape(-1, vocab).float(), q.reshape(-1, vocab).float()
+    total = p2.new_zeros((p2.shape[0], children), dtype=torch.float64)
+    squares = torch.zeros_like(total)
+    step = max(1, _CHUNK_ELEMENTS // max(vocab, 1))
+    for start in range(0, p2.shape[0], step):  # chunks of positions, each chunk batched
+        pc, qc = p2[start : start + step], q2[start : start + step]
+        for _ in range(samples):
+            order = draw_children(qc, children, 1.0, generator)
+            w = _first_kept_given_order(pc, qc, order).double()
+            total[start : start + step] += w
+            squares[start : start + step] += w * w
+    mean = total / samples
+    var = (squares / samples - mean * mean).clamp(min=0) * samples / max(samples - 1, 1)
+    stderr = (var / samples).sqrt()
+    # why: the first child is a single draft from q, kept with probability sum min(p, q)
+    # (Leviathan et al. 2023, section 3.1): exact, no sampling error
+    mean[:, 0] = torch.minimum(p2, q2).sum(-1).double()
+    stderr[:, 0] = 0.0
+    return mean.reshape(*shape, children), stderr.reshape(*shape, children)
+
+
+def _first_kept_given_order(p: torch.Tensor, q: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+    """(P, K): the probability that order[:, j] is the first child kept, given the draw order,
+    under recursive rejection sampling (calibration.speculative.recursive_rejection)."""
+    out = []
+    reach = torch.ones(p.shape[0], dtype=p.dtype, device=p.device)
+    for j in range(order.shape[1]):  # the siblings in draw order; each residual needs the last
+        x = order[:, j : j + 1]
+        p_x, q_x = p.gather(1, x)[:, 0], q.gather(1, x)[:, 0]
+        kept = torch.where(q_x > 0, p_x / q_x.clamp(min=1e-30), torch.zeros_like(q_x)).clamp(max=1.0)
+        out.append(reach * kept)
+        reach = reach * (1.0 - kept)
+        if j + 1 == order.shape[1]:
+            break
+        # why: after a rejection p <- norm(max(0, p - q)) and q loses the rejected child
+        # (Jeon et al. 2024, section 3; docs/decoder.md, "Draft models")
+        residual = (p - q).clamp(min=0)
+        p = residual / residual.sum(-1, keepdim=True).clamp(min=1e-30)
+        q = q.scatter(1, x, 0.0)
+        q = q / q.sum(-1, keepdim=True).clamp(min=1e-30)
+    return torch.stack(out, 1)
+
+
+@torch.inference_mode()
+def acceptance_per_child(
+    target,
+    drafter: DraftModel,
+    sequences,
+    starts,
+    *,
+    temperature: float,
+    children: int = ACCEPT_CHILDREN,
+    samples: int = ACCEPT_SAMPLES,
+    seed: int = ACCEPT_SEED,
+    pad_id: int = 0,
+    num_heads: int | None = None,
+    batch: int = 16,
+) -> np.ndarray:
+    """(N, K, children) float64 in `label_rows` order: row (t, depth d) holds the positional
+    acceptance a_1..a_children (`positional_acceptance`) of the target's and the draft's
+    distributions of x_{t+d+2} at temperature T given the true prefix, NaN where there is no
+    label; [..., 0] is `acceptance_alpha` (docs/statistics.md, "Positional acceptance of a
+    tree"). The Monte Carlo uses one torch.Generator seeded with `seed`."""
+    k = drafter.num_heads if num_heads is None else num_heads
+    device = next(drafter.model.parameters()).device
+    generator = torch.Generator(device=device)
+    generator.manual_seed(int(seed))
+
+    def per_child(ids, logits, mask):
+        target_logits = target(
+            input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0), use_cache=False
+        ).logits
+        p = probabilities(target_logits[:, :-1], temperature)
+        q = probabilities(logits[:, :-1], temperature)
+        mean, _ = positional_acceptance(p, q, children, samples=samples, generator=generator)
+        return mean
+
+    per_position = _per_position(sequences, pad_id, drafter, batch, per_child)
+    return _rows(sequences, starts, k, per_position, np.nan)
 
 
 def chain_acceptance(
-    target, drafter: DraftModel, sequences, *, temperature: float = ALPHA_TEMPERATURE, pad_id: int = 0
+    target,
+    drafter: DraftModel,
+    sequences,
+    *,
+    temperature: float = ALPHA_TEMPERATURE,
+    pad_id: int = 0,
+    children: int = ACCEPT_CHILDREN,
+    samples: int = ACCEPT_SAMPLES,
 ) -> ChainAcceptance:
-    """The per-depth alpha and walked tau of chains (`treeopt.chain.ChainAcceptance`) over
-    `sequences` read from their first token (docs/statistics.md, "Draft-model acceptance")."""
-    rows = acceptance_alpha(target, drafter, sequences, [0] * len(sequences), temperature=temperature, pad_id=pad_id)
-    return ChainAcceptance.from_rows(rows, temperature)
+    """The per-depth alpha and walked tau of chains, and the per-depth positional acceptance of
+    `children` children for trees (`treeopt.chain.ChainAcceptance`), over `sequences` read from
+    their first token (docs/statistics.md, "Draft-model acceptance", "Positional acceptance of
+    a tree")."""
+    rows = acceptance_per_child(
+        target,
+        drafter,
+        sequences,
+        [0] * len(sequences),
+        temperature=temperature,
+        pad_id=pad_id,
+        children=children,
+        samples=samples,
+    )
+    return ChainAcceptance.from_rows(rows[..., 0], temperature, child_rows=rows, samples=samples)
 
 
 def _per_position(sequences, pad_id, drafter, batch, value):
@@ -150,10 +276,25 @@ def _per_position(sequences, pad_id, drafter, batch, value):
 def _rows(sequences, starts, num_heads, per_position, fill) -> np.ndarray:
     seq, t, has = label_rows([len(s) for s in sequences], starts, num_heads)
     width = max((len(v) for v in per_position), default=0) + 1
-    table = np.full((len(per_position), width), np.nan)
+    extra = per_position[0].shape[1:] if per_position else ()
+    table = np.full((len(per_position), width, *extra), np.nan)
     for i, v in enumerate(per_position):  # loop over sequences
         table[i, : len(v)] = v
     return shift_rows(table, seq, t, has, fill)
+
+
+def draw_children(probs: torch.Tensor, k: int, temperature: float, generator=None) -> torch.Tensor:
+    """k distinct tokens per row of `probs` (..., V): the top-k at temperature 0, else k draws
+    without replacement from probs, in draw order (the decoder's draw,
+    `calibration.speculative`, and the calibration's, `positional_acceptance`)."""
+    if temperature <= 0:
+        return probs.topk(k, dim=-1).indices
+    # why: the Gumbel-top-k trick draws k items without replacement in draw order (Kool et al.
+    # 2019, section 2), which recursive rejection sampling needs (docs/decoder.md, "Draft models").
+    u = torch.rand(probs.shape, generator=generator, device=probs.device, dtype=torch.float32).clamp(min=1e-20)
+    keys = torch.log(probs.clamp(min=1e-30)) - torch.log(-torch.log(u))
+    keys = torch.where(probs > 0, keys, torch.full_like(keys, float("-inf")))
+    return keys.topk(k, dim=-1).indices
 
 
 def probabilities(logits: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -165,12 +306,13 @@ def probabilities(logits: torch.Tensor, temperature: float) -> torch.Tensor:
 
 
 def shift_rows(per_position: np.ndarray, seq: np.ndarray, col: np.ndarray, has: np.ndarray, fill):
-    """(N, K) rows in `calibration.labels.label_rows` order from per-position values (B, T),
-    column c = the distribution of x_{c+1}: row (t, depth d) takes position t + d + 1 (the
-    distribution of x_{t+d+2}), `fill` where there is no label."""
+    """(N, K, ...) rows in `calibration.labels.label_rows` order from per-position values
+    (B, T, ...), column c = the distribution of x_{c+1}: row (t, depth d) takes position
+    t + d + 1 (the distribution of x_{t+d+2}), `fill` where there is no label."""
     depth = np.arange(has.shape[1])
     cols = np.minimum(col[:, None] + depth[None] + 1, per_position.shape[1] - 1)
-    return np.where(has, per_position[seq[:, None], cols], fill)
+    labelled = has.reshape(has.shape + (1,) * (per_position.ndim - 2))
+    return np.where(labelled, per_position[seq[:, None], cols], fill)
 
 
 def chain_tau(alpha_rows: np.ndarray, gamma: int) -> float:

@@ -1,7 +1,10 @@
 """The `run` pipeline's pieces for a draft model (docs/architecture.md, "Draft models in the main
-job"; docs/decoder.md, "Draft models"): its proposal is a chain of gamma drafts, one per depth,
-and its predicted step is gamma draft passes plus the target's verification
-(docs/performance-model.md, "Draft-model steps")."""
+job"; docs/decoder.md, "Draft models"): its proposal is a chain of gamma drafts, one per depth
+(greedy verification), or a tree built from the per-child acceptance (recursive rejection
+sampling); its predicted step is one draft pass per depth plus the target's verification
+(docs/performance-model.md, "Draft-model steps", "Draft-model trees"); and the validation of
+the predicted tau of trees under rejection sampling against the decoder's measured tokens per
+step (docs/statistics.md, "Positional acceptance of a tree")."""
 
 from __future__ import annotations
 
@@ -10,14 +13,42 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from calibration.batching import pad_left
+from calibration.speculative import SpeculativeDecoder
 from roofline.hardware import HardwareProfile
 from roofline.shapes import ModelShape
-from roofline.speculative import draft_model_step_time_s
+from roofline.speculative import draft_model_tree_step_time_s, level_widths_by_prefix
 from treeopt.acceptance import load_rank_vectors
 from treeopt.accuracy import AccuracyTable, load_accuracy
+from treeopt.app.sweep import load_prompt_texts
+from treeopt.chain import (
+    ChainAcceptance,
+    load_chain_acceptance,
+    rejection_proposal,
+    rejection_tau,
+    rejection_tau_curve,
+    rejection_tau_stderr,
+)
+from treeopt.errors import UserError
 from treeopt.fileio import write_text
 from treeopt.tau import TauCurve, tau_curves
 from treeopt.tree import Tree, make_tree
+
+#: how many standard errors apart the measured and predicted tau may be (a correct prediction
+#: fails this about once in 16,000 trees)
+VALIDATION_SIGMAS = 4.0
+REJECTION_VALIDATION_COLUMNS = [
+    "tree",
+    "nodes",
+    "measured_tokens_per_step",
+    "measured_se",
+    "predicted_tau",
+    "predicted_se",
+    "error",
+    "sigmas",
+    "within",
+    "steps",
+]
 
 PREDICTION_COLUMNS = ["batch", "context", "gamma", "tau", "step_time_s", "plain_step_s", "speedup"]
 
@@ -38,16 +69,28 @@ def chain_tau_curves(accuracy_path, max_nodes: int) -> tuple[AccuracyTable, TauC
     return table, tau_curves(table, chain, vectors)
 
 
+def rejection_tau_curves(alpha_file, max_nodes: int) -> tuple[ChainAcceptance, TauCurve]:
+    """The alpha sidecar at `alpha_file` (v2: with the per-child acceptance), the proposal of up
+    to `max_nodes` nodes built from it (`treeopt.chain.rejection_proposal`) and the tau of its
+    prefixes under recursive rejection sampling (docs/statistics.md, "Positional acceptance of
+    a tree")."""
+    side = load_chain_acceptance(alpha_file)
+    proposal = rejection_proposal(side.per_child, max_nodes)
+    return side, TauCurve(proposal, rejection_tau_curve(proposal, side.per_child))
+
+
 def gamma_prediction(
     target: ModelShape, draft: ModelShape, hw: HardwareProfile, tau: TauCurve, batches, contexts
 ) -> pd.DataFrame:
-    """Predicted step and speedup tau(gamma) x T(plain) / T(gamma) of every chain prefix per
-    (batch, context), columns `PREDICTION_COLUMNS`; NaN where the two models do not fit."""
+    """Predicted step and speedup tau(n) x T(plain) / T(n) of every prefix of the proposal (a
+    chain: gamma = n; a tree: its n nodes, in column `gamma`) per (batch, context), columns
+    `PREDICTION_COLUMNS`; NaN where the two models do not fit."""
     gammas = np.arange(tau.proposal.size + 1)
+    widths = level_widths_by_prefix(tau.proposal)
     frames = []
-    for b in batches:  # loop over grid cells; each cell is vectorised over gamma
+    for b in batches:  # loop over grid cells; each cell is vectorised over the prefixes
         for s in contexts:
-            step = draft_model_step_time_s(target, draft, hw, batch=int(b), gamma=gammas, context=int(s))
+            step = draft_model_tree_step_time_s(target, draft, hw, batch=int(b), level_widths=widths, context=int(s))
             frames.append(
                 pd.DataFrame(
                     {
@@ -91,3 +134,104 @@ def write_gamma_prediction(
         )
     write_text(out / "index.md", "\n".join(L) + "\n")
     return grid
+
+
+def tokens_per_step_with_stderr(accepted: np.ndarray) -> tuple[float, float, int]:
+    """(mean tokens per step, its standard error, steps) from `DecodeResult.accepted`
+    (steps, b), 0 where a sequence had finished. Steps of one sequence share its prefix, so the
+    standard error treats sequences as the independent units: the ratio estimator's
+    sum_i a_i / sum_i n_i with variance m / (m - 1) x sum_i (a_i - R n_i)^2 / (sum_i n_i)^2 over
+    the m sequences' accepted totals a_i and step counts n_i (docs/statistics.md, "Positional
+    acceptance of a tree")."""
+    a = np.asarray(accepted, dtype=np.float64)
+    active = a > 0
+    steps = int(active.sum())
+    if not steps:
+        return float("nan"), float("nan"), 0
+    per_seq, n_seq = a.sum(0), active.sum(0).astype(np.float64)
+    used = n_seq > 0
+    per_seq, n_seq = per_seq[used], n_seq[used]
+    mean = float(per_seq.sum() / n_seq.sum())
+    m = len(per_seq)
+    if m < 2:
+        values = a[active]
+        return mean, float(values.std(ddof=1) / np.sqrt(steps)) if steps > 1 else float("nan"), steps
+    var = m / (m - 1) * ((per_seq - mean * n_seq) ** 2).sum() / n_seq.sum() ** 2
+    return mean, float(np.sqrt(var)), steps
+
+
+def validate_rejection_tau(
+    target_model,
+    drafter,
+    acceptance: ChainAcceptance,
+    trees,
+    prompt_ids,
+    *,
+    max_new_tokens: int = 32,
+    batch_size: int = 8,
+    pad_id: int = 0,
+    seed: int = 0,
+) -> pd.DataFrame:
+    """The decoder's measured tokens per step with rejection sampling at the sidecar's
+    temperature against the predicted tau of each tree (`treeopt.chain.rejection_tau`), one row
+    per tree, columns `REJECTION_VALIDATION_COLUMNS`: `within` when they are less than
+    `VALIDATION_SIGMAS` combined standard errors apart (docs/statistics.md, "Positional
+    acceptance of a tree"). `prompt_ids`: token lists, decoded in left-padded batches of
+    `batch_size` for `max_new_tokens` tokens each, without an eos stop."""
+    if acceptance.temperature <= 0:
+        raise UserError("validation: the alpha sidecar was measured at temperature 0 (greedy: use `treeopt validate`)")
+    if not prompt_ids:
+        raise UserError("validation: no prompts to decode")
+    if max_new_tokens < 2:
+        raise UserError(f"--max-new-tokens: must be >= 2 to measure a decoding step, got {max_new_tokens}")
+    table, stderr = acceptance.per_child, np.array(acceptance.accept_per_child_stderr, dtype=np.float64)
+    device = next(target_model.parameters()).device
+    rows = []
+    for tree in trees:  # loop over the trees validated; each decodes whole batches
+        tree = tree if isinstance(tree, Tree) else make_tree(tree, allow_empty=True)
+        predicted = rejection_tau(tree, table)
+        predicted_se = rejection_tau_stderr(tree, table, stderr)
+        decoder = SpeculativeDecoder(target_model, drafter, tree, timing=False)
+        accepted = []
+        for i, start in enumerate(range(0, len(prompt_ids), batch_size)):
+            ids, mask, _ = pad_left(prompt_ids[start : start + batch_size], pad_id, device)
+            res = decoder.generate(
+                ids, mask, max_new_tokens=max_new_tokens, temperature=acceptance.temperature, seed=seed + i
+            )
+            accepted.append(res.accepted)
+        width = max(a.shape[0] for a in accepted)
+        accepted = np.concatenate([np.pad(a, ((0, width - a.shape[0]), (0, 0))) for a in accepted], axis=1)
+        measured, measured_se, steps = tokens_per_step_with_stderr(accepted)
+        combined = float(np.hypot(measured_se, predicted_se))
+        sigmas = abs(measured - predicted) / combined if combined > 0 else float("inf")
+        rows.append(
+            {
+                "tree": str(tree.to_choices()),
+                "nodes": tree.size,
+                "measured_tokens_per_step": measured,
+                "measured_se": measured_se,
+                "predicted_tau": predicted,
+                "predicted_se": predicted_se,
+                "error": predicted / measured - 1.0,
+                "sigmas": sigmas,
+                "within": bool(sigmas <= VALIDATION_SIGMAS),
+                "steps": steps,
+            }
+        )
+    return pd.DataFrame(rows, columns=REJECTION_VALIDATION_COLUMNS)
+
+
+def validate_rejection(
+    lm, acceptance: ChainAcceptance, trees, data, *, max_new_tokens: int = 32, batch_size: int = 8, max_prompts=None
+) -> pd.DataFrame:
+    """`validate_rejection_tau` of a loaded model (`lm`: model, heads = a draft model,
+    tokenizer) on the prompts of `data` (a JSON-lines file, `demo` or the demo's validation
+    set, as `treeopt validate`)."""
+    if getattr(lm.heads, "kind", "") != "draft-model":
+        raise UserError("validation under rejection sampling: needs a draft model (--drafter draft-model)")
+    prompts = load_prompt_texts(data)[: max_prompts or None]
+    ids = [lm.tokenizer(p)["input_ids"] for p in prompts]
+    pad = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0
+    return validate_rejection_tau(
+        lm.model, lm.heads, acceptance, trees, ids, max_new_tokens=max_new_tokens, batch_size=batch_size, pad_id=pad
+    )

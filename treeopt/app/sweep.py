@@ -16,7 +16,7 @@ from roofline.latency import step_time_s
 from roofline.ops import DraftWork
 from roofline.profile_fit import BatchTransfer, batch_transfer, error_summary
 from roofline.shapes import DraftHeadsShape
-from roofline.speculative import draft_model_step_time_s
+from roofline.speculative import draft_model_tree_step_time_s, level_widths_by_prefix
 from treeopt.acceptance import load_rank_vectors
 from treeopt.app.models import draft_cost_of_drafter, draft_shape_of, shape_of
 from treeopt.candidates import candidate_tokens
@@ -66,9 +66,9 @@ def step_predictor(lm, proposal: Tree, hardware: HardwareProfile, *, verificatio
     runs it: the base model over q tokens plus, for q > 1, the heads the tree reaches, run on one
     token per sequence (docs/decoder.md "Where the heads run"); a sequential drafter's stages run
     depth by depth on the nodes of each depth that have children (docs/performance-model.md,
-    "Drafter cost"). A draft model's proposal is a
-    chain, so tree size n is gamma = n draft passes plus the verification of n + 1 tokens
-    (docs/performance-model.md, "Draft-model steps").
+    "Drafter cost"). A draft model drafts proposal.prefix(n) depth by depth, one pass per depth
+    over the nodes of the depth above, then the target verifies n + 1 tokens (a chain of gamma:
+    gamma passes; docs/performance-model.md, "Draft-model trees").
 
     verification="candidates": tree size n is verified as the L leaves' root paths of
     `proposal.prefix(n)`, L candidate sequences of D + 1 tokens each (D its depth, shorter paths
@@ -79,8 +79,11 @@ def step_predictor(lm, proposal: Tree, hardware: HardwareProfile, *, verificatio
     heads = lm.heads
     if getattr(heads, "kind", "") == "draft-model":
         draft = draft_shape_of(heads, dtype=shape.dtype)
+        widths = level_widths_by_prefix(proposal)
         return lambda batch, tokens, context: float(
-            draft_model_step_time_s(shape, draft, hardware, batch=batch, gamma=tokens - 1, context=context)
+            draft_model_tree_step_time_s(
+                shape, draft, hardware, batch=batch, level_widths=widths[tokens - 1], context=context
+            )
         )
     cost = draft_cost_of_drafter(heads)
 
