@@ -1,6 +1,6 @@
 """`treeopt run --drafter draft-model` end to end on the bundled demo and its draft model, at a
-small size: the proposal is a chain of gamma drafts and every selected cell is a chain or no
-speculation."""
+small size: it measures the proposal trees and the chains of gamma drafts and picks, per cell,
+the form that is faster (or no speculation)."""
 
 import json
 
@@ -35,7 +35,7 @@ def test_chain_tree_is_one_top1_guess_per_depth():
     assert chain_tree(3).to_choices() == [[0], [0, 0], [0, 0, 0]]
 
 
-def test_run_with_a_draft_model_selects_chains(tmp_path):
+def test_run_with_a_draft_model_measures_chains_and_trees_and_picks_a_form(tmp_path):
     out = tmp_path / "run"
     logs = []
     result = run_main_job(out, DRAFT_SMALL, log=logs.append, progress=False)
@@ -44,47 +44,72 @@ def test_run_with_a_draft_model_selects_chains(tmp_path):
         "accuracy.json",
         "accuracy.alpha.json",
         "proposal_tree.json",
+        "proposal-chain.json",
         "hardware.json",
         "sweep.csv",
+        "sweep-chain.csv",
         "selection.json",
+        "selection-chain.json",
         "validation_acceptance.csv",
         "index.md",
         "prediction/index.md",
         "prediction/gamma.csv",
+        "prediction/tree.csv",
     ):
         assert (out / name).is_file(), name
-    proposal = json.loads((out / "proposal_tree.json").read_text())
-    assert proposal["medusa_choices"] == [[0], [0, 0], [0, 0, 0], [0, 0, 0, 0]]
+    chain = json.loads((out / "proposal-chain.json").read_text())
+    assert chain["medusa_choices"] == [[0], [0, 0], [0, 0, 0], [0, 0, 0, 0]]
+    tree = json.loads((out / "proposal_tree.json").read_text())["medusa_choices"]
+    assert len(tree) == 4 and tree[0] == [0]
 
+    # the chain form's own selection picks chains (or nothing); the choice between the forms is
+    # per cell one form's own pick, with that form's measured speedup
+    chain_selection = json.loads((out / "selection-chain.json").read_text())
+    for cell in chain_selection["cells"]:
+        assert cell["medusa_choices"] == [[0] * d for d in range(1, cell["nodes"] + 1)]
     selection = json.loads((out / "selection.json").read_text())
-    assert {(c["batch"], c["context"]) for c in selection["cells"]} == {(1, 32), (2, 32)}
-    for cell in selection["cells"]:
-        gamma = cell["nodes"]
-        assert cell["medusa_choices"] == [[0] * d for d in range(1, gamma + 1)]  # a chain, [] = no speculation
+    forms = selection["forms"]
+    assert forms["forms"] == ["chain", "tree"]
+    assert {(c["batch"], c["context"]) for c in forms["cells"]} == {(1, 32), (2, 32)}
+    own = {"chain": chain_selection, "tree": selection}
+    for cell in forms["cells"]:
+        assert cell["form"] in ("chain", "tree", None)
+        if cell["form"] is None:
+            assert cell["nodes"] == 0
+            continue
+        mine = next(
+            c for c in own[cell["form"]]["cells"] if (c["batch"], c["context"]) == (cell["batch"], cell["context"])
+        )
+        assert (cell["nodes"], cell["medusa_choices"]) == (mine["nodes"], mine["medusa_choices"])
+        assert cell["speedup_lo"] > 1.0
+    assert "### Which form" in (out / "index.md").read_text()
 
-    # the sweep's prediction is the draft-model step: every extra gamma adds a draft pass and a
-    # verified token, so the predicted step grows strictly with gamma
-    sweep = pd.read_csv(out / "sweep.csv")
-    for _, cell in sweep.groupby(["batch", "context"]):
+    # the sweeps' predictions are the draft-model steps of the report's prediction: a chain of
+    # gamma drafts in sweep-chain.csv / gamma.csv, the proposal tree's prefixes in sweep.csv /
+    # tree.csv; every extra chain draft adds a pass and a verified token, so its step grows
+    for sweep_file, grid_file, column in (
+        ("sweep-chain.csv", "gamma.csv", "gamma"),
+        ("sweep.csv", "tree.csv", "nodes"),
+    ):
+        sweep = pd.read_csv(out / sweep_file)
+        grid = pd.read_csv(out / "prediction" / grid_file)
+        for (b, ctx), cell in sweep.groupby(["batch", "context"]):
+            same = grid[(grid["batch"] == b) & (grid["context"] == ctx)].set_index(column)["step_time_s"]
+            cell = cell.set_index("nodes")["predicted_step_time_s"]
+            np.testing.assert_allclose(cell.to_numpy(), same.loc[cell.index].to_numpy(), rtol=1e-5)
+        np.testing.assert_allclose(grid["speedup"], grid["tau"] * grid["plain_step_s"] / grid["step_time_s"], rtol=1e-5)
+    for _, cell in pd.read_csv(out / "sweep-chain.csv").groupby(["batch", "context"]):
         steps = cell.sort_values("nodes")["predicted_step_time_s"].to_numpy()
         assert np.all(np.isfinite(steps)) and np.all(np.diff(steps) > 0)
-    grid = pd.read_csv(out / "prediction" / "gamma.csv")
-    assert sorted(grid["gamma"].unique()) == [0, 1, 2, 3, 4]
-    # the report's prediction and the sweep's are the same step: plain at gamma 0, gamma drafts at n
-    for (b, ctx), cell in sweep.groupby(["batch", "context"]):
-        same = grid[(grid["batch"] == b) & (grid["context"] == ctx)].set_index("gamma")["step_time_s"]
-        cell = cell.set_index("nodes")["predicted_step_time_s"]
-        np.testing.assert_allclose(cell.to_numpy(), same.loc[cell.index].to_numpy(), rtol=1e-5)
-    np.testing.assert_allclose(
-        grid["speedup"], grid["tau"] * grid["plain_step_s"] / grid["step_time_s"], rtol=1e-5
-    )  # the CSV keeps 6 digits
+    assert sorted(pd.read_csv(out / "prediction" / "gamma.csv")["gamma"].unique()) == [0, 1, 2, 3, 4]
 
-    # greedy verification is lossless and a longer chain never accepts fewer tokens per step;
-    # a chain of gamma emits at most gamma + 1 tokens per step
+    # greedy verification is lossless; a tree of n nodes and depth D emits at most D + 1 tokens
+    # per step, and one node at most 2
     acceptance = result["validation"].acceptance.set_index("nodes")
     assert (acceptance["agreement"] == 1.0).all()
     assert 1.0 <= acceptance.loc[1, "measured_tokens_per_step"] <= 2.0
-    assert acceptance.loc[1, "measured_tokens_per_step"] <= acceptance.loc[4, "measured_tokens_per_step"] <= 5.0
+    depth = max(len(p) for p in tree)
+    assert acceptance.loc[1, "measured_tokens_per_step"] <= acceptance.loc[4, "measured_tokens_per_step"] <= depth + 1
     index = (out / "index.md").read_text()
     assert "prediction/index.md" in index and "prediction/roofline.png" not in index
 

@@ -18,7 +18,12 @@ from treeopt.selection import format_speedup
 from treeopt.tau import TauCurve, load_tau_curves
 
 SIZES = (1, 2, 4, 8, 16, 32, 64)
-_NAMES = {"medusa": "Medusa heads", "hydra": "Hydra heads", "mlp-speculator": "MLP speculator"}
+_NAMES = {
+    "medusa": "Medusa heads",
+    "hydra": "Hydra heads",
+    "mlp-speculator": "MLP speculator",
+    "draft-model": "Draft model",
+}
 
 
 def _read_run(kind: str, run: Path, max_nodes: int) -> tuple[TauCurve, dict, pd.DataFrame]:
@@ -103,7 +108,7 @@ def compare_drafters(runs: dict[str, Path], out_dir, *, sizes=SIZES, command: st
         L.append(f"| {row[0]} | " + " | ".join("--" if not np.isfinite(v) else f"{v:.3f}" for v in row[1:]) + " |")
     if "medusa" in curves:
         L += ["", "## What sequential dependence bought", ""]
-        for kind in (k for k in curves if k != "medusa"):
+        for kind in (k for k in curves if k not in ("medusa", "draft-model")):
             gains = (table[kind] - table["medusa"]).to_numpy()
             parts = [f"{d:+.3f} at {n}" for n, d in zip(table["nodes"], gains, strict=True) if np.isfinite(d)]
             L.append(

@@ -107,31 +107,65 @@ def gamma_prediction(
     return pd.concat(frames, ignore_index=True)[PREDICTION_COLUMNS]
 
 
+def _best_rows(grid: pd.DataFrame) -> pd.DataFrame:
+    return grid.loc[grid.fillna({"speedup": -np.inf}).groupby(["batch", "context"])["speedup"].idxmax()]
+
+
 def write_gamma_prediction(
-    target: ModelShape, draft: ModelShape, hw: HardwareProfile, tau: TauCurve, batches, contexts, out_dir, *, title: str
+    target: ModelShape,
+    draft: ModelShape,
+    hw: HardwareProfile,
+    tau: TauCurve,
+    batches,
+    contexts,
+    out_dir,
+    *,
+    title: str,
+    tree: TauCurve | None = None,
 ) -> pd.DataFrame:
-    """`gamma_prediction` as `out_dir/gamma.csv` and `out_dir/index.md` (best gamma per cell,
-    gamma 0 where no chain beats plain decoding)."""
+    """`gamma_prediction` of the chains `tau` as `out_dir/gamma.csv` and `out_dir/index.md` (best
+    gamma per cell, gamma 0 where no chain beats plain decoding); with `tree`, the prefixes of
+    that proposal tree too, as `out_dir/tree.csv` (column `nodes`) and the best tree per cell
+    beside the best chain."""
     grid = gamma_prediction(target, draft, hw, tau, batches, contexts)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     write_text(out / "gamma.csv", grid.to_csv(index=False, float_format="%.6g"))
-    best = grid.loc[grid.fillna({"speedup": -np.inf}).groupby(["batch", "context"])["speedup"].idxmax()]
+    best = _best_rows(grid)
+    trees = None
+    if tree is not None:
+        tree_grid = gamma_prediction(target, draft, hw, tree, batches, contexts).rename(columns={"gamma": "nodes"})
+        write_text(out / "tree.csv", tree_grid.to_csv(index=False, float_format="%.6g"))
+        trees = _best_rows(tree_grid).set_index(["batch", "context"])
     L = [
         f"# {title}",
         "",
         f"Draft model `{draft.name}` ({draft.layers} layer(s), hidden {draft.hidden}) before the target "
-        f"`{target.name}`; one step is gamma draft passes plus the verification of gamma + 1 tokens, "
+        f"`{target.name}`; one step of a chain is gamma draft passes plus the verification of gamma + 1 tokens, "
         f"τ {tau.describe()} (every gamma in `gamma.csv`).",
+    ]
+    if trees is not None:
+        L += [
+            "",
+            f"Trees: the prefixes of the {tree.proposal.size}-node proposal, drafted one pass per depth over the "
+            f"nodes of the depth above, τ {tree.describe()} (every size in `tree.csv`; "
+            'docs/performance-model.md, "Draft-model trees").',
+        ]
+    L += [
         "",
-        "| batch | context | best gamma | predicted speedup | step ms |",
-        "|---|---|---|---|---|",
+        "| batch | context | best gamma | predicted speedup | step ms |"
+        + (" best tree | predicted speedup |" if trees is not None else ""),
+        "|---|---|---|---|---|" + ("---|---|" if trees is not None else ""),
     ]
     for row in best.itertuples(index=False):
-        L.append(
+        line = (
             f"| {row.batch} | {row.context} | {row.gamma or 'no speculation'} | {row.speedup:.2f}x | "
             f"{row.step_time_s * 1e3:.3f} |"
         )
+        if trees is not None:
+            t = trees.loc[(row.batch, row.context)]
+            line += f" {int(t.nodes) or 'no speculation'} | {t.speedup:.2f}x |"
+        L.append(line)
     write_text(out / "index.md", "\n".join(L) + "\n")
     return grid
 

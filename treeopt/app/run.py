@@ -36,11 +36,13 @@ from treeopt.app.sweep import (
     sweep,
 )
 from treeopt.app.validation import ValidationResult, format_validation, validate
+from treeopt.candidates import candidate_proposal
 from treeopt.engines import export_for, get_engine
 from treeopt.errors import UserError
 from treeopt.export import format_tree
 from treeopt.family_build import drafted_sizes, engine_proposal
 from treeopt.fileio import atomic_outputs, output_lock, write_json, write_text
+from treeopt.forms import choose_form
 from treeopt.mix import choose_mix_tree, format_mix, mix_grid_from_sweep, mix_section, parse_mix
 from treeopt.selection import (
     format_selection,
@@ -50,7 +52,7 @@ from treeopt.selection import (
     select,
     sweep_samples_path,
 )
-from treeopt.tau import load_tau_curves, tau_curves
+from treeopt.tau import TauCurve, load_tau_curves, tau_curves
 from treeopt.tree import Tree
 
 _DRAFT_UNITS = {"medusa": "Medusa heads", "hydra": "Hydra heads", "mlp-speculator": "MLP speculator stages"}
@@ -172,6 +174,96 @@ def run_main_job(out_dir, settings: RunSettings = RunSettings(), *, log=print, p
         raise
 
 
+@dataclass(frozen=True)
+class OtherForm:
+    """A second way of drafting and verifying that the main job measures beside its proposal
+    trees, because the drafter's own published form might beat them (docs/architecture.md,
+    "Forms the main job compares"):
+
+    name:          "chain" (a draft model's gamma drafts, Leviathan et al. 2023) or
+                   "candidates" (IBM's n best full-length candidates verified as n sequences,
+                   Wertheimer et al. 2024);
+    tau:           its proposal sequence and expected tokens per step;
+    sizes:         the proposal sizes measured (nodes; 0 is plain decoding);
+    verification:  how the target checks it: "tree" attention or "candidates" sequences;
+    labels:        nodes -> how a user names that size ("gamma 3", "4 candidates").
+    """
+
+    name: str
+    tau: TauCurve
+    sizes: tuple[int, ...]
+    verification: str
+    labels: dict
+
+
+def other_form(lm, table: AccuracyTable, acc_file, s: RunSettings) -> OtherForm | None:
+    """The form the drafter's authors publish, when it is not already the proposal trees: chains
+    for a draft model, IBM's candidate sequences for an MLP speculator (its config's
+    `top_k_tokens_per_head` and `n_candidates`, at most `max_nodes` nodes); None otherwise."""
+    kind = lm.heads.kind
+    if kind == "draft-model":
+        _, tau = chain_tau_curves(acc_file, s.max_nodes)
+        sizes = sorted({0} | {min(int(n), tau.proposal.size) for n in s.sizes})
+        return OtherForm("chain", tau, tuple(sizes), "tree", {n: f"gamma {n}" for n in sizes if n})
+    if kind != "mlp-speculator":
+        return None
+    topk = [min(int(k), table.width) for k in lm.heads.top_k_tokens_per_head[: table.num_heads]]
+    most = min(int(lm.heads.n_candidates), int(np.prod(topk)))
+    proposal, nodes = candidate_proposal(table.accuracy, topk, most)
+    counts = [m for m in range(1, most + 1) if nodes[m - 1] <= s.max_nodes and (m & (m - 1) == 0 or m == most)]
+    if not counts:
+        return None
+    proposal = proposal.prefix(nodes[counts[-1] - 1])
+    vectors = load_rank_vectors(acc_file, table=table) if str(acc_file).endswith(".json") else None
+    labels = {nodes[m - 1]: f"{m} candidate{'s' if m > 1 else ''}" for m in counts}
+    return OtherForm("candidates", tau_curves(table, proposal, vectors), (0, *labels), "candidates", labels)
+
+
+def _measure_other_form(
+    lm, table, other: OtherForm, selection: dict, s: RunSettings, out: Path, hw, threads: int, acc_file, log, progress
+) -> dict:
+    """Sweep `other` like the proposal trees (`sweep-NAME.csv`, `selection-NAME.json`,
+    `proposal-NAME.json`) and choose, per cell, between it and the trees' selection
+    (`treeopt.forms.choose_form`)."""
+    csv = out / f"sweep-{other.name}.csv"
+    settings = SweepSettings(
+        other.sizes,
+        s.batches,
+        s.contexts,
+        repeats=s.repeats,
+        topk=s.topk,
+        time_budget_s=s.time_budget_s,
+        verification=other.verification,
+    )
+    log(
+        f"[sweep] {other.name}: {', '.join(other.labels.values())} ({other.verification} verification) x batch "
+        f"{list(s.batches)} x context {list(s.contexts)}"
+    )
+    df = sweep(
+        lm, table, other.tau, settings, csv, hardware=hw, resume="auto", progress=progress, accuracy_path=acc_file
+    )
+    chosen = select(
+        df,
+        other.tau.proposal,
+        by="measured",
+        hardware=hw.name,
+        model=s.model,
+        samples=read_round_samples(sweep_samples_path(csv)),
+        threads=threads,
+    )
+    chosen["verification"] = other.verification
+    chosen["labels"] = {str(n): label for n, label in other.labels.items()}
+    write_json(out / f"selection-{other.name}.json", chosen)
+    write_text(
+        out / f"proposal-{other.name}.json",
+        format_tree(other.tau.proposal, "json", tau=float(other.tau.best[-1]), method=other.name),
+    )
+    order = ("chain", "tree") if other.name == "chain" else ("tree", other.name)
+    forms = choose_form({"tree": selection, other.name: chosen}, order=order)
+    forms["labels"] = {other.name: chosen["labels"]}
+    return forms
+
+
 def _drafted(sizes, proposal, target) -> tuple[int, ...]:
     """The sizes to measure: for an engine that drafts only some prefixes of the proposal as
     written (vLLM's uniform trees), each size becomes the largest such prefix not above it."""
@@ -246,9 +338,7 @@ def _run_main_job(out: Path, settings: RunSettings, *, log, progress: bool) -> d
     # 2. proposal trees
     lm = load_model(s.model, s.heads, device=s.device, dtype=dtype, num_heads=s.num_heads, drafter=s.drafter)
     target = get_engine(s.engine, topk=s.topk) if s.engine else None
-    if lm.heads.kind == "draft-model":
-        table, tau = chain_tau_curves(acc_file, s.max_nodes)
-    elif target is None:
+    if target is None:
         table, tau = load_tau_curves(acc_file, s.max_nodes, method=s.method)
     else:
         table = load_accuracy(acc_file)
@@ -259,7 +349,6 @@ def _run_main_job(out: Path, settings: RunSettings, *, log, progress: bool) -> d
         )
     proposal = tau.proposal
     method = "joint" if (s.method == "auto" and table.joint) else ("greedy" if s.method == "auto" else s.method)
-    method = "chain" if lm.heads.kind == "draft-model" else method
     write_text(
         out / "proposal_tree.json",
         format_tree(
@@ -314,11 +403,12 @@ def _run_main_job(out: Path, settings: RunSettings, *, log, progress: bool) -> d
             shape,
             draft_shape_of(lm.heads, dtype=dtype_name),
             hw,
-            tau,
+            chain_tau_curves(acc_file, s.max_nodes)[1],
             s.batches,
             s.contexts,
             out / "prediction",
             title=f"Predicted: {s.model} with its draft model on {hw.name}",
+            tree=tau,
         )
     else:
         build_report(
@@ -369,6 +459,11 @@ def _run_main_job(out: Path, settings: RunSettings, *, log, progress: bool) -> d
         threads=threads,
     )
     selection["dtype"] = dtype_name
+    other = other_form(lm, table, acc_file, s)
+    if other is not None:
+        selection["forms"] = _measure_other_form(
+            lm, table, other, selection, s, out, hw, threads, acc_file, log, progress
+        )
     if mix is not None:
         choice = choose_mix_tree(mix_grid_from_sweep(sweep_df), mix, source=str(out / "sweep.csv"))
         selection["mix"] = mix_section(choice, proposal, mix)
@@ -411,6 +506,7 @@ def _run_main_job(out: Path, settings: RunSettings, *, log, progress: bool) -> d
             timings,
             method,
             regime=f"{dtype_name}, {threads} torch thread(s)",
+            draft_model=lm.heads.kind == "draft-model",
         ),
     )
     log(f"report: {out / 'index.md'} ({timings['total_s']:.0f} s)")
@@ -449,6 +545,51 @@ def _mix_markdown(mix: dict) -> str:
     return "\n".join(L)
 
 
+_FORM_TITLES = {
+    "tree": "proposal tree (tree attention)",
+    "chain": "chain of gamma drafts",
+    "candidates": "candidate sequences (batch expansion)",
+}
+
+
+def _forms_markdown(forms: dict) -> str:
+    """Per cell the form to serve with and each form's measured best (docs/builders.md,
+    "Choosing the verification form")."""
+    labels = {name: {int(n): v for n, v in d.items()} for name, d in forms.get("labels", {}).items()}
+
+    def size(form: str, nodes: int) -> str:
+        if not nodes:
+            return "no speculation"
+        return labels.get(form, {}).get(nodes) or f"{nodes} nodes"
+
+    names = forms["forms"]
+    L = [
+        "### Which form",
+        "",
+        "The same cells measured in each form the drafter is served in ("
+        + "; ".join(f"`{f}`: {_FORM_TITLES.get(f, f)}" for f in names)
+        + "). A form competes where its speedup's lower bound is above 1; the highest lower bound wins, "
+        f"and where intervals overlap the form listed first (`{names[0]}`) does (`selection.json`, `forms`).",
+        "",
+        "| batch | context | serve | speedup | interval | reason | " + " | ".join(f"best {f}" for f in names) + " |",
+        "|---|---|---|---|---|---|" + "---|" * len(names),
+    ]
+    for c in forms["cells"]:
+        chosen = f"{c['form']}: {size(c['form'], c['nodes'])}" if c["form"] else "no speculation"
+        span = f"{c['speedup_lo']:.2f}–{c['speedup_hi']:.2f}" if c["form"] else "--"
+        each = [
+            f"{size(f, c['by_form'][f]['nodes'])}, {format_speedup(c['by_form'][f]['speedup'])}"
+            if c["by_form"][f]["nodes"]
+            else "no speculation"
+            for f in names
+        ]
+        L.append(
+            f"| {c['batch']} | {c['context']} | {chosen} | {format_speedup(c['speedup'])} | {span} | "
+            f"{c['reason']} | " + " | ".join(each) + " |"
+        )
+    return "\n".join(L)
+
+
 def _md_table(df: pd.DataFrame, floatfmt: str = "{:.3f}") -> str:
     cols = list(df.columns)
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
@@ -474,6 +615,7 @@ def _run_index(
     timings: dict,
     method: str,
     regime: str = "",
+    draft_model: bool = False,
 ) -> str:
     acc = table.accuracy
     K = table.num_heads
@@ -554,6 +696,8 @@ def _run_index(
                 else "`" + export_for(target, proposal.prefix(c["nodes"]), heads=K, accuracy=acc).line + "`"
             )
             L.append(f"| {c['batch']} | {c['context']} | {line} |")
+    if "forms" in selection:
+        L += ["", _forms_markdown(selection["forms"])]
     if "mix" in selection:
         L += ["", _mix_markdown(selection["mix"])]
     L += [
@@ -609,7 +753,7 @@ def _run_index(
         "The roofline report of this machine's profile: [prediction/index.md](prediction/index.md).",
         "",
     ]
-    if method != "chain":  # a draft model's prediction is a table over gamma, without plots
+    if not draft_model:  # a draft model's prediction is a table over gamma, without plots
         L += ["![roofline](prediction/roofline.png)", "", "![speedup](prediction/speedup.png)", ""]
     L += ["## Run time", "", ", ".join(f"{k.removesuffix('_s')} {v:.0f} s" for k, v in timings.items()), ""]
     return "\n".join(L)
