@@ -1,7 +1,7 @@
 """`treeopt run` with an MLP speculator measures IBM's candidate form beside its proposal trees:
 the candidate sets are the speculator config's top-k products cut to the best n (brute force
-here), the second sweep verifies them as candidate sequences, and the choice per cell is one
-form's own pick (docs/builders.md, "Choosing the verification form")."""
+here), swept merged into their prefix tree and as candidate sequences, and the choice per cell
+is one form's own pick (docs/builders.md, "Choosing the verification form")."""
 
 import itertools
 import json
@@ -48,6 +48,9 @@ def test_run_with_an_mlp_speculator_measures_candidate_sequences_and_picks_a_for
 
     df, meta = read_sweep(out / "sweep-candidates.csv")
     assert meta["verification"] == "candidates"
+    merged, merged_meta = read_sweep(out / "sweep-merged.csv")  # the same sets, tree attention
+    assert merged_meta["verification"] == "tree" and set(merged["nodes"]) == set(df["nodes"])
+    assert json.loads((out / "proposal-merged.json").read_text())["medusa_choices"] == choices
     # measured at 1, 2, 4, ... candidates: each size's prefix has exactly that many full paths
     selection = json.loads((out / "selection-candidates.json").read_text())
     for nodes, label in selection["labels"].items():
@@ -56,8 +59,12 @@ def test_run_with_an_mlp_speculator_measures_candidate_sequences_and_picks_a_for
     assert set(df["nodes"]) == {0} | {int(n) for n in selection["labels"]}
 
     forms = json.loads((out / "selection.json").read_text())["forms"]
-    assert forms["forms"] == ["tree", "candidates"]
-    own = {"tree": json.loads((out / "selection.json").read_text()), "candidates": selection}
+    assert forms["forms"] == ["tree", "merged", "candidates"]
+    own = {
+        "tree": json.loads((out / "selection.json").read_text()),
+        "merged": json.loads((out / "selection-merged.json").read_text()),
+        "candidates": selection,
+    }
     for cell in forms["cells"]:
         if cell["form"] is None:
             assert cell["nodes"] == 0

@@ -176,13 +176,13 @@ def run_main_job(out_dir, settings: RunSettings = RunSettings(), *, log=print, p
 
 @dataclass(frozen=True)
 class OtherForm:
-    """A second way of drafting and verifying that the main job measures beside its proposal
+    """Another way of drafting and verifying that the main job measures beside its proposal
     trees, because the drafter's own published form might beat them (docs/architecture.md,
     "Forms the main job compares"):
 
-    name:          "chain" (a draft model's gamma drafts, Leviathan et al. 2023) or
-                   "candidates" (IBM's n best full-length candidates verified as n sequences,
-                   Wertheimer et al. 2024);
+    name:          "chain" (a draft model's gamma drafts, Leviathan et al. 2023), "merged" or
+                   "candidates" (IBM's n best full-length candidates, Wertheimer et al. 2024,
+                   merged into their prefix tree or verified as n sequences);
     tau:           its proposal sequence and expected tokens per step;
     sizes:         the proposal sizes measured (nodes; 0 is plain decoding);
     verification:  how the target checks it: "tree" attention or "candidates" sequences;
@@ -196,72 +196,89 @@ class OtherForm:
     labels: dict
 
 
-def other_form(lm, table: AccuracyTable, acc_file, s: RunSettings) -> OtherForm | None:
-    """The form the drafter's authors publish, when it is not already the proposal trees: chains
-    for a draft model, IBM's candidate sequences for an MLP speculator (its config's
-    `top_k_tokens_per_head` and `n_candidates`, at most `max_nodes` nodes); None otherwise."""
+#: per drafter, the forms `choose_form` compares, preferred first where intervals overlap
+#: (docs/architecture.md, "Forms the main job compares")
+FORM_ORDER = {"draft-model": ("chain", "tree"), "mlp-speculator": ("tree", "merged", "candidates")}
+
+
+def other_forms(lm, table: AccuracyTable, acc_file, s: RunSettings) -> list[OtherForm]:
+    """The forms the drafter's authors publish, beside the proposal trees: chains for a draft
+    model; for an MLP speculator, IBM's candidate sets (its config's `top_k_tokens_per_head`
+    and `n_candidates`, at most `max_nodes` nodes) merged into their prefix tree and as
+    candidate sequences; none for the others."""
     kind = lm.heads.kind
     if kind == "draft-model":
         _, tau = chain_tau_curves(acc_file, s.max_nodes)
         sizes = sorted({0} | {min(int(n), tau.proposal.size) for n in s.sizes})
-        return OtherForm("chain", tau, tuple(sizes), "tree", {n: f"gamma {n}" for n in sizes if n})
+        return [OtherForm("chain", tau, tuple(sizes), "tree", {n: f"gamma {n}" for n in sizes if n})]
     if kind != "mlp-speculator":
-        return None
+        return []
     topk = [min(int(k), table.width) for k in lm.heads.top_k_tokens_per_head[: table.num_heads]]
     most = min(int(lm.heads.n_candidates), int(np.prod(topk)))
     proposal, nodes = candidate_proposal(table.accuracy, topk, most)
     counts = [m for m in range(1, most + 1) if nodes[m - 1] <= s.max_nodes and (m & (m - 1) == 0 or m == most)]
     if not counts:
-        return None
+        return []
     proposal = proposal.prefix(nodes[counts[-1] - 1])
     vectors = load_rank_vectors(acc_file, table=table) if str(acc_file).endswith(".json") else None
+    tau = tau_curves(table, proposal, vectors)
     labels = {nodes[m - 1]: f"{m} candidate{'s' if m > 1 else ''}" for m in counts}
-    return OtherForm("candidates", tau_curves(table, proposal, vectors), (0, *labels), "candidates", labels)
+    return [
+        OtherForm(name, tau, (0, *labels), name if name == "candidates" else "tree", labels)
+        for name in ("merged", "candidates")
+    ]
 
 
-def _measure_other_form(
-    lm, table, other: OtherForm, selection: dict, s: RunSettings, out: Path, hw, threads: int, acc_file, log, progress
+def _measure_form(
+    lm, table, form: OtherForm, s: RunSettings, out: Path, hw, threads: int, acc_file, log, progress
 ) -> dict:
-    """Sweep `other` like the proposal trees (`sweep-NAME.csv`, `selection-NAME.json`,
-    `proposal-NAME.json`) and choose, per cell, between it and the trees' selection
-    (`treeopt.forms.choose_form`)."""
-    csv = out / f"sweep-{other.name}.csv"
+    """Sweep `form` like the proposal trees (`sweep-NAME.csv`, `selection-NAME.json`,
+    `proposal-NAME.json`); returns its selection."""
+    csv = out / f"sweep-{form.name}.csv"
     settings = SweepSettings(
-        other.sizes,
+        form.sizes,
         s.batches,
         s.contexts,
         repeats=s.repeats,
         topk=s.topk,
         time_budget_s=s.time_budget_s,
-        verification=other.verification,
+        verification=form.verification,
     )
     log(
-        f"[sweep] {other.name}: {', '.join(other.labels.values())} ({other.verification} verification) x batch "
+        f"[sweep] {form.name}: {', '.join(form.labels.values())} ({form.verification} verification) x batch "
         f"{list(s.batches)} x context {list(s.contexts)}"
     )
     df = sweep(
-        lm, table, other.tau, settings, csv, hardware=hw, resume="auto", progress=progress, accuracy_path=acc_file
+        lm, table, form.tau, settings, csv, hardware=hw, resume="auto", progress=progress, accuracy_path=acc_file
     )
     chosen = select(
         df,
-        other.tau.proposal,
+        form.tau.proposal,
         by="measured",
         hardware=hw.name,
         model=s.model,
         samples=read_round_samples(sweep_samples_path(csv)),
         threads=threads,
     )
-    chosen["verification"] = other.verification
-    chosen["labels"] = {str(n): label for n, label in other.labels.items()}
-    write_json(out / f"selection-{other.name}.json", chosen)
+    chosen["verification"] = form.verification
+    chosen["labels"] = {str(n): label for n, label in form.labels.items()}
+    write_json(out / f"selection-{form.name}.json", chosen)
     write_text(
-        out / f"proposal-{other.name}.json",
-        format_tree(other.tau.proposal, "json", tau=float(other.tau.best[-1]), method=other.name),
+        out / f"proposal-{form.name}.json",
+        format_tree(form.tau.proposal, "json", tau=float(form.tau.best[-1]), method=form.name),
     )
-    order = ("chain", "tree") if other.name == "chain" else ("tree", other.name)
-    forms = choose_form({"tree": selection, other.name: chosen}, order=order)
-    forms["labels"] = {other.name: chosen["labels"]}
-    return forms
+    return chosen
+
+
+def _measure_other_forms(
+    lm, table, forms: list[OtherForm], selection: dict, s: RunSettings, out: Path, hw, threads, acc_file, log, progress
+) -> dict:
+    """Sweep every form of `forms` (`_measure_form`) and choose, per cell, between them and the
+    trees' selection (`treeopt.forms.choose_form`, in the drafter's `FORM_ORDER`)."""
+    chosen = {f.name: _measure_form(lm, table, f, s, out, hw, threads, acc_file, log, progress) for f in forms}
+    doc = choose_form({"tree": selection, **chosen}, order=FORM_ORDER[lm.heads.kind])
+    doc["labels"] = {name: sel["labels"] for name, sel in chosen.items()}
+    return doc
 
 
 def _drafted(sizes, proposal, target) -> tuple[int, ...]:
@@ -459,10 +476,10 @@ def _run_main_job(out: Path, settings: RunSettings, *, log, progress: bool) -> d
         threads=threads,
     )
     selection["dtype"] = dtype_name
-    other = other_form(lm, table, acc_file, s)
-    if other is not None:
-        selection["forms"] = _measure_other_form(
-            lm, table, other, selection, s, out, hw, threads, acc_file, log, progress
+    forms = other_forms(lm, table, acc_file, s)
+    if forms:
+        selection["forms"] = _measure_other_forms(
+            lm, table, forms, selection, s, out, hw, threads, acc_file, log, progress
         )
     if mix is not None:
         choice = choose_mix_tree(mix_grid_from_sweep(sweep_df), mix, source=str(out / "sweep.csv"))
@@ -548,7 +565,8 @@ def _mix_markdown(mix: dict) -> str:
 _FORM_TITLES = {
     "tree": "proposal tree (tree attention)",
     "chain": "chain of gamma drafts",
-    "candidates": "candidate sequences (batch expansion)",
+    "merged": "IBM's candidates merged into their prefix tree (tree attention)",
+    "candidates": "IBM's candidates as sequences (batch expansion)",
 }
 
 
@@ -569,7 +587,7 @@ def _forms_markdown(forms: dict) -> str:
         "The same cells measured in each form the drafter is served in ("
         + "; ".join(f"`{f}`: {_FORM_TITLES.get(f, f)}" for f in names)
         + "). A form competes where its speedup's lower bound is above 1; the highest lower bound wins, "
-        f"and where intervals overlap the form listed first (`{names[0]}`) does (`selection.json`, `forms`).",
+        "and where intervals overlap the form listed first wins (`selection.json`, `forms`).",
         "",
         "| batch | context | serve | speedup | interval | reason | " + " | ".join(f"best {f}" for f in names) + " |",
         "|---|---|---|---|---|---|" + "---|" * len(names),
