@@ -1346,8 +1346,8 @@ MUTANTS = (
     Mutant(
         "run-draft-model-prefers-tree",
         "treeopt/app/run.py",
-        'order = ("chain", "tree") if other.name == "chain"',
-        'order = ("tree", "chain") if other.name == "chain"',
+        'FORM_ORDER = {"draft-model": ("chain", "tree"),',
+        'FORM_ORDER = {"draft-model": ("tree", "chain"),',
         "a draft model's tree wins ties with its chain",
         ("tests/test_run_draft_model.py",),
     ),
