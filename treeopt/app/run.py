@@ -622,6 +622,21 @@ def _md_table(df: pd.DataFrame, floatfmt: str = "{:.3f}") -> str:
     return "\n".join(lines)
 
 
+def _rerun_command(s: RunSettings) -> str:
+    """The `treeopt run` command line of the settings that differ from the CLI's defaults
+    (those a report of the demo is made with; others read the full settings in run_state.json)."""
+    parts = ["treeopt run"]
+    if not is_demo(s.model):
+        parts.append(f"--model {s.model}")
+    if s.drafter:
+        parts.append(f"--drafter {s.drafter}")
+    if s.engine:
+        parts.append(f"--engine {s.engine}")
+    if s.hw_quick:
+        parts.append("--quick")
+    return " ".join(parts + ["-o <dir>"])
+
+
 def _run_index(
     s: RunSettings,
     table: AccuracyTable,
@@ -644,7 +659,7 @@ def _run_index(
             "Calibrate the draft heads, build the proposal trees, calibrate this machine's roofline profile, "
             "predict, measure, select, and check the predictions against measurements on held-out prompts.",
             "",
-            "Regenerate with `treeopt run" + ("" if is_demo(s.model) else f" --model {s.model}") + " -o <dir>`.",
+            f"Regenerate with `{_rerun_command(s)}`.",
             "",
             f"Measured in {regime}." if regime else "",
             "",
