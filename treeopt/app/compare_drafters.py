@@ -57,6 +57,17 @@ def _overheads(sweep: pd.DataFrame, batch: int, context: int) -> dict[int, float
     return {int(n): float(o) for n, o in zip(rows["nodes"], rows["overhead"], strict=True)}
 
 
+def _served(cell: dict, forms: dict | None) -> str:
+    """A selection cell as "8 nodes, 1.50x", or with its form ("chain: gamma 1, 1.26x")."""
+    if not cell["nodes"]:
+        return "none"
+    speedup = format_speedup(cell.get("measured_speedup", cell["speedup"]))
+    if not forms:
+        return f"{cell['nodes']} node{'s' if cell['nodes'] != 1 else ''}, {speedup}"
+    label = forms.get("labels", {}).get(cell["form"], {}).get(str(cell["nodes"]), f"{cell['nodes']} nodes")
+    return f"{cell['form']}: {label}, {speedup}"
+
+
 def compare_drafters(runs: dict[str, Path], out_dir, *, sizes=SIZES, command: str = "") -> dict:
     """Write out_dir/index.md, tau.csv and tau.png for the runs {kind: run folder}; returns
     the paths and the tau table."""
@@ -122,25 +133,22 @@ def compare_drafters(runs: dict[str, Path], out_dir, *, sizes=SIZES, command: st
         "## Measured speedup per batch",
         "",
         "The selection of each run: the tree of largest measured speedup per batch and context (nodes, "
-        "speedup τ·T(0)/T(n) from the measured step times).",
+        "speedup τ·T(0)/T(n) from the measured step times); where a run also measured the drafter's own "
+        "forms (a draft model's chains, IBM's candidate sets), the form it serves with "
+        '(docs/architecture.md, "Forms the main job compares").',
         "",
     ]
     cells = {}
     for kind, (_, selection, _) in data.items():
-        for c in selection.get("cells", []):
-            cells.setdefault((int(c["batch"]), int(c["context"])), {})[kind] = c
+        forms = selection.get("forms")
+        for c in forms["cells"] if forms else selection.get("cells", []):
+            cells.setdefault((int(c["batch"]), int(c["context"])), {})[kind] = _served(c, forms)
     L += ["| batch | context | " + " | ".join(_NAMES.get(k, k) for k in data) + " |", "|---|---|" + "---|" * len(data)]
     for b, ctx in sorted(cells):
         row = []
         for kind in data:
             c = cells[(b, ctx)].get(kind)
-            row.append(
-                "--"
-                if c is None
-                else "none"
-                if not c["nodes"]
-                else f"{c['nodes']} nodes, {format_speedup(c.get('measured_speedup', c['speedup']))}"
-            )
+            row.append("--" if c is None else c)
         L.append(f"| {b} | {ctx} | " + " | ".join(row) + " |")
     batch, context = _first_cell(data)
     L += [

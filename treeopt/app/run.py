@@ -578,7 +578,7 @@ def _forms_markdown(forms: dict) -> str:
     def size(form: str, nodes: int) -> str:
         if not nodes:
             return "no speculation"
-        return labels.get(form, {}).get(nodes) or f"{nodes} nodes"
+        return labels.get(form, {}).get(nodes) or f"{nodes} node{'s' if nodes != 1 else ''}"
 
     names = forms["forms"]
     L = [
