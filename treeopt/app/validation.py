@@ -187,8 +187,9 @@ def check_sampled_drafter(kind: str | None, temperature: float) -> None:
         # why: heads verify by typical acceptance at T > 0, which is not distribution-preserving,
         # so no tau at T is predicted for them (docs/decoder.md, "Typical acceptance")
         raise UserError(
-            f"--temperature {temperature:g}: the {kind} drafter is validated greedily (--temperature 0); "
-            "only a draft model (--drafter draft-model) is verified by rejection sampling at T > 0"
+            f"--temperature {temperature:g}: the {kind} drafter is validated greedily (--temperature 0): at T > 0 it "
+            "verifies by typical acceptance, which is not distribution-preserving; only a draft model "
+            "(--drafter draft-model) is verified by rejection sampling"
         )
 
 
