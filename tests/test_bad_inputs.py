@@ -157,6 +157,7 @@ def _alpha_sidecar(*, v1: bool = False) -> dict:
         "samples": 4,
     }
 
+
 CASES = [
     # ---- output equal to an input (the list, and links to it) ----
     ("build-o-acc", "build --accuracy acc.json --nodes 4 -o acc.json", {}, "is also an input"),
