@@ -142,6 +142,22 @@ def _deep_json(depth: int) -> str:
 
 HUGE_INT = "1" + "0" * 4300
 
+
+def _alpha_sidecar(*, v1: bool = False) -> dict:
+    """A valid alpha sidecar of 2 depths at temperature 1 (docs/formats.md, "Alpha sidecar")."""
+    doc = {"temperature": 1.0, "alpha_per_depth": [0.6, 0.5], "tau_walked": [1.0, 1.6, 1.9], "rows": 100}
+    if v1:
+        return {"format": "treeopt.chain_acceptance/v1", **doc}
+    table = [[0.6, 0.1], [0.5, 0.1]]
+    return {
+        "format": "treeopt.chain_acceptance/v2",
+        **doc,
+        "accept_per_child": table,
+        "accept_per_child_stderr": [[0.01, 0.01], [0.01, 0.01]],
+        "samples": 4,
+    }
+
+
 CASES = [
     # ---- output equal to an input (the issue's list, and links to it) ----
     ("build-o-acc", "build --accuracy acc.json --nodes 4 -o acc.json", {}, "is also an input"),
@@ -542,6 +558,56 @@ CASES = [
         "validate --model {tiny} --num-heads 9 --accuracy acc.json --data prompts.jsonl",
         {},
         "--num-heads",
+    ),
+    # ---- validate --temperature T > 0: a draft model and its alpha sidecar, checked before decoding ----
+    (
+        "validate-temperature-no-sidecar",
+        "validate --model {tiny} --drafter draft-model --accuracy acc.json --data prompts.jsonl --temperature 1 -o v",
+        {},
+        "acc.alpha.json",
+    ),
+    (
+        "validate-temperature-v1-sidecar",
+        "validate --model {tiny} --drafter draft-model --accuracy acc.json --data prompts.jsonl --temperature 1 -o v",
+        {"acc.alpha.json": json.dumps(_alpha_sidecar(v1=True))},
+        "per-child",
+    ),
+    (
+        "validate-temperature-mismatch",
+        "validate --model {tiny} --drafter draft-model --accuracy acc.json --data prompts.jsonl --temperature 0.7 -o v",
+        {"acc.alpha.json": json.dumps(_alpha_sidecar())},
+        "calibrated at temperature 1",
+    ),
+    (
+        "validate-temperature-mismatch-sidecar",
+        "validate --model {tiny} --drafter draft-model --accuracy acc.json --data prompts.jsonl --temperature 1 -o v",
+        {"acc.alpha.json": json.dumps({**_alpha_sidecar(), "temperature": 0.5})},
+        "calibrated at temperature 0.5",
+    ),
+    (
+        "validate-temperature-heads",
+        "validate --model {tiny} --accuracy acc.json --data prompts.jsonl --temperature 1 -o v",
+        {"acc.alpha.json": json.dumps(_alpha_sidecar())},
+        "validated greedily",
+    ),
+    (
+        "validate-temperature-heads-dir",
+        "validate --model {tiny} --heads tiny/heads --accuracy acc.json --data prompts.jsonl --temperature 1 -o v",
+        {"acc.alpha.json": json.dumps(_alpha_sidecar())},
+        "validated greedily",
+    ),
+    (
+        "validate-temperature-sweep",
+        "validate --model {tiny} --drafter draft-model --accuracy acc.json --data prompts.jsonl --temperature 1 "
+        "--sweep sweep.csv",
+        {"acc.alpha.json": json.dumps(_alpha_sidecar())},
+        "--sweep",
+    ),
+    (
+        "validate-temperature-negative",
+        "validate --model {tiny} --drafter draft-model --accuracy acc.json --data prompts.jsonl --temperature -1",
+        {"acc.alpha.json": json.dumps(_alpha_sidecar())},
+        "--temperature",
     ),
     # ---- size guards: refused with an estimate before any work ----
     (

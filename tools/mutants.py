@@ -65,6 +65,11 @@ FORM_TESTS = ("tests/test_candidates_verification.py",)
 TREE_ACCEPT_TESTS = ("tests/test_draft_tree_acceptance.py",)
 TREE_COST_TESTS = ("tests/test_draft_tree_cost.py",)
 TREE_VALIDATION_TESTS = ("tests/test_draft_tree_validation.py",)
+SAMPLED_VALIDATION_TESTS = (
+    "tests/test_bad_inputs.py::test_bad_input[validate-temperature-mismatch]",
+    "tests/test_bad_inputs.py::test_bad_input[validate-temperature-mismatch-sidecar]",
+    "tests/test_validate_temperature.py",
+)
 
 
 @dataclass(frozen=True)
@@ -1177,6 +1182,30 @@ MUTANTS = (
         "var = ((per_seq - mean * n_seq) ** 2).sum() / n_seq.sum() ** 2",
         "the measured tokens per step's standard error misses the small-sample correction",
         TREE_VALIDATION_TESTS,
+    ),
+    Mutant(
+        "validate-temperature-unchecked",
+        "treeopt/app/validation.py",
+        "if not math.isclose(side.temperature, temperature, rel_tol=1e-9, abs_tol=1e-12):",
+        "if False and not math.isclose(side.temperature, temperature, rel_tol=1e-9, abs_tol=1e-12):",
+        "validate --temperature T takes an alpha sidecar calibrated at another temperature",
+        SAMPLED_VALIDATION_TESTS,
+    ),
+    Mutant(
+        "validate-temperature-against-default",
+        "treeopt/app/validation.py",
+        "if not math.isclose(side.temperature, temperature, rel_tol=1e-9, abs_tol=1e-12):",
+        "if not math.isclose(ALPHA_TEMPERATURE, temperature, rel_tol=1e-9, abs_tol=1e-12):",
+        "validate --temperature compares T with calibration's default, not with the sidecar's own temperature",
+        SAMPLED_VALIDATION_TESTS,
+    ),
+    Mutant(
+        "validate-temperature-trees-repeated",
+        "treeopt/app/validation.py",
+        "        if key not in seen:",
+        "        if True:",
+        "a proposal prefix that is a chain is decoded and reported twice",
+        SAMPLED_VALIDATION_TESTS,
     ),
     # ---- the cost of dependent drafters (docs/performance-model.md, "Drafter cost")
     Mutant(

@@ -1,9 +1,12 @@
 """Validation: the decoder's measured tokens per step on held-out prompts against the
 predicted tau, and the roofline's step-latency ratios against the measured sweep
-(docs/statistics.md "Validation")."""
+(docs/statistics.md "Validation"); at a temperature T > 0, a draft model's trees and chains
+under rejection sampling against the tau of its alpha sidecar (docs/statistics.md, "Positional
+acceptance of a tree")."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -11,12 +14,21 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from calibration.drafters.draft_model import ALPHA_TEMPERATURE
 from calibration.validate import latency_errors, measure_acceptance
 from roofline.plots import log2_axis
+from treeopt.app.draft_model import VALIDATION_SIGMAS, chain_tree, rejection_tau_curves, validate_rejection
 from treeopt.app.sweep import load_prompt_texts
+from treeopt.chain import ChainAcceptance, alpha_path, load_chain_acceptance
+from treeopt.errors import UserError
+from treeopt.export import text_table
 from treeopt.fileio import atomic_path
 from treeopt.selection import prediction_regret, read_sweep
 from treeopt.tau import TauCurve
+from treeopt.tree import Tree
+
+#: the file `treeopt validate --temperature T` writes (docs/formats.md, "Validation CSVs")
+REJECTION_VALIDATION_CSV = "validation_rejection.csv"
 
 
 @dataclass(frozen=True)
@@ -162,3 +174,119 @@ def format_validation(result: ValidationResult) -> str:
             f"speedup in every (batch, context) cell"
         )
     return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------
+# T > 0: a draft model under rejection sampling (docs/statistics.md, "Positional acceptance of
+# a tree")
+
+
+def check_sampled_drafter(kind: str | None, temperature: float) -> None:
+    """Refuse a drafter other than a draft model at T > 0 (`kind` None: not known yet)."""
+    if temperature > 0 and kind is not None and kind != "draft-model":
+        # why: heads verify by typical acceptance at T > 0, which is not distribution-preserving,
+        # so no tau at T is predicted for them (docs/decoder.md, "Typical acceptance")
+        raise UserError(
+            f"--temperature {temperature:g}: the {kind} drafter is validated greedily (--temperature 0): at T > 0 it "
+            "verifies by typical acceptance, which is not distribution-preserving; only a draft model "
+            "(--drafter draft-model) is verified by rejection sampling"
+        )
+
+
+def sampled_acceptance(accuracy, temperature: float, max_nodes: int) -> tuple[ChainAcceptance, TauCurve]:
+    """The alpha sidecar beside the accuracy table `accuracy` (`treeopt.chain.alpha_path`) and the
+    proposal of up to `max_nodes` nodes built from it, refused in one line when it is missing,
+    has no per-child table (v1) or was calibrated at a temperature other than `temperature`."""
+    path = alpha_path(accuracy)
+    if not path.is_file():
+        raise UserError(
+            f"--temperature {temperature:g}: no alpha sidecar {path} beside --accuracy {accuracy}; "
+            f"calibrate with a draft model (treeopt calibrate --drafter draft-model -o {accuracy}) to write it"
+        )
+    side = load_chain_acceptance(path)
+    if side.accept_per_child is None:
+        raise UserError(
+            f"{path}: a treeopt.chain_acceptance/v1 sidecar has no per-child acceptance (chains only); "
+            "calibrate again (treeopt calibrate --drafter draft-model) to validate at --temperature"
+        )
+    # why: the acceptance min(p, q) is a property of p and q at one temperature (docs/statistics.md,
+    # "Draft-model acceptance"): a table of another T predicts nothing about this one
+    if not math.isclose(side.temperature, temperature, rel_tol=1e-9, abs_tol=1e-12):
+        raise UserError(
+            f"--temperature {temperature:g}: {path} was calibrated at temperature {side.temperature:g}; "
+            f"pass --temperature {side.temperature:g}, or recalibrate (treeopt calibrate --drafter draft-model "
+            f"measures alpha at temperature {ALPHA_TEMPERATURE:g})"
+        )
+    return rejection_tau_curves(path, max_nodes)
+
+
+def sampled_trees(proposal: Tree, depths: int, sizes) -> list[Tree]:
+    """The prefixes of `proposal` of each size in `sizes` it has, then the chains of gamma =
+    each size up to `depths`, each tree once (a prefix that is a chain is not repeated)."""
+    trees = [proposal.prefix(int(n)) for n in sorted(sizes) if n <= proposal.size]
+    trees += [chain_tree(int(n)) for n in sorted(sizes) if n <= depths]
+    seen, unique = set(), []
+    for tree in trees:  # over the few trees validated, not over nodes
+        key = tuple(sorted(tuple(c) for c in tree.to_choices()))
+        if key not in seen:
+            seen.add(key)
+            unique.append(tree)
+    return unique
+
+
+def validate_sampled(
+    lm,
+    acceptance: ChainAcceptance,
+    trees,
+    data,
+    *,
+    max_new_tokens: int = 32,
+    batch_size: int = 8,
+    max_prompts=None,
+    out_dir=None,
+) -> pd.DataFrame:
+    """`treeopt.app.draft_model.validate_rejection` of `trees` at the sidecar's temperature;
+    with `out_dir`, also written there as `REJECTION_VALIDATION_CSV` (only that file replaced)."""
+    df = validate_rejection(
+        lm, acceptance, trees, data, max_new_tokens=max_new_tokens, batch_size=batch_size, max_prompts=max_prompts
+    )
+    if out_dir is not None:
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        with atomic_path(out / REJECTION_VALIDATION_CSV) as tmp:
+            df.to_csv(tmp, index=False)
+    return df
+
+
+def _form(choices: str) -> str:
+    """'chain' for a tree of top-1 guesses only (every rank 0), else 'tree'."""
+    return "chain" if set(choices) <= set("[], 0") else "tree"
+
+
+def format_sampled_validation(df: pd.DataFrame, temperature: float) -> str:
+    """Measured tokens per step +- se against predicted tau +- se per tree, with the verdict."""
+    rows = [
+        (
+            r.nodes,
+            _form(r.tree),
+            f"{r.measured_tokens_per_step:.3f} ± {r.measured_se:.3f}",
+            f"{r.predicted_tau:.3f} ± {r.predicted_se:.3f}",
+            f"{r.error:+.1%}",
+            f"{r.sigmas:.1f}",
+            "yes" if r.within else "NO",
+            r.steps,
+        )
+        for r in df.itertuples(index=False)
+    ]
+    table = text_table(
+        ["nodes", "<form", "measured", "predicted", "error", "sigmas", f"within {VALIDATION_SIGMAS:g}σ", "steps"],
+        rows,
+        title=f"tokens per step under rejection sampling at T = {temperature:g} (measured vs predicted tau):",
+    )
+    bad = int((~df["within"].astype(bool)).sum())
+    verdict = (
+        f"all {len(df)} predictions within {VALIDATION_SIGMAS:g} combined standard errors"
+        if not bad
+        else f"{bad} of {len(df)} predictions more than {VALIDATION_SIGMAS:g} combined standard errors off"
+    )
+    return f"{table}\n{verdict}"

@@ -27,7 +27,16 @@ from treeopt.app.sweep import (
     load_prompt_texts,
     sweep,
 )
-from treeopt.app.validation import format_validation, validate
+from treeopt.app.validation import (
+    REJECTION_VALIDATION_CSV,
+    check_sampled_drafter,
+    format_sampled_validation,
+    format_validation,
+    sampled_acceptance,
+    sampled_trees,
+    validate,
+    validate_sampled,
+)
 from treeopt.cli.options import RUN_MODEL_OPTIONS, TOPK, AtLeast, FiniteAtLeast, IntList, apply
 from treeopt.cli.safety import check_outputs, input_files
 from treeopt.engines import ENGINE_NAMES
@@ -274,6 +283,16 @@ def sweep_cmd(
 @click.option("--batch-size", type=AtLeast(1), default=8, show_default=True)
 @click.option("--max-prompts", type=AtLeast(1), default=None)
 @click.option("--topk", type=TOPK, default=10, show_default=True)
+@click.option(
+    "--temperature",
+    type=FiniteAtLeast(0),
+    default=0,
+    show_default=True,
+    metavar="T",
+    help="0: greedy decoding against the accuracy table's tau. T > 0 (a draft model): rejection sampling "
+    "at T against the tau of the alpha sidecar beside --accuracy, for the proposal's trees and the "
+    "chains of --sizes; writes validation_rejection.csv.",
+)
 @click.option("-o", "--output", default=None, metavar="DIR", help="Write validation CSVs and plots here.")
 def validate_cmd(
     model,
@@ -292,11 +311,33 @@ def validate_cmd(
     batch_size,
     max_prompts,
     topk,
+    temperature,
     output,
 ):
     """Measured tokens per step of the decoder against tau predicted from the accuracy table,
-    and measured step-latency ratios against the roofline, with relative errors."""
+    and measured step-latency ratios against the roofline, with relative errors; with
+    --temperature T > 0, a draft model's trees and chains under rejection sampling."""
     check_outputs(inputs=input_files(accuracy, sweep_file, data, model, heads), folders=[output])
+    if temperature > 0:
+        validate_sampled_cmd(
+            model=model,
+            heads=heads,
+            drafter=drafter,
+            num_heads=num_heads,
+            device=device,
+            dtype=dtype,
+            threads=threads,
+            accuracy=accuracy,
+            sweep_file=sweep_file,
+            data=data,
+            sizes=sizes,
+            max_new_tokens=max_new_tokens,
+            batch_size=batch_size,
+            max_prompts=max_prompts,
+            temperature=temperature,
+            output=output,
+        )
+        return
     _, tau = load_tau_curves(accuracy, max(sizes), method=method)
     sweep_df = read_sweep(sweep_file)[0] if sweep_file is not None else None  # before hours of decoding
     load_prompt_texts(data)
@@ -318,6 +359,55 @@ def validate_cmd(
             out_dir=out_dir,
         )
     click.echo(format_validation(result))
+
+
+def validate_sampled_cmd(
+    *,
+    model,
+    heads,
+    drafter,
+    num_heads,
+    device,
+    dtype,
+    threads,
+    accuracy,
+    sweep_file,
+    data,
+    sizes,
+    max_new_tokens,
+    batch_size,
+    max_prompts,
+    temperature,
+    output,
+) -> None:
+    """`treeopt validate --temperature T`, T > 0: every input checked before the model loads
+    (the drafter's kind, where the options already say it, again once it is loaded)."""
+    if sweep_file is not None:
+        raise UserError("--sweep: the step-latency check runs with the greedy validation (--temperature 0)")
+    if max_new_tokens < 2:
+        raise UserError(f"--max-new-tokens: must be >= 2 to measure a decoding step, got {max_new_tokens}")
+    # without --heads or --drafter the model's Medusa heads load (calibration.models.load_model)
+    check_sampled_drafter(drafter or (None if heads else "medusa"), temperature)
+    acceptance, tau = sampled_acceptance(accuracy, temperature, max(sizes))
+    trees = sampled_trees(tau.proposal, len(acceptance.alpha_per_depth), sizes)
+    load_prompt_texts(data)
+    lm = load_model(model, heads, device=device, dtype=dtype, num_heads=num_heads, drafter=drafter)
+    check_sampled_drafter(lm.heads.kind, temperature)
+    check_drafter_depth(lm, max(trees, key=lambda t: t.depth), accuracy)
+    with torch_threads(lm.model, lm.device, threads):
+        df = validate_sampled(
+            lm,
+            acceptance,
+            trees,
+            data,
+            max_new_tokens=max_new_tokens,
+            batch_size=batch_size,
+            max_prompts=max_prompts,
+            out_dir=output,
+        )
+    click.echo(format_sampled_validation(df, temperature))
+    if output is not None:
+        click.echo(f"wrote {Path(output) / REJECTION_VALIDATION_CSV}")
 
 
 @click.command("run")
