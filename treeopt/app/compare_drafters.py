@@ -174,7 +174,8 @@ def compare_drafters(runs: dict[str, Path], out_dir, *, sizes=SIZES, command: st
         best = max(picks, key=lambda c: c.get("measured_speedup", c["speedup"]))
         L.append(
             f"- {_NAMES.get(kind, kind)}: batch {best['batch']}, context {best['context']}, {best['nodes']} "
-            f"nodes, τ {best['tau']:.3f}, {format_speedup(best.get('measured_speedup', best['speedup']))}: "
+            f"node{'s' if best['nodes'] != 1 else ''}, τ {best['tau']:.3f}, "
+            f"{format_speedup(best.get('measured_speedup', best['speedup']))}: "
             f"`medusa_choices = {best['medusa_choices']}`"
         )
     write_text(out / "index.md", "\n".join(L) + "\n")

@@ -478,9 +478,11 @@ def _run_main_job(out: Path, settings: RunSettings, *, log, progress: bool) -> d
     selection["dtype"] = dtype_name
     forms = other_forms(lm, table, acc_file, s)
     if forms:
+        t0 = time.perf_counter()
         selection["forms"] = _measure_other_forms(
             lm, table, forms, selection, s, out, hw, threads, acc_file, log, progress
         )
+        timings["forms_s"] = time.perf_counter() - t0
     if mix is not None:
         choice = choose_mix_tree(mix_grid_from_sweep(sweep_df), mix, source=str(out / "sweep.csv"))
         selection["mix"] = mix_section(choice, proposal, mix)
