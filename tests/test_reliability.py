@@ -377,6 +377,15 @@ def fixed_date(monkeypatch):
     monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
 
 
+@pytest.fixture(autouse=True)
+def ctrl_c_raises():
+    """Ctrl-C as an interactive Python has it (KeyboardInterrupt), whatever the test process
+    inherited: a shell starts background jobs with SIGINT ignored."""
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, inherited)
+
+
 def test_deferred_interrupts_holds_ctrl_c_to_the_end_of_the_block():
     steps = []
     with pytest.raises(KeyboardInterrupt), deferred_interrupts():
