@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 from treeopt.accuracy import AccuracyTable, expected_tokens, load_accuracy
 from treeopt.build import build_tree, greedy_tree, joint_tree, max_nodes, optimal_tree, tau_curve
 from treeopt.errors import UserError
+from treeopt.tau import proposal_sequence, tau_curves
 from treeopt.tree import Tree, make_tree, reference_trees
 
 MEDUSA_CSV = str(resources.files("treeopt").joinpath("data/medusa_train_accuracy.csv"))
@@ -290,3 +291,16 @@ def test_trees_are_valid_medusa_choices():
     for builder in (greedy_tree, optimal_tree):
         t = builder(acc, 63)
         assert make_tree(t.to_choices(), topk=5, num_heads=5).paths == t.paths
+
+
+def test_chain_proposal_is_one_top1_guess_per_depth():
+    # rank vectors by hand: each head's guess is right (rank 0) at 3 of the 4 positions; a chain
+    # of gamma accepts depth d only when every depth before it was right
+    ranks = np.array([[0, 0, 0], [0, 0, 1], [0, 2, 0], [1, 0, 0]])
+    table = AccuracyTable.from_ranks(ranks, 3)
+    chain = proposal_sequence(table, 5, method="chain")
+    assert chain.paths == ((0,), (0, 0), (0, 0, 0))  # capped at the 3 heads calibrated
+    # independent heads: 1 + a1 + a1 a2 + a1 a2 a3 with a = 3/4, 3/4, 3/4 (rank 0 counts)
+    a = [3 / 4, 3 / 4, 3 / 4]
+    want = [1, 1 + a[0], 1 + a[0] + a[0] * a[1], 1 + a[0] + a[0] * a[1] + a[0] * a[1] * a[2]]
+    np.testing.assert_allclose(tau_curves(table, chain).independent, want)

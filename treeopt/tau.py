@@ -22,7 +22,7 @@ from treeopt.tree import Tree
 
 __all__ = ["PROPOSAL_METHODS", "TauCurve", "proposal_sequence", "tau_curves", "load_tau_curves", "first_heads"]
 
-PROPOSAL_METHODS = ("auto", "greedy", "joint")
+PROPOSAL_METHODS = ("auto", "greedy", "joint", "chain")
 
 
 @dataclass(frozen=True)
@@ -86,8 +86,10 @@ def first_heads(table: AccuracyTable, num_heads: int | None) -> AccuracyTable:
 
 def proposal_sequence(table: AccuracyTable, nodes: int, *, method: str = "auto") -> Tree:
     """A nested proposal sequence of up to `nodes` nodes: the n most frequent joint prefixes
-    (method 'joint'; nested because counts never grow from parent to child) or Medusa's greedy
-    (method 'greedy'); 'auto' takes joint when the table has joint statistics."""
+    (method 'joint'; nested because counts never grow from parent to child), Medusa's greedy
+    (method 'greedy') or the chain of each depth's top-1 guess, whose prefix of n nodes is a
+    draft model's gamma = n (method 'chain', Leviathan et al. 2023); 'auto' takes joint when the
+    table has joint statistics."""
     if isinstance(nodes, bool) or int(nodes) != nodes or nodes < 0:
         raise UserError(f"--max-nodes: must be a non-negative integer, got {nodes!r}")
     if method == "auto":
@@ -99,6 +101,8 @@ def proposal_sequence(table: AccuracyTable, nodes: int, *, method: str = "auto")
         return joint_tree(table, min(int(nodes), observed))
     if method == "greedy":
         return greedy_tree(table.accuracy, min(int(nodes), max_nodes(table.num_heads, table.width)))
+    if method == "chain":
+        return Tree([(0,) * d for d in range(1, min(int(nodes), table.num_heads) + 1)], name="chain")
     raise UserError(f"--method: {method!r} is not one of {', '.join(PROPOSAL_METHODS)}")
 
 

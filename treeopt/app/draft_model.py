@@ -18,8 +18,7 @@ from calibration.speculative import SpeculativeDecoder
 from roofline.hardware import HardwareProfile
 from roofline.shapes import ModelShape
 from roofline.speculative import draft_model_tree_step_time_s, level_widths_by_prefix
-from treeopt.acceptance import load_rank_vectors
-from treeopt.accuracy import AccuracyTable, load_accuracy
+from treeopt.accuracy import AccuracyTable
 from treeopt.app.sweep import load_prompt_texts
 from treeopt.chain import (
     ChainAcceptance,
@@ -31,7 +30,7 @@ from treeopt.chain import (
 )
 from treeopt.errors import UserError
 from treeopt.fileio import write_text
-from treeopt.tau import TauCurve, tau_curves
+from treeopt.tau import TauCurve, load_tau_curves
 from treeopt.tree import Tree, make_tree
 
 #: how many standard errors apart the measured and predicted tau may be (a correct prediction
@@ -63,10 +62,7 @@ def chain_tau_curves(accuracy_path, max_nodes: int) -> tuple[AccuracyTable, TauC
     min(max_nodes, depths calibrated) drafts, whose prefix of n nodes is the chain of gamma = n
     (greedy verification: the rank vectors' top-1 runs, docs/statistics.md "Draft-model
     acceptance")."""
-    table = load_accuracy(accuracy_path)
-    chain = chain_tree(min(int(max_nodes), table.num_heads))
-    vectors = load_rank_vectors(accuracy_path, table=table) if str(accuracy_path).endswith(".json") else None
-    return table, tau_curves(table, chain, vectors)
+    return load_tau_curves(accuracy_path, max_nodes, method="chain")
 
 
 def rejection_tau_curves(alpha_file, max_nodes: int) -> tuple[ChainAcceptance, TauCurve]:

@@ -52,7 +52,8 @@ METHOD_OPTION = click.option(
     type=click.Choice(PROPOSAL_METHODS),
     default="auto",
     show_default=True,
-    help="Proposal sequence: joint statistics when the table has them (auto), or Medusa's greedy.",
+    help="Proposal sequence: joint statistics when the table has them (auto), Medusa's greedy, or the chain of "
+    "top-1 guesses (size n = a draft model's gamma).",
 )
 
 
