@@ -159,25 +159,11 @@ def level_widths_by_prefix(proposal: Tree) -> np.ndarray:
     return np.cumsum(onehot, axis=0)
 
 
-def tree_grid(
-    target: ModelShape,
-    draft: ModelShape,
-    hw: HardwareProfile,
-    proposal: Tree,
-    tau,
-    *,
-    batches,
-    contexts,
-    attention: str = "fused",
-) -> pd.DataFrame:
-    """Every (batch, context, prefix of `proposal`), columns `TREE_COLUMNS`: tau of each prefix
-    (`tau`, n + 1 values, from `treeopt.chain.rejection_tau_curve`), the step's draft and
-    verification seconds (`draft_model_tree_step_time_s`), plain decoding's step and
+def _prefix_grid(target, draft, hw, widths: np.ndarray, tau: np.ndarray, batches, contexts, attention) -> pd.DataFrame:
+    """Every (batch, context, prefix) of the prefixes whose level widths are `widths` (m, D):
+    columns `TREE_COLUMNS`, the step from `draft_model_tree_step_time_s` (a chain's equals
+    `draft_model_step_time_s`), its verification alone, plain decoding's step, and
     speedup = tau x plain / step."""
-    tau = np.asarray(tau, dtype=np.float64)
-    if tau.shape != (proposal.size + 1,):
-        raise UserError(f"tau: expected {proposal.size + 1} values (tree sizes 0..{proposal.size}), got {tau.shape}")
-    widths = level_widths_by_prefix(proposal)
     nodes = widths.sum(1)
     depth = (widths > 0).sum(1)
     frames = []
@@ -210,6 +196,27 @@ def tree_grid(
     return pd.concat(frames, ignore_index=True)[TREE_COLUMNS]
 
 
+def tree_grid(
+    target: ModelShape,
+    draft: ModelShape,
+    hw: HardwareProfile,
+    proposal: Tree,
+    tau,
+    *,
+    batches,
+    contexts,
+    attention: str = "fused",
+) -> pd.DataFrame:
+    """Every (batch, context, prefix of `proposal`), columns `TREE_COLUMNS`: tau of each prefix
+    (`tau`, n + 1 values, from `treeopt.chain.rejection_tau_curve`), the step's draft and
+    verification seconds (`draft_model_tree_step_time_s`), plain decoding's step and
+    speedup = tau x plain / step."""
+    tau = np.asarray(tau, dtype=np.float64)
+    if tau.shape != (proposal.size + 1,):
+        raise UserError(f"tau: expected {proposal.size + 1} values (tree sizes 0..{proposal.size}), got {tau.shape}")
+    return _prefix_grid(target, draft, hw, level_widths_by_prefix(proposal), tau, batches, contexts, attention)
+
+
 def gamma_grid(
     target: ModelShape,
     draft: ModelShape,
@@ -228,34 +235,10 @@ def gamma_grid(
     top = len(tau) - 1 if max_gamma is None else int(max_gamma)
     if not 0 <= top < len(tau):
         raise UserError(f"--max-gamma: {max_gamma} needs alpha for {max_gamma} depths, the sidecar has {len(tau) - 1}")
-    gammas = np.arange(top + 1)
-    frames = []
-    for b in batches:  # loop over grid cells; each cell is vectorised over gamma
-        for s in contexts:
-            step = draft_model_step_time_s(
-                target, draft, hw, batch=int(b), gamma=gammas, context=int(s), attention=attention
-            )
-            verify = step_time_s(
-                target, None, hw, batch=int(b), tokens=gammas + 1, context=int(s), attention=attention, on_oom="ignore"
-            )
-            plain = float(verify[0])
-            frames.append(
-                pd.DataFrame(
-                    {
-                        "batch": int(b),
-                        "context": int(s),
-                        "gamma": gammas,
-                        "tau": tau[: top + 1],
-                        "draft_s": step - verify,
-                        "verify_s": verify,
-                        "step_time_s": step,
-                        "plain_step_s": plain,
-                        "speedup": tau[: top + 1] * plain / step,
-                        "fits_memory": np.isfinite(step),
-                    }
-                )
-            )
-    return pd.concat(frames, ignore_index=True)[GAMMA_COLUMNS]
+    # the chain of gamma drafts is the tree with one node at each of its gamma depths
+    chains = np.tri(top + 1, max(top, 1), -1, dtype=np.int64)
+    grid = _prefix_grid(target, draft, hw, chains, tau[: top + 1], batches, contexts, attention)
+    return grid.rename(columns={"nodes": "gamma"})[GAMMA_COLUMNS]
 
 
 def best_gamma(grid: pd.DataFrame) -> pd.DataFrame:
