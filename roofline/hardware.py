@@ -148,6 +148,8 @@ class HardwareProfile:
         when it reads the KV cache, by keys per sequence (s + q) (None = 1: the streaming rate).
     capacity_sold_gb: the capacity as printed on the datasheet, for display; capacity_bytes
         is what the model may use.
+    gemm_efficiency_source: where the row curve comes from and which measurement its knee was
+        checked against ("" = not stated).
     """
 
     name: str
@@ -177,6 +179,7 @@ class HardwareProfile:
     capacity_sold_gb: float | None = None
     description: str = ""
     source: str = ""
+    gemm_efficiency_source: str = ""
     calibration: dict = field(default_factory=dict)
 
     def __post_init__(self):
@@ -230,7 +233,9 @@ class HardwareProfile:
             return float(self.vector_flops)
         if "fp32" in self.peak_flops:
             return float(self.peak_flops["fp32"])
-        return max(self.peak_flops.values()) / 16.0
+        # without a vector figure: a sixteenth of the 16-bit tensor rate (not of fp8's, twice it)
+        sixteen_bit = [self.peak_flops[k] for k in ("bf16", "fp16") if k in self.peak_flops]
+        return float(max(sixteen_bit or self.peak_flops.values())) / 16.0
 
     @property
     def elementwise_rate(self) -> float:
@@ -326,6 +331,7 @@ _FIELD_TYPES = (
     ("name", str, "a string"),
     ("description", str, "a string"),
     ("source", str, "a string"),
+    ("gemm_efficiency_source", str, "a string"),
     ("kv_cache_update", str, "a string"),
     ("calibration", dict, "an object"),
     ("peak_flops", dict, "an object of dtype -> FLOP/s"),
@@ -336,12 +342,14 @@ def _positive(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and np.isfinite(value) and value > 0
 
 
-def _gpu(name, bf16_tflops, gbps, gb, fp32_tflops, description, note=""):
+def _gpu(name, bf16_tflops, gbps, gb, fp32_tflops, description, *, fp8_tflops=None, note="", knee=""):
     peaks = {"bf16": bf16_tflops * TFLOPS, "fp16": bf16_tflops * TFLOPS}
+    if fp8_tflops:
+        peaks["fp8"] = fp8_tflops * TFLOPS
     if fp32_tflops:
         peaks["fp32"] = fp32_tflops * TFLOPS
     src = (
-        "vendor datasheet, see docs/performance-model.md (dense fp16/bf16, no sparsity); fp32 = "
+        "vendor datasheet, see docs/performance-model.md (dense fp16/bf16 and fp8, no sparsity); fp32 = "
         "non-tensor-core rate from the vendor datasheet" + (f"; {note}" if note else "")
     )
     # the "GB" printed on GPU datasheets counts binary gigabytes: an "80 GB" A100 reports
@@ -354,19 +362,41 @@ def _gpu(name, bf16_tflops, gbps, gb, fp32_tflops, description, note=""):
         capacity_sold_gb=float(gb),
         description=description,
         source=src,
+        gemm_efficiency_source=f"{_A100_CURVE}; {knee or _UNCHECKED}",
     )
 
 
+# Where each built-in GPU's GEMM row curve was compared with a public measurement: the
+# measurements and the comparison live in roofline/published.py (`treeopt hw published`);
+# docs/performance-model.md "Where the knee was checked" explains the verdicts.
+_A100_CURVE = "the A100 row curve (DEFAULT_GPU_GEMM_CURVE)"
+_UNCHECKED = "its knee is not checked on this GPU: no public measurement of step time against tokens was found"
+_TRT_LLM = "NVIDIA's published TensorRT-LLM v0.5 batch-1 step times"
+_A100_CHECKED = f"checked against {_TRT_LLM} on an A100-SXM4-80GB in fp16 (`treeopt hw published`)"
+_A100_SIBLING = "checked on the A100-SXM4-80GB (the same GA100 die), not on this board (`treeopt hw published`)"
+_GH100 = (
+    f"compared with {_TRT_LLM} on an H100-SXM5-80GB in fp8, which it does not match: that engine's 128-token "
+    "step costs more than the curve predicts (`treeopt hw published`)"
+)
+_GH100_SIBLING = "not checked on this GPU; the comparison on the H100-SXM5-80GB (the same GH100 die) does not match"
+_L40S = (
+    f"compared with {_TRT_LLM} on an L40S in fp8: 128 to 2048 tokens per step match, fewer than 128 "
+    "are not measured there (`treeopt hw published`)"
+)
+
+# fp8: the dense FP8 tensor-core rate of the same datasheets (half the printed sparse figure);
+# GPUs without FP8 tensor cores (Ampere) have none, and the RTX 4090's datasheet prints two
+# rates (fp16 or fp32 accumulate), so it gets none either.
 _BUILTIN = {
     hw.name: hw
     for hw in [
-        _gpu("a100-40gb-sxm", 312, 1555, 40, 19.5, "NVIDIA A100-SXM4-40GB"),
-        _gpu("a100-80gb-sxm", 312, 2039, 80, 19.5, "NVIDIA A100-SXM4-80GB"),
-        _gpu("a100-80gb-pcie", 312, 1935, 80, 19.5, "NVIDIA A100-PCIe-80GB"),
+        _gpu("a100-40gb-sxm", 312, 1555, 40, 19.5, "NVIDIA A100-SXM4-40GB", knee=_A100_SIBLING),
+        _gpu("a100-80gb-sxm", 312, 2039, 80, 19.5, "NVIDIA A100-SXM4-80GB", knee=_A100_CHECKED),
+        _gpu("a100-80gb-pcie", 312, 1935, 80, 19.5, "NVIDIA A100-PCIe-80GB", knee=_A100_SIBLING),
         _gpu("a40", 149.7, 696, 48, 37.4, "NVIDIA A40"),
         _gpu("rtx-a6000", 154.8, 768, 48, 38.7, "NVIDIA RTX A6000"),
-        _gpu("l4", 121, 300, 24, 30.3, "NVIDIA L4"),
-        _gpu("l40s", 362, 864, 48, 91.6, "NVIDIA L40S"),
+        _gpu("l4", 121, 300, 24, 30.3, "NVIDIA L4", fp8_tflops=242.5),
+        _gpu("l40s", 362, 864, 48, 91.6, "NVIDIA L40S", fp8_tflops=733, knee=_L40S),
         _gpu(
             "rtx-4090",
             165,
@@ -374,13 +404,22 @@ _BUILTIN = {
             24,
             82.6,
             "NVIDIA GeForce RTX 4090",
-            "165 TFLOP/s is the fp16 rate with fp32 accumulate",
+            note="165 TFLOP/s is the fp16 rate with fp32 accumulate",
         ),
-        _gpu("h100-sxm", 989, 3350, 80, 67, "NVIDIA H100-SXM5-80GB"),
-        _gpu("h100-pcie", 756, 2000, 80, 51, "NVIDIA H100-PCIe-80GB"),
-        _gpu("h200", 989, 4800, 141, 67, "NVIDIA H200-SXM-141GB"),
-        _gpu("b200", 2250, 8000, 180, None, "NVIDIA B200", "no fp32 figure: vector work at bf16/16"),
-        _gpu("mi300x", 1307, 5300, 192, 163.4, "AMD Instinct MI300X"),
+        _gpu("h100-sxm", 989, 3350, 80, 67, "NVIDIA H100-SXM5-80GB", fp8_tflops=1979, knee=_GH100),
+        _gpu("h100-pcie", 756, 2000, 80, 51, "NVIDIA H100-PCIe-80GB", fp8_tflops=1513, knee=_GH100_SIBLING),
+        _gpu("h200", 989, 4800, 141, 67, "NVIDIA H200-SXM-141GB", fp8_tflops=1979, knee=_GH100_SIBLING),
+        _gpu(
+            "b200",
+            2250,
+            8000,
+            180,
+            None,
+            "NVIDIA B200",
+            fp8_tflops=4500,
+            note="no fp32 figure: vector work at bf16/16",
+        ),
+        _gpu("mi300x", 1307, 5300, 192, 163.4, "AMD Instinct MI300X", fp8_tflops=2614.9),
     ]
 }
 _ALIASES = {

@@ -8,10 +8,11 @@ from pathlib import Path
 import numpy as np
 
 from roofline.grid import draft_rows_by_prefix, heads_used_by_prefix, speedup_grid
-from roofline.hardware import GB, GIB, HardwareProfile
+from roofline.hardware import GB, GIB, HardwareProfile, builtin_hardware
 from roofline.latency import memory_required_bytes, op_timings, step_time_s
 from roofline.ops import DraftWork
 from roofline.plots import best_heatmaps, default_cases, overhead_curves, roofline_chart, speedup_curves
+from roofline.published import knee_summary
 from roofline.shapes import DraftHeadsShape, ModelShape
 from treeopt import __version__
 from treeopt.drafter_cost import DraftCost
@@ -102,6 +103,21 @@ def _hardware_section(hw: HardwareProfile, dtype: str) -> list[str]:
                     f"{_fmt_s(v['predicted_s'])} | {v['error'] * 100:+.0f}% | {rm} | {rp} |"
                 )
     return lines
+
+
+def _knee_sentence(hw: HardwareProfile) -> str:
+    """Where this profile's GEMM row curve was checked (docs/performance-model.md, "Where the
+    knee was checked")."""
+    if builtin_hardware().get(hw.name) == hw:
+        return (
+            f"This report's profile `{hw.name}`: {hw.gemm_efficiency_source}; against public step times its "
+            f'knee is {knee_summary(hw.name)} (`treeopt hw published`, docs/performance-model.md, "Where the '
+            'knee was checked").'
+        )
+    where = hw.gemm_efficiency_source or (
+        "fitted or calibrated on the machine it describes" if hw.calibration else "as given in the profile file"
+    )
+    return f"This report's profile `{hw.name}` is not a built-in one; its row curve: {where}."
 
 
 def _engine_sentence(hw: HardwareProfile) -> str:
@@ -323,9 +339,8 @@ def build_report(
         "decode reaches on A100, H100 and A40), η_c = 0.74 (the middle of the 71–76% large GEMMs reach), "
         "3 µs per kernel, no framework overhead (an engine replaying CUDA graphs). The row curve is fitted "
         "so that Vicuna-7B on an A100-80GB-SXM reproduces the measured skinny-GEMM cost (flat to ~64 "
-        "tokens, 1.27× the one-token step at 96, 1.9× at 256); every built-in GPU profile starts from it, and its "
-        'knee is not checked against a public measurement on any GPU (docs/performance-model.md, "GEMM row '
-        'efficiency").',
+        "tokens, 1.27× the one-token step at 96, 1.9× at 256), and every built-in GPU profile starts from it. "
+        + _knee_sentence(hw),
         "- Plain decoding (n = 0) runs the base model alone (q = 1, no heads); a tree of n nodes verifies "
         "q = n + 1 tokens per sequence and runs "
         + ("the heads its depth needs" if used_heads else "all draft heads")

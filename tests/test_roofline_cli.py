@@ -54,6 +54,22 @@ def test_hw_list(capsys):
     assert {p["name"] for p in json.loads(out)} >= {"a100-80gb-sxm", "h100-sxm"}
 
 
+def test_hw_published(capsys):
+    code, out, _ = run(capsys, "hw", "published", "--hardware", "a100")
+    assert code == 0
+    assert "a100-80gb-sxm: knee checked" in out and "h100-sxm" not in out
+    # NVIDIA's numbers as published: 12.5 ms to the first token, 111 output tokens/s
+    assert "12.5" in out and "111 output tokens/s" in out and "H100vsA100.md" in out
+    code, out, _ = run(capsys, "hw", "published")
+    assert "h100-sxm: knee does not match" in out and "l40s: knee partly checked" in out
+    code, out, err = run(capsys, "hw", "published", "--hardware", "l4")
+    assert code == 2 and out == ""
+    assert err.strip().splitlines() == [
+        "treeopt: error: --hardware: no published measurements for l4 (there are some for a100-80gb-sxm, "
+        "h100-sxm, l40s)"
+    ]
+
+
 def test_ops_json(capsys):
     code, out, _ = run(
         capsys,

@@ -71,6 +71,10 @@ hw = _lazy_group(
     "Hardware profiles: the built-in datasheet table and calibrated profiles.",
     {
         "list": ("treeopt.cli.roofline_cmds:hw_list", "List the built-in hardware profiles."),
+        "published": (
+            "treeopt.cli.roofline_cmds:hw_published",
+            "Published step times of optimised engines beside the built-in profiles' predictions.",
+        ),
         "calibrate": (
             "treeopt.cli.calibration_cmds:hw_calibrate",
             "Measure this machine and write a hardware profile.",

@@ -1,4 +1,4 @@
-"""`treeopt hw list|fit`, `treeopt roofline ops|speedup|predict`, `treeopt report`: the
+"""`treeopt hw list|published|fit`, `treeopt roofline ops|speedup|predict`, `treeopt report`: the
 analytical half (roofline/). numpy only: no torch is loaded."""
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from roofline.latency import (
 )
 from roofline.ops import DraftWork
 from roofline.profile_fit import error_summary, fit_profile, predict_step_s, read_step_points, step_points_frame
+from roofline.published import KNEE_TOLERANCE, PUBLISHED_STEPS, compare_steps, knee_checks, knee_summary, knee_verdict
 from roofline.report import build_report
 from treeopt.accuracy import load_accuracy
 from treeopt.app.models import draft_cost_of, heads_of, shape_of
@@ -214,25 +215,89 @@ def hw_list(as_json: bool) -> None:
     rows = []
     for name, p in profiles.items():
         fp32 = p.peak_flops.get("fp32")
+        fp8 = p.peak_flops.get("fp8")
         al = f" (alias {', '.join(aliases[name])})" if name in aliases else ""
         rows.append(
             [
                 name,
                 f"{p.peak('bf16') / 1e12:.4g}",
+                f"{fp8 / 1e12:.4g}" if fp8 else "-",
                 f"{fp32 / 1e12:.4g}" if fp32 else "-",
                 f"{p.bandwidth_bytes_per_s / 1e9:.0f}",
                 f"{p.capacity_gib:.0f}",
+                knee_summary(name),
                 p.description + al,
             ]
         )
-    click.echo(text_table(["<name", "bf16 TFLOP/s", "fp32 TFLOP/s", "GB/s", "GiB", "<description"], rows), nl=False)
+    headers = ["<name", "bf16 TFLOP/s", "fp8 TFLOP/s", "fp32 TFLOP/s", "GB/s", "GiB", "<knee", "<description"]
+    click.echo(text_table(headers, rows), nl=False)
     p = next(iter(profiles.values()))
     click.echo(
         f"\nAll: eta_compute {p.eta_compute}, eta_memory {p.eta_memory}, {p.kernel_overhead_s * 1e6:g} us "
-        "per kernel, row-dependent GEMM efficiency fitted to A100 7B measurements (see roofline/hardware.py), "
-        'no engine costs beyond the forward pass; memory as sold ("80 GB" = 80 GiB). Fit a profile to your '
-        "engine's step times with `treeopt hw fit`, or calibrate this machine with `treeopt hw calibrate`."
+        "per kernel, the A100's row-dependent GEMM efficiency, no engine costs beyond the forward pass; memory "
+        'as sold ("80 GB" = 80 GiB). knee: how that row curve compares with public step times on the GPU '
+        "(`treeopt hw published`). Fit a profile to your engine's step times with `treeopt hw fit`, or "
+        "calibrate this machine with `treeopt hw calibrate`."
     )
+
+
+@click.command("published")
+@click.option(
+    "--hardware",
+    "hardware",
+    default=None,
+    metavar="NAME",
+    help="A built-in profile with published measurements [default: every one that has them].",
+)
+def hw_published(hardware) -> None:
+    """Published step times of optimised engines beside what the built-in profiles predict."""
+    names = sorted({m.hardware for m in PUBLISHED_STEPS})
+    if hardware is not None:
+        name = load_hardware(hardware).name
+        if name not in builtin_hardware() or name not in names:
+            raise UserError(
+                f"--hardware: no published measurements for {hardware} (there are some for {', '.join(names)})"
+            )
+        names = [name]
+    sources = []
+    for name in names:
+        rows = []
+        for c in compare_steps(name):
+            m = c.measurement
+            if m.source not in sources:
+                sources.append(m.source)
+            rows.append(
+                [
+                    m.model,
+                    m.dtype,
+                    str(m.tokens),
+                    str(m.context_tokens),
+                    m.measured_as,
+                    f"{m.step_ms:.3g}",
+                    f"{c.predicted_ms:.3g}",
+                    f"{c.error * 100:+.0f}%",
+                    f"[{sources.index(m.source) + 1}]",
+                ]
+            )
+        headers = ["<model", "<dtype", "tokens", "cached", "<measured as", "ms", "predicted", "error", "source"]
+        click.echo(text_table(headers, rows, title=f"{name}: one forward pass at batch 1"), nl=False)
+        knee_rows = [
+            [
+                k.model,
+                f"T({k.tokens}) / T({k.reference_tokens})",
+                f"{k.measured_ratio:.3g}",
+                f"{k.predicted_ratio:.3g}",
+                f"{k.error * 100:+.0f}%",
+                f"±{KNEE_TOLERANCE[k.reference_tokens] * 100:.0f}%",
+                "yes" if k.matches else "no",
+            ]
+            for k in knee_checks(name)
+        ]
+        headers = ["<model", "<ratio", "measured", "predicted", "error", "tolerance", "<matches"]
+        click.echo(text_table(headers, knee_rows, title=f"{name}: knee {knee_verdict(name)}"), nl=False)
+        click.echo("")
+    for i, source in enumerate(sources, 1):
+        click.echo(f"[{i}] {source}")
 
 
 @click.command("ops")

@@ -1,0 +1,244 @@
+"""Public step-time measurements of optimised engines, and how the built-in GPU profiles predict
+them: where each profile's GEMM row curve (its "knee") was checked
+(docs/performance-model.md, "Where the knee was checked").
+
+A knee shows in ratios of step times measured on one engine build: a forward pass over 128
+tokens against a one-token decode step (rows 1 -> 128, where tree sizes are chosen), and over
+2048 tokens against 128 (the climb to the large-GEMM rate). Absolute times also carry the
+engine's own costs and maturity, so the verdict rests on the ratios; the absolute errors are
+shown beside them.
+
+The measurements are NVIDIA's own tables for TensorRT-LLM v0.5 at batch 1, tensor parallelism 1
+(1st-token latency of a prompt with nothing cached, and output tokens per second):
+
+- "H100 has 4.6x A100 Performance in TensorRT-LLM" (TensorRT-LLM repository,
+  docs/source/blogs/H100vsA100.md; TensorRT-LLM v0.5.0, TensorRT 9.1, SXM 80GB GPUs, H100 in
+  FP8, A100 in FP16),
+- "Performance of TensorRT-LLM", section "Low Latency" (TensorRT-LLM repository,
+  docs/source/performance.md, data of v0.5; the H100 engines built with FP8 weights and KV
+  cache, the A100 ones in FP16).
+
+numpy only, like the rest of `roofline`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from roofline.hardware import HardwareProfile, load_hardware
+from roofline.latency import step_time_s
+from roofline.shapes import ModelShape, model_shape
+
+__all__ = [
+    "KNEE_TOLERANCE",
+    "PUBLISHED_STEPS",
+    "KneeCheck",
+    "PublishedStep",
+    "StepComparison",
+    "compare_steps",
+    "knee_checks",
+    "knee_summary",
+    "knee_verdict",
+    "published_shape",
+]
+
+BLOG = (
+    'NVIDIA, "H100 has 4.6x A100 Performance in TensorRT-LLM" (TensorRT-LLM v0.5.0, '
+    "github.com/NVIDIA/TensorRT-LLM docs/source/blogs/H100vsA100.md)"
+)
+PERF = (
+    'NVIDIA, "Performance of TensorRT-LLM", Low Latency tables (data of v0.5, '
+    "github.com/NVIDIA/TensorRT-LLM docs/source/performance.md)"
+)
+
+# GPT-J 6B (EleutherAI; 28 layers, width 4096, 16 heads of 256, an ungated 16384-wide MLP, a
+# 50400-token vocabulary with its own lm_head). Its two MLP matrices hold 2 x 4096 x 16384
+# weights; a gated MLP of width 10923 holds 3 x 4096 x 10923, 0.003% more, so the Llama-shaped
+# model below has GPT-J's FLOPs and bytes per token.
+GPT_J_6B = ModelShape(
+    name="gpt-j-6b",
+    layers=28,
+    hidden=4096,
+    intermediate=10923,
+    heads=16,
+    kv_heads=16,
+    head_dim=256,
+    vocab=50400,
+    tied_embeddings=False,
+    dtype="fp16",
+    dtype_bytes=2,
+    source="EleutherAI/gpt-j-6b config.json, as a Llama-shaped model of the same FLOPs and bytes",
+)
+
+
+def published_shape(model: str, dtype: str) -> ModelShape:
+    """The shape of a model named in the tables: "gpt-j-6b", or "llama-2-7b" (the tables'
+    "LLaMA 7B", built from Llama-2-7b), in `dtype`."""
+    base = GPT_J_6B if model == "gpt-j-6b" else model_shape(model)
+    return base.with_dtype(dtype)
+
+
+@dataclass(frozen=True)
+class PublishedStep:
+    """One published measurement of one forward pass at batch 1.
+
+    tokens: tokens run per step (a prompt of `tokens` with nothing cached for a 1st-token
+    latency; 1 for a decode step); context_tokens: tokens already cached; step_ms: its time.
+    """
+
+    hardware: str
+    model: str
+    dtype: str
+    tokens: int
+    context_tokens: int
+    step_ms: float
+    measured_as: str
+    source: str
+
+
+def _first_token(hardware, model, dtype, tokens, ms, source=PERF):
+    return PublishedStep(hardware, model, dtype, tokens, 0, ms, f"1st-token latency, {tokens}-token prompt", source)
+
+
+def _decode(hardware, model, dtype, tokens_per_s, source=BLOG):
+    # a decode step after the 128-token prompt: the tables give no output length, so the cache
+    # holds 128-256 tokens during the steps measured; at batch 1 attention over them is about 1%
+    # of a 6B model's step, so 192 stands for all of them
+    return PublishedStep(
+        hardware, model, dtype, 1, 192, 1e3 / tokens_per_s, f"{tokens_per_s:g} output tokens/s", source
+    )
+
+
+PUBLISHED_STEPS: tuple[PublishedStep, ...] = (
+    # A100-SXM4-80GB, fp16
+    _first_token("a100-80gb-sxm", "gpt-j-6b", "fp16", 128, 12.5, BLOG),
+    _decode("a100-80gb-sxm", "gpt-j-6b", "fp16", 111),
+    _first_token("a100-80gb-sxm", "gpt-j-6b", "fp16", 2048, 129),
+    _first_token("a100-80gb-sxm", "llama-2-7b", "fp16", 128, 16),
+    _first_token("a100-80gb-sxm", "llama-2-7b", "fp16", 2048, 133),
+    # H100-SXM5-80GB ("H100-HBM3-80GB"), fp8 weights, activations and KV cache
+    _first_token("h100-sxm", "gpt-j-6b", "fp8", 128, 7.1, BLOG),
+    _decode("h100-sxm", "gpt-j-6b", "fp8", 185),
+    _first_token("h100-sxm", "gpt-j-6b", "fp8", 2048, 29),
+    _first_token("h100-sxm", "llama-2-7b", "fp8", 128, 7),
+    _first_token("h100-sxm", "llama-2-7b", "fp8", 2048, 36),
+    # L40S, fp8
+    _first_token("l40s", "gpt-j-6b", "fp8", 128, 12),
+    _first_token("l40s", "gpt-j-6b", "fp8", 2048, 71),
+    _first_token("l40s", "llama-2-7b", "fp8", 128, 14),
+    _first_token("l40s", "llama-2-7b", "fp8", 2048, 73),
+)
+
+#: a knee ratio matches when predicted / measured - 1 is within these bounds. 1 -> 128 tokens is
+#: where tree sizes are chosen: 10%. 128 -> 2048 tokens: 25%, because the tables disagree with
+#: themselves by about that much there (on the A100 the ratio is 10.3 for GPT-J and 8.3 for
+#: Llama-2-7B, two models of nearly the same size).
+KNEE_TOLERANCE = {1: 0.10, 128: 0.25}
+
+
+@dataclass(frozen=True)
+class StepComparison:
+    measurement: PublishedStep
+    predicted_ms: float
+
+    @property
+    def error(self) -> float:
+        return self.predicted_ms / self.measurement.step_ms - 1.0
+
+
+@dataclass(frozen=True)
+class KneeCheck:
+    """T(tokens) / T(reference_tokens), measured and predicted, for one model on one GPU."""
+
+    hardware: str
+    model: str
+    dtype: str
+    tokens: int
+    reference_tokens: int
+    measured_ratio: float
+    predicted_ratio: float
+
+    @property
+    def error(self) -> float:
+        return self.predicted_ratio / self.measured_ratio - 1.0
+
+    @property
+    def matches(self) -> bool:
+        return abs(self.error) <= KNEE_TOLERANCE[self.reference_tokens]
+
+
+def _profile(hardware) -> HardwareProfile:
+    return load_hardware(hardware)
+
+
+def compare_steps(hardware=None, *, profile: HardwareProfile | None = None) -> list[StepComparison]:
+    """Each published step of `hardware` (a built-in name; None: all of them) beside the step
+    time the profile predicts for it. `profile` replaces the built-in (to check a variant)."""
+    out = []
+    for m in PUBLISHED_STEPS:
+        if hardware is not None and m.hardware != hardware:
+            continue
+        hw = profile if profile is not None else _profile(m.hardware)
+        shape = published_shape(m.model, m.dtype)
+        t = step_time_s(shape, None, hw, batch=1, tokens=m.tokens, context=m.context_tokens, on_oom="raise")
+        out.append(StepComparison(m, float(t) * 1e3))
+    return out
+
+
+def knee_checks(hardware=None, *, profile: HardwareProfile | None = None) -> list[KneeCheck]:
+    """The ratios T(128)/T(1) and T(2048)/T(128) wherever both steps of a model were measured
+    on one GPU by the same engine release."""
+    steps = compare_steps(hardware, profile=profile)
+    by_key = {(c.measurement.hardware, c.measurement.model, c.measurement.tokens): c for c in steps}
+    checks = []
+    for (hw, model, tokens), c in by_key.items():
+        reference = {128: 1, 2048: 128}.get(tokens)
+        ref = by_key.get((hw, model, reference))
+        if ref is None:
+            continue
+        checks.append(
+            KneeCheck(
+                hw,
+                model,
+                c.measurement.dtype,
+                tokens,
+                reference,
+                c.measurement.step_ms / ref.measurement.step_ms,
+                c.predicted_ms / ref.predicted_ms,
+            )
+        )
+    checks.sort(key=lambda k: (k.hardware, k.reference_tokens, k.model))
+    return checks
+
+
+def knee_verdict(hardware: str, *, profile: HardwareProfile | None = None) -> str:
+    """ "checked" (every knee ratio of the GPU matches, the 1 -> 128 one included), "partly
+    checked" (those measured match, but 1 -> 128 is not measured), "does not match", or
+    "not measured"."""
+    checks = knee_checks(hardware, profile=profile)
+    if not checks:
+        return "not measured"
+    if not all(k.matches for k in checks):
+        return "does not match"
+    if any(k.reference_tokens == 1 for k in checks):
+        return "checked"
+    return "partly checked"
+
+
+#: built-in boards on the die of a board with published measurements: the row curve is a
+#: property of the die's SMs and tensor cores, so its check carries over as a hint, not a proof
+SAME_DIE = {
+    "a100-40gb-sxm": "a100-80gb-sxm",
+    "a100-80gb-pcie": "a100-80gb-sxm",
+    "h100-pcie": "h100-sxm",
+    "h200": "h100-sxm",
+}
+
+
+def knee_summary(hardware: str) -> str:
+    """The verdict of `hardware`, with that of its measured sibling on the same die."""
+    verdict = knee_verdict(hardware)
+    sibling = SAME_DIE.get(hardware)
+    if verdict == "not measured" and sibling:
+        return f"{verdict}; {knee_verdict(sibling)} on {sibling} (same die)"
+    return verdict

@@ -1,0 +1,120 @@
+"""The built-in GPU profiles against NVIDIA's published TensorRT-LLM v0.5 step times (roofline.published):
+the numbers below are typed from NVIDIA's tables (docs/source/blogs/H100vsA100.md and
+docs/source/performance.md of the TensorRT-LLM repository), not computed by treeopt."""
+
+import pytest
+
+from roofline.hardware import DEFAULT_GPU_GEMM_CURVE, EfficiencyCurve, builtin_hardware, load_hardware
+from roofline.latency import step_time_s
+from roofline.published import (
+    GPT_J_6B,
+    PUBLISHED_STEPS,
+    compare_steps,
+    knee_checks,
+    knee_verdict,
+    published_shape,
+)
+from roofline.shapes import model_shape
+
+
+def _ms(shape, hw, tokens, context):
+    return step_time_s(shape, None, load_hardware(hw), batch=1, tokens=tokens, context=context) * 1e3
+
+
+def test_gpt_j_equivalent_has_the_published_parameter_count():
+    # EleutherAI's model card: 6,053,381,344 parameters (the difference is biases and norms)
+    assert GPT_J_6B.params == pytest.approx(6_053_381_344, rel=1e-3)
+
+
+def test_a100_knee_matches_the_published_128_token_step():
+    # H100vsA100.md, A100 (FP16, SXM 80GB) GPT-J 6B at batch 1: 111 output tok/s and 12.5 ms to
+    # the first token of a 128-token prompt, so a 128-token forward costs 12.5 / (1000/111) =
+    # 1.39 decode steps. The A100 row curve must give the same knee.
+    measured = 12.5 / (1000 / 111)
+    predicted = _ms(GPT_J_6B, "a100-80gb-sxm", 128, 0) / _ms(GPT_J_6B, "a100-80gb-sxm", 1, 192)
+    assert predicted == pytest.approx(measured, rel=0.05)
+    # a curve without the skinny-GEMM penalty would miss it (the check can fail)
+    flat = load_hardware("a100-80gb-sxm").with_(gemm_efficiency=EfficiencyCurve((1.0,), (1.0,)))
+    t = [step_time_s(GPT_J_6B, None, flat, batch=1, tokens=q, context=s) for q, s in ((128, 0), (1, 192))]
+    assert t[0] / t[1] < measured * 0.9
+
+
+@pytest.mark.parametrize(
+    "model, tokens, measured_ms",
+    [("gpt-j-6b", 128, 12.5), ("gpt-j-6b", 2048, 129), ("llama-2-7b", 128, 16), ("llama-2-7b", 2048, 133)],
+)
+def test_a100_first_token_latencies_within_a_fifth(model, tokens, measured_ms):
+    shape = GPT_J_6B if model == "gpt-j-6b" else model_shape("llama-2-7b")
+    assert _ms(shape, "a100-80gb-sxm", tokens, 0) == pytest.approx(measured_ms, rel=0.2)
+
+
+@pytest.mark.parametrize("model, t128, t2048", [("gpt-j-6b", 12, 71), ("llama-2-7b", 14, 73)])
+def test_l40s_fp8_climb_from_128_to_2048_tokens(model, t128, t2048):
+    # performance.md, Low Latency, L40S (FP8): 1st-token latency of 128- and 2048-token prompts
+    shape = published_shape(model, "fp8")
+    predicted = _ms(shape, "l40s", 2048, 0) / _ms(shape, "l40s", 128, 0)
+    assert predicted == pytest.approx(t2048 / t128, rel=0.15)
+
+
+def test_h100_fp8_knee_is_reported_as_not_matching():
+    # H100vsA100.md, H100 (FP8) GPT-J 6B: 185 tok/s and 7.1 ms for 128 tokens: 1.31 decode steps,
+    # where the A100 curve on the H100's roofs predicts under 1.15
+    measured = 7.1 / (1000 / 185)
+    shape = published_shape("gpt-j-6b", "fp8")
+    predicted = _ms(shape, "h100-sxm", 128, 0) / _ms(shape, "h100-sxm", 1, 192)
+    assert predicted < 1.15 < measured
+    assert knee_verdict("h100-sxm") == "does not match"
+
+
+def test_verdicts_of_the_builtin_profiles():
+    assert knee_verdict("a100-80gb-sxm") == "checked"
+    assert knee_verdict("l40s") == "partly checked"  # no decode step measured there
+    assert knee_verdict("l4") == "not measured"
+    # a profile whose knee comes too early fails the A100 check
+    late = load_hardware("a100-80gb-sxm").with_(gemm_efficiency=EfficiencyCurve((1.0, 96.0), (0.3, 1.0)))
+    assert knee_verdict("a100-80gb-sxm", profile=late) == "does not match"
+
+
+def test_knee_checks_pair_the_right_steps():
+    checks = {(k.model, k.tokens, k.reference_tokens): k for k in knee_checks("a100-80gb-sxm")}
+    assert set(checks) == {("gpt-j-6b", 128, 1), ("gpt-j-6b", 2048, 128), ("llama-2-7b", 2048, 128)}
+    assert checks[("llama-2-7b", 2048, 128)].measured_ratio == pytest.approx(133 / 16)
+    assert checks[("gpt-j-6b", 128, 1)].measured_ratio == pytest.approx(12.5 * 111 / 1000)
+
+
+def test_every_published_step_is_predicted_on_its_own_gpu_and_dtype():
+    rows = compare_steps()
+    assert len(rows) == len(PUBLISHED_STEPS)
+    for c in rows:
+        shape = published_shape(c.measurement.model, c.measurement.dtype)
+        expect = _ms(shape, c.measurement.hardware, c.measurement.tokens, c.measurement.context_tokens)
+        assert c.predicted_ms == pytest.approx(expect)
+        assert c.error == pytest.approx(c.predicted_ms / c.measurement.step_ms - 1)
+
+
+def test_fp8_peaks_are_twice_the_16_bit_rate():
+    # Hopper, Ada, Blackwell and CDNA3 datasheets print dense FP8 at twice dense FP16, up to
+    # their rounding (the L40S datasheet prints 733 against 362.05, 1.2% over)
+    with_fp8 = {n: p for n, p in builtin_hardware().items() if "fp8" in p.peak_flops}
+    assert set(with_fp8) == {"l4", "l40s", "h100-sxm", "h100-pcie", "h200", "b200", "mi300x"}
+    for p in with_fp8.values():
+        assert p.peak("fp8") == pytest.approx(2 * p.peak("fp16"), rel=0.015)
+
+
+def test_vector_rate_without_an_fp32_figure_ignores_fp8():
+    b200 = load_hardware("b200")
+    assert b200.vector_flops_per_s == pytest.approx(2250e12 / 16)
+
+
+def test_every_builtin_profile_says_where_its_knee_was_checked():
+    for name, p in builtin_hardware().items():
+        verdict = knee_verdict(name)
+        text = p.gemm_efficiency_source
+        assert text.startswith("the A100 row curve"), name
+        if verdict == "checked":
+            assert "checked against" in text
+        elif verdict == "not measured":
+            assert "not checked on this GPU" in text or "checked on the A100-SXM4-80GB" in text
+        else:
+            assert "compared with" in text
+    assert builtin_hardware()["a100-80gb-sxm"].gemm_efficiency == DEFAULT_GPU_GEMM_CURVE
