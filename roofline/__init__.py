@@ -3,7 +3,8 @@ the speedup grid and the roofline plots. No torch at module level.
 
 Modules: shapes (ModelShape, DraftHeadsShape, model_shape), hardware (HardwareProfile,
 load_hardware), ops (operators), latency (step_time_s, op_timings), grid (speedup_grid,
-best_per_cell, selection_from_grid), hwfit (hardware profile from measured timings), plots
+best_per_cell, selection_from_grid), hwfit (hardware profile from measured timings), published
+(public step times and how the built-in profiles predict them), plots
 and report (matplotlib). The names below are also importable from `roofline`
 directly; each module is imported on first use.
 """

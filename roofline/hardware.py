@@ -13,8 +13,10 @@ prints one. Efficiencies for them:
   of Vicuna-7B (fp16, batch 1, 512 cached tokens, no heads) on `a100-80gb-sxm` reproduces
   the skinny-GEMM measurement quoted in docs/performance-model.md "GEMM row efficiency": flat to ~64 tokens, 1.27x the
   1-token time at 96 tokens, 1.9x at 256 (tile and wave quantisation make rows 64-256 cost
-  more than a pure max(compute, memory) says). It is reused for the other GPUs; calibrate
-  (`treeopt hw calibrate --device cuda`) to replace it by measurements.
+  more than a pure max(compute, memory) says). It is reused for the other GPUs; each profile's
+  `gemm_efficiency_source` says what its knee was checked against (roofline/published.py,
+  `treeopt hw published`); calibrate (`treeopt hw calibrate --device cuda`) to replace it by
+  measurements.
 - kernel_overhead_s = 3 us per kernel: the minimum cost of a launched kernel (launch gap plus
   the smallest kernel's duration) in an engine that replays CUDA graphs; eager PyTorch costs
   more. forward_overhead_s = 0 for the built-ins (no framework overhead assumed).

@@ -44,7 +44,7 @@ def _kv_curve_text(hw: HardwareProfile) -> str:
 
 def _hardware_section(hw: HardwareProfile, dtype: str) -> list[str]:
     unit, scale = ("TFLOP/s", 1e12) if max(hw.peak_flops.values()) >= 1e12 else ("GFLOP/s", 1e9)
-    peaks = ", ".join(f"{k} {v / scale:.3g}" for k, v in sorted(hw.peak_flops.items()))
+    peaks = ", ".join(f"{k} {v / scale:.4g}" for k, v in sorted(hw.peak_flops.items()))
     lines = [
         f"- **Hardware** `{hw.name}`: {hw.description or ''}",
         "",

@@ -26,6 +26,12 @@ def test_gpt_j_equivalent_has_the_published_parameter_count():
     assert GPT_J_6B.params == pytest.approx(6_053_381_344, rel=1e-3)
 
 
+def test_published_shapes_take_the_measured_dtype():
+    # TensorRT-LLM's FP8 engines store weights (and KV cache) in one byte per element
+    assert published_shape("llama-2-7b", "fp8").weight_bytes == model_shape("llama-2-7b").params
+    assert published_shape("gpt-j-6b", "fp16").weight_bytes == 2 * GPT_J_6B.params
+
+
 def test_a100_knee_matches_the_published_128_token_step():
     # H100vsA100.md, A100 (FP16, SXM 80GB) GPT-J 6B at batch 1: 111 output tok/s and 12.5 ms to
     # the first token of a 128-token prompt, so a 128-token forward costs 12.5 / (1000/111) =
@@ -79,7 +85,11 @@ def test_knee_checks_pair_the_right_steps():
     checks = {(k.model, k.tokens, k.reference_tokens): k for k in knee_checks("a100-80gb-sxm")}
     assert set(checks) == {("gpt-j-6b", 128, 1), ("gpt-j-6b", 2048, 128), ("llama-2-7b", 2048, 128)}
     assert checks[("llama-2-7b", 2048, 128)].measured_ratio == pytest.approx(133 / 16)
-    assert checks[("gpt-j-6b", 128, 1)].measured_ratio == pytest.approx(12.5 * 111 / 1000)
+    knee = checks[("gpt-j-6b", 128, 1)]
+    assert knee.measured_ratio == pytest.approx(12.5 * 111 / 1000)
+    # a prediction below the measurement is a negative error
+    expect = _ms(GPT_J_6B, "a100-80gb-sxm", 128, 0) / _ms(GPT_J_6B, "a100-80gb-sxm", 1, 192)
+    assert knee.error == pytest.approx(expect / (12.5 * 111 / 1000) - 1) and knee.error < 0
 
 
 def test_every_published_step_is_predicted_on_its_own_gpu_and_dtype():

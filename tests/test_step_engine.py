@@ -234,6 +234,9 @@ def test_fit_recovers_the_terms_it_was_generated_from():
     assert np.max(np.abs(fit.in_sample_error)) < 1e-3
     assert fit.profile.spec_step_overhead_s == pytest.approx(2.5e-3, rel=0.01)
     assert fit.profile.attention_kv_fraction(2048.0) == pytest.approx(0.33, rel=0.01)
+    # the fitted profile still says where its row curve came from, and that the fit scaled it
+    assert fit.profile.gemm_efficiency_source.startswith(A100.gemm_efficiency_source)
+    assert fit.profile.gemm_efficiency_source.endswith("scaled by 0.8 to the measured steps (treeopt hw fit)")
 
 
 def test_fit_is_robust_to_one_outlier_row():

@@ -46,6 +46,7 @@ KILLING_CODES = (1, 2, 3)
 OPS_TESTS = ("tests/test_roofline_ops.py", "tests/test_roofline_terms.py")
 LATENCY_TESTS = ("tests/test_roofline_terms.py", "tests/test_roofline_latency.py")
 GRID_TESTS = ("tests/test_roofline_grid.py",)
+PUBLISHED_TESTS = ("tests/test_roofline_published.py",)
 BUILD_TESTS = ("tests/test_build.py",)
 ACCURACY_TESTS = ("tests/test_accuracy.py", "tests/test_build.py")
 ACCEPTANCE_TESTS = ("tests/test_acceptance.py",)
@@ -422,10 +423,10 @@ MUTANTS = (
     Mutant(
         "hw-vector-fallback",
         "roofline/hardware.py",
-        "return max(self.peak_flops.values()) / 16.0",
-        "return max(self.peak_flops.values()) / 8.0",
-        "vector rate fallback at 1/8 of the peak",
-        LATENCY_TESTS,
+        "return float(max(sixteen_bit or self.peak_flops.values())) / 16.0",
+        "return float(max(self.peak_flops.values())) / 16.0",
+        "vector rate fallback from the fp8 peak, twice the 16-bit one",
+        LATENCY_TESTS + PUBLISHED_TESTS,
     ),
     Mutant(
         "hw-elementwise-fallback",
@@ -450,6 +451,55 @@ MUTANTS = (
         "eta_memory: float = 0.8",
         "eta_memory default off the published 77-80% middle",
         LATENCY_TESTS,
+    ),
+    # ---- roofline/published.py: the knee checks against NVIDIA's published step times
+    Mutant(
+        "published-knee-reference",
+        "roofline/published.py",
+        "reference = {128: 1, 2048: 128}.get(tokens)",
+        "reference = {128: 1, 2048: 1}.get(tokens)",
+        "the 2048-token step compared with the decode step, not the 128-token one",
+        PUBLISHED_TESTS,
+    ),
+    Mutant(
+        "published-verdict-needs-decode",
+        "roofline/published.py",
+        "if any(k.reference_tokens == 1 for k in checks):",
+        "if any(k.reference_tokens == 128 for k in checks):",
+        "a GPU without a measured decode step called checked",
+        PUBLISHED_TESTS,
+    ),
+    Mutant(
+        "published-knee-error-inverted",
+        "roofline/published.py",
+        "return self.predicted_ratio / self.measured_ratio - 1.0",
+        "return self.measured_ratio / self.predicted_ratio - 1.0",
+        "knee error taken the wrong way round",
+        PUBLISHED_TESTS,
+    ),
+    Mutant(
+        "published-fp8-dtype-ignored",
+        "roofline/published.py",
+        "return base.with_dtype(dtype)",
+        "return base",
+        "an fp8 measurement predicted in the shape's own fp16",
+        PUBLISHED_TESTS,
+    ),
+    Mutant(
+        "published-decode-ms",
+        "roofline/published.py",
+        "hardware, model, dtype, 1, 192, 1e3 / tokens_per_s,",
+        "hardware, model, dtype, 1, 192, 1.0 / tokens_per_s,",
+        "output tokens per second read as seconds, not milliseconds, per step",
+        PUBLISHED_TESTS,
+    ),
+    Mutant(
+        "hw-h100-fp8-peak",
+        "roofline/hardware.py",
+        "fp8_tflops=1979, knee=_GH100)",
+        "fp8_tflops=989, knee=_GH100)",
+        "the H100's fp8 rate taken as its 16-bit one",
+        PUBLISHED_TESTS,
     ),
     # ---- roofline/grid.py
     Mutant(
