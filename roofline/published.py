@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from roofline.hardware import HardwareProfile, load_hardware
+from roofline.hardware import HardwareProfile, builtin_hardware, load_hardware
 from roofline.latency import step_time_s
 from roofline.shapes import ModelShape, model_shape
 
@@ -37,6 +37,7 @@ __all__ = [
     "StepComparison",
     "compare_steps",
     "knee_checks",
+    "knee_note",
     "knee_summary",
     "knee_verdict",
     "published_shape",
@@ -242,3 +243,27 @@ def knee_summary(hardware: str) -> str:
     if verdict == "not measured" and sibling:
         return f"{verdict}; {knee_verdict(sibling)} on {sibling} (same die)"
     return verdict
+
+
+def knee_note(hw: HardwareProfile) -> str | None:
+    """One line for the user of a built-in profile whose knee is not checked on its GPU or its
+    die (None otherwise): the tree sizes it picks above a few dozen nodes rest on an
+    unconfirmed curve."""
+    if builtin_hardware().get(hw.name) != hw:
+        return None
+    verdict, sibling = knee_verdict(hw.name), SAME_DIE.get(hw.name)
+    if verdict == "checked" or (verdict == "not measured" and sibling and knee_verdict(sibling) == "checked"):
+        return None
+    if verdict == "not measured" and sibling:
+        state = f"is not checked on this board and does not match public step times on {sibling}, the same die"
+    else:
+        state = {
+            "does not match": "does not match public step times",
+            "partly checked": "is checked against public step times only above 128 tokens",
+            "not measured": "is not checked: no public step times were found",
+        }[verdict]
+    return (
+        f"note: {hw.name}'s GEMM row curve, which sets where verification stops being free, {state} "
+        "(treeopt hw published); before trusting trees of more than about 32 nodes, fit your engine's "
+        "step times (treeopt hw fit) or calibrate the GPU (treeopt hw calibrate)"
+    )

@@ -70,6 +70,14 @@ def test_hw_published(capsys):
     ]
 
 
+def test_speedup_notes_an_unchecked_knee(capsys):
+    args = ("roofline", "speedup", "--model", "vicuna-7b", "--accuracy", CSV, "--heads", "5", "--batch", "1")
+    code, _, err = run(capsys, *args, "--hardware", "h100")
+    assert code == 0 and "note: h100-sxm's GEMM row curve" in err
+    code, _, err = run(capsys, *args, "--hardware", "a100")
+    assert code == 0 and "GEMM row curve" not in err
+
+
 def test_ops_json(capsys):
     code, out, _ = run(
         capsys,

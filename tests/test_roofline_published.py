@@ -128,3 +128,15 @@ def test_every_builtin_profile_says_where_its_knee_was_checked():
         else:
             assert "compared with" in text
     assert builtin_hardware()["a100-80gb-sxm"].gemm_efficiency == DEFAULT_GPU_GEMM_CURVE
+
+
+def test_knee_note_only_where_the_die_is_unchecked():
+    from roofline.published import knee_note
+
+    for name in ("a100-80gb-sxm", "a100-40gb-sxm", "a100-80gb-pcie"):
+        assert knee_note(load_hardware(name)) is None, name
+    assert "does not match public step times" in knee_note(load_hardware("h100"))
+    assert "on h100-sxm, the same die" in knee_note(load_hardware("h200"))
+    assert "no public step times were found" in knee_note(load_hardware("l4"))
+    # a profile file, even one copied from a built-in, is the user's own: no note
+    assert knee_note(load_hardware("h100").with_(name="my-h100")) is None

@@ -23,7 +23,15 @@ from roofline.latency import (
 )
 from roofline.ops import DraftWork
 from roofline.profile_fit import error_summary, fit_profile, predict_step_s, read_step_points, step_points_frame
-from roofline.published import KNEE_TOLERANCE, PUBLISHED_STEPS, compare_steps, knee_checks, knee_summary, knee_verdict
+from roofline.published import (
+    KNEE_TOLERANCE,
+    PUBLISHED_STEPS,
+    compare_steps,
+    knee_checks,
+    knee_note,
+    knee_summary,
+    knee_verdict,
+)
 from roofline.report import build_report
 from treeopt.accuracy import load_accuracy
 from treeopt.app.models import draft_cost_of, heads_of, shape_of
@@ -632,6 +640,13 @@ def roofline_speedup(
     for path, what in ((out, "grid"), (select, "selection")):
         if path:
             click.echo(f"wrote {what} {path}")
+    _echo_knee_note(hw)
+
+
+def _echo_knee_note(hw) -> None:
+    note = knee_note(hw)
+    if note:
+        click.echo(note, err=True)
 
 
 @click.command("report")
@@ -738,6 +753,7 @@ def report_cmd(
             draft_cost=cost,
         )
     click.echo(f"wrote {out}/index.md with " + ", ".join(v for k, v in summary["files"].items() if k != "index"))
+    _echo_knee_note(hw)
 
 
 @click.command("fit")
