@@ -30,8 +30,10 @@ from roofline.latency import step_time_s
 from roofline.shapes import ModelShape, model_shape
 
 __all__ = [
+    "GPT_J_6B",
     "KNEE_TOLERANCE",
     "PUBLISHED_STEPS",
+    "SAME_DIE",
     "KneeCheck",
     "PublishedStep",
     "StepComparison",
@@ -168,10 +170,6 @@ class KneeCheck:
         return abs(self.error) <= KNEE_TOLERANCE[self.reference_tokens]
 
 
-def _profile(hardware) -> HardwareProfile:
-    return load_hardware(hardware)
-
-
 def compare_steps(hardware=None, *, profile: HardwareProfile | None = None) -> list[StepComparison]:
     """Each published step of `hardware` (a built-in name; None: all of them) beside the step
     time the profile predicts for it. `profile` replaces the built-in (to check a variant)."""
@@ -179,7 +177,7 @@ def compare_steps(hardware=None, *, profile: HardwareProfile | None = None) -> l
     for m in PUBLISHED_STEPS:
         if hardware is not None and m.hardware != hardware:
             continue
-        hw = profile if profile is not None else _profile(m.hardware)
+        hw = profile if profile is not None else load_hardware(m.hardware)
         shape = published_shape(m.model, m.dtype)
         t = step_time_s(shape, None, hw, batch=1, tokens=m.tokens, context=m.context_tokens, on_oom="raise")
         out.append(StepComparison(m, float(t) * 1e3))
@@ -213,9 +211,9 @@ def knee_checks(hardware=None, *, profile: HardwareProfile | None = None) -> lis
 
 
 def knee_verdict(hardware: str, *, profile: HardwareProfile | None = None) -> str:
-    """ "checked" (every knee ratio of the GPU matches, the 1 -> 128 one included), "partly
-    checked" (those measured match, but 1 -> 128 is not measured), "does not match", or
-    "not measured"."""
+    """The knee's verdict on one GPU: "checked" (every knee ratio matches, the 1 -> 128 one
+    included), "partly checked" (those measured match, but 1 -> 128 is not measured), "does
+    not match", or "not measured"."""
     checks = knee_checks(hardware, profile=profile)
     if not checks:
         return "not measured"
