@@ -399,6 +399,14 @@ CASES = [
     ("select-grid-empty", "select --grid e.csv --accuracy acc.json", {"e.csv": ""}, "e.csv"),
     # ---- hardware profiles ----
     (
+        "hw-curve-source-number",
+        "roofline ops --model llama-7b --hardware p.json",
+        {"p.json": lambda d: _profile(d, gemm_efficiency_source=3)},
+        "gemm_efficiency_source",
+    ),
+    ("hw-published-unmeasured", "hw published --hardware l4", {}, "no published measurements for l4"),
+    ("hw-published-file", "hw published --hardware p.json", {"p.json": lambda d: _profile(d)}, "no published"),
+    (
         "hw-gemm-null",
         "roofline ops --model llama-7b --hardware p.json",
         {"p.json": lambda d: _profile(d, gemm_efficiency=None)},

@@ -261,8 +261,9 @@ def hw_published(hardware) -> None:
     """Published step times of optimised engines beside what the built-in profiles predict."""
     names = sorted({m.hardware for m in PUBLISHED_STEPS})
     if hardware is not None:
-        name = load_hardware(hardware).name
-        if name not in builtin_hardware() or name not in names:
+        # built-in names only: a profile file is the user's own, whatever name it carries
+        name = hardware_aliases().get(hardware.lower(), hardware.lower())
+        if name not in names:
             raise UserError(
                 f"--hardware: no published measurements for {hardware} (there are some for {', '.join(names)})"
             )
