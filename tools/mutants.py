@@ -462,6 +462,22 @@ MUTANTS = (
         PUBLISHED_TESTS,
     ),
     Mutant(
+        "published-knee-any-batch",
+        "roofline/published.py",
+        "steps = [c for c in compare_steps(hardware, profile=profile) if c.measurement.batch == 1]",
+        "steps = compare_steps(hardware, profile=profile)",
+        "a batch-64 prefill taken as the batch-1 step of the knee ratios",
+        PUBLISHED_TESTS,
+    ),
+    Mutant(
+        "published-batch-ignored",
+        "roofline/published.py",
+        "batch=m.batch, tokens=m.tokens",
+        "batch=1, tokens=m.tokens",
+        "a batch-64 measurement predicted at batch 1",
+        PUBLISHED_TESTS,
+    ),
+    Mutant(
         "published-verdict-needs-decode",
         "roofline/published.py",
         "if any(k.reference_tokens == 1 for k in checks):",

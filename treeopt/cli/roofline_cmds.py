@@ -279,6 +279,7 @@ def hw_published(hardware) -> None:
                 [
                     m.model,
                     m.dtype,
+                    str(m.batch),
                     str(m.tokens),
                     str(m.context_tokens),
                     m.measured_as,
@@ -288,8 +289,19 @@ def hw_published(hardware) -> None:
                     f"[{sources.index(m.source) + 1}]",
                 ]
             )
-        headers = ["<model", "<dtype", "tokens", "cached", "<measured as", "ms", "predicted", "error", "source"]
-        click.echo(text_table(headers, rows, title=f"{name}: one forward pass at batch 1"), nl=False)
+        headers = [
+            "<model",
+            "<dtype",
+            "batch",
+            "tokens",
+            "cached",
+            "<measured as",
+            "ms",
+            "predicted",
+            "error",
+            "source",
+        ]
+        click.echo(text_table(headers, rows, title=f"{name}: one forward pass"), nl=False)
         knee_rows = [
             [
                 k.model,
