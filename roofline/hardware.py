@@ -373,7 +373,7 @@ def _gpu(name, bf16_tflops, gbps, gb, fp32_tflops, description, *, fp8_tflops=No
 # docs/performance-model.md "Where the knee was checked" explains the verdicts.
 _A100_CURVE = "the A100 row curve (DEFAULT_GPU_GEMM_CURVE)"
 _UNCHECKED = "its knee is not checked on this GPU: no public measurement of step time against tokens was found"
-_TRT_LLM = "NVIDIA's published TensorRT-LLM v0.5 batch-1 step times"
+_TRT_LLM = "NVIDIA's published TensorRT-LLM v0.5 step times"
 _A100_CHECKED = f"checked against {_TRT_LLM} on an A100-SXM4-80GB in fp16 (`treeopt hw published`)"
 _A100_SIBLING = "checked on the A100-SXM4-80GB (the same GA100 die), not on this board (`treeopt hw published`)"
 _GH100 = (
