@@ -110,8 +110,8 @@ def _knee_sentence(hw: HardwareProfile) -> str:
     knee was checked")."""
     if builtin_hardware().get(hw.name) == hw:
         return (
-            f"This report's profile `{hw.name}`: {hw.gemm_efficiency_source}; against public step times its "
-            f'knee is {knee_summary(hw.name)} (`treeopt hw published`, docs/performance-model.md, "Where the '
+            f"This report's profile `{hw.name}`: {hw.gemm_efficiency_source}; verdict on its knee against public "
+            f'step times: {knee_summary(hw.name)} (`treeopt hw published`, docs/performance-model.md, "Where the '
             'knee was checked").'
         )
     where = hw.gemm_efficiency_source or (
