@@ -373,14 +373,20 @@ def _gpu(name, bf16_tflops, gbps, gb, fp32_tflops, description, *, fp8_tflops=No
 # docs/performance-model.md "Where the knee was checked" explains the verdicts.
 _A100_CURVE = "the A100 row curve (DEFAULT_GPU_GEMM_CURVE)"
 _UNCHECKED = "its knee is not checked on this GPU: no public measurement of step time against tokens was found"
-_TRT_LLM = "NVIDIA's published TensorRT-LLM v0.5 step times"
+_TRT_LLM = "NVIDIA's published TensorRT-LLM step times (v0.5 and v0.9)"
 _A100_CHECKED = f"checked against {_TRT_LLM} on an A100-SXM4-80GB in fp16 (`treeopt hw published`)"
 _A100_SIBLING = "checked on the A100-SXM4-80GB (the same GA100 die), not on this board (`treeopt hw published`)"
 _GH100 = (
     f"compared with {_TRT_LLM} on an H100-SXM5-80GB in fp8, which it does not match: that engine's 128-token "
     "step costs more than the curve predicts (`treeopt hw published`)"
 )
-_GH100_SIBLING = "not checked on this GPU; the comparison on the H100-SXM5-80GB (the same GH100 die) does not match"
+_H200 = (
+    "compared with NVIDIA's published TensorRT-LLM v0.9 step times on an H200-SXM-141GB in fp8, which it does "
+    "not match: that engine's 128-token step costs more than the curve predicts (`treeopt hw published`)"
+)
+_GH100_SIBLING = (
+    "not checked on this GPU; the comparisons on the H100-SXM5-80GB and the H200 (the same GH100 die) do not match"
+)
 _L40S = (
     f"compared with {_TRT_LLM} on an L40S in fp8: 128 to 2048 tokens per step match, fewer than 128 "
     "are not measured there (`treeopt hw published`)"
@@ -410,7 +416,7 @@ _BUILTIN = {
         ),
         _gpu("h100-sxm", 989, 3350, 80, 67, "NVIDIA H100-SXM5-80GB", fp8_tflops=1979, knee=_GH100),
         _gpu("h100-pcie", 756, 2000, 80, 51, "NVIDIA H100-PCIe-80GB", fp8_tflops=1513, knee=_GH100_SIBLING),
-        _gpu("h200", 989, 4800, 141, 67, "NVIDIA H200-SXM-141GB", fp8_tflops=1979, knee=_GH100_SIBLING),
+        _gpu("h200", 989, 4800, 141, 67, "NVIDIA H200-SXM-141GB", fp8_tflops=1979, knee=_H200),
         _gpu(
             "b200",
             2250,

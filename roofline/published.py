@@ -8,16 +8,24 @@ tokens against a one-token decode step (rows 1 -> 128, where tree sizes are chos
 engine's own costs and maturity, so the verdict rests on the ratios; the absolute errors are
 shown beside them.
 
-The measurements are NVIDIA's own tables for TensorRT-LLM v0.5 at tensor parallelism 1, mostly
-at batch 1 (1st-token latency of a prompt with nothing cached, and output tokens per second),
-plus 64 prompts prefilled together, where only the large-GEMM efficiency counts:
+The measurements are NVIDIA's own tables for TensorRT-LLM v0.5 and v0.9 at tensor parallelism
+1, mostly at batch 1 (1st-token latency of a prompt with nothing cached, and output tokens per
+second), plus 64 prompts prefilled together, where only the large-GEMM efficiency counts:
 
 - "H100 has 4.6x A100 Performance in TensorRT-LLM" (TensorRT-LLM repository,
   docs/source/blogs/H100vsA100.md; TensorRT-LLM v0.5.0, TensorRT 9.1, SXM 80GB GPUs, H100 in
   FP8, A100 in FP16),
 - "Performance of TensorRT-LLM", section "Low Latency" (TensorRT-LLM repository,
   docs/source/performance.md, data of v0.5; the H100 engines built with FP8 weights and KV
-  cache, the A100 ones in FP16).
+  cache, the A100 ones in FP16),
+- the same document as released with TensorRT-LLM v0.9.0 ("All data was generated using
+  version 0.9.0"): 1st-token latencies only, on the H200, H100 and L40S in FP8 and the A100 in
+  FP16, for GPT-J 6B, Mistral 7B and LLaMA 7B.
+
+A ratio pairs steps of one engine release only. Where one ratio was measured several times (on
+models of the same size, or by two releases), the verdict takes the median of its errors: the
+measurements scatter by more than the tolerance between models that differ little, and the
+curve is a property of the chip, not of one engine build.
 
 numpy only, like the rest of `roofline`.
 """
@@ -25,6 +33,8 @@ numpy only, like the rest of `roofline`.
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import numpy as np
 
 from roofline.hardware import HardwareProfile, builtin_hardware, load_hardware
 from roofline.latency import step_time_s
@@ -36,11 +46,13 @@ __all__ = [
     "PUBLISHED_STEPS",
     "SAME_DIE",
     "KneeCheck",
+    "KneeRatio",
     "PublishedStep",
     "StepComparison",
     "compare_steps",
     "knee_checks",
     "knee_note",
+    "knee_ratios",
     "knee_summary",
     "knee_verdict",
     "published_shape",
@@ -54,6 +66,11 @@ PERF = (
     'NVIDIA, "Performance of TensorRT-LLM", Low Latency tables (data of v0.5, '
     "github.com/NVIDIA/TensorRT-LLM docs/source/performance.md)"
 )
+PERF_V09 = (
+    'NVIDIA, "Performance of TensorRT-LLM", Low Latency tables ("All data was generated using version '
+    '0.9.0", github.com/NVIDIA/TensorRT-LLM docs/source/performance.md at release v0.9.0)'
+)
+RELEASE = {BLOG: "v0.5", PERF: "v0.5", PERF_V09: "v0.9"}
 
 # GPT-J 6B (EleutherAI; 28 layers, width 4096, 16 heads of 256, an ungated 16384-wide MLP, a
 # 50400-token vocabulary with its own lm_head). Its two MLP matrices hold 2 x 4096 x 16384
@@ -76,8 +93,8 @@ GPT_J_6B = ModelShape(
 
 
 def published_shape(model: str, dtype: str) -> ModelShape:
-    """The shape of a model named in the tables: "gpt-j-6b", or "llama-2-7b" (the tables'
-    "LLaMA 7B", built from Llama-2-7b), in `dtype`."""
+    """The shape of a model named in the tables: "gpt-j-6b", "llama-2-7b" (the tables' "LLaMA
+    7B", built from Llama-2-7b) or "mistral-7b", in `dtype`."""
     base = GPT_J_6B if model == "gpt-j-6b" else model_shape(model)
     return base.with_dtype(dtype)
 
@@ -88,7 +105,7 @@ class PublishedStep:
 
     tokens: tokens run per sequence (a prompt of `tokens` with nothing cached for a 1st-token
     latency; 1 for a decode step); context_tokens: tokens already cached; step_ms: its time;
-    batch: sequences in the pass.
+    batch: sequences in the pass; release: the TensorRT-LLM release that measured it.
     """
 
     hardware: str
@@ -100,11 +117,21 @@ class PublishedStep:
     measured_as: str
     source: str
     batch: int = 1
+    release: str = "v0.5"
 
 
 def _first_token(hardware, model, dtype, tokens, ms, source=PERF, batch=1):
     what = f"1st-token latency, {tokens}-token prompt" + (f"s x {batch}" if batch > 1 else "")
-    return PublishedStep(hardware, model, dtype, tokens, 0, ms, what, source, batch)
+    return PublishedStep(hardware, model, dtype, tokens, 0, ms, what, source, batch, RELEASE[source])
+
+
+def _first_tokens_v09(hardware, dtype, rows):
+    """v0.9's Low Latency rows of one GPU: {model: (ms at 128 tokens, ms at 2048 tokens)}."""
+    return tuple(
+        _first_token(hardware, model, dtype, tokens, ms, PERF_V09)
+        for model, pair in rows.items()
+        for tokens, ms in zip((128, 2048), pair)
+    )
 
 
 def _decode(hardware, model, dtype, tokens_per_s, source=BLOG):
@@ -112,7 +139,15 @@ def _decode(hardware, model, dtype, tokens_per_s, source=BLOG):
     # holds 128-256 tokens during the steps measured; at batch 1 attention over them is about 1%
     # of a 6B model's step, so 192 stands for all of them
     return PublishedStep(
-        hardware, model, dtype, 1, 192, 1e3 / tokens_per_s, f"{tokens_per_s:g} output tokens/s", source
+        hardware,
+        model,
+        dtype,
+        1,
+        192,
+        1e3 / tokens_per_s,
+        f"{tokens_per_s:g} output tokens/s",
+        source,
+        release=RELEASE[source],
     )
 
 
@@ -138,12 +173,25 @@ PUBLISHED_STEPS: tuple[PublishedStep, ...] = (
     _first_token("l40s", "gpt-j-6b", "fp8", 2048, 71),
     _first_token("l40s", "llama-2-7b", "fp8", 128, 14),
     _first_token("l40s", "llama-2-7b", "fp8", 2048, 73),
+    # v0.9: the GPT-J, Mistral 7B and LLaMA 7B (Llama-2-7b) engines of that release. The tables
+    # name no A100 board; it is taken as the SXM4-80GB of the v0.5 tables.
+    *_first_tokens_v09(
+        "a100-80gb-sxm", "fp16", {"gpt-j-6b": (14.8, 136.4), "mistral-7b": (16.3, 139.6), "llama-2-7b": (16.2, 132.4)}
+    ),
+    *_first_tokens_v09(
+        "h100-sxm", "fp8", {"gpt-j-6b": (5.5, 23.8), "mistral-7b": (6.5, 32.4), "llama-2-7b": (6.3, 30.8)}
+    ),
+    *_first_tokens_v09("h200", "fp8", {"gpt-j-6b": (5.0, 23.5), "mistral-7b": (5.9, 31.7), "llama-2-7b": (5.7, 30.2)}),
+    *_first_tokens_v09(
+        "l40s", "fp8", {"gpt-j-6b": (12.4, 61.7), "mistral-7b": (15.4, 87.3), "llama-2-7b": (14.1, 80.1)}
+    ),
 )
 
-#: a knee ratio matches when predicted / measured - 1 is within these bounds. 1 -> 128 tokens is
-#: where tree sizes are chosen: 10%. 128 -> 2048 tokens: 25%, because the tables disagree with
-#: themselves by about that much there (on the A100 the ratio is 10.3 for GPT-J and 8.3 for
-#: Llama-2-7B, two models of nearly the same size).
+#: a knee ratio matches when the median of its errors (predicted / measured - 1) is within these
+#: bounds. 1 -> 128 tokens is where tree sizes are chosen: 10%. 128 -> 2048 tokens: 25%, because
+#: the tables disagree with themselves by about that much there (on the A100, v0.5 measured 10.3
+#: for GPT-J and 8.3 for Llama-2-7B, two models of nearly the same size; v0.9 measured 9.2 for
+#: GPT-J).
 KNEE_TOLERANCE = {1: 0.10, 128: 0.25}
 
 
@@ -159,7 +207,8 @@ class StepComparison:
 
 @dataclass(frozen=True)
 class KneeCheck:
-    """T(tokens) / T(reference_tokens), measured and predicted, for one model on one GPU."""
+    """T(tokens) / T(reference_tokens), measured by one engine release and predicted, for one
+    model on one GPU."""
 
     hardware: str
     model: str
@@ -168,6 +217,7 @@ class KneeCheck:
     reference_tokens: int
     measured_ratio: float
     predicted_ratio: float
+    release: str = "v0.5"
 
     @property
     def error(self) -> float:
@@ -196,11 +246,13 @@ def knee_checks(hardware=None, *, profile: HardwareProfile | None = None) -> lis
     """The ratios T(128)/T(1) and T(2048)/T(128) wherever both steps of a model were measured
     on one GPU by the same engine release."""
     steps = [c for c in compare_steps(hardware, profile=profile) if c.measurement.batch == 1]
-    by_key = {(c.measurement.hardware, c.measurement.model, c.measurement.tokens): c for c in steps}
+    by_key = {
+        (c.measurement.hardware, c.measurement.release, c.measurement.model, c.measurement.tokens): c for c in steps
+    }
     checks = []
-    for (hw, model, tokens), c in by_key.items():
+    for (hw, release, model, tokens), c in by_key.items():
         reference = {128: 1, 2048: 128}.get(tokens)
-        ref = by_key.get((hw, model, reference))
+        ref = by_key.get((hw, release, model, reference))
         if ref is None:
             continue
         checks.append(
@@ -212,22 +264,50 @@ def knee_checks(hardware=None, *, profile: HardwareProfile | None = None) -> lis
                 reference,
                 c.measurement.step_ms / ref.measurement.step_ms,
                 c.predicted_ms / ref.predicted_ms,
+                release,
             )
         )
-    checks.sort(key=lambda k: (k.hardware, k.reference_tokens, k.model))
+    checks.sort(key=lambda k: (k.hardware, k.reference_tokens, k.release, k.model))
     return checks
 
 
-def knee_verdict(hardware: str, *, profile: HardwareProfile | None = None) -> str:
-    """The knee's verdict on one GPU: "checked" (every knee ratio matches, the 1 -> 128 one
-    included), "partly checked" (those measured match, but 1 -> 128 is not measured), "does
-    not match", or "not measured"."""
+@dataclass(frozen=True)
+class KneeRatio:
+    """One knee ratio of one GPU over every model and release that measured it: the median of
+    their errors decides whether the curve matches."""
+
+    hardware: str
+    tokens: int
+    reference_tokens: int
+    median_error: float
+    measurements: int
+
+    @property
+    def matches(self) -> bool:
+        return abs(self.median_error) <= KNEE_TOLERANCE[self.reference_tokens]
+
+
+def knee_ratios(hardware: str, *, profile: HardwareProfile | None = None) -> list[KneeRatio]:
+    """T(128)/T(1) and T(2048)/T(128) of `hardware`, each with the median error of its checks."""
     checks = knee_checks(hardware, profile=profile)
-    if not checks:
+    out = []
+    for reference in sorted({k.reference_tokens for k in checks}):
+        group = [k for k in checks if k.reference_tokens == reference]
+        errors = np.array([k.error for k in group])
+        out.append(KneeRatio(hardware, group[0].tokens, reference, float(np.median(errors)), len(group)))
+    return out
+
+
+def knee_verdict(hardware: str, *, profile: HardwareProfile | None = None) -> str:
+    """The knee's verdict on one GPU: "checked" (every knee ratio matches in the median over its
+    measurements, the 1 -> 128 one included), "partly checked" (those measured match, but
+    1 -> 128 is not measured), "does not match", or "not measured"."""
+    ratios = knee_ratios(hardware, profile=profile)
+    if not ratios:
         return "not measured"
-    if not all(k.matches for k in checks):
+    if not all(r.matches for r in ratios):
         return "does not match"
-    if any(k.reference_tokens == 1 for k in checks):
+    if any(r.reference_tokens == 1 for r in ratios):
         return "checked"
     return "partly checked"
 

@@ -60,13 +60,17 @@ def test_hw_published(capsys):
     assert "a100-80gb-sxm: knee checked" in out and "h100-sxm" not in out
     # NVIDIA's numbers as published: 12.5 ms to the first token, 111 output tokens/s
     assert "12.5" in out and "111 output tokens/s" in out and "H100vsA100.md" in out
+    # v0.9's 1st-token latencies (14.8 ms for 128 tokens of GPT-J), and the median that decides
+    assert "14.8" in out and "version 0.9.0" in out
+    assert "T(2048) / T(128): median error +20% over 5 measurements, matches (tolerance ±25%)" in out
     code, out, _ = run(capsys, "hw", "published")
     assert "h100-sxm: knee does not match" in out and "l40s: knee partly checked" in out
+    assert "h200: knee does not match" in out
     code, out, err = run(capsys, "hw", "published", "--hardware", "l4")
     assert code == 2 and out == ""
     assert err.strip().splitlines() == [
         "treeopt: error: --hardware: no published measurements for l4 (there are some for a100-80gb-sxm, "
-        "h100-sxm, l40s)"
+        "h100-sxm, h200, l40s)"
     ]
 
 

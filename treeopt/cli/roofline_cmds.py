@@ -29,6 +29,7 @@ from roofline.published import (
     compare_steps,
     knee_checks,
     knee_note,
+    knee_ratios,
     knee_summary,
     knee_verdict,
 )
@@ -304,18 +305,24 @@ def hw_published(hardware) -> None:
         click.echo(text_table(headers, rows, title=f"{name}: one forward pass"), nl=False)
         knee_rows = [
             [
-                k.model,
                 f"T({k.tokens}) / T({k.reference_tokens})",
+                k.release,
+                k.model,
                 f"{k.measured_ratio:.3g}",
                 f"{k.predicted_ratio:.3g}",
                 f"{k.error * 100:+.0f}%",
-                f"±{KNEE_TOLERANCE[k.reference_tokens] * 100:.0f}%",
-                "yes" if k.matches else "no",
             ]
             for k in knee_checks(name)
         ]
-        headers = ["<model", "<ratio", "measured", "predicted", "error", "tolerance", "<matches"]
+        headers = ["<ratio", "<release", "<model", "measured", "predicted", "error"]
         click.echo(text_table(headers, knee_rows, title=f"{name}: knee {knee_verdict(name)}"), nl=False)
+        for r in knee_ratios(name):
+            of = f"{r.measurements} measurement" + ("s" if r.measurements > 1 else "")
+            state = "matches" if r.matches else "does not match"
+            click.echo(
+                f"T({r.tokens}) / T({r.reference_tokens}): median error {r.median_error * 100:+.0f}% over {of}, "
+                f"{state} (tolerance ±{KNEE_TOLERANCE[r.reference_tokens] * 100:.0f}%)"
+            )
         click.echo("")
     for i, source in enumerate(sources, 1):
         click.echo(f"[{i}] {source}")
