@@ -9,13 +9,15 @@ prints one. Efficiencies for them:
   binds, so this is the number that sets plain-decoding latency.
 - eta_compute = 0.74: the middle of the 71-76% of peak FLOP/s reached by large GEMMs.
 - gemm_efficiency: a relative efficiency (x eta_compute) that depends on the GEMM's row
-  count M = batch x tokens. DEFAULT_GPU_GEMM_CURVE is fitted so that the predicted step time
-  of Vicuna-7B (fp16, batch 1, 512 cached tokens, no heads) on `a100-80gb-sxm` reproduces
-  the skinny-GEMM measurement quoted in docs/performance-model.md "GEMM row efficiency": flat to ~64 tokens, 1.27x the
-  1-token time at 96 tokens, 1.9x at 256 (tile and wave quantisation make rows 64-256 cost
-  more than a pure max(compute, memory) says). It is reused for the other GPUs; each profile's
-  `gemm_efficiency_source` says what its knee was checked against (roofline/published.py,
-  `treeopt hw published`); calibrate (`treeopt hw calibrate --device cuda`) to replace it by
+  count M = batch x tokens, one curve per die (docs/performance-model.md "GEMM row
+  efficiency"). DEFAULT_GPU_GEMM_CURVE (GA100) is fitted so that the predicted step time of
+  Vicuna-7B (fp16, batch 1, 512 cached tokens, no heads) on `a100-80gb-sxm` reproduces a
+  skinny-GEMM measurement: flat to ~64 tokens, 1.27x the 1-token time at 96 tokens, 1.9x at
+  256 (tile and wave quantisation make rows 64-256 cost more than a pure max(compute, memory)
+  says). GH100_GEMM_CURVE and GA102_GEMM_CURVE are fitted to Vidur's public fp16 GEMM timings
+  on an H100-SXM and an A40 (roofline/published_gemms.py). Each profile's
+  `gemm_efficiency_source` says which curve it carries and what its knee was checked against
+  (`treeopt hw published`); calibrate (`treeopt hw calibrate --device cuda`) to replace it by
   measurements.
 - kernel_overhead_s = 3 us per kernel: the minimum cost of a launched kernel (launch gap plus
   the smallest kernel's duration) in an engine that replays CUDA graphs; eager PyTorch costs
@@ -49,6 +51,8 @@ __all__ = [
     "load_hardware",
     "builtin_hardware",
     "DEFAULT_GPU_GEMM_CURVE",
+    "GA102_GEMM_CURVE",
+    "GH100_GEMM_CURVE",
     "HARDWARE_FORMAT",
     "GIB",
     "VERIFICATION_MODES",
@@ -110,6 +114,21 @@ class EfficiencyCurve:
 DEFAULT_GPU_GEMM_CURVE = EfficiencyCurve(
     rows=(1.0, 96.0, 256.0, 512.0, 1024.0),
     values=(0.52, 0.52, 0.93, 0.95, 1.0),
+)
+
+# The GH100's and GA102's curves, fitted by roofline.published_gemms.fit_row_curve to Vidur's fp16
+# timings of Llama-2-7B's weight GEMMs at 1..4096 rows on an H100-SXM5-80GB and on an A40
+# (tests/test_roofline_published_gemms.py checks that the fit still gives them). On the GH100 a
+# 7B model's GEMMs run at ~0.19 x 0.74 = 14% of peak up to 64 rows and ~27% at 128, where the
+# A100 curve says 47%: its knee comes earlier.
+_POWERS_OF_TWO = tuple(float(2**i) for i in range(13))
+GH100_GEMM_CURVE = EfficiencyCurve(
+    rows=_POWERS_OF_TWO,
+    values=(0.184, 0.184, 0.185, 0.185, 0.186, 0.186, 0.186, 0.362, 0.554, 0.802, 0.923, 1.01, 1.017),
+)
+GA102_GEMM_CURVE = EfficiencyCurve(
+    rows=_POWERS_OF_TWO,
+    values=(0.14, 0.14, 0.14, 0.14, 0.14, 0.14, 0.244, 0.501, 0.723, 0.891, 0.964, 1.002, 1.002),
 )
 
 
@@ -344,7 +363,7 @@ def _positive(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and np.isfinite(value) and value > 0
 
 
-def _gpu(name, bf16_tflops, gbps, gb, fp32_tflops, description, *, fp8_tflops=None, note="", knee=""):
+def _gpu(name, bf16_tflops, gbps, gb, fp32_tflops, description, *, fp8_tflops=None, note="", curve="GA100", knee=""):
     peaks = {"bf16": bf16_tflops * TFLOPS, "fp16": bf16_tflops * TFLOPS}
     if fp8_tflops:
         peaks["fp8"] = fp8_tflops * TFLOPS
@@ -354,6 +373,7 @@ def _gpu(name, bf16_tflops, gbps, gb, fp32_tflops, description, *, fp8_tflops=No
         "vendor datasheet, see docs/performance-model.md (dense fp16/bf16 and fp8, no sparsity); fp32 = "
         "non-tensor-core rate from the vendor datasheet" + (f"; {note}" if note else "")
     )
+    gemm_curve, curve_text = _ROW_CURVES[curve]
     # the "GB" printed on GPU datasheets counts binary gigabytes: an "80 GB" A100 reports
     # 81920 MiB (docs/performance-model.md "Memory capacity")
     return HardwareProfile(
@@ -362,34 +382,49 @@ def _gpu(name, bf16_tflops, gbps, gb, fp32_tflops, description, *, fp8_tflops=No
         bandwidth_bytes_per_s=gbps * GB,
         capacity_bytes=gb * GIB,
         capacity_sold_gb=float(gb),
+        gemm_efficiency=gemm_curve,
         description=description,
         source=src,
-        gemm_efficiency_source=f"{_A100_CURVE}; {knee or _UNCHECKED}",
+        gemm_efficiency_source=f"{curve_text}; {knee or _UNCHECKED}",
     )
 
 
-# Where each built-in GPU's GEMM row curve was compared with a public measurement: the
-# measurements and the comparison live in roofline/published.py (`treeopt hw published`);
-# docs/performance-model.md "Where the knee was checked" explains the verdicts.
-_A100_CURVE = "the A100 row curve (DEFAULT_GPU_GEMM_CURVE)"
-_UNCHECKED = "its knee is not checked on this GPU: no public measurement of step time against tokens was found"
-_TRT_LLM = "NVIDIA's published TensorRT-LLM step times (v0.5 and v0.9)"
-_A100_CHECKED = f"checked against {_TRT_LLM} on an A100-SXM4-80GB in fp16 (`treeopt hw published`)"
-_A100_SIBLING = "checked on the A100-SXM4-80GB (the same GA100 die), not on this board (`treeopt hw published`)"
-_GH100 = (
-    f"compared with {_TRT_LLM} on an H100-SXM5-80GB in fp8, which it does not match: that engine's 128-token "
-    "step costs more than the curve predicts (`treeopt hw published`)"
+# Each die's GEMM row curve, and where each built-in GPU's was compared with public measurements:
+# step times in roofline/published.py, GEMM timings in roofline/published_gemms.py (`treeopt hw
+# published`); docs/performance-model.md "Where the knee was checked" explains the verdicts.
+_ROW_CURVES = {
+    "GA100": (DEFAULT_GPU_GEMM_CURVE, "the A100 row curve (DEFAULT_GPU_GEMM_CURVE)"),
+    "GH100": (
+        GH100_GEMM_CURVE,
+        "the GH100 row curve (GH100_GEMM_CURVE, fitted to Vidur's GEMM timings on an H100-SXM)",
+    ),
+    "GA102": (GA102_GEMM_CURVE, "the GA102 row curve (GA102_GEMM_CURVE, fitted to Vidur's GEMM timings on an A40)"),
+}
+_UNCHECKED = "not checked on this GPU: no public measurement of its GEMMs or steps against tokens was found"
+_TRT_LLM = "NVIDIA's published TensorRT-LLM step times"
+_VIDUR = "Vidur's fp16 GEMM timings"
+_A100_SXM = f"checked against {_TRT_LLM} (v0.5 and v0.9) on this board in fp16 (`treeopt hw published`)"
+_A100_PCIE = (
+    f"checked against {_VIDUR} on an A100 80GB, taken as this board, and against {_TRT_LLM} on the "
+    "A100-SXM4-80GB, the same GA100 die (`treeopt hw published`)"
 )
+_A100_40GB = "checked on the A100 80GB boards (the same GA100 die), not on this board (`treeopt hw published`)"
+_H100_SXM = f"checked against {_TRT_LLM} (v0.5 and v0.9) on this board in fp8 (`treeopt hw published`)"
+_H100_PCIE = "checked on the H100-SXM5-80GB (the same GH100 die), not on this board (`treeopt hw published`)"
 _H200 = (
-    "compared with NVIDIA's published TensorRT-LLM v0.9 step times on an H200-SXM-141GB in fp8, which it does "
-    "not match: that engine's 128-token step costs more than the curve predicts (`treeopt hw published`)"
+    f"compared with {_TRT_LLM} (v0.9) on this board in fp8: 128 to 2048 tokens match, fewer than 128 are not "
+    "measured there; below 128 it rests on the H100-SXM5-80GB (the same GH100 die) (`treeopt hw published`)"
 )
-_GH100_SIBLING = (
-    "not checked on this GPU; the comparisons on the H100-SXM5-80GB and the H200 (the same GH100 die) do not match"
-)
+_A40 = "no other public measurement of this board to check it against"
+_A6000 = "fitted on the A40 (the same GA102 die), not on this board"
+_ADA = "borrowed: Ada's SMs descend from GA102's"
 _L40S = (
-    f"compared with {_TRT_LLM} on an L40S in fp8: 128 to 2048 tokens per step match, fewer than 128 "
-    "are not measured there (`treeopt hw published`)"
+    f"{_ADA}; compared with {_TRT_LLM} (v0.5 and v0.9) on this board in fp8: 128 to 2048 tokens match, fewer "
+    "than 128 are not measured there (`treeopt hw published`)"
+)
+_BORROWED_GH100 = (
+    "borrowed: no public measurement of this GPU's GEMMs or steps against tokens was found, and the GH100's knee, "
+    "earlier than the A100's, is the cautious choice"
 )
 
 # fp8: the dense FP8 tensor-core rate of the same datasheets (half the printed sparse figure);
@@ -398,13 +433,13 @@ _L40S = (
 _BUILTIN = {
     hw.name: hw
     for hw in [
-        _gpu("a100-40gb-sxm", 312, 1555, 40, 19.5, "NVIDIA A100-SXM4-40GB", knee=_A100_SIBLING),
-        _gpu("a100-80gb-sxm", 312, 2039, 80, 19.5, "NVIDIA A100-SXM4-80GB", knee=_A100_CHECKED),
-        _gpu("a100-80gb-pcie", 312, 1935, 80, 19.5, "NVIDIA A100-PCIe-80GB", knee=_A100_SIBLING),
-        _gpu("a40", 149.7, 696, 48, 37.4, "NVIDIA A40"),
-        _gpu("rtx-a6000", 154.8, 768, 48, 38.7, "NVIDIA RTX A6000"),
-        _gpu("l4", 121, 300, 24, 30.3, "NVIDIA L4", fp8_tflops=242.5),
-        _gpu("l40s", 362, 864, 48, 91.6, "NVIDIA L40S", fp8_tflops=733, knee=_L40S),
+        _gpu("a100-40gb-sxm", 312, 1555, 40, 19.5, "NVIDIA A100-SXM4-40GB", knee=_A100_40GB),
+        _gpu("a100-80gb-sxm", 312, 2039, 80, 19.5, "NVIDIA A100-SXM4-80GB", knee=_A100_SXM),
+        _gpu("a100-80gb-pcie", 312, 1935, 80, 19.5, "NVIDIA A100-PCIe-80GB", knee=_A100_PCIE),
+        _gpu("a40", 149.7, 696, 48, 37.4, "NVIDIA A40", curve="GA102", knee=_A40),
+        _gpu("rtx-a6000", 154.8, 768, 48, 38.7, "NVIDIA RTX A6000", curve="GA102", knee=_A6000),
+        _gpu("l4", 121, 300, 24, 30.3, "NVIDIA L4", fp8_tflops=242.5, curve="GA102", knee=f"{_ADA}; {_UNCHECKED}"),
+        _gpu("l40s", 362, 864, 48, 91.6, "NVIDIA L40S", fp8_tflops=733, curve="GA102", knee=_L40S),
         _gpu(
             "rtx-4090",
             165,
@@ -413,10 +448,12 @@ _BUILTIN = {
             82.6,
             "NVIDIA GeForce RTX 4090",
             note="165 TFLOP/s is the fp16 rate with fp32 accumulate",
+            curve="GA102",
+            knee=f"{_ADA}; not checked on this board; the L40S (the same AD102 die) matches from 128 tokens up",
         ),
-        _gpu("h100-sxm", 989, 3350, 80, 67, "NVIDIA H100-SXM5-80GB", fp8_tflops=1979, knee=_GH100),
-        _gpu("h100-pcie", 756, 2000, 80, 51, "NVIDIA H100-PCIe-80GB", fp8_tflops=1513, knee=_GH100_SIBLING),
-        _gpu("h200", 989, 4800, 141, 67, "NVIDIA H200-SXM-141GB", fp8_tflops=1979, knee=_H200),
+        _gpu("h100-sxm", 989, 3350, 80, 67, "NVIDIA H100-SXM5-80GB", fp8_tflops=1979, curve="GH100", knee=_H100_SXM),
+        _gpu("h100-pcie", 756, 2000, 80, 51, "NVIDIA H100-PCIe-80GB", fp8_tflops=1513, curve="GH100", knee=_H100_PCIE),
+        _gpu("h200", 989, 4800, 141, 67, "NVIDIA H200-SXM-141GB", fp8_tflops=1979, curve="GH100", knee=_H200),
         _gpu(
             "b200",
             2250,
@@ -426,8 +463,20 @@ _BUILTIN = {
             "NVIDIA B200",
             fp8_tflops=4500,
             note="no fp32 figure: vector work at bf16/16",
+            curve="GH100",
+            knee=_BORROWED_GH100,
         ),
-        _gpu("mi300x", 1307, 5300, 192, 163.4, "AMD Instinct MI300X", fp8_tflops=2614.9),
+        _gpu(
+            "mi300x",
+            1307,
+            5300,
+            192,
+            163.4,
+            "AMD Instinct MI300X",
+            fp8_tflops=2614.9,
+            curve="GH100",
+            knee=_BORROWED_GH100,
+        ),
     ]
 }
 _ALIASES = {

@@ -39,6 +39,7 @@ from treeopt.errors import UserError
 __all__ = [
     "OpTiming",
     "op_timings",
+    "gemm_timing",
     "step_time_s",
     "memory_required_bytes",
     "fits_memory",
@@ -79,8 +80,8 @@ class OpTiming:
             return self.op.flops / self.time_s
 
 
-def _time_terms(op: Op, shape: ModelShape, hw: HardwareProfile, heads=None):
-    peak = hw.peak(shape.dtype)
+def _time_terms(op: Op, dtype: str, hw: HardwareProfile, heads=None):
+    peak = hw.peak(dtype)
     if op.kind == "gemm":
         rate_c = peak * hw.eta_compute * hw.gemm_efficiency(op.rows)
         rate_m = hw.bandwidth_bytes_per_s * hw.eta_memory
@@ -144,7 +145,24 @@ def op_timings(
         kv_cache_update=hw.kv_cache_update,
         candidates=candidates,
     )
-    return [OpTiming(op, *_time_terms(op, shape, hw, heads)) for op in ops]
+    return [OpTiming(op, *_time_terms(op, shape.dtype, hw, heads)) for op in ops]
+
+
+def gemm_timing(hw: HardwareProfile, *, dtype: str, dtype_bytes: int, rows, in_features: int, out_features: int):
+    """One weight GEMM (rows x in_features times in_features x out_features), priced as a
+    forward pass prices its linear layers: 2 r k n FLOPs, k n + r k + r n elements moved, one
+    kernel (to set a predicted time beside a measured GEMM's)."""
+    rows = np.asarray(rows, dtype=float)
+    k, n = float(in_features), float(out_features)
+    op = Op(
+        "gemm",
+        "gemm",
+        1,
+        2.0 * rows * k * n,
+        dtype_bytes * (k * n + rows * k + rows * n),
+        rows,
+    )
+    return OpTiming(op, *_time_terms(op, dtype, hw))
 
 
 def memory_required_bytes(

@@ -38,9 +38,11 @@ import numpy as np
 
 from roofline.hardware import HardwareProfile, builtin_hardware, load_hardware
 from roofline.latency import step_time_s
+from roofline.published_gemms import FITTED_CURVES, gemm_bands
 from roofline.shapes import ModelShape, model_shape
 
 __all__ = [
+    "FITTED",
     "GPT_J_6B",
     "KNEE_TOLERANCE",
     "PUBLISHED_STEPS",
@@ -298,55 +300,75 @@ def knee_ratios(hardware: str, *, profile: HardwareProfile | None = None) -> lis
     return out
 
 
+#: the verdict of a board whose row curve was fitted to its own published GEMM timings and has no
+#: other measurement to be checked against
+FITTED = "fitted to public GEMM timings"
+
+
+def _fitted_here(hardware: str, hw: HardwareProfile) -> bool:
+    curve = FITTED_CURVES.get(hardware)
+    return curve is not None and hw.gemm_efficiency == curve
+
+
 def knee_verdict(hardware: str, *, profile: HardwareProfile | None = None) -> str:
-    """The knee's verdict on one GPU: "checked" (every knee ratio matches in the median over its
-    measurements, the 1 -> 128 one included), "partly checked" (those measured match, but
-    1 -> 128 is not measured), "does not match", or "not measured"."""
+    """The knee's verdict on one GPU, from every public measurement its curve was not fitted to
+    (step times, and GEMM timings unless the curve came from them): "checked" (all match, and
+    one of them covers 1 -> 128 token rows), "partly checked" (those measured match, but not
+    below 128 rows), "does not match"; without such a measurement, FITTED when the curve was
+    fitted to this board's GEMM timings, else "not measured"."""
+    hw = profile if profile is not None else load_hardware(hardware)
     ratios = knee_ratios(hardware, profile=profile)
-    if not ratios:
-        return "not measured"
-    if not all(r.matches for r in ratios):
+    fitted = _fitted_here(hardware, hw)
+    bands = [] if fitted else gemm_bands(hardware, profile=profile)
+    if not ratios and not bands:
+        return FITTED if fitted else "not measured"
+    if not all(r.matches for r in [*ratios, *bands]):
         return "does not match"
-    if any(r.reference_tokens == 1 for r in ratios):
+    if bands or any(r.reference_tokens == 1 for r in ratios):
         return "checked"
     return "partly checked"
 
 
-#: built-in boards on the die of a board with published measurements: the row curve is a
-#: property of the die's SMs and tensor cores, so its check carries over as a hint, not a proof
+#: built-in boards on the die of a board with public measurements: the row curve is a property of
+#: the die's SMs and tensor cores, so its check carries over as a hint, not a proof
 SAME_DIE = {
     "a100-40gb-sxm": "a100-80gb-sxm",
     "a100-80gb-pcie": "a100-80gb-sxm",
     "h100-pcie": "h100-sxm",
     "h200": "h100-sxm",
+    "rtx-a6000": "a40",
+    "rtx-4090": "l40s",
 }
+_SETTLED = ("checked", FITTED)
 
 
 def knee_summary(hardware: str) -> str:
-    """The verdict of `hardware`, with that of its measured sibling on the same die."""
+    """The verdict of `hardware`, with that of its measured sibling on the same die when its own
+    falls short of checked."""
     verdict = knee_verdict(hardware)
     sibling = SAME_DIE.get(hardware)
-    if verdict == "not measured" and sibling:
+    if verdict in ("not measured", "partly checked") and sibling:
         return f"{verdict}; {knee_verdict(sibling)} on {sibling} (same die)"
     return verdict
 
 
 def knee_note(hw: HardwareProfile) -> str | None:
-    """One line for the user of a built-in profile whose knee is not checked on its GPU or its
-    die (None otherwise): the tree sizes it picks above a few dozen nodes rest on an
-    unconfirmed curve."""
+    """One line for the user of a built-in profile whose knee is neither checked nor fitted on
+    its GPU, or on a board of the same die (None otherwise): the tree sizes it picks above a few
+    dozen nodes rest on an unconfirmed curve."""
     if builtin_hardware().get(hw.name) != hw:
         return None
     verdict, sibling = knee_verdict(hw.name), SAME_DIE.get(hw.name)
-    if verdict == "checked" or (verdict == "not measured" and sibling and knee_verdict(sibling) == "checked"):
+    sibling_verdict = knee_verdict(sibling) if sibling else None
+    if verdict in _SETTLED or (verdict in ("not measured", "partly checked") and sibling_verdict in _SETTLED):
         return None
     if verdict == "not measured" and sibling:
-        state = f"is not checked on this board and does not match public step times on {sibling}, the same die"
+        state = f"is not checked on this board and {sibling_verdict} on {sibling}, the same die"
     else:
         state = {
-            "does not match": "does not match public step times",
+            "does not match": "does not match public measurements",
             "partly checked": "is checked against public step times only above 128 tokens",
-            "not measured": "is not checked: no public step times were found",
+            "not measured": "is not checked: no public step times or GEMM timings were found",
         }[verdict]
     return (
         f"note: {hw.name}'s GEMM row curve, which sets where verification stops being free, {state} "

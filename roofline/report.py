@@ -111,7 +111,7 @@ def _knee_sentence(hw: HardwareProfile) -> str:
     if builtin_hardware().get(hw.name) == hw:
         return (
             f"This report's profile `{hw.name}`: {hw.gemm_efficiency_source}; verdict on its knee against public "
-            f'step times: {knee_summary(hw.name)} (`treeopt hw published`, docs/performance-model.md, "Where the '
+            f'measurements: {knee_summary(hw.name)} (`treeopt hw published`, docs/performance-model.md, "Where the '
             'knee was checked").'
         )
     where = hw.gemm_efficiency_source or (
@@ -337,10 +337,11 @@ def build_report(
         "efficiency by query rows per KV head; vector work runs at the fp32 (non-tensor) rate.",
         "- Built-in GPU profiles: η_m = 0.78 (the middle of the 77–80% of peak bandwidth that single-token "
         "decode reaches on A100, H100 and A40), η_c = 0.74 (the middle of the 71–76% large GEMMs reach), "
-        "3 µs per kernel, no framework overhead (an engine replaying CUDA graphs). The row curve is fitted "
-        "so that Vicuna-7B on an A100-80GB-SXM reproduces the measured skinny-GEMM cost (flat to ~64 "
-        "tokens, 1.27× the one-token step at 96, 1.9× at 256), and every built-in GPU profile starts from it. "
-        + _knee_sentence(hw),
+        "3 µs per kernel, no framework overhead (an engine replaying CUDA graphs). The GEMM row curve is "
+        "the die's: the A100's is fitted so that Vicuna-7B on an A100-80GB-SXM reproduces the measured "
+        "skinny-GEMM cost (flat to ~64 tokens, 1.27× the one-token step at 96, 1.9× at 256); the GH100's and "
+        "the GA102's are fitted to public GEMM timings on an H100-SXM and an A40 (docs/performance-model.md, "
+        '"GEMM row efficiency"). ' + _knee_sentence(hw),
         "- Plain decoding (n = 0) runs the base model alone (q = 1, no heads); a tree of n nodes verifies "
         "q = n + 1 tokens per sequence and runs "
         + ("the heads its depth needs" if used_heads else "all draft heads")

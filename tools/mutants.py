@@ -47,6 +47,7 @@ OPS_TESTS = ("tests/test_roofline_ops.py", "tests/test_roofline_terms.py")
 LATENCY_TESTS = ("tests/test_roofline_terms.py", "tests/test_roofline_latency.py")
 GRID_TESTS = ("tests/test_roofline_grid.py",)
 PUBLISHED_TESTS = ("tests/test_roofline_published.py",)
+GEMM_TESTS = ("tests/test_roofline_published_gemms.py", "tests/test_roofline_published.py")
 BUILD_TESTS = ("tests/test_build.py",)
 ACCURACY_TESTS = ("tests/test_accuracy.py", "tests/test_build.py")
 ACCEPTANCE_TESTS = ("tests/test_acceptance.py",)
@@ -480,8 +481,8 @@ MUTANTS = (
     Mutant(
         "published-verdict-needs-decode",
         "roofline/published.py",
-        "if any(r.reference_tokens == 1 for r in ratios):",
-        "if any(r.reference_tokens == 128 for r in ratios):",
+        "if bands or any(r.reference_tokens == 1 for r in ratios):",
+        "if bands or any(r.reference_tokens == 128 for r in ratios):",
         "a GPU without a measured decode step called checked",
         PUBLISHED_TESTS,
     ),
@@ -544,10 +545,107 @@ MUTANTS = (
     Mutant(
         "hw-h100-fp8-peak",
         "roofline/hardware.py",
-        "fp8_tflops=1979, knee=_GH100)",
-        "fp8_tflops=989, knee=_GH100)",
+        'fp8_tflops=1979, curve="GH100", knee=_H100_SXM)',
+        'fp8_tflops=989, curve="GH100", knee=_H100_SXM)',
         "the H100's fp8 rate taken as its 16-bit one",
         PUBLISHED_TESTS,
+    ),
+    # ---- roofline/published_gemms.py: the row curves against Vidur's GEMM timings
+    Mutant(
+        "gemm-check-bandwidth-kept",
+        "roofline/published_gemms.py",
+        "hw = base.with_(eta_memory=base.eta_memory * float(one_row / measured[0]))",
+        "hw = base",
+        "the GEMM check keeps the board's memory roof instead of matching the single-row GEMMs",
+        GEMM_TESTS,
+    ),
+    Mutant(
+        "gemm-layer-time-launch-gaps",
+        "roofline/published_gemms.py",
+        "total = total + np.maximum(t.compute_s, t.memory_s)",
+        "total = total + t.time_s",
+        "launch gaps added to kernel times the profiler measured without them",
+        GEMM_TESTS,
+    ),
+    Mutant(
+        "gemm-qkv-as-q",
+        "roofline/published_gemms.py",
+        '"attn_pre_proj_ms": (4096, 3 * 4096),',
+        '"attn_pre_proj_ms": (4096, 4096),',
+        "the fused QKV projection priced as Q alone",
+        GEMM_TESTS,
+    ),
+    Mutant(
+        "gemm-gate-up-as-up",
+        "roofline/published_gemms.py",
+        '"mlp_up_proj_ms": (4096, 2 * 11008),',
+        '"mlp_up_proj_ms": (4096, 11008),',
+        "the fused gate and up projection priced as one of them",
+        GEMM_TESTS,
+    ),
+    Mutant(
+        "gemm-band-worst-not-median",
+        "roofline/published_gemms.py",
+        "out.append(GemmBand(hardware, lo, hi, float(np.median(errors)), worst, int(errors.size)))",
+        "out.append(GemmBand(hardware, lo, hi, worst, worst, int(errors.size)))",
+        "a band judged by its worst row count, not the median",
+        GEMM_TESTS,
+    ),
+    Mutant(
+        "gemm-fit-counted-as-check",
+        "roofline/published.py",
+        "bands = [] if fitted else gemm_bands(hardware, profile=profile)",
+        "bands = gemm_bands(hardware, profile=profile)",
+        "a curve's own fitting data counted as a check of it",
+        GEMM_TESTS,
+    ),
+    Mutant(
+        "gemm-fit-not-monotone",
+        "roofline/published_gemms.py",
+        "return EfficiencyCurve(knots, tuple(float(v) for v in np.cumsum(x)))",
+        "return EfficiencyCurve(knots, tuple(float(v) for v in x))",
+        "the fit's steps taken as the curve's values",
+        GEMM_TESTS,
+    ),
+    Mutant(
+        "gemm-fit-no-flatness",
+        "roofline/published_gemms.py",
+        "1e-3 * x[1:]",
+        "0.0 * x[1:]",
+        "nothing keeps the curve flat where the timings cannot see it",
+        GEMM_TESTS,
+    ),
+    Mutant(
+        "gemm-timing-no-activations",
+        "roofline/latency.py",
+        "dtype_bytes * (k * n + rows * k + rows * n),",
+        "dtype_bytes * k * n,",
+        "a GEMM's input and output rows left out of its bytes",
+        GEMM_TESTS,
+    ),
+    Mutant(
+        "gemm-h100-a100-curve",
+        "roofline/hardware.py",
+        '_gpu("h100-sxm", 989, 3350, 80, 67, "NVIDIA H100-SXM5-80GB", fp8_tflops=1979, curve="GH100"',
+        '_gpu("h100-sxm", 989, 3350, 80, 67, "NVIDIA H100-SXM5-80GB", fp8_tflops=1979, curve="GA100"',
+        "the H100 given the A100's row curve again",
+        GEMM_TESTS,
+    ),
+    Mutant(
+        "gemm-h200-no-sibling",
+        "roofline/published.py",
+        '    "h200": "h100-sxm",\n',
+        "",
+        "the H200 not tied to the H100-SXM's die",
+        GEMM_TESTS,
+    ),
+    Mutant(
+        "gemm-data-columns-swapped",
+        "roofline/data/vidur-llama-2-7b-gemms.csv",
+        "h100-sxm,4096,0.584,0.193,0.987,0.441",
+        "h100-sxm,4096,0.584,0.193,0.441,0.987",
+        "the up and down projections' medians swapped in one row",
+        GEMM_TESTS,
     ),
     # ---- roofline/grid.py
     Mutant(

@@ -33,6 +33,7 @@ from roofline.published import (
     knee_summary,
     knee_verdict,
 )
+from roofline.published_gemms import FITTED_CURVES, GEMM_TOLERANCE, VIDUR, gemm_bands, published_gemms
 from roofline.report import build_report
 from treeopt.accuracy import load_accuracy
 from treeopt.app.models import draft_cost_of, heads_of, shape_of
@@ -243,10 +244,86 @@ def hw_list(as_json: bool) -> None:
     p = next(iter(profiles.values()))
     click.echo(
         f"\nAll: eta_compute {p.eta_compute}, eta_memory {p.eta_memory}, {p.kernel_overhead_s * 1e6:g} us "
-        "per kernel, the A100's row-dependent GEMM efficiency, no engine costs beyond the forward pass; memory "
-        'as sold ("80 GB" = 80 GiB). knee: how that row curve compares with public step times on the GPU '
+        "per kernel, their die's row-dependent GEMM efficiency, no engine costs beyond the forward pass; memory "
+        'as sold ("80 GB" = 80 GiB). knee: how that row curve compares with public step times and GEMM timings '
         "(`treeopt hw published`). Fit a profile to your engine's step times with `treeopt hw fit`, or "
         "calibrate this machine with `treeopt hw calibrate`."
+    )
+
+
+def _echo_published_steps(name: str, sources: list) -> None:
+    rows = []
+    for c in compare_steps(name):
+        m = c.measurement
+        if m.source not in sources:
+            sources.append(m.source)
+        rows.append(
+            [
+                m.model,
+                m.dtype,
+                str(m.batch),
+                str(m.tokens),
+                str(m.context_tokens),
+                m.measured_as,
+                f"{m.step_ms:.3g}",
+                f"{c.predicted_ms:.3g}",
+                f"{c.error * 100:+.0f}%",
+                f"[{sources.index(m.source) + 1}]",
+            ]
+        )
+    if not rows:
+        return
+    headers = ["<model", "<dtype", "batch", "tokens", "cached", "<measured as", "ms", "predicted", "error", "source"]
+    click.echo(text_table(headers, rows, title=f"{name}: one forward pass"), nl=False)
+    knee_rows = [
+        [
+            f"T({k.tokens}) / T({k.reference_tokens})",
+            k.release,
+            k.model,
+            f"{k.measured_ratio:.3g}",
+            f"{k.predicted_ratio:.3g}",
+            f"{k.error * 100:+.0f}%",
+        ]
+        for k in knee_checks(name)
+    ]
+    headers = ["<ratio", "<release", "<model", "measured", "predicted", "error"]
+    click.echo(text_table(headers, knee_rows, title=f"{name}: knee in step times"), nl=False)
+    for r in knee_ratios(name):
+        of = f"{r.measurements} measurement" + ("s" if r.measurements > 1 else "")
+        state = "matches" if r.matches else "does not match"
+        click.echo(
+            f"T({r.tokens}) / T({r.reference_tokens}): median error {r.median_error * 100:+.0f}% over {of}, "
+            f"{state} (tolerance ±{KNEE_TOLERANCE[r.reference_tokens] * 100:.0f}%)"
+        )
+
+
+def _echo_published_gemms(name: str, sources: list) -> None:
+    bands = gemm_bands(name)
+    if not bands:
+        return
+    if VIDUR not in sources:
+        sources.append(VIDUR)
+    fitted = load_hardware(name).gemm_efficiency == FITTED_CURVES.get(name)
+    rows = [
+        [
+            f"{b.lo} < r <= {b.hi}",
+            str(b.row_counts),
+            f"{b.median_error * 100:+.0f}%",
+            f"{b.worst_error * 100:+.0f}%",
+            "fitted" if fitted else ("matches" if b.matches else "does not match"),
+        ]
+        for b in bands
+    ]
+    title = (
+        f"{name}: T(r) / T(1) of Llama-2-7B's four weight GEMMs in fp16, predicted against measured "
+        f"[{sources.index(VIDUR) + 1}]"
+    )
+    headers = ["<rows", "row counts", "median error", "worst", "<state"]
+    click.echo(text_table(headers, rows, title=title), nl=False)
+    click.echo(
+        "its row curve was fitted to these timings: they show the fit, not a check"
+        if fitted
+        else f"a band matches when its median error is within ±{GEMM_TOLERANCE * 100:.0f}%"
     )
 
 
@@ -259,8 +336,9 @@ def hw_list(as_json: bool) -> None:
     help="A built-in profile with published measurements [default: every one that has them].",
 )
 def hw_published(hardware) -> None:
-    """Published step times of optimised engines beside what the built-in profiles predict."""
-    names = sorted({m.hardware for m in PUBLISHED_STEPS})
+    """Public step times of optimised engines and GEMM timings beside what the built-in profiles
+    predict."""
+    names = sorted({m.hardware for m in PUBLISHED_STEPS} | {g.hardware for g in published_gemms()})
     if hardware is not None:
         # built-in names only: a profile file is the user's own, whatever name it carries
         name = hardware_aliases().get(hardware.lower(), hardware.lower())
@@ -271,58 +349,9 @@ def hw_published(hardware) -> None:
         names = [name]
     sources = []
     for name in names:
-        rows = []
-        for c in compare_steps(name):
-            m = c.measurement
-            if m.source not in sources:
-                sources.append(m.source)
-            rows.append(
-                [
-                    m.model,
-                    m.dtype,
-                    str(m.batch),
-                    str(m.tokens),
-                    str(m.context_tokens),
-                    m.measured_as,
-                    f"{m.step_ms:.3g}",
-                    f"{c.predicted_ms:.3g}",
-                    f"{c.error * 100:+.0f}%",
-                    f"[{sources.index(m.source) + 1}]",
-                ]
-            )
-        headers = [
-            "<model",
-            "<dtype",
-            "batch",
-            "tokens",
-            "cached",
-            "<measured as",
-            "ms",
-            "predicted",
-            "error",
-            "source",
-        ]
-        click.echo(text_table(headers, rows, title=f"{name}: one forward pass"), nl=False)
-        knee_rows = [
-            [
-                f"T({k.tokens}) / T({k.reference_tokens})",
-                k.release,
-                k.model,
-                f"{k.measured_ratio:.3g}",
-                f"{k.predicted_ratio:.3g}",
-                f"{k.error * 100:+.0f}%",
-            ]
-            for k in knee_checks(name)
-        ]
-        headers = ["<ratio", "<release", "<model", "measured", "predicted", "error"]
-        click.echo(text_table(headers, knee_rows, title=f"{name}: knee {knee_verdict(name)}"), nl=False)
-        for r in knee_ratios(name):
-            of = f"{r.measurements} measurement" + ("s" if r.measurements > 1 else "")
-            state = "matches" if r.matches else "does not match"
-            click.echo(
-                f"T({r.tokens}) / T({r.reference_tokens}): median error {r.median_error * 100:+.0f}% over {of}, "
-                f"{state} (tolerance ±{KNEE_TOLERANCE[r.reference_tokens] * 100:.0f}%)"
-            )
+        click.echo(f"== {name}: knee {knee_verdict(name)}")
+        _echo_published_steps(name, sources)
+        _echo_published_gemms(name, sources)
         click.echo("")
     for i, source in enumerate(sources, 1):
         click.echo(f"[{i}] {source}")
