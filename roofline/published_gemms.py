@@ -45,6 +45,7 @@ __all__ = [
     "LLAMA_2_7B_GEMMS",
     "ROW_CURVE_KNOTS",
     "VIDUR",
+    "VIDUR_FILES",
     "GemmBand",
     "GemmCheck",
     "PublishedGemms",
