@@ -306,3 +306,57 @@ def test_ties_resolve_to_the_smaller_tree():
     cell = select(df, PROPOSAL, samples=samples)["cells"][0]
     assert cell["nodes"] == 4 and cell["reason"] == "best" and cell["rounds"] == 12
     assert cell["speedup_lo"] <= cell["speedup"] == 2.0 <= cell["speedup_hi"]
+
+
+def test_select_from_a_grid_file_with_ruled_out_rows(tmp_path, capsys):
+    """A grid as `treeopt roofline speedup -o` writes it: rows that do not fit in memory, or
+    trees the engine does not draft, have empty times and speedups, and select skips them."""
+    from treeopt.cli import main
+
+    acc = tmp_path / "acc.json"
+    # one head of width 2: the proposal is [0], then [1]
+    head = {"head": 1, "positions": 100, "hits": [50, 20]}
+    acc.write_text(json.dumps({"format": "treeopt.accuracy/v1", "num_heads": 1, "width": 2, "heads": [head]}))
+    grid = tmp_path / "grid.csv"
+    grid.write_text(
+        "batch,context,nodes,tau,step_time_s,overhead,speedup,fits_memory\n"
+        # batch 1: 2 nodes is best (1.6 / 1.1)
+        "1,128,0,1,0.01,1,1,True\n"
+        "1,128,1,1.5,0.0105,1.05,1.428571,True\n"
+        "1,128,2,1.7,0.011,1.1,1.545455,True\n"
+        # batch 8: the 2-node tree is ruled out (not drafted), so 1 node wins
+        "8,128,0,1,0.02,1,1,True\n"
+        "8,128,1,1.5,0.025,1.25,1.2,True\n"
+        "8,128,2,1.7,,,,True\n"
+        # batch 64: the tree sizes do not fit, plain decoding does: no speculation
+        "64,128,0,1,0.05,1,1,True\n"
+        "64,128,1,1.5,,,,False\n"
+        "64,128,2,1.7,,,,False\n"
+        # batch 512: not even plain decoding fits
+        "512,128,0,1,,,,False\n"
+        "512,128,1,1.5,,,,False\n"
+        "512,128,2,1.7,,,,False\n"
+    )
+    out = tmp_path / "sel.json"
+    main(["select", "--grid", str(grid), "--accuracy", str(acc), "-o", str(out)])
+    doc = json.loads(out.read_text())
+    assert [(c["batch"], c["nodes"]) for c in doc["cells"]] == [(1, 2), (8, 1), (64, 0)]
+    assert doc["cells"][0]["medusa_choices"] == [[0], [1]] and doc["cells"][1]["medusa_choices"] == [[0]]
+    assert doc["cells"][0]["speedup"] == pytest.approx(1.545455)
+    assert doc["out_of_memory"] == [{"batch": 512, "context": 128}]
+    capsys.readouterr()
+
+    damaged = tmp_path / "damaged.csv"
+    damaged.write_text(grid.read_text().replace("1,1.5,0.0105,1.05,1.428571", "1,1.5,0.0105,1.05,fast"))
+    infinite = tmp_path / "infinite.csv"
+    infinite.write_text(grid.read_text().replace("1,1.5,0.0105,1.05,1.428571", "1,1.5,0.0105,1.05,inf"))
+    no_tau = tmp_path / "no_tau.csv"
+    no_tau.write_text(grid.read_text().replace("8,128,1,1.5,", "8,128,1,,"))
+    for path, words in ((damaged, "row 3: column 'speedup'"), (infinite, "row 3"), (no_tau, "row 6: column 'tau'")):
+        target = tmp_path / "new.json"
+        with pytest.raises(SystemExit) as exc:
+            main(["select", "--grid", str(path), "--accuracy", str(acc), "-o", str(target)])
+        assert exc.value.code == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and path.name in err[0] and words in err[0], err
+        assert not target.exists()

@@ -108,6 +108,8 @@ SWEEP_COLUMNS = [
 REQUIRED = ("batch", "context", "nodes", "speedup")
 #: the columns a predicted grid (`treeopt roofline speedup -o`) must hold to be selected from
 GRID_REQUIRED = ("batch", "context", "nodes", "tau", "overhead", "speedup")
+#: the grid columns left empty where a configuration is ruled out (docs/formats.md "Grid CSV")
+GRID_OPTIONAL_EMPTY = ("overhead", "speedup")
 SELECTION_FORMAT = "treeopt.selection/v1"
 # A chosen tree whose speedup interval is wider than +-10% is reported as noisy: the
 # difference between neighbouring tree sizes is often smaller than that (docs/statistics.md
@@ -650,7 +652,12 @@ def read_grid_with_proposal(grid_file, accuracy, *, csv_model: str | None = None
         raise UserError(f"{grid_file}: no rows (not a finished treeopt grid CSV)")
     for col in GRID_REQUIRED:
         values = pd.to_numeric(grid[col], errors="coerce")
-        bad = ~np.isfinite(values.to_numpy(dtype=float))
+        v = values.to_numpy(dtype=float)
+        # an empty overhead or speedup is a configuration the grid ruled out (it does not fit in
+        # memory, or the engine does not draft that tree); text or an infinity is damage
+        bad = np.isinf(v) | (values.isna() & grid[col].notna()).to_numpy()
+        if col not in GRID_OPTIONAL_EMPTY:
+            bad |= np.isnan(v)
         if bad.any():
             row = int(np.flatnonzero(bad)[0])
             raise UserError(f"{grid_file}: row {row + 2}: column '{col}' is not a number ({grid[col].iloc[row]!r})")
