@@ -1,0 +1,72 @@
+"""The README's `$ treeopt ...` examples print what the README shows.
+
+Every line the README shows under an example must appear in what the command prints today
+(a line of `...` stands for lines left out). Examples that run a model are left to
+`treeopt run` and the reports, since their timings change from run to run.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from treeopt.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+# commands that only read files and compute: their output is the same on every machine
+PURE = {"check", "build", "compare", "show", "buffers", "roofline", "hw"}
+EXIT_NOTE = "(exit status 2)"
+
+
+def examples() -> list[tuple[str, list[str]]]:
+    found = []
+    for block in re.findall(r"```[a-z]*\n(.*?)```", README, re.S):
+        for part in re.split(r"^\$ ", block, flags=re.M)[1:]:
+            command, _, shown = part.partition("\n")
+            if command.endswith("\\"):  # continued on the next line: a model-running example
+                continue
+            argv = shlex.split(command)
+            if argv[0] == "treeopt" and argv[1] in PURE:
+                found.append((command, shown.rstrip("\n").splitlines()))
+    return found
+
+
+EXAMPLES = examples()
+
+
+def test_the_readme_has_the_examples_this_test_reads():
+    commands = [c for c, _ in EXAMPLES]
+    assert len(commands) >= 12
+    assert any(c.startswith("treeopt hw fit") for c in commands)
+    assert any(c.startswith("treeopt build") and "--engine vllm" in c for c in commands)
+
+
+@pytest.mark.parametrize("command,shown", EXAMPLES, ids=[c[:60] for c, _ in EXAMPLES])
+def test_readme_example_prints_what_the_readme_shows(command, shown, tmp_path, monkeypatch, capsys):
+    # the README runs from the repository root; outputs go to a scratch copy of that layout
+    (tmp_path / "reports").symlink_to(ROOT / "reports")
+    (tmp_path / "treeopt").symlink_to(ROOT / "treeopt")
+    # demo_steps.csv is reports/demo-cpu/sweep.csv rewritten, as the README says
+    sweep = pd.read_csv(ROOT / "reports" / "demo-cpu" / "sweep.csv")
+    steps = pd.DataFrame({"batch": sweep["batch"], "context": sweep["context"], "tokens": sweep["nodes"] + 1}).assign(
+        step_ms=1000 * sweep["step_time_s"]
+    )
+    steps.to_csv(tmp_path / "demo_steps.csv", index=False)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("COLUMNS", "200")
+    try:
+        main(shlex.split(command)[1:])
+        status = 0
+    except SystemExit as exit:
+        status = exit.code
+    out, err = capsys.readouterr()
+    printed = set((out + err).splitlines())
+    expected = [line for line in shown if line.strip() not in ("...", EXIT_NOTE)]
+    assert status == (2 if EXIT_NOTE in shown else 0), err
+    missing = [line for line in expected if line not in printed]
+    assert not missing, f"{command}: the README shows lines it no longer prints:\n" + "\n".join(missing)
