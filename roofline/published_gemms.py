@@ -1,6 +1,6 @@
 """Public timings of a model's weight GEMMs by row count: a check of each built-in GPU's GEMM row
-curve that no engine's other costs blur, and the measurements the GH100 and GA102 curves were
-fitted to (docs/performance-model.md, "GEMM row efficiency" and "Where the knee was checked").
+curve that no engine's other costs blur, and the measurements the GH100, GA102 and CDNA3 curves
+were fitted to (docs/performance-model.md, "GEMM row efficiency" and "Where the knee was checked").
 
 The timings are Vidur's profiling data (Agrawal et al., "Vidur: A Large-Scale Simulation
 Framework for LLM Inference", MLSys 2024; github.com/microsoft/vidur, file
@@ -21,6 +21,16 @@ A100). Single-row GEMMs stream at 1.52 TB/s there, 78.6% of the PCIe board's 193
 74.6% of the SXM's 2039. treeopt takes the PCIe board, whose fraction is the one every other
 measurement shows (docs/performance-model.md, "Efficiencies").
 
+The MI300X's timings are the same four GEMMs in fp16, as PyTorch's TunableOp measured them on
+one MI300X (gfx942) while tuning vLLM's Llama-2-7B: for each shape it times the candidate
+rocBLAS and hipBLASLt kernels and keeps the fastest, the one every later call runs
+(github.com/BruceXcluding/Ali_MI300_Tuned, Gemm_Tune/Llama-2-7b-chat-hf-1000inp/full_tuned3.csv;
+PyTorch 2.4, ROCm 6.1, hipBLASLt 0.7). roofline/data/tunableop-mi300x-llama-2-7b-gemms.csv
+holds the 32 row counts from 7 to 4096 at which all four shapes were tuned. The smallest is 7
+rows, so on this board the ratios are T(r)/T(7). TunableOp times back-to-back calls with warm
+caches; the MI300X's 256 MB Infinity Cache holds every one of these weights, so the few-row
+GEMMs may read faster than HBM alone allows. That bends the ratios up, never down.
+
 numpy and scipy only, like the rest of `roofline`.
 """
 
@@ -34,15 +44,25 @@ from pathlib import Path
 import numpy as np
 from scipy.optimize import least_squares
 
-from roofline.hardware import GA102_GEMM_CURVE, GH100_GEMM_CURVE, EfficiencyCurve, HardwareProfile, load_hardware
+from roofline.hardware import (
+    CDNA3_GEMM_CURVE,
+    GA102_GEMM_CURVE,
+    GH100_GEMM_CURVE,
+    EfficiencyCurve,
+    HardwareProfile,
+    load_hardware,
+)
 from roofline.latency import gemm_timing
 
 __all__ = [
     "FITTED_CURVES",
     "GEMM_BANDS",
     "GEMM_DATA",
+    "GEMM_SOURCES",
     "GEMM_TOLERANCE",
     "LLAMA_2_7B_GEMMS",
+    "MI300X_FILE",
+    "MI300X_TUNABLEOP",
     "ROW_CURVE_KNOTS",
     "VIDUR",
     "VIDUR_FILES",
@@ -67,9 +87,24 @@ VIDUR_FILES = {
     "a40": ("a40", "e26eb8f79fa9a6a7c38eac0f5291302402b20364"),
     "h100-sxm": ("h100", "e26eb8f79fa9a6a7c38eac0f5291302402b20364"),
 }
-GEMM_DATA = Path(__file__).parent / "data" / "vidur-llama-2-7b-gemms.csv"
+MI300X_TUNABLEOP = (
+    "PyTorch TunableOp's GEMM tuning results on an AMD Instinct MI300X for Llama-2-7B, "
+    "github.com/BruceXcluding/Ali_MI300_Tuned Gemm_Tune/Llama-2-7b-chat-hf-1000inp/full_tuned3.csv "
+    "(fp16, the fastest rocBLAS or hipBLASLt kernel per shape; PyTorch 2.4, ROCm 6.1, one GPU)"
+)
+#: the stored version of the file the MI300X's timings were copied from: (repository, path, commit)
+MI300X_FILE = (
+    "BruceXcluding/Ali_MI300_Tuned",
+    "Gemm_Tune/Llama-2-7b-chat-hf-1000inp/full_tuned3.csv",
+    "629887670d16c0b8206f44e4ffc6bc6e40bd076d",
+)
+_DATA = Path(__file__).parent / "data"
+#: every file of published GEMM timings, one board per row, in the same columns
+GEMM_DATA = (_DATA / "vidur-llama-2-7b-gemms.csv", _DATA / "tunableop-mi300x-llama-2-7b-gemms.csv")
+#: board -> the publication its timings come from
+GEMM_SOURCES = {"a100-80gb-pcie": VIDUR, "a40": VIDUR, "h100-sxm": VIDUR, "mi300x": MI300X_TUNABLEOP}
 #: the built-in curves fitted to a board's timings (`fit_row_curve`): on that board they are no check
-FITTED_CURVES = {"h100-sxm": GH100_GEMM_CURVE, "a40": GA102_GEMM_CURVE}
+FITTED_CURVES = {"h100-sxm": GH100_GEMM_CURVE, "a40": GA102_GEMM_CURVE, "mi300x": CDNA3_GEMM_CURVE}
 
 #: Vidur's column -> (in_features, out_features) of Llama-2-7B's weight GEMM it times
 LLAMA_2_7B_GEMMS = {
@@ -79,9 +114,10 @@ LLAMA_2_7B_GEMMS = {
     "mlp_down_proj_ms": (11008, 4096),
 }
 
-#: the row counts are judged in bands; a curve matches when the median error of T(r)/T(1) in every
-#: band is within GEMM_TOLERANCE. Single row counts scatter by up to 30% around any smooth
-#: curve (cuBLAS changes tile shapes at 72 and at 144 rows), hence bands and their medians.
+#: the row counts are judged in bands; a curve matches when the median error of T(r)/T(r0), r0 the
+#: board's fewest rows (1, or 7 on the MI300X), in every band is within GEMM_TOLERANCE. Single
+#: row counts scatter by up to 30% around any smooth curve (cuBLAS changes tile shapes at 72 and
+#: at 144 rows), hence bands and their medians.
 GEMM_BANDS = ((1, 64), (64, 256), (256, 1024), (1024, 4096))
 GEMM_TOLERANCE = 0.15
 
@@ -107,9 +143,10 @@ class PublishedGemms:
 @cache
 def _read() -> dict[str, PublishedGemms]:
     by_board: dict[str, list[dict]] = {}
-    with open(GEMM_DATA, newline="") as f:
-        for row in csv.DictReader(f):
-            by_board.setdefault(row["board"], []).append(row)
+    for path in GEMM_DATA:
+        with open(path, newline="") as f:
+            for row in csv.DictReader(f):
+                by_board.setdefault(row["board"], []).append(row)
     out = {}
     for board, rows in by_board.items():
         rows.sort(key=lambda r: int(r["num_tokens"]))
@@ -140,10 +177,12 @@ def layer_gemm_time_s(hw: HardwareProfile, rows) -> np.ndarray:
 
 @dataclass(frozen=True)
 class GemmCheck:
-    """T(rows) / T(1) of a layer's four GEMMs on one board, measured and predicted."""
+    """T(rows) / T(r0) of a layer's four GEMMs on one board, measured and predicted (r0 the
+    fewest rows the board was timed at: `reference_rows`)."""
 
     hardware: str
     rows: int
+    reference_rows: int
     measured_ratio: float
     predicted_ratio: float
 
@@ -153,20 +192,20 @@ class GemmCheck:
 
 
 def gemm_checks(hardware: str, *, profile: HardwareProfile | None = None) -> list[GemmCheck]:
-    """Every published row count above 1 of `hardware`, against the built-in profile (or
+    """Every published row count of `hardware` above its fewest, against the built-in profile (or
     `profile`, to check a variant). The check is of the row curve: the profile's memory roof is
-    first set to what the single-row GEMMs attained (they are memory bound), so the board's
-    bandwidth and eta_memory drop out of T(r)/T(1)."""
+    first set to what the fewest-row GEMMs attained (they are memory bound), so the board's
+    bandwidth and eta_memory drop out of T(r)/T(r0)."""
     base = profile if profile is not None else load_hardware(hardware)
     checks = []
     for g in published_gemms(hardware):
         measured = g.layer_time_s
         rows = np.asarray(g.rows, dtype=float)
-        one_row = layer_gemm_time_s(base, rows[:1])[0]
-        hw = base.with_(eta_memory=base.eta_memory * float(one_row / measured[0]))
+        fewest = layer_gemm_time_s(base, rows[:1])[0]
+        hw = base.with_(eta_memory=base.eta_memory * float(fewest / measured[0]))
         predicted = layer_gemm_time_s(hw, rows)
         checks += [
-            GemmCheck(hardware, r, float(measured[i] / measured[0]), float(predicted[i] / predicted[0]))
+            GemmCheck(hardware, r, g.rows[0], float(measured[i] / measured[0]), float(predicted[i] / predicted[0]))
             for i, r in enumerate(g.rows)
             if i > 0
         ]
@@ -175,10 +214,12 @@ def gemm_checks(hardware: str, *, profile: HardwareProfile | None = None) -> lis
 
 @dataclass(frozen=True)
 class GemmBand:
-    """The errors of T(r)/T(1) for the row counts lo < r <= hi of one board: their median, the
-    worst of them, and how many there are."""
+    """The errors of T(r)/T(r0) for the row counts lo < r <= hi of one board (r0 =
+    reference_rows, the fewest it was timed at): their median, the worst of them, and how many
+    there are."""
 
     hardware: str
+    reference_rows: int
     lo: int
     hi: int
     median_error: float
@@ -198,7 +239,8 @@ def gemm_bands(hardware: str, *, profile: HardwareProfile | None = None) -> list
         errors = np.array([c.error for c in checks if lo < c.rows <= hi])
         if errors.size:
             worst = float(errors[np.argmax(np.abs(errors))])
-            out.append(GemmBand(hardware, lo, hi, float(np.median(errors)), worst, int(errors.size)))
+            reference = checks[0].reference_rows
+            out.append(GemmBand(hardware, reference, lo, hi, float(np.median(errors)), worst, int(errors.size)))
     return out
 
 

@@ -69,11 +69,14 @@ def test_hw_published(capsys):
     # Vidur's GEMM timings, and where a curve was fitted to them they are shown as the fit
     assert "a100-80gb-pcie: T(r) / T(1) of Llama-2-7B's four weight GEMMs" in out and "MLSys 2024" in out
     assert "they show the fit, not a check" in out
+    # the MI300X's TunableOp timings start at 7 rows, and their source is cited
+    assert "mi300x: knee fitted to public GEMM timings" in out and "mi300x: T(r) / T(7) of Llama-2-7B's" in out
+    assert "BruceXcluding/Ali_MI300_Tuned" in out
     code, out, err = run(capsys, "hw", "published", "--hardware", "l4")
     assert code == 2 and out == ""
     assert err.strip().splitlines() == [
         "treeopt: error: --hardware: no published measurements for l4 (there are some for a100-80gb-pcie, "
-        "a100-80gb-sxm, a40, h100-sxm, h200, l40s)"
+        "a100-80gb-sxm, a40, h100-sxm, h200, l40s, mi300x)"
     ]
 
 

@@ -6,6 +6,7 @@ latter as of v0.5 and of v0.9.0), not computed by treeopt."""
 import pytest
 
 from roofline.hardware import (
+    CDNA3_GEMM_CURVE,
     DEFAULT_GPU_GEMM_CURVE,
     GA102_GEMM_CURVE,
     GH100_GEMM_CURVE,
@@ -162,11 +163,13 @@ def test_every_builtin_profile_says_where_its_knee_was_checked():
         "the A100 row curve": DEFAULT_GPU_GEMM_CURVE,
         "the GH100 row curve": GH100_GEMM_CURVE,
         "the GA102 row curve": GA102_GEMM_CURVE,
+        "the CDNA3 row curve": CDNA3_GEMM_CURVE,
     }
     dies = {
         "the A100 row curve": {"a100-40gb-sxm", "a100-80gb-sxm", "a100-80gb-pcie"},
-        "the GH100 row curve": {"h100-sxm", "h100-pcie", "h200", "b200", "mi300x"},
+        "the GH100 row curve": {"h100-sxm", "h100-pcie", "h200", "b200"},
         "the GA102 row curve": {"a40", "rtx-a6000", "l4", "l40s", "rtx-4090"},
+        "the CDNA3 row curve": {"mi300x"},
     }
     for name, p in builtin_hardware().items():
         verdict = knee_verdict(name)
@@ -178,7 +181,9 @@ def test_every_builtin_profile_says_where_its_knee_was_checked():
         elif verdict == "not measured":
             assert "not checked on this GPU" in text or "not on this board" in text or "borrowed" in text, name
         elif verdict == FITTED:
-            assert "fitted to Vidur's GEMM timings on an A40" in text and name == "a40"
+            assert (name == "a40" and "fitted to Vidur's GEMM timings on an A40" in text) or (
+                name == "mi300x" and "fitted to PyTorch TunableOp's GEMM timings on an MI300X" in text
+            ), name
         else:
             assert "compared with" in text, name
 

@@ -1,8 +1,9 @@
-"""The built-in GPU profiles' GEMM row curves against Vidur's public GEMM timings
+"""The built-in GPU profiles' GEMM row curves against public GEMM timings
 (roofline.published_gemms). The medians typed below were read from Vidur's profiling files
 (github.com/microsoft/vidur, data/profiling/compute/<gpu>/meta-llama/Llama-2-7b-hf/mlp.csv,
-tensor parallelism 1), not computed by treeopt; the FLOP and byte counts are hand-derived from
-Llama-2-7B's shapes."""
+tensor parallelism 1) and the MI300X's times from PyTorch TunableOp's results
+(github.com/BruceXcluding/Ali_MI300_Tuned, Gemm_Tune/Llama-2-7b-chat-hf-1000inp/full_tuned3.csv),
+not computed by treeopt; the FLOP and byte counts are hand-derived from Llama-2-7B's shapes."""
 
 import math
 
@@ -10,6 +11,7 @@ import numpy as np
 import pytest
 
 from roofline.hardware import (
+    CDNA3_GEMM_CURVE,
     DEFAULT_GPU_GEMM_CURVE,
     GA102_GEMM_CURVE,
     GH100_GEMM_CURVE,
@@ -49,9 +51,16 @@ def test_medians_as_published():
     a40, a100 = _gemms("a40"), _gemms("a100-80gb-pcie")
     assert [a40.time_ms[c][a40.rows.index(128)] for c in LLAMA_2_7B_GEMMS] == [0.223, 0.074, 0.431, 0.18]
     assert [a100.time_ms[c][a100.rows.index(256)] for c in LLAMA_2_7B_GEMMS] == [0.112, 0.052, 0.229, 0.1095]
-    for g in published_gemms():
+    for g in (h100, a40, a100):
         assert len(g.rows) == 36 and g.rows[0] == 1 and g.rows[-1] == 4096 and list(g.rows) == sorted(g.rows)
-    assert [g.hardware for g in published_gemms()] == ["a100-80gb-pcie", "a40", "h100-sxm"]
+    # the MI300X: tn_{out}_{rows}_{in} entries of TunableOp's file, in milliseconds
+    mi300x = _gemms("mi300x")
+    assert [mi300x.time_ms[c][0] for c in LLAMA_2_7B_GEMMS] == [0.0213621, 0.00999943, 0.0351318, 0.0225683]
+    assert [mi300x.time_ms[c][-1] for c in LLAMA_2_7B_GEMMS] == [0.693155, 0.229596, 1.28908, 0.60122]
+    at_1000 = mi300x.rows.index(1000)
+    assert [mi300x.time_ms[c][at_1000] for c in LLAMA_2_7B_GEMMS] == [0.181568, 0.071914, 0.361532, 0.195185]
+    assert len(mi300x.rows) == 32 and mi300x.rows[0] == 7 and list(mi300x.rows) == sorted(mi300x.rows)
+    assert [g.hardware for g in published_gemms()] == ["a100-80gb-pcie", "a40", "h100-sxm", "mi300x"]
 
 
 @pytest.mark.parametrize(
@@ -114,17 +123,44 @@ def test_check_does_not_depend_on_the_boards_bandwidth():
     assert pcie[0].rows == 2 and len(pcie) == 35
 
 
-@pytest.mark.parametrize("board, curve", [("h100-sxm", GH100_GEMM_CURVE), ("a40", GA102_GEMM_CURVE)])
-def test_builtin_curves_are_the_fit_of_the_published_timings(board, curve):
+@pytest.mark.parametrize(
+    "board, curve, band_tolerance",
+    # the MI300X's rows 33..36 run another kernel, 10% dearer than 31, where the memory-bound
+    # prediction stays flat: its first band sits further off than Vidur's boards do
+    [("h100-sxm", GH100_GEMM_CURVE, 0.05), ("a40", GA102_GEMM_CURVE, 0.05), ("mi300x", CDNA3_GEMM_CURVE, 0.06)],
+)
+def test_builtin_curves_are_the_fit_of_the_published_timings(board, curve, band_tolerance):
     hw = load_hardware(board)
     assert hw.gemm_efficiency == curve and FITTED_CURVES[board] == curve
-    assert fit_row_curve(hw, _gemms(board)) == curve
+    # to the fit's rounding; where every GEMM is memory bound the times barely see the curve, and
+    # scipy releases differ there in the third decimal
+    fitted = fit_row_curve(hw, _gemms(board))
+    assert fitted.rows == curve.rows and fitted.values == pytest.approx(curve.values, abs=0.005)
     # and they reproduce the measured layer times: within 3% in the median, every band within 5%
     g = _gemms(board)
     error = layer_gemm_time_s(hw, np.asarray(g.rows, dtype=float)) / g.layer_time_s - 1
     assert abs(np.median(error)) < 0.03
-    assert all(abs(b.median_error) < 0.05 for b in gemm_bands(board))
+    assert all(abs(b.median_error) < band_tolerance for b in gemm_bands(board))
     assert np.all(np.diff(curve.values) >= 0)
+
+
+def test_mi300x_needs_its_own_curve():
+    # TunableOp's MI300X: the layer's four GEMMs take 0.0213621 + 0.00999943 + 0.0351318 +
+    # 0.0225683 ms at 7 rows and 0.693155 + 0.229596 + 1.28908 + 0.60122 ms at 4096
+    at_7, at_4096 = 0.08906163e-3, 2.813051e-3
+    checks = {c.rows: c for c in gemm_checks("mi300x")}
+    assert checks[4096].reference_rows == 7 and 7 not in checks
+    assert checks[4096].measured_ratio == pytest.approx(at_4096 / at_7, rel=1e-6)
+    # 4096 rows attain 2 x 4096 x LAYER_PARAMS / 2.813 ms = 590 TFLOP/s, 45% of the 1307 printed:
+    # far below the 74% the datasheet GPUs assume, so the curve ends near 0.45 / 0.74 = 0.61
+    attained = 2 * 4096 * LAYER_PARAMS / at_4096 / 1307e12
+    assert attained == pytest.approx(0.451, abs=0.005)
+    hw = load_hardware("mi300x")
+    assert hw.eta_compute * hw.gemm_efficiency.values[-1] == pytest.approx(attained, abs=0.02)
+    # the GH100 curve it borrowed before prices 1024..4096 rows more than 40% too cheap
+    borrowed = {(b.lo, b.hi): b for b in gemm_bands("mi300x", profile=hw.with_(gemm_efficiency=GH100_GEMM_CURVE))}
+    assert borrowed[(1024, 4096)].median_error < -0.40 and not borrowed[(64, 256)].matches
+    assert all(b.matches for b in gemm_bands("mi300x")) and all(b.reference_rows == 7 for b in gemm_bands("mi300x"))
 
 
 def test_fit_recovers_a_known_curve():

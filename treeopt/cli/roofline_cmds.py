@@ -33,7 +33,7 @@ from roofline.published import (
     knee_summary,
     knee_verdict,
 )
-from roofline.published_gemms import FITTED_CURVES, GEMM_TOLERANCE, VIDUR, gemm_bands, published_gemms
+from roofline.published_gemms import FITTED_CURVES, GEMM_SOURCES, GEMM_TOLERANCE, gemm_bands, published_gemms
 from roofline.report import build_report
 from treeopt.accuracy import load_accuracy
 from treeopt.app.models import draft_cost_of, heads_of, shape_of
@@ -301,8 +301,10 @@ def _echo_published_gemms(name: str, sources: list) -> None:
     bands = gemm_bands(name)
     if not bands:
         return
-    if VIDUR not in sources:
-        sources.append(VIDUR)
+    source = GEMM_SOURCES[name]
+    if source not in sources:
+        sources.append(source)
+    (reference_rows,) = {b.reference_rows for b in bands}
     fitted = load_hardware(name).gemm_efficiency == FITTED_CURVES.get(name)
     rows = [
         [
@@ -315,8 +317,8 @@ def _echo_published_gemms(name: str, sources: list) -> None:
         for b in bands
     ]
     title = (
-        f"{name}: T(r) / T(1) of Llama-2-7B's four weight GEMMs in fp16, predicted against measured "
-        f"[{sources.index(VIDUR) + 1}]"
+        f"{name}: T(r) / T({reference_rows}) of Llama-2-7B's four weight GEMMs in fp16, predicted against measured "
+        f"[{sources.index(source) + 1}]"
     )
     headers = ["<rows", "row counts", "median error", "worst", "<state"]
     click.echo(text_table(headers, rows, title=title), nl=False)
