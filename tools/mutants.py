@@ -689,6 +689,22 @@ MUTANTS = (
         GRID_TESTS,
     ),
     Mutant(
+        "select-grid-empty-refused",
+        "treeopt/selection.py",
+        'GRID_OPTIONAL_EMPTY = ("overhead", "speedup")',
+        "GRID_OPTIONAL_EMPTY = ()",
+        "select --grid refuses the empty speedups of out-of-memory rows",
+        ("tests/test_selection.py",),
+    ),
+    Mutant(
+        "select-grid-inf-accepted",
+        "treeopt/selection.py",
+        "bad = np.isinf(v) | (values.isna() & grid[col].notna()).to_numpy()",
+        "bad = (values.isna() & grid[col].notna()).to_numpy()",
+        "an infinite speedup in a grid file taken as a number",
+        ("tests/test_selection.py",),
+    ),
+    Mutant(
         "grid-ties-larger",
         "treeopt/selection.py",
         "ascending=[True, True, False, True]",
