@@ -243,10 +243,22 @@ def test_select_cli(tmp_path, capsys):
     out = tmp_path / "sel.json"
     main(["select", "--sweep", str(path), "-o", str(out)])
     doc = json.loads(out.read_text())
+    assert doc.pop("verification") == "tree"  # a sweep without the key was measured before candidates existed
     assert doc == json.loads(json.dumps(select(read_sweep(path)[0], PROPOSAL, hardware="cpu", model="tiny")))
     assert [c["nodes"] for c in doc["cells"]] == [2, 0, 1, 1]
     assert doc["cells"][0]["medusa_choices"] == [[0], [1]]
     assert "wrote" in capsys.readouterr().out
+
+    # the verification a sweep was measured with travels into the selection; another is refused
+    meta = {"format": "treeopt.sweep/v1", "model": "tiny", "device": "cpu", "proposal": PROPOSAL.to_choices()}
+    candidates = write_sweep(tmp_path, meta=meta | {"verification": "candidates"}, name="cand.csv")
+    main(["select", "--sweep", str(candidates), "-o", str(out)])
+    assert json.loads(out.read_text())["verification"] == "candidates"
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exc:
+        main(["select", "--sweep", str(candidates), "--verification", "tree", "-o", str(tmp_path / "no.json")])
+    assert exc.value.code == 2 and not (tmp_path / "no.json").exists()
+    assert "cand.csv was measured with candidates verification" in capsys.readouterr().err
 
     main(["select", "--sweep", str(path), "--by", "predicted", "-o", str(out)])
     assert [c["nodes"] for c in json.loads(out.read_text())["cells"]] == [4, 0, 2, 4]
@@ -344,6 +356,9 @@ def test_select_from_a_grid_file_with_ruled_out_rows(tmp_path, capsys):
     assert doc["cells"][0]["medusa_choices"] == [[0], [1]] and doc["cells"][1]["medusa_choices"] == [[0]]
     assert doc["cells"][0]["speedup"] == pytest.approx(1.545455)
     assert doc["out_of_memory"] == [{"batch": 512, "context": 128}]
+    assert doc["verification"] == "tree"  # a grid does not say; the user does
+    main(["select", "--grid", str(grid), "--accuracy", str(acc), "--verification", "candidates", "-o", str(out)])
+    assert json.loads(out.read_text())["verification"] == "candidates"
     capsys.readouterr()
 
     damaged = tmp_path / "damaged.csv"

@@ -471,8 +471,16 @@ def compare_cmd(tree_specs, accuracy_path, csv_model, nodes, engine, as_json):
     help="Also choose one tree for this traffic mix: a CSV batch,context,weight or inline "
     "'1:0.5,8:0.3,32@2048:0.2' (BATCH[@CONTEXT]:WEIGHT).",
 )
+@click.option(
+    "--verification",
+    type=click.Choice(["tree", "candidates"]),
+    default=None,
+    help="How the engine verifies the trees, recorded in the selection: a sweep knows its own and "
+    "refuses another; a grid does not, so give the one `roofline speedup --verification` used "
+    "[default: the sweep's, else tree].",
+)
 @click.option("-o", "--output", default=None, metavar="FILE.json", help="Selection JSON [default: stdout].")
-def select_cmd(sweep_file, grid_file, accuracy, csv_model, by, threshold, engine, mix_spec, output):
+def select_cmd(sweep_file, grid_file, accuracy, csv_model, by, threshold, engine, mix_spec, verification, output):
     """Pick the best tree per (batch, context): from a measured sweep, or from predictions
     alone for hardware you don't have."""
     if (sweep_file is None) == (grid_file is None):
@@ -493,8 +501,13 @@ def select_cmd(sweep_file, grid_file, accuracy, csv_model, by, threshold, engine
             samples=read_round_samples(sweep_samples_path(sweep_file)),
             threads=meta.get("threads"),
         )
+        measured = meta.get("verification", "tree")
+        if verification not in (None, measured):
+            raise UserError(f"--verification {verification}: {sweep_file} was measured with {measured} verification")
+        doc["verification"] = measured
     else:
         doc = selection_from_grid_file(grid_file, accuracy, csv_model=csv_model, threshold=threshold)
+        doc["verification"] = verification or "tree"
     if engine is not None:
         _add_engine_lines(doc, get_engine(engine), accuracy, csv_model)
     if mix_spec is not None:
