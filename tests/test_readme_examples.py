@@ -62,8 +62,8 @@ def test_readme_example_prints_what_the_readme_shows(command, shown, tmp_path, m
     try:
         main(shlex.split(command)[1:])
         status = 0
-    except SystemExit as exit:
-        status = exit.code
+    except SystemExit as stopped:
+        status = stopped.code
     out, err = capsys.readouterr()
     printed = set((out + err).splitlines())
     expected = [line for line in shown if line.strip() not in ("...", EXIT_NOTE)]
