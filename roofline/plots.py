@@ -31,7 +31,10 @@ __all__ = [
     "default_cases",
     "roofline_chart",
     "speedup_curves",
+    "speedup_curves_figure",
     "best_heatmaps",
+    "best_heatmaps_figure",
+    "measured_speedup_figure",
     "log2_axis",
     "plot_measured_speedup",
 ]
@@ -242,7 +245,19 @@ def roofline_chart(
     return pts
 
 
+def _outside_artists(fig) -> list:
+    """The legends (drawn beside the axes) and the suptitle, which a tight crop must keep."""
+    found = [ax.get_legend() for ax in fig.axes if ax.get_legend() is not None]
+    return found + ([fig._suptitle] if fig._suptitle is not None else [])
+
+
 def speedup_curves(grid: pd.DataFrame, path, *, context: int, title: str | None = None) -> None:
+    """`speedup_curves_figure`, saved as a PNG at `path`."""
+    fig = speedup_curves_figure(grid, context=context, title=title)
+    _save(fig, path, extra=_outside_artists(fig))
+
+
+def speedup_curves_figure(grid: pd.DataFrame, *, context: int, title: str | None = None) -> Figure:
     """Speedup (top) and overhead (bottom) against tree size at one context, one curve per batch."""
     sub = grid[grid["context"] == context]
     batches = sorted(sub["batch"].unique())
@@ -280,7 +295,7 @@ def speedup_curves(grid: pd.DataFrame, path, *, context: int, title: str | None 
     ax.axhline(1.0, color="0.4", lw=0.8, ls="--")
     ax.set_ylabel("predicted speedup (x plain decoding)")
     ax.grid(True, ls=":", lw=0.5, color="0.8")
-    leg = ax.legend(
+    ax.legend(
         loc="upper left",
         bbox_to_anchor=(1.01, 1.0),
         fontsize=8,
@@ -293,7 +308,7 @@ def speedup_curves(grid: pd.DataFrame, path, *, context: int, title: str | None 
     ax2.set_xlabel("tree size n (nodes; n = 0 is plain decoding, q = n + 1 tokens per step)")
     ax2.set_ylabel("overhead T(n) / T(0)")
     ax2.grid(True, ls=":", lw=0.5, color="0.8")
-    _save(fig, path, extra=[leg])
+    return fig
 
 
 def overhead_curves(
@@ -325,7 +340,13 @@ def overhead_curves(
 
 
 def best_heatmaps(best: pd.DataFrame, path, *, title: str | None = None) -> None:
-    """Two heatmaps over batch (rows) x context (columns): best tree size and its speedup."""
+    """`best_heatmaps_figure`, saved as a PNG at `path`."""
+    _save(best_heatmaps_figure(best, title=title), path)
+
+
+def best_heatmaps_figure(best: pd.DataFrame, *, title: str | None = None) -> Figure:
+    """Two heatmaps over batch (rows) x context (columns): best tree size and its speedup.
+    `best`: columns batch, context, nodes, speedup, fits_memory (one row per cell)."""
     batches = sorted(best["batch"].unique())
     contexts = sorted(best["context"].unique())
     nodes = best.pivot(index="batch", columns="context", values="nodes").reindex(index=batches, columns=contexts)
@@ -381,10 +402,16 @@ def best_heatmaps(best: pd.DataFrame, path, *, title: str | None = None) -> None
         cbar.ax.tick_params(labelsize=8)
     fig.suptitle(title or "Best tree per batch and context", fontsize=11)
     fig.tight_layout()
-    _save(fig, path)
+    return fig
 
 
 def plot_measured_speedup(sweep: pd.DataFrame, selection: dict, path) -> None:
+    """`measured_speedup_figure`, saved as a PNG at `path`."""
+    fig = measured_speedup_figure(sweep, selection)
+    _save(fig, path, extra=_outside_artists(fig))
+
+
+def measured_speedup_figure(sweep: pd.DataFrame, selection: dict) -> Figure:
     """Measured speedup against tree size with its interval band, one panel per context and
     one colour per batch size, the pick of `selection` marked (a ring; a cross at 1 for no
     speculation) and the predicted speedup dashed beside it."""
@@ -439,7 +466,7 @@ def plot_measured_speedup(sweep: pd.DataFrame, selection: dict, path) -> None:
     ]
     labels += ["predicted", "picked tree", "picked: no speculation (at the smallest size)", "unreliable (not selected)"]
     level = selection.get("confidence", 0.95)
-    leg = axes[-1].legend(
+    axes[-1].legend(
         handles,
         labels,
         loc="upper left",
@@ -449,5 +476,5 @@ def plot_measured_speedup(sweep: pd.DataFrame, selection: dict, path) -> None:
         title=f"band: {level:.0%} interval",
         title_fontsize=8,
     )
-    title = fig.suptitle("Measured speedup against tree size", fontsize=11, y=1.02)
-    _save(fig, path, extra=[leg, title])
+    fig.suptitle("Measured speedup against tree size", fontsize=11, y=1.02)
+    return fig
