@@ -88,7 +88,7 @@ def memory_check() -> list[tuple]:
     refused at once with an estimate."""
     import tracemalloc  # noqa: PLC0415 - only this check traces allocations
 
-    from treeopt.cli.roofline_cmds import GRID_MEMORY_LIMIT_BYTES, check_grid_size  # noqa: PLC0415
+    from treeopt.app.prediction import GRID_MEMORY_LIMIT_BYTES, check_grid_size  # noqa: PLC0415
     from treeopt.errors import UserError  # noqa: PLC0415
 
     shape, hw = model_shape("vicuna-7b"), load_hardware("a100-80gb-sxm")

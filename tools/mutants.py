@@ -1510,9 +1510,9 @@ MUTANTS = (
     ),
     Mutant(
         "cost-speedup-medusa-for-all",
-        "treeopt/cli/roofline_cmds.py",
-        "grid = speedup_grid(\n        shape,\n        work or heads,",
-        "grid = speedup_grid(\n        shape,\n        heads,",
+        "treeopt/app/prediction.py",
+        "grid = speedup_grid(\n        shape,\n        work or head_shape,",
+        "grid = speedup_grid(\n        shape,\n        head_shape,",
         "roofline speedup charges Medusa's heads for a sequential drafter",
         DRAFT_COST_TESTS,
     ),

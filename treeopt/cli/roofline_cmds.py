@@ -11,7 +11,7 @@ import click
 import numpy as np
 import pandas as pd
 
-from roofline.grid import DEFAULT_BATCHES, DEFAULT_CONTEXTS, draft_rows_by_prefix, heads_used_by_prefix, speedup_grid
+from roofline.grid import DEFAULT_BATCHES, DEFAULT_CONTEXTS
 from roofline.hardware import GIB, VERIFICATION_MODES, builtin_hardware, hardware_aliases, load_hardware
 from roofline.latency import (
     candidates_of,
@@ -22,7 +22,7 @@ from roofline.latency import (
     stages_of,
 )
 from roofline.ops import DraftWork
-from roofline.profile_fit import error_summary, fit_profile, predict_step_s, read_step_points, step_points_frame
+from roofline.profile_fit import error_summary
 from roofline.published import (
     KNEE_TOLERANCE,
     PUBLISHED_STEPS,
@@ -35,65 +35,18 @@ from roofline.published import (
 )
 from roofline.published_gemms import FITTED_CURVES, GEMM_SOURCES, GEMM_TOLERANCE, gemm_bands, published_gemms
 from roofline.report import build_report
-from treeopt.accuracy import load_accuracy
+from treeopt import api
 from treeopt.app.models import draft_cost_of, heads_of, shape_of
+from treeopt.app.prediction import check_grid_size, greedy_proposal, heads_with_cost, load_table, predict_speedup
 from treeopt.cli.options import AtLeast, IntList, apply
 from treeopt.cli.safety import check_outputs, input_files, require_file
 from treeopt.drafter_cost import DRAFTER_NAMES
 from treeopt.engines import ENGINE_NAMES, get_engine
 from treeopt.errors import UserError
 from treeopt.export import text_table
-from treeopt.family_build import drafted_sizes, engine_proposal
 from treeopt.fileio import atomic_folder, atomic_outputs, atomic_path
 from treeopt.mix import ANY_CONTEXT, choose_mix_tree, format_mix, mix_section, parse_mix
 from treeopt.selection import best_per_cell, selection_from_grid
-from treeopt.tau import first_heads, proposal_sequence, tau_curves
-
-
-def _load_acc(path: str, csv_model: str | None, model_name: str):
-    """The table and how to name it; a CSV of several models gives the rows named like --model."""
-    table = load_accuracy(path, model=csv_model, default_model=None if csv_model else model_name.lower())
-    rows = table.provenance.get("model")
-    return table, f"`{path}` (rows of {rows})" if rows and path.lower().endswith(".csv") else f"`{path}`"
-
-
-def _greedy_tau(table, max_nodes: int, num_heads: int, joint: bool, engine=None):
-    """Medusa's greedy proposal sequence over the first `num_heads` heads and its tau (joint:
-    from the table's joint prefix counts); with `engine`, the greedy within its family."""
-    if joint and table.joint is None:
-        raise UserError("--joint: the accuracy table has no joint prefix counts")
-    if joint and num_heads < table.num_heads:
-        raise UserError("--joint: cannot cut a table with joint counts to fewer heads")
-    table = first_heads(table, num_heads)
-    proposal = (
-        engine_proposal(table, max_nodes, engine, method="greedy")
-        if engine is not None
-        else proposal_sequence(table, max_nodes, method="greedy")
-    )
-    curves = tau_curves(table, proposal)
-    return curves.proposal, curves.joint if joint else curves.independent
-
-
-#: peak memory per (batch, context, nodes) cell of a predicted grid, with the best tree per
-#: cell and the selection: 1.07 KB measured with tracemalloc (llama-7b, 16 x 16 and 64 x 64 x 65
-#: cells), rounded up for pandas' copies; benchmarks/bench_roofline.py checks it
-GRID_BYTES_PER_CELL = 1536
-#: the most memory a grid may take: above it the command refuses with its estimate
-GRID_MEMORY_LIMIT_BYTES = 2**30
-
-
-def check_grid_size(batches, contexts, max_nodes: int) -> None:
-    """UserError with the estimate, before any work, when the grid would take more memory than
-    GRID_MEMORY_LIMIT_BYTES."""
-    cells = len(batches) * len(contexts) * (max_nodes + 1)
-    need = cells * GRID_BYTES_PER_CELL
-    if need > GRID_MEMORY_LIMIT_BYTES:
-        raise UserError(
-            f"--batch x --context x --max-nodes: {len(batches)} x {len(contexts)} x {max_nodes + 1} = "
-            f"{cells:,} cells would take about {need / GIB:.1f} GiB (limit "
-            f"{GRID_MEMORY_LIMIT_BYTES / GIB:.0f} GiB, {GRID_MEMORY_LIMIT_BYTES // GRID_BYTES_PER_CELL:,} "
-            "cells); predict fewer values"
-        )
 
 
 def _command_line() -> str:
@@ -173,22 +126,6 @@ DRAFTER_OPTIONS = [
         'shape the roofline charges (docs/performance-model.md, "Drafter cost").',
     ),
 ]
-
-
-def _sequential_work(cost, tree):
-    """A sequential drafter's work on every prefix of `tree` (None for Medusa's parallel heads)."""
-    if cost is None or not cost.sequential:
-        return None
-    return DraftWork(cost, draft_rows_by_prefix(tree, cost.stages))
-
-
-def _heads_from_cost(cost, heads):
-    """Medusa heads read from --drafter-config replace those of the heads options."""
-    if cost is None or cost.sequential:
-        return heads
-    return type(heads)(
-        cost.stages, cost.layers, cost.hidden_size, cost.vocab_size, tokens_per_sequence=heads.tokens_per_sequence
-    )
 
 
 GRID_OPTIONS = [
@@ -436,7 +373,7 @@ def roofline_ops(
         rows = list(draft_rows) if draft_rows is not None else [1] * chain
         heads = DraftWork(cost, np.array(rows + [0] * (cost.stages - len(rows)), dtype=float))
     elif cost is not None and tokens > 1:
-        heads = _heads_from_cost(cost, heads)
+        heads = heads_with_cost(cost, heads)
     draft_stages = stages_of(heads, draft_stages)
     if candidates is not None and verification != "candidates":
         raise UserError("--candidates: only with --verification candidates")
@@ -619,54 +556,38 @@ def roofline_speedup(
         batches = sorted(set(batches) | set(mix.batch))
         contexts = sorted(set(contexts) | {c for c in mix.context if c != ANY_CONTEXT})
     check_grid_size(batches, contexts, max_nodes)
-    shape = shape_of(model, dtype)
-    hw = load_hardware(hardware)
-    table, label = _load_acc(accuracy, csv_model, model)
-    heads = heads_of(
+    table, label = load_table(accuracy, csv_model, model)
+    prediction = predict_speedup(
         model,
-        shape,
-        num_heads=num_heads,
-        num_layers=head_layers,
-        accuracy_heads=table.num_heads,
-        tokens_per_sequence=head_tokens,
-    )
-    cost = draft_cost_of(model, shape, drafter=drafter, drafter_config=drafter_config)
-    heads = _heads_from_cost(cost, heads)
-    if heads.num_heads < 1:
-        raise UserError("--heads: a speedup grid needs at least one draft head")
-    depth = min(heads.num_heads, cost.stages) if cost is not None else heads.num_heads
-    target = get_engine(engine) if engine else None
-    tree, tau = _greedy_tau(table, max_nodes, depth, joint, target)
-    work = _sequential_work(cost, tree)
-    # sizes the engine would not draft as written are never picked (vLLM's uniform trees)
-    drafted = drafted_sizes(tree, target) if target is not None and target.family == "uniform" else None
-    grid = speedup_grid(
-        shape,
-        work or heads,
-        hw,
-        tau,
-        batches,
-        contexts,
-        attention=attention,
-        heads_in_baseline=heads_in_baseline,
-        heads_used=heads_used_by_prefix(tree) if used_heads and work is None else None,
+        hardware,
+        table,
+        dtype=dtype,
+        batches=batches,
+        contexts=contexts,
+        max_nodes=max_nodes,
+        engine=engine,
         verification=verification,
-        tree=tree,
-        draft_stages=heads_used_by_prefix(tree) if sequential_draft and work is None else None,
-        drafted=drafted,
+        attention=attention,
+        joint=joint,
+        heads={"num_heads": num_heads, "num_layers": head_layers, "tokens_per_sequence": head_tokens},
+        drafter={"drafter": drafter, "drafter_config": drafter_config},
+        heads_in_baseline=heads_in_baseline,
+        used_heads=used_heads,
+        sequential_draft=sequential_draft,
     )
+    grid, tree, tau, hw = prediction.grid, prediction.proposal, prediction.tau, prediction.hardware
     best = best_per_cell(grid)
     mix_doc = mix_section(choose_mix_tree(grid, mix, source="the grid"), tree, mix) if mix is not None else None
     with atomic_outputs() as files:  # the grid and the selection from it: both or neither
         if out:
             grid.to_csv(files.path(out), index=False, float_format="%.6g")
         if select:
-            extra = {"heads": heads.num_heads, "attention": attention, "verification": verification}
+            extra = {"heads": prediction.draft_heads, "attention": attention, "verification": verification}
             doc = selection_from_grid(
-                grid, tree, hw.name, shape.name, extra=extra | ({"mix": mix_doc} if mix_doc else {})
+                grid, tree, hw.name, prediction.model.name, extra=extra | ({"mix": mix_doc} if mix_doc else {})
             )
             files.path(select).write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
-    click.echo(f"{shape.describe()}; {(work or heads).describe()}; hardware {hw.name}; accuracy {label}")
+    click.echo(f"{prediction.model.describe()}; {prediction.drafter}; hardware {hw.name}; accuracy {label}")
     click.echo(
         "tau of the greedy proposal sequence: "
         + ", ".join(f"n={n}: {tau[n]:.3f}" for n in (1, 4, 16, 32, 64) if n < len(tau))
@@ -758,7 +679,7 @@ def report_cmd(
     hw = load_hardware(hardware)
     table, label = (None, "")
     if accuracy:
-        table, label = _load_acc(accuracy, csv_model, model)
+        table, label = load_table(accuracy, csv_model, model)
     heads = heads_of(
         model,
         shape,
@@ -768,7 +689,7 @@ def report_cmd(
         tokens_per_sequence=head_tokens,
     )
     cost = draft_cost_of(model, shape, drafter=drafter, drafter_config=drafter_config)
-    heads = _heads_from_cost(cost, heads)
+    heads = heads_with_cost(cost, heads)
     if table is not None and heads.num_heads < 1:
         raise UserError("--heads: a speedup report needs at least one draft head")
     if plot_context is not None and plot_context not in contexts:
@@ -776,7 +697,7 @@ def report_cmd(
     proposal = tau = None
     if table is not None:
         depth = min(heads.num_heads, cost.stages) if cost is not None else heads.num_heads
-        proposal, tau = _greedy_tau(table, max_nodes, depth, joint, get_engine(engine) if engine else None)
+        proposal, tau = greedy_proposal(table, max_nodes, depth, joint, get_engine(engine) if engine else None)
     with atomic_folder(out) as folder:  # the whole report or none of it
         summary = build_report(
             shape,
@@ -840,13 +761,19 @@ def hw_fit(model, dtype, hardware, measurements, num_heads, head_layers, attenti
     """Fit a hardware profile's engine terms to measured step times of any engine."""
     check_outputs([out], input_files(model, hardware, measurements))
     require_file(measurements, "--measurements")
-    shape = shape_of(model, dtype)
-    base = load_hardware(hardware)
-    heads = heads_of(model, shape, num_heads=num_heads, num_layers=head_layers) if num_heads else None
-    points = read_step_points(measurements, heads=num_heads)
-    result = fit_profile(shape, heads, base, points, attention=attention, name=name, source=measurements)
+    result = api.fit_profile(
+        model,
+        hardware,
+        measurements,
+        heads=num_heads,
+        head_layers=head_layers,
+        attention=attention,
+        name=name,
+        dtype=dtype,
+    )
+    points, fit = result.points, result.profile.calibration["fit"]
     result.profile.save(out)
-    click.echo(f"fitted {len(points)} steps of {shape.name} over {base.name}; free terms: {', '.join(result.free)}")
+    click.echo(f"fitted {len(points)} steps of {fit['model']} over {fit['base']}; free terms: {', '.join(result.free)}")
     rows = [[k, _term_text(k, v)] for k, v in result.terms.items()]
     click.echo(text_table(["<term", "<value"], rows), nl=False)
     click.echo(f"in-sample: {error_summary(result.in_sample_error)}")
@@ -901,7 +828,6 @@ def roofline_predict(model, dtype, hardware, points_path, num_heads, head_layers
     require_file(points_path, "--points")
     shape = shape_of(model, dtype)
     hw = load_hardware(hardware)
-    heads = heads_of(model, shape, num_heads=num_heads, num_layers=head_layers) if num_heads else None
     try:
         frame = pd.read_csv(points_path, comment="#", skipinitialspace=True)
     except FileNotFoundError:
@@ -909,15 +835,20 @@ def roofline_predict(model, dtype, hardware, points_path, num_heads, head_layers
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as err:
         raise UserError(f"--points: {points_path}: not a CSV ({str(err).splitlines()[0]})") from None
     frame.columns = [str(c).strip().lower() for c in frame.columns]
-    measured = "step_ms" in frame.columns
-    # rows to predict need no times; a placeholder keeps one reader for both files
-    points = step_points_frame(
-        frame if measured else frame.assign(step_ms=1.0), source=f"--points: {points_path}", heads=num_heads
+    predicted = api.predict_steps(
+        model,
+        hw,
+        frame,
+        source=f"--points: {points_path}",
+        heads=num_heads,
+        head_layers=head_layers,
+        attention=attention,
+        dtype=dtype,
     )
-    predicted = predict_step_s(shape, heads, hw, points, attention=attention) * 1e3
-    frame["predicted_step_ms"] = predicted
+    frame["predicted_step_ms"] = predicted * 1e3
+    measured = "step_ms" in frame.columns
     if measured:
-        frame["error"] = predicted / (points.step_s * 1e3) - 1.0
+        frame["error"] = frame["predicted_step_ms"] / pd.to_numeric(frame["step_ms"], errors="coerce") - 1.0
     with atomic_path(out) as tmp:
         frame.to_csv(tmp, index=False, float_format="%.6g")
     click.echo(
