@@ -99,6 +99,7 @@ class ProfileFit:
     free: tuple[str, ...]
     in_sample_error: np.ndarray
     loo_error: np.ndarray | None
+    points: StepPoints | None = None  # the steps it was fitted to
 
 
 def step_points_frame(df: pd.DataFrame, *, source: str, heads: int = 0) -> StepPoints:
@@ -334,7 +335,7 @@ def fit_profile(
         source=f"treeopt hw fit on {source or 'measured steps'} over {base.name}",
         calibration={**(base.calibration or {}), "fit": record},
     )
-    return ProfileFit(profile, fitted, free, in_sample, loo)
+    return ProfileFit(profile, fitted, free, in_sample, loo, points)
 
 
 def error_summary(errors) -> str:

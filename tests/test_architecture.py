@@ -1,6 +1,7 @@
 """The direction of dependencies (docs/architecture.md), checked on the source: the core at the
 bottom imports none of the others; `roofline` and `calibration` import only the core, never each
-other; the application layer (treeopt.cli, treeopt.app) is the only place that joins them."""
+other; the application layer (treeopt.cli, treeopt.app, and the public API treeopt.api) is the
+only place that joins them."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-APP = ("treeopt.cli", "treeopt.app")
+APP = ("treeopt.cli", "treeopt.app", "treeopt.api")
 HEAVY = ("torch", "transformers", "safetensors", "tokenizers", "accelerate")
 
 

@@ -1,4 +1,63 @@
-"""treeopt: choose the static speculative-decoding candidate tree that is fastest for your
-model, draft heads, hardware and batch size."""
+"""treeopt: choose the static speculative-decoding tree that is fastest for your model, drafter,
+serving engine, accelerator, batch size and context.
+
+From Python (docs/python.md):
+
+    import treeopt
+    table = treeopt.load_accuracy("accuracy.json")
+    tree = treeopt.build_tree(table, 16, method="optimal", engine="vllm")
+    prediction = treeopt.predict("vicuna-7b", "h100-sxm", table, engine="vllm")
+    selection = treeopt.select(prediction)
+
+The names below come from `treeopt.api`, imported on first use, so that `import treeopt` (and
+every `treeopt.<module>` import under it) stays cheap and loads no torch.
+"""
+
+from importlib import import_module
 
 __version__ = "0.1.0"
+
+_API = (
+    "AccuracyTable",
+    "EngineCheck",
+    "EngineExport",
+    "HardwareProfile",
+    "ModelShape",
+    "Prediction",
+    "ProfileFit",
+    "Selection",
+    "Sweep",
+    "Tree",
+    "UserError",
+    "build_tree",
+    "calibrate",
+    "check",
+    "expected_tokens",
+    "export_tree",
+    "fit_profile",
+    "hardware_profiles",
+    "load_accuracy",
+    "load_grid",
+    "load_hardware",
+    "load_model",
+    "load_prompts",
+    "load_sweep",
+    "load_tree",
+    "make_tree",
+    "model_shape",
+    "predict",
+    "predict_steps",
+    "select",
+)
+
+__all__ = ["__version__", *_API]
+
+
+def __getattr__(name):
+    if name in _API:
+        return getattr(import_module("treeopt.api"), name)
+    raise AttributeError(f"module 'treeopt' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_API))

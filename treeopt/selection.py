@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from treeopt.accuracy import load_accuracy
+from treeopt.accuracy import AccuracyTable, load_accuracy
 from treeopt.errors import UserError
 from treeopt.fileio import atomic_path, read_json_input
 from treeopt.stats import (
@@ -638,7 +638,8 @@ def selection_from_grid_file(grid_file, accuracy, *, csv_model: str | None = Non
 
 
 def read_grid_with_proposal(grid_file, accuracy, *, csv_model: str | None = None) -> tuple[pd.DataFrame, Tree]:
-    """A predicted grid CSV and the greedy proposal sequence of the accuracy table it used."""
+    """A predicted grid CSV and the greedy proposal sequence of the accuracy table it used
+    (a file, or an `AccuracyTable` already loaded)."""
     if accuracy is None:
         raise UserError("--grid: needs --accuracy (the table whose proposal sequence the grid used)")
     try:
@@ -662,7 +663,7 @@ def read_grid_with_proposal(grid_file, accuracy, *, csv_model: str | None = None
             row = int(np.flatnonzero(bad)[0])
             raise UserError(f"{grid_file}: row {row + 2}: column '{col}' is not a number ({grid[col].iloc[row]!r})")
         grid[col] = values
-    table = load_accuracy(accuracy, model=csv_model)
+    table = accuracy if isinstance(accuracy, AccuracyTable) else load_accuracy(accuracy, model=csv_model)
     return grid, proposal_sequence(table, int(grid["nodes"].max()), method="greedy")
 
 

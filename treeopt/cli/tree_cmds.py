@@ -10,28 +10,21 @@ from pathlib import Path
 import click
 import numpy as np
 
+from treeopt import api
 from treeopt.accuracy import expected_tokens, load_accuracy, node_values, unmeasured_nodes
 from treeopt.build import METHODS, build_tree
 from treeopt.cli.options import TOPK, AtLeast
 from treeopt.cli.safety import check_outputs, input_files
-from treeopt.engines import ENGINE_NAMES, check, export_for, get_engine
+from treeopt.engines import ENGINE_NAMES, check, get_engine
 from treeopt.errors import UserError
 from treeopt.export import FORMATS, compact_json, draw_tree, format_tree, text_table
 from treeopt.family_build import build_for_engine
-from treeopt.fileio import write_json, write_text
-from treeopt.mix import choose_mix_tree, format_mix, mix_grid_from_sweep, mix_section, parse_mix
+from treeopt.fileio import write_text
 from treeopt.selection import (
-    format_selection,
-    proposal_from_meta,
-    read_grid_with_proposal,
-    read_round_samples,
-    read_sweep,
-    select,
-    selection_from_grid_file,
     sweep_meta_path,
     sweep_samples_path,
 )
-from treeopt.tree import load_tree, make_tree, tree_buffers
+from treeopt.tree import load_tree, tree_buffers
 
 
 class Widths(click.ParamType):
@@ -198,19 +191,12 @@ def build_cmd(
     if engine is None and (fmt == "engine" or engine_heads is not None):
         raise UserError("--format engine and --heads need --engine E")
     target = get_engine(engine) if engine else None
-    if target is not None:
-        if max_depth is not None or max_children is not None:
-            raise UserError("--engine: the engine's family sets the limits; leave out --max-depth/--max-children")
-        tree = build_for_engine(table, nodes, method, target, heads=engine_heads)
-    else:
-        tree = build_tree(table, nodes, method, max_depth=max_depth, max_children=max_children)
+    tree = api.build_tree(
+        table, nodes, method=method, engine=engine, heads=engine_heads, max_depth=max_depth, max_children=max_children
+    )
     joint = method == "joint"
     tau = expected_tokens(tree, table, joint=joint)
-    paste = (
-        export_for(target, tree, heads=engine_heads or table.num_heads, accuracy=table.accuracy)
-        if target is not None
-        else None
-    )
+    paste = api.export_tree(tree, engine, accuracy=table, heads=engine_heads) if target is not None else None
     if fmt == "engine":
         text = paste.text
     elif fmt != "text":
@@ -489,61 +475,30 @@ def select_cmd(sweep_file, grid_file, accuracy, csv_model, by, threshold, engine
         [sweep_file, sweep_meta_path(sweep_file), sweep_samples_path(sweep_file)] if sweep_file is not None else []
     )
     check_outputs([output], input_files(*sweep_inputs, grid_file, accuracy, mix_spec))
+    table = _load_table(accuracy, csv_model) if accuracy is not None else None
     if sweep_file is not None:
-        df, meta = read_sweep(sweep_file)
-        doc = select(
-            df,
-            proposal_from_meta(meta, str(sweep_file)),
-            by=by,
-            threshold=threshold,
-            hardware=meta.get("hardware", meta.get("device", "")),
-            model=meta.get("model", ""),
-            samples=read_round_samples(sweep_samples_path(sweep_file)),
-            threads=meta.get("threads"),
-        )
-        measured = meta.get("verification", "tree")
-        if verification not in (None, measured):
-            raise UserError(f"--verification {verification}: {sweep_file} was measured with {measured} verification")
-        doc["verification"] = measured
+        source = api.load_sweep(sweep_file)
     else:
-        doc = selection_from_grid_file(grid_file, accuracy, csv_model=csv_model, threshold=threshold)
-        doc["verification"] = verification or "tree"
-    if engine is not None:
-        _add_engine_lines(doc, get_engine(engine), accuracy, csv_model)
-    if mix_spec is not None:
-        doc["mix"] = _mix_for_selection(mix_spec, sweep_file, grid_file, accuracy, csv_model, by, threshold)
+        if table is None:
+            raise UserError("--grid: needs --accuracy (the table whose proposal sequence the grid used)")
+        source = api.load_grid(grid_file, table)
+    selection = api.select(
+        source,
+        by=by,
+        threshold=threshold,
+        engine=engine,
+        accuracy=table,
+        mix=mix_spec,
+        verification=verification,
+    )
+    doc = selection.doc
     if output:
-        _write_output(output, lambda: write_json(output, doc))
-        click.echo(format_selection(doc))
-        if "mix" in doc:
-            click.echo(format_mix(doc["mix"]))
+        _write_output(output, lambda: selection.save(output))
+        click.echo(selection.summary())
         click.echo(f"wrote {output}")
     else:  # stdout is the JSON alone, so that it can be piped; the summary goes to stderr
-        click.echo(format_selection(doc), err=True)
-        if "mix" in doc:
-            click.echo(format_mix(doc["mix"]), err=True)
+        click.echo(selection.summary(), err=True)
         click.echo(json.dumps(doc, indent=1))
-
-
-def _add_engine_lines(doc: dict, engine, accuracy, csv_model) -> None:
-    """Each selected cell's medusa_choices as the line `engine` takes (docs/engines.md "Exports"),
-    and whether the engine drafts it as written."""
-    table = _load_table(accuracy, csv_model) if accuracy is not None else None
-    acc = table.accuracy if table is not None else None
-    heads = table.num_heads if table is not None else None
-    doc["engine"] = engine.name
-    for cell in doc["cells"]:
-        if not cell["nodes"]:
-            cell["engine_line"] = None
-            continue
-        tree = make_tree(cell["medusa_choices"], source=f"cell batch={cell['batch']},context={cell['context']}")
-        drafted = check(tree, engine, heads=heads, accuracy=acc)
-        if not drafted.as_written:
-            raise UserError(
-                f"--engine {engine.name}: {tree.name}: not drafted as written ({drafted.reason}); "
-                f"build the sweep or grid with --engine {engine.name}"
-            )
-        cell["engine_line"] = export_for(engine, tree, heads=heads, accuracy=acc).line
 
 
 @click.command("check")
@@ -570,33 +525,19 @@ def check_cmd(tree_spec, engine, accuracy_path, csv_model, engine_heads, topk, a
     """Whether ENGINE drafts TREE as written; if not, what it drafts instead, with tau of both."""
     tree = load_tree(tree_spec)
     table = _load_table(accuracy_path, csv_model) if accuracy_path is not None else None
+    result = api.check(tree, engine, accuracy=table, heads=engine_heads, topk=topk)
     target = get_engine(engine, topk=topk)
-    heads = engine_heads or (table.num_heads if table is not None else None)
-    result = check(tree, target, heads=heads, accuracy=table.accuracy if table is not None else None)
-    taus = {}
-    if table is not None:
-        taus = {
-            "tau": expected_tokens(tree, table, strict=False),
-            "tau_drafted": expected_tokens(result.drafted, table, strict=False),
-        }
     paste = None
     if result.as_written:
-        paste = export_for(target, tree, heads=heads, accuracy=table.accuracy if table is not None else None)
+        paste = api.export_tree(tree, engine, accuracy=table, heads=engine_heads)
     if as_json:
-        doc = {
-            "tree": tree.name,
-            "engine": target.name,
-            "as_written": result.as_written,
-            "refused": result.refused,
-            "reason": result.reason,
-            "nodes": tree.size,
-            "drafted_nodes": result.drafted.size,
-            "drafted": result.drafted.to_choices(),
-            **taus,
-            "paste": paste.line if paste else None,
-        }
-        if result.triple is not None:
-            doc["sglang_flags"] = list(result.triple)
+        doc = result.to_dict()
+        if table is None:
+            del doc["tau"], doc["tau_drafted"]
+        sglang = doc.pop("sglang_flags")
+        doc["paste"] = paste.line if paste else None
+        if sglang is not None:
+            doc["sglang_flags"] = sglang
         click.echo(compact_json(doc), nl=False)
         return
     verdict = (
@@ -609,24 +550,11 @@ def check_cmd(tree_spec, engine, accuracy_path, csv_model, engine_heads, topk, a
     lines = [f"{tree.name}: {tree.size} nodes; {target.title} {verdict}", f"  {result.reason}"]
     if not result.as_written:
         lines.append(f"  drafted instead: {result.drafted.size} nodes {result.drafted.to_choices()}")
-    if taus:
+    if table is not None:
         lines.append(
-            f"  tau = {taus['tau']:.4f} as written, {taus['tau_drafted']:.4f} as drafted "
+            f"  tau = {result.tau:.4f} as written, {result.tau_drafted:.4f} as drafted "
             f"({_table_label(table)}, independent heads)"
         )
     if paste is not None:
         lines.append(paste.text.rstrip("\n"))
     click.echo("\n".join(lines))
-
-
-def _mix_for_selection(mix_spec, sweep_file, grid_file, accuracy, csv_model, by, threshold) -> dict:
-    """The selection's `mix` section from the same sweep or grid the cells came from."""
-    mix = parse_mix(mix_spec)
-    if sweep_file is not None:
-        df, meta = read_sweep(sweep_file)
-        table, proposal, source = mix_grid_from_sweep(df, by), proposal_from_meta(meta, str(sweep_file)), sweep_file
-    else:
-        table, proposal = read_grid_with_proposal(grid_file, accuracy, csv_model=csv_model)
-        source = grid_file
-    choice = choose_mix_tree(table, mix, threshold=threshold, source=str(source))
-    return mix_section(choice, proposal, mix, threshold)

@@ -1,0 +1,571 @@
+"""treeopt from Python: the library the `treeopt` command runs on, one call per thing it does.
+
+Every name here is importable from `treeopt` directly (`treeopt.build`, `treeopt.predict`, ...);
+docs/python.md is the guide. Bad input raises `treeopt.UserError` with the one-line message the
+command line prints; nothing here exits the interpreter, prints, or writes a file unless asked.
+
+Units: times are in seconds (`step_time_s`), speedups and overheads are ratios to plain
+decoding, tau is expected tokens per step, batch is sequences, context is cached tokens.
+
+This module belongs to the application layer (docs/architecture.md): it joins the core, the
+roofline and, on demand, the calibration package.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from roofline.grid import DEFAULT_BATCHES, DEFAULT_CONTEXTS
+from roofline.hardware import HardwareProfile, builtin_hardware, load_hardware
+from roofline.profile_fit import ProfileFit, predict_step_s, read_step_points, step_points_frame
+from roofline.profile_fit import fit_profile as _fit_profile
+from roofline.shapes import ModelShape
+from treeopt.accuracy import AccuracyTable, load_accuracy
+from treeopt.accuracy import expected_tokens as _expected_tokens
+from treeopt.app.models import heads_of, shape_of
+from treeopt.app.prediction import Prediction, predict_speedup
+from treeopt.build import build_tree as _build_tree
+from treeopt.engines import EngineDraft, EngineExport, export_for, get_engine
+from treeopt.engines import check as _check
+from treeopt.errors import UserError
+from treeopt.family_build import build_for_engine
+from treeopt.fileio import write_json
+from treeopt.mix import choose_mix_tree, format_mix, mix_grid_from_sweep, mix_section, parse_mix
+from treeopt.selection import (
+    format_selection,
+    proposal_from_meta,
+    read_grid_with_proposal,
+    read_round_samples,
+    read_sweep,
+    selection_from_grid,
+    sweep_samples_path,
+)
+from treeopt.selection import select as _select_sweep
+from treeopt.tree import Tree, load_tree, make_tree
+
+__all__ = [
+    "AccuracyTable",
+    "EngineCheck",
+    "EngineExport",
+    "HardwareProfile",
+    "ModelShape",
+    "Prediction",
+    "ProfileFit",
+    "Selection",
+    "Sweep",
+    "Tree",
+    "UserError",
+    "build_tree",
+    "calibrate",
+    "check",
+    "expected_tokens",
+    "export_tree",
+    "fit_profile",
+    "hardware_profiles",
+    "load_accuracy",
+    "load_grid",
+    "load_hardware",
+    "load_model",
+    "load_prompts",
+    "load_sweep",
+    "load_tree",
+    "make_tree",
+    "model_shape",
+    "predict",
+    "predict_steps",
+    "select",
+]
+
+
+# ---------------------------------------------------------------------------------------------
+# Trees
+
+
+def _table(accuracy) -> AccuracyTable:
+    return accuracy if isinstance(accuracy, AccuracyTable) else load_accuracy(accuracy)
+
+
+def _tree(tree) -> Tree:
+    return tree if isinstance(tree, Tree) else load_tree(tree) if isinstance(tree, str) else make_tree(tree)
+
+
+def build_tree(
+    accuracy: AccuracyTable | str | Path,
+    nodes: int,
+    *,
+    method: str = "greedy",
+    engine: str | None = None,
+    heads: int | None = None,
+    max_depth: int | None = None,
+    max_children: int | list[int] | None = None,
+) -> Tree:
+    """The `method` tree ("greedy": Medusa's; "optimal": the exact optimum under independent
+    heads; "joint": the most frequent joint prefixes) of `nodes` nodes from an accuracy table.
+
+    `engine` (a name of `treeopt.engines.ENGINE_NAMES`): search only the trees that engine drafts
+    as written, with `heads` draft heads (default: the table's); its family sets the limits, so
+    `max_depth` and `max_children` (ranks < W, one value or one per depth) go without it."""
+    table = _table(accuracy)
+    if engine is None:
+        if heads is not None:
+            raise UserError("heads: only meaningful with an engine (the draft heads it runs)")
+        return _build_tree(table, nodes, method, max_depth=max_depth, max_children=max_children)
+    if max_depth is not None or max_children is not None:
+        raise UserError("--engine: the engine's family sets the limits; leave out --max-depth/--max-children")
+    return build_for_engine(table, nodes, method, get_engine(engine), heads=heads)
+
+
+def expected_tokens(tree: Tree | str | list, accuracy: AccuracyTable | str | Path, *, joint: bool = False) -> float:
+    """Expected tokens per step of `tree` under the table (joint: its joint prefix counts).
+    Nodes the table did not measure (deeper than its heads, ranks past its width) count as never
+    accepted."""
+    return _expected_tokens(_tree(tree), _table(accuracy), joint=joint, strict=False)
+
+
+@dataclass(frozen=True)
+class EngineCheck:
+    """What an engine does with a tree: `as_written`, or `drafted` instead (`refused` when it
+    will not take it), the `reason`, and tau of both when an accuracy table was given."""
+
+    engine: str
+    tree: Tree
+    drafted: Tree
+    as_written: bool
+    refused: bool
+    reason: str
+    tau: float | None = None
+    tau_drafted: float | None = None
+    sglang_flags: tuple[int, int, int] | None = None  # SGLang: (steps, topk, num_draft_tokens)
+
+    def to_dict(self) -> dict:
+        return {
+            "tree": self.tree.name,
+            "engine": self.engine,
+            "as_written": self.as_written,
+            "refused": self.refused,
+            "reason": self.reason,
+            "nodes": self.tree.size,
+            "drafted_nodes": self.drafted.size,
+            "drafted": self.drafted.to_choices(),
+            "tau": self.tau,
+            "tau_drafted": self.tau_drafted,
+            "sglang_flags": list(self.sglang_flags) if self.sglang_flags else None,
+        }
+
+
+def check(
+    tree: Tree | str | list,
+    engine: str,
+    *,
+    accuracy: AccuracyTable | str | Path | None = None,
+    heads: int | None = None,
+    topk: int | None = None,
+) -> EngineCheck:
+    """Whether `engine` drafts `tree` as written (docs/engines.md); if not, what it drafts.
+    `heads`: the draft heads the engine runs (default: the table's, else unbounded); `topk`:
+    candidates per head of treeopt's own decoder. SGLang needs `accuracy`."""
+    tree = _tree(tree)
+    table = _table(accuracy) if accuracy is not None else None
+    target = get_engine(engine, topk=topk)
+    heads = heads or (table.num_heads if table is not None else None)
+    result: EngineDraft = _check(tree, target, heads=heads, accuracy=table.accuracy if table is not None else None)
+    taus = {}
+    if table is not None:
+        taus = {
+            "tau": _expected_tokens(tree, table, strict=False),
+            "tau_drafted": _expected_tokens(result.drafted, table, strict=False),
+        }
+    return EngineCheck(
+        target.name,
+        tree,
+        result.drafted,
+        result.as_written,
+        result.refused,
+        result.reason,
+        sglang_flags=result.triple,
+        **taus,
+    )
+
+
+def export_tree(
+    tree: Tree | str | list,
+    engine: str,
+    *,
+    accuracy: AccuracyTable | str | Path | None = None,
+    heads: int | None = None,
+) -> EngineExport:
+    """What `engine` takes for `tree` (docs/engines.md "Exports"): `.line`, one line to paste
+    (the flag or config), and `.text`, everything (TensorRT-LLM adds its LLM-API config).
+    `heads`: the checkpoint's draft heads (default: the table's, else the tree's depth); SGLang
+    needs `accuracy`. A tree the engine does not draft as written is refused: build it with
+    `engine=` instead."""
+    tree = _tree(tree)
+    table = _table(accuracy) if accuracy is not None else None
+    target = get_engine(engine)
+    heads = heads or (table.num_heads if table is not None else None)
+    acc = table.accuracy if table is not None else None
+    drafted = _check(tree, target, heads=heads, accuracy=acc)
+    if not drafted.as_written:
+        raise UserError(
+            f"--engine {target.name}: {tree.name}: not drafted as written ({drafted.reason}); "
+            f"build it with --engine {target.name}"
+        )
+    return export_for(target, tree, heads=heads, accuracy=acc)
+
+
+# ---------------------------------------------------------------------------------------------
+# Step costs and predictions
+
+
+def model_shape(model: str | Path, dtype: str | None = None) -> ModelShape:
+    """A model's shape for the roofline: a built-in name (`llama-2-7b`, `vicuna-7b`, ...), a
+    config.json, a model directory, or "demo"; `dtype` ("fp16", "bf16", "fp32", ...) overrides
+    the model's."""
+    return shape_of(str(model), dtype)
+
+
+def hardware_profiles() -> dict[str, HardwareProfile]:
+    """The built-in accelerator profiles by name (`treeopt hw list`)."""
+    return dict(builtin_hardware())
+
+
+def predict(
+    model: str | Path | ModelShape,
+    hardware: str | Path | HardwareProfile,
+    accuracy: AccuracyTable | str | Path,
+    *,
+    batches=DEFAULT_BATCHES,
+    contexts=DEFAULT_CONTEXTS,
+    max_nodes: int = 64,
+    engine: str | None = None,
+    dtype: str | None = None,
+    heads: int | None = None,
+    head_layers: int | None = None,
+    verification: str = "tree",
+    attention: str = "fused",
+    joint: bool = False,
+) -> Prediction:
+    """The predicted speedup of every tree size 0..max_nodes of the greedy proposal (within
+    `engine`'s family when given) for every batch size and context, from the roofline model of
+    `hardware` (docs/performance-model.md). `heads`: the draft heads a step runs (default: the
+    table's); `verification`: "tree" or "candidates". Returns a `Prediction`: `.to_frame()`,
+    `.best()`, `.plot()`, `.plot_best()`; `select(prediction)` turns it into a selection."""
+    return predict_speedup(
+        model if isinstance(model, ModelShape) else str(model),
+        hardware,
+        _table(accuracy),
+        dtype=dtype,
+        batches=batches,
+        contexts=contexts,
+        max_nodes=max_nodes,
+        engine=engine,
+        verification=verification,
+        attention=attention,
+        joint=joint,
+        heads={"num_heads": heads, "num_layers": head_layers},
+    )
+
+
+def load_grid(path: str | Path, accuracy: AccuracyTable | str | Path) -> Prediction:
+    """A grid CSV written by `treeopt roofline speedup -o`, with the greedy proposal of the
+    accuracy table it was computed from (the grid does not store its trees)."""
+    table = _table(accuracy)
+    grid, proposal = read_grid_with_proposal(str(path), table)
+    tau_by_nodes = grid.groupby("nodes")["tau"].first().to_numpy()
+    return Prediction(None, None, proposal, tau_by_nodes, grid, accuracy=table, source=str(path))
+
+
+def fit_profile(
+    model: str | Path | ModelShape,
+    hardware: str | Path | HardwareProfile,
+    measurements: str | Path | pd.DataFrame,
+    *,
+    heads: int = 0,
+    head_layers: int | None = None,
+    attention: str = "fused",
+    name: str | None = None,
+    dtype: str | None = None,
+) -> ProfileFit:
+    """Fit `hardware`'s engine terms to measured steps (docs/performance-model.md, "Fitting a
+    profile to measured steps"): a CSV path or a DataFrame with columns batch, context, tokens,
+    step_ms [, candidates, draft_stages]. `heads`: the draft heads whose operators a speculative
+    step's prediction includes (0: drafting is left to the fitted terms; use the same value
+    wherever the profile is used). Returns a `ProfileFit`: `.profile` (save it with
+    `.profile.save(path)`), `.terms`, `.free`, `.in_sample_error`, `.loo_error` (relative)."""
+    shape = model if isinstance(model, ModelShape) else shape_of(str(model), dtype)
+    spec = shape.name if isinstance(model, ModelShape) else str(model)
+    base = load_hardware(hardware)
+    head_shape = heads_of(spec, shape, num_heads=heads, num_layers=head_layers) if heads else None
+    if isinstance(measurements, pd.DataFrame):
+        frame = measurements.rename(columns=lambda c: str(c).strip().lower())
+        points, source = step_points_frame(frame, source="measurements", heads=heads), "measurements"
+    else:
+        points, source = read_step_points(str(measurements), heads=heads), str(measurements)
+    return _fit_profile(shape, head_shape, base, points, attention=attention, name=name, source=source)
+
+
+def predict_steps(
+    model: str | Path | ModelShape,
+    hardware: str | Path | HardwareProfile,
+    points: pd.DataFrame,
+    *,
+    source: str = "points",
+    heads: int = 0,
+    head_layers: int | None = None,
+    attention: str = "fused",
+    dtype: str | None = None,
+) -> np.ndarray:
+    """Predicted step time in seconds of every row of `points` (columns batch, context, tokens
+    [, candidates, draft_stages]), as `treeopt roofline predict` does; `source` names the
+    table in messages."""
+    shape = model if isinstance(model, ModelShape) else shape_of(str(model), dtype)
+    spec = shape.name if isinstance(model, ModelShape) else str(model)
+    head_shape = heads_of(spec, shape, num_heads=heads, num_layers=head_layers) if heads else None
+    frame = points.rename(columns=lambda c: str(c).strip().lower())
+    if "step_ms" not in frame.columns:  # rows to predict need no times; one reader for both
+        frame = frame.assign(step_ms=1.0)
+    steps = step_points_frame(frame, source=source, heads=heads)
+    return predict_step_s(shape, head_shape, load_hardware(hardware), steps, attention=attention)
+
+
+# ---------------------------------------------------------------------------------------------
+# Measured sweeps and selection
+
+
+@dataclass(frozen=True, eq=False)
+class Sweep:
+    """A measured sweep (`treeopt sweep` or `run`): the table (docs/formats.md, one row per
+    batch, context and tree size), its metadata, the per-round step times behind its intervals,
+    and the proposal tree whose prefixes were measured."""
+
+    path: str
+    frame: pd.DataFrame = field(repr=False)
+    meta: dict = field(repr=False)
+    samples: dict = field(repr=False)
+    proposal: Tree
+
+    @property
+    def source(self) -> str:
+        return self.path
+
+    def to_frame(self) -> pd.DataFrame:
+        return self.frame.copy()
+
+    def plot(self, selection: Selection | None = None):
+        """Measured speedup against tree size with its interval band, the selection's picks
+        marked (default: `select(self)`); a matplotlib Figure."""
+        # matplotlib is loaded when a figure is asked for, not with the library
+        from roofline.plots import measured_speedup_figure
+
+        chosen = selection if selection is not None else select(self)
+        return measured_speedup_figure(self.frame, chosen.doc)
+
+
+def load_sweep(path: str | Path) -> Sweep:
+    """A sweep CSV with its `.meta.json` and round samples beside it, validated."""
+    frame, meta = read_sweep(str(path))
+    samples = read_round_samples(sweep_samples_path(path))
+    return Sweep(str(path), frame, meta, samples, proposal_from_meta(meta, str(path)))
+
+
+@dataclass(frozen=True, eq=False)
+class Selection:
+    """The best tree per (batch, context): the `treeopt.selection/v1` document
+    (docs/formats.md) that `treeopt select` writes, with ways to read it."""
+
+    doc: dict = field(repr=False)
+
+    @property
+    def cells(self) -> list[dict]:
+        return self.doc["cells"]
+
+    def to_dict(self) -> dict:
+        """The selection document (a copy); `save` writes it as JSON."""
+        return copy.deepcopy(self.doc)
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per cell: batch, context, nodes (0 = no speculation), speedup, tau, overhead,
+        and where known the interval, reason and engine line."""
+        keep = [
+            "batch",
+            "context",
+            "nodes",
+            "speedup",
+            "speedup_lo",
+            "speedup_hi",
+            "tau",
+            "overhead",
+            "reason",
+            "engine_line",
+        ]
+        frame = pd.DataFrame(self.cells)
+        return frame[[c for c in keep if c in frame.columns]]
+
+    def cell(self, batch: int, context: int) -> dict:
+        for cell in self.cells:
+            if cell["batch"] == batch and cell["context"] == context:
+                return cell
+        raise UserError(f"selection: no cell batch={batch}, context={context}")
+
+    def tree(self, batch: int, context: int) -> Tree:
+        """The chosen tree of one cell (empty: no speculation)."""
+        cell = self.cell(batch, context)
+        return make_tree(cell["medusa_choices"], allow_empty=True, source=f"cell batch={batch},context={context}")
+
+    @property
+    def mix(self) -> dict | None:
+        """The one tree for the traffic mix, when `select(..., mix=...)` was asked for it."""
+        return self.doc.get("mix")
+
+    def summary(self) -> str:
+        """The table `treeopt select` prints."""
+        text = format_selection(self.doc)
+        return text + ("\n" + format_mix(self.doc["mix"]) if "mix" in self.doc else "")
+
+    def save(self, path: str | Path) -> None:
+        write_json(path, self.doc)
+
+    def plot(self, *, title: str | None = None):
+        """The chosen tree size and its speedup over batch x context; a matplotlib Figure."""
+        # matplotlib is loaded when a figure is asked for, not with the library
+        from roofline.plots import best_heatmaps_figure
+
+        rows = [{**c, "fits_memory": True} for c in self.cells] + [
+            {**c, "nodes": 0, "speedup": np.nan, "fits_memory": False} for c in self.doc.get("out_of_memory", [])
+        ]
+        return best_heatmaps_figure(pd.DataFrame(rows), title=title)
+
+
+def select(
+    source: Prediction | Sweep,
+    *,
+    by: str = "measured",
+    threshold: float = 1.0,
+    engine: str | None = None,
+    accuracy: AccuracyTable | str | Path | None = None,
+    mix: str | Path | None = None,
+    verification: str | None = None,
+) -> Selection:
+    """The best tree per (batch, context) of a prediction or a measured sweep
+    (docs/statistics.md for the measured rule); no tree unless it beats `threshold`.
+
+    `by` ("measured" or "predicted"): which speedup of a sweep decides. `engine`: add each
+    cell's tree as the line that engine takes (default: the prediction's engine); the heads and
+    SGLang's flags come from `accuracy` (default: the prediction's table). `mix`: also choose
+    one tree for this traffic mix (a CSV batch,context,weight or inline '1:0.5,8@2048:0.5').
+    `verification`: how the engine verifies, recorded (a sweep knows its own)."""
+    if isinstance(source, Sweep):
+        doc = _select_sweep(
+            source.frame,
+            source.proposal,
+            by=by,
+            threshold=threshold,
+            hardware=source.meta.get("hardware", source.meta.get("device", "")),
+            model=source.meta.get("model", ""),
+            samples=source.samples,
+            threads=source.meta.get("threads"),
+        )
+        measured = source.meta.get("verification", "tree")
+        if verification not in (None, measured):
+            raise UserError(f"--verification {verification}: {source.path} was measured with {measured} verification")
+        doc["verification"] = measured
+        grid = mix_grid_from_sweep(source.frame, by) if mix is not None else None
+    elif isinstance(source, Prediction):
+        extra = {"verification": verification or source.verification}
+        if source.model is not None:
+            extra = {"heads": source.draft_heads, "attention": source.attention} | extra
+        doc = selection_from_grid(
+            source.grid,
+            source.proposal,
+            source.hardware.name if source.hardware is not None else "",
+            source.model.name if source.model is not None else "",
+            threshold=threshold,
+            extra=extra,
+        )
+        grid = source.grid
+    else:
+        raise UserError(f"select: expected a Prediction or a Sweep, got {type(source).__name__}")
+    table = _table(accuracy) if accuracy is not None else getattr(source, "accuracy", None)
+    engine = engine or getattr(source, "engine", None)
+    if engine is not None:
+        _add_engine_lines(doc, engine, table)
+    if mix is not None:
+        traffic = parse_mix(str(mix))
+        choice = choose_mix_tree(grid, traffic, threshold=threshold, source=source.source)
+        doc["mix"] = mix_section(choice, source.proposal, traffic, threshold)
+    return Selection(doc)
+
+
+def _add_engine_lines(doc: dict, engine: str, table: AccuracyTable | None) -> None:
+    """Each selected cell's medusa_choices as the line `engine` takes (docs/engines.md "Exports")."""
+    target = get_engine(engine)
+    acc = table.accuracy if table is not None else None
+    heads = table.num_heads if table is not None else None
+    doc["engine"] = target.name
+    for cell in doc["cells"]:
+        if not cell["nodes"]:
+            cell["engine_line"] = None
+            continue
+        tree = make_tree(cell["medusa_choices"], source=f"cell batch={cell['batch']},context={cell['context']}")
+        drafted = _check(tree, target, heads=heads, accuracy=acc)
+        if not drafted.as_written:
+            raise UserError(
+                f"--engine {target.name}: {tree.name}: not drafted as written ({drafted.reason}); "
+                f"build the sweep or grid with --engine {target.name}"
+            )
+        cell["engine_line"] = export_for(target, tree, heads=heads, accuracy=acc).line
+
+
+# ---------------------------------------------------------------------------------------------
+# Calibration (torch is loaded by these calls only)
+
+
+def load_model(
+    model: str | Path = "demo",
+    drafter: str | Path | None = None,
+    *,
+    kind: str | None = None,
+    device: str = "auto",
+    dtype: str = "auto",
+    num_heads: int | None = None,
+):
+    """A causal LM and its drafter, loaded for calibration and decoding: `model` is a local
+    transformers directory or "demo"; `drafter` a drafter directory (Medusa heads, Hydra heads,
+    an MLP speculator or a draft model; default: the one next to the model), `kind` overrides
+    the kind its config declares. Returns `calibration.models.LoadedModel`."""
+    # torch and transformers load here, so that the tree and roofline calls never pay for them
+    from calibration.models import load_model as _load_model
+
+    return _load_model(
+        str(model),
+        str(drafter) if drafter is not None else None,
+        device=device,
+        dtype=dtype,
+        num_heads=num_heads,
+        drafter=kind,
+    )
+
+
+def load_prompts(loaded, data: str | Path = "demo", *, prompt_tokens: int = 128, max_prompts: int | None = None):
+    """The calibration prompts of a data file (ShareGPT, OpenAI messages, Alpaca, JSON lines or
+    text; docs/formats.md) or "demo", tokenised with the loaded model's tokenizer through its
+    chat template, in chunks of at most `prompt_tokens` tokens."""
+    # torch and transformers load here, so that the tree and roofline calls never pay for them
+    from calibration.data import load_prompts as _load_prompts
+
+    return _load_prompts(str(data), loaded.tokenizer, prompt_tokens=prompt_tokens, max_prompts=max_prompts)
+
+
+def calibrate(loaded, prompts, *, steps: int = 32, topk: int = 10, batch_size: int = 8, **options) -> AccuracyTable:
+    """The accuracy table of `loaded`'s drafter on `prompts` (greedy labels: what verification
+    accepts), with the joint prefix counts. `options` are those of
+    `calibration.runner.calibrate` (labels, max_prompts, seed, checkpoint, ...)."""
+    # torch and transformers load here, so that the tree and roofline calls never pay for them
+    from calibration.runner import calibrate as _calibrate
+
+    return _calibrate(loaded, prompts, steps=steps, topk=topk, batch_size=batch_size, **options).table
