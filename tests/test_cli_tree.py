@@ -305,3 +305,15 @@ def test_unwritable_output_is_one_line(capsys, tmp_path):
     line = fail(capsys, "build", "--accuracy", MEDUSA_CSV, "--csv-model", "vicuna-7b", "--nodes", 3, "-o", tmp_path)
     assert re.match(rf"treeopt: error: {re.escape(str(tmp_path))}: cannot write", line)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_inline_trees_longer_than_a_file_name_are_taken_by_every_command(capsys, tmp_path):
+    """A literal of Medusa's 63-node tree is 555 characters, over the 255 a file name may have:
+    it is a tree, not a path that cannot be looked up (OSError: File name too long)."""
+    literal = json.dumps(reference_trees()["mc_sim_7b_63"].to_choices())
+    assert len(literal) > 255
+    buffers = json.loads(run(capsys, "buffers", literal, "--json")[0])
+    assert len(buffers["tree_indices"]) == 64  # the root and 63 nodes
+    out = tmp_path / "tree.json"
+    run(capsys, "build", "--tree", literal, "--format", "json", "-o", str(out))
+    assert json.loads(out.read_text())["medusa_choices"] == json.loads(literal)

@@ -17,6 +17,15 @@ from treeopt.fileio import check_writable, refuse_overwriting_inputs
 _PROBE_NAME = "index.md"
 
 
+def _is(path: Path, kind: str) -> bool:
+    """path.exists() / path.is_dir(), False for a spec no file system could hold: an inline tree
+    literal longer than a file name may be (OSError ENAMETOOLONG) is not a path."""
+    try:
+        return path.exists() if kind == "exists" else path.is_dir()
+    except OSError:
+        return False
+
+
 def input_files(*specs) -> list[Path]:
     """The paths an input spec can name: the spec itself, and for a directory (a model) its
     config.json and heads/config.json; a `FILE:CELL` selection reference names FILE."""
@@ -27,9 +36,9 @@ def input_files(*specs) -> list[Path]:
         text = os.fspath(spec)
         path = Path(text)
         paths.append(path)
-        if ":" in text and not path.exists():
+        if ":" in text and not _is(path, "exists"):
             paths.append(Path(text.rsplit(":", 1)[0]))
-        if path.is_dir():
+        if _is(path, "dir"):
             paths += [path / "config.json", path / "heads" / "config.json"]
     return paths
 
