@@ -71,6 +71,19 @@ def test_the_pages_examples_print_what_the_page_shows(tmp_path, monkeypatch):
         assert (tmp_path / name).is_file(), name
 
 
+def test_the_readmes_python_example_runs_and_says_true(tmp_path, monkeypatch):
+    (tmp_path / "reports").symlink_to(ROOT / "reports")
+    monkeypatch.chdir(tmp_path)
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    (block,) = re.findall(r"```python\n(.*?)```", readme, re.S)
+    space: dict = {}
+    exec(compile(block, "README.md", "exec"), space)  # noqa: S102 - the README's own example
+    assert "tau 2.2752" in block and round(treeopt.expected_tokens(space["tree"], space["table"]), 4) == 2.2752
+    assert "# 30: what vLLM drafts" in block
+    assert treeopt.check("mc_sim_7b_63", "vllm", accuracy=space["table"]).drafted.size == 30
+    assert space["selection"].cells and space["prediction"].engine == "vllm"
+
+
 @pytest.mark.parametrize("package", [treeopt, roofline, calibration], ids=lambda p: p.__name__)
 def test_every_exported_name_resolves(package):
     assert package.__all__, package.__name__
@@ -120,6 +133,11 @@ def test_expected_tokens_of_a_chain_and_a_fork_by_hand():
     )
     fork = [[0], [1], [1, 2]]  # a literal list is taken as medusa_choices
     assert treeopt.expected_tokens(fork, table) == pytest.approx(1 + a[0, 0] + a[0, 1] + a[0, 1] * a[1, 2])
+    # joint: each node counts the positions whose first ranks are its path, over its head's positions
+    counts, positions = table.joint, table.positions
+    joint = 1 + sum(counts.get(tuple(p), 0) / positions[len(p) - 1] for p in fork)
+    assert treeopt.expected_tokens(fork, table, joint=True) == pytest.approx(joint)
+    assert joint != pytest.approx(treeopt.expected_tokens(fork, table))
 
 
 def test_the_selection_of_a_prediction_is_the_argmax_of_its_grid():

@@ -58,6 +58,7 @@ STEP_TESTS = ("tests/test_step_engine.py",)
 DRAFTER_TESTS = ("tests/test_drafters.py",)
 PREFIX_TESTS = ("tests/test_hydra_prefix.py",)
 DATA_TESTS = ("tests/test_data_formats.py",)
+API_TESTS = ("tests/test_python_api.py",)
 DIST_TESTS = ("tests/test_distributed.py",)
 DRAFT_MODEL_TESTS = ("tests/test_draft_model.py",)
 GAMMA_TESTS = ("tests/test_roofline_speculative.py", "tests/test_draft_model_wiring.py")
@@ -1671,6 +1672,49 @@ MUTANTS = (
         "bounds[f][0] > threshold]",
         "a form competes on its point speedup, not its lower bound",
         FORM_TESTS,
+    ),
+    # ---- the Python API (docs/python.md): the calls and what they hand back
+    Mutant(
+        "api-predict-drops-engine",
+        "treeopt/api.py",
+        "        max_nodes=max_nodes,\n        engine=engine,",
+        "        max_nodes=max_nodes,\n        engine=None,",
+        "treeopt.predict ignores the engine: sizes vLLM does not draft can be picked",
+        API_TESTS,
+    ),
+    Mutant(
+        "api-check-taus-swapped",
+        "treeopt/api.py",
+        '            "tau": _expected_tokens(tree, table, strict=False),\n'
+        '            "tau_drafted": _expected_tokens(result.drafted, table, strict=False),',
+        '            "tau": _expected_tokens(result.drafted, table, strict=False),\n'
+        '            "tau_drafted": _expected_tokens(tree, table, strict=False),',
+        "treeopt.check reports tau as drafted for the tree as written",
+        API_TESTS,
+    ),
+    Mutant(
+        "api-select-sweep-without-samples",
+        "treeopt/api.py",
+        "            samples=source.samples,",
+        "            samples=None,",
+        "treeopt.select decides a sweep without its per-round samples (no paired test)",
+        API_TESTS,
+    ),
+    Mutant(
+        "api-prediction-tree-off-by-one",
+        "treeopt/app/prediction.py",
+        "        return self.proposal.prefix(int(nodes))",
+        "        return self.proposal.prefix(max(int(nodes) - 1, 0))",
+        "Prediction.tree(n) hands back the tree of n - 1 nodes",
+        API_TESTS,
+    ),
+    Mutant(
+        "api-expected-tokens-joint-ignored",
+        "treeopt/api.py",
+        "    return _expected_tokens(_tree(tree), _table(accuracy), joint=joint, strict=False)",
+        "    return _expected_tokens(_tree(tree), _table(accuracy), joint=False, strict=False)",
+        "treeopt.expected_tokens(joint=True) gives the independent-heads tau",
+        API_TESTS,
     ),
 )
 
