@@ -193,6 +193,13 @@ CASES = [
         "is also an input",
     ),
     (
+        "candidates-o-acc",
+        "roofline candidates --model llama-7b --hardware a100 --accuracy acc.json --topk 4,3,2 --candidates 4 "
+        "-o acc.json",
+        {},
+        "is also an input",
+    ),
+    (
         "speedup-o-equals-select",
         "roofline speedup --model llama-7b --hardware a100 --accuracy acc.json -o g.json --select g.json",
         {},

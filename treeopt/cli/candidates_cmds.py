@@ -17,6 +17,7 @@ from treeopt.app.models import draft_cost_of, shape_of
 from treeopt.candidates import candidate_rank_paths, merged_candidate_tree, speculator_draft_rows
 from treeopt.cli.options import AtLeast, IntList, apply
 from treeopt.cli.roofline_cmds import DRAFTER_OPTIONS, GRID_OPTIONS, HARDWARE_OPTION, MODEL_OPTIONS
+from treeopt.cli.safety import check_outputs, input_files
 from treeopt.errors import UserError
 from treeopt.export import text_table
 from treeopt.fileio import atomic_path
@@ -71,6 +72,7 @@ def candidates_cmd(
     """IBM's candidate form: the n best of the product of per-stage top-k, verified as n
     candidate sequences or merged into a prefix tree; predicted speedup of both per cell and
     the form to use."""
+    check_outputs([out], input_files(model, hardware, accuracy, drafter_config))
     shape = shape_of(model, dtype)
     hw = load_hardware(hardware)
     table = load_accuracy(accuracy, model=csv_model, default_model=None if csv_model else str(model).lower())
