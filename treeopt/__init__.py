@@ -17,7 +17,7 @@ from importlib import import_module
 
 __version__ = "0.1.0"
 
-_API = (
+PUBLIC_NAMES = (
     "AccuracyTable",
     "EngineCheck",
     "EngineExport",
@@ -50,14 +50,14 @@ _API = (
     "select",
 )
 
-__all__ = ["__version__", *_API]
+__all__ = ["__version__", *PUBLIC_NAMES]
 
 
 def __getattr__(name):
-    if name in _API:
+    if name in PUBLIC_NAMES:
         return getattr(import_module("treeopt.api"), name)
     raise AttributeError(f"module 'treeopt' has no attribute {name!r}")
 
 
 def __dir__():
-    return sorted(set(globals()) | set(_API))
+    return sorted(set(globals()) | set(PUBLIC_NAMES))

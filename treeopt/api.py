@@ -25,6 +25,7 @@ from roofline.hardware import HardwareProfile, builtin_hardware, load_hardware
 from roofline.profile_fit import ProfileFit, predict_step_s, read_step_points, step_points_frame
 from roofline.profile_fit import fit_profile as _fit_profile
 from roofline.shapes import ModelShape
+from treeopt import PUBLIC_NAMES
 from treeopt.accuracy import AccuracyTable, load_accuracy
 from treeopt.accuracy import expected_tokens as _expected_tokens
 from treeopt.app.models import heads_of, shape_of
@@ -48,38 +49,7 @@ from treeopt.selection import (
 from treeopt.selection import select as _select_sweep
 from treeopt.tree import Tree, load_tree, make_tree
 
-__all__ = [
-    "AccuracyTable",
-    "EngineCheck",
-    "EngineExport",
-    "HardwareProfile",
-    "ModelShape",
-    "Prediction",
-    "ProfileFit",
-    "Selection",
-    "Sweep",
-    "Tree",
-    "UserError",
-    "build_tree",
-    "calibrate",
-    "check",
-    "expected_tokens",
-    "export_tree",
-    "fit_profile",
-    "hardware_profiles",
-    "load_accuracy",
-    "load_grid",
-    "load_hardware",
-    "load_model",
-    "load_prompts",
-    "load_sweep",
-    "load_tree",
-    "make_tree",
-    "model_shape",
-    "predict",
-    "predict_steps",
-    "select",
-]
+__all__ = list(PUBLIC_NAMES)  # one list, in treeopt/__init__.py, so the two cannot differ
 
 
 # ---------------------------------------------------------------------------------------------
