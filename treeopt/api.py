@@ -1,6 +1,7 @@
 """treeopt from Python: the library the `treeopt` command runs on, one call per thing it does.
 
-Every name here is importable from `treeopt` directly (`treeopt.build`, `treeopt.predict`, ...);
+Every name here is importable from `treeopt` directly (`treeopt.build_tree`, `treeopt.predict`,
+...);
 docs/python.md is the guide. Bad input raises `treeopt.UserError` with the one-line message the
 command line prints; nothing here exits the interpreter, prints, or writes a file unless asked.
 
@@ -250,6 +251,13 @@ def load_grid(path: str | Path, accuracy: AccuracyTable | str | Path) -> Predict
     return Prediction(None, None, proposal, tau_by_nodes, grid, accuracy=table, source=str(path))
 
 
+def _shapes(model, dtype: str | None, heads: int, head_layers: int | None):
+    """The model's shape and, for `heads` > 0, its draft heads' (read beside a model directory)."""
+    shape = model if isinstance(model, ModelShape) else shape_of(str(model), dtype)
+    spec = shape.name if isinstance(model, ModelShape) else str(model)
+    return shape, heads_of(spec, shape, num_heads=heads, num_layers=head_layers) if heads else None
+
+
 def fit_profile(
     model: str | Path | ModelShape,
     hardware: str | Path | HardwareProfile,
@@ -267,10 +275,8 @@ def fit_profile(
     step's prediction includes (0: drafting is left to the fitted terms; use the same value
     wherever the profile is used). Returns a `ProfileFit`: `.profile` (save it with
     `.profile.save(path)`), `.terms`, `.free`, `.in_sample_error`, `.loo_error` (relative)."""
-    shape = model if isinstance(model, ModelShape) else shape_of(str(model), dtype)
-    spec = shape.name if isinstance(model, ModelShape) else str(model)
+    shape, head_shape = _shapes(model, dtype, heads, head_layers)
     base = load_hardware(hardware)
-    head_shape = heads_of(spec, shape, num_heads=heads, num_layers=head_layers) if heads else None
     if isinstance(measurements, pd.DataFrame):
         frame = measurements.rename(columns=lambda c: str(c).strip().lower())
         points, source = step_points_frame(frame, source="measurements", heads=heads), "measurements"
@@ -293,9 +299,7 @@ def predict_steps(
     """Predicted step time in seconds of every row of `points` (columns batch, context, tokens
     [, candidates, draft_stages]), as `treeopt roofline predict` does; `source` names the
     table in messages."""
-    shape = model if isinstance(model, ModelShape) else shape_of(str(model), dtype)
-    spec = shape.name if isinstance(model, ModelShape) else str(model)
-    head_shape = heads_of(spec, shape, num_heads=heads, num_layers=head_layers) if heads else None
+    shape, head_shape = _shapes(model, dtype, heads, head_layers)
     frame = points.rename(columns=lambda c: str(c).strip().lower())
     if "step_ms" not in frame.columns:  # rows to predict need no times; one reader for both
         frame = frame.assign(step_ms=1.0)
