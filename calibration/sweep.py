@@ -41,6 +41,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import json
+import math
 import random
 import sys
 import time
@@ -61,12 +62,23 @@ from treeopt.forms import VERIFICATION_FORMS
 from treeopt.selection import (
     SWEEP_COLUMNS,
     add_intervals,
+    check_tolerance,
     read_round_samples,
     sweep_meta_path,
     sweep_samples_path,
     write_round_samples,
 )
-from treeopt.stats import bootstrap_speedups, decide_cell, impossible_sizes, interval
+from treeopt.stats import (
+    CONFIDENCE,
+    DEFAULT_TOLERANCE,
+    MIN_ROUNDS,
+    bootstrap_speedups,
+    decide_cell,
+    impossible_sizes,
+    interval,
+    physical_speedup,
+    sequential_confidence,
+)
 from treeopt.tau import TauCurve
 from treeopt.timing import interleaved_rounds
 from treeopt.tree import Tree
@@ -98,9 +110,6 @@ MEASURED_COLUMNS = [
     "overhead",
     "unreliable",
 ]
-# The chosen tree's speedup interval the adaptive repeats aim for: +-5% of the speedup, finer
-# than the differences between tree sizes worth acting on (docs/statistics.md "Adaptive repeats").
-TARGET_HALF_WIDTH = 0.05
 E2E_COLUMNS = ["e2e_tokens_per_s", "e2e_tokens_per_step", "e2e_speedup"]
 meta_path = sweep_meta_path
 
@@ -110,13 +119,27 @@ class SweepSettings:
     sizes: tuple[int, ...]  # proposal tree sizes; 0 = plain decoding (always measured)
     batches: tuple[int, ...]
     contexts: tuple[int, ...]  # cached tokens per sequence before the step
-    repeats: int = 15  # timed rounds per configuration
+    repeats: int = 10  # timed rounds per configuration (at least MIN_ROUNDS)
     warmup: int = 2  # untimed calls per configuration first
     topk: int = 10
     seed: int = 0
     time_budget_s: float = 0.0  # seconds of extra rounds for undecided cells, the whole sweep
-    max_rounds_factor: int = 8  # at most this x repeats rounds per group
+    max_rounds_factor: int = 4  # at most this x repeats rounds per group (a power of 2)
     verification: str = "tree"  # the form measured: "tree" or "candidates" (treeopt.forms)
+    tolerance: float = DEFAULT_TOLERANCE  # the equivalence margin a cell is settled at
+    threshold: float = 1.0  # the speedup a tree must beat to be shipped
+
+    @property
+    def looks(self) -> int:
+        """How often a group's answer may be looked at: after `repeats` rounds, then after each
+        doubling up to `max_rounds_factor` x repeats (1 without a time budget)."""
+        return 1 + int(math.log2(self.max_rounds_factor)) if self.time_budget_s > 0 else 1
+
+    @property
+    def confidence(self) -> float:
+        """The confidence of every interval of this sweep: CONFIDENCE, spent over the looks
+        (docs/statistics.md "Measuring until the answer is known")."""
+        return sequential_confidence(self.looks)
 
     def __post_init__(self):
         if self.verification not in VERIFICATION_FORMS:
@@ -129,10 +152,19 @@ class SweepSettings:
                 raise UserError(f"sweep {name}: expected integers >= {minimum}, got {list(values)}")
             object.__setattr__(self, name, tuple(sorted({int(v) for v in values})))
         if not float(self.time_budget_s) >= 0:
-            raise UserError(f"--time-budget: must be >= 0 seconds, got {self.time_budget_s}")
-        for name, minimum in (("repeats", 1), ("warmup", 0), ("topk", 1), ("max_rounds_factor", 1)):
+            raise UserError(f"--budget: must be >= 0 seconds, got {self.time_budget_s}")
+        if int(self.repeats) < MIN_ROUNDS:
+            raise UserError(
+                f"--repeats: at least {MIN_ROUNDS} rounds, got {self.repeats} (with fewer, a 95% interval of the "
+                "median covers the truth far less often than it says; docs/statistics.md)"
+            )
+        for name, minimum in (("warmup", 0), ("topk", 1), ("max_rounds_factor", 1)):
             if int(getattr(self, name)) < minimum:
                 raise UserError(f"sweep {name}: must be >= {minimum}, got {getattr(self, name)}")
+        factor = int(self.max_rounds_factor)
+        if factor & (factor - 1):
+            raise UserError(f"sweep max_rounds_factor: must be a power of 2 (rounds double per look), got {factor}")
+        object.__setattr__(self, "tolerance", check_tolerance(self.tolerance))
 
 
 def effective_sizes(sizes, proposal: Tree) -> list[int]:
@@ -289,30 +321,39 @@ def _draft_model_bench(lm, proposal: Tree, sizes: list[int], context_ids: torch.
 @dataclass(frozen=True)
 class GroupBudget:
     """How long `measure_group` may go on adding rounds to settle a cell (docs/statistics.md
-    "Adaptive repeats"): `extra_s` seconds beyond the first `repeats` rounds, at most
-    `max_rounds` rounds in all; `tau` and `tau_se` (indexed by tree size) let it judge whether
-    the cell is decided."""
+    "Measuring until the answer is known"): `extra_s` seconds beyond the first `repeats`
+    rounds, at most `max_rounds` rounds in all; `tau` and `tau_se` (indexed by tree size) and
+    the decision's `tolerance`, `threshold` and `confidence` let it judge whether the cell is
+    settled."""
 
     extra_s: float
     max_rounds: int
     tau: np.ndarray
     tau_se: np.ndarray | None = None
+    tolerance: float = DEFAULT_TOLERANCE
+    threshold: float = 1.0
+    confidence: float = CONFIDENCE
 
 
 def _settled(samples: np.ndarray, sizes: list[int], reliable: np.ndarray, budget: GroupBudget) -> bool:
-    """Whether the cell's decision needs no more rounds: the speculation question is answered
-    and the chosen tree's interval is within TARGET_HALF_WIDTH of its speedup."""
+    """Whether more rounds could still change the cell's answer by more than the tolerance
+    (`treeopt.stats.decide_cell`, the rule `treeopt select` applies to the finished sweep)."""
     idx = np.asarray(sizes)
     se = None if budget.tau_se is None else budget.tau_se[idx]
     draws = bootstrap_speedups(samples, budget.tau[idx], se)
-    lo, hi = interval(draws.speedup)
-    decision = decide_cell(draws.speedup_point, lo, hi, reliable)
-    if decision.reason in ("undecided", "unreliable"):
-        return False
-    if decision.reason == "no speculation":
-        return True
-    k = decision.index
-    return (hi[k] - lo[k]) / 2 <= TARGET_HALF_WIDTH * draws.speedup_point[k]
+    lo, hi = interval(draws.speedup, budget.confidence)
+    decision = decide_cell(
+        draws.speedup_point,
+        lo,
+        hi,
+        reliable,
+        draws=draws.speedup,
+        threshold=budget.threshold,
+        tolerance=budget.tolerance,
+        confidence=budget.confidence,
+        rounds=samples.shape[0],
+    )
+    return decision.settled and decision.reason != "unreliable"
 
 
 def measure_group(
@@ -356,17 +397,18 @@ def measure_group(
                 remeasured = 1
                 flags = impossible_sizes(samples)
             if budget is not None:
-                chunk = max(3, repeats // 2)
+                # why: the rounds double between looks, so the answer is looked at only a few
+                # times and each look can spend its share of the error rate (docs/statistics.md
+                # "Measuring until the answer is known")
                 t0 = time.perf_counter()
-                per_round = None
-                while samples.shape[0] + chunk <= budget.max_rounds:
+                while 2 * samples.shape[0] <= budget.max_rounds:
                     if _settled(samples, bench.sizes, ~flags, budget):
                         break
                     spent = time.perf_counter() - t0
-                    per_round = per_round or float(samples[-1].sum())
-                    if spent + chunk * per_round > budget.extra_s:
+                    per_round = float(np.median(samples.sum(axis=1)))
+                    if spent + samples.shape[0] * per_round > budget.extra_s:
                         break
-                    samples = np.vstack([samples, more(chunk, 2 + samples.shape[0])])
+                    samples = np.vstack([samples, more(samples.shape[0], 2 + samples.shape[0])])
                     flags = impossible_sizes(samples)
     finally:
         if gc_was_enabled:
@@ -425,6 +467,8 @@ def _fingerprint(lm, proposal: Tree, sizes: list[int], settings: SweepSettings) 
                 "warmup": settings.warmup,
                 "topk": settings.topk,
                 "seed": settings.seed,
+                "looks": settings.looks,
+                "confidence": settings.confidence,
             },
         }
     )
@@ -473,7 +517,14 @@ def _read_done(out_csv: Path, mpath: Path, fingerprint: dict, sizes: list[int]) 
     return done[complete.astype(bool)].reset_index(drop=True), old
 
 
-def _derive(table: pd.DataFrame, tau: TauCurve, predict, tau_se=None, samples: dict | None = None) -> pd.DataFrame:
+def _derive(
+    table: pd.DataFrame,
+    tau: TauCurve,
+    predict,
+    tau_se=None,
+    samples: dict | None = None,
+    confidence: float = CONFIDENCE,
+) -> pd.DataFrame:
     """The columns computed from the measured ones: every tau estimate, `tau` = the one
     decisions use (`TauCurve.best`) and its standard error, speedup, the intervals (from the
     per-round `samples`), the prediction."""
@@ -484,7 +535,7 @@ def _derive(table: pd.DataFrame, tau: TauCurve, predict, tau_se=None, samples: d
     t["tau"] = tau.best[nodes]
     t["tau_se"] = np.asarray(tau_se, dtype=float)[nodes] if tau_se is not None else np.nan
     t["speedup"] = t["tau"] / t["overhead"]
-    t = add_intervals(t, samples or {})
+    t = add_intervals(t, samples or {}, confidence)
     if predict is None:
         for col in ("predicted_step_time_s", "predicted_overhead", "predicted_speedup"):
             t[col] = np.nan
@@ -501,7 +552,7 @@ def _derive(table: pd.DataFrame, tau: TauCurve, predict, tau_se=None, samples: d
         )
         t["predicted_step_time_s"] = pred
         t["predicted_overhead"] = pred / plain
-        t["predicted_speedup"] = t["tau"] / t["predicted_overhead"]
+        t["predicted_speedup"] = physical_speedup(t["tau"], t["predicted_overhead"])
     return t
 
 
@@ -602,7 +653,7 @@ def run_sweep(
     def table_of() -> pd.DataFrame:
         frame = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=cols)
         frame = frame.astype({"batch": int, "context": int, "nodes": int})
-        t = _derive(frame, tau, predict if predictor is not None else None, tau_se, round_samples)
+        t = _derive(frame, tau, predict if predictor is not None else None, tau_se, round_samples, settings.confidence)
         return t.reindex(columns=SWEEP_COLUMNS).sort_values(["batch", "context", "nodes"], ignore_index=True)
 
     bar = tqdm(
@@ -625,6 +676,9 @@ def run_sweep(
                     settings.max_rounds_factor * settings.repeats,
                     tau.best,
                     None if tau_se is None else np.asarray(tau_se, dtype=float),
+                    settings.tolerance,
+                    settings.threshold,
+                    settings.confidence,
                 )
             rows = measure_group(
                 lm,

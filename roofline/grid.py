@@ -25,6 +25,7 @@ from roofline.latency import fits_memory, step_time_s
 from roofline.ops import DraftWork
 from roofline.shapes import DraftHeadsShape, ModelShape
 from treeopt.errors import UserError
+from treeopt.stats import physical_speedup
 
 __all__ = [
     "DEFAULT_BATCHES",
@@ -243,7 +244,7 @@ def speedup_grid(
     step = np.where(fits, step, np.nan)
     overhead = step / step[:, :, :1]
     tau_full = np.broadcast_to(tau[None, None, :], step.shape)
-    speedup = tau_full / overhead
+    speedup = physical_speedup(tau_full, overhead)
     if drafted is not None:
         speedup = np.where(np.asarray(drafted, bool)[None, None, : speedup.shape[2]], speedup, np.nan)
     B, S, N = np.broadcast_arrays(b, s, n)

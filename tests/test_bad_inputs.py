@@ -79,7 +79,7 @@ def _sweep_meta() -> dict:
         "proposal": PROPOSAL,
         "batches": [1, 4],
         "contexts": [128, 512],
-        "measurement": {"sizes": [0, 1, 2, 3, 4], "repeats": 3, "warmup": 1, "topk": 10, "seed": 0},
+        "measurement": {"sizes": [0, 1, 2, 3, 4], "repeats": 5, "warmup": 1, "topk": 10, "seed": 0},
     }
 
 

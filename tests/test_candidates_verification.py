@@ -333,11 +333,11 @@ def test_sweep_meta_records_the_form_and_resume_refuses_another(tiny, tmp_path):
     _, lm = tiny
     proposal = make_tree(BUSHY)
     out = tmp_path / "s.csv"
-    settings = SweepSettings((0, 2), (1,), (5,), repeats=3, warmup=0, verification="candidates")
+    settings = SweepSettings((0, 2), (1,), (5,), repeats=5, warmup=0, verification="candidates")
     run_sweep(lm, _tau(proposal), settings, out, progress=False)
     meta = json.loads((tmp_path / "s.meta.json").read_text())
     assert meta["verification"] == "candidates"
-    tree_settings = SweepSettings((0, 2), (1,), (5,), repeats=3, warmup=0)
+    tree_settings = SweepSettings((0, 2), (1,), (5,), repeats=5, warmup=0)
     assert tree_settings.verification == "tree"
     with pytest.raises(UserError, match="verification") as err:
         run_sweep(lm, _tau(proposal), tree_settings, out, resume=True, progress=False)
@@ -478,7 +478,7 @@ def test_sweep_cli_measures_the_candidate_form(tiny, tmp_path, capsys):
     data.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ["def f(x):\n", "import os", "a = 1"]))
     out = tmp_path / "sweep.csv"
     common = ["sweep", "--model", str(path), "--accuracy", str(acc), "--sizes", "0,1,3", "--batch", "1,2"]
-    common += ["--context", "8", "--repeats", "3", "--time-budget", "0", "-o", str(out)]
+    common += ["--context", "8", "--repeats", "5", "--time-budget", "0", "-o", str(out)]
     main([*common, "--verification", "candidates", "--hardware", "a100", "--end-to-end", "--data", str(data)])
     capsys.readouterr()
     assert json.loads((tmp_path / "sweep.meta.json").read_text())["verification"] == "candidates"

@@ -94,7 +94,7 @@ def _run(out, drafter):
                 "--context",
                 "32",
                 "--repeats",
-                "3",
+                "5",
                 "--time-budget",
                 "0",
                 "--quick",

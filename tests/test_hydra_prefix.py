@@ -649,7 +649,7 @@ def test_cli_run_with_a_prefix_checkpoint(tiny, tmp_path, capsys):
                 "--context",
                 "16",
                 "--repeats",
-                "3",
+                "5",
                 "--time-budget",
                 "0",
                 "--quick",

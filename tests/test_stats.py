@@ -12,7 +12,8 @@ from treeopt.stats import (
     decide_cell,
     impossible_sizes,
     interval,
-    paired_ties,
+    physical_speedup,
+    ratio_lower_bounds,
     tau_stderr_independent_positions,
 )
 
@@ -78,17 +79,31 @@ def test_tau_standard_error_by_enumeration():
 
 
 def test_decision_rules():
+    # Hand-made intervals without draws: size i is as good as j when lo(i) / hi(j) >= 1 - 0.05.
     ones = np.ones(3, dtype=bool)
-    # the best's lower bound above 1: the best; a tied smaller tree wins
-    d = decide_cell([1.0, 1.3, 1.35], [1.0, 1.2, 1.25], [1.0, 1.4, 1.45], ones)
-    assert (d.index, d.reason, d.best) == (1, "tied-with-smaller", 2)
-    d = decide_cell([1.0, 1.1, 1.5], [1.0, 1.05, 1.4], [1.0, 1.15, 1.6], ones)
+    # 1.295 / 1.315 = 0.985: the smaller tree is within 5% of the best, and ships
+    d = decide_cell([1.0, 1.30, 1.31], [1.0, 1.295, 1.305], [1.0, 1.305, 1.315], ones)
+    assert (d.index, d.reason, d.best, d.settled) == (1, "within-tolerance", 2, True)
+    # 1.08 / 1.52 = 0.71: only the best is as good as the best
+    d = decide_cell([1.0, 1.1, 1.5], [1.0, 1.08, 1.48], [1.0, 1.12, 1.52], ones)
     assert (d.index, d.reason) == (2, "best")
-    # the interval straddles 1: undecided, no speculation chosen
+    # intervals that straddle 1 and overlap: nothing is settled, and nothing that may be a
+    # slowdown ships
     d = decide_cell([1.0, 1.05, 1.02], [1.0, 0.95, 0.9], [1.0, 1.15, 1.1], ones)
-    assert (d.index, d.reason) == (0, "undecided")
-    # every tree clearly slower: no speculation
+    assert (d.index, d.reason, d.settled) == (0, "undecided", False)
+    # undecided between two trees that both beat 1: the best point estimate ships, marked
+    d = decide_cell([1.0, 1.3, 1.4], [1.0, 1.25, 1.1], [1.0, 1.35, 1.7], ones)
+    assert (d.index, d.reason, d.settled) == (2, "undecided", False)
+    # every tree clearly slower: no speculation, settled
     d = decide_cell([1.0, 0.9, 0.8], [1.0, 0.85, 0.7], [1.0, 0.95, 0.9], ones)
+    assert (d.index, d.reason, d.settled) == (0, "no speculation", True)
+    # a sure 1% gain is within the 5% tolerance of plain decoding: not worth a tree; with no
+    # tolerance it is
+    tiny = ([1.0, 1.01], [1.0, 1.005], [1.0, 1.015], [True, True])
+    assert decide_cell(*tiny).reason == "no speculation"
+    assert (decide_cell(*tiny, tolerance=0.0).index, decide_cell(*tiny, tolerance=0.0).reason) == (1, "best")
+    # a tree that cannot reach the threshold is no rival of plain decoding
+    d = decide_cell([1.0, 1.15], [1.0, 1.14], [1.0, 1.16], [True, True], threshold=1.2)
     assert (d.index, d.reason) == (0, "no speculation")
     # a flagged size is never chosen, however fast it looks; all flagged: unreliable
     d = decide_cell([1.0, 1.3, 2.5], [1.0, 1.2, 2.4], [1.0, 1.4, 2.6], [True, True, False])
@@ -97,17 +112,33 @@ def test_decision_rules():
     assert (d.index, d.reason) == (0, "unreliable")
 
 
-def test_paired_ties_see_through_common_noise():
+def test_rounds_needed_by_hand():
+    # one tree at 1.2 [0.9, 1.6] after 10 rounds: its lower bound reaches 1 once the log
+    # half-width ln(1.2 / 0.9) shrinks below ln 1.2, i.e. after 10 (ln(1.2/0.9) / ln 1.2)^2 =
+    # 24.9 rounds; plain decoding can never be within 5% of a 1.2x point estimate
+    d = decide_cell([1.0, 1.2], [1.0, 0.9], [1.0, 1.6], [True, True], rounds=10)
+    assert d.reason == "undecided"
+    assert d.rounds_needed == np.ceil(10 * (np.log(1.2 / 0.9) / np.log(1.2)) ** 2) == 25
+
+
+def test_paired_ratios_see_through_common_noise():
     # both trees move together round to round (wide marginal intervals), but size 2 is
-    # 8% faster in every round: the paired test separates them, the overlap test would not
+    # 8% faster in every round: the paired ratio separates them, the marginal intervals cannot
     rng = np.random.default_rng(3)
     drift = np.exp(np.abs(rng.normal(0, 0.3, size=(15, 1))))
     plain = 0.01 * np.exp(rng.normal(0, 0.2, size=(15, 1)))
     x = np.hstack([plain, plain * 1.3 * drift, plain * 1.2 * drift])
-    draws = bootstrap_speedups(x, np.array([1.0, 1.5, 1.5]))
+    draws = bootstrap_speedups(x, np.array([1.0, 2.5, 2.5]))
     lo, hi = interval(draws.speedup)
     assert hi[1] >= lo[2]  # the marginal intervals overlap
-    assert not paired_ties(draws, best=2)[1]
+    low = ratio_lower_bounds(draws.speedup)
+    assert low[2, 1] == pytest.approx(1.3 / 1.2)  # the same ratio in every round
+    assert low[1, 2] < 0.95
+    reliable = np.ones(3, dtype=bool)
+    paired = decide_cell(draws.speedup_point, lo, hi, reliable, draws=draws.speedup, rounds=15)
+    unpaired = decide_cell(draws.speedup_point, lo, hi, reliable, rounds=15)
+    assert paired.settled and paired.index == 2
+    assert not unpaired.settled
 
 
 def test_step_time_falling_with_the_tree_is_flagged():
@@ -121,3 +152,11 @@ def test_step_time_falling_with_the_tree_is_flagged():
     fast[:, 1:] *= 0.3  # every tree faster than plain: the plain step is never the one flagged
     flags = impossible_sizes(fast)
     assert not flags[0] and flags[1]
+
+
+def test_no_speedup_above_tau():
+    # overhead 0.5 (a tree step at half the plain step's cost) is impossible: NaN, never
+    # selected; 0.995 is within the 1% slack and counts as 1, so the speedup is tau itself
+    got = physical_speedup([1.0, 2.0, 2.0, 2.0], [1.0, 0.5, 0.995, 1.25])
+    assert np.isnan(got[1])
+    np.testing.assert_allclose(got[[0, 2, 3]], [1.0, 2.0, 1.6])

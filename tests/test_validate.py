@@ -199,7 +199,7 @@ def test_sweep_select_validate_cli(tiny, inputs, tmp_path, capsys):
             "--context",
             "8",
             "--repeats",
-            "3",
+            "5",
             "--end-to-end",
             "--data",
             str(data),

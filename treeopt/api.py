@@ -45,9 +45,11 @@ from treeopt.selection import (
     read_round_samples,
     read_sweep,
     selection_from_grid,
+    sweep_confidence,
     sweep_samples_path,
 )
 from treeopt.selection import select as _select_sweep
+from treeopt.stats import DEFAULT_TOLERANCE
 from treeopt.tree import Tree, load_tree, make_tree
 
 __all__ = list(PUBLIC_NAMES)  # one list, in treeopt/__init__.py, so the two cannot differ
@@ -420,13 +422,16 @@ def select(
     *,
     by: str = "measured",
     threshold: float = 1.0,
+    tolerance: float = DEFAULT_TOLERANCE,
     engine: str | None = None,
     accuracy: AccuracyTable | str | Path | None = None,
     mix: str | Path | None = None,
     verification: str | None = None,
 ) -> Selection:
     """The best tree per (batch, context) of a prediction or a measured sweep
-    (docs/statistics.md for the measured rule); no tree unless it beats `threshold`.
+    (docs/statistics.md for the measured rule); no tree unless it beats `threshold`. On a
+    sweep, a smaller tree is as good as a bigger one when the lower bound of their paired
+    speedup ratio is at least 1 - `tolerance` (a fraction; 0.03 = 3%).
 
     `by` ("measured" or "predicted"): which speedup of a sweep decides. `engine`: add each
     cell's tree as the line that engine takes (default: the prediction's engine); the heads and
@@ -443,6 +448,8 @@ def select(
             model=source.meta.get("model", ""),
             samples=source.samples,
             threads=source.meta.get("threads"),
+            tolerance=tolerance,
+            confidence=sweep_confidence(source.meta),
         )
         measured = source.meta.get("verification", "tree")
         if verification not in (None, measured):
@@ -470,7 +477,8 @@ def select(
         _add_engine_lines(doc, engine, table)
     if mix is not None:
         traffic = parse_mix(str(mix))
-        choice = choose_mix_tree(grid, traffic, threshold=threshold, source=source.source)
+        chosen = {(c["batch"], c["context"]): c["nodes"] for c in doc["cells"]}
+        choice = choose_mix_tree(grid, traffic, threshold=threshold, source=source.source, chosen=chosen)
         doc["mix"] = mix_section(choice, source.proposal, traffic, threshold)
     return Selection(doc)
 

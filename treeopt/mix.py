@@ -66,7 +66,7 @@ class MixCell:
     mix_nodes: int  # 0 where speculation is off at this batch
     mix_speedup: float
     plain_tokens_per_s: float
-    loss_fraction: float  # 1 - mix_speedup / best_speedup
+    loss_fraction: float  # 1 - mix_speedup / best_speedup (negative: the mix tree does better there)
 
 
 @dataclass(frozen=True)
@@ -77,7 +77,7 @@ class MixChoice:
     speculate_up_to_batch: int  # largest mix batch with speculation on; 0: never
     off_from_batch: int | None  # smallest mix batch with speculation off; None: on everywhere
     expected_tokens_per_s: float  # E(nodes, speculate_up_to_batch)
-    per_cell_best_tokens_per_s: float  # every cell with its own best tree (an upper bound)
+    per_cell_best_tokens_per_s: float  # every cell with its own best tree
     plain_tokens_per_s: float  # no speculation anywhere
     cells: tuple[MixCell, ...]
 
@@ -235,7 +235,12 @@ def _speedup_matrix(grid: pd.DataFrame, mix: TrafficMix, source: str) -> tuple[n
 
 
 def choose_mix_tree(
-    grid: pd.DataFrame, mix: TrafficMix, *, threshold: float = 1.0, source: str = "the speedup table"
+    grid: pd.DataFrame,
+    mix: TrafficMix,
+    *,
+    threshold: float = 1.0,
+    source: str = "the speedup table",
+    chosen: dict | None = None,
 ) -> MixChoice:
     """The tree size n and speculation cut-off batch B of largest expected throughput E(n, B).
 
@@ -245,6 +250,10 @@ def choose_mix_tree(
     "One tree for a traffic mix"). A batch joins the speculating ones only where the mix tree's
     tokens there beat `threshold` times plain decoding's. Ties go to the smaller n, then the
     smaller B. A size that does not fit (NaN) in a cell of a speculating batch is never chosen.
+
+    `chosen` {(batch, context): nodes}: each cell's own answer (a selection's), which the cells'
+    `best_nodes` then report, so that a report shows one tree per cell; without it, each
+    cell's largest speedup in the grid.
     """
     mix = resolve_mix_contexts(mix, grid["context"].unique())
     sizes, speed, plain_tps = _speedup_matrix(grid, mix, source)
@@ -274,6 +283,13 @@ def choose_mix_tree(
     keys = list(zip(mix.batch, mix.context, strict=True))
     best_nodes = best.loc[keys, "nodes"].to_numpy(dtype=np.int64)
     best_speed = np.where(best_nodes > 0, best.loc[keys, "speedup"].to_numpy(dtype=float), 1.0)
+    if chosen:
+        speed_at = grid_cells.set_index(["batch", "context", "nodes"])["speedup"]
+        for i, key in enumerate(keys):
+            n = chosen.get((int(key[0]), int(key[1])))
+            if n is not None and (n == 0 or (*key, n) in speed_at.index):
+                best_nodes[i] = n
+                best_speed[i] = float(speed_at.loc[(*key, n)]) if n else 1.0
     cells = tuple(
         MixCell(
             int(b), int(c), float(w), int(bn), float(bs), nodes if o else 0, float(ms), float(p), float(1.0 - ms / bs)

@@ -28,12 +28,12 @@ from treeopt.errors import UserError
 from treeopt.fileio import atomic_path, read_json_input
 from treeopt.stats import (
     CONFIDENCE,
+    DEFAULT_TOLERANCE,
     MONOTONE_SLACK,
     SpeedupDraws,
     bootstrap_speedups,
     decide_cell,
     interval,
-    paired_ties,
 )
 from treeopt.tau import proposal_sequence
 from treeopt.tree import Tree, make_tree
@@ -47,6 +47,8 @@ __all__ = [
     "measured_speedup",
     "prediction_regret",
     "proposal_from_meta",
+    "sweep_confidence",
+    "check_tolerance",
     "sweep_meta_path",
     "best_per_cell",
     "selection_from_grid",
@@ -182,9 +184,9 @@ def cell_draws(cell: pd.DataFrame, samples: np.ndarray) -> SpeedupDraws:
     return bootstrap_speedups(samples, cell["tau"].to_numpy(dtype=float), se)
 
 
-def add_intervals(table: pd.DataFrame, samples: dict) -> pd.DataFrame:
-    """`table` with overhead_lo/hi and speedup_lo/hi from the cells' per-round samples (NaN
-    where a cell has none)."""
+def add_intervals(table: pd.DataFrame, samples: dict, confidence: float = CONFIDENCE) -> pd.DataFrame:
+    """`table` with overhead_lo/hi and speedup_lo/hi at `confidence` from the cells' per-round
+    samples (NaN where a cell has none)."""
     t = table.copy()
     for col in ("overhead_lo", "overhead_hi", "speedup_lo", "speedup_hi"):
         t[col] = np.nan
@@ -194,8 +196,8 @@ def add_intervals(table: pd.DataFrame, samples: dict) -> pd.DataFrame:
         if got is None or list(got[0]) != cell["nodes"].astype(int).tolist():
             continue
         draws = cell_draws(cell, got[1])
-        o_lo, o_hi = interval(draws.overhead)
-        s_lo, s_hi = interval(draws.speedup)
+        o_lo, o_hi = interval(draws.overhead, confidence)
+        s_lo, s_hi = interval(draws.speedup, confidence)
         t.loc[cell.index, ["overhead_lo", "overhead_hi", "speedup_lo", "speedup_hi"]] = np.column_stack(
             [o_lo, o_hi, s_lo, s_hi]
         )
@@ -305,6 +307,13 @@ def _check_complete(df: pd.DataFrame, meta: dict, path: Path) -> None:
                 )
 
 
+def sweep_confidence(meta: dict) -> float:
+    """The confidence a sweep's intervals were measured at (its metadata; 95% for a sweep
+    written before sequential looks, or by hand)."""
+    got = meta.get("measurement", {}).get("confidence") if isinstance(meta.get("measurement"), dict) else None
+    return float(got) if isinstance(got, (int, float)) and 0.5 <= got < 1.0 else CONFIDENCE
+
+
 def proposal_from_meta(meta: dict, source: str) -> Tree:
     """The proposal tree stored in a sweep's metadata (UserError naming `source` if invalid)."""
     if not isinstance(meta, dict) or "proposal" not in meta:
@@ -347,16 +356,19 @@ def measured_decisions(
     *,
     threshold: float = 1.0,
     samples: dict | None = None,
+    tolerance: float = DEFAULT_TOLERANCE,
+    confidence: float = CONFIDENCE,
 ) -> pd.DataFrame:
     """Per (batch, context) the decision on measured speedups (`treeopt.stats.decide_cell`,
     docs/statistics.md "Choosing a tree with intervals"): columns batch, context, nodes,
-    reason, best_nodes, speedup_lo, speedup_hi, rounds, unreliable_nodes, disagree_nodes.
+    reason, best_nodes, speedup_lo, speedup_hi, rounds, settled, rounds_needed,
+    unreliable_nodes, disagree_nodes.
 
-    Intervals come from the sweep's speedup_lo/hi (end-to-end cells: none, a point). Ties are
-    the paired bootstrap test where the cell's per-round `samples` are given, else overlapping
-    intervals. A speedup above tau beyond tau's error, or a size the sweep flagged
-    `unreliable`, is never chosen. `disagree_nodes`: sizes whose end-to-end speedup lies outside
-    their step-latency interval."""
+    Where the cell's per-round `samples` are given, the intervals and the paired ratio bounds
+    are bootstrapped from them at `confidence`; else the sweep's speedup_lo/hi are used and
+    ratios bounded by lo(i) / hi(j) (end-to-end cells: points). A speedup above tau beyond
+    tau's error, or a size the sweep flagged `unreliable`, is never chosen. `disagree_nodes`:
+    sizes whose end-to-end speedup lies outside their step-latency interval."""
     rows = []
     samples = samples or {}
     for (b, s), idx in sorted(df.groupby(["batch", "context"]).groups.items()):
@@ -375,12 +387,23 @@ def measured_decisions(
         above_tau = np.where(np.isfinite(lo), lo, speed) > tau_hi * (1 + MONOTONE_SLACK)
         flagged = np.nan_to_num(_col(cell, "unreliable")) > 0
         reliable = ~(flagged | (above_tau & (nodes > 0)))
-        decision = decide_cell(speed, lo, hi, reliable, threshold=threshold)
         got = samples.get((int(b), int(s)))
         paired = got is not None and not e2e.any() and list(got[0]) == nodes.tolist()
-        if paired and decision.reason in ("best", "tied-with-smaller"):
-            ties = paired_ties(cell_draws(cell, got[1]), decision.best)
-            decision = decide_cell(speed, lo, hi, reliable, tied=ties, threshold=threshold)
+        draws = cell_draws(cell, got[1]).speedup if paired else None
+        if draws is not None:
+            lo, hi = interval(draws, confidence)
+        rounds = int(np.nanmax(_col(cell, "samples"), initial=0))
+        decision = decide_cell(
+            speed,
+            lo,
+            hi,
+            reliable,
+            draws=draws,
+            threshold=threshold,
+            tolerance=tolerance,
+            confidence=confidence,
+            rounds=rounds,
+        )
         step_speed = cell["speedup"].to_numpy(dtype=float)
         disagree = e2e & np.isfinite(step_lo) & ((speed < step_lo) | (speed > step_hi)) & (nodes > 0)
         k = decision.index
@@ -394,7 +417,9 @@ def measured_decisions(
                 "speedup_lo": lo[k] if k else 1.0,
                 "speedup_hi": hi[k] if k else 1.0,
                 "step_speedup": step_speed[k] if k else 1.0,
-                "rounds": int(np.nanmax(_col(cell, "samples"), initial=0)),
+                "rounds": rounds,
+                "settled": decision.settled,
+                "rounds_needed": decision.rounds_needed,
                 "unreliable_nodes": nodes[~reliable].tolist(),
                 "disagree_nodes": nodes[disagree].tolist(),
             }
@@ -417,18 +442,21 @@ def select(
     source: str | None = None,
     samples: dict | None = None,
     threads: int | None = None,
+    tolerance: float = DEFAULT_TOLERANCE,
+    confidence: float = CONFIDENCE,
 ) -> dict:
     """The `treeopt.selection/v1` document from a sweep table.
 
     by="measured": the measured speedup (end to end where the sweep measured it, see
     `measured_speedup`), decided with its interval (`measured_decisions`): per (batch,
-    context) the smallest tree indistinguishable from the best, "no speculation" unless the
-    best's lower bound beats `threshold`, "undecided" (no speculation) when the interval
-    straddles it; `samples` are the sweep's per-round step times (`read_round_samples`) for
-    the paired test. by="predicted": the roofline prediction stored in the sweep (for hardware
-    you don't have), the argmax (the smallest size on ties). Every cell also carries
-    `measured_speedup` and (where the sweep has predictions) `predicted_speedup` of the chosen
-    size, side by side, and `measured_by`; measured selections the interval, rounds and reason.
+    context) the smallest tree as good as every other within `tolerance` (a fraction of the
+    speedup) at `confidence`, shipped only where its lower bound beats `threshold`, else
+    "undecided" with the best point estimate that does; `samples` are the sweep's per-round
+    step times (`read_round_samples`) for the paired ratios. by="predicted": the roofline
+    prediction stored in the sweep (for hardware you don't have), the argmax (the smallest size
+    on ties). Every cell also carries `measured_speedup` and (where the sweep has predictions)
+    `predicted_speedup` of the chosen size, side by side, and `measured_by`; measured
+    selections the interval, rounds and reason.
     """
     source = source or sweep.attrs.get("source", "sweep")
     if by not in ("measured", "predicted"):
@@ -439,6 +467,7 @@ def select(
         raise UserError(f"--threshold: expected a number, got {threshold!r}") from None
     if not math.isfinite(threshold):
         raise UserError(f"--threshold: must be finite, got {threshold}")
+    tolerance = check_tolerance(tolerance)
     _check_columns(sweep, source)
     df = sweep.reset_index(drop=True).copy()
     for col in ("tau", "overhead"):
@@ -461,7 +490,15 @@ def select(
         # Where the end-to-end speedup decides, the cell's overhead is the effective one
         # (tau / speedup), so that speedup = tau / overhead holds in every cell.
         grid["overhead"] = grid["overhead"].where(measured_by == "step latency", grid["tau"] / measured)
-        decisions = measured_decisions(df, measured, measured_by, threshold=threshold, samples=samples)
+        decisions = measured_decisions(
+            df,
+            measured,
+            measured_by,
+            threshold=threshold,
+            samples=samples,
+            tolerance=tolerance,
+            confidence=confidence,
+        )
         chosen = grid.merge(decisions[["batch", "context", "nodes"]], on=["batch", "context", "nodes"])
         plain = grid[grid["nodes"] == 0]
         # the chosen rows alone (plain decoding where nothing is chosen), so that the argmax
@@ -488,7 +525,8 @@ def select(
         if pred is not None:
             cell["predicted_speedup"] = _round(pred.get(k, np.nan)) if cell["nodes"] else 1.0
     if by == "measured":
-        _add_decisions(doc, decisions)
+        _add_decisions(doc, decisions, confidence)
+        doc["tolerance"] = tolerance
     if threads is not None:
         doc["threads"] = int(threads)
     for cell in doc["cells"]:
@@ -498,7 +536,18 @@ def select(
     return doc
 
 
-def _add_decisions(doc: dict, decisions: pd.DataFrame) -> None:
+def check_tolerance(tolerance) -> float:
+    """The equivalence margin as a fraction in [0, 0.5) (UserError naming --tolerance)."""
+    try:
+        value = float(tolerance)
+    except (TypeError, ValueError):
+        raise UserError(f"--tolerance: expected a fraction such as 0.03, got {tolerance!r}") from None
+    if not 0.0 <= value < 0.5:
+        raise UserError(f"--tolerance: must be a fraction in [0, 0.5), such as 0.03 (3%), got {tolerance}")
+    return value
+
+
+def _add_decisions(doc: dict, decisions: pd.DataFrame, confidence: float = CONFIDENCE) -> None:
     """Copy each cell's interval, rounds and reason into the document, and say at the top
     which cells are undecided or too noisy to trust."""
     by_key = {(r["batch"], r["context"]): r for r in decisions.to_dict("records")}
@@ -509,6 +558,9 @@ def _add_decisions(doc: dict, decisions: pd.DataFrame) -> None:
         cell["speedup_hi"] = _round(d["speedup_hi"])
         cell["rounds"] = d["rounds"]
         cell["reason"] = d["reason"]
+        if not d["settled"]:
+            need = d["rounds_needed"]
+            cell["rounds_needed"] = int(need) if math.isfinite(need) else None
         cell["best_nodes"] = d["best_nodes"]
         if d["unreliable_nodes"]:
             cell["unreliable_nodes"] = d["unreliable_nodes"]
@@ -523,7 +575,7 @@ def _add_decisions(doc: dict, decisions: pd.DataFrame) -> None:
             and (d["speedup_hi"] - d["speedup_lo"]) / 2 > NOISY_HALF_WIDTH * cell["speedup"]
         ):
             noisy.append(where)
-    doc["confidence"] = CONFIDENCE
+    doc["confidence"] = confidence
     doc["undecided"] = undecided
     doc["noisy"] = noisy
 
@@ -687,6 +739,8 @@ def format_selection(doc: dict) -> str:
             )
         if "reason" in c:
             extra += f"  {c['reason']}" + (f", {c['rounds']} rounds" if c.get("rounds") else "")
+            if c["reason"] == "undecided":
+                extra += f" ({rounds_needed_text(c)})"
         lines.append(
             f"  batch {c['batch']:4d}  context {c['context']:6d}: {what}  speedup {format_speedup(c['speedup'])}{extra}"
         )
@@ -706,10 +760,13 @@ def noise_summary(doc: dict) -> list[str]:
     out = []
     cells = ", ".join
     if doc.get("undecided"):
+        tolerance = doc.get("tolerance")
+        within = f" within {tolerance:.0%}" if tolerance is not None else ""
         out.append(
-            "UNDECIDED: the machine was too noisy to decide (no speculation chosen) at "
+            f"UNDECIDED: the measurement could not settle the answer{within} at "
             + cells(f"batch {u['batch']} context {u['context']}" for u in doc["undecided"])
-            + "; re-run on a quiet machine or with a larger --time-budget"
+            + " (shipped: the best estimate that beats the threshold at its lower bound, else no speculation); "
+            "measure again on a quieter machine or with a larger --budget"
         )
     if doc.get("noisy"):
         out.append(
@@ -717,6 +774,14 @@ def noise_summary(doc: dict) -> list[str]:
             f"+-{NOISY_HALF_WIDTH:.0%} at " + cells(f"batch {u['batch']} context {u['context']}" for u in doc["noisy"])
         )
     return out
+
+
+def rounds_needed_text(cell: dict) -> str:
+    """How many rounds the observed noise would need to settle an undecided cell, in words."""
+    need = cell.get("rounds_needed")
+    if need is None:
+        return "no number of rounds would settle it at this tolerance"
+    return f"about {need} rounds would settle it"
 
 
 def _round(x) -> float | None:
@@ -732,11 +797,12 @@ def _pick(nodes: np.ndarray, speed: np.ndarray, threshold: float = 1.0) -> int:
     return int(nodes[i]) if key[i] > threshold else 0
 
 
-def prediction_regret(sweep: pd.DataFrame, *, threshold: float = 1.0) -> pd.DataFrame:
-    """Per (batch, context): the size the prediction picks, the measured best size, the
-    measured speedup of the predicted pick, the best measured speedup (>= 1: no speculation
-    is always available) and their ratio `fraction_of_best` (1.0 = the prediction picked the
-    measured best; the issue's target is >= 0.9)."""
+def prediction_regret(sweep: pd.DataFrame, *, threshold: float = 1.0, chosen: dict | None = None) -> pd.DataFrame:
+    """Per (batch, context): the size the prediction picks, the selected size, the measured
+    speedup of each (1 for no speculation) and their ratio `fraction_of_selected` (1.0 = the
+    prediction picked the selected tree, or one measured as fast). `chosen` {(batch,
+    context): nodes} is the selection's answer per cell (`select`), so that a report compares
+    the prediction with the tree it ships; without it, the size of largest measured speedup."""
     source = sweep.attrs.get("source", "sweep")
     _check_columns(sweep, source)
     if not _has(sweep, "predicted_speedup"):
@@ -749,18 +815,20 @@ def prediction_regret(sweep: pd.DataFrame, *, threshold: float = 1.0) -> pd.Data
         nodes = df.loc[idx, "nodes"].to_numpy()
         meas = measured.loc[idx].to_numpy(dtype=float)
         n_pred = _pick(nodes, predicted.loc[idx].to_numpy(dtype=float), threshold)
-        n_meas = _pick(nodes, meas, threshold)
+        n_sel = (chosen or {}).get((int(b), int(s)))
+        if n_sel is None:
+            n_sel = _pick(nodes, meas, threshold)
         got = 1.0 if n_pred == 0 else float(meas[nodes == n_pred][0])
-        best = 1.0 if n_meas == 0 else float(meas[nodes == n_meas][0])
+        sel = 1.0 if n_sel == 0 else float(meas[nodes == n_sel][0])
         rows.append(
             {
                 "batch": int(b),
                 "context": int(s),
                 "predicted_nodes": n_pred,
-                "measured_best_nodes": n_meas,
+                "selected_nodes": int(n_sel),
                 "measured_speedup_of_predicted": got,
-                "measured_best_speedup": best,
-                "fraction_of_best": got / best,
+                "measured_speedup_of_selected": sel,
+                "fraction_of_selected": got / sel,
             }
         )
     return pd.DataFrame(
@@ -769,9 +837,9 @@ def prediction_regret(sweep: pd.DataFrame, *, threshold: float = 1.0) -> pd.Data
             "batch",
             "context",
             "predicted_nodes",
-            "measured_best_nodes",
+            "selected_nodes",
             "measured_speedup_of_predicted",
-            "measured_best_speedup",
-            "fraction_of_best",
+            "measured_speedup_of_selected",
+            "fraction_of_selected",
         ],
     )

@@ -26,13 +26,17 @@ __all__ = [
     "MONOTONE_SLACK",
     "REASONS",
     "SpeedupDraws",
+    "physical_speedup",
     "same_round_ratios",
     "bootstrap_speedups",
     "interval",
     "impossible_sizes",
+    "DEFAULT_TOLERANCE",
+    "MIN_ROUNDS",
     "CellDecision",
     "decide_cell",
-    "paired_ties",
+    "ratio_lower_bounds",
+    "sequential_confidence",
     "tau_stderr",
     "tau_stderr_independent_positions",
 ]
@@ -43,7 +47,26 @@ BOOTSTRAP_DRAWS = 2000
 # measurement; 1% leaves room for timer resolution (docs/statistics.md "Sanity checks of a
 # measurement").
 MONOTONE_SLACK = 0.01
-REASONS = ("best", "tied-with-smaller", "undecided", "no speculation", "unreliable")
+# Two trees whose speedups are within 5% of each other are the same answer: finer margins
+# leave most cells undecided at the noise of a shared machine, while no cell is then decided
+# on a tree more than 5% worse than the best (benchmarks/bench_selection.py; docs/statistics.md
+# "Choosing a tree with intervals").
+DEFAULT_TOLERANCE = 0.05
+# Fewer paired rounds than this and the percentile interval of a median covers far below its
+# stated level (docs/statistics.md "Measured speedup intervals").
+MIN_ROUNDS = 5
+REASONS = ("best", "within-tolerance", "undecided", "no speculation", "unreliable")
+
+
+def physical_speedup(tau, overhead) -> np.ndarray:
+    """tau / overhead where that is physical: NaN (never selected) where a tree step is priced
+    below the plain step beyond the slack, since it does the plain step's work and more; an
+    overhead within the slack below 1 counts as 1, so no speedup exceeds tau
+    (docs/statistics.md "Sanity checks of a measurement")."""
+    tau = np.asarray(tau, dtype=float)
+    overhead = np.asarray(overhead, dtype=float)
+    with np.errstate(invalid="ignore"):
+        return np.where(overhead < 1.0 - MONOTONE_SLACK, np.nan, tau / np.maximum(overhead, 1.0))
 
 
 def same_round_ratios(samples: np.ndarray) -> np.ndarray:
@@ -117,48 +140,109 @@ def impossible_sizes(
 
 @dataclass(frozen=True)
 class CellDecision:
-    """The pick of one cell: `index` into the sizes (0 = no speculation), `reason` one of
-    REASONS, `best` the index of the largest point speedup among reliable trees (or 0)."""
+    """The answer for one cell. `index` into the sizes is what ships (0 = no speculation);
+    `reason` one of REASONS; `best` the index of the largest point speedup among reliable trees
+    (0 when none); `settled` False when more rounds could change the answer by more than the
+    tolerance; `rounds_needed` (settled cells: the rounds measured) how many rounds in all the
+    observed noise would need to settle it (inf: no number of rounds would, at this tolerance)."""
 
     index: int
     reason: str
     best: int
+    settled: bool = True
+    rounds_needed: float = 0.0
 
 
-def decide_cell(speedup, lo, hi, reliable, *, tied=None, threshold: float = 1.0) -> CellDecision:
-    """The smallest tree statistically indistinguishable from the best, or no speculation.
+def ratio_lower_bounds(draws: np.ndarray, confidence: float = CONFIDENCE) -> np.ndarray:
+    """(sizes, sizes): entry [i, j] is the lower bound of the paired interval of
+    speedup(i) / speedup(j), from `draws` (draws, sizes) that share their resampled rounds and
+    tau draw column by column."""
+    d = np.asarray(draws, dtype=float)
+    ratio = d[:, :, None] / d[:, None, :]
+    return np.quantile(ratio, (1.0 - confidence) / 2, axis=0)
 
-    Arrays over the sizes in ascending order, index 0 = plain decoding. `tied[i]`: size i's
-    speedup is indistinguishable from the best's (paired test); None -> their intervals
-    overlap (hi[i] >= lo[best]). Reasons: "best" / "tied-with-smaller" when the best's lower
-    bound is above `threshold`; "no speculation" when its upper bound is not; "undecided"
-    (no speculation picked, for safety) in between; "unreliable" when every tree was flagged.
-    """
+
+def decide_cell(
+    speedup,
+    lo,
+    hi,
+    reliable,
+    *,
+    draws=None,
+    threshold: float = 1.0,
+    tolerance: float = DEFAULT_TOLERANCE,
+    confidence: float = CONFIDENCE,
+    rounds: int = 0,
+) -> CellDecision:
+    """The smallest tree as good as every other within `tolerance`, shipped only where it
+    beats `threshold` at its lower bound (docs/statistics.md "Choosing a tree with intervals").
+
+    Arrays over the sizes in ascending order, index 0 = plain decoding, whose value is the
+    threshold (a tree must beat it to ship). `draws` (draws, sizes): paired bootstrap draws of
+    the speedups (`SpeedupDraws.speedup`); None: the ratio bounds are taken from the marginal
+    intervals, lo(i) / hi(j), which is conservative. Size i is *as good as* size j when the lower
+    bound of speedup(i) / speedup(j) is at least 1 - tolerance; it must be as good as plain
+    decoding and as every reliable tree that may beat the threshold (hi above it). The answer is
+    the smallest size that is, among plain decoding and the trees whose lower bound is above the
+    threshold: reason "no speculation", "best" (it has the largest point speedup) or
+    "within-tolerance". Where no size is: "undecided", and the tree of largest point speedup
+    among those that beat the threshold at their lower bound ships (plain decoding where none
+    does); "unreliable" when every tree was flagged."""
     speedup = np.asarray(speedup, dtype=float)
+    size = speedup.size
     lo = np.where(np.isfinite(lo), lo, speedup)
     hi = np.where(np.isfinite(hi), hi, speedup)
     reliable = np.asarray(reliable, dtype=bool)
-    trees = np.arange(speedup.size) > 0
+    trees = np.arange(size) > 0
     candidate = trees & reliable & np.isfinite(speedup)
     if not candidate.any():
-        return CellDecision(0, "unreliable" if (trees & ~reliable).any() else "no speculation", 0)
-    key = np.where(candidate, speedup, -np.inf)
-    best = int(np.argmax(key))  # first maximum: the smallest size on exact ties
-    if lo[best] > threshold:
-        same = (hi >= lo[best]) if tied is None else np.asarray(tied, dtype=bool)
-        chosen = int(np.flatnonzero(candidate & (same | (np.arange(speedup.size) == best)))[0])
-        return CellDecision(chosen, "best" if chosen == best else "tied-with-smaller", best)
-    if hi[best] <= threshold:
-        return CellDecision(0, "no speculation", best)
-    return CellDecision(0, "undecided", best)
+        return CellDecision(0, "unreliable" if (trees & ~reliable).any() else "no speculation", 0, True, rounds)
+    best = int(np.argmax(np.where(candidate, speedup, -np.inf)))  # first maximum: the smallest on ties
+    point = np.where(trees, speedup, threshold)
+    if draws is None:
+        low = np.where(trees, lo, threshold)[:, None] / np.where(trees, hi, threshold)[None, :]
+    else:
+        values = np.array(draws, dtype=float)
+        values[:, 0] = threshold
+        low = ratio_lower_bounds(values, confidence)
+        _, hi = interval(values, confidence)
+    # the sizes every answer must be as good as: plain decoding and the trees that may pay
+    rivals = ~trees | (candidate & (hi > threshold))
+    shippable = ~trees | (candidate & (low[:, 0] > 1.0))
+    need = np.where(np.eye(size, dtype=bool) | ~rivals[None, :], True, low >= 1.0 - tolerance)
+    good = shippable & need.all(axis=1)
+    more = _rounds_needed(point, low, rivals, candidate | ~trees, tolerance, rounds)
+    if good.any():
+        chosen = int(np.flatnonzero(good)[0])
+        reason = "no speculation" if chosen == 0 else ("best" if chosen == best else "within-tolerance")
+        return CellDecision(chosen, reason, best, True, float(rounds))
+    ship = int(np.argmax(np.where(shippable, point, -np.inf)))
+    return CellDecision(ship, "undecided", best, False, more)
 
 
-def paired_ties(draws: SpeedupDraws, best: int, confidence: float = CONFIDENCE) -> np.ndarray:
-    """(sizes,) bool: the paired bootstrap interval of speedup(best) - speedup(i), both from
-    the same resampled rounds and tau draw, reaches 0 (i cannot be told apart from the best)."""
-    diff = draws.speedup[:, [best]] - draws.speedup
-    lo, _ = interval(diff, confidence)
-    return lo <= 0.0
+def _rounds_needed(point, low, rivals, answers, tolerance: float, rounds: int) -> float:
+    """Rounds in all after which some answer would meet its conditions, if the point ratios
+    stayed and the log-interval half-widths shrank as 1 / sqrt(rounds): the fewest over the
+    possible answers of the most any of its conditions needs (inf: no answer can)."""
+    if rounds <= 0:
+        return float("inf")
+    with np.errstate(divide="ignore", invalid="ignore"):
+        p = np.log(point[:, None] / point[None, :])  # the point log-ratio of i over j
+        h = p - np.log(low)  # the half-width of its interval, in logs
+        target = np.full_like(p, np.log1p(-tolerance))
+        target[1:, 0] = np.maximum(target[1:, 0], 1e-9)  # a tree must beat the threshold
+        need = np.where(p > target, rounds * (h / (p - target)) ** 2, np.inf)
+    need = np.where(p - h >= target, rounds, need)
+    need = np.where(np.eye(point.size, dtype=bool) | ~rivals[None, :], rounds, need)
+    per_answer = np.where(answers, need.max(axis=1), np.inf)
+    return float(np.ceil(per_answer.min())) if np.isfinite(per_answer.min()) else float("inf")
+
+
+def sequential_confidence(looks: int, confidence: float = CONFIDENCE) -> float:
+    """The per-look confidence that keeps `confidence` for the final interval of a measurement
+    that may stop after any of `looks` looks (Bonferroni: each look spends alpha / looks;
+    docs/statistics.md "Measuring until the answer is known")."""
+    return 1.0 - (1.0 - confidence) / max(int(looks), 1)
 
 
 # ---- tau's sampling error -------------------------------------------------------------------

@@ -49,9 +49,11 @@ from treeopt.selection import (
     format_speedup,
     noise_summary,
     read_round_samples,
+    rounds_needed_text,
     select,
     sweep_samples_path,
 )
+from treeopt.stats import DEFAULT_TOLERANCE
 from treeopt.tau import TauCurve, load_tau_curves, tau_curves
 from treeopt.tree import Tree
 
@@ -76,7 +78,8 @@ class RunSettings:
     batches: tuple[int, ...] = (1, 2, 4, 8)
     contexts: tuple[int, ...] = (128, 512)
     repeats: int = 10
-    time_budget_s: float = 60.0  # extra sweep rounds for undecided or noisy cells
+    time_budget_s: float = 60.0  # extra sweep rounds for the cells whose answer is still open
+    tolerance: float = DEFAULT_TOLERANCE  # speedups within this fraction are the same answer
     validation_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
     validation_prompts: int | None = None
     hw_quick: bool = False
@@ -243,6 +246,7 @@ def _measure_form(
         topk=s.topk,
         time_budget_s=s.time_budget_s,
         verification=form.verification,
+        tolerance=s.tolerance,
     )
     log(
         f"[sweep] {form.name}: {', '.join(form.labels.values())} ({form.verification} verification) x batch "
@@ -259,6 +263,8 @@ def _measure_form(
         model=s.model,
         samples=read_round_samples(sweep_samples_path(csv)),
         threads=threads,
+        tolerance=s.tolerance,
+        confidence=settings.confidence,
     )
     chosen["verification"] = form.verification
     chosen["labels"] = {str(n): label for n, label in form.labels.items()}
@@ -453,10 +459,19 @@ def _run_main_job(out: Path, settings: RunSettings, *, log, progress: bool) -> d
     # 5. measured sweep
     t0 = time.perf_counter()
     sizes = _drafted(tuple(n for n in s.sizes if n <= proposal.size), proposal, target)
-    sw = SweepSettings(sizes, s.batches, s.contexts, repeats=s.repeats, topk=s.topk, time_budget_s=s.time_budget_s)
+    sw = SweepSettings(
+        sizes,
+        s.batches,
+        s.contexts,
+        repeats=s.repeats,
+        topk=s.topk,
+        time_budget_s=s.time_budget_s,
+        tolerance=s.tolerance,
+    )
     log(
         f"[sweep] sizes {list(sizes)} x batch {list(s.batches)} x context {list(s.contexts)}, "
-        f"{s.repeats} rounds each (+ up to {s.time_budget_s:g} s of extra rounds where undecided), {dtype_name}"
+        f"{s.repeats} rounds each (+ up to {s.time_budget_s:g} s of extra rounds where the answer is open), "
+        f"{dtype_name}"
     )
     sweep_df = sweep(
         lm, table, tau, sw, out / "sweep.csv", hardware=hw, resume="auto", progress=progress, accuracy_path=acc_file
@@ -474,6 +489,8 @@ def _run_main_job(out: Path, settings: RunSettings, *, log, progress: bool) -> d
         model=s.model,
         samples=read_round_samples(sweep_samples_path(out / "sweep.csv")),
         threads=threads,
+        tolerance=s.tolerance,
+        confidence=sw.confidence,
     )
     selection["dtype"] = dtype_name
     forms = other_forms(lm, table, acc_file, s)
@@ -484,7 +501,8 @@ def _run_main_job(out: Path, settings: RunSettings, *, log, progress: bool) -> d
         )
         timings["forms_s"] = time.perf_counter() - t0
     if mix is not None:
-        choice = choose_mix_tree(mix_grid_from_sweep(sweep_df), mix, source=str(out / "sweep.csv"))
+        chosen = {(c["batch"], c["context"]): c["nodes"] for c in selection["cells"]}
+        choice = choose_mix_tree(mix_grid_from_sweep(sweep_df), mix, source=str(out / "sweep.csv"), chosen=chosen)
         selection["mix"] = mix_section(choice, proposal, mix)
     plot_measured_speedup(sweep_df, selection, out / "measured_speedup.png")
     write_json(out / "selection.json", selection)
@@ -507,6 +525,7 @@ def _run_main_job(out: Path, settings: RunSettings, *, log, progress: bool) -> d
         topk=s.topk,
         out_dir=out,
         progress=progress,
+        selection=selection,
     )
     log(format_validation(result))
     timings["validate_s"] = time.perf_counter() - t0
@@ -624,6 +643,18 @@ def _md_table(df: pd.DataFrame, floatfmt: str = "{:.3f}") -> str:
     return "\n".join(lines)
 
 
+def _percent(confidence: float) -> str:
+    """95%, or 98.75% where the sweep spent its error rate over several looks."""
+    return f"{confidence * 100:.4g}%"
+
+
+def _reason_text(cell: dict) -> str:
+    reason = cell.get("reason", "--")
+    if reason == "undecided":
+        return f"undecided: {rounds_needed_text(cell)}"
+    return reason
+
+
 def _rerun_command(s: RunSettings) -> str:
     """The `treeopt run` command line of the settings that differ from the CLI's defaults
     (those a report of the demo is made with; others read the full settings in run_state.json)."""
@@ -690,9 +721,11 @@ def _run_index(
         "## 3. Selection: the best tree per batch size on this machine",
         "",
         "By measured speedup τ·T(0)/T(n) with its "
-        f"{selection.get('confidence', 0.95):.0%} interval (bootstrap over paired rounds, τ's calibration error "
-        "included): the smallest tree indistinguishable from the best; no speculation unless the best's lower "
-        "bound is above 1 (`selection.json`; `sweep.csv` and `sweep.samples.npz` hold every measurement):",
+        f"{_percent(selection.get('confidence', 0.95))} interval (bootstrap over paired rounds, τ's calibration "
+        f"error included): the smallest tree whose paired lower bound is within {selection.get('tolerance', 0):.0%} "
+        "of every other tree's, shipped only where its own lower bound is above 1; `undecided` where the "
+        "rounds could not settle that, with the best estimate that beats 1 shipped (`selection.json`; "
+        "`sweep.csv` and `sweep.samples.npz` hold every measurement):",
         "",
         "| batch | context | chosen nodes | measured speedup | interval | rounds | reason | largest point speedup at "
         "| predicted speedup |",
@@ -705,7 +738,7 @@ def _run_index(
         L.append(
             f"| {c['batch']} | {c['context']} | {c['nodes'] or 'no speculation'} | "
             f"{format_speedup(c['measured_speedup'])} | {span} | {c.get('rounds', '--')} | "
-            f"{c.get('reason', '--')} | {c.get('best_nodes', '--')} | "
+            f"{_reason_text(c)} | {c.get('best_nodes', '--')} | "
             f"{format_speedup(c.get('predicted_speedup'))} |"
         )
     L += [

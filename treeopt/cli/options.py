@@ -17,9 +17,10 @@ class AtLeast(click.ParamType):
 
     name = "integer"
 
-    def __init__(self, minimum: int, maximum: int = MAX_INT):
+    def __init__(self, minimum: int, maximum: int = MAX_INT, why: str = ""):
         self.minimum = minimum
         self.maximum = maximum
+        self.why = why  # said after a value below the minimum
 
     def convert(self, value, param, ctx):
         if isinstance(value, int) and not isinstance(value, bool):
@@ -30,7 +31,7 @@ class AtLeast(click.ParamType):
             except ValueError:
                 self.fail(f"{value!r} is not an integer", param, ctx)
         if n < self.minimum:
-            self.fail(f"must be at least {self.minimum}, got {n}", param, ctx)
+            self.fail(f"must be at least {self.minimum}, got {n}" + (f" ({self.why})" if self.why else ""), param, ctx)
         if n > self.maximum:
             self.fail(f"must be at most {self.maximum}, got {str(n)[:24]}", param, ctx)
         return n
@@ -56,6 +57,53 @@ class FiniteAtLeast(click.ParamType):
 
 #: --topk: candidates per head index a vocabulary (treeopt.tree.MAX_RANK)
 TOPK = AtLeast(1, maximum=2**31)
+
+
+def repeats_option(default: int = 10):
+    """--repeats of a sweep: paired rounds per configuration, at least treeopt.stats.MIN_ROUNDS."""
+    # why here: treeopt.stats brings scipy, which the tree-only commands sharing this module
+    # must not pay for at start-up
+    from treeopt.stats import MIN_ROUNDS
+
+    why = "with fewer paired rounds, a 95% interval of the median covers the truth far less often than it says"
+    return click.option(
+        "--repeats",
+        type=AtLeast(MIN_ROUNDS, why=why),
+        default=default,
+        show_default=True,
+        help=f"Paired timed rounds per configuration (at least {MIN_ROUNDS}).",
+    )
+
+
+def budget_option():
+    """--budget (formerly --time-budget): seconds of extra rounds for the cells still open."""
+    return click.option(
+        "--budget",
+        "--time-budget",
+        "time_budget",
+        type=FiniteAtLeast(0),
+        default=60,
+        show_default=True,
+        metavar="SECONDS",
+        help="Extra time for more rounds where a cell's answer is still open: rounds double per cell "
+        "until its tree is settled within --tolerance (0: none).",
+    )
+
+
+def tolerance_option():
+    """--tolerance: the equivalence margin of a measured selection (treeopt.stats)."""
+    # why here: as in repeats_option
+    from treeopt.stats import DEFAULT_TOLERANCE
+
+    return click.option(
+        "--tolerance",
+        type=FiniteAtLeast(0),
+        default=DEFAULT_TOLERANCE,
+        show_default=True,
+        metavar="FRACTION",
+        help="Speedups within this fraction are the same answer: a smaller tree is taken when its paired "
+        "lower bound is at least 1 - FRACTION of every other tree's.",
+    )
 
 
 class IntList(click.ParamType):

@@ -37,7 +37,17 @@ from treeopt.app.validation import (
     validate,
     validate_sampled,
 )
-from treeopt.cli.options import RUN_MODEL_OPTIONS, TOPK, AtLeast, FiniteAtLeast, IntList, apply
+from treeopt.cli.options import (
+    RUN_MODEL_OPTIONS,
+    TOPK,
+    AtLeast,
+    FiniteAtLeast,
+    IntList,
+    apply,
+    budget_option,
+    repeats_option,
+    tolerance_option,
+)
 from treeopt.cli.safety import check_outputs, input_files
 from treeopt.engines import ENGINE_NAMES
 from treeopt.errors import UserError
@@ -177,15 +187,9 @@ def check_sweep_size(batches, contexts, sizes) -> None:
 @click.option(
     "--context", "contexts", type=IntList(1), default="128,512", show_default=True, help="Cached tokens per sequence."
 )
-@click.option("--repeats", type=AtLeast(3), default=15, show_default=True, help="Timed rounds per configuration.")
-@click.option(
-    "--time-budget",
-    type=FiniteAtLeast(0),
-    default=60,
-    show_default=True,
-    metavar="SECONDS",
-    help="Extra time for more rounds where a cell is undecided or noisy (0: none).",
-)
+@repeats_option()
+@budget_option()
+@tolerance_option()
 @click.option(
     "--hardware",
     default=None,
@@ -221,6 +225,7 @@ def sweep_cmd(
     contexts,
     repeats,
     time_budget,
+    tolerance,
     hardware,
     verification,
     end_to_end,
@@ -243,7 +248,14 @@ def sweep_cmd(
     )
     check_sweep_size(batches, contexts, sizes)
     settings = SweepSettings(
-        sizes, batches, contexts, repeats=repeats, topk=topk, time_budget_s=time_budget, verification=verification
+        sizes,
+        batches,
+        contexts,
+        repeats=repeats,
+        topk=topk,
+        time_budget_s=time_budget,
+        verification=verification,
+        tolerance=tolerance,
     )
     table, tau = load_tau_curves(accuracy, max(sizes), method=method)
     profile = load_hardware(hardware) if hardware is not None else None
@@ -427,15 +439,9 @@ def validate_sampled_cmd(
     "--context", "contexts", type=IntList(1), default="128,512", show_default=True, help="Context lengths to sweep."
 )
 @click.option("--sizes", type=IntList(0), default="0,1,2,4,8,16,32,64", show_default=True, help="Tree sizes to sweep.")
-@click.option("--repeats", type=AtLeast(3), default=10, show_default=True)
-@click.option(
-    "--time-budget",
-    type=FiniteAtLeast(0),
-    default=60,
-    show_default=True,
-    metavar="SECONDS",
-    help="Extra sweep time for more rounds where a cell is undecided or noisy (0: none).",
-)
+@repeats_option()
+@budget_option()
+@tolerance_option()
 @click.option(
     "--steps",
     type=AtLeast(2),
@@ -474,6 +480,7 @@ def run_cmd(
     sizes,
     repeats,
     time_budget,
+    tolerance,
     steps,
     quick,
     engine,
@@ -507,6 +514,7 @@ def run_cmd(
         contexts=contexts,
         repeats=repeats,
         time_budget_s=time_budget,
+        tolerance=tolerance,
         validation_sizes=tuple(n for n in sizes if n > 0) or (1,),
         hw_quick=quick,
         threads=threads,

@@ -13,7 +13,7 @@ import numpy as np
 from treeopt import api
 from treeopt.accuracy import expected_tokens, load_accuracy, node_values, unmeasured_nodes
 from treeopt.build import METHODS, build_tree
-from treeopt.cli.options import TOPK, AtLeast
+from treeopt.cli.options import TOPK, AtLeast, tolerance_option
 from treeopt.cli.safety import check_outputs, input_files
 from treeopt.engines import ENGINE_NAMES, check, get_engine
 from treeopt.errors import UserError
@@ -443,6 +443,7 @@ def compare_cmd(tree_specs, accuracy_path, csv_model, nodes, engine, as_json):
     show_default=True,
     help="A tree must beat this speedup, else no speculation.",
 )
+@tolerance_option()
 @click.option(
     "--engine",
     type=click.Choice(ENGINE_NAMES),
@@ -466,7 +467,9 @@ def compare_cmd(tree_specs, accuracy_path, csv_model, nodes, engine, as_json):
     "[default: the sweep's, else tree].",
 )
 @click.option("-o", "--output", default=None, metavar="FILE.json", help="Selection JSON [default: stdout].")
-def select_cmd(sweep_file, grid_file, accuracy, csv_model, by, threshold, engine, mix_spec, verification, output):
+def select_cmd(
+    sweep_file, grid_file, accuracy, csv_model, by, threshold, tolerance, engine, mix_spec, verification, output
+):
     """Pick the best tree per (batch, context): from a measured sweep, or from predictions
     alone for hardware you don't have."""
     if (sweep_file is None) == (grid_file is None):
@@ -486,6 +489,7 @@ def select_cmd(sweep_file, grid_file, accuracy, csv_model, by, threshold, engine
         source,
         by=by,
         threshold=threshold,
+        tolerance=tolerance,
         engine=engine,
         accuracy=table,
         mix=mix_spec,
