@@ -10,7 +10,14 @@ import importlib
 import sys
 from pathlib import Path
 
-MODULES = ["bench_trees", "bench_roofline", "bench_profile_fit", "bench_calibration", "bench_decoder"]
+MODULES = [
+    "bench_trees",
+    "bench_roofline",
+    "bench_profile_fit",
+    "bench_selection",
+    "bench_calibration",
+    "bench_decoder",
+]
 
 
 def main(argv: list[str]) -> int:

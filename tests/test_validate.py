@@ -269,7 +269,7 @@ def test_sweep_select_validate_cli(tiny, inputs, tmp_path, capsys):
                 "--context",
                 "8",
                 "--repeats",
-                "4",
+                "6",
                 "--resume",
                 "-o",
                 str(out),

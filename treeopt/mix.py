@@ -281,7 +281,7 @@ def choose_mix_tree(
     grid_cells = grid.merge(pd.DataFrame({"batch": batches, "context": mix.context}), on=["batch", "context"])
     best = best_per_cell(grid_cells, threshold=threshold).set_index(["batch", "context"])
     keys = list(zip(mix.batch, mix.context, strict=True))
-    best_nodes = best.loc[keys, "nodes"].to_numpy(dtype=np.int64)
+    best_nodes = best.loc[keys, "nodes"].to_numpy(dtype=np.int64, copy=True)
     best_speed = np.where(best_nodes > 0, best.loc[keys, "speedup"].to_numpy(dtype=float), 1.0)
     if chosen:
         speed_at = grid_cells.set_index(["batch", "context", "nodes"])["speedup"]

@@ -174,20 +174,21 @@ def decide_cell(
     confidence: float = CONFIDENCE,
     rounds: int = 0,
 ) -> CellDecision:
-    """The smallest tree as good as every other within `tolerance`, shipped only where it
-    beats `threshold` at its lower bound (docs/statistics.md "Choosing a tree with intervals").
+    """The smallest tree as good as the best within `tolerance`, shipped only where it beats
+    `threshold` at its lower bound (docs/statistics.md "Choosing a tree with intervals").
 
     Arrays over the sizes in ascending order, index 0 = plain decoding, whose value is the
     threshold (a tree must beat it to ship). `draws` (draws, sizes): paired bootstrap draws of
     the speedups (`SpeedupDraws.speedup`); None: the ratio bounds are taken from the marginal
     intervals, lo(i) / hi(j), which is conservative. Size i is *as good as* size j when the lower
-    bound of speedup(i) / speedup(j) is at least 1 - tolerance; it must be as good as plain
-    decoding and as every reliable tree that may beat the threshold (hi above it). The answer is
-    the smallest size that is, among plain decoding and the trees whose lower bound is above the
-    threshold: reason "no speculation", "best" (it has the largest point speedup) or
-    "within-tolerance". Where no size is: "undecided", and the tree of largest point speedup
-    among those that beat the threshold at their lower bound ships (plain decoding where none
-    does); "unreliable" when every tree was flagged."""
+    bound of speedup(i) / speedup(j) is at least 1 - tolerance. No speculation when plain
+    decoding is as good as every reliable tree that may beat the threshold (hi above it).
+    Otherwise the answer is the smallest tree as good as the best point estimate among those
+    whose own lower bound beats the threshold: reason "best" or "within-tolerance" when it is
+    also as good as every tree that may pay (settled), "undecided" when one of them may still be
+    better by more than the tolerance. Where no tree that beats the threshold is as good as the
+    best, "undecided" with the one of largest point speedup (plain decoding where none beats
+    it); "unreliable" when every tree was flagged."""
     speedup = np.asarray(speedup, dtype=float)
     size = speedup.size
     lo = np.where(np.isfinite(lo), lo, speedup)
@@ -209,21 +210,33 @@ def decide_cell(
     # the sizes every answer must be as good as: plain decoding and the trees that may pay
     rivals = ~trees | (candidate & (hi > threshold))
     shippable = ~trees | (candidate & (low[:, 0] > 1.0))
-    need = np.where(np.eye(size, dtype=bool) | ~rivals[None, :], True, low >= 1.0 - tolerance)
-    good = shippable & need.all(axis=1)
-    more = _rounds_needed(point, low, rivals, candidate | ~trees, tolerance, rounds)
-    if good.any():
-        chosen = int(np.flatnonzero(good)[0])
-        reason = "no speculation" if chosen == 0 else ("best" if chosen == best else "within-tolerance")
-        return CellDecision(chosen, reason, best, True, float(rounds))
-    ship = int(np.argmax(np.where(shippable, point, -np.inf)))
-    return CellDecision(ship, "undecided", best, False, more)
+    within = (low >= 1.0 - tolerance) | np.eye(size, dtype=bool)
+    # settled[i]: no size that may pay can be more than the tolerance better than i
+    settled = (within | ~rivals[None, :]).all(axis=1)
+    if settled[0]:
+        return CellDecision(0, "no speculation", best, True, float(rounds))
+    # the smallest tree that can ship and is as good as the best point estimate
+    as_good = shippable & trees & within[:, best]
+    if not as_good.any():
+        ship = int(np.argmax(np.where(shippable, point, -np.inf)))
+        answers = (np.arange(size) == best) | ~trees
+        return CellDecision(
+            ship, "undecided", best, False, _rounds_needed(point, low, rivals, answers, tolerance, rounds)
+        )
+    chosen = int(np.flatnonzero(as_good)[0])
+    if settled[chosen]:
+        return CellDecision(chosen, "best" if chosen == best else "within-tolerance", best, True, float(rounds))
+    answers = (np.arange(size) == chosen) | ~trees
+    return CellDecision(
+        chosen, "undecided", best, False, _rounds_needed(point, low, rivals, answers, tolerance, rounds)
+    )
 
 
 def _rounds_needed(point, low, rivals, answers, tolerance: float, rounds: int) -> float:
-    """Rounds in all after which some answer would meet its conditions, if the point ratios
-    stayed and the log-interval half-widths shrank as 1 / sqrt(rounds): the fewest over the
-    possible answers of the most any of its conditions needs (inf: no answer can)."""
+    """Rounds in all after which one of `answers` (the tree shipped, or plain decoding) would
+    be settled, if the point ratios stayed and the log-interval half-widths shrank as
+    1 / sqrt(rounds): the fewest over those answers of the most any of its conditions needs
+    (inf: neither can)."""
     if rounds <= 0:
         return float("inf")
     with np.errstate(divide="ignore", invalid="ignore"):

@@ -722,10 +722,10 @@ def _run_index(
         "",
         "By measured speedup τ·T(0)/T(n) with its "
         f"{_percent(selection.get('confidence', 0.95))} interval (bootstrap over paired rounds, τ's calibration "
-        f"error included): the smallest tree whose paired lower bound is within {selection.get('tolerance', 0):.0%} "
-        "of every other tree's, shipped only where its own lower bound is above 1; `undecided` where the "
-        "rounds could not settle that, with the best estimate that beats 1 shipped (`selection.json`; "
-        "`sweep.csv` and `sweep.samples.npz` hold every measurement):",
+        f"error included): the smallest tree within {selection.get('tolerance', 0):.0%} of the best point estimate at "
+        "the lower bound of their paired ratio, shipped only where its own lower bound is above 1; `undecided` "
+        "where another tree may still be better by more than that (`selection.json`; `sweep.csv` and "
+        "`sweep.samples.npz` hold every measurement):",
         "",
         "| batch | context | chosen nodes | measured speedup | interval | rounds | reason | largest point speedup at "
         "| predicted speedup |",
@@ -810,7 +810,7 @@ def _run_index(
         ]
     if result.regret is not None:
         L += [
-            "Tree chosen by prediction alone against the measured best (fraction of the best measured speedup):",
+            "Tree chosen by prediction alone against the tree the selection ships (fraction of its measured speedup):",
             "",
             _md_table(result.regret),
             "",
