@@ -336,8 +336,9 @@ class GroupBudget:
 
 
 def _settled(samples: np.ndarray, sizes: list[int], reliable: np.ndarray, budget: GroupBudget) -> bool:
-    """Whether more rounds could still change the cell's answer by more than the tolerance
-    (`treeopt.stats.decide_cell`, the rule `treeopt select` applies to the finished sweep)."""
+    """Whether the cell's answer is settled: no more rounds could change it by more than the
+    tolerance (`treeopt.stats.decide_cell`, the rule `treeopt select` applies to the finished
+    sweep)."""
     idx = np.asarray(sizes)
     se = None if budget.tau_se is None else budget.tau_se[idx]
     draws = bootstrap_speedups(samples, budget.tau[idx], se)

@@ -1017,8 +1017,8 @@ MUTANTS = (
     Mutant(
         "stats-open-cell-called-decided",
         "treeopt/stats.py",
-        "    if settled[chosen]:",
-        "    if True:",
+        "    if as_good.any() and settled[chosen]:",
+        "    if as_good.any():",
         "a cell is decided although another tree may still be better by more than the tolerance",
         ("tests/test_selection_noise.py", "tests/test_stats.py"),
     ),
@@ -1033,8 +1033,8 @@ MUTANTS = (
     Mutant(
         "stats-undecided-ships-the-best",
         "treeopt/stats.py",
-        "ship = int(np.argmax(np.where(shippable, point, -np.inf)))",
-        "ship = best",
+        "chosen = int(np.argmax(np.where(shippable, point, -np.inf)))",
+        "chosen = best",
         "an undecided cell ships its best point estimate even where it may be a slowdown",
         ("tests/test_stats.py",),
     ),

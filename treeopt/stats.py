@@ -197,7 +197,8 @@ def decide_cell(
     trees = np.arange(size) > 0
     candidate = trees & reliable & np.isfinite(speedup)
     if not candidate.any():
-        return CellDecision(0, "unreliable" if (trees & ~reliable).any() else "no speculation", 0, True, rounds)
+        reason = "unreliable" if (trees & ~reliable).any() else "no speculation"
+        return CellDecision(0, reason, 0, True, float(rounds))
     best = int(np.argmax(np.where(candidate, speedup, -np.inf)))  # first maximum: the smallest on ties
     point = np.where(trees, speedup, threshold)
     if draws is None:
@@ -215,26 +216,23 @@ def decide_cell(
     settled = (within | ~rivals[None, :]).all(axis=1)
     if settled[0]:
         return CellDecision(0, "no speculation", best, True, float(rounds))
-    # the smallest tree that can ship and is as good as the best point estimate
+    # the smallest tree that can ship and is as good as the best point estimate; where none
+    # is, the tree of largest point speedup that can ship (plain decoding where none can)
     as_good = shippable & trees & within[:, best]
-    if not as_good.any():
-        ship = int(np.argmax(np.where(shippable, point, -np.inf)))
-        answers = (np.arange(size) == best) | ~trees
-        return CellDecision(
-            ship, "undecided", best, False, _rounds_needed(point, low, rivals, answers, tolerance, rounds)
-        )
-    chosen = int(np.flatnonzero(as_good)[0])
-    if settled[chosen]:
+    if as_good.any():
+        chosen = int(np.flatnonzero(as_good)[0])
+    else:
+        chosen = int(np.argmax(np.where(shippable, point, -np.inf)))
+    if as_good.any() and settled[chosen]:
         return CellDecision(chosen, "best" if chosen == best else "within-tolerance", best, True, float(rounds))
-    answers = (np.arange(size) == chosen) | ~trees
-    return CellDecision(
-        chosen, "undecided", best, False, _rounds_needed(point, low, rivals, answers, tolerance, rounds)
-    )
+    answers = np.isin(np.arange(size), (0, chosen, best))
+    more = _rounds_needed(point, low, rivals, answers, tolerance, rounds)
+    return CellDecision(chosen, "undecided", best, False, more)
 
 
 def _rounds_needed(point, low, rivals, answers, tolerance: float, rounds: int) -> float:
-    """Rounds in all after which one of `answers` (the tree shipped, or plain decoding) would
-    be settled, if the point ratios stayed and the log-interval half-widths shrank as
+    """Rounds in all after which one of `answers` (the tree shipped, the best point estimate or
+    plain decoding) would be settled, if the point ratios stayed and the log-interval half-widths shrank as
     1 / sqrt(rounds): the fewest over those answers of the most any of its conditions needs
     (inf: neither can)."""
     if rounds <= 0:
