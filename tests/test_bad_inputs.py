@@ -193,6 +193,24 @@ CASES = [
         "is also an input",
     ),
     (
+        "select-tolerance-too-large",
+        "select --sweep sweep.csv --tolerance 0.7",
+        {},
+        "must be a fraction in [0, 0.5)",
+    ),
+    (
+        "sweep-too-few-rounds",
+        "sweep --model {tiny} --accuracy acc.json --repeats 3 -o out.csv",
+        {},
+        "must be at least 5, got 3 (with fewer paired rounds",
+    ),
+    (
+        "run-too-few-rounds",
+        "run --repeats 4 -o out",
+        {},
+        "must be at least 5, got 4",
+    ),
+    (
         "candidates-o-acc",
         "roofline candidates --model llama-7b --hardware a100 --accuracy acc.json --topk 4,3,2 --candidates 4 "
         "-o acc.json",
