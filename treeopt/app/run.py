@@ -232,22 +232,27 @@ def other_forms(lm, table: AccuracyTable, acc_file, s: RunSettings) -> list[Othe
     ]
 
 
+def _sweep_settings(s: RunSettings, sizes, verification: str = "tree") -> SweepSettings:
+    """The sweep of `sizes` the run's settings ask for (every form is measured alike)."""
+    return SweepSettings(
+        sizes,
+        s.batches,
+        s.contexts,
+        repeats=s.repeats,
+        topk=s.topk,
+        time_budget_s=s.time_budget_s,
+        verification=verification,
+        tolerance=s.tolerance,
+    )
+
+
 def _measure_form(
     lm, table, form: OtherForm, s: RunSettings, out: Path, hw, threads: int, acc_file, log, progress
 ) -> dict:
     """Sweep `form` like the proposal trees (`sweep-NAME.csv`, `selection-NAME.json`,
     `proposal-NAME.json`); returns its selection."""
     csv = out / f"sweep-{form.name}.csv"
-    settings = SweepSettings(
-        form.sizes,
-        s.batches,
-        s.contexts,
-        repeats=s.repeats,
-        topk=s.topk,
-        time_budget_s=s.time_budget_s,
-        verification=form.verification,
-        tolerance=s.tolerance,
-    )
+    settings = _sweep_settings(s, form.sizes, form.verification)
     log(
         f"[sweep] {form.name}: {', '.join(form.labels.values())} ({form.verification} verification) x batch "
         f"{list(s.batches)} x context {list(s.contexts)}"
@@ -459,15 +464,7 @@ def _run_main_job(out: Path, settings: RunSettings, *, log, progress: bool) -> d
     # 5. measured sweep
     t0 = time.perf_counter()
     sizes = _drafted(tuple(n for n in s.sizes if n <= proposal.size), proposal, target)
-    sw = SweepSettings(
-        sizes,
-        s.batches,
-        s.contexts,
-        repeats=s.repeats,
-        topk=s.topk,
-        time_budget_s=s.time_budget_s,
-        tolerance=s.tolerance,
-    )
+    sw = _sweep_settings(s, sizes)
     log(
         f"[sweep] sizes {list(sizes)} x batch {list(s.batches)} x context {list(s.contexts)}, "
         f"{s.repeats} rounds each (+ up to {s.time_budget_s:g} s of extra rounds where the answer is open), "
