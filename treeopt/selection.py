@@ -449,9 +449,9 @@ def select(
 
     by="measured": the measured speedup (end to end where the sweep measured it, see
     `measured_speedup`), decided with its interval (`measured_decisions`): per (batch,
-    context) the smallest tree as good as every other within `tolerance` (a fraction of the
-    speedup) at `confidence`, shipped only where its lower bound beats `threshold`, else
-    "undecided" with the best point estimate that does; `samples` are the sweep's per-round
+    context) the smallest tree within `tolerance` (a fraction of the speedup) of the best
+    point estimate at `confidence`, shipped only where its lower bound beats `threshold`, and
+    "undecided" where another tree may still be better by more than `tolerance`; `samples` are the sweep's per-round
     step times (`read_round_samples`) for the paired ratios. by="predicted": the roofline
     prediction stored in the sweep (for hardware you don't have), the argmax (the smallest size
     on ties). Every cell also carries `measured_speedup` and (where the sweep has predictions)
@@ -541,9 +541,9 @@ def check_tolerance(tolerance) -> float:
     try:
         value = float(tolerance)
     except (TypeError, ValueError):
-        raise UserError(f"--tolerance: expected a fraction such as 0.03, got {tolerance!r}") from None
+        raise UserError(f"--tolerance: expected a fraction such as 0.05, got {tolerance!r}") from None
     if not 0.0 <= value < 0.5:
-        raise UserError(f"--tolerance: must be a fraction in [0, 0.5), such as 0.03 (3%), got {tolerance}")
+        raise UserError(f"--tolerance: must be a fraction in [0, 0.5), such as 0.05 (5%), got {tolerance}")
     return value
 
 
