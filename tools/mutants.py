@@ -1063,6 +1063,22 @@ MUTANTS = (
         ("tests/test_stats.py",),
     ),
     Mutant(
+        "stats-fit-consistency-no-band",
+        "treeopt/stats.py",
+        "    band = np.log1p(tolerance)",
+        "    band = 0.0",
+        "a cell counts as consistent with the pooled fit only if the fit is exact",
+        ("tests/test_pooled.py",),
+    ),
+    Mutant(
+        "pooled-decides-inconsistent-cells",
+        "treeopt/app/pooled.py",
+        'if cell.get("reason") == "undecided" and consistent and by_fit.settled:',
+        'if cell.get("reason") == "undecided" and by_fit.settled:',
+        "the pooled fit decides a cell whose measurement it does not describe",
+        ("tests/test_pooled.py",),
+    ),
+    Mutant(
         "mix-own-best-not-the-selection",
         "treeopt/mix.py",
         "                best_nodes[i] = n",

@@ -741,6 +741,12 @@ def format_selection(doc: dict) -> str:
             extra += f"  {c['reason']}" + (f", {c['rounds']} rounds" if c.get("rounds") else "")
             if c["reason"] == "undecided":
                 extra += f" ({rounds_needed_text(c)})"
+            if c.get("decided_by"):
+                extra += f", decided by the {c['decided_by']}"
+            if "fit_nodes" in c:
+                extra += f"; pooled fit: {c['fit_nodes']} nodes" + (
+                    "" if c["fit_consistent"] else " (the fit does not describe this cell)"
+                )
         lines.append(
             f"  batch {c['batch']:4d}  context {c['context']:6d}: {what}  speedup {format_speedup(c['speedup'])}{extra}"
         )

@@ -37,6 +37,7 @@ __all__ = [
     "decide_cell",
     "ratio_lower_bounds",
     "sequential_confidence",
+    "consistent_with_fit",
     "tau_stderr",
     "tau_stderr_independent_positions",
 ]
@@ -247,6 +248,26 @@ def _rounds_needed(point, low, rivals, answers, tolerance: float, rounds: int) -
     need = np.where(np.eye(point.size, dtype=bool) | ~rivals[None, :], rounds, need)
     per_answer = np.where(answers, need.max(axis=1), np.inf)
     return float(np.ceil(per_answer.min())) if np.isfinite(per_answer.min()) else float("inf")
+
+
+def consistent_with_fit(
+    measured_overhead, fit_overhead, *, tolerance: float = DEFAULT_TOLERANCE, confidence: float = CONFIDENCE
+) -> np.ndarray:
+    """(sizes,) bool: the cell's measured T(n)/T(0) does not differ from a pooled fit's by more
+    than `tolerance` beyond the noise (docs/statistics.md "Pooled evidence").
+
+    `measured_overhead` (draws, sizes): the cell's bootstrap over its own rounds;
+    `fit_overhead` (fit_draws, sizes): the fit's bootstrap. The two are independent, so draw k of
+    the one is paired with draw k mod fit_draws of the other. A size is consistent when the
+    interval of log(measured / fit), at `confidence` spent over the sizes (Bonferroni), reaches
+    the band +-log(1 + tolerance)."""
+    m = np.log(np.asarray(measured_overhead, dtype=float))
+    f = np.log(np.asarray(fit_overhead, dtype=float))
+    diff = m - f[np.arange(m.shape[0]) % f.shape[0]]
+    level = sequential_confidence(m.shape[1], confidence)
+    lo, hi = interval(diff, level)
+    band = np.log1p(tolerance)
+    return (lo <= band) & (hi >= -band)
 
 
 def sequential_confidence(looks: int, confidence: float = CONFIDENCE) -> float:

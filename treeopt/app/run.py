@@ -27,6 +27,7 @@ from treeopt.accuracy import AccuracyTable, load_accuracy
 from treeopt.app.draft_model import chain_tau_curves, write_gamma_prediction
 from treeopt.app.hwcalibrate import calibrate_hardware
 from treeopt.app.models import draft_cost_of_drafter, draft_shape_of, is_demo, shape_of
+from treeopt.app.pooled import add_pooled_evidence, format_pooled, pooled_from_sweep
 from treeopt.app.sweep import (
     DEMO_VALIDATION,
     check_prompt_source,
@@ -477,18 +478,27 @@ def _run_main_job(out: Path, settings: RunSettings, *, log, progress: bool) -> d
     if len(set(s.batches)) > 1 and 1 in s.batches and lm.heads.kind != "draft-model":
         log(f"[fit] {format_transfer(fit_from_sweep(lm, proposal, hw, sweep_df, out))}")
 
-    # 6. selection
+    # 6. selection, with the evidence of a profile fitted to every cell
+    round_samples = read_round_samples(sweep_samples_path(out / "sweep.csv"))
     selection = select(
         sweep_df,
         proposal,
         by="measured",
         hardware=hw.name,
         model=s.model,
-        samples=read_round_samples(sweep_samples_path(out / "sweep.csv")),
+        samples=round_samples,
         threads=threads,
         tolerance=s.tolerance,
         confidence=sw.confidence,
     )
+    if lm.heads.kind != "draft-model" and round_samples:
+        t0 = time.perf_counter()
+        pooled = pooled_from_sweep(lm, proposal, hw, sweep_df, round_samples)
+        add_pooled_evidence(
+            selection, sweep_df, round_samples, pooled, proposal, tolerance=s.tolerance, confidence=sw.confidence
+        )
+        log(f"[pooled] {format_pooled(selection)}")
+        timings["pooled_fit_s"] = time.perf_counter() - t0
     selection["dtype"] = dtype_name
     forms = other_forms(lm, table, acc_file, s)
     if forms:
@@ -649,7 +659,15 @@ def _reason_text(cell: dict) -> str:
     reason = cell.get("reason", "--")
     if reason == "undecided":
         return f"undecided: {rounds_needed_text(cell)}"
+    if cell.get("decided_by"):
+        return f"{reason}, decided by the {cell['decided_by']}"
     return reason
+
+
+def _fit_text(cell: dict) -> str:
+    if "fit_nodes" not in cell:
+        return "--"
+    return f"{cell['fit_nodes']}" + ("" if cell["fit_consistent"] else " (the fit does not describe this cell)")
 
 
 def _rerun_command(s: RunSettings) -> str:
@@ -725,8 +743,8 @@ def _run_index(
         "`sweep.samples.npz` hold every measurement):",
         "",
         "| batch | context | chosen nodes | measured speedup | interval | rounds | reason | largest point speedup at "
-        "| predicted speedup |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| pooled fit's pick | predicted speedup |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for c in selection["cells"]:
         span = (
@@ -735,9 +753,11 @@ def _run_index(
         L.append(
             f"| {c['batch']} | {c['context']} | {c['nodes'] or 'no speculation'} | "
             f"{format_speedup(c['measured_speedup'])} | {span} | {c.get('rounds', '--')} | "
-            f"{_reason_text(c)} | {c.get('best_nodes', '--')} | "
+            f"{_reason_text(c)} | {c.get('best_nodes', '--')} | {_fit_text(c)} | "
             f"{format_speedup(c.get('predicted_speedup'))} |"
         )
+    if "pooled_fit" in selection:
+        L += ["", f"Pooled evidence: the {format_pooled(selection)} (`selection.json` `pooled_fit`)."]
     L += [
         "",
         "Measured speedup against tree size per batch size, with its interval band, the pick marked "

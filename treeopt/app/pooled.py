@@ -1,0 +1,205 @@
+"""Pooled evidence: one engine profile fitted to every cell of a sweep, with its uncertainty
+from a bootstrap over rounds, checked against each cell and used to decide the cells the
+measurement left open (docs/statistics.md "Pooled evidence").
+
+A cell measures its own tree sizes with a few dozen rounds; the profile pools all cells'
+rounds into a few engine terms, so its T(n)/T(0) is far less noisy than one cell's, as long as
+the engine behaves as the latency model says. Where a cell's measurement differs from the fit
+by more than the tolerance beyond the noise, the model does not describe that cell and the
+cell's own answer stands.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+import pandas as pd
+
+from roofline.hardware import HardwareProfile
+from roofline.profile_fit import fit_profile, predict_step_s, sweep_step_points
+from roofline.shapes import DraftHeadsShape, ModelShape
+from treeopt.app.models import shape_of
+from treeopt.selection import cell_draws
+from treeopt.stats import CONFIDENCE, DEFAULT_TOLERANCE, consistent_with_fit, decide_cell, interval
+from treeopt.tree import Tree
+
+#: bootstrap refits of the pooled profile: each costs one least-squares fit (about 0.5 s for the
+#: demo's 64 rows on the development CPU), and the fit's spread is a small part of a cell's
+POOLED_DRAWS = 40
+
+
+@dataclass(frozen=True)
+class PooledFit:
+    """The profile fitted to every row of a sweep and its bootstrap over rounds.
+
+    `terms`: the fitted engine terms (seconds or efficiencies, by name); `term_intervals`:
+    their 95% percentile intervals over the refits; `overhead_point[(batch, context)]`: the
+    fit's T(n)/T(0) per size of the cell (sizes ascending, `sizes[(batch, context)]`),
+    `overhead_draws[(batch, context)]`: (draws, sizes) the same from every refit."""
+
+    terms: dict
+    term_intervals: dict
+    sizes: dict = field(repr=False)
+    overhead_point: dict = field(repr=False)
+    overhead_draws: dict = field(repr=False)
+    draws: int = POOLED_DRAWS
+
+
+def _cell_overheads(sweep: pd.DataFrame, step_s: np.ndarray) -> dict:
+    """{(batch, context): T(n)/T(0) per size ascending} from per-row step seconds."""
+    frame = sweep[["batch", "context", "nodes"]].assign(step_s=step_s)
+    out = {}
+    for (b, s), cell in frame.groupby(["batch", "context"]):
+        cell = cell.sort_values("nodes")
+        out[(int(b), int(s))] = cell["step_s"].to_numpy() / float(cell["step_s"].iloc[0])
+    return out
+
+
+def fit_pooled(
+    shape: ModelShape,
+    heads: DraftHeadsShape | None,
+    base: HardwareProfile,
+    sweep: pd.DataFrame,
+    samples: dict,
+    heads_by_nodes,
+    *,
+    draws: int = POOLED_DRAWS,
+    seed: int = 0,
+) -> PooledFit:
+    """Fit `base`'s engine terms to every row of `sweep` (median step times) and refit on
+    `draws` bootstrap resamples of each cell's paired rounds (`samples`, as
+    `treeopt.selection.read_round_samples` returns them)."""
+    sweep = sweep.sort_values(["batch", "context", "nodes"], ignore_index=True)
+    points = sweep_step_points(sweep, heads_by_nodes)
+    fit = fit_profile(shape, heads, base, points, leave_one_out=False, source="the sweep's rows")
+    point = _cell_overheads(sweep, predict_step_s(shape, heads, fit.profile, points))
+    rng = np.random.default_rng(seed)
+    rows = {key: np.flatnonzero((sweep["batch"] == key[0]) & (sweep["context"] == key[1])) for key in samples}
+    terms, overheads = [], []
+    for _ in range(draws):
+        step = sweep["step_time_s"].to_numpy(dtype=float).copy()
+        for key, (sizes, x) in samples.items():
+            pick = rng.integers(0, x.shape[0], size=x.shape[0])  # whole rounds, as the cells' own bootstrap
+            if len(rows[key]) == len(sizes):
+                step[rows[key]] = np.median(x[pick], axis=0)
+        refit = fit_profile(shape, heads, base, replace(points, step_s=step), leave_one_out=False)
+        terms.append(refit.terms)
+        overheads.append(_cell_overheads(sweep, predict_step_s(shape, heads, refit.profile, points)))
+    intervals = {
+        name: tuple(float(v) for v in np.quantile([t[name] for t in terms], [0.025, 0.975])) for name in fit.terms
+    }
+    sizes = {
+        (int(b), int(s)): cell["nodes"].astype(int).tolist() for (b, s), cell in sweep.groupby(["batch", "context"])
+    }
+    stacked = {key: np.stack([o[key] for o in overheads]) for key in point}
+    return PooledFit(dict(fit.terms), intervals, sizes, point, stacked, draws)
+
+
+def add_pooled_evidence(
+    doc: dict,
+    sweep: pd.DataFrame,
+    samples: dict,
+    pooled: PooledFit,
+    proposal: Tree,
+    *,
+    tolerance: float = DEFAULT_TOLERANCE,
+    confidence: float = CONFIDENCE,
+    threshold: float = 1.0,
+) -> None:
+    """Add the pooled fit's pick and its consistency to every measured cell of the selection
+    `doc`, and decide from the fit the undecided cells whose measurement is consistent with it
+    (`decided_by: "pooled fit"`); a cell the fit does not describe keeps its own answer
+    (`fit_consistent: false`)."""
+    table = sweep.sort_values(["batch", "context", "nodes"], ignore_index=True)
+    rng = np.random.default_rng(1)
+    decided = 0
+    consistent_cells = 0
+    for cell in doc["cells"]:
+        key = (cell["batch"], cell["context"])
+        rows = table[(table["batch"] == key[0]) & (table["context"] == key[1])]
+        got = samples.get(key)
+        sizes = rows["nodes"].astype(int).tolist()
+        if (
+            got is None
+            or list(got[0]) != sizes
+            or key not in pooled.overhead_draws
+            or cell.get("measured_by") == "end-to-end"
+        ):
+            continue
+        measured = cell_draws(rows, got[1])
+        fit_overhead = np.maximum(pooled.overhead_draws[key], 1.0)
+        tau = rows["tau"].to_numpy(dtype=float)
+        se = np.nan_to_num(rows["tau_se"].to_numpy(dtype=float)) if "tau_se" in rows else np.zeros_like(tau)
+        # one tau draw per refit, shared by every size, as in the cells' own bootstrap
+        tau_draws = np.maximum(tau[None, :] + se[None, :] * rng.standard_normal((fit_overhead.shape[0], 1)), 1.0)
+        fit_speed = tau_draws / fit_overhead
+        lo, hi = interval(fit_speed, confidence)
+        point = tau / np.maximum(pooled.overhead_point[key], 1.0)
+        reliable = ~(np.nan_to_num(rows["unreliable"].to_numpy(dtype=float)) > 0)
+        by_fit = decide_cell(
+            point, lo, hi, reliable, draws=fit_speed, threshold=threshold, tolerance=tolerance, confidence=confidence
+        )
+        consistent = bool(
+            consistent_with_fit(
+                measured.overhead[:, 1:], fit_overhead[:, 1:], tolerance=tolerance, confidence=confidence
+            ).all()
+        )
+        consistent_cells += consistent
+        cell["fit_nodes"] = sizes[by_fit.index]
+        cell["fit_consistent"] = consistent
+        if cell.get("reason") == "undecided" and consistent and by_fit.settled:
+            n = sizes[by_fit.index]
+            i = by_fit.index
+            own_lo, own_hi = interval(measured.speedup, confidence)
+            row = rows.iloc[i]
+            cell.update(
+                nodes=n,
+                medusa_choices=proposal.prefix(n).to_choices() if n else [],
+                speedup=round(float(row["speedup"]), 6) if n else 1.0,
+                measured_speedup=round(float(row["speedup"]), 6) if n else 1.0,
+                tau=round(float(row["tau"]), 6) if n else 1.0,
+                overhead=round(float(row["overhead"]), 6) if n else 1.0,
+                speedup_lo=round(float(own_lo[i]), 6) if n else 1.0,
+                speedup_hi=round(float(own_hi[i]), 6) if n else 1.0,
+                reason=by_fit.reason,
+                decided_by="pooled fit",
+            )
+            if "predicted_speedup" in cell:
+                cell["predicted_speedup"] = round(float(row["predicted_speedup"]), 6) if n else 1.0
+            cell.pop("rounds_needed", None)
+            doc["undecided"] = [u for u in doc.get("undecided", []) if (u["batch"], u["context"]) != key]
+            decided += 1
+    doc["pooled_fit"] = {
+        "terms": {k: float(v) for k, v in pooled.terms.items()},
+        "term_intervals": {k: list(v) for k, v in pooled.term_intervals.items()},
+        "draws": pooled.draws,
+        "consistent_cells": int(consistent_cells),
+        "decided_cells": decided,
+    }
+
+
+def format_pooled(doc: dict) -> str:
+    """One line: the pooled fit's terms and what it decided."""
+    pooled = doc.get("pooled_fit")
+    if not pooled:
+        return ""
+    terms = ", ".join(f"{k} {v:.3g}" for k, v in pooled["terms"].items())
+    cells = [c for c in doc["cells"] if "fit_nodes" in c]
+    same = sum(c["fit_nodes"] == c["nodes"] for c in cells)
+    return (
+        f"profile fitted on every cell ({terms}; {pooled['draws']} refits over resampled rounds): consistent "
+        f"with {pooled['consistent_cells']} of {len(cells)} cells, picks the selected tree in {same}, decided "
+        f"{pooled['decided_cells']} undecided cell(s)"
+    )
+
+
+def pooled_from_sweep(lm, proposal: Tree, hardware: HardwareProfile, sweep: pd.DataFrame, samples: dict) -> PooledFit:
+    """`fit_pooled` for the loaded model and its draft heads (the heads a tree of n nodes runs:
+    those its depth reaches, as `treeopt.app.sweep.fit_from_sweep` counts them)."""
+    shape = shape_of(lm.name, dtype=str(lm.dtype).replace("torch.", ""))
+    heads = DraftHeadsShape(
+        lm.heads.num_heads, lm.heads.num_layers, lm.heads.hidden_size, lm.heads.vocab_size, tokens_per_sequence=1
+    )
+    depth = [proposal.prefix(n).depth for n in range(proposal.size + 1)]
+    return fit_pooled(shape, heads, hardware, sweep, samples, depth)
