@@ -4,6 +4,7 @@ import json
 import subprocess
 import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -78,6 +79,42 @@ def test_run_main_job_writes_a_consistent_report_and_resumes(tmp_path):
     assert mix["medusa_choices"] == proposal.prefix(mix["nodes"]).to_choices()
     assert mix["expected_tokens_per_s"] <= mix["per_cell_best_tokens_per_s"] * (1 + 1e-9)
     assert "### One tree for the traffic mix" in (out / "index.md").read_text()
+    assert_one_tree_per_cell(out)
+
+
+def _markdown_table(text: str, header_start: str) -> list[dict]:
+    """The rows of the markdown table whose header line starts with `header_start`."""
+    lines = text.splitlines()
+    i = next(k for k, line in enumerate(lines) if line.startswith(header_start))
+    names = [c.strip() for c in lines[i].strip("|").split("|")]
+    rows = []
+    for line in lines[i + 2 :]:
+        if not line.startswith("|"):
+            break
+        rows.append(dict(zip(names, (c.strip() for c in line.strip("|").split("|")), strict=True)))
+    return rows
+
+
+def assert_one_tree_per_cell(out):
+    """index.md's cell table, its validation table and its traffic-mix block, and the
+    validation CSV, all show the tree selection.json ships in each cell."""
+    doc = json.loads((out / "selection.json").read_text())
+    shipped = {(str(c["batch"]), str(c["context"])): c["nodes"] for c in doc["cells"]}
+    index = (out / "index.md").read_text()
+    cells = _markdown_table(index, "| batch | context | chosen nodes |")
+    as_shown = {(r["batch"], r["context"]): r["chosen nodes"] for r in cells}
+    assert as_shown == {k: str(n) if n else "no speculation" for k, n in shipped.items()}
+    validation = _markdown_table(index, "| batch | context | predicted_nodes | selected_nodes |")
+    assert {(r["batch"], r["context"]): int(r["selected_nodes"]) for r in validation} == shipped
+    csv = pd.read_csv(out / "validation_selection.csv")
+    assert {
+        (str(b), str(c)): n for b, c, n in csv[["batch", "context", "selected_nodes"]].itertuples(index=False)
+    } == shipped
+    if "mix" in doc:
+        mix = _markdown_table(index, "| batch | context | weight | best nodes |")
+        for r in mix:
+            n = shipped[(r["batch"], r["context"])]
+            assert r["best nodes"] == (str(n) if n else "none")
 
 
 def test_run_bad_option_is_one_line(capsys, tmp_path):
@@ -271,3 +308,7 @@ def test_run_for_vllm_measures_and_picks_only_trees_vllm_drafts_as_written(tmp_p
         assert n == 0 or check(proposal.prefix(n), vllm).as_written, n
     for cell in json.loads((tmp_path / "r" / "selection.json").read_text())["cells"]:
         assert cell["nodes"] == 0 or check(make_tree(cell["medusa_choices"]), vllm).as_written
+
+
+def test_the_committed_demo_report_shows_one_tree_per_cell():
+    assert_one_tree_per_cell(Path(__file__).resolve().parent.parent / "reports" / "demo-cpu")
