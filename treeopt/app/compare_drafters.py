@@ -132,8 +132,9 @@ def compare_drafters(runs: dict[str, Path], out_dir, *, sizes=SIZES, command: st
         "",
         "## Measured speedup per batch",
         "",
-        "The selection of each run: the tree of largest measured speedup per batch and context (nodes, "
-        "speedup τ·T(0)/T(n) from the measured step times); where a run also measured the drafter's own "
+        "The selection of each run: the tree its `selection.json` ships per batch and context (nodes, "
+        'measured speedup τ·T(0)/T(n); docs/statistics.md, "Choosing a tree with intervals"); where a run '
+        "also measured the drafter's own "
         "forms (a draft model's chains, IBM's candidate sets), the form it serves with "
         '(docs/architecture.md, "Forms the main job compares").',
         "",
