@@ -1079,6 +1079,14 @@ MUTANTS = (
         ("tests/test_pooled.py",),
     ),
     Mutant(
+        "stats-shipped-interval-single-level",
+        "treeopt/stats.py",
+        "return sequential_confidence(max(int(trees), 1), confidence)",
+        "return confidence",
+        "the shipped tree's interval at the single-size level, biased towards the draw that picked it",
+        ("tests/test_selection_noise.py",),
+    ),
+    Mutant(
         "mix-own-best-not-the-selection",
         "treeopt/mix.py",
         "                best_nodes[i] = n",

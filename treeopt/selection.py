@@ -34,6 +34,7 @@ from treeopt.stats import (
     bootstrap_speedups,
     decide_cell,
     interval,
+    shipped_confidence,
 )
 from treeopt.tau import proposal_sequence
 from treeopt.tree import Tree, make_tree
@@ -391,7 +392,7 @@ def measured_decisions(
         paired = got is not None and not e2e.any() and list(got[0]) == nodes.tolist()
         draws = cell_draws(cell, got[1]).speedup if paired else None
         if draws is not None:
-            lo, hi = interval(draws, confidence)
+            lo, hi = interval(draws, shipped_confidence(confidence, len(nodes) - 1))
         rounds = int(np.nanmax(_col(cell, "samples"), initial=0))
         decision = decide_cell(
             speed,
@@ -418,6 +419,7 @@ def measured_decisions(
                 "speedup_hi": hi[k] if k else 1.0,
                 "step_speedup": step_speed[k] if k else 1.0,
                 "rounds": rounds,
+                "sizes": nodes.tolist(),
                 "settled": decision.settled,
                 "rounds_needed": decision.rounds_needed,
                 "unreliable_nodes": nodes[~reliable].tolist(),
@@ -576,6 +578,8 @@ def _add_decisions(doc: dict, decisions: pd.DataFrame, confidence: float = CONFI
         ):
             noisy.append(where)
     doc["confidence"] = confidence
+    sizes = max((len(d["sizes"]) for d in decisions.to_dict("records")), default=2)
+    doc["interval_confidence"] = shipped_confidence(confidence, sizes - 1)
     doc["undecided"] = undecided
     doc["noisy"] = noisy
 

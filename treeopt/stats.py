@@ -37,6 +37,7 @@ __all__ = [
     "decide_cell",
     "ratio_lower_bounds",
     "sequential_confidence",
+    "shipped_confidence",
     "consistent_with_fit",
     "tau_stderr",
     "tau_stderr_independent_positions",
@@ -181,7 +182,8 @@ def decide_cell(
     Arrays over the sizes in ascending order, index 0 = plain decoding, whose value is the
     threshold (a tree must beat it to ship). `draws` (draws, sizes): paired bootstrap draws of
     the speedups (`SpeedupDraws.speedup`); None: the ratio bounds are taken from the marginal
-    intervals, lo(i) / hi(j), which is conservative. Size i is *as good as* size j when the lower
+    intervals, lo(i) / hi(j), which is conservative; with draws, a tree's own lower bound is taken
+    at `shipped_confidence`. Size i is *as good as* size j when the lower
     bound of speedup(i) / speedup(j) is at least 1 - tolerance. No speculation when plain
     decoding is as good as every reliable tree that may beat the threshold (hi above it).
     Otherwise the answer is the smallest tree as good as the best point estimate among those
@@ -209,9 +211,12 @@ def decide_cell(
         values[:, 0] = threshold
         low = ratio_lower_bounds(values, confidence)
         _, hi = interval(values, confidence)
+        # why: the shipped tree is picked from all sizes, so its own interval is taken at the
+        # level spent over them, which holds whichever size is picked
+        lo, _ = interval(values, shipped_confidence(confidence, size - 1))
     # the sizes every answer must be as good as: plain decoding and the trees that may pay
     rivals = ~trees | (candidate & (hi > threshold))
-    shippable = ~trees | (candidate & (low[:, 0] > 1.0))
+    shippable = ~trees | (candidate & (lo > threshold))
     within = (low >= 1.0 - tolerance) | np.eye(size, dtype=bool)
     # settled[i]: no size that may pay can be more than the tolerance better than i
     settled = (within | ~rivals[None, :]).all(axis=1)
@@ -268,6 +273,13 @@ def consistent_with_fit(
     lo, hi = interval(diff, level)
     band = np.log1p(tolerance)
     return (lo <= band) & (hi >= -band)
+
+
+def shipped_confidence(confidence: float, trees: int) -> float:
+    """The level of a shipped tree's own interval: `confidence` spent over the `trees` sizes it
+    is picked from (Bonferroni), so that the interval holds whichever size the rule picks
+    (docs/statistics.md "Choosing a tree with intervals")."""
+    return sequential_confidence(max(int(trees), 1), confidence)
 
 
 def sequential_confidence(looks: int, confidence: float = CONFIDENCE) -> float:

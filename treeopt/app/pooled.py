@@ -21,7 +21,14 @@ from roofline.profile_fit import fit_profile, predict_step_s, sweep_step_points
 from roofline.shapes import DraftHeadsShape, ModelShape
 from treeopt.app.models import shape_of
 from treeopt.selection import cell_draws
-from treeopt.stats import CONFIDENCE, DEFAULT_TOLERANCE, consistent_with_fit, decide_cell, interval
+from treeopt.stats import (
+    CONFIDENCE,
+    DEFAULT_TOLERANCE,
+    consistent_with_fit,
+    decide_cell,
+    interval,
+    shipped_confidence,
+)
 from treeopt.tree import Tree
 
 #: bootstrap refits of the pooled profile: each costs one least-squares fit (about 0.5 s for the
@@ -151,7 +158,7 @@ def add_pooled_evidence(
         if cell.get("reason") == "undecided" and consistent and by_fit.settled:
             n = sizes[by_fit.index]
             i = by_fit.index
-            own_lo, own_hi = interval(measured.speedup, confidence)
+            own_lo, own_hi = interval(measured.speedup, shipped_confidence(confidence, len(sizes) - 1))
             row = rows.iloc[i]
             cell.update(
                 nodes=n,

@@ -735,10 +735,12 @@ def _run_index(
         "",
         "## 3. Selection: the best tree per batch size on this machine",
         "",
-        "By measured speedup τ·T(0)/T(n) with its "
-        f"{_percent(selection.get('confidence', 0.95))} interval (bootstrap over paired rounds, τ's calibration "
-        f"error included): the smallest tree within {selection.get('tolerance', 0):.0%} of the best point estimate at "
-        "the lower bound of their paired ratio, shipped only where its own lower bound is above 1; `undecided` "
+        "By measured speedup τ·T(0)/T(n) (bootstrap over paired rounds, τ's calibration error included; "
+        f"comparisons at {_percent(selection.get('confidence', 0.95))}, each shipped tree's own interval at "
+        f"{_percent(selection.get('interval_confidence', selection.get('confidence', 0.95)))}, spent over the "
+        "tree sizes so that it holds whichever is picked): the smallest tree within "
+        f"{selection.get('tolerance', 0):.0%} of the best point estimate at the lower bound of their paired ratio, "
+        "shipped only where its own lower bound is above 1; `undecided` "
         "where another tree may still be better by more than that (`selection.json`; `sweep.csv` and "
         "`sweep.samples.npz` hold every measurement):",
         "",
