@@ -30,8 +30,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from calibration.decoder import TreeDecoder, greedy_decode  # noqa: E402
+from calibration.decoder import TreeDecoder  # noqa: E402
 from calibration.demo_files import DEMO_MODEL_DIR  # noqa: E402
+from calibration.greedy import greedy_decode  # noqa: E402
 from calibration.models import load_model, tiny_model_for_tests  # noqa: E402
 from treeopt.accuracy import load_accuracy  # noqa: E402
 from treeopt.build import greedy_tree  # noqa: E402

@@ -1,6 +1,6 @@
 """Draft-model speculative decoding: a small causal LM drafts a chain or a tree, the target
 verifies it in one forward, by rejection sampling (temperature > 0) or greedily (temperature 0)
-(docs/decoder.md, "Draft models").
+(docs/decoder.md#draft-models).
 
 Verification rules, over probabilities (b, ..., V):
 
@@ -20,7 +20,7 @@ Verification rules, over probabilities (b, ..., V):
 `SpeculativeDecoder` runs the loop over a batch: the target's cache and step come from
 `calibration.decoder.TreeDecoder` (tree mask, positions, holes); the draft model keeps a cache
 of its own and re-reads, at the start of a step, the draft tokens the target accepted in the
-previous step (docs/decoder.md, "Draft models").
+previous step (docs/decoder.md#draft-models).
 """
 
 from __future__ import annotations
@@ -30,23 +30,19 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from calibration.decoder import (
-    DecodeResult,
-    DecodeState,
-    KVCache,
-    PhaseClock,
-    TreeDecoder,
+from calibration.decode_loop import DecodeResult, DecodeState, PhaseClock, emit_roots, eos_set, generation_loop
+from calibration.decoder import TreeDecoder
+from calibration.drafters.draft_model import draw_children, probabilities
+from calibration.kv_cache import KVCache, new_cache
+from calibration.model_calls import (
     additive_mask,
     check_inputs,
-    emit_roots,
-    eos_set,
     force_sdpa_gqa,
-    generation_loop,
     model_forward_hidden,
-    new_cache,
+    prompt_mask,
     uses_gqa,
 )
-from calibration.drafters.draft_model import draw_children, probabilities
+from calibration.verification import Accepted
 from treeopt.errors import UserError
 from treeopt.tree import Tree
 
@@ -100,12 +96,12 @@ def chain_rejection(
     rows = torch.arange(b, device=draft_tokens.device)
     q_x = draft_probs.gather(-1, draft_tokens[..., None])[..., 0]
     p_x = target_probs[:, :g].gather(-1, draft_tokens[..., None])[..., 0]
-    # why: keep x_i with probability min(1, p/q) (docs/decoder.md, "Draft models"); u * q < p
+    # why: keep x_i with probability min(1, p/q) (docs/decoder.md#draft-models); u * q < p
     # is u < p/q without dividing by a q that may be 0 at temperature 0.
     kept = _uniform((b, g), q_x, generator) * q_x < p_x
     n = kept.long().cumprod(-1).sum(-1)
     # why: at the first rejection the next token comes from norm(max(0, p - q)); with all kept,
-    # from p_{g+1} (a zero q row there) (docs/decoder.md, "Draft models").
+    # from p_{g+1} (a zero q row there) (docs/decoder.md#draft-models).
     q_ext = torch.cat([draft_probs, draft_probs.new_zeros((b, 1, draft_probs.shape[-1]))], dim=1)
     residual = (target_probs[rows, n] - q_ext[rows, n]).clamp(min=0)
     return n, _sample(residual, generator)
@@ -234,10 +230,10 @@ class SpeculativeDecoder:
         table = children_table(tree)
         for j in range(table.shape[1]):
             drawn[table[:, j][table[:, j] >= 0]] = j
-        self.draw_index = [t(drawn[lvl.nodes.cpu().numpy()]) for lvl in self.td.levels]
+        self.draw_index = [t(drawn[lvl.nodes.cpu().numpy()]) for lvl in self.td.drafting.levels]
         # The draft reads the tree's nodes that have children, depth by depth; each row sees
         # the context, the root and its ancestors among them (tree attention, docs/trees.md).
-        fed = [lvl.nodes[lvl.expand].cpu().numpy() for lvl in self.td.levels]
+        fed = [lvl.nodes[lvl.expand].cpu().numpy() for lvl in self.td.drafting.levels]
         order = np.concatenate(fed) if fed else np.zeros(0, np.int64)
         mask = self.td.buffers.attention_mask.astype(bool)
         self.fed_nodes = [t(f) for f in fed]
@@ -282,13 +278,13 @@ class SpeculativeDecoder:
         q_nodes = torch.zeros((b, self.q, vocab), dtype=torch.float32, device=self.device)
         parent_probs = probabilities(logits[:, -1:], temperature)  # (b, parents = 1, V)
         q_nodes[:, 0] = parent_probs[:, 0]
-        for d, level in enumerate(self.td.levels):
+        for d, level in enumerate(self.td.drafting.levels):
             slot = level.rank if temperature <= 0 else self.draw_index[d]
             picks = draw_children(
                 parent_probs, level.width if temperature <= 0 else int(slot.max()) + 1, temperature, generator
             )  # (b, parents, k)
             tokens[:, level.nodes] = picks[:, level.parent_slot, slot]
-            if d + 1 < len(self.td.levels):
+            if d + 1 < len(self.td.drafting.levels):
                 fed = self.fed_nodes[d]
                 logits = self._tree_forward(state, tokens[:, fed], ts.next_pos[:, None] + d + 1, self.fed_masks[d])
                 parent_probs = probabilities(logits, temperature)
@@ -321,10 +317,26 @@ class SpeculativeDecoder:
         ts = state.target
         draft_before, valid_before = state.draft_cache.length, state.draft_valid
         tokens, _ = self.draft(state, 0.0, None)
-        self.td._forward(ts.cache, tokens, self.td.step_mask(ts.valid), ts.next_pos[:, None] + self.td.depth[None])
+        verifier = self.td.verifier
+        verifier.forward(ts.cache, tokens, *verifier.layout(ts.valid, ts.next_pos))
         ts.cache.crop(-self.q)
         state.draft_cache.crop(draft_before - state.draft_cache.length)
         state.draft_valid = valid_before
+
+    def _accept(self, tokens, q_nodes, logits, temperature: float, generator) -> Accepted:
+        """The target's verdict on the tree tokens (b, q) drafted with probabilities `q_nodes`,
+        from its logits (b, q, V): greedy at temperature 0, else rejection sampling over the
+        chain or the tree (module doc)."""
+        if temperature <= 0:
+            return self.td.verifier.accept(tokens, logits)
+        p_nodes = probabilities(logits, temperature)
+        if not self.is_chain:
+            return Accepted(*recursive_rejection(tokens, self.children_drawn, q_nodes, p_nodes, generator))
+        b, g = tokens.shape[0], self.q - 1
+        n, bonus = chain_rejection(tokens[:, 1:], q_nodes[:, :g], p_nodes, generator)
+        path = torch.arange(self.q, device=self.device)[None].expand(b, -1)
+        path = torch.where(path <= n[:, None], path, 0)
+        return Accepted(path, n + 1, n, bonus)
 
     # ---- one step ----------------------------------------------------------------------------
 
@@ -339,36 +351,11 @@ class SpeculativeDecoder:
         with clock("draft"):
             tokens, q_nodes = self.draft(state, temperature, generator)
         with clock("verify"):
-            logits, hidden = td._forward(
-                ts.cache, tokens, td.step_mask(ts.valid), ts.next_pos[:, None] + td.depth[None]
-            )
+            verified = td.verifier.forward(ts.cache, tokens, *td.verifier.layout(ts.valid, ts.next_pos))
         with clock("update"):
-            b = tokens.shape[0]
-            rows = torch.arange(b, device=self.device)
-            if temperature <= 0:
-                path, n_keep, last, bonus = td.accept(tokens, logits)
-            else:
-                p_nodes = probabilities(logits, temperature)
-                if self.is_chain:
-                    g = self.q - 1
-                    n, bonus = chain_rejection(tokens[:, 1:], q_nodes[:, :g], p_nodes, generator)
-                    path = torch.arange(self.q, device=self.device)[None].expand(b, -1)
-                    path = torch.where(path <= n[:, None], path, 0)
-                    n_keep, last = n + 1, n
-                else:
-                    path, n_keep, last, bonus = recursive_rejection(
-                        tokens, self.children_drawn, q_nodes, p_nodes, generator
-                    )
-            # the target keeps the root and the kept nodes (TreeDecoder.step, docs/decoder.md)
-            c = ts.valid.shape[1]
-            keep = int(n_keep.max())
-            ts.cache.keep_slots(c, c + path[:, :keep])
-            kept = torch.arange(keep, device=self.device)[None] < n_keep[:, None]
-            ts.valid = torch.cat([ts.valid, kept], dim=1)
-            ts.next_pos = ts.next_pos + n_keep
-            ts.hidden, ts.root = hidden[rows, last], bonus
-            new = torch.cat([tokens.gather(1, path[:, 1:]), bonus[:, None]], dim=1)
-            new[rows, n_keep - 1] = bonus
+            accepted = self._accept(tokens, q_nodes, verified.logits, temperature, generator)
+            new = td.keep(ts, tokens, verified, accepted)  # the target keeps the root and the kept nodes
+            n_keep, keep = accepted.n_keep, int(accepted.n_keep.max())
             # the draft forgets the tree and re-reads the kept drafts next step
             if self.fed_total:
                 state.draft_cache.crop(-self.fed_total)
@@ -391,10 +378,7 @@ class SpeculativeDecoder:
         )
         valid = check_inputs(input_ids, attention_mask)
         length = input_ids.shape[1]
-        ar = torch.arange(length, device=self.device)
-        mask = ((ar[None, :] <= ar[:, None])[None] & valid[:, None, :]) | torch.eye(
-            length, dtype=torch.bool, device=self.device
-        )
+        mask = prompt_mask(valid)
         cache = new_cache(self.draft_model, max(capacity, length))
         with force_sdpa_gqa(self.force_gqa):
             model_forward_hidden(

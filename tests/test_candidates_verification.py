@@ -1,6 +1,6 @@
 """Candidate-sequence verification (IBM's batch expansion) in the reference decoder and the
-sweep (docs/decoder.md, "Candidate-sequence verification"), and the choice between forms
-(treeopt.forms.choose_form, docs/builders.md "Choosing the verification form").
+sweep (docs/decoder.md#candidate-sequence-verification), and the choice between forms
+(treeopt.forms.choose_form, docs/builders.md#choosing-the-verification-form).
 
 The decoder checks: greedy decoding with candidate verification emits exactly plain greedy
 decoding (float32; batch 1 and a ragged batch with holes and finished sequences; Medusa heads,
@@ -19,9 +19,12 @@ import pandas as pd
 import pytest
 import torch
 
-from calibration.decoder import KVCache, TreeDecoder, cut_tree, greedy_decode
+from calibration.decoder import TreeDecoder, cut_tree
+from calibration.greedy import greedy_decode
+from calibration.kv_cache import KVCache
 from calibration.models import load_model, tiny_model_for_tests
 from calibration.sweep import SweepSettings, check_form, run_sweep, step_bench
+from calibration.verification import AcceptanceRule
 from roofline.hardware import load_hardware
 from roofline.latency import step_time_s
 from roofline.shapes import DraftHeadsShape
@@ -160,7 +163,7 @@ def test_chain_candidates_step_is_the_tree_step(tiny):
     oracle = oracle_for(lm, ids, mask, reference)
     chain = make_tree([[0], [0, 0], [0, 0, 0]])
     forms = {v: TreeDecoder(lm.model, oracle, chain, timing=False, verification=v) for v in ("tree", "candidates")}
-    assert forms["candidates"].candidates == 1
+    assert forms["candidates"].verifier.candidates == 1
     states = {v: d.prefill(ids, mask, capacity=48) for v, d in forms.items()}
     for _ in range(4):
         (new_t, keep_t), (new_c, keep_c) = (forms[v].step(states[v]) for v in ("tree", "candidates"))
@@ -215,7 +218,7 @@ def test_accept_candidates_by_hand(tiny):
     """Tree [[0], [1], [0, 0]]: rows (retrieve order) = [root, (0), (0,0)] and [root, (1), pad].
     The tokens and argmaxes below are chosen so that the answer is known by hand."""
     _, lm = tiny
-    dec = TreeDecoder(lm.model, lm.heads, make_tree([[0], [1], [0, 0]]), verification="candidates")
+    dec = TreeDecoder(lm.model, lm.heads, make_tree([[0], [1], [0, 0]]), verification="candidates").verifier
     assert dec.retrieve.tolist() == [[0, 1, 3], [0, 2, 0]] and dec.candidates == 2
     rows = torch.tensor(
         [
@@ -229,7 +232,7 @@ def test_accept_candidates_by_hand(tiny):
         [[8, 1, 1], [8, 6, 12]],  # after 6: 8; after 8 (row 1): 6 = the padding token, then 12
         [[3, 3, 3], [3, 3, 3]],
     ]
-    best, n_keep, bonus = dec.accept_candidates(rows, _one_hot_logits(argmax))
+    best, n_keep, bonus = dec.accept_rows(rows, _one_hot_logits(argmax))
     assert best.tolist() == [0, 1, 0]  # seq 2: all rows tie at the root alone: the first
     assert n_keep.tolist() == [3, 2, 1]
     assert bonus.tolist() == [11, 6, 3]  # seq 1: the argmax after 8, not past the padding
@@ -241,22 +244,21 @@ def test_accept_candidates_agrees_with_the_tree_rule_on_shared_logits(tiny, temp
     typical acceptance of the rows choose the tree form's path, length and bonus (the same
     seeded draw)."""
     _, lm = tiny
-    dec = TreeDecoder(lm.model, lm.heads, make_tree(BUSHY), verification="candidates")
+    tree_form, dec = (
+        TreeDecoder(lm.model, lm.heads, make_tree(BUSHY), verification=v).verifier for v in ("tree", "candidates")
+    )
     g = torch.Generator().manual_seed(11)
     b = 64
     tree_tokens = torch.randint(0, 6, (b, dec.q), generator=g)  # few tokens: many acceptances
     logits = torch.randn(b, dec.q, VOCAB, generator=g) * 3
     logits[..., :6] += 4
     rule = {"temperature": temperature, "posterior_threshold": 0.09, "posterior_alpha": 0.3}
-    path, n_keep, _, bonus = dec.accept(
-        tree_tokens, logits, **rule, generator=torch.Generator().manual_seed(1) if temperature else None
+    tree_rule, rows_rule = (
+        AcceptanceRule(**rule, generator=torch.Generator().manual_seed(1) if temperature else None) for _ in range(2)
     )
-    best, n_keep_c, bonus_c = dec.accept_candidates(
-        tree_tokens[:, dec.retrieve],
-        logits[:, dec.retrieve],
-        **rule,
-        generator=torch.Generator().manual_seed(1) if temperature else None,
-    )
+    accepted = tree_form.accept(tree_tokens, logits, tree_rule)
+    path, n_keep, bonus = accepted.path, accepted.n_keep, accepted.bonus
+    best, n_keep_c, bonus_c = dec.accept_rows(tree_tokens[:, dec.retrieve], logits[:, dec.retrieve], rows_rule)
     assert (n_keep > 1).sum() > 10 and (n_keep > 2).any()  # the case is not trivial
     assert torch.equal(n_keep_c, n_keep) and torch.equal(bonus_c, bonus)
     for row in range(b):
@@ -318,7 +320,7 @@ def test_step_bench_times_candidate_verification(tiny):
     assert bench.sizes == [0, 3, 9]
     assert {n: d.verification for n, d in bench.decoders.items()} == {3: "candidates", 9: "candidates"}
     # prefix(3) = (0), (1), (0,0): 2 leaves; the full tree: 5 leaves
-    assert bench.decoders[3].candidates == 2 and bench.decoders[9].candidates == 5
+    assert bench.decoders[3].verifier.candidates == 2 and bench.decoders[9].verifier.candidates == 5
     for fn in bench.fns:
         fn()
     assert bench.cached_tokens() == 7  # every call left the context as it was

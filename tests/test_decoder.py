@@ -13,17 +13,13 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from calibration.decoder import (
-    KVCache,
-    TreeDecoder,
-    cut_tree,
-    greedy_decode,
-    model_forward_hidden,
-    new_cache,
-    plain_step_forward,
-)
+from calibration.decoder import TreeDecoder, cut_tree
+from calibration.greedy import greedy_decode, plain_step_forward
 from calibration.heads import MedusaHeads
+from calibration.kv_cache import KVCache, new_cache
+from calibration.model_calls import model_forward_hidden
 from calibration.models import load_model, tiny_model_for_tests
+from calibration.verification import AcceptanceRule
 from treeopt.errors import UserError
 from treeopt.tree import load_tree, make_tree, tree_buffers
 
@@ -201,7 +197,7 @@ def test_tree_logits_equal_causal_runs_of_paths(tiny):
             hidden = model_forward_hidden(
                 model,
                 tokens,
-                attention_mask=dec.step_mask(state.valid),
+                attention_mask=dec.verifier.layout(state.valid, state.next_pos)[0],
                 position_ids=state.next_pos[:, None] + torch.tensor(buf.depth)[None],
                 cache=state.cache,
             )
@@ -411,6 +407,42 @@ def test_greedy_tree_decoding_is_lossless_oracle_heads(tiny, name):
     assert one.tokens == ref[:1] and one.tokens_per_step > 1.5
 
 
+def test_the_next_draft_reads_the_last_accepted_tokens_hidden_state(tiny):
+    """After every step the drafter reads the base model's hidden state at the step's last
+    accepted token (the one that produced the new root), not at the step's root: the hidden
+    state and the next tree equal those of an independent causal run over the prompt and the
+    tokens kept so far (docs/decoder.md#the-step). Greedy output cannot show this bug, only
+    the tokens per step."""
+    _, lm = tiny
+    tree = trees()["mc_sim_7b_63_cut"]
+    ids, mask = ragged_batch([5, 9, 2], seed=5)
+    ref = greedy_decode(lm.model, ids, mask, max_new_tokens=24)
+    prompts = unpadded(ids, mask)
+    oracle = OracleHeads(lm.model, [p + r for p, r in zip(prompts, ref)], [len(p) for p in prompts])
+    dec = TreeDecoder(lm.model, oracle, tree, timing=False)
+    tree_indices = torch.from_numpy(tree_buffers(tree, dec.topk).tree_indices)
+    state = dec.prefill(ids, mask, capacity=64)
+    seen, roots = [list(p) for p in prompts], state.root.tolist()  # the cache's tokens; the roots
+    deep = 0
+    for _ in range(4):
+        new, n_keep = dec.step(state)
+        deep += int((n_keep > 1).sum())
+        with torch.inference_mode():
+            drafted = dec.draft(state)
+            for live, i in enumerate(state.rows.tolist()):
+                kept = new[live, : n_keep[live]].tolist()
+                seen[i] += [roots[i]] + kept[:-1]
+                roots[i] = kept[-1]
+                seq = torch.tensor([seen[i]])
+                positions = torch.arange(seq.shape[1])[None]
+                hidden = model_forward_hidden(lm.model, seq, attention_mask=None, position_ids=positions, cache=None)
+                torch.testing.assert_close(state.hidden[live], hidden[0, -1], atol=1e-4, rtol=0)
+                top = torch.stack([oracle[k](hidden[0, -1]) for k in range(tree.depth)]).topk(dec.topk).indices
+                flat = torch.cat([torch.tensor([roots[i]]), top.reshape(-1)])
+                assert drafted[live].tolist() == flat[tree_indices].tolist()
+    assert deep >= 3  # steps that accepted past the root happened
+
+
 def test_lossless_without_gqa(tiny_mha):
     _, lm = tiny_mha
     ids, mask = ragged_batch([6, 2, 8], seed=11)
@@ -520,23 +552,22 @@ def test_typical_acceptance_rule_by_hand(tiny):
 
     # node [0] = token 1 (p 0.3), node [1] = token 2 (p 0.12), node [0,0] = token 4 (p 0.02)
     tokens = torch.tensor([[0, 1, 2, 4]])
-    path, n_keep, last, bonus = dec.accept(tokens, logits, temperature=1.0, generator=torch.Generator().manual_seed(0))
+    got = dec.verifier.accept(
+        tokens, logits, AcceptanceRule(temperature=1.0, generator=torch.Generator().manual_seed(0))
+    )
+    n_keep, last, bonus = got.n_keep, got.last, got.bonus
     assert 0.3 > thr(p_root) and 0.12 > thr(p_root) and 0.02 < thr(p_n1)
     # both depth-1 nodes pass, [0,0] fails: length 2, the more likely of [0] and [1] wins
     assert int(n_keep[0]) == 2 and int(last[0]) == 1
     assert int(bonus[0]) == 5  # sampled from p at node [0]: 0.98 on token 5 (seed 0)
     # with a strict epsilon only the root stays; a greedy run picks argmax paths
-    path, n_keep, last, bonus = dec.accept(
-        tokens,
-        logits,
-        temperature=1.0,
-        posterior_threshold=0.01,
-        posterior_alpha=10.0,
-        generator=torch.Generator().manual_seed(0),
+    strict = AcceptanceRule(
+        1.0, posterior_threshold=0.01, posterior_alpha=10.0, generator=torch.Generator().manual_seed(0)
     )
-    assert int(n_keep[0]) == 3 and int(last[0]) == 3  # 0.02 > 0.01 now
-    path, n_keep, last, bonus = dec.accept(torch.tensor([[0, 0, 1, 5]]), logits)
-    assert int(n_keep[0]) == 3 and path[0, :3].tolist() == [0, 1, 3] and int(bonus[0]) == 0
+    got = dec.verifier.accept(tokens, logits, strict)
+    assert int(got.n_keep[0]) == 3 and int(got.last[0]) == 3  # 0.02 > 0.01 now
+    got = dec.verifier.accept(torch.tensor([[0, 0, 1, 5]]), logits)
+    assert int(got.n_keep[0]) == 3 and got.path[0, :3].tolist() == [0, 1, 3] and int(got.bonus[0]) == 0
 
 
 def test_plain_step_forward(tiny):

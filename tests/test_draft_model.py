@@ -18,8 +18,8 @@ import torch
 from scipy.stats import chisquare
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from calibration.decoder import greedy_decode
 from calibration.drafters.draft_model import DraftModel, acceptance_alpha, chain_tau, chain_tau_iid
+from calibration.greedy import greedy_decode
 from calibration.labels import label_ranks, label_rows
 from calibration.speculative import (
     SpeculativeDecoder,

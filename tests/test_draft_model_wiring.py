@@ -10,9 +10,9 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from calibration.decoder import greedy_decode
 from calibration.demo_draft import DraftRecipe, train_demo_draft
 from calibration.drafters import DraftModel, detect_kind, load_drafter
+from calibration.greedy import greedy_decode
 from calibration.models import load_model, tiny_model_for_tests
 from calibration.speculative import SpeculativeDecoder
 from calibration.sweep import measure_group

@@ -13,9 +13,10 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from calibration.decoder import TreeDecoder, greedy_decode
+from calibration.decoder import TreeDecoder
 from calibration.drafters import HydraHeads, MLPSpeculator, load_drafter
 from calibration.drafters.base import Drafter
+from calibration.greedy import greedy_decode
 from calibration.labels import label_ranks, label_rows
 from calibration.models import load_model, tiny_model_for_tests
 from treeopt.accuracy import load_accuracy
@@ -307,7 +308,7 @@ def test_depth_by_depth_drafting_equals_per_node_brute_force(tiny):
         g = torch.Generator().manual_seed(5)
         hidden, root = torch.randn(3, HIDDEN, generator=g), torch.randint(3, VOCAB, (3,), generator=g)
         with torch.no_grad():
-            tokens = decoder.draft_sequential(hidden, root)
+            tokens = decoder.drafting.propose(hidden, root)
         index = {p: i + 1 for i, p in enumerate(tree.sorted_paths)}
         for b in range(3):
             for p, i in index.items():  # brute force: each node from its own path

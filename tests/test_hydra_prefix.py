@@ -16,9 +16,11 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 from transformers import AutoConfig
 
-from calibration.decoder import KVCache, TreeDecoder, greedy_decode
+from calibration.decoder import TreeDecoder
 from calibration.demo_files import DEMO_VALIDATION_PROMPTS as DEMO_VALIDATION
 from calibration.drafters import HydraHeads, load_drafter
+from calibration.greedy import greedy_decode
+from calibration.kv_cache import KVCache
 from calibration.labels import label_ranks, label_rows
 from calibration.models import load_model, tiny_model_for_tests
 from roofline.grid import draft_rows_by_prefix, speedup_grid

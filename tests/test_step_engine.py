@@ -1,5 +1,5 @@
 """The step-cost terms where trees are decided, against hand-derived values
-(docs/performance-model.md "Engine terms of a speculative step", "Attention KV bandwidth",
+(docs/performance-model.md#engine-terms-of-a-speculative-step, "Attention KV bandwidth",
 "Verification modes", "Memory capacity", "Fitting a profile to measured steps")."""
 
 import json
@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from roofline.grid import candidates_by_prefix, speedup_grid
+from roofline.grid import PerTreeSize, candidates_by_prefix, speedup_grid
 from roofline.hardware import EfficiencyCurve, HardwareProfile, load_hardware
 from roofline.latency import memory_required_bytes, op_timings, speculation_overhead_s, step_time_s
 from roofline.profile_fit import (
@@ -85,7 +85,7 @@ def test_cost_per_sequential_draft_stage():
     hw = MEMORY_ONLY.with_(draft_stage_s=4e-4, spec_step_overhead_s=1e-3)
     # 3 stages + the fixed cost: 3 x 0.4 ms + 1 ms
     assert float(speculation_overhead_s(hw, batch=4, tokens=5, draft_stages=3)) == pytest.approx(2.2e-3, rel=1e-12)
-    grid = speedup_grid(GQA, None, hw, [1.0, 1.5, 1.9], [1], [5], draft_stages=[0, 1, 2])
+    grid = speedup_grid(GQA, None, hw, [1.0, 1.5, 1.9], [1], [5], per_size=PerTreeSize(draft_stages=[0, 1, 2]))
     plain = step_time_s(GQA, None, MEMORY_ONLY, batch=1, tokens=np.array([1, 2, 3]), context=5)
     assert grid["step_time_s"].to_numpy() - plain == pytest.approx([0.0, 1.4e-3, 1.8e-3], rel=1e-9)
 

@@ -13,8 +13,9 @@ import pandas as pd
 import pytest
 import torch
 
-from calibration.decoder import greedy_decode, model_forward_hidden
+from calibration.greedy import greedy_decode
 from calibration.heads import MedusaHeads
+from calibration.model_calls import model_forward_hidden
 from calibration.models import load_model, tiny_model_for_tests
 from calibration.sweep import measure_end_to_end
 from calibration.validate import ACCEPTANCE_COLUMNS, latency_errors, measure_acceptance, relative_error

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import sys
 import time
+from dataclasses import dataclass, field
 
 import click
 import numpy as np
 import torch
 
 from calibration.data import load_prompts
-from calibration.decoder import cut_tree, greedy_decode
+from calibration.decoder import cut_tree
+from calibration.greedy import greedy_decode
 from calibration.models import load_model
 from calibration.speculative import SpeculativeDecoder, decoder_for
 from calibration.threads import torch_threads
@@ -146,121 +148,173 @@ def decode_cmd(
     compare,
 ):
     """Decode prompts with Medusa tree decoding; print the text and the tokens per step."""
-    max_new, batch, topk_n, seed_n = max_new_tokens, batch_size, topk, seed
-    temp, eps, alpha = temperature, posterior_threshold, posterior_alpha
     if bool(prompts) == bool(data):
         raise UserError("give prompts with --prompt or --data (one of them)")
-    if compare and temp > 0:
+    if compare and temperature > 0:
         raise UserError("--compare: needs --temperature 0 (greedy decoding is the reference)")
+    source = PromptSource(prompts, data, max_prompts, prompt_tokens)
+    settings = DecodeSettings(
+        max_new_tokens, batch_size, temperature, posterior_threshold, posterior_alpha, topk, seed, compare
+    )
 
     tree = load_tree(tree_spec)  # validated before the model loads: bad trees fail fast
     loaded = load_model(model_name, heads, device=device, dtype=dtype, num_heads=num_heads, drafter=drafter)
     with torch_threads(loaded.model, loaded.device, threads):
-        _decode(
-            loaded,
-            tree,
-            prompts,
-            data,
-            max_prompts,
-            prompt_tokens,
-            max_new,
-            batch,
-            temp,
-            eps,
-            alpha,
-            topk_n,
-            seed_n,
-            compare,
-        )
+        _decode(loaded, tree, source, settings)
 
 
-def _decode(
-    loaded, tree, prompts, data, max_prompts, prompt_tokens, max_new, batch, temp, eps, alpha, topk_n, seed_n, compare
-) -> None:
+@dataclass(frozen=True)
+class PromptSource:
+    """Where `treeopt decode`'s prompts come from: `prompts` texts, or the file `data` cut into
+    `max_prompts` prompts of `prompt_tokens` tokens."""
+
+    prompts: tuple[str, ...]
+    data: str | None
+    max_prompts: int
+    prompt_tokens: int
+
+
+@dataclass(frozen=True)
+class DecodeSettings:
+    """How `treeopt decode` decodes (its options of the same names)."""
+
+    max_new_tokens: int
+    batch_size: int
+    temperature: float
+    posterior_threshold: float
+    posterior_alpha: float
+    topk: int
+    seed: int
+    compare: bool
+
+
+@dataclass
+class _Decoded:
+    """Every batch's `DecodeResult`, the new tokens per prompt, and with --compare plain
+    greedy's seconds and tokens and whether its tokens were the same."""
+
+    results: list = field(default_factory=list)
+    outputs: list = field(default_factory=list)
+    plain_s: float = 0.0
+    plain_tokens: int = 0
+    same: bool = True
+
+
+def _decode(loaded, tree, source: PromptSource, settings: DecodeSettings) -> None:
     tok = loaded.tokenizer
-    k = loaded.heads.num_heads
-    cut = cut_tree(tree, k, topk_n)
-
-    if data:
-        pset = load_prompts(data, tok, prompt_tokens=prompt_tokens, max_prompts=max_prompts)
-        token_lists = [list(p) for p in pset.token_ids]
-    else:
-        token_lists = []
-        for i, text in enumerate(prompts):
-            ids = list(tok(text, add_special_tokens=True)["input_ids"])
-            if not ids:
-                raise UserError(f"--prompt #{i + 1}: tokenizes to nothing")
-            token_lists.append(ids)
-
-    # as calibrate refuses them: positions beyond the model's are garbage, not an error, in torch
-    limit = getattr(loaded.model.config, "max_position_embeddings", None)
-    longest = max(len(t) for t in token_lists) + max_new + cut.depth
-    if limit and longest > limit:
-        raise UserError(
-            f"{'--data/--prompt-tokens' if data else '--prompt'}/--max-new-tokens: sequences of up to "
-            f"{longest} positions (prompt, new tokens and the tree's depth {cut.depth}) exceed the "
-            f"model's {limit} positions"
-        )
-    if cut.size != tree.size:
-        _note(f"{_label(tree)} cut to {k} heads and top-{topk_n}: {tree.size} -> {cut.size} nodes")
-    tree = cut
-
-    eos = tok.eos_token_id
-    pad = tok.pad_token_id if tok.pad_token_id is not None else (eos if eos is not None else 0)
-    decoder = decoder_for(loaded.model, loaded.heads, tree, topk=topk_n)
+    token_lists = _token_lists(tok, source)
+    tree = _fitted_tree(loaded, tree, token_lists, source, settings)
+    decoder = decoder_for(loaded.model, loaded.heads, tree, topk=settings.topk)
     speculative = isinstance(decoder, SpeculativeDecoder)
-    # a draft model verifies by rejection sampling: the target's distribution, no typical-acceptance knobs
-    rule = {} if speculative else {"posterior_threshold": eps, "posterior_alpha": alpha}
-    mode = (
-        "greedy"
-        if temp == 0
-        else f"rejection sampling (T={temp:g}, seed={seed_n})"
-        if speculative
-        else f"typical (T={temp:g}, eps={eps:g}, alpha={alpha:g}, seed={seed_n})"
-    )
     click.echo(
         f"model {loaded.name} on {loaded.device} {str(loaded.dtype).replace('torch.', '')}, "
         f"{torch.get_num_threads()} torch thread(s); "
-        f"{_label(tree)}: {tree.size} nodes, depth {tree.depth}, topk {topk_n}; {mode}; "
-        f"{len(token_lists)} prompt(s), batch size {batch}"
+        f"{_label(tree)}: {tree.size} nodes, depth {tree.depth}, topk {settings.topk}; "
+        f"{_mode(settings, speculative)}; {len(token_lists)} prompt(s), batch size {settings.batch_size}"
     )
-
-    def padded(batch_lists):
-        length = max(len(t) for t in batch_lists)
-        ids = torch.full((len(batch_lists), length), pad, dtype=torch.long)
-        mask = torch.zeros((len(batch_lists), length), dtype=torch.long)
-        for i, t in enumerate(batch_lists):
-            ids[i, length - len(t) :] = torch.tensor(t)
-            mask[i, length - len(t) :] = 1
-        return ids.to(loaded.device), mask.to(loaded.device)
-
-    results, outputs, plain_s, plain_tokens, same = [], [], 0.0, 0, True
-    for start in range(0, len(token_lists), batch):
-        chunk = token_lists[start : start + batch]
-        ids, mask = padded(chunk)
-        res = decoder.generate(
-            ids, mask, max_new_tokens=max_new, temperature=temp, eos_token_id=eos, seed=seed_n + start, **rule
-        )
-        results.append(res)
-        outputs += res.tokens
-        if compare:
-            t0 = time.perf_counter()
-            ref = greedy_decode(loaded.model, ids, mask, max_new_tokens=max_new, eos_token_id=eos)
-            if loaded.device.type == "cuda":
-                torch.cuda.synchronize(loaded.device)
-            plain_s += time.perf_counter() - t0
-            plain_tokens += sum(len(r) for r in ref)
-            same &= ref == res.tokens
-
-    for i, (prompt_ids, new) in enumerate(zip(token_lists, outputs)):
+    decoded = _generate(loaded, decoder, token_lists, settings, speculative)
+    for i, (prompt_ids, new) in enumerate(zip(token_lists, decoded.outputs)):
         click.echo(f"\n=== sequence {i + 1}: prompt ({len(prompt_ids)} tokens) ===")
         click.echo(tok.decode(prompt_ids, skip_special_tokens=True))
         click.echo(f"=== generated ({len(new)} tokens) ===")
         click.echo(tok.decode(new, skip_special_tokens=False))
+    _print_summary(decoded, settings.compare)
 
+
+def _token_lists(tok, source: PromptSource) -> list[list[int]]:
+    if source.data:
+        pset = load_prompts(source.data, tok, prompt_tokens=source.prompt_tokens, max_prompts=source.max_prompts)
+        return [list(p) for p in pset.token_ids]
+    token_lists = []
+    for i, text in enumerate(source.prompts):
+        ids = list(tok(text, add_special_tokens=True)["input_ids"])
+        if not ids:
+            raise UserError(f"--prompt #{i + 1}: tokenizes to nothing")
+        token_lists.append(ids)
+    return token_lists
+
+
+def _fitted_tree(loaded, tree, token_lists, source: PromptSource, settings: DecodeSettings):
+    """`tree` cut to the drafter's depth and --topk (with a note when that drops nodes), after
+    checking that the sequences fit the model's positions."""
+    k = loaded.heads.num_heads
+    cut = cut_tree(tree, k, settings.topk)
+    # as calibrate refuses them: positions beyond the model's are garbage, not an error, in torch
+    limit = getattr(loaded.model.config, "max_position_embeddings", None)
+    longest = max(len(t) for t in token_lists) + settings.max_new_tokens + cut.depth
+    if limit and longest > limit:
+        raise UserError(
+            f"{'--data/--prompt-tokens' if source.data else '--prompt'}/--max-new-tokens: sequences of up to "
+            f"{longest} positions (prompt, new tokens and the tree's depth {cut.depth}) exceed the "
+            f"model's {limit} positions"
+        )
+    if cut.size != tree.size:
+        _note(f"{_label(tree)} cut to {k} heads and top-{settings.topk}: {tree.size} -> {cut.size} nodes")
+    return cut
+
+
+def _mode(settings: DecodeSettings, speculative: bool) -> str:
+    temp, seed = settings.temperature, settings.seed
+    if temp == 0:
+        return "greedy"
+    if speculative:
+        return f"rejection sampling (T={temp:g}, seed={seed})"
+    eps, alpha = settings.posterior_threshold, settings.posterior_alpha
+    return f"typical (T={temp:g}, eps={eps:g}, alpha={alpha:g}, seed={seed})"
+
+
+def _padded(batch_lists, pad: int, device):
+    """Left-padded ids and mask (b, L) of token lists."""
+    length = max(len(t) for t in batch_lists)
+    ids = torch.full((len(batch_lists), length), pad, dtype=torch.long)
+    mask = torch.zeros((len(batch_lists), length), dtype=torch.long)
+    for i, t in enumerate(batch_lists):
+        ids[i, length - len(t) :] = torch.tensor(t)
+        mask[i, length - len(t) :] = 1
+    return ids.to(device), mask.to(device)
+
+
+def _generate(loaded, decoder, token_lists, settings: DecodeSettings, speculative: bool) -> _Decoded:
+    """Decode the prompts batch by batch (and with --compare, plain greedy beside)."""
+    tok = loaded.tokenizer
+    eos = tok.eos_token_id
+    pad = tok.pad_token_id if tok.pad_token_id is not None else (eos if eos is not None else 0)
+    # a draft model verifies by rejection sampling: the target's distribution, no typical-acceptance knobs
+    rule = (
+        {}
+        if speculative
+        else {"posterior_threshold": settings.posterior_threshold, "posterior_alpha": settings.posterior_alpha}
+    )
+    max_new, decoded = settings.max_new_tokens, _Decoded()
+    for start in range(0, len(token_lists), settings.batch_size):
+        ids, mask = _padded(token_lists[start : start + settings.batch_size], pad, loaded.device)
+        res = decoder.generate(
+            ids,
+            mask,
+            max_new_tokens=max_new,
+            temperature=settings.temperature,
+            eos_token_id=eos,
+            seed=settings.seed + start,
+            **rule,
+        )
+        decoded.results.append(res)
+        decoded.outputs += res.tokens
+        if settings.compare:
+            t0 = time.perf_counter()
+            ref = greedy_decode(loaded.model, ids, mask, max_new_tokens=max_new, eos_token_id=eos)
+            if loaded.device.type == "cuda":
+                torch.cuda.synchronize(loaded.device)
+            decoded.plain_s += time.perf_counter() - t0
+            decoded.plain_tokens += sum(len(r) for r in ref)
+            decoded.same &= ref == res.tokens
+    return decoded
+
+
+def _print_summary(decoded: _Decoded, compare: bool) -> None:
+    results = decoded.results
     accepted = np.concatenate([r.accepted[r.accepted > 0] for r in results])
     steps = sum(r.steps for r in results)
-    n_tokens = sum(len(t) for t in outputs)
+    n_tokens = sum(len(t) for t in decoded.outputs)
     click.echo("")
     if accepted.size:
         values, counts = np.unique(accepted, return_counts=True)
@@ -286,10 +340,11 @@ def _decode(
             f"{n_tokens / total:.1f} tokens/s"
         )
     if compare:
+        plain_rate = decoded.plain_tokens / decoded.plain_s
         click.echo(
-            f"plain greedy: {plain_s:.3f} s, {plain_tokens / plain_s:.1f} tokens/s; tree decoding "
-            f"{(n_tokens / total) / (plain_tokens / plain_s):.2f}x; identical to plain greedy: "
-            f"{'yes' if same else 'NO'}"
+            f"plain greedy: {decoded.plain_s:.3f} s, {plain_rate:.1f} tokens/s; tree decoding "
+            f"{(n_tokens / total) / plain_rate:.2f}x; identical to plain greedy: "
+            f"{'yes' if decoded.same else 'NO'}"
         )
-        if not same:
+        if not decoded.same:
             sys.exit(1)

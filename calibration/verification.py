@@ -1,0 +1,273 @@
+"""The two forms in which the reference decoder verifies a drafted tree, and the acceptance rule
+they share (docs/decoder.md#greedy-acceptance, docs/decoder.md#typical-acceptance,
+docs/decoder.md#candidate-sequence-verification).
+
+- `TreeVerifier`: one forward over the q = n + 1 tree tokens under the tree mask; a node is
+  judged by the base model's distribution at its parent;
+- `CandidateVerifier` (IBM's batch expansion): every sequence becomes n rows, one per leaf, each
+  the root and its path against its own copy of the context; a row's token j is judged by the
+  row's distribution at j - 1. The row with the longest accepted prefix is the tree form's
+  accepted path.
+
+A verifier lays out a step's mask and positions (`layout`), runs the forward (`forward`),
+chooses the accepted path and the bonus token (`accept`) and keeps the path's cache entries
+(`keep`). Everything is vectorised over the batch and the tree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+from calibration.kv_cache import KVCache
+from calibration.model_calls import additive_mask, fast_argmax
+from treeopt.tree import TreeBuffers
+
+__all__ = ["GREEDY", "Accepted", "AcceptanceRule", "CandidateVerifier", "TreeVerifier", "Verified"]
+
+
+@dataclass(frozen=True)
+class AcceptanceRule:
+    """temperature 0: greedy verification; > 0: typical acceptance with epsilon
+    `posterior_threshold` and `posterior_alpha`, bonus tokens drawn with `generator`."""
+
+    temperature: float = 0.0
+    posterior_threshold: float = 0.09
+    posterior_alpha: float = 0.3
+    generator: torch.Generator | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0
+
+
+GREEDY = AcceptanceRule()
+
+
+class _Verdicts:
+    """The base model's judgement of drafted tokens from its logits (b, m, V) at m positions."""
+
+    def __init__(self, logits: torch.Tensor, rule: AcceptanceRule):
+        self.rule = rule
+        self.rows = torch.arange(logits.shape[0], device=logits.device)
+        if rule.greedy:
+            self.pred = fast_argmax(logits)  # (b, m)
+        else:
+            self.probs = torch.softmax(logits.float() / rule.temperature, dim=-1)  # (b, m, V)
+            entropy = -(self.probs * torch.log(self.probs + 1e-5)).sum(-1)  # (b, m)
+            self.threshold = torch.clamp(rule.posterior_alpha * torch.exp(-entropy), max=rule.posterior_threshold)
+
+    def accepts(self, tokens: torch.Tensor, parent: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Whether each token (b, m) passes the rule at its parent's position (`parent` (m,)),
+        and its log-probability there (typical acceptance; None when greedy)."""
+        if self.rule.greedy:
+            # why: greedy verification is lossless: a token is accepted when it is the base
+            # model's own argmax after its parent (docs/decoder.md#greedy-acceptance).
+            return tokens == self.pred[:, parent], None
+        # why: typical acceptance, Medusa paper section 2.3.1: accept x when
+        # p(x) > min(eps, alpha * exp(-H(p))) at the parent (H with Medusa's +1e-5).
+        cand_p = self.probs[self.rows[:, None], parent[None], tokens]
+        return cand_p > self.threshold[:, parent], torch.log(cand_p)
+
+    def bonus(self, position: torch.Tensor) -> torch.Tensor:
+        """The base model's own next token after `position` (b,): its argmax, or a draw."""
+        if self.rule.greedy:
+            return self.pred[self.rows, position]
+        return torch.multinomial(self.probs[self.rows, position], 1, generator=self.rule.generator)[:, 0]
+
+
+def _longest_accepted(on_path: torch.Tensor, loglik: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The chosen path of a verification: on_path (b, L, D + 1) bool, whether each position of
+    each root-to-leaf path (or candidate sequence) passed the acceptance rule (False past the
+    path's end); loglik (b, L, D + 1) the log-probability of each position's token (typical
+    acceptance) or None (greedy). A path is accepted up to its first rejected position.
+    Returns (best (b,) the path kept, n_keep (b,) its accepted length, root included)."""
+    accepted = on_path.long().cumprod(-1)
+    lengths = accepted.sum(-1)  # (b, L), root included
+    n_keep = lengths.max(-1).values
+    if loglik is None:
+        return lengths.argmax(-1), n_keep  # the first longest path, as Medusa's reference code
+    # why: Medusa's reference code takes, among the longest, the most likely path.
+    counted = accepted.bool()
+    counted[..., 0] = False  # the root's own probability does not count
+    path_ll = torch.where(counted, loglik, 0.0).sum(-1)
+    path_ll = path_ll.masked_fill(lengths != n_keep[:, None], float("-inf"))
+    return path_ll.argmax(-1), n_keep
+
+
+class Verified(NamedTuple):
+    """A verification forward: the base logits and last hidden states of the verified tokens
+    (tree: (b, q, ...); candidates: (b, n, D + 1, ...)), the root's hidden state (b, 1, h), and
+    the candidate rows' cache (candidates; None for the tree)."""
+
+    logits: torch.Tensor
+    hidden: torch.Tensor
+    root_hidden: torch.Tensor
+    rows_cache: KVCache | None = None
+
+
+@dataclass(frozen=True)
+class Accepted:
+    """A step's verification outcome per sequence: path (b, D + 1) tree indices of the chosen
+    root-to-leaf path, n_keep (b,) = 1 + accepted nodes, last (b,) tree index of the last
+    accepted token, bonus (b,) the token after it; row (b,) the chosen candidate row
+    (candidate form; None for the tree form)."""
+
+    path: torch.Tensor
+    n_keep: torch.Tensor
+    last: torch.Tensor
+    bonus: torch.Tensor
+    row: torch.Tensor | None = None
+
+
+class _TreeTensors:
+    """The tree's buffers (`treeopt.tree.tree_buffers`) as tensors on the decoder's device."""
+
+    def __init__(self, buffers: TreeBuffers, dtype: torch.dtype, device: torch.device):
+        def t(a):
+            return torch.from_numpy(np.array(a, copy=True)).to(device)
+
+        self.dtype, self.device = dtype, device
+        self.q = len(buffers.depth)
+        self.tree_mask_add = additive_mask(t(buffers.attention_mask), dtype)[None, None]  # (1, 1, q, q)
+        self.depth = t(buffers.depth)  # (q,)
+        self.parent = t(np.maximum(buffers.parent, 0))  # root -> itself
+        ri = buffers.retrieve_indices
+        self.retrieve = t(np.maximum(ri, 0))  # (L, D + 1)
+        self.retrieve_valid = t(ri >= 0)
+        self.candidates = int(ri.shape[0])  # one candidate sequence per leaf
+        self.to_device = t
+
+
+class TreeVerifier(_TreeTensors):
+    """Tree verification: one sequence of q tokens under the tree mask (Medusa paper section
+    2.1.2). `forward(cache, tokens, mask, positions)` is the model's forward to (logits,
+    hidden) over tokens appended to a cache."""
+
+    def __init__(self, buffers: TreeBuffers, forward, dtype: torch.dtype, device: torch.device):
+        super().__init__(buffers, dtype, device)
+        self.model_forward = forward
+        self.appends = self.q  # slots `forward` appends to the cache
+
+    def layout(self, valid: torch.Tensor, next_pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The 4D additive mask (b, 1, q, C + q) and the position ids (b, q) of a step: row i
+        sees the cache slots its sequence may see (`valid` (b, C)) and its tree ancestors and
+        itself, at position root + depth (docs/decoder.md#the-step)."""
+        b, c = valid.shape
+        mask = torch.cat(
+            [
+                additive_mask(valid, self.dtype)[:, None, None, :].expand(b, 1, self.q, c),
+                self.tree_mask_add.expand(b, 1, self.q, self.q),
+            ],
+            dim=-1,
+        )
+        return mask, next_pos[:, None] + self.depth[None]
+
+    def forward(self, cache, tokens, mask, positions) -> Verified:
+        """One forward over the tree tokens (b, q), appended to `cache`."""
+        logits, hidden = self.model_forward(cache, tokens, mask, positions)
+        return Verified(logits, hidden, hidden[:, :1])
+
+    def accept(self, tokens: torch.Tensor, logits: torch.Tensor, rule: AcceptanceRule = GREEDY) -> Accepted:
+        """The longest accepted root-to-leaf path of the tree tokens (b, q) under their base
+        logits (b, q, V), each node judged at its parent, and the bonus token after it."""
+        verdicts = _Verdicts(logits, rule)
+        match, loglik = verdicts.accepts(tokens, self.parent)
+        match[:, 0] = True  # the root is the base model's own token
+        on_path = match[:, self.retrieve] & self.retrieve_valid  # (b, L, D + 1)
+        best, n_keep = _longest_accepted(on_path, None if loglik is None else loglik[:, self.retrieve])
+        path = self.retrieve[best]  # (b, D + 1)
+        last = path[verdicts.rows, n_keep - 1]
+        return Accepted(path, n_keep, last, verdicts.bonus(last))
+
+    def keep(self, cache: KVCache, start: int, verified: Verified, accepted: Accepted) -> torch.Tensor:
+        """The cache keeps, per sequence, the root and the accepted nodes out of the tree's
+        slots start..start+q-1 (path[:, j] is the j-th kept token's tree index). Returns the
+        hidden states along the path (b, D + 1, h)."""
+        keep = int(accepted.n_keep.max())
+        cache.keep_slots(start, start + accepted.path[:, :keep])
+        rows = torch.arange(accepted.path.shape[0], device=self.device)
+        return verified.hidden[rows[:, None], accepted.path]
+
+
+class CandidateVerifier(_TreeTensors):
+    """Candidate-sequence verification (docs/decoder.md#candidate-sequence-verification):
+    the tree's leaves' root paths as rows, each against its own copy of the context; both forms
+    accept the same tokens."""
+
+    def __init__(self, buffers: TreeBuffers, forward, dtype: torch.dtype, device: torch.device):
+        super().__init__(buffers, dtype, device)
+        self.model_forward = forward
+        self.appends = 0  # the rows are written to a cache of their own
+        length = self.retrieve.shape[1]  # root + the deepest path
+        self.candidate_mask_add = additive_mask(self.to_device(np.tri(length, dtype=bool)), dtype)[None, None]
+        self.candidate_depth = torch.arange(length, device=device)
+        # the position each row token is judged at, rows flattened: the one before it in its row
+        flat = np.arange(self.candidates * length)
+        self.row_parent = self.to_device(flat - (flat % length > 0))
+        self._expansion: KVCache | None = None  # the candidate rows' cache, reused step to step
+
+    def layout(self, valid: torch.Tensor, next_pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The 4D additive mask (b n, 1, D + 1, C + D + 1) and position ids (b n, D + 1) of the
+        rows, row i n + j the j-th leaf's path of sequence i, causal over its own tokens."""
+        n, length = self.candidates, self.candidate_depth.shape[0]
+        rows_valid = valid.repeat_interleave(n, dim=0)
+        mask = torch.cat(
+            [
+                additive_mask(rows_valid, self.dtype)[:, None, None, :].expand(-1, 1, length, -1),
+                self.candidate_mask_add.expand(rows_valid.shape[0], 1, length, length),
+            ],
+            dim=-1,
+        )
+        return mask, next_pos.repeat_interleave(n)[:, None] + self.candidate_depth[None]
+
+    def forward(self, cache, tokens, mask, positions) -> Verified:
+        """Batch expansion: the context of each sequence copied to its n candidate rows, one
+        forward over the rows' root-to-leaf tokens; `cache` itself is not written. Logits and
+        hidden states are (b, n, D + 1, ...). A path shorter than the deepest is padded at its
+        end (with the root token): the causal mask keeps the padding out of the path's own
+        attention, and acceptance ignores it."""
+        b = tokens.shape[0]
+        rows = tokens[:, self.retrieve].reshape(b * self.candidates, -1)  # (b n, D + 1)
+        expanded = cache.expanded(self.candidates, rows.shape[1], self._expansion)
+        self._expansion = expanded
+        logits, hidden = self.model_forward(expanded, rows, mask, positions)
+        hidden = hidden.view(b, self.candidates, *hidden.shape[1:])
+        logits = logits.view(b, self.candidates, *logits.shape[1:])
+        return Verified(logits, hidden, hidden[:, 0, :1], expanded)  # every row starts at the root
+
+    def accept_rows(self, row_tokens: torch.Tensor, logits: torch.Tensor, rule: AcceptanceRule = GREEDY):
+        """Verification of candidate sequences (b, n, D + 1) from their own rows' logits
+        (b, n, D + 1, V): a row's token j is judged by the row's distribution at j - 1, with the
+        tree form's rule; the rows' padding (past each leaf's depth) never counts.
+
+        Returns (best (b,) the row of the longest accepted prefix (the first on ties, the tree
+        form's choice: rows are the tree's retrieve rows in order), n_keep (b,) = 1 + accepted
+        tokens, bonus (b,) token after the last accepted one in that row)."""
+        b, n, length = row_tokens.shape
+        verdicts = _Verdicts(logits.reshape(b, n * length, -1), rule)
+        match, loglik = verdicts.accepts(row_tokens.reshape(b, -1), self.row_parent)
+        match = match.view(b, n, length)
+        match[..., 0] = True  # position 0: the root
+        loglik = None if loglik is None else loglik.view(b, n, length)
+        best, n_keep = _longest_accepted(match & self.retrieve_valid, loglik)
+        return best, n_keep, verdicts.bonus(best * length + n_keep - 1)
+
+    def accept(self, tokens: torch.Tensor, logits: torch.Tensor, rule: AcceptanceRule = GREEDY) -> Accepted:
+        """`accept_rows` on the rows of the tree tokens (b, q): the chosen row is the tree
+        form's accepted path."""
+        best, n_keep, bonus = self.accept_rows(tokens[:, self.retrieve], logits, rule)
+        path = self.retrieve[best]
+        last = path[torch.arange(path.shape[0], device=self.device), n_keep - 1]
+        return Accepted(path, n_keep, last, bonus, row=best)
+
+    def keep(self, cache: KVCache, start: int, verified: Verified, accepted: Accepted) -> torch.Tensor:
+        """The cache takes the chosen row's new entries (its slots start..start+D); returns the
+        hidden states along that row (b, D + 1, h)."""
+        rows = torch.arange(accepted.row.shape[0], device=self.device)
+        keep = int(accepted.n_keep.max())
+        cache.take_rows(verified.rows_cache, rows * self.candidates + accepted.row, keep)
+        return verified.hidden[rows, accepted.row]
