@@ -1,5 +1,5 @@
 """Batches of token sequences as calibration reads them: left padding, and the index of the
-positions whose labels are counted (docs/statistics.md, "Labels"). Shared by the label pass
+positions whose labels are counted (docs/statistics.md#labels). Shared by the label pass
 (calibration.labels) and the drafters that rank labels themselves (a draft model)."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Calibration checkpoints: the counts so far, written atomically, and read back only for the
-same inputs (docs/formats.md, "Calibration checkpoint").
+same inputs (docs/formats.md#calibration-checkpoint-treeoptcalibration-checkpointv1).
 
 A checkpoint is one JSON object: ``format``, the ``fingerprint`` of the inputs and its
 ``fingerprint_sha256``, the counts (``hits``, ``positions``, ``joint``, ``prompts_done``,
@@ -98,7 +98,7 @@ def run_id(fingerprint: dict, counts: CalibrationCounts) -> str:
     """The provenance key shared by an accuracy table and its rank-vector sidecar: the first
     16 hex digits of the sha256 of the inputs' fingerprint and the counts (in their checkpoint
     encoding, which is deterministic). Equal runs get equal ids; a table beside a sidecar of
-    another run is told by the mismatch (docs/formats.md, "Output safety")."""
+    another run is told by the mismatch (docs/formats.md#output-safety)."""
     doc = {"fingerprint": fingerprint, **counts_to_json(counts)}
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
 

@@ -1,14 +1,14 @@
 """Running calibration counts: per-rank hits, per-head positions, joint prefix counts and the
-rank vectors themselves, added one batch of rank vectors at a time (docs/statistics.md, "Joint
-statistics and rank vectors").
+rank vectors themselves, added one batch of rank vectors at a time
+(docs/statistics.md#joint-statistics-and-rank-vectors).
 
 Rank vectors: (N, K) int, ``ranks[i, k]`` the exact rank of head k's label at row i, -1 where
 head k has no label, a rank >= the width for a miss. The kept copy is capped at the width
 (``width`` = miss) and stored as `rank_dtype(width)`; ``sequence`` (N,) int32 holds each row's
-prompt index (docs/formats.md, "Rank-vector sidecar").
+prompt index (docs/formats.md#rank-vector-sidecar-nameranksnpz).
 
 A batch is counted in two steps so that the counts and their progress marker move together
-(docs/formats.md, "Calibration checkpoint"): `CalibrationCounts.batch_update` computes
+(docs/formats.md#calibration-checkpoint-treeoptcalibration-checkpointv1): `CalibrationCounts.batch_update` computes
 everything a batch adds without touching the counts, and `CalibrationCounts.commit` applies
 it, progress included, with no work left that can fail; the runner holds Ctrl-C back while it
 runs, so a checkpoint never holds a batch's hits without the prompts that produced them.

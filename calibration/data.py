@@ -1,5 +1,5 @@
 """Calibration prompts: where they come from and how they become token ids
-(docs/formats.md, "Prompt data").
+(docs/formats.md#prompt-data).
 
 `--data` accepts
 - ``demo``: the bundled held-out prompts (`calibration.demo_files.DEMO_PROMPTS`, JSON lines);
@@ -145,7 +145,7 @@ class Conversation:
     def contexts(self, with_replies: bool = False) -> list[tuple[tuple[str, str], ...]]:
         """The prompts of the record: the turns before each assistant turn that follows a user
         turn, plus the whole conversation when it ends in a turn to answer. `with_replies`
-        (data labels) includes each assistant turn itself (docs/formats.md, "Prompt data")."""
+        (data labels) includes each assistant turn itself (docs/formats.md#prompt-data)."""
         out = []
         seen_user = False
         for i, (role, _) in enumerate(self.turns):
@@ -192,14 +192,19 @@ def conversation_from_record(record, where: str) -> Conversation:
     field = next((f for f in PROMPT_FIELDS if f in record), None)
     if field is None:
         raise UserError(f"{where}: none of the fields {', '.join(PROMPT_FIELDS)}")
-    value = record[field]
-    fmt = FIELD_FORMATS[field]
     if field in ("conversations", "messages"):
-        turns = _chat_turns(value, where, field)
+        turns = _chat_turns(record[field], where, field)
         system = record.get("system")
         if isinstance(system, str) and system and not any(r == "system" for r, _ in turns):
             turns.insert(0, ("system", system))  # ShareGPT variants keep it beside the turns
-        return Conversation(tuple(turns), fmt)
+        return Conversation(tuple(turns), FIELD_FORMATS[field])
+    return _single_turn(record, field, where)
+
+
+def _single_turn(record: dict, field: str, where: str) -> Conversation:
+    """The `Conversation` of a record read by a field that holds one text (module doc)."""
+    value = record[field]
+    fmt = FIELD_FORMATS[field]
     if field == "turns" and isinstance(value, list):
         value = value[0] if value else ""
     if not isinstance(value, str):
@@ -353,73 +358,22 @@ def load_prompts(
         raise UserError(f"--prompt-tokens: must be at least 1, got {prompt_tokens}")
     if max_prompts is not None and max_prompts < 1:
         raise UserError(f"--max-prompts: must be at least 1, got {max_prompts}")
-    name = str(data)
-    if name == "demo":
-        path = DEMO_PROMPTS
-        if not path.is_file():
-            raise UserError(f"demo prompts missing at {path}")
-    else:
-        path = Path(data)
-        if not path.exists():
-            raise UserError(f"--data: {path} does not exist")
+    path = _data_path(data)
     prefix = _special_prefix(tokenizer)
-    skipped: list[str] = []
-    formats: list[str] = []  # record layouts met, in file order
-    template_used = "none"
-
+    skipped: tuple[str, ...] = ()
+    data_format, template_used = "text", "none"
     if path.is_dir():
         kind = "text"
-        files = sorted(
-            p
-            for p in path.rglob("*")
-            if p.is_file()
-            and p.suffix.lower() in TEXT_SUFFIXES
-            and not any(part.startswith(".") for part in p.relative_to(path).parts)
-        )
-        digest = hashlib.sha256()
-        prompts: list[tuple[int, ...]] = []
-        for file in files:
-            rel = file.relative_to(path).as_posix()
-            try:
-                raw = file.read_bytes()
-            except OSError as err:
-                raise UserError(f"{file}: cannot read ({err.strerror or err})") from None
-            digest.update(f"{rel}\0{hashlib.sha256(raw).hexdigest()}\n".encode())
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError:
-                skipped.append(rel)
-                continue
-            # Past `max_prompts`, keep hashing (the fingerprint covers the whole directory)
-            # but stop tokenising.
-            if max_prompts is None or len(prompts) < max_prompts:
-                prompts += chunk_ids(_encode(tokenizer, text), prompt_tokens, prefix)
-        sha = digest.hexdigest()
+        prompts, sha, skipped = _directory_prompts(path, tokenizer, prompt_tokens, max_prompts, prefix)
     elif path.suffix.lower() in JSONL_SUFFIXES + (".json",):
         kind = "jsonl"
-        template_id = chat_template_id(tokenizer) if chat_template else None
-        template_used = "off" if not chat_template else "none"
         records = read_json_records(path) if path.suffix.lower() == ".json" else read_jsonl_records(path)
-        prompts = []
-        for record, where in records:
-            if max_prompts is not None and len(prompts) >= max_prompts:
-                break
-            conversation = conversation_from_record(record, where)
-            if conversation.data_format not in formats:
-                formats.append(conversation.data_format)
-            templated = template_id is not None and not conversation.raw
-            template_used = template_id if templated else template_used
-            for turns in conversation.contexts(with_replies):
-                ids = render_context(tokenizer, turns, template=templated, prefix=prefix, where=where)
-                if len(ids) <= len(prefix) and not templated:
-                    continue  # an empty text
-                if len(ids) > prompt_tokens and turns[-1][0] != "assistant" and (templated or len(turns) > 1):
-                    # why: the turn to answer and the assistant header end the prompt
-                    # (docs/formats.md, "Prompt data")
-                    ids = ids[-prompt_tokens:]
-                else:
-                    ids = ids[: max(len(prefix) + 1, prompt_tokens)]
-                prompts.append(tuple(ids))
+        template_id = chat_template_id(tokenizer) if chat_template else None
+        prompts, formats, template_used = _record_prompts(
+            records, tokenizer, prefix, prompt_tokens, max_prompts, template_id, with_replies
+        )
+        template_used = template_used or ("off" if not chat_template else "none")
+        data_format = "+".join(formats)
         sha = _sha256_file(path)
     else:
         kind = "text"
@@ -430,5 +384,82 @@ def load_prompts(
         prompts = prompts[:max_prompts]
     if not prompts:
         raise UserError(f"{path}: no prompts" + (f" ({len(skipped)} files skipped as not UTF-8)" if skipped else ""))
-    data_format = "+".join(formats) if kind == "jsonl" else "text"
-    return PromptSet(tuple(prompts), name, sha, kind, tuple(skipped), prompt_tokens, data_format, template_used)
+    return PromptSet(tuple(prompts), str(data), sha, kind, skipped, prompt_tokens, data_format, template_used)
+
+
+def _data_path(data: str | Path) -> Path:
+    """The file or directory `data` names ("demo": the bundled prompts), checked to exist."""
+    if str(data) == "demo":
+        if not DEMO_PROMPTS.is_file():
+            raise UserError(f"demo prompts missing at {DEMO_PROMPTS}")
+        return DEMO_PROMPTS
+    path = Path(data)
+    if not path.exists():
+        raise UserError(f"--data: {path} does not exist")
+    return path
+
+
+def _directory_prompts(path: Path, tokenizer, prompt_tokens: int, max_prompts: int | None, prefix: list[int]):
+    """The prompts of every text file below `path` (module doc), the directory's sha256 and the
+    files skipped as not UTF-8."""
+    files = sorted(
+        p
+        for p in path.rglob("*")
+        if p.is_file()
+        and p.suffix.lower() in TEXT_SUFFIXES
+        and not any(part.startswith(".") for part in p.relative_to(path).parts)
+    )
+    digest = hashlib.sha256()
+    prompts: list[tuple[int, ...]] = []
+    skipped: list[str] = []
+    for file in files:
+        rel = file.relative_to(path).as_posix()
+        try:
+            raw = file.read_bytes()
+        except OSError as err:
+            raise UserError(f"{file}: cannot read ({err.strerror or err})") from None
+        digest.update(f"{rel}\0{hashlib.sha256(raw).hexdigest()}\n".encode())
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            skipped.append(rel)
+            continue
+        # Past `max_prompts`, keep hashing (the fingerprint covers the whole directory)
+        # but stop tokenising.
+        if max_prompts is None or len(prompts) < max_prompts:
+            prompts += chunk_ids(_encode(tokenizer, text), prompt_tokens, prefix)
+    return prompts, digest.hexdigest(), tuple(skipped)
+
+
+def _record_prompts(records, tokenizer, prefix, prompt_tokens: int, max_prompts, template_id, with_replies: bool):
+    """The prompts of a JSON or JSON-lines file's `records`, the record layouts met (in file
+    order) and the template id when a record went through the template `template_id` (None:
+    no template), else None."""
+    prompts: list[tuple[int, ...]] = []
+    formats: list[str] = []
+    template_used = None
+    for record, where in records:
+        if max_prompts is not None and len(prompts) >= max_prompts:
+            break
+        conversation = conversation_from_record(record, where)
+        if conversation.data_format not in formats:
+            formats.append(conversation.data_format)
+        templated = template_id is not None and not conversation.raw
+        template_used = template_id if templated else template_used
+        for turns in conversation.contexts(with_replies):
+            ids = render_context(tokenizer, turns, template=templated, prefix=prefix, where=where)
+            if len(ids) <= len(prefix) and not templated:
+                continue  # an empty text
+            prompts.append(tuple(_cut(ids, turns, prompt_tokens, len(prefix), templated)))
+    return prompts, formats, template_used
+
+
+def _cut(ids: list[int], turns, prompt_tokens: int, prefix_length: int, templated: bool) -> list[int]:
+    """A record's prompt cut to `prompt_tokens` tokens by the module's length rule."""
+    if len(ids) > prompt_tokens and turns[-1][0] != "assistant" and (templated or len(turns) > 1):
+        # why: the turn to answer and the assistant header end the prompt
+        # (docs/formats.md#prompt-data)
+        ids = ids[-prompt_tokens:]
+    else:
+        ids = ids[: max(prefix_length + 1, prompt_tokens)]
+    return ids

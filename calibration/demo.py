@@ -14,7 +14,7 @@ Where training writes (`train_demo`): only under its output folder OUT and its w
 OUT/data, except when OUT is the bundled calibration/demo_model: then the prompts replace the
 bundled ones that ``--data demo`` reads (calibration/data). The work folder keeps the
 tokenizer, the tokenised corpus and the checkpoints, tied to the recipe by ``recipe.json``: a
-resume with another recipe or seed is refused, never mixed (docs/formats.md, "Output safety").
+resume with another recipe or seed is refused, never mixed (docs/formats.md#output-safety).
 """
 
 from __future__ import annotations
@@ -209,157 +209,25 @@ def train_demo(out_dir, recipe: DemoRecipe = DemoRecipe(), *, work_dir=None, res
     train_files = [f for f in files if not is_held_out(f)]
     held_files = [f for f in files if is_held_out(f)]
     _log(f"corpus: {len(files)} files under {root}: {len(train_files)} train, {len(held_files)} held out")
-
-    tok_file = work_dir / "tokenizer.json"
-    if tok_file.exists() and resume:
-        tok = Tokenizer.from_file(str(tok_file))
-    else:
-        tok = train_tokenizer((read_source(root / f) for f in train_files), recipe.vocab_size)
-        with atomic_path(tok_file) as tmp:
-            tok.save(str(tmp))
+    tok = _tokenizer(work_dir, root, train_files, recipe.vocab_size, resume)
     eos_id = tok.token_to_id(EOS)
-
-    def encode(file_list):
-        ids = []
-        for enc in tok.encode_batch([read_source(root / f) for f in file_list]):
-            ids.extend(enc.ids)
-            ids.append(eos_id)
-        return np.asarray(ids, dtype=np.int32)
-
-    tokens_file = work_dir / "tokens.npz"
-    if tokens_file.exists() and resume:
-        try:
-            with np.load(tokens_file, allow_pickle=False) as data:
-                train_tokens, held_tokens = data["train"], data["held"]
-        except (OSError, ValueError, KeyError, EOFError) as err:
-            raise UserError(
-                f"{tokens_file}: not a tokenised corpus ({first_line(err)}); delete it or pass --fresh"
-            ) from None
-    else:
-        train_tokens, held_tokens = encode(train_files), encode(held_files)
-        with atomic_path(tokens_file) as tmp, open(tmp, "wb") as fh:
-            np.savez(fh, train=train_tokens, held=held_tokens)
+    train_tokens, held_tokens = _corpus(work_dir, tok, root, (train_files, held_files), resume)
     _log(f"tokens: {len(train_tokens):,} train, {len(held_tokens):,} held out")
 
-    config = LlamaConfig(
-        vocab_size=recipe.vocab_size,
-        hidden_size=recipe.hidden_size,
-        intermediate_size=recipe.intermediate_size,
-        num_hidden_layers=recipe.num_layers,
-        num_attention_heads=recipe.num_attention_heads,
-        num_key_value_heads=recipe.num_attention_heads,
-        max_position_embeddings=2048,
-        tie_word_embeddings=True,
-        rope_theta=10000.0,
-        bos_token_id=eos_id,
-        eos_token_id=eos_id,
-        pad_token_id=eos_id,
-    )
-    model = LlamaForCausalLM(config)
+    model = LlamaForCausalLM(_base_config(recipe, eos_id))
     model.config._attn_implementation = "sdpa"
     heads = MedusaHeads(recipe.hidden_size, recipe.vocab_size, recipe.num_medusa_heads, recipe.medusa_layers)
-
-    def held_out_loss(n_batches: int = 8):
-        model.eval()
-        losses = []
-        with torch.no_grad():
-            for i in range(n_batches):
-                x = _batch(held_tokens, 10_000 + recipe.seed, i, recipe.batch_size, recipe.seq_len)
-                losses.append(model(x[:, :-1], labels=x[:, :-1]).loss.item())
-        model.train()
-        return float(np.mean(losses))
-
-    # Stage 1: the base model.
-    ckpt = work_dir / "base.pt"
-    step, log = 0, {"base": [], "heads": []}
-    opt = torch.optim.AdamW(model.parameters(), lr=recipe.base_lr, betas=(0.9, 0.95), weight_decay=0.1)
-    if ckpt.exists() and resume:
-        state = load_training_checkpoint(ckpt, recipe)
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["opt"])
-        step, log = state["step"], state["log"]
-        _log(f"base: resumed at step {step}")
-    model.train()
-    t0, tokens_seen = time.time(), 0
-    while step < recipe.base_steps:
-        lr = _lr(step, recipe.base_steps, recipe.base_lr, recipe.warmup_steps)
-        for g in opt.param_groups:
-            g["lr"] = lr
-        x = _batch(train_tokens, recipe.seed, step, recipe.batch_size, recipe.seq_len)
-        loss = model(x[:, :-1], labels=x[:, :-1]).loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        step += 1
-        tokens_seen += x[:, :-1].numel()
-        if step % 25 == 0 or step == recipe.base_steps:
-            rate = tokens_seen / (time.time() - t0)
-            entry = {"step": step, "loss": round(loss.item(), 4), "tokens_per_s": round(rate)}
-            if step % 200 == 0 or step == recipe.base_steps:
-                entry["held_out_loss"] = round(held_out_loss(), 4)
-            log["base"].append(entry)
-            _log(f"base {step}/{recipe.base_steps} " + " ".join(f"{k}={v}" for k, v in entry.items() if k != "step"))
-        if step % 50 == 0 or step == recipe.base_steps:
-            save_training_checkpoint(ckpt, recipe, model=model.state_dict(), opt=opt.state_dict(), step=step, log=log)
-
-    # Stage 2: Medusa-1 heads on the frozen base.
-    model.eval()
-    model.requires_grad_(False)
-    heads.init_projections_from(model.lm_head.weight)
-    ckpt = work_dir / "heads.pt"
-    step = 0
-    opt = torch.optim.AdamW(heads.parameters(), lr=recipe.head_lr, betas=(0.9, 0.95), weight_decay=0.0)
-    if ckpt.exists() and resume:
-        state = load_training_checkpoint(ckpt, recipe)
-        heads.load_state_dict(state["heads"])
-        opt.load_state_dict(state["opt"])
-        step, log = state["step"], state["log"]
-        _log(f"heads: resumed at step {step}")
-    weights = torch.tensor([recipe.head_loss_decay**k for k in range(recipe.num_medusa_heads)])
-    t0, tokens_seen = time.time(), 0
-    while step < recipe.head_steps:
-        lr = _lr(step, recipe.head_steps, recipe.head_lr, recipe.warmup_steps)
-        for g in opt.param_groups:
-            g["lr"] = lr
-        x = _batch(train_tokens, recipe.seed + 1, step, recipe.batch_size, recipe.seq_len)
-        with torch.no_grad():
-            hidden = model.model(x[:, :-1]).last_hidden_state
-        losses = []
-        for k, head in enumerate(heads):
-            # head k at position t predicts token t + k + 2
-            shift = k + 2
-            logits = head(hidden[:, : x.shape[1] - shift])
-            losses.append(F.cross_entropy(logits.reshape(-1, logits.shape[-1]), x[:, shift:].reshape(-1)))
-        losses = torch.stack(losses)
-        loss = (weights * losses).sum()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        step += 1
-        tokens_seen += x[:, :-1].numel()
-        if step % 25 == 0 or step == recipe.head_steps:
-            rate = tokens_seen / (time.time() - t0)
-            entry = {"step": step, "losses": [round(v, 4) for v in losses.tolist()], "tokens_per_s": round(rate)}
-            log["heads"].append(entry)
-            _log(f"heads {step}/{recipe.head_steps} losses={entry['losses']} tokens_per_s={entry['tokens_per_s']}")
-        if step % 50 == 0 or step == recipe.head_steps:
-            save_training_checkpoint(ckpt, recipe, heads=heads.state_dict(), opt=opt.state_dict(), step=step, log=log)
+    log = _train_base(model, train_tokens, held_tokens, recipe, work_dir / "base.pt", resume)
+    log = _train_heads(model, heads, train_tokens, recipe, work_dir / "heads.pt", resume, log)
 
     # Save everything in 16-bit.
     out_dir.mkdir(parents=True, exist_ok=True)
-    final_loss = held_out_loss()
+    final_loss = _held_out_loss(model, held_tokens, recipe)
     model.to(torch.bfloat16).save_pretrained(str(out_dir))
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, bos_token=EOS, pad_token=EOS, unk_token=None)
     fast.save_pretrained(str(out_dir))
     heads.save_pretrained(out_dir / "heads", base_model_name_or_path="demo", dtype=torch.bfloat16)
-
-    prompts = held_out_prompts(root, files)
-    # Even-indexed prompts calibrate, odd-indexed ones validate: disjoint, both spread over
-    # every held-out file.
-    calibration_file, validation_file = _prompt_files(out_dir)
-    write_text(calibration_file, "".join(json.dumps({"prompt": p}) + "\n" for p in prompts[0::2]))
-    write_text(validation_file, "".join(json.dumps({"prompt": p}) + "\n" for p in prompts[1::2]))
+    _write_prompts(out_dir, held_out_prompts(root, files))
     summary = {
         "recipe": asdict(recipe),
         "python": sys.version.split()[0],
@@ -381,3 +249,166 @@ def train_demo(out_dir, recipe: DemoRecipe = DemoRecipe(), *, work_dir=None, res
     write_json(out_dir / "training.json", summary)
     _log(f"done: held-out loss {final_loss:.3f}, saved to {out_dir}")
     return summary
+
+
+def _tokenizer(work_dir: Path, root: Path, train_files: list[str], vocab_size: int, resume: bool) -> Tokenizer:
+    """The BPE tokenizer trained on the train files (kept in the work folder)."""
+    tok_file = work_dir / "tokenizer.json"
+    if tok_file.exists() and resume:
+        return Tokenizer.from_file(str(tok_file))
+    tok = train_tokenizer((read_source(root / f) for f in train_files), vocab_size)
+    with atomic_path(tok_file) as tmp:
+        tok.save(str(tmp))
+    return tok
+
+
+def _corpus(work_dir: Path, tok: Tokenizer, root: Path, splits, resume: bool) -> tuple[np.ndarray, np.ndarray]:
+    """The train and held-out files of `splits` tokenised, each file ended by EOS (kept in the
+    work folder)."""
+    tokens_file = work_dir / "tokens.npz"
+    if tokens_file.exists() and resume:
+        try:
+            with np.load(tokens_file, allow_pickle=False) as data:
+                return data["train"], data["held"]
+        except (OSError, ValueError, KeyError, EOFError) as err:
+            raise UserError(
+                f"{tokens_file}: not a tokenised corpus ({first_line(err)}); delete it or pass --fresh"
+            ) from None
+    eos_id = tok.token_to_id(EOS)
+
+    def encode(file_list):
+        ids = []
+        for enc in tok.encode_batch([read_source(root / f) for f in file_list]):
+            ids.extend(enc.ids)
+            ids.append(eos_id)
+        return np.asarray(ids, dtype=np.int32)
+
+    train_files, held_files = splits
+    train_tokens, held_tokens = encode(train_files), encode(held_files)
+    with atomic_path(tokens_file) as tmp, open(tmp, "wb") as fh:
+        np.savez(fh, train=train_tokens, held=held_tokens)
+    return train_tokens, held_tokens
+
+
+def _base_config(recipe: DemoRecipe, eos_id: int) -> LlamaConfig:
+    return LlamaConfig(
+        vocab_size=recipe.vocab_size,
+        hidden_size=recipe.hidden_size,
+        intermediate_size=recipe.intermediate_size,
+        num_hidden_layers=recipe.num_layers,
+        num_attention_heads=recipe.num_attention_heads,
+        num_key_value_heads=recipe.num_attention_heads,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        rope_theta=10000.0,
+        bos_token_id=eos_id,
+        eos_token_id=eos_id,
+        pad_token_id=eos_id,
+    )
+
+
+def _held_out_loss(model, held_tokens: np.ndarray, recipe: DemoRecipe, n_batches: int = 8) -> float:
+    model.eval()
+    losses = []
+    with torch.no_grad():
+        for i in range(n_batches):
+            x = _batch(held_tokens, 10_000 + recipe.seed, i, recipe.batch_size, recipe.seq_len)
+            losses.append(model(x[:, :-1], labels=x[:, :-1]).loss.item())
+    model.train()
+    return float(np.mean(losses))
+
+
+def _set_lr(opt, step: int, total: int, peak: float, warmup: int) -> None:
+    for g in opt.param_groups:
+        g["lr"] = _lr(step, total, peak, warmup)
+
+
+def _train_base(model, train_tokens, held_tokens, recipe: DemoRecipe, ckpt: Path, resume: bool) -> dict:
+    """Stage 1: the base model, from the checkpoint `ckpt` when resuming; returns the log."""
+    step, log = 0, {"base": [], "heads": []}
+    opt = torch.optim.AdamW(model.parameters(), lr=recipe.base_lr, betas=(0.9, 0.95), weight_decay=0.1)
+    if ckpt.exists() and resume:
+        state = load_training_checkpoint(ckpt, recipe)
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+        step, log = state["step"], state["log"]
+        _log(f"base: resumed at step {step}")
+    model.train()
+    t0, tokens_seen = time.time(), 0
+    while step < recipe.base_steps:
+        _set_lr(opt, step, recipe.base_steps, recipe.base_lr, recipe.warmup_steps)
+        x = _batch(train_tokens, recipe.seed, step, recipe.batch_size, recipe.seq_len)
+        loss = model(x[:, :-1], labels=x[:, :-1]).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        step += 1
+        tokens_seen += x[:, :-1].numel()
+        if step % 25 == 0 or step == recipe.base_steps:
+            rate = tokens_seen / (time.time() - t0)
+            entry = {"step": step, "loss": round(loss.item(), 4), "tokens_per_s": round(rate)}
+            if step % 200 == 0 or step == recipe.base_steps:
+                entry["held_out_loss"] = round(_held_out_loss(model, held_tokens, recipe), 4)
+            log["base"].append(entry)
+            _log(f"base {step}/{recipe.base_steps} " + " ".join(f"{k}={v}" for k, v in entry.items() if k != "step"))
+        if step % 50 == 0 or step == recipe.base_steps:
+            save_training_checkpoint(ckpt, recipe, model=model.state_dict(), opt=opt.state_dict(), step=step, log=log)
+    return log
+
+
+def _heads_loss(model, heads, x: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The heads' weighted loss on the batch `x` and each head's own loss."""
+    with torch.no_grad():
+        hidden = model.model(x[:, :-1]).last_hidden_state
+    losses = []
+    for k, head in enumerate(heads):
+        # head k at position t predicts token t + k + 2
+        shift = k + 2
+        logits = head(hidden[:, : x.shape[1] - shift])
+        losses.append(F.cross_entropy(logits.reshape(-1, logits.shape[-1]), x[:, shift:].reshape(-1)))
+    losses = torch.stack(losses)
+    return (weights * losses).sum(), losses
+
+
+def _train_heads(model, heads, train_tokens, recipe: DemoRecipe, ckpt: Path, resume: bool, log: dict) -> dict:
+    """Stage 2: Medusa-1 heads on the frozen base, from the checkpoint `ckpt` when resuming;
+    returns the log."""
+    model.eval()
+    model.requires_grad_(False)
+    heads.init_projections_from(model.lm_head.weight)
+    step = 0
+    opt = torch.optim.AdamW(heads.parameters(), lr=recipe.head_lr, betas=(0.9, 0.95), weight_decay=0.0)
+    if ckpt.exists() and resume:
+        state = load_training_checkpoint(ckpt, recipe)
+        heads.load_state_dict(state["heads"])
+        opt.load_state_dict(state["opt"])
+        step, log = state["step"], state["log"]
+        _log(f"heads: resumed at step {step}")
+    weights = torch.tensor([recipe.head_loss_decay**k for k in range(recipe.num_medusa_heads)])
+    t0, tokens_seen = time.time(), 0
+    while step < recipe.head_steps:
+        _set_lr(opt, step, recipe.head_steps, recipe.head_lr, recipe.warmup_steps)
+        x = _batch(train_tokens, recipe.seed + 1, step, recipe.batch_size, recipe.seq_len)
+        loss, losses = _heads_loss(model, heads, x, weights)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        step += 1
+        tokens_seen += x[:, :-1].numel()
+        if step % 25 == 0 or step == recipe.head_steps:
+            rate = tokens_seen / (time.time() - t0)
+            entry = {"step": step, "losses": [round(v, 4) for v in losses.tolist()], "tokens_per_s": round(rate)}
+            log["heads"].append(entry)
+            _log(f"heads {step}/{recipe.head_steps} losses={entry['losses']} tokens_per_s={entry['tokens_per_s']}")
+        if step % 50 == 0 or step == recipe.head_steps:
+            save_training_checkpoint(ckpt, recipe, heads=heads.state_dict(), opt=opt.state_dict(), step=step, log=log)
+    return log
+
+
+def _write_prompts(out_dir: Path, prompts: list[str]) -> None:
+    """Even-indexed prompts calibrate, odd-indexed ones validate: disjoint, both spread over
+    every held-out file (module doc: where they go)."""
+    calibration_file, validation_file = _prompt_files(out_dir)
+    write_text(calibration_file, "".join(json.dumps({"prompt": p}) + "\n" for p in prompts[0::2]))
+    write_text(validation_file, "".join(json.dumps({"prompt": p}) + "\n" for p in prompts[1::2]))

@@ -1,4 +1,4 @@
-"""A draft model for the demo (docs/decoder.md, "Draft models"): a 1-layer Llama of hidden 128
+"""A draft model for the demo (docs/decoder.md#draft-models): a 1-layer Llama of hidden 128
 with the demo's tokenizer, trained by the demo's recipe (`calibration.demo`: the same corpus,
 held-out split, batches and learning-rate schedule) on the target's own next-token
 distribution (distillation: Leviathan et al. 2023 use off-the-shelf small models; a draft
@@ -51,6 +51,33 @@ def _log(msg: str) -> None:
     print(f"[demo draft] {msg}", file=sys.stderr, flush=True)
 
 
+def _train_tokens(tok: Tokenizer, eos_id: int, max_files: int | None) -> np.ndarray:
+    """The stdlib's train files (the first `max_files`) tokenised, each ended by EOS."""
+    root, files = stdlib_files()
+    train_files = [f for f in files if not is_held_out(f)][:max_files]
+    ids = []
+    for enc in tok.encode_batch([read_source(root / f) for f in train_files]):
+        ids.extend(enc.ids)
+        ids.append(eos_id)
+    return np.asarray(ids, dtype=np.int32)
+
+
+def _draft_config(recipe: DraftRecipe, vocab_size: int, eos_id: int) -> LlamaConfig:
+    return LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=recipe.hidden_size,
+        intermediate_size=recipe.intermediate_size,
+        num_hidden_layers=recipe.num_layers,
+        num_attention_heads=recipe.num_attention_heads,
+        num_key_value_heads=recipe.num_attention_heads,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        bos_token_id=eos_id,
+        eos_token_id=eos_id,
+        pad_token_id=eos_id,
+    )
+
+
 def train_demo_draft(
     target_dir=DEMO_MODEL_DIR,
     recipe: DraftRecipe = DraftRecipe(),
@@ -71,27 +98,8 @@ def train_demo_draft(
     target.requires_grad_(False)
     tok = Tokenizer.from_file(str(target_dir / "tokenizer.json"))
     eos_id = int(target.config.eos_token_id)
-    root, files = stdlib_files()
-    train_files = [f for f in files if not is_held_out(f)][:max_files]
-    ids = []
-    for enc in tok.encode_batch([read_source(root / f) for f in train_files]):
-        ids.extend(enc.ids)
-        ids.append(eos_id)
-    tokens = np.asarray(ids, dtype=np.int32)
-    config = LlamaConfig(
-        vocab_size=target.config.vocab_size,
-        hidden_size=recipe.hidden_size,
-        intermediate_size=recipe.intermediate_size,
-        num_hidden_layers=recipe.num_layers,
-        num_attention_heads=recipe.num_attention_heads,
-        num_key_value_heads=recipe.num_attention_heads,
-        max_position_embeddings=2048,
-        tie_word_embeddings=True,
-        bos_token_id=eos_id,
-        eos_token_id=eos_id,
-        pad_token_id=eos_id,
-    )
-    model = LlamaForCausalLM(config)
+    tokens = _train_tokens(tok, eos_id, max_files)
+    model = LlamaForCausalLM(_draft_config(recipe, target.config.vocab_size, eos_id))
     opt = torch.optim.AdamW(model.parameters(), lr=recipe.lr, betas=(0.9, 0.95), weight_decay=0.1)
     ckpt, step, log = work_dir / "draft.pt", 0, []
     if ckpt.exists() and resume:
@@ -109,7 +117,7 @@ def train_demo_draft(
             teacher = torch.log_softmax(target(x).logits, -1)
         student = torch.log_softmax(model(x).logits, -1)
         # why: matching the target's whole next-token distribution raises sum min(p, q), the
-        # acceptance (docs/statistics.md, "Draft-model acceptance")
+        # acceptance (docs/statistics.md#draft-model-acceptance)
         loss = torch.nn.functional.kl_div(
             student.flatten(0, 1), teacher.flatten(0, 1), log_target=True, reduction="batchmean"
         )

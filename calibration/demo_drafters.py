@@ -1,6 +1,6 @@
 """The demo's dependent drafters: a Hydra head set and an MLP speculator trained on the bundled
 demo model, so that `treeopt run --drafter hydra|mlp-speculator` runs end to end with no
-downloads (docs/decoder.md, "Drafters").
+downloads (docs/decoder.md#drafters).
 
 The recipe (`treeopt demo train-drafters`): the frozen demo model reads windows of the
 stdlib's train files (the split of `calibration.demo`, encoded with the demo's own tokenizer);
@@ -155,6 +155,49 @@ def _train(
     return log
 
 
+def _train_hydra(model, tokens: np.ndarray, recipe: DrafterRecipe, out_dir: Path, work_dir: Path, resume: bool):
+    """Hydra heads started as the authors' recipe says, trained, written to out_dir/hydra."""
+    lm_head, embeddings = model.lm_head.weight.detach(), model.model.embed_tokens.weight.detach()
+    hydra = HydraHeads(
+        model.config.hidden_size, model.config.vocab_size, recipe.hydra_heads, recipe.hydra_layers, grounded=True
+    )
+    hydra.init_from_base(lm_head, embeddings)
+    hydra.input_embed_fn.requires_grad_(False)  # the base model's embeddings (authors' recipe)
+    params = [p for p in hydra.parameters() if p.requires_grad]
+    summary = {
+        "log": _train("hydra", hydra, params, model, tokens, recipe, work_dir / "hydra.pt", resume, 2),
+        "parameters": sum(p.numel() for p in hydra.parameters()),
+    }
+    hydra.save_pretrained(out_dir / HYDRA_DIR, base_model_name_or_path="demo", dtype=torch.bfloat16)
+    return summary
+
+
+def _train_speculator(model, tokens: np.ndarray, recipe: DrafterRecipe, out_dir: Path, work_dir: Path, resume: bool):
+    """An MLP speculator with tied stages, trained, written to out_dir/mlp_speculator."""
+    h, vocab = model.config.hidden_size, model.config.vocab_size
+    stages = recipe.speculator_stages
+    spec = MLPSpeculator(
+        h,
+        h,
+        vocab,
+        stages,
+        scale_input=False,
+        top_k_tokens_per_head=[4, 3, 2, 2][:stages] + [1] * max(0, stages - 4),
+        n_candidates=8,
+    )
+    with torch.no_grad():
+        spec.head[0].weight.copy_(model.lm_head.weight.detach())
+        spec.emb[0].weight.copy_(model.model.embed_tokens.weight.detach())
+    _tie_speculator(spec)
+    params = list(spec.parameters())
+    summary = {
+        "log": _train("mlp-speculator", spec, params, model, tokens, recipe, work_dir / "speculator.pt", resume, 3),
+        "parameters": sum(p.numel() for p in spec.parameters()),
+    }
+    spec.save_pretrained(out_dir / SPECULATOR_DIR, tie_weights=True)
+    return summary
+
+
 def train_drafters(
     out_dir=DEMO_MODEL_DIR,
     recipe: DrafterRecipe = DrafterRecipe(),
@@ -183,49 +226,12 @@ def train_drafters(
     model.requires_grad_(False)
     tokens = _train_tokens(model_dir / "tokenizer.json", work_dir, resume)
     _log(f"drafters: {len(tokens):,} train tokens")
-    h, vocab = model.config.hidden_size, model.config.vocab_size
-    lm_head, embeddings = model.lm_head.weight.detach(), model.model.embed_tokens.weight.detach()
     summary: dict = {"recipe": asdict(recipe)}
     t_start = time.time()
     if "hydra" in which:
-        hydra = HydraHeads(h, vocab, recipe.hydra_heads, recipe.hydra_layers, grounded=True)
-        hydra.init_from_base(lm_head, embeddings)
-        hydra.input_embed_fn.requires_grad_(False)  # the base model's embeddings (authors' recipe)
-        params = [p for p in hydra.parameters() if p.requires_grad]
-        summary["hydra"] = {
-            "log": _train("hydra", hydra, params, model, tokens, recipe, work_dir / "hydra.pt", resume, 2),
-            "parameters": sum(p.numel() for p in hydra.parameters()),
-        }
-        hydra.save_pretrained(out_dir / HYDRA_DIR, base_model_name_or_path="demo", dtype=torch.bfloat16)
+        summary["hydra"] = _train_hydra(model, tokens, recipe, out_dir, work_dir, resume)
     if "mlp-speculator" in which:
-        spec = MLPSpeculator(
-            h,
-            h,
-            vocab,
-            recipe.speculator_stages,
-            scale_input=False,
-            top_k_tokens_per_head=[4, 3, 2, 2][: recipe.speculator_stages] + [1] * max(0, recipe.speculator_stages - 4),
-            n_candidates=8,
-        )
-        with torch.no_grad():
-            spec.head[0].weight.copy_(lm_head)
-            spec.emb[0].weight.copy_(embeddings)
-        _tie_speculator(spec)
-        summary["mlp_speculator"] = {
-            "log": _train(
-                "mlp-speculator",
-                spec,
-                list(spec.parameters()),
-                model,
-                tokens,
-                recipe,
-                work_dir / "speculator.pt",
-                resume,
-                3,
-            ),
-            "parameters": sum(p.numel() for p in spec.parameters()),
-        }
-        spec.save_pretrained(out_dir / SPECULATOR_DIR, tie_weights=True)
+        summary["mlp_speculator"] = _train_speculator(model, tokens, recipe, out_dir, work_dir, resume)
     summary["train_seconds"] = round(time.time() - t_start)
     write_json(out_dir / "drafters_training.json", summary)
     _log(f"done: drafters in {out_dir}")

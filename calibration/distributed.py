@@ -1,5 +1,5 @@
 """Calibration in many processes: `torchrun --nproc-per-node N -m treeopt calibrate ...`
-(docs/statistics.md, "Counts from many processes").
+(docs/statistics.md#counts-from-many-processes).
 
 torchrun starts N copies of the command and tells each its place through the environment
 (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``). Each process takes a contiguous run of whole

@@ -75,7 +75,7 @@ class MedusaHeads(nn.ModuleList):
         lm_head_weight: torch.Tensor | None = None,
         warn=None,
     ) -> MedusaHeads:
-        """Load Medusa heads in any of the layouts of docs/formats.md "Medusa heads": a heads
+        """Load Medusa heads in any of the layouts of docs/formats.md#medusa-heads: a heads
         directory (config.json + medusa_lm_head.{safetensors,pt}), a Medusa-1.0 full checkpoint
         (`medusa_head.*` keys inside the model's weights, possibly sharded), or "medusa2" heads
         (`"version": "2"`: ResBlocks only, the projection is the base model's `lm_head_weight`).
@@ -85,51 +85,12 @@ class MedusaHeads(nn.ModuleList):
         configs say 2 while the weights hold 5), `warn` gets one line and the config's count is
         used unless num_heads says otherwise."""
         path = Path(path)
-        warn = warn or _warn
-        config_file = path / CONFIG_NAME
-        if not config_file.is_file():
-            raise UserError(f"{path}: not a Medusa heads directory (no {CONFIG_NAME})")
-        config = read_json_input(config_file, "a Medusa heads config")
-        if not isinstance(config, dict):
-            raise UserError(f"{config_file}: expected a JSON object (a Medusa heads config)")
-        configured = config.get("medusa_num_heads")
-        if isinstance(configured, bool) or not isinstance(configured, int) or configured < 1:
-            raise UserError(f"{config_file}: missing or invalid 'medusa_num_heads'")
-        # why 1: a config without medusa_num_layers means one ResBlock in the Medusa authors'
-        # MedusaConfig (docs/formats.md "Medusa heads")
-        num_layers = config.get("medusa_num_layers", 1)
-        if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 0:
-            raise UserError(f"{config_file}: invalid 'medusa_num_layers' {num_layers!r}")
-        shares_lm_head = str(config.get("version", "1")) == "2"
+        config, configured, num_layers = _read_config(path)
         state = _load_state_dict(path)
         stored = _heads_in(state)
-        if num_heads is None:
-            num_heads = configured
-            if stored > configured:
-                warn(
-                    f"treeopt: warning: {path}: the weights hold {stored} heads but {CONFIG_NAME} says "
-                    f"medusa_num_heads {configured}; using {configured} (the Medusa authors' code uses all "
-                    f"{stored}: pass --num-heads {stored} to do the same)"
-                )
-            if configured > stored:  # checked before building modules for heads that are not there
-                first = f"{stored}.0.linear.weight" if num_layers else f"{stored}.0.weight"
-                raise UserError(
-                    f"{path}: weights lack key '{first}' ({CONFIG_NAME} says medusa_num_heads "
-                    f"{configured}, the weights hold {stored} heads)"
-                )
-        elif num_heads < 1 or num_heads > stored:
-            raise UserError(f"--num-heads: {path} holds {stored} heads, asked for {num_heads}")
-        if shares_lm_head:
-            if lm_head_weight is None:
-                raise UserError(
-                    f'{path}: medusa2 heads ("version": "2") project with the base model\'s '
-                    "lm_head, which was not given"
-                )
-            vocab_size, hidden_size = lm_head_weight.shape
-            state = {
-                **state,
-                **{f"{k}.{num_layers}.weight": lm_head_weight.detach().to("cpu") for k in range(num_heads)},
-            }
+        num_heads = _heads_used(path, num_heads, configured, stored, num_layers, warn or _warn)
+        if str(config.get("version", "1")) == "2":
+            state, (vocab_size, hidden_size) = _with_shared_lm_head(path, state, lm_head_weight, num_heads, num_layers)
         else:
             proj = state.get(f"0.{num_layers}.weight")
             if proj is None or proj.ndim != 2:
@@ -162,7 +123,7 @@ class MedusaHeads(nn.ModuleList):
         if format == "pt":
             if self.num_layers >= 2:
                 # why: the authors' loader builds `[ResBlock(h)] * L`, one module object repeated,
-                # so the L stored ResBlocks collapse into one (docs/formats.md "Medusa heads")
+                # so the L stored ResBlocks collapse into one (docs/formats.md#medusa-heads)
                 (warn or _warn)(
                     f"treeopt: warning: {path / WEIGHTS_PT}: heads with {self.num_layers} ResBlocks "
                     "load wrong in the Medusa authors' code (it shares one ResBlock object across "
@@ -255,3 +216,54 @@ def _full_checkpoint_heads(path: Path) -> dict[str, torch.Tensor] | None:
             state.update({k: v for k, v in loaded.items() if k.startswith(FULL_PREFIX)})
     state = {k.removeprefix(FULL_PREFIX): v for k, v in state.items()}
     return state or None
+
+
+def _read_config(path: Path) -> tuple[dict, int, int]:
+    """A heads directory's config.json, its medusa_num_heads and its medusa_num_layers."""
+    config_file = path / CONFIG_NAME
+    if not config_file.is_file():
+        raise UserError(f"{path}: not a Medusa heads directory (no {CONFIG_NAME})")
+    config = read_json_input(config_file, "a Medusa heads config")
+    if not isinstance(config, dict):
+        raise UserError(f"{config_file}: expected a JSON object (a Medusa heads config)")
+    configured = config.get("medusa_num_heads")
+    if isinstance(configured, bool) or not isinstance(configured, int) or configured < 1:
+        raise UserError(f"{config_file}: missing or invalid 'medusa_num_heads'")
+    # why 1: a config without medusa_num_layers means one ResBlock in the Medusa authors'
+    # MedusaConfig (docs/formats.md#medusa-heads)
+    num_layers = config.get("medusa_num_layers", 1)
+    if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 0:
+        raise UserError(f"{config_file}: invalid 'medusa_num_layers' {num_layers!r}")
+    return config, configured, num_layers
+
+
+def _heads_used(path: Path, num_heads: int | None, configured: int, stored: int, num_layers: int, warn) -> int:
+    """The number of heads to load: `num_heads`, else the config's (`MedusaHeads.from_pretrained`)."""
+    if num_heads is not None:
+        if num_heads < 1 or num_heads > stored:
+            raise UserError(f"--num-heads: {path} holds {stored} heads, asked for {num_heads}")
+        return num_heads
+    if stored > configured:
+        warn(
+            f"treeopt: warning: {path}: the weights hold {stored} heads but {CONFIG_NAME} says "
+            f"medusa_num_heads {configured}; using {configured} (the Medusa authors' code uses all "
+            f"{stored}: pass --num-heads {stored} to do the same)"
+        )
+    if configured > stored:  # checked before building modules for heads that are not there
+        first = f"{stored}.0.linear.weight" if num_layers else f"{stored}.0.weight"
+        raise UserError(
+            f"{path}: weights lack key '{first}' ({CONFIG_NAME} says medusa_num_heads "
+            f"{configured}, the weights hold {stored} heads)"
+        )
+    return configured
+
+
+def _with_shared_lm_head(path: Path, state: dict, lm_head_weight, num_heads: int, num_layers: int):
+    """A medusa2 state (`"version": "2"`) with the base model's lm_head as every head's
+    projection, and that projection's (vocab, hidden) shape."""
+    if lm_head_weight is None:
+        raise UserError(
+            f'{path}: medusa2 heads ("version": "2") project with the base model\'s lm_head, which was not given'
+        )
+    shared = {f"{k}.{num_layers}.weight": lm_head_weight.detach().to("cpu") for k in range(num_heads)}
+    return {**state, **shared}, tuple(lm_head_weight.shape)

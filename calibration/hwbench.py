@@ -1,6 +1,6 @@
 """The microbenchmarks of `treeopt hw calibrate`: torch on a device, raw timings out
 (treeopt.hwmeasurements); roofline.hwfit turns them into a hardware profile
-(docs/performance-model.md, "hardware calibration").
+(docs/performance-model.md#hardware-calibration).
 
 What is timed, in the model's compute dtype:
 
@@ -17,7 +17,7 @@ What is timed, in the model's compute dtype:
    columns).
 5. scaled_dot_product_attention with a float 4D mask (as tree decoding passes) at q = 1..256
    over 256 cached tokens, and one-token attention of 8 sequences; the KV-cache update of
-   the decoder's own cache (calibration.decoder.new_cache).
+   the decoder's own cache (calibration.kv_cache.new_cache).
 6. Forwards of a random transformers LlamaForCausalLM of the probe shape with 1..L layers
    over the decoder's cache, with a 4D mask and explicit position ids (how tree verification
    calls it) at several (layers, b, q, s), and the draft heads (MedusaHeads, the modules the
@@ -44,8 +44,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.activations import ACT2FN
 from transformers.models.llama.modeling_llama import LlamaRMSNorm, apply_rotary_pos_emb
 
-from calibration.decoder import new_cache
 from calibration.heads import MedusaHeads
+from calibration.kv_cache import new_cache
 from calibration.models import TORCH_DTYPES
 from treeopt.hwmeasurements import (
     AttentionSample,
@@ -81,7 +81,7 @@ ATTN_QUERIES = (1, 4, 16, 64, 256)
 QUICK_ATTN_QUERIES = (1, 16, 64)
 ATTN_CONTEXT_TOKENS = 256
 # weights cycled through by the GEMM measurements: enough to spill the caches a forward
-# spills (docs/performance-model.md, "GEMM row efficiency")
+# spills (docs/performance-model.md#gemm-row-efficiency)
 GEMM_POOL_BYTES = 512 << 20
 
 
@@ -117,6 +117,7 @@ class _Bench:
 
     def __init__(self):
         self.entries = []
+        self.keep = []  # tensors and models the timed closures use
 
     def add(self, group: str, make_sample, fn, *, inner: int | None = None) -> None:
         self.entries.append((group, make_sample, fn, inner))
@@ -182,67 +183,18 @@ def _measure(
 ) -> HardwareMeasurements:
     t_start = time.perf_counter()
     torch.manual_seed(seed)
-    is_cuda = dev.type == "cuda"
     load_before = _loadavg()
-    sync = (lambda: torch.cuda.synchronize(dev)) if is_cuda else (lambda: None)
     rounds = 5 if quick else 11
-    tdt = TORCH_DTYPES[model.dtype]
     bench = _Bench()
-    keep = []  # tensors and models the timed closures use
-
-    def timed(fn):
-        def run():
-            fn()
-            sync()
-
-        return run
-
-    # a pilot of the calibrated dtype's GEMM rate sizes the GEMM measurements
-    n_pilot = 4096 if is_cuda else 512
-    pilot_matrix = torch.randn(n_pilot, n_pilot, device=dev, dtype=tdt)
-    pilot = measure_interleaved([timed(lambda m=pilot_matrix: m @ m)], rounds=3, warmup=1, inner=1, seed=seed)[0]
-    pilot_flops = 2.0 * n_pilot**3 / pilot.median_s
-    del pilot_matrix
-
-    if progress:
-        tqdm.write("  preparing microbenchmarks", file=sys.stderr)
-    _add_elementwise(bench, timed, keep, dev, tdt)
-    _add_layer_elementwise(bench, timed, keep, dev, tdt, model, quick=quick)
-    stream_bytes = _add_stream(bench, timed, keep, dev, model)
-    _add_square_gemms(bench, timed, keep, dev, model.dtype)
-    wshapes = weight_shapes(model)
-    _add_gemms(
-        bench,
-        timed,
-        keep,
-        dev,
-        tdt,
-        model,
-        wshapes,
-        budget_flops=(20e-3 if quick else 40e-3) * pilot_flops,
-        quick=quick,
+    stream_bytes, wshapes = _prepare(
+        bench, dev, model, probe, quick=quick, validate=validate, progress=progress, seed=seed
     )
-    _add_attention(bench, timed, keep, dev, tdt, model, quick=quick)
-
-    # the framework's forwards: few and more layers of the probe model
-    probe_dims = probe or model
-    layer_counts = (
-        sorted({1, max(1, model.layers // 2), model.layers}) if probe is None and model.layers <= 8 else [1, 2, 4]
-    )
-    models = {L: _build_model(dev, tdt, probe_dims, L) for L in layer_counts}
-    _add_kv_update(bench, timed, keep, dev, tdt, model, models[layer_counts[0]], quick=quick)
-    _add_framework_forwards(bench, models, dev, probe_dims, layer_counts, sync, quick=quick)
-    _add_heads(bench, timed, keep, dev, tdt, probe_dims)
-    if validate:
-        full = models.get(model.layers) if probe is None else None
-        _add_validation(bench, full or _build_model(dev, tdt, model, model.layers), dev, model, sync, keep, quick=quick)
-
     samples = bench.run(rounds=rounds, seed=seed, progress=progress)
     facts = DeviceFacts(
         name=_device_name(dev),
         kind=dev.type,
         capacity_bytes=_capacity_bytes(dev),
-        threads=None if is_cuda else int(torch.get_num_threads()),
+        threads=None if dev.type == "cuda" else int(torch.get_num_threads()),
         cpu_count=os.cpu_count() or 1,
         torch_version=torch.__version__,
         framework=f"transformers {transformers.__version__}",
@@ -268,6 +220,55 @@ def _measure(
         heads=samples.get("heads", ()),
         validation=samples.get("val", ()),
     )
+
+
+def _prepare(bench: _Bench, dev, model: ModelDims, probe: ModelDims | None, *, quick, validate, progress, seed):
+    """Add every microbenchmark of `model` to `bench` (module docstring); returns the bytes the
+    stream benchmark moves and the model's weight shapes."""
+    is_cuda = dev.type == "cuda"
+    sync = (lambda: torch.cuda.synchronize(dev)) if is_cuda else (lambda: None)
+    tdt = TORCH_DTYPES[model.dtype]
+    keep = bench.keep
+
+    def timed(fn):
+        def run():
+            fn()
+            sync()
+
+        return run
+
+    # a pilot of the calibrated dtype's GEMM rate sizes the GEMM measurements
+    n_pilot = 4096 if is_cuda else 512
+    pilot_matrix = torch.randn(n_pilot, n_pilot, device=dev, dtype=tdt)
+    pilot = measure_interleaved([timed(lambda m=pilot_matrix: m @ m)], rounds=3, warmup=1, inner=1, seed=seed)[0]
+    pilot_flops = 2.0 * n_pilot**3 / pilot.median_s
+    del pilot_matrix
+
+    if progress:
+        tqdm.write("  preparing microbenchmarks", file=sys.stderr)
+    _add_elementwise(bench, timed, keep, dev, tdt)
+    _add_layer_elementwise(bench, timed, keep, dev, tdt, model, quick=quick)
+    stream_bytes = _add_stream(bench, timed, keep, dev, model)
+    _add_square_gemms(bench, timed, keep, dev, model.dtype)
+    wshapes = weight_shapes(model)
+    budget_flops = (20e-3 if quick else 40e-3) * pilot_flops
+    _add_gemms(bench, timed, keep, dev, tdt, model, wshapes, budget_flops=budget_flops, quick=quick)
+    _add_attention(bench, timed, keep, dev, tdt, model, quick=quick)
+
+    # the framework's forwards: few and more layers of the probe model
+    probe_dims = probe or model
+    layer_counts = (
+        sorted({1, max(1, model.layers // 2), model.layers}) if probe is None and model.layers <= 8 else [1, 2, 4]
+    )
+    models = {L: _build_model(dev, tdt, probe_dims, L) for L in layer_counts}
+    keep.append(models)
+    _add_kv_update(bench, timed, keep, dev, tdt, model, models[layer_counts[0]], quick=quick)
+    _add_framework_forwards(bench, models, dev, probe_dims, layer_counts, sync, quick=quick)
+    _add_heads(bench, timed, keep, dev, tdt, probe_dims)
+    if validate:
+        full = models.get(model.layers) if probe is None else None
+        _add_validation(bench, full or _build_model(dev, tdt, model, model.layers), dev, model, sync, keep, quick=quick)
+    return stream_bytes, wshapes
 
 
 def _add_elementwise(bench, timed, keep, dev, tdt) -> None:
@@ -343,26 +344,39 @@ def _add_gemms(bench, timed, keep, dev, tdt, dims: ModelDims, wshapes, *, budget
         dims.layers * unique_bytes <= GEMM_POOL_BYTES and max(rows_list) * model_gemm_flops <= 12 * budget_flops
     )
     if whole_pass:
-        pool = [
-            (
-                w.in_features,
-                [torch.randn(w.out_features, w.in_features, device=dev, dtype=tdt) * 0.02 for _ in range(w.uses)],
-            )
-            for w in wshapes
-        ]
-        keep.append(pool)
-        for r in rows_list:
-            xs = {k: torch.randn(r, k, device=dev, dtype=tdt) for k, _ in pool}
-            keep.append(xs)
+        _add_whole_pass_gemms(bench, timed, keep, dev, tdt, wshapes, rows_list)
+    else:
+        _add_per_shape_gemms(bench, timed, keep, dev, tdt, wshapes, rows_list, budget_flops=budget_flops)
 
-            def whole(xs=xs):
-                for k, ws in pool:
-                    x = xs[k]
-                    for w in ws:
-                        F.linear(x, w)
 
-            bench.add("gemm", lambda st, r=r: GemmSample(r, st.median_s), timed(whole))
-        return
+def _add_whole_pass_gemms(bench, timed, keep, dev, tdt, wshapes, rows_list) -> None:
+    """Each row count timed over every weight of the model in turn (`_add_gemms`)."""
+    pool = [
+        (
+            w.in_features,
+            [torch.randn(w.out_features, w.in_features, device=dev, dtype=tdt) * 0.02 for _ in range(w.uses)],
+        )
+        for w in wshapes
+    ]
+    keep.append(pool)
+    for r in rows_list:
+        xs = {k: torch.randn(r, k, device=dev, dtype=tdt) for k, _ in pool}
+        keep.append(xs)
+
+        def whole(xs=xs):
+            for k, ws in pool:
+                x = xs[k]
+                for w in ws:
+                    F.linear(x, w)
+
+        bench.add("gemm", lambda st, r=r: GemmSample(r, st.median_s), timed(whole))
+
+
+def _add_per_shape_gemms(bench, timed, keep, dev, tdt, wshapes, rows_list, *, budget_flops: float) -> None:
+    """Each weight shape and row count timed on as many copies as fit the pool, big row counts
+    on a column slice (`_add_gemms`)."""
+    beta = torch.empty((), dtype=tdt).element_size()
+    unique_bytes = sum(w.in_features * w.out_features * beta for w in wshapes)
     for shape in wshapes:
         k, n = shape.in_features, shape.out_features
         copies = int(max(1, min(shape.uses, GEMM_POOL_BYTES // max(unique_bytes, 1))))
@@ -417,7 +431,7 @@ def _add_attention(bench, timed, keep, dev, tdt, dims: ModelDims, *, quick: bool
 def _add_kv_update(bench, timed, keep, dev, tdt, dims: ModelDims, probe_model, *, quick: bool) -> None:
     """The KV-cache update as the decoder does it: q tokens' K and V written in place into layer
     0 of the decoder's preallocated cache holding 256 tokens (4 sequences), cropped back. The
-    bytes grow with q, not with the cached length (docs/performance-model.md, "KV-cache update")."""
+    bytes grow with q, not with the cached length (docs/performance-model.md#kv-cache-update)."""
     batch, s_kv = 4, 256
     for q in (1, 64) if quick else (1, 16, 64):
         cache = new_cache(probe_model, capacity=s_kv + q)
@@ -526,7 +540,7 @@ def _forward_fn(model, dev, *, batch: int, tokens: int, context: int, vocab: int
     if tokens == 1:
         # Plain decoding takes the framework's ordinary causal path (a 2D padding mask), as
         # the sweep's T(0) and serving engines do; a custom 4D mask costs more per cached key
-        # (docs/performance-model.md, "framework overheads").
+        # (docs/performance-model.md#framework-overheads).
         mask = torch.ones(batch, context + 1, device=dev, dtype=torch.long)
     else:
         mask = torch.zeros(batch, 1, tokens, context + tokens, device=dev, dtype=dtype)

@@ -1,5 +1,5 @@
 """The model passes of a calibration: greedy continuations with the KV cache, and the rank of
-every head's label at the counted positions (docs/statistics.md, "Labels").
+every head's label at the counted positions (docs/statistics.md#labels).
 
 Tokens x_0 .. x_{L-1} of one sequence (prompt + generation, or the data text). At position t
 the base model's last hidden state h_t predicts x_{t+1}; head k (0-based) reads h_t and is
@@ -11,8 +11,7 @@ best rank of the tie; this matters only for low-precision logits).
 A sequential drafter (Hydra, MLP speculator) also reads the path: its depth-k guess at t is
 conditioned on the TRUE path x_{t+1} .. x_{t+k+1}, teacher-forced along the sequence. Under
 greedy verification a node is accepted only when its whole path equals the base model's greedy
-continuation, so this is exactly the statistic acceptance depends on (docs/statistics.md,
-"Dependent drafters").
+continuation, so this is exactly the statistic acceptance depends on (docs/statistics.md#dependent-drafters).
 
 Hidden states come from one teacher-forced forward of the decoder body (`decoder_body`, no base
 ``lm_head``) over prompt + generation; the heads run only at the labelled positions, in chunks
@@ -112,7 +111,7 @@ def label_ranks(model, heads, sequences, starts, *, pad_id: int = 0, chunk_eleme
     """
     if getattr(heads, "kind", "") == "draft-model":
         # why: a draft model reads the true prefix itself, in one teacher-forced pass of its own
-        # (docs/statistics.md, "Draft-model acceptance")
+        # (docs/statistics.md#draft-model-acceptance)
         return heads.label_ranks(sequences, starts, pad_id=pad_id)
     device = next(model.parameters()).device
     lengths = [len(s) for s in sequences]
@@ -131,7 +130,7 @@ def label_ranks(model, heads, sequences, starts, *, pad_id: int = 0, chunk_eleme
     device = hidden.device
     if getattr(heads, "prefix_layer", False):
         # why: Hydra++'s prefix layer reads the whole context causally; its output at t replaces
-        # h_t (docs/statistics.md, "Dependent drafters"; docs/decoder.md, "Hydra++")
+        # h_t (docs/statistics.md#dependent-drafters; docs/decoder.md#hydra)
         hidden = heads.context_states(hidden, mask[:, :-2].to(device).bool(), pos[:, :-2].to(device))
     ids = ids.to(device)
     width = ids.shape[1]

@@ -22,7 +22,7 @@ Conversion, through the rank vectors every table is counted from
 With ``normalize="medusa"`` the table reproduces the authors' ``medusa/eval/gen_results.py``
 instead: it divides every head's per-rank hit count by one hard-coded count, 16100
 (``test_accuracy[i].sum(0)/16100``), whatever the file's row counts. A tree built from that
-table is the authors' tree for the file (docs/formats.md "Medusa's heads_accuracy.py output").
+table is the authors' tree for the file (docs/formats.md#medusas-heads_accuracypy-output).
 """
 
 from __future__ import annotations

@@ -30,8 +30,7 @@ from treeopt.errors import UserError, first_line
 from treeopt.layout import default_heads_dir
 
 #: below this many base-model parameters a CPU run uses one torch thread unless told otherwise:
-#: per-operator overhead bounds such models (docs/performance-model.md, "Measured on the
-#: development machine")
+#: per-operator overhead bounds such models (docs/performance-model.md#measured-on-the-development-machine)
 SMALL_MODEL_PARAMS = 100_000_000
 #: the canonical dtype names (`treeopt.dtypes`) a model can run in, as torch dtypes
 TORCH_DTYPES = {name: getattr(torch, TORCH_NAMES[name]) for name in ("fp32", "bf16", "fp16")}
@@ -67,7 +66,7 @@ def resolve_device(name: str = "auto") -> torch.device:
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     """The torch dtype for `--dtype` (any spelling `treeopt.dtypes` accepts, or auto)."""
-    # why fp32 on a CPU: docs/performance-model.md, "Measured on the development machine"
+    # why fp32 on a CPU: docs/performance-model.md#measured-on-the-development-machine
     # (bf16 is slower there for small GEMVs and fp16 matmuls are emulated); accelerators get
     # bf16 where supported.
     if name == "auto":
@@ -103,39 +102,11 @@ def load_model(
     where accelerate keeps the weights a device map puts on "disk".
     """
     hf_logging.disable_progress_bar()
-
-    if model == "demo":
-        model_dir = DEMO_MODEL_DIR
-        if not (model_dir / "config.json").is_file():
-            raise UserError(f"demo model missing at {model_dir}: train it with `treeopt demo train`")
-    else:
-        model_dir = Path(model)
-        if not (model_dir / "config.json").is_file():
-            raise UserError(f"--model: {model} is not a model directory (no config.json)")
-    if heads:
-        heads_dir = Path(heads)
-    elif drafter in (None, "medusa"):
-        heads_dir = default_heads_dir(model_dir)
-    else:
-        heads_dir = find_drafter_dir(model_dir, drafter) if drafter in DRAFTER_SUBDIRS else None
-    if heads_dir is None:
-        what = "Medusa heads" if drafter in (None, "medusa") else f"{drafter} drafter"
-        raise UserError(f"--heads: no {what} found in {model_dir}; pass --heads DIR")
-
+    model_dir = _model_dir(model)
+    heads_dir = _drafter_dir(model_dir, heads, drafter)
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, torch_device)
-    sharded = {} if device_map is None else {"device_map": device_map}
-    if offload_dir is not None:
-        sharded["offload_folder"] = offload_dir
-    try:
-        base = AutoModelForCausalLM.from_pretrained(
-            str(model_dir), dtype=torch_dtype, attn_implementation="sdpa", **sharded
-        )
-        tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    except ImportError as err:  # transformers needs accelerate for a device map
-        raise UserError(f"--device-map: {first_line(err)} (pip install 'treeopt[scale]')") from None
-    except Exception as err:  # noqa: BLE001 - a damaged model file surfaces as any of torch's or safetensors' errors
-        raise UserError(f"--model: cannot load {model_dir}: {first_line(err)}") from None
+    base, tokenizer = _load_base(model_dir, torch_dtype, device_map, offload_dir)
     if device_map is None:
         base = base.to(torch_device)
     else:
@@ -151,7 +122,6 @@ def load_model(
         input_embeddings=base.get_input_embeddings().weight,
         base_config=base.config,
     )
-
     hidden, vocab = base.config.hidden_size, base.get_output_embeddings().weight.shape[0]
     # a draft model has a hidden size of its own: only its vocabulary must match
     if draft.kind != "draft-model" and draft.hidden_size != hidden:
@@ -159,6 +129,73 @@ def load_model(
     if draft.vocab_size != vocab:
         raise UserError(f"--heads: {heads_dir} has vocabulary {draft.vocab_size}, the model {vocab}")
     return LoadedModel(base, draft, tokenizer, "demo" if model == "demo" else str(model_dir), torch_device, torch_dtype)
+
+
+def _model_dir(model: str) -> Path:
+    """The directory of `model` ("demo": the bundled one), checked to hold a config.json."""
+    if model == "demo":
+        if not (DEMO_MODEL_DIR / "config.json").is_file():
+            raise UserError(f"demo model missing at {DEMO_MODEL_DIR}: train it with `treeopt demo train`")
+        return DEMO_MODEL_DIR
+    model_dir = Path(model)
+    if not (model_dir / "config.json").is_file():
+        raise UserError(f"--model: {model} is not a model directory (no config.json)")
+    return model_dir
+
+
+def _drafter_dir(model_dir: Path, heads: str | None, drafter: str | None) -> Path:
+    """The drafter's directory: `heads` when given, else the model's own (`load_model`)."""
+    if heads:
+        heads_dir = Path(heads)
+    elif drafter in (None, "medusa"):
+        heads_dir = default_heads_dir(model_dir)
+    else:
+        heads_dir = find_drafter_dir(model_dir, drafter) if drafter in DRAFTER_SUBDIRS else None
+    if heads_dir is None:
+        what = "Medusa heads" if drafter in (None, "medusa") else f"{drafter} drafter"
+        raise UserError(f"--heads: no {what} found in {model_dir}; pass --heads DIR")
+    return heads_dir
+
+
+def _load_base(model_dir: Path, torch_dtype: torch.dtype, device_map, offload_dir: str | None):
+    """The base model (on the CPU unless a device map places it) and its tokenizer."""
+    sharded = {} if device_map is None else {"device_map": device_map}
+    if offload_dir is not None:
+        sharded["offload_folder"] = offload_dir
+    try:
+        base = AutoModelForCausalLM.from_pretrained(
+            str(model_dir), dtype=torch_dtype, attn_implementation="sdpa", **sharded
+        )
+        tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    except ImportError as err:  # transformers needs accelerate for a device map
+        raise UserError(f"--device-map: {first_line(err)} (pip install 'treeopt[scale]')") from None
+    except Exception as err:  # noqa: BLE001 - a damaged model file surfaces as any of torch's or safetensors' errors
+        raise UserError(f"--model: cannot load {model_dir}: {first_line(err)}") from None
+    return base, tokenizer
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """A model and its drafter to load, and where they run: `load_model`'s arguments."""
+
+    model: str = "demo"  # "demo" or a model directory
+    heads: str | None = None  # the drafter's directory (None: the model's own)
+    drafter: str | None = None  # its kind (None: read from its config.json)
+    num_heads: int | None = None  # heads used of those the drafter holds (None: its config's)
+    device: str = "auto"
+    dtype: str = "auto"
+    device_map: str | dict | None = None  # spread over this machine's devices (load_model)
+
+    def load(self) -> LoadedModel:
+        return load_model(
+            self.model,
+            self.heads,
+            device=self.device,
+            dtype=self.dtype,
+            num_heads=self.num_heads,
+            drafter=self.drafter,
+            device_map=self.device_map,
+        )
 
 
 def last_hidden_device(model) -> torch.device:

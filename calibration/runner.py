@@ -1,5 +1,5 @@
 """The calibration run: measure how often each Medusa head's rank-r proposal is right
-(docs/statistics.md, "Labels" and "Per-head normalisation").
+(docs/statistics.md#labels and "Per-head normalisation").
 
 Which positions count (the label rule itself: `calibration.labels`):
 - labels ``greedy`` (default, self-distillation): the base model generates ``steps`` tokens
@@ -27,7 +27,7 @@ data set (file order).
 
 Checkpoints (`calibration.checkpoint`) hold the counts so far, the number of prompts done and a
 fingerprint of the inputs; ``resume=True`` continues from one and refuses a checkpoint whose
-fingerprint differs. Nothing is lost (docs/formats.md, "Calibration checkpoint"): a batch's
+fingerprint differs. Nothing is lost (docs/formats.md#calibration-checkpoint-treeoptcalibration-checkpointv1): a batch's
 counts and the progress marker are committed as one unit with Ctrl-C held back
 (`deferred_interrupts`); `run_calibration` removes the checkpoint only after the table and its
 sidecar are durably in place, and ``resume=True`` on an output that is already complete for
@@ -37,8 +37,7 @@ the whole run, so a second calibration to the same output fails at once.
 Many processes (``torchrun --nproc-per-node N -m treeopt calibrate``, `calibration.distributed`):
 each process calibrates a contiguous run of whole batches on its own device with its own
 checkpoint, the counts are combined with torch.distributed collectives into exactly the
-one-process counts, and process 0 writes the outputs (docs/statistics.md, "Counts from many
-processes").
+one-process counts, and process 0 writes the outputs (docs/statistics.md#counts-from-many-processes).
 
 Prompts are processed in file order in batches aligned to multiples of ``batch_size`` (so a
 resumed run sees the same batches as an uninterrupted one, except the one batch that
@@ -59,7 +58,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 import numpy as np
@@ -92,7 +91,7 @@ from calibration.labels import (
     label_rows,
     pad_token_id,
 )
-from calibration.models import load_model
+from calibration.models import ModelSource
 from calibration.threads import torch_threads
 from treeopt.acceptance import (
     load_rank_vectors,
@@ -139,7 +138,8 @@ def deferred_interrupts() -> Iterator[None]:
 
     For the few statements that must happen together (a batch's counts and the progress
     marker): an interrupt between them would save hits without the prompts that produced them,
-    and a resumed run would count the batch twice (docs/formats.md, "Calibration checkpoint").
+    and a resumed run would count the batch twice
+    (docs/formats.md#calibration-checkpoint-treeoptcalibration-checkpointv1).
     Outside the main thread Python raises no KeyboardInterrupt, so there is nothing to hold.
     """
     if threading.current_thread() is not threading.main_thread():
@@ -223,36 +223,275 @@ def _finished_output(output: Path, fingerprint: dict, total: int, *, refuse_othe
     )
 
 
+@dataclass(frozen=True)
+class CalibrationSettings:
+    """What a calibration counts and how (module doc; `treeopt calibrate`'s options of the same
+    names). `steps`, `topk`, `labels`, `batch_size`, `seed` and `joint` are part of the run's
+    fingerprint: a resume must share them."""
+
+    steps: int = 32  # tokens generated per prompt (greedy labels)
+    topk: int = 10  # ranks recorded per head: the table's width
+    labels: str = "greedy"  # one of calibration.labels.LABEL_MODES
+    batch_size: int = 8  # prompts per batch
+    max_prompts: int | None = None  # the first prompts only (None: every prompt)
+    checkpoint_every: int = 64  # prompts between two checkpoints
+    seed: int = 0  # torch's seed, recorded in the provenance
+    joint: bool = True  # count the joint rank-vector prefixes too
+    chunk_elements: int | None = None  # logits per chunk (calibration.labels.label_ranks)
+
+    @property
+    def generated_tokens(self) -> int:
+        """Tokens generated per prompt: `steps` with greedy labels, none with data labels."""
+        return self.steps if self.labels == "greedy" else 0
+
+    @classmethod
+    def split(cls, options: dict) -> tuple[CalibrationSettings, dict]:
+        """The settings named among keyword `options`, and the options left over."""
+        names = {f.name for f in fields(cls)}
+        settings = cls(**{k: v for k, v in options.items() if k in names})
+        return settings, {k: v for k, v in options.items() if k not in names}
+
+
+@dataclass(frozen=True)
+class _Shard:
+    """This process's part of a run: prompts [first, end), its checkpoint file (None: no
+    checkpoints) and that checkpoint's fingerprint (`calibration.distributed`)."""
+
+    first: int
+    end: int
+    checkpoint: Path | None
+    fingerprint: dict
+    processes: Processes
+
+
+def _check_settings(settings: CalibrationSettings, loaded, prompts: PromptSet) -> int:
+    """UserError for settings this model and these prompts cannot be calibrated with; else
+    the number of prompts the run covers."""
+    num_heads, vocab = loaded.heads.num_heads, loaded.heads.vocab_size
+    if settings.labels not in LABEL_MODES:
+        raise UserError(f"--labels: must be one of {', '.join(LABEL_MODES)}, got {settings.labels!r}")
+    if settings.labels == "greedy" and settings.steps < num_heads + 1:
+        raise UserError(
+            f"--steps: must be at least {num_heads + 1} (heads + 1) with greedy "
+            f"labels so that every head has a label, got {settings.steps}"
+        )
+    if not 1 <= settings.topk <= vocab:
+        raise UserError(f"--topk: must be between 1 and the vocabulary size {vocab}, got {settings.topk}")
+    for option, value in (("batch-size", settings.batch_size), ("checkpoint-every", settings.checkpoint_every)):
+        if value < 1:
+            raise UserError(f"--{option}: must be at least 1, got {value}")
+    if settings.max_prompts is not None and settings.max_prompts < 1:
+        raise UserError(f"--max-prompts: must be at least 1, got {settings.max_prompts}")
+    limit = getattr(loaded.model.config, "max_position_embeddings", None)
+    longest = max(len(p) for p in prompts.token_ids) + settings.generated_tokens
+    if limit and longest > limit:
+        raise UserError(f"--prompt-tokens/--steps: sequences of {longest} tokens exceed the model's {limit} positions")
+    total = len(prompts) if settings.max_prompts is None else min(settings.max_prompts, len(prompts))
+    if settings.labels == "data" and max(len(p) for p in prompts.token_ids[:total]) < num_heads + 2:
+        raise UserError(
+            f"{prompts.name}: prompts too short for data labels: the last head needs "
+            f"texts of at least {num_heads + 2} tokens"
+        )
+    return total
+
+
+def _fingerprint(loaded, prompts: PromptSet, settings: CalibrationSettings, heads_source: str | None) -> dict:
+    """The inputs a checkpoint or a finished output must share with the run that uses it."""
+    return {
+        "model": loaded.name,
+        "heads": heads_source,
+        "data": prompts.name,
+        "data_sha256": prompts.sha256,
+        "data_format": prompts.data_format,
+        "chat_template": prompts.chat_template,
+        "prompt_tokens": prompts.prompt_tokens,
+        "steps": settings.steps,
+        "topk": settings.topk,
+        "labels": settings.labels,
+        "batch_size": settings.batch_size,
+        "dtype": str(loaded.dtype).replace("torch.", ""),
+        "joint": settings.joint,
+        "seed": settings.seed,
+    }
+
+
+def _shard(fingerprint: dict, total: int, batch_size: int, checkpoint, processes: Processes) -> _Shard:
+    """This process's prompts [first, end) of the `total` (all of them for one process)."""
+    first, end = shard_bounds(total, batch_size, processes.rank, processes.world_size)
+    path = rank_checkpoint_path(checkpoint, processes) if checkpoint is not None else None
+    return _Shard(first, end, path, shard_fingerprint(fingerprint, processes, first, end), processes)
+
+
+def _checkpoint_counts(shard: _Shard) -> CalibrationCounts | None:
+    """The counts of the shard's checkpoint (None when there is none to resume from)."""
+    if not shard.checkpoint.exists():
+        return None
+    counts = load_checkpoint(shard.checkpoint, shard.fingerprint)
+    if counts.prompts_done > shard.end:
+        raise UserError(
+            f"{shard.checkpoint}: checkpoint already covers {counts.prompts_done} prompts, more than "
+            f"the {shard.end} asked for"
+        )
+    return counts
+
+
+def _progress_bar(shard: _Shard, counts: CalibrationCounts, progress: bool | None) -> tqdm:
+    processes = shard.processes
+    # many processes: process 0's bar stands for all (the shards are of equal size)
+    return tqdm(
+        total=shard.end - shard.first,
+        initial=counts.prompts_done - shard.first,
+        unit="prompt",
+        file=sys.stderr,
+        disable=(True if not processes.is_main else None if progress is None else not progress),
+        dynamic_ncols=True,
+        desc="calibrate" if not processes.many else f"calibrate (1 of {processes.world_size} processes)",
+    )
+
+
+def _batch_update(loaded, batch: list[list[int]], lo: int, settings: CalibrationSettings, pad: int, counts):
+    """The count update (not yet committed) of the prompts `batch`, [lo, lo + len(batch))."""
+    generated = settings.generated_tokens
+    if generated:
+        continuations = greedy_continuations(loaded.model, batch, generated, pad_id=pad)
+        seqs = [p + g for p, g in zip(batch, continuations, strict=True)]
+        starts = [len(p) - 1 for p in batch]
+    else:
+        seqs, starts = batch, [0] * len(batch)
+    heads = loaded.heads
+    ranks = label_ranks(loaded.model, heads, seqs, starts, pad_id=pad, chunk_elements=settings.chunk_elements)
+    # label_ranks' rows follow label_rows: prompt by prompt, t increasing
+    row_seq, _, _ = label_rows([len(s) for s in seqs], starts, heads.num_heads)
+    return counts.batch_update(
+        ranks,
+        lo + row_seq,
+        prompts_done=lo + len(batch),
+        tokens=sum(len(s) for s in seqs),
+        generated=generated * len(seqs),
+    )
+
+
+def _count_shard(loaded, prompts: PromptSet, settings: CalibrationSettings, shard: _Shard, counts, progress) -> None:
+    """Count the shard's prompts into `counts` batch by batch, checkpointing every
+    `settings.checkpoint_every` prompts; on Ctrl-C the checkpoint is saved and
+    `CalibrationInterrupted` raised."""
+    pad = pad_token_id(loaded.model, loaded.tokenizer)
+    start_time, tokens_at_start = time.perf_counter(), counts.tokens
+    every = settings.checkpoint_every
+    bar = _progress_bar(shard, counts, progress)
+    last_saved = counts.prompts_done
+    try:
+        while counts.prompts_done < shard.end:
+            lo = counts.prompts_done
+            hi = min(shard.end, (lo // settings.batch_size + 1) * settings.batch_size)
+            batch = [list(p) for p in prompts.token_ids[lo:hi]]
+            update = _batch_update(loaded, batch, lo, settings, pad, counts)
+            with deferred_interrupts():  # the batch's counts and prompts_done: one unit
+                counts.commit(update)
+            bar.update(hi - lo)
+            rate = (counts.tokens - tokens_at_start) / max(time.perf_counter() - start_time, 1e-9)
+            bar.set_postfix_str(f"{rate:,.0f} tok/s", refresh=False)
+            if shard.checkpoint is not None and hi // every > last_saved // every and hi < shard.end:
+                save_checkpoint(shard.checkpoint, shard.fingerprint, counts)
+                last_saved = hi
+    except KeyboardInterrupt:
+        bar.close()
+        saved = None
+        if shard.checkpoint is not None and counts.prompts_done > shard.first:
+            save_checkpoint(shard.checkpoint, shard.fingerprint, counts)
+            saved = shard.checkpoint
+        raise CalibrationInterrupted(saved, counts.prompts_done) from None
+    bar.close()
+
+
+def _settle(counts: CalibrationCounts, shard: _Shard, data_prompts: int, keep_checkpoint: bool):
+    """The run's counts (every process's, combined) and whether the data set's `data_prompts`
+    prompts are all done; the checkpoint removed when they are (unless `keep_checkpoint`), else
+    updated."""
+    processes = shard.processes
+    if processes.many:
+        # this shard's counts stay on disk until the outputs are written: a process that fails
+        # in or after the exchange leaves the others' work whole
+        if shard.checkpoint is not None:
+            save_checkpoint(shard.checkpoint, shard.fingerprint, counts)
+        counts = combine_counts(counts, shard.first, processes)
+    complete = counts.prompts_done >= data_prompts
+    if shard.checkpoint is not None:
+        if complete and not keep_checkpoint:
+            # many processes: each removes its own once every one has its combined counts
+            all_agree(True, processes)
+            shard.checkpoint.unlink(missing_ok=True)
+        elif not processes.many:
+            save_checkpoint(shard.checkpoint, shard.fingerprint, counts)
+    return counts, complete
+
+
+def _table(
+    loaded, prompts: PromptSet, settings: CalibrationSettings, counts, fingerprint: dict, processes
+) -> AccuracyTable:
+    """The accuracy table of the counts, its provenance naming the inputs and the software."""
+    empty = np.flatnonzero(counts.positions == 0)
+    if len(empty):
+        raise UserError(
+            f"{prompts.name}: head {int(empty[0]) + 1} got no labelled position: the "
+            f"prompts are too short (data labels need at least {loaded.heads.num_heads + 2} tokens)"
+        )
+    provenance = {
+        "source": "treeopt calibrate",
+        "model": loaded.name,
+        "heads": fingerprint["heads"],
+        "dataset": prompts.name,
+        "dataset_sha256": prompts.sha256,
+        "data_format": prompts.data_format,
+        "chat_template": prompts.chat_template,
+        "labels": settings.labels,
+        "steps": settings.generated_tokens,
+        "topk": settings.topk,
+        "batch_size": settings.batch_size,
+        "prompt_tokens": prompts.prompt_tokens,
+        "prompts": counts.prompts_done,
+        "positions": int(counts.positions[0]),
+        "tokens": counts.tokens,
+        "seed": settings.seed,
+        "run_id": run_id(fingerprint, counts),
+        "rank_ties": "rank = number of logits strictly greater than the label's",
+        "date": run_date(),
+        **tool_versions(),
+        "device": _device_name(loaded.device),
+        "dtype": str(loaded.dtype).replace("torch.", ""),
+        **({"processes": processes.world_size} if processes.many else {}),
+    }
+    return AccuracyTable(
+        hits=counts.hits.astype(np.float64),
+        positions=counts.positions.astype(np.float64),
+        joint=None if counts.joint is None else dict(sorted(counts.joint.items())),
+        provenance=provenance,
+    )
+
+
 def calibrate(
     loaded,
     prompts: PromptSet,
+    settings: CalibrationSettings = CalibrationSettings(),
     *,
-    steps: int = 32,
-    topk: int = 10,
-    labels: str = "greedy",
-    batch_size: int = 8,
-    max_prompts: int | None = None,
     checkpoint: str | Path | None = None,
     resume: bool = False,
-    checkpoint_every: int = 64,
     heads_source: str | None = None,
-    seed: int = 0,
-    joint: bool = True,
     progress: bool | None = None,
-    chunk_elements: int | None = None,
     keep_checkpoint: bool = False,
     finished_output: str | Path | None = None,
     refuse_other_output: bool = False,
     processes: Processes = SINGLE,
 ) -> CalibrationResult:
-    """Calibrate `loaded` (a `calibration.models.LoadedModel`) on `prompts`.
+    """Calibrate `loaded` (a `calibration.models.LoadedModel`) on `prompts` with `settings`.
 
     Returns the accuracy table (hits/positions/joint/provenance) and the raw counts.
     `checkpoint` is the checkpoint file (None: no checkpoints); it is written atomically every
-    `checkpoint_every` prompts (at batch boundaries), when the run stops at `max_prompts` short of
-    the data, and on Ctrl-C (then `CalibrationInterrupted` is raised); it is removed when the
-    whole data set is done, unless `keep_checkpoint`: then it is written complete and left for
-    the caller to remove once its outputs are in place (`run_calibration`).
+    `settings.checkpoint_every` prompts (at batch boundaries), when the run stops at
+    `settings.max_prompts` short of the data, and on Ctrl-C (then `CalibrationInterrupted` is
+    raised); it is removed when the whole data set is done, unless `keep_checkpoint`: then it is
+    written complete and left for the caller to remove once its outputs are in place
+    (`run_calibration`).
     `finished_output`: with `resume` and no checkpoint, an accuracy table already complete for
     these inputs is returned as is (``already_complete``); one from other inputs is replaced
     (the run starts over), or refused with `refuse_other_output` (`treeopt calibrate --resume`:
@@ -262,182 +501,36 @@ def calibrate(
     its shard of whole batches, keeps its own checkpoint (`rank_checkpoint_path`) and the
     result holds every process's counts combined (each process gets them).
     """
-    model, heads = loaded.model, loaded.heads
-    vocab = heads.vocab_size
-    if labels not in LABEL_MODES:
-        raise UserError(f"--labels: must be one of {', '.join(LABEL_MODES)}, got {labels!r}")
-    if labels == "greedy" and steps < heads.num_heads + 1:
-        raise UserError(
-            f"--steps: must be at least {heads.num_heads + 1} (heads + 1) with greedy "
-            f"labels so that every head has a label, got {steps}"
-        )
-    if not 1 <= topk <= vocab:
-        raise UserError(f"--topk: must be between 1 and the vocabulary size {vocab}, got {topk}")
-    if batch_size < 1:
-        raise UserError(f"--batch-size: must be at least 1, got {batch_size}")
-    if checkpoint_every < 1:
-        raise UserError(f"--checkpoint-every: must be at least 1, got {checkpoint_every}")
-    if max_prompts is not None and max_prompts < 1:
-        raise UserError(f"--max-prompts: must be at least 1, got {max_prompts}")
-    gen_steps = steps if labels == "greedy" else 0
-    limit = getattr(model.config, "max_position_embeddings", None)
-    longest = max(len(p) for p in prompts.token_ids) + gen_steps
-    if limit and longest > limit:
-        raise UserError(f"--prompt-tokens/--steps: sequences of {longest} tokens exceed the model's {limit} positions")
-    total = len(prompts) if max_prompts is None else min(max_prompts, len(prompts))
-    if labels == "data" and max(len(p) for p in prompts.token_ids[:total]) < heads.num_heads + 2:
-        raise UserError(
-            f"{prompts.name}: prompts too short for data labels: the last head needs "
-            f"texts of at least {heads.num_heads + 2} tokens"
-        )
-
-    torch.manual_seed(seed)
-    fingerprint = {
-        "model": loaded.name,
-        "heads": heads_source,
-        "data": prompts.name,
-        "data_sha256": prompts.sha256,
-        "data_format": prompts.data_format,
-        "chat_template": prompts.chat_template,
-        "prompt_tokens": prompts.prompt_tokens,
-        "steps": steps,
-        "topk": topk,
-        "labels": labels,
-        "batch_size": batch_size,
-        "dtype": str(loaded.dtype).replace("torch.", ""),
-        "joint": joint,
-        "seed": seed,
-    }
-    # this process's prompts [first, end): all of them for one process
-    first, end = shard_bounds(total, batch_size, processes.rank, processes.world_size)
-    ckpt = rank_checkpoint_path(checkpoint, processes) if checkpoint is not None else None
-    ckpt_fingerprint = shard_fingerprint(fingerprint, processes, first, end)
-    if resume and ckpt is None:
+    total = _check_settings(settings, loaded, prompts)
+    torch.manual_seed(settings.seed)
+    fingerprint = _fingerprint(loaded, prompts, settings, heads_source)
+    shard = _shard(fingerprint, total, settings.batch_size, checkpoint, processes)
+    if resume and shard.checkpoint is None:
         raise UserError("--resume: needs a checkpoint file (--checkpoint or -o)")
-    counts = CalibrationCounts.zeros(heads.num_heads, topk, joint)
-    counts.prompts_done = first
+    counts = _checkpoint_counts(shard) if resume else None
     finished = None
-    had_checkpoint = resume and ckpt.exists()
-    if had_checkpoint:
-        counts = load_checkpoint(ckpt, ckpt_fingerprint)
-        if counts.prompts_done > end:
-            raise UserError(
-                f"{ckpt}: checkpoint already covers {counts.prompts_done} prompts, more than the {end} asked for"
-            )
-    elif resume and finished_output is not None:
+    if resume and counts is None and finished_output is not None:
         finished = _finished_output(Path(finished_output), fingerprint, total, refuse_other=refuse_other_output)
     # every process returns the finished output, or none does (the others wait in collectives)
     if all_agree(finished is not None, processes):
         return finished
-    if resume and not had_checkpoint:
-        print(f"treeopt: no checkpoint at {ckpt}; starting from the beginning", file=sys.stderr)
+    if resume and counts is None:
+        print(f"treeopt: no checkpoint at {shard.checkpoint}; starting from the beginning", file=sys.stderr)
+    if counts is None:
+        counts = CalibrationCounts.zeros(loaded.heads.num_heads, settings.topk, settings.joint)
+        counts.prompts_done = shard.first
 
-    pad = pad_token_id(model, loaded.tokenizer)
     start_time = time.perf_counter()
     tokens_at_start, prompts_at_start = counts.tokens, counts.prompts_done
-    # many processes: process 0's bar stands for all (the shards are of equal size)
-    bar = tqdm(
-        total=end - first,
-        initial=counts.prompts_done - first,
-        unit="prompt",
-        file=sys.stderr,
-        disable=(True if not processes.is_main else None if progress is None else not progress),
-        dynamic_ncols=True,
-        desc="calibrate" if not processes.many else f"calibrate (1 of {processes.world_size} processes)",
-    )
-    last_saved = counts.prompts_done
-    try:
-        while counts.prompts_done < end:
-            lo = counts.prompts_done
-            hi = min(end, (lo // batch_size + 1) * batch_size)
-            batch = [list(p) for p in prompts.token_ids[lo:hi]]
-            if gen_steps:
-                gen = greedy_continuations(model, batch, gen_steps, pad_id=pad)
-                seqs = [p + g for p, g in zip(batch, gen, strict=True)]
-                starts = [len(p) - 1 for p in batch]
-            else:
-                seqs, starts = batch, [0] * len(batch)
-            ranks = label_ranks(model, heads, seqs, starts, pad_id=pad, chunk_elements=chunk_elements)
-            # label_ranks' rows follow label_rows: prompt by prompt, t increasing
-            row_seq, _, _ = label_rows([len(s) for s in seqs], starts, heads.num_heads)
-            update = counts.batch_update(
-                ranks, lo + row_seq, prompts_done=hi, tokens=sum(len(s) for s in seqs), generated=gen_steps * len(seqs)
-            )
-            with deferred_interrupts():  # the batch's counts and prompts_done: one unit
-                counts.commit(update)
-            bar.update(hi - lo)
-            rate = (counts.tokens - tokens_at_start) / max(time.perf_counter() - start_time, 1e-9)
-            bar.set_postfix_str(f"{rate:,.0f} tok/s", refresh=False)
-            if ckpt is not None and hi // checkpoint_every > last_saved // checkpoint_every and hi < end:
-                save_checkpoint(ckpt, ckpt_fingerprint, counts)
-                last_saved = hi
-    except KeyboardInterrupt:
-        bar.close()
-        saved = None
-        if ckpt is not None and counts.prompts_done > first:
-            save_checkpoint(ckpt, ckpt_fingerprint, counts)
-            saved = ckpt
-        raise CalibrationInterrupted(saved, counts.prompts_done) from None
-    bar.close()
-
-    if processes.many:
-        # this shard's counts stay on disk until the outputs are written: a process that fails
-        # in or after the exchange leaves the others' work whole
-        if ckpt is not None:
-            save_checkpoint(ckpt, ckpt_fingerprint, counts)
-        counts = combine_counts(counts, first, processes)
-    complete = counts.prompts_done >= len(prompts)
-    if ckpt is not None:
-        if complete and not keep_checkpoint:
-            # many processes: each removes its own once every one has its combined counts
-            all_agree(True, processes)
-            ckpt.unlink(missing_ok=True)
-        elif not processes.many:
-            save_checkpoint(ckpt, fingerprint, counts)
-
-    empty = np.flatnonzero(counts.positions == 0)
-    if len(empty):
-        raise UserError(
-            f"{prompts.name}: head {int(empty[0]) + 1} got no labelled position: the "
-            f"prompts are too short (data labels need at least {heads.num_heads + 2} tokens)"
-        )
-    provenance = {
-        "source": "treeopt calibrate",
-        "model": loaded.name,
-        "heads": heads_source,
-        "dataset": prompts.name,
-        "dataset_sha256": prompts.sha256,
-        "data_format": prompts.data_format,
-        "chat_template": prompts.chat_template,
-        "labels": labels,
-        "steps": gen_steps,
-        "topk": topk,
-        "batch_size": batch_size,
-        "prompt_tokens": prompts.prompt_tokens,
-        "prompts": counts.prompts_done,
-        "positions": int(counts.positions[0]),
-        "tokens": counts.tokens,
-        "seed": seed,
-        "run_id": run_id(fingerprint, counts),
-        "rank_ties": "rank = number of logits strictly greater than the label's",
-        "date": run_date(),
-        **tool_versions(),
-        "device": _device_name(loaded.device),
-        "dtype": str(loaded.dtype).replace("torch.", ""),
-        **({"processes": processes.world_size} if processes.many else {}),
-    }
-    table = AccuracyTable(
-        hits=counts.hits.astype(np.float64),
-        positions=counts.positions.astype(np.float64),
-        joint=None if counts.joint is None else dict(sorted(counts.joint.items())),
-        provenance=provenance,
-    )
+    _count_shard(loaded, prompts, settings, shard, counts, progress)
+    counts, complete = _settle(counts, shard, len(prompts), keep_checkpoint)
+    table = _table(loaded, prompts, settings, counts, fingerprint, processes)
     rank_vectors, sequence = counts.rank_vectors()
     return CalibrationResult(
         table,
         counts,
         complete,
-        None if complete else ckpt,
+        None if complete else shard.checkpoint,
         time.perf_counter() - start_time,
         prompts_at_start,
         counts.tokens - tokens_at_start,
@@ -447,181 +540,171 @@ def calibrate(
     )
 
 
-def run_calibration(
-    model: str = "demo",
-    heads: str | None = None,
-    data: str | None = None,
-    *,
-    output: str | Path | None = None,
-    device: str = "auto",
-    dtype: str = "auto",
-    prompt_tokens: int = 128,
-    max_prompts: int | None = None,
-    checkpoint: str | Path | None = "auto",
-    threads: int | None = None,
-    num_heads: int | None = None,
-    drafter: str | None = None,
-    chat_template: bool = True,
-    device_map: str | dict | None = None,
-    processes: Processes | None = None,
-    **options,
-) -> CalibrationResult:
-    """Load model, heads and data, calibrate, and save the table to `output` (if given) and
-    its rank vectors beside it, ``<output stem>.ranks.npz``
-    (`treeopt.acceptance.rank_vectors_path`, `save_rank_vectors`).
-
-    `data`: required for any model but the demo (None: the demo prompts, for the demo only).
-    `checkpoint="auto"`: `OUTPUT.partial` when `output` is given, else no checkpoints.
-    `threads`: CPU threads for torch (None: `calibration.threads.default_threads`). `num_heads`:
-    heads used of those the weights hold, `drafter`: its kind (`load_model`). `chat_template`: put
-    prompt records through the tokenizer's chat template (`calibration.data.load_prompts`).
-    `device_map`: spread the model over this machine's devices (`load_model`). `processes`: this
-    process's place among many (None: from torchrun's environment, `calibration.distributed`);
-    process 0 writes the outputs. Other keyword arguments go to `calibrate`.
-    """
-    if data is None:
-        if model != "demo":
-            raise UserError(
-                f"--data: required for --model {model} (the demo prompts are Python "
-                "code; give prompts from your model's own use, e.g. a ShareGPT file)"
-            )
-        data = "demo"
-    if threads is not None and threads < 1:
-        raise UserError(f"--threads: must be at least 1, got {threads}")
-    processes = processes_from_env() if processes is None else processes
-    if processes.many and device_map is not None:
+def _data_or_demo(data: str | None, model: str) -> str:
+    """`data`, or the demo prompts for the demo model (module doc of `calibration.data`)."""
+    if data is not None:
+        return data
+    if model != "demo":
         raise UserError(
-            f"--device-map: one process spreads the model over this machine's devices; "
-            f"run it without torchrun (here {processes.world_size} processes)"
+            f"--data: required for --model {model} (the demo prompts are Python "
+            "code; give prompts from your model's own use, e.g. a ShareGPT file)"
         )
-    device = process_device(device, processes)
-    if checkpoint == "auto":
-        checkpoint = Path(str(output) + ".partial") if output is not None else None
+    return "demo"
+
+
+def _check_outputs(source: ModelSource, data: str, output, checkpoint: Path | None, processes: Processes) -> None:
+    """UserError, before the model loads and hours of calibration, for outputs that would
+    overwrite an input or cannot be written (docs/formats.md#output-safety)."""
     own_checkpoint = None if checkpoint is None else rank_checkpoint_path(checkpoint, processes)
     outputs = [] if output is None or not processes.is_main else [output, rank_vectors_path(output)]
     outputs += [own_checkpoint] if own_checkpoint is not None else []
-    inputs = [p for p in (model, heads, data) if p is not None and Path(p).is_file()]
+    inputs = [p for p in (source.model, source.heads, data) if p is not None and Path(p).is_file()]
     refuse_overwriting_inputs(outputs, inputs)
     if output is not None and checkpoint is not None:
         refuse_overwriting_inputs([own_checkpoint], [output, rank_vectors_path(output)])
-    check_writable(outputs)  # before the model loads and hours of calibration
-    # process 0 owns the outputs; the others write only their own checkpoints
-    lock = output_lock(output) if output is not None and processes.is_main else contextlib.nullcontext()
-    with lock, process_group(processes, device):
-        return _run_calibration_locked(
-            model,
-            heads,
-            data,
-            output=output,
-            device=device,
-            dtype=dtype,
-            prompt_tokens=prompt_tokens,
-            max_prompts=max_prompts,
-            checkpoint=checkpoint,
-            threads=threads,
-            num_heads=num_heads,
-            drafter=drafter,
-            chat_template=chat_template,
-            device_map=device_map,
-            processes=processes,
-            **options,
-        )
+    check_writable(outputs)
 
 
-def _run_calibration_locked(
-    model,
-    heads,
-    data,
-    *,
-    output,
-    device,
-    dtype,
-    prompt_tokens,
-    max_prompts,
-    checkpoint,
-    threads,
-    num_heads,
-    drafter,
-    chat_template,
-    device_map,
-    processes,
-    **options,
-) -> CalibrationResult:
-    loaded = load_model(
-        model, heads, device=device, dtype=dtype, num_heads=num_heads, drafter=drafter, device_map=device_map
-    )
+def _run_prompts(data: str, loaded, settings: CalibrationSettings, prompt_tokens: int, chat_template: bool, warn: bool):
+    """The run's prompts, with the skipped files told on stderr when `warn`."""
     # One prompt beyond --max-prompts tells whether the run leaves data unused (then the
     # checkpoint stays for --resume).
     prompts = load_prompts(
         data,
         loaded.tokenizer,
         prompt_tokens=prompt_tokens,
-        max_prompts=None if max_prompts is None else max_prompts + 1,
+        max_prompts=None if settings.max_prompts is None else settings.max_prompts + 1,
         chat_template=chat_template,
-        with_replies=options.get("labels", "greedy") == "data",
+        with_replies=settings.labels == "data",
     )
-    if prompts.skipped and processes.is_main:
+    if prompts.skipped and warn:
         print(
             f"treeopt: warning: {data}: skipped {len(prompts.skipped)} files that are not UTF-8 "
             f"(first: {prompts.skipped[0]})",
             file=sys.stderr,
         )
-    if heads is not None:
-        heads_source = str(heads)
-    elif model == "demo":
+    return prompts
+
+
+def _heads_source(source: ModelSource, loaded) -> str | None:
+    """The drafter as the fingerprint names it: its directory, "demo", or None (not found)."""
+    if source.heads is not None:
+        heads_source = str(source.heads)
+    elif source.model == "demo":
         heads_source = "demo" if DEMO_HEADS_DIR.is_dir() else None
     else:
-        found = default_heads_dir(model)
+        found = default_heads_dir(source.model)
         heads_source = None if found is None else str(found)
     if loaded.heads.kind != "medusa":
         heads_source = f"{loaded.heads.kind}:{heads_source}"  # a resume never mixes drafters
+    return heads_source
+
+
+def _save_then_drop_checkpoint(output, result: CalibrationResult, checkpoint: Path | None, processes) -> None:
+    """Process 0 writes the outputs; then every process removes its checkpoint of a complete run."""
+    failed = None
+    if processes.is_main:
+        try:
+            save_outputs(output, result)
+        except Exception as err:  # told to the other processes first, then raised
+            failed = err
+    # every process waits for process 0's outputs before removing its own checkpoint
+    saved = all_agree(failed is None, processes)
+    if failed is not None:
+        raise failed
+    if saved and result.complete and checkpoint is not None:
+        # only now: every output is on disk, so the counts are never in neither place
+        rank_checkpoint_path(checkpoint, processes).unlink(missing_ok=True)
+
+
+def _save_alpha(output, loaded, prompts: PromptSet, threads: int | None) -> None:
+    """A draft model's chain acceptance beside the table (docs/formats.md)."""
+    # why: rejection sampling is governed by alpha = sum min(p, q), not by ranks
+    # (docs/statistics.md#draft-model-acceptance)
+    seqs = [list(p) for p in prompts.token_ids[:ALPHA_MAX_PROMPTS]]
     with torch_threads(loaded.model, loaded.device, threads):
-        result = calibrate(
-            loaded,
-            prompts,
-            max_prompts=max_prompts,
-            checkpoint=checkpoint,
-            heads_source=heads_source,
-            keep_checkpoint=output is not None,
-            finished_output=output,
-            processes=processes,
-            **options,
+        chain_acceptance(loaded.model, loaded.heads, seqs, pad_id=pad_token_id(loaded.model, loaded.tokenizer)).save(
+            alpha_path(output)
         )
-    if output is not None and not result.already_complete:
-        failed = None
-        if processes.is_main:
-            try:
-                save_outputs(output, result)
-            except Exception as err:  # told to the other processes first, then raised
-                failed = err
-        # every process waits for process 0's outputs before removing its own checkpoint
-        saved = all_agree(failed is None, processes)
-        if failed is not None:
-            raise failed
-        if saved and result.complete and checkpoint is not None:
-            # only now: every output is on disk, so the counts are never in neither place
-            rank_checkpoint_path(checkpoint, processes).unlink(missing_ok=True)
-    if (
-        output is not None
-        and processes.is_main
-        and loaded.heads.kind == "draft-model"
-        and (not result.already_complete or not alpha_path(output).is_file())
-    ):
-        # why: rejection sampling is governed by alpha = sum min(p, q), not by ranks
-        # (docs/statistics.md, "Draft-model acceptance"); written beside the table (docs/formats.md)
-        seqs = [list(p) for p in prompts.token_ids[:ALPHA_MAX_PROMPTS]]
+
+
+def run_calibration(
+    source: ModelSource | None = None,
+    data: str | None = None,
+    *,
+    output: str | Path | None = None,
+    settings: CalibrationSettings = CalibrationSettings(),
+    prompt_tokens: int = 128,
+    chat_template: bool = True,
+    threads: int | None = None,
+    checkpoint: str | Path | None = "auto",
+    resume: bool = False,
+    refuse_other_output: bool = False,
+    progress: bool | None = None,
+    processes: Processes | None = None,
+) -> CalibrationResult:
+    """Load the model and drafter of `source` (None: the demo's) and the prompts of `data`, calibrate with
+    `settings`, and save the table to `output` (if given) and its rank vectors beside it,
+    ``<output stem>.ranks.npz`` (`treeopt.acceptance.rank_vectors_path`, `save_rank_vectors`).
+
+    `data`: required for any model but the demo (None: the demo prompts, for the demo only).
+    `prompt_tokens`, `chat_template`: how the prompts are made (`calibration.data.load_prompts`).
+    `threads`: CPU threads for torch (None: `calibration.threads.default_threads`).
+    `checkpoint="auto"`: `OUTPUT.partial` when `output` is given, else no checkpoints.
+    `resume`, `refuse_other_output`, `progress`: as `calibrate` takes them. `processes`: this
+    process's place among many (None: from torchrun's environment, `calibration.distributed`);
+    process 0 writes the outputs. `source.device_map` spreads the model over this machine's
+    devices (`load_model`), with one process only.
+    """
+    source = ModelSource() if source is None else source
+    data = _data_or_demo(data, source.model)
+    if threads is not None and threads < 1:
+        raise UserError(f"--threads: must be at least 1, got {threads}")
+    processes = processes_from_env() if processes is None else processes
+    if processes.many and source.device_map is not None:
+        raise UserError(
+            f"--device-map: one process spreads the model over this machine's devices; "
+            f"run it without torchrun (here {processes.world_size} processes)"
+        )
+    source = replace(source, device=process_device(source.device, processes))
+    if checkpoint == "auto":
+        checkpoint = Path(str(output) + ".partial") if output is not None else None
+    _check_outputs(source, data, output, checkpoint, processes)
+    # process 0 owns the outputs; the others write only their own checkpoints
+    lock = output_lock(output) if output is not None and processes.is_main else contextlib.nullcontext()
+    with lock, process_group(processes, source.device):
+        loaded = source.load()
+        prompts = _run_prompts(data, loaded, settings, prompt_tokens, chat_template, processes.is_main)
         with torch_threads(loaded.model, loaded.device, threads):
-            chain_acceptance(
-                loaded.model, loaded.heads, seqs, pad_id=pad_token_id(loaded.model, loaded.tokenizer)
-            ).save(alpha_path(output))
+            result = calibrate(
+                loaded,
+                prompts,
+                settings,
+                checkpoint=checkpoint,
+                resume=resume,
+                heads_source=_heads_source(source, loaded),
+                progress=progress,
+                keep_checkpoint=output is not None,
+                finished_output=output,
+                refuse_other_output=refuse_other_output,
+                processes=processes,
+            )
+        if output is not None and not result.already_complete:
+            _save_then_drop_checkpoint(output, result, checkpoint, processes)
+        if (
+            output is not None
+            and processes.is_main
+            and loaded.heads.kind == "draft-model"
+            and (not result.already_complete or not alpha_path(output).is_file())
+        ):
+            _save_alpha(output, loaded, prompts, threads)
     return result
 
 
 def save_outputs(output: str | Path, result: CalibrationResult) -> None:
     """Write the accuracy table `output` and its rank-vector sidecar together, durably
     (`treeopt.fileio.atomic_outputs`). The sidecar is renamed first and the table, which
-    readers open first, last; both carry the run's ``run_id`` (docs/formats.md, "Output
-    safety")."""
+    readers open first, last; both carry the run's ``run_id`` (docs/formats.md#output-safety)."""
     with atomic_outputs() as out:
         save_rank_vectors(
             out.path(rank_vectors_path(output)),

@@ -19,7 +19,7 @@ samples far above their median are re-measured.
 One sweep measures one verification form (`SweepSettings.verification`): "tree" as above, or
 "candidates": the same drafted tree verified as its leaves' root paths, each sequence's
 context copied to its candidate rows (`TreeDecoder(verification="candidates").verify_forward`,
-docs/decoder.md "Candidate-sequence verification"). The form is part of the metadata a resumed
+docs/decoder.md#candidate-sequence-verification). The form is part of the metadata a resumed
 sweep must share; sweeps of both forms are joined by `treeopt.forms.choose_form`.
 
 Every timed call appends its tokens to the cache and crops them off again, so every call sees
@@ -47,6 +47,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -54,7 +55,10 @@ import pandas as pd
 import torch
 from tqdm import tqdm
 
-from calibration.decoder import TreeDecoder, model_forward_hidden, new_cache, plain_step_forward
+from calibration.decoder import TreeDecoder
+from calibration.greedy import plain_step_forward
+from calibration.kv_cache import new_cache
+from calibration.model_calls import model_forward_hidden
 from calibration.speculative import SpeculativeDecoder, decoder_for
 from treeopt.errors import UserError
 from treeopt.fileio import atomic_outputs, atomic_path, write_json
@@ -138,7 +142,7 @@ class SweepSettings:
     @property
     def confidence(self) -> float:
         """The confidence of every interval of this sweep: CONFIDENCE, spent over the looks
-        (docs/statistics.md "Measuring until the answer is known")."""
+        (docs/statistics.md#measuring-until-the-answer-is-known)."""
         return sequential_confidence(self.looks)
 
     def __post_init__(self):
@@ -180,7 +184,7 @@ class StepBench:
     """What `measure_group` times for one (batch, context): `fns[i]` runs one decoding step of
     tree size `sizes[i]` (sizes[0] = 0, the plain step) on `cache` and crops it back.
 
-    cache:       `calibration.decoder.KVCache` holding `context` random tokens per sequence
+    cache:       `calibration.kv_cache.KVCache` holding `context` random tokens per sequence
                  (`context_ids`), with room for the largest step.
     valid:       (b, context) bool, all True (the cache slots each sequence sees).
     positions:   (b,) int64, the root's position id (= context).
@@ -320,8 +324,8 @@ def _draft_model_bench(lm, proposal: Tree, sizes: list[int], context_ids: torch.
 
 @dataclass(frozen=True)
 class GroupBudget:
-    """How long `measure_group` may go on adding rounds to settle a cell (docs/statistics.md
-    "Measuring until the answer is known"): `extra_s` seconds beyond the first `repeats`
+    """How long `measure_group` may go on adding rounds to settle a cell
+    (docs/statistics.md#measuring-until-the-answer-is-known): `extra_s` seconds beyond the first `repeats`
     rounds, at most `max_rounds` rounds in all; `tau` and `tau_se` (indexed by tree size) and
     the decision's `tolerance`, `threshold` and `confidence` let it judge whether the cell is
     settled."""
@@ -398,19 +402,7 @@ def measure_group(
                 remeasured = 1
                 flags = impossible_sizes(samples)
             if budget is not None:
-                # why: the rounds double between looks, so the answer is looked at only a few
-                # times and each look can spend its share of the error rate (docs/statistics.md
-                # "Measuring until the answer is known")
-                t0 = time.perf_counter()
-                while 2 * samples.shape[0] <= budget.max_rounds:
-                    if _settled(samples, bench.sizes, ~flags, budget):
-                        break
-                    spent = time.perf_counter() - t0
-                    per_round = float(np.median(samples.sum(axis=1)))
-                    if spent + samples.shape[0] * per_round > budget.extra_s:
-                        break
-                    samples = np.vstack([samples, more(samples.shape[0], 2 + samples.shape[0])])
-                    flags = impossible_sizes(samples)
+                samples, flags = _extend_until_settled(samples, flags, more, bench.sizes, budget)
     finally:
         if gc_was_enabled:
             gc.enable()
@@ -418,13 +410,35 @@ def measure_group(
         raise RuntimeError(
             f"sweep: the cache holds {bench.cached_tokens()} tokens after timing, expected the context of {context}"
         )
+    return _group_rows(bench.sizes, batch, context, samples, remeasured, flags)
+
+
+def _extend_until_settled(samples: np.ndarray, flags: np.ndarray, more, sizes: list[int], budget: GroupBudget):
+    """`samples` with rounds added (`more(rounds, salt)`), doubling them, until the cell is
+    settled or the budget is spent; and the sizes' impossibility flags over them."""
+    # why: the rounds double between looks, so the answer is looked at only a few
+    # times and each look can spend its share of the error rate (docs/statistics.md#measuring-until-the-answer-is-known)
+    t0 = time.perf_counter()
+    while 2 * samples.shape[0] <= budget.max_rounds:
+        if _settled(samples, sizes, ~flags, budget):
+            break
+        spent = time.perf_counter() - t0
+        per_round = float(np.median(samples.sum(axis=1)))
+        if spent + samples.shape[0] * per_round > budget.extra_s:
+            break
+        samples = np.vstack([samples, more(samples.shape[0], 2 + samples.shape[0])])
+        flags = impossible_sizes(samples)
+    return samples, flags
+
+
+def _group_rows(sizes: list[int], batch: int, context: int, samples: np.ndarray, remeasured: int, flags) -> list[dict]:
+    """One row per size of a group's (rounds, sizes) seconds `samples` (`measure_group`)."""
     base = samples[:, 0]
     rows = []
-    for i, n in enumerate(bench.sizes):
+    for i, n in enumerate(sizes):
         st = samples[:, i]
         # why: the same-round ratio cancels drift between rounds, and a tree step does all of
-        # the plain step's work and more, so a median below 1 is noise (docs/statistics.md
-        # "Measured speedup intervals")
+        # the plain step's work and more, so a median below 1 is noise (docs/statistics.md#measured-speedup-intervals)
         ratio = max(1.0, float(np.median(st / base))) if n else 1.0
         p10, p50, p90 = np.quantile(st, [0.1, 0.5, 0.9])
         rows.append(
@@ -562,6 +576,136 @@ def _write(table: pd.DataFrame, out_csv: Path) -> None:
         table.to_csv(tmp, index=False)
 
 
+#: the columns a sweep keeps per row before the derived ones are added
+_ROW_COLUMNS = ["batch", "context", "nodes"] + MEASURED_COLUMNS + E2E_COLUMNS
+
+
+class _SweepFile:
+    """A sweep's rows so far and its files (the CSV, its metadata and the per-round samples),
+    written after every group. `derive(frame, samples=...)` adds the derived columns."""
+
+    def __init__(self, out_csv: Path, meta: dict, done: pd.DataFrame, round_samples: dict, derive, *, fresh: bool):
+        self.out_csv, self.meta, self.round_samples, self.derive = out_csv, meta, round_samples, derive
+        self.mpath, self.spath = meta_path(out_csv), sweep_samples_path(out_csv)
+        # A fresh sweep replaces an old file only when its first group is measured, and then the
+        # CSV, its metadata and its samples together: an interrupted start loses nothing, and an
+        # old CSV never sits next to new metadata (docs/formats.md#output-safety).
+        self.fresh = fresh
+        if not fresh:
+            write_json(self.mpath, meta)
+        self.frames = [done[_ROW_COLUMNS]] if len(done) else []
+
+    def table(self) -> pd.DataFrame:
+        frame = pd.concat(self.frames, ignore_index=True) if self.frames else pd.DataFrame(columns=_ROW_COLUMNS)
+        frame = frame.astype({"batch": int, "context": int, "nodes": int})
+        t = self.derive(frame, samples=self.round_samples)
+        return t.reindex(columns=SWEEP_COLUMNS).sort_values(["batch", "context", "nodes"], ignore_index=True)
+
+    def add_group(self, batch: int, context: int, rows: list[dict]) -> None:
+        """Add one group's rows (`measure_group`) and write the files."""
+        if all("round_samples" in r for r in rows):
+            self.round_samples[(batch, context)] = (
+                [r["nodes"] for r in rows],
+                np.column_stack([r["round_samples"] for r in rows]),
+            )
+            if not self.fresh:
+                write_round_samples(self.spath, self.round_samples)
+        group = pd.DataFrame([{k: v for k, v in r.items() if k != "round_samples"} for r in rows])
+        # End-to-end figures are per (batch, nodes), the same for every context: carry
+        # those already measured over to the new group.
+        old = pd.concat(self.frames, ignore_index=True) if self.frames else None
+        if old is not None and old["e2e_speedup"].notna().any():
+            e2e = old.dropna(subset=["e2e_speedup"]).drop_duplicates(["batch", "nodes"])
+            group = group.merge(e2e[["batch", "nodes"] + E2E_COLUMNS], on=["batch", "nodes"], how="left")
+        self.frames.append(group.reindex(columns=_ROW_COLUMNS))
+        if not self.fresh:
+            _write(self.table(), self.out_csv)
+            return
+        with atomic_outputs() as files:
+            write_json(files.path(self.mpath), self.meta)
+            if self.round_samples:
+                write_round_samples(files.path(self.spath), self.round_samples)
+            self.table().to_csv(files.path(self.out_csv), index=False)
+        if not self.round_samples:
+            self.spath.unlink(missing_ok=True)
+        self.fresh = False
+
+
+def _sweep_sizes(settings: SweepSettings, proposal: Tree, progress: bool) -> list[int]:
+    """The tree sizes measured (`effective_sizes`), telling on stderr which were cut to the tree's."""
+    sizes = effective_sizes(settings.sizes, proposal)
+    dropped = sorted({int(n) for n in settings.sizes} - set(sizes))
+    if dropped and progress:
+        print(
+            f"sweep: the proposal tree has {proposal.size} nodes; sizes {dropped} measured as {proposal.size}",
+            file=sys.stderr,
+        )
+    return sizes
+
+
+def _earlier_groups(out_csv: Path, fingerprint: dict, sizes: list[int], resume, progress: bool):
+    """The complete groups of the sweep file a resume continues and its metadata; (no rows,
+    None) when the sweep starts afresh (module doc)."""
+    if resume not in (True, False, "auto"):
+        raise ValueError(f"resume must be True, False or 'auto', got {resume!r}")
+    if not (resume and out_csv.exists()):
+        return pd.DataFrame(columns=SWEEP_COLUMNS), None
+    try:
+        return _read_done(out_csv, meta_path(out_csv), fingerprint, sizes)
+    except UserError as err:
+        if resume != "auto":
+            raise
+        if progress:
+            print(f"sweep: starting afresh: {err}", file=sys.stderr)
+        return pd.DataFrame(columns=SWEEP_COLUMNS), None
+
+
+def _sweep_meta(meta: dict | None, fingerprint: dict, settings: SweepSettings, done: pd.DataFrame, old) -> dict:
+    """The .meta.json of the sweep: the caller's `meta`, the fingerprint, every batch size and
+    context measured so far (those of the resumed file `old` too)."""
+    batches, contexts = set(settings.batches), set(settings.contexts)
+    if old is not None:
+        batches |= set(old.get("batches", [])) | set(done["batch"].astype(int))
+        contexts |= set(old.get("contexts", [])) | set(done["context"].astype(int))
+    return {
+        **_jsonable(meta or {}),
+        "format": SWEEP_FORMAT,
+        **fingerprint,
+        "batches": sorted(int(b) for b in batches),
+        "contexts": sorted(int(s) for s in contexts),
+        "columns": SWEEP_COLUMNS,
+    }
+
+
+def _memoised(predictor):
+    """`predictor(batch, tokens, context)` remembering its answers (None stays None)."""
+    if predictor is None:
+        return None
+    cache: dict[tuple[int, int, int], float] = {}
+
+    def predict(b, q, s):
+        if (b, q, s) not in cache:
+            cache[(b, q, s)] = float(predictor(b, q, s))
+        return cache[(b, q, s)]
+
+    return predict
+
+
+def _group_budget(settings: SweepSettings, tau: TauCurve, tau_se, seconds_left: float, groups_left: int):
+    """The next group's share of the sweep's time budget (None: no budget)."""
+    if settings.time_budget_s <= 0:
+        return None
+    return GroupBudget(
+        max(0.0, seconds_left) / groups_left,
+        settings.max_rounds_factor * settings.repeats,
+        tau.best,
+        None if tau_se is None else np.asarray(tau_se, dtype=float),
+        settings.tolerance,
+        settings.threshold,
+        settings.confidence,
+    )
+
+
 def run_sweep(
     lm,
     tau: TauCurve,
@@ -593,70 +737,18 @@ def run_sweep(
     (`measure_group`), the budget shared evenly among the groups still to measure.
     """
     out_csv = Path(out_csv)
-    mpath = meta_path(out_csv)
-    spath = sweep_samples_path(out_csv)
     proposal = tau.proposal
-    sizes = effective_sizes(settings.sizes, proposal)
-    dropped = sorted({int(n) for n in settings.sizes} - set(sizes))
-    if dropped and progress:
-        print(
-            f"sweep: the proposal tree has {proposal.size} nodes; sizes {dropped} measured as {proposal.size}",
-            file=sys.stderr,
-        )
+    sizes = _sweep_sizes(settings, proposal, progress)
     fingerprint = _fingerprint(lm, proposal, sizes, settings)
-
-    if resume not in (True, False, "auto"):
-        raise ValueError(f"resume must be True, False or 'auto', got {resume!r}")
-    done = pd.DataFrame(columns=SWEEP_COLUMNS)
-    batches, contexts = set(settings.batches), set(settings.contexts)
-    if resume and out_csv.exists():
-        try:
-            done, old = _read_done(out_csv, mpath, fingerprint, sizes)
-        except UserError as err:
-            if resume != "auto":
-                raise
-            if progress:
-                print(f"sweep: starting afresh: {err}", file=sys.stderr)
-            resume = False
-    round_samples: dict = {}
-    if resume and out_csv.exists():
-        batches |= set(old.get("batches", [])) | set(done["batch"].astype(int))
-        contexts |= set(old.get("contexts", [])) | set(done["context"].astype(int))
-        round_samples = read_round_samples(spath)
-    full_meta = {
-        **_jsonable(meta or {}),
-        "format": SWEEP_FORMAT,
-        **fingerprint,
-        "batches": sorted(int(b) for b in batches),
-        "contexts": sorted(int(s) for s in contexts),
-        "columns": SWEEP_COLUMNS,
-    }
-    # A fresh sweep replaces an old file only when its first group is measured, and then the
-    # CSV, its metadata and its samples together: an interrupted start loses nothing, and an
-    # old CSV never sits next to new metadata (docs/formats.md, "Output safety").
-    fresh = not (resume and out_csv.exists())
-    if not fresh:
-        write_json(mpath, full_meta)
-
-    cache: dict[tuple[int, int, int], float] = {}
-
-    def predict(b, q, s):
-        if (b, q, s) not in cache:
-            cache[(b, q, s)] = float(predictor(b, q, s))
-        return cache[(b, q, s)]
-
-    cols = ["batch", "context", "nodes"] + MEASURED_COLUMNS + E2E_COLUMNS
-    frames = [done[cols]] if len(done) else []
-    have = set(map(tuple, done[["batch", "context"]].drop_duplicates().to_numpy().astype(int).tolist()))
+    done, old = _earlier_groups(out_csv, fingerprint, sizes, resume, progress)
+    round_samples = {} if old is None else read_round_samples(sweep_samples_path(out_csv))
+    derive = partial(_derive, tau=tau, predict=_memoised(predictor), tau_se=tau_se, confidence=settings.confidence)
+    sweep = _SweepFile(
+        out_csv, _sweep_meta(meta, fingerprint, settings, done, old), done, round_samples, derive, fresh=old is None
+    )
     groups = [(b, s) for b in settings.batches for s in settings.contexts]
+    have = set(map(tuple, done[["batch", "context"]].drop_duplicates().to_numpy().astype(int).tolist()))
     todo = [g for g in groups if g not in have]
-
-    def table_of() -> pd.DataFrame:
-        frame = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=cols)
-        frame = frame.astype({"batch": int, "context": int, "nodes": int})
-        t = _derive(frame, tau, predict if predictor is not None else None, tau_se, round_samples, settings.confidence)
-        return t.reindex(columns=SWEEP_COLUMNS).sort_values(["batch", "context", "nodes"], ignore_index=True)
-
     bar = tqdm(
         total=len(groups),
         initial=len(groups) - len(todo),
@@ -669,18 +761,7 @@ def run_sweep(
     try:
         for i, (b, s) in enumerate(todo):
             bar.set_postfix_str(f"batch {b} context {s}")
-            budget = None
-            if settings.time_budget_s > 0:
-                share = max(0.0, deadline - time.perf_counter()) / (len(todo) - i)
-                budget = GroupBudget(
-                    share,
-                    settings.max_rounds_factor * settings.repeats,
-                    tau.best,
-                    None if tau_se is None else np.asarray(tau_se, dtype=float),
-                    settings.tolerance,
-                    settings.threshold,
-                    settings.confidence,
-                )
+            budget = _group_budget(settings, tau, tau_se, deadline - time.perf_counter(), len(todo) - i)
             rows = measure_group(
                 lm,
                 proposal,
@@ -694,36 +775,11 @@ def run_sweep(
                 budget=budget,
                 verification=settings.verification,
             )
-            if all("round_samples" in r for r in rows):
-                round_samples[(b, s)] = (
-                    [r["nodes"] for r in rows],
-                    np.column_stack([r["round_samples"] for r in rows]),
-                )
-                if not fresh:
-                    write_round_samples(spath, round_samples)
-            group = pd.DataFrame([{k: v for k, v in r.items() if k != "round_samples"} for r in rows])
-            # End-to-end figures are per (batch, nodes), the same for every context: carry
-            # those already measured over to the new group.
-            old = pd.concat(frames, ignore_index=True) if frames else None
-            if old is not None and old["e2e_speedup"].notna().any():
-                e2e = old.dropna(subset=["e2e_speedup"]).drop_duplicates(["batch", "nodes"])
-                group = group.merge(e2e[["batch", "nodes"] + E2E_COLUMNS], on=["batch", "nodes"], how="left")
-            frames.append(group.reindex(columns=cols))
-            if fresh:
-                with atomic_outputs() as files:
-                    write_json(files.path(mpath), full_meta)
-                    if round_samples:
-                        write_round_samples(files.path(spath), round_samples)
-                    table_of().to_csv(files.path(out_csv), index=False)
-                if not round_samples:
-                    spath.unlink(missing_ok=True)
-                fresh = False
-            else:
-                _write(table_of(), out_csv)
+            sweep.add_group(b, s, rows)
             bar.update(1)
     finally:
         bar.close()
-    table = table_of()
+    table = sweep.table()
     if not todo:  # nothing measured: still refresh the derived columns in the file
         _write(table, out_csv)
     return table
@@ -774,6 +830,38 @@ def _decoder(lm, tree: Tree, topk: int, verification: str):
     return TreeDecoder(lm.model, lm.heads, tree, topk=topk, timing=False, verification=verification)
 
 
+def _decode_batches(decoders: dict, encoded, rng: random.Random, sync, max_new_tokens: int) -> list[dict]:
+    """Decode every batch of `encoded` with every size's decoder, in a fresh random order per
+    batch: per size (ascending), its nodes, e2e_tokens_per_s and e2e_tokens_per_step
+    (`measure_end_to_end`)."""
+    sizes = list(decoders)
+    emitted = dict.fromkeys(sizes, 0)
+    accepted = dict.fromkeys(sizes, 0)
+    pairs = dict.fromkeys(sizes, 0)
+    seconds = dict.fromkeys(sizes, 0.0)
+    for ids, mask in encoded:
+        order = list(sizes)
+        rng.shuffle(order)
+        for n in order:
+            sync()
+            t0 = time.perf_counter()
+            result = decoders[n].generate(ids, mask, max_new_tokens=max_new_tokens)
+            sync()
+            seconds[n] += time.perf_counter() - t0
+            emitted[n] += sum(len(t) for t in result.tokens)
+            active = result.accepted > 0
+            accepted[n] += int(result.accepted[active].sum())
+            pairs[n] += int(active.sum())
+    return [
+        {
+            "nodes": n,
+            "e2e_tokens_per_s": emitted[n] / seconds[n],
+            "e2e_tokens_per_step": accepted[n] / pairs[n] if pairs[n] else float("nan"),
+        }
+        for n in sizes
+    ]
+
+
 def measure_end_to_end(
     lm,
     proposal: Tree,
@@ -816,32 +904,8 @@ def measure_end_to_end(
             if warmup:
                 for n in sizes:
                     decoders[n].generate(*encoded[0], max_new_tokens=min(2, max_new_tokens))
-            emitted = dict.fromkeys(sizes, 0)
-            accepted = dict.fromkeys(sizes, 0)
-            pairs = dict.fromkeys(sizes, 0)
-            seconds = dict.fromkeys(sizes, 0.0)
-            for ids, mask in encoded:
-                order = list(sizes)
-                rng.shuffle(order)
-                for n in order:
-                    sync()
-                    t0 = time.perf_counter()
-                    result = decoders[n].generate(ids, mask, max_new_tokens=max_new_tokens)
-                    sync()
-                    seconds[n] += time.perf_counter() - t0
-                    emitted[n] += sum(len(t) for t in result.tokens)
-                    active = result.accepted > 0
-                    accepted[n] += int(result.accepted[active].sum())
-                    pairs[n] += int(active.sum())
-            for n in sizes:
-                rows.append(
-                    {
-                        "batch": b,
-                        "nodes": n,
-                        "e2e_tokens_per_s": emitted[n] / seconds[n],
-                        "e2e_tokens_per_step": accepted[n] / pairs[n] if pairs[n] else float("nan"),
-                    }
-                )
+            for row in _decode_batches(decoders, encoded, rng, sync, max_new_tokens):
+                rows.append({"batch": b, **row})
                 bar.update(1)
     finally:
         bar.close()

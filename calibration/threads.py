@@ -3,7 +3,7 @@
 A small model gains little from more threads, while on a CPU shared with other jobs every
 operator waits for all its OpenMP threads to be scheduled: on the 2-core development VM with
 one core busy, the demo model calibrated 40x slower with 2 threads than with 1
-(docs/performance-model.md "Measured on the development machine").
+(docs/performance-model.md#measured-on-the-development-machine).
 """
 
 from __future__ import annotations

@@ -45,7 +45,7 @@ class AcceptanceRow:
     tau_walk: float = float("nan")  # joint statistics walked as the decoder steps (NaN: no rank vectors)
     error_walk: float = float("nan")
     # fraction of generated tokens equal to plain greedy decoding's (1.0 in float32; in bf16 /
-    # fp16 near-tied logits may flip, docs/decoder.md "Reduced precision")
+    # fp16 near-tied logits may flip, docs/decoder.md#reduced-precision)
     agreement: float = float("nan")
 
 
@@ -128,28 +128,29 @@ def measure_acceptance(
             accepted.append(res.accepted[res.accepted > 0].ravel())
         if j == 0:
             continue
-        accepted = np.concatenate(accepted) if accepted else np.zeros(0, np.int64)
-        measured = float(accepted.mean()) if accepted.size else float("nan")
-        ti, tj, tw = (
-            float(curve[n]) if curve is not None else float("nan") for curve in (tau.independent, tau.joint, tau.walked)
-        )
-        rows.append(
-            asdict(
-                AcceptanceRow(
-                    n,
-                    measured,
-                    ti,
-                    tj,
-                    int(accepted.size),
-                    relative_error(ti, measured),
-                    relative_error(tj, measured),
-                    tw,
-                    relative_error(tw, measured),
-                    same / total if total else float("nan"),
-                )
-            )
-        )
+        rows.append(asdict(_acceptance_row(tau, n, accepted, same / total if total else float("nan"))))
     return pd.DataFrame(rows, columns=ACCEPTANCE_COLUMNS)
+
+
+def _acceptance_row(tau: TauCurve, n: int, accepted: list[np.ndarray], agreement: float) -> AcceptanceRow:
+    """Size `n`'s row: the mean of its steps' `accepted` counts beside every tau estimate."""
+    accepted = np.concatenate(accepted) if accepted else np.zeros(0, np.int64)
+    measured = float(accepted.mean()) if accepted.size else float("nan")
+    ti, tj, tw = (
+        float(curve[n]) if curve is not None else float("nan") for curve in (tau.independent, tau.joint, tau.walked)
+    )
+    return AcceptanceRow(
+        n,
+        measured,
+        ti,
+        tj,
+        int(accepted.size),
+        relative_error(ti, measured),
+        relative_error(tj, measured),
+        tw,
+        relative_error(tw, measured),
+        agreement,
+    )
 
 
 def latency_errors(sweep: pd.DataFrame) -> pd.DataFrame:

@@ -23,8 +23,8 @@ from calibration.data import (
 from calibration.demo_files import DEMO_MODEL_DIR, DEMO_PROMPTS
 from calibration.labels import greedy_continuations, label_ranks, pad_left
 from calibration.medusa_import import import_medusa_accuracy
-from calibration.models import load_model, tiny_model_for_tests
-from calibration.runner import CalibrationInterrupted, calibrate, run_calibration
+from calibration.models import ModelSource, load_model, tiny_model_for_tests
+from calibration.runner import CalibrationInterrupted, CalibrationSettings, calibrate, run_calibration
 from treeopt.acceptance import load_rank_vectors, rank_vectors_path
 from treeopt.accuracy import AccuracyTable, joint_counts_from_ranks, load_accuracy
 from treeopt.cli import main
@@ -135,7 +135,7 @@ def test_counts_match_slow_reference(loaded, prompts_file, labels):
     steps, topk = 6, 12
     prompts = load_prompts(prompts_file, loaded.tokenizer, max_prompts=4)
     ref, _ = reference_ranks(loaded, prompts.token_ids, steps, labels)
-    result = calibrate(loaded, prompts, steps=steps, topk=topk, labels=labels, batch_size=3, progress=False)
+    result = calibrate(loaded, prompts, CalibrationSettings(steps, topk, labels, batch_size=3), progress=False)
     hits, positions = counts_from_ranks(ref, topk)
     assert (ref >= 0).any() and (hits.sum() > 0)
     np.testing.assert_array_equal(result.table.hits, hits)
@@ -166,7 +166,9 @@ def test_label_ranks_exact_and_full_width(loaded):
     np.testing.assert_array_equal(ranks, ref)
     assert ranks.max() > 10  # ranks beyond any small top-k are exact too
     # width = vocabulary: every label is ranked, so nothing is a miss
-    result = calibrate(loaded, load_prompts_from(loaded, PROMPTS[:3]), labels="data", topk=64, progress=False)
+    result = calibrate(
+        loaded, load_prompts_from(loaded, PROMPTS[:3]), CalibrationSettings(labels="data", topk=64), progress=False
+    )
     assert result.table.hits.sum(1).tolist() == result.table.positions.tolist()
 
 
@@ -179,7 +181,7 @@ def load_prompts_from(loaded, texts):
 def test_joint_counts_consistent_with_per_rank_counts(loaded):
     prompts = load_prompts_from(loaded, PROMPTS)
     for topk in (5, 64):
-        t = calibrate(loaded, prompts, steps=8, topk=topk, batch_size=4, progress=False).table
+        t = calibrate(loaded, prompts, CalibrationSettings(steps=8, topk=topk, batch_size=4), progress=False).table
         joint = t.joint
         # depth 1 = head 0's hits, rank by rank
         for r in range(topk):
@@ -208,8 +210,8 @@ def test_greedy_generation_uses_cache_and_matches_unbatched(loaded):
 
 def test_left_padding_gives_the_counts_of_single_prompts(loaded):
     prompts = load_prompts_from(loaded, PROMPTS)
-    batched = calibrate(loaded, prompts, steps=8, topk=10, batch_size=7, progress=False).table
-    single = calibrate(loaded, prompts, steps=8, topk=10, batch_size=1, progress=False).table
+    batched = calibrate(loaded, prompts, CalibrationSettings(steps=8, topk=10, batch_size=7), progress=False).table
+    single = calibrate(loaded, prompts, CalibrationSettings(steps=8, topk=10, batch_size=1), progress=False).table
     np.testing.assert_array_equal(batched.hits, single.hits)
     np.testing.assert_array_equal(batched.positions, single.positions)
     assert batched.joint == single.joint
@@ -275,7 +277,7 @@ def test_resume_equals_uninterrupted_and_output_is_deterministic(tiny, prompts_f
 def test_ctrl_c_saves_checkpoint_and_resume_does_not_double_count(loaded, prompts_file, tmp_path, monkeypatch):
     prompts = load_prompts(prompts_file, loaded.tokenizer)
     ckpt = tmp_path / "c.partial"
-    uninterrupted = calibrate(loaded, prompts, steps=5, batch_size=2, progress=False)
+    uninterrupted = calibrate(loaded, prompts, CalibrationSettings(steps=5, batch_size=2), progress=False)
     full, full_ranks, full_sequence = uninterrupted.table, uninterrupted.ranks, uninterrupted.sequence
     assert full_ranks.shape == (7 * 4, 3) and (full_sequence == np.repeat(np.arange(7), 4)).all()
 
@@ -289,10 +291,18 @@ def test_ctrl_c_saves_checkpoint_and_resume_does_not_double_count(loaded, prompt
 
     monkeypatch.setattr(runner, "label_ranks", flaky)
     with pytest.raises(CalibrationInterrupted) as exc:
-        calibrate(loaded, prompts, steps=5, batch_size=2, checkpoint=ckpt, checkpoint_every=100, progress=False)
+        calibrate(
+            loaded,
+            prompts,
+            CalibrationSettings(steps=5, batch_size=2, checkpoint_every=100),
+            checkpoint=ckpt,
+            progress=False,
+        )
     assert exc.value.checkpoint == ckpt and exc.value.prompts_done == 4
     monkeypatch.setattr(runner, "label_ranks", real)
-    res = calibrate(loaded, prompts, steps=5, batch_size=2, checkpoint=ckpt, resume=True, progress=False)
+    res = calibrate(
+        loaded, prompts, CalibrationSettings(steps=5, batch_size=2), checkpoint=ckpt, resume=True, progress=False
+    )
     assert res.complete and not ckpt.exists()
     assert res.table.to_dict() == full.to_dict()
     np.testing.assert_array_equal(res.ranks, full_ranks)
@@ -302,19 +312,32 @@ def test_ctrl_c_saves_checkpoint_and_resume_does_not_double_count(loaded, prompt
 def test_resume_refuses_other_inputs(loaded, prompts_file, tmp_path):
     prompts = load_prompts(prompts_file, loaded.tokenizer)
     ckpt = tmp_path / "c.partial"
-    calibrate(loaded, prompts, steps=5, batch_size=2, max_prompts=2, checkpoint=ckpt, progress=False)
+    calibrate(
+        loaded, prompts, CalibrationSettings(steps=5, batch_size=2, max_prompts=2), checkpoint=ckpt, progress=False
+    )
     assert ckpt.exists()
     with pytest.raises(UserError, match=r"c\.partial: checkpoint was made with other inputs.*topk"):
-        calibrate(loaded, prompts, steps=5, topk=7, batch_size=2, checkpoint=ckpt, resume=True, progress=False)
+        calibrate(
+            loaded,
+            prompts,
+            CalibrationSettings(steps=5, topk=7, batch_size=2),
+            checkpoint=ckpt,
+            resume=True,
+            progress=False,
+        )
     doc = json.loads(ckpt.read_text())
     assert doc["rank_vectors"]["rows"] == 2 * 4
     del doc["rank_vectors"]
     ckpt.write_text(json.dumps(doc))
     with pytest.raises(UserError, match=r"c\.partial: checkpoint of an older treeopt \(no rank vectors\)"):
-        calibrate(loaded, prompts, steps=5, batch_size=2, checkpoint=ckpt, resume=True, progress=False)
+        calibrate(
+            loaded, prompts, CalibrationSettings(steps=5, batch_size=2), checkpoint=ckpt, resume=True, progress=False
+        )
     ckpt.write_text("{not json")
     with pytest.raises(UserError, match=r"c\.partial: not valid JSON \(line 1"):
-        calibrate(loaded, prompts, steps=5, batch_size=2, checkpoint=ckpt, resume=True, progress=False)
+        calibrate(
+            loaded, prompts, CalibrationSettings(steps=5, batch_size=2), checkpoint=ckpt, resume=True, progress=False
+        )
 
 
 def test_cli_output_builds_a_tree(tiny, prompts_file, tmp_path, capsys):
@@ -347,15 +370,10 @@ def test_cli_output_builds_a_tree(tiny, prompts_file, tmp_path, capsys):
 def test_rank_vector_sidecar_reproduces_the_table(tiny, prompts_file, tmp_path):
     out = tmp_path / "acc.json"
     result = run_calibration(
-        str(tiny),
-        None,
+        ModelSource(str(tiny), device="cpu", dtype="float32"),
         str(prompts_file),
         output=out,
-        device="cpu",
-        dtype="float32",
-        steps=6,
-        topk=4,
-        batch_size=3,
+        settings=CalibrationSettings(steps=6, topk=4, batch_size=3),
         progress=False,
     )
     sidecar = tmp_path / "acc.ranks.npz"
@@ -482,10 +500,10 @@ def test_bad_options(loaded, tiny, prompts_file, capsys):
         ({"labels": "sampled"}, "--labels"),
     ]:
         with pytest.raises(UserError, match=message):
-            calibrate(loaded, prompts, progress=False, **kwargs)
+            calibrate(loaded, prompts, CalibrationSettings(**kwargs), progress=False)
     short = load_prompts_from(loaded, ["ab", "abc"])
     with pytest.raises(UserError, match="too short"):
-        calibrate(loaded, short, labels="data", progress=False)
+        calibrate(loaded, short, CalibrationSettings(labels="data"), progress=False)
     assert run_cli("calibrate", "--import", "x.pt", "--model", str(tiny), "-o", "a.json") == 2
     assert "--import: cannot be combined with --model" in capsys.readouterr().err
     assert run_cli("calibrate", "--model", str(tiny), "--threads", "0", "-o", "a.json") == 2
@@ -571,16 +589,10 @@ def test_demo_quality_floor():
     at least 65%."""
     assert DEMO_MODEL_DIR.joinpath("config.json").is_file() and DEMO_PROMPTS.is_file()
     result = run_calibration(
+        ModelSource("demo", device="cpu", dtype="float32"),
         "demo",
-        None,
-        "demo",
-        device="cpu",
-        dtype="float32",
-        max_prompts=24,
+        settings=CalibrationSettings(steps=32, topk=10, batch_size=8, max_prompts=24),
         checkpoint=None,
-        steps=32,
-        topk=10,
-        batch_size=8,
         progress=False,
     )
     t = result.table
@@ -608,7 +620,7 @@ def test_walked_rank_vectors_reproduce_the_decoder_exactly():
     prompts = load_prompts(
         DEMO_PROMPTS.with_name("demo_prompts_validation.jsonl"), lm.tokenizer, prompt_tokens=512, max_prompts=8
     )
-    result = calibrate(lm, prompts, steps=S + K, topk=10, batch_size=8, progress=False)
+    result = calibrate(lm, prompts, CalibrationSettings(steps=S + K, topk=10, batch_size=8), progress=False)
     tree = joint_tree(result.table, 24)
     curve = simulated_tau_curve(tree, result.ranks, result.sequence, start_rows=S - 1)
     ids, mask, _ = pad_left([list(p) for p in prompts.token_ids], 0, lm.device)

@@ -7,11 +7,12 @@ import hashlib
 import json
 
 import pytest
-from transformers import AutoTokenizer
+from tokenizers import Tokenizer, models, pre_tokenizers, processors
+from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from calibration.data import load_prompts
-from calibration.models import tiny_model_for_tests
-from calibration.runner import run_calibration
+from calibration.models import ModelSource, tiny_model_for_tests
+from calibration.runner import CalibrationSettings, run_calibration
 from treeopt.accuracy import load_accuracy
 from treeopt.cli import main
 from treeopt.errors import UserError
@@ -156,6 +157,67 @@ def test_plain_text_and_prompt_records(chat_tok, tmp_path):
     assert got.data_format == "prompt+text+mt-bench"
 
 
+def test_sharegpt_top_level_system_is_the_first_turn(chat_tok, plain_tok, tmp_path):
+    """Some ShareGPT dumps keep the system prompt in a `system` field beside the conversation
+    (docs/formats.md#prompt-data): it is the conversation's first turn, in every prompt of
+    the record; a record that has a system turn of its own keeps just that one."""
+    records = [
+        {
+            "system": "be brief",
+            "conversations": [
+                {"from": "human", "value": "why"},
+                {"from": "gpt", "value": "so"},
+                {"from": "human", "value": "hi"},
+            ],
+        },
+        {
+            "system": "unused",
+            "conversations": [{"from": "system", "value": "be brief"}, {"from": "human", "value": "why"}],
+        },
+    ]
+    path = write(tmp_path, "sharegpt.jsonl", records)
+    # written by hand from TEMPLATE: the system turn first, then the turns before each reply
+    assert load_prompts(path, chat_tok).token_ids == (
+        ids(chat_tok, "<s>s:be brief<s>u:whya:"),
+        ids(chat_tok, "<s>s:be brief<s>u:why<s>a:so<s>u:hia:"),
+        ids(chat_tok, "<s>s:be brief<s>u:whya:"),
+    )
+    # without a template: the turns' texts joined by blank lines, the system prompt first
+    assert load_prompts(path, plain_tok).token_ids[0] == bos(plain_tok, "be brief\n\nwhy")
+
+
+#: the characters of the BOS tokenizer's vocabulary, by id ("<s>" = 1 is its BOS)
+BOS_VOCAB = {"<pad>": 0, "<s>": 1, "</s>": 2, "u": 3, ":": 4, "h": 5, "i": 6, "a": 7, "\n": 8}
+
+
+@pytest.fixture(scope="module")
+def bos_tok():
+    """A character tokenizer that puts a BOS in front of every text, as Llama's do (a
+    TemplateProcessing post-processor), with TEMPLATE as its chat template."""
+    tok = Tokenizer(models.WordLevel(BOS_VOCAB, unk_token="<pad>"))
+    tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>", unk_token="<pad>"
+    )
+    fast.chat_template = TEMPLATE
+    return fast
+
+
+def test_a_bos_adding_tokenizer_gives_every_prompt_one_bos(bos_tok, tmp_path):
+    """docs/formats.md#prompt-data: the chat template writes its own special tokens, so a
+    templated prompt holds the template's BOS only; without a template the tokenizer's special
+    prefix (its BOS) comes first, once, as it does for a text file's chunks."""
+    assert bos_tok("hi")["input_ids"] == [1, 5, 6]  # the tokenizer adds its BOS
+    path = write(tmp_path, "one.jsonl", [{"prompt": "hi"}])
+    # "<s>u:hia:", the template's "<s>" being the BOS token
+    assert load_prompts(path, bos_tok).token_ids == ((1, 3, 4, 5, 6, 7, 4),)
+    assert load_prompts(path, bos_tok, chat_template=False).token_ids == ((1, 5, 6),)
+    text = tmp_path / "doc.txt"
+    text.write_text("hihiha")
+    assert load_prompts(text, bos_tok, prompt_tokens=4).token_ids == ((1, 5, 6, 5), (1, 6, 5, 7))
+
+
 def test_long_context_keeps_the_turn_to_answer(chat_tok, plain_tok, tmp_path):
     long = "x" * 40
     path = write(
@@ -212,15 +274,10 @@ def test_provenance_names_format_and_template(chat_model, tmp_path, monkeypatch)
     data = write(tmp_path, "sharegpt.json", SHAREGPT * 2, jsonl=False)
     out = tmp_path / "acc.json"
     run_calibration(
-        str(chat_model),
-        None,
+        ModelSource(str(chat_model), device="cpu", dtype="float32"),
         str(data),
         output=out,
-        device="cpu",
-        dtype="float32",
-        steps=5,
-        topk=4,
-        batch_size=4,
+        settings=CalibrationSettings(steps=5, topk=4, batch_size=4),
         progress=False,
     )
     prov = load_accuracy(out).provenance

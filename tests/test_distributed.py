@@ -28,8 +28,8 @@ from calibration.distributed import (
     rank_checkpoint_path,
     shard_bounds,
 )
-from calibration.models import load_model, tiny_model_for_tests
-from calibration.runner import CalibrationInterrupted, calibrate, run_calibration
+from calibration.models import ModelSource, load_model, tiny_model_for_tests
+from calibration.runner import CalibrationInterrupted, CalibrationSettings, calibrate, run_calibration
 from treeopt.acceptance import rank_vectors_path
 from treeopt.errors import UserError
 
@@ -43,7 +43,11 @@ PROMPTS = [
     "x = {'a': 1, 'b': 2}\nfor k, v in x.items():\n    print(k, v)\n",
     "while True:\n    break\n",
 ]
-ARGS = dict(steps=6, topk=4, batch_size=2)  # 7 prompts: 4 batches, 2 per process
+SETTINGS = CalibrationSettings(steps=6, topk=4, batch_size=2)  # 7 prompts: 4 batches, 2 per process
+
+
+def on_cpu(model_dir) -> ModelSource:
+    return ModelSource(str(model_dir), device="cpu", dtype="float32")
 
 
 @pytest.fixture(scope="module")
@@ -120,9 +124,7 @@ def test_processes_from_torchrun_environment():
 @pytest.mark.slow
 def test_torchrun_two_processes_equal_one_process(tiny, prompts_file, tmp_path):
     single = tmp_path / "one.json"
-    run_calibration(
-        str(tiny), None, str(prompts_file), output=single, device="cpu", dtype="float32", progress=False, **ARGS
-    )
+    run_calibration(on_cpu(tiny), str(prompts_file), output=single, settings=SETTINGS, progress=False)
     many = tmp_path / "two.json"
     cmd = [
         sys.executable,
@@ -197,16 +199,13 @@ def _worker(
     log = Path(f"{output}.rank{rank}.log")
     try:
         run_calibration(
-            model,
-            None,
+            on_cpu(model),
             data,
             output=output,
-            device="cpu",
-            dtype="float32",
+            settings=SETTINGS,
             progress=False,
             resume=resume,
             processes=Processes(rank, world, rank),
-            **ARGS,
         )
         log.write_text("done")
     except CalibrationInterrupted as stop:
@@ -224,7 +223,7 @@ def test_failed_process_keeps_the_others_checkpoints_and_resumes(tiny, prompts_f
     doubled = tmp_path / "prompts14.jsonl"
     doubled.write_text(prompts_file.read_text() * 2)
     single, out = tmp_path / "one.json", tmp_path / "two.json"
-    run_calibration(str(tiny), None, str(doubled), output=single, device="cpu", dtype="float32", progress=False, **ARGS)
+    run_calibration(on_cpu(tiny), str(doubled), output=single, settings=SETTINGS, progress=False)
     data = (str(tiny), str(doubled), str(out))
     ckpt = [rank_checkpoint_path(f"{out}.partial", Processes(r, 2, r)) for r in range(2)]
     mp.start_processes(_worker, args=(2, _free_port(), *data, 1, False), nprocs=2, join=True, start_method="spawn")
@@ -254,7 +253,7 @@ def test_sharded_model_gives_the_unsharded_counts(tiny, prompts_file, tmp_path):
     pytest.importorskip("accelerate", reason="the [scale] extra (CI installs it with [dev])")
     whole = load_model(str(tiny), device="cpu", dtype="float32")
     prompts = load_prompts(prompts_file, whole.tokenizer)
-    expected = calibrate(whole, prompts, progress=False, **ARGS)
+    expected = calibrate(whole, prompts, SETTINGS, progress=False)
     # two CPU "devices": layer 0 and the output layer in memory, layer 1 and the final norm on
     # disk (accelerate moves their weights in for each forward)
     split = {
@@ -271,7 +270,7 @@ def test_sharded_model_gives_the_unsharded_counts(tiny, prompts_file, tmp_path):
         )
         if device_map is split:
             assert sharded.model.hf_device_map == split
-        got = calibrate(sharded, prompts, progress=False, **ARGS)
+        got = calibrate(sharded, prompts, SETTINGS, progress=False)
         np.testing.assert_array_equal(got.table.hits, expected.table.hits)
         np.testing.assert_array_equal(got.table.positions, expected.table.positions)
         assert got.table.joint == expected.table.joint
@@ -288,5 +287,5 @@ def test_sharded_model_gives_the_unsharded_counts(tiny, prompts_file, tmp_path):
 def test_device_map_refused_with_many_processes(tiny, prompts_file):
     with pytest.raises(UserError, match="--device-map: one process spreads"):
         run_calibration(
-            str(tiny), None, str(prompts_file), device="cpu", device_map="auto", processes=Processes(0, 2, 0)
+            ModelSource(str(tiny), device="cpu", device_map="auto"), str(prompts_file), processes=Processes(0, 2, 0)
         )

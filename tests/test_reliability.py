@@ -1,4 +1,4 @@
-"""Nothing lost, nothing overwritten, no traceback: the library side (docs/formats.md, "Output safety").
+"""Nothing lost, nothing overwritten, no traceback: the library side (docs/formats.md#output-safety).
 
 Output safety (treeopt/fileio.py), the calibration commit and checkpoint windows under fault
 injection, concurrent writers, the table/sidecar fingerprint, size guards, the exact optimum on
@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -27,8 +28,14 @@ from calibration import demo, runner
 from calibration.counts import CalibrationCounts
 from calibration.data import load_prompts
 from calibration.demo import DemoRecipe
-from calibration.models import load_model, tiny_model_for_tests
-from calibration.runner import CalibrationInterrupted, calibrate, deferred_interrupts, run_calibration
+from calibration.models import ModelSource, load_model, tiny_model_for_tests
+from calibration.runner import (
+    CalibrationInterrupted,
+    CalibrationSettings,
+    calibrate,
+    deferred_interrupts,
+    run_calibration,
+)
 from treeopt.acceptance import load_rank_vectors, rank_vectors_path
 from treeopt.accuracy import AccuracyTable, load_accuracy
 from treeopt.build import optimal_tree
@@ -227,7 +234,7 @@ def test_lock_is_per_output(tmp_path):
 
 
 def reference_dp(acc: np.ndarray, n: int, widths: list[int]) -> float:
-    """The tree-knapsack dynamic program over every rank (docs/builders.md "Exact optimum"):
+    """The tree-knapsack dynamic program over every rank (docs/builders.md#exact-optimum):
     the best tau of an n-node tree, O(D R n^2). g[m] = best total of m nodes below a node
     of the current depth, per unit of its value."""
     D = len(widths)
@@ -349,7 +356,12 @@ PROMPTS = [
     "# comment\n",
     "while True:\n    break\n",
 ]
-SMALL = {"steps": 5, "batch_size": 2, "progress": False}
+SETTINGS = CalibrationSettings(steps=5, batch_size=2)
+SMALL = {"settings": SETTINGS, "progress": False}
+
+
+def on_cpu(model_dir) -> ModelSource:
+    return ModelSource(str(model_dir), device="cpu", dtype="float32")
 
 
 @pytest.fixture(scope="module")
@@ -416,7 +428,7 @@ def test_sigint_inside_the_count_update_never_double_counts(loaded, work, monkey
 
     monkeypatch.setattr(CalibrationCounts, "_merge_joint", merge_then_interrupt)
     with pytest.raises(CalibrationInterrupted) as stop:
-        calibrate(loaded, prompts, checkpoint=ckpt, checkpoint_every=100, **SMALL)
+        calibrate(loaded, prompts, replace(SETTINGS, checkpoint_every=100), checkpoint=ckpt, progress=False)
     assert stop.value.prompts_done == 4  # the second batch was committed whole
     saved = json.loads(ckpt.read_text())
     assert saved["prompts_done"] == 4
@@ -430,7 +442,7 @@ def test_sigint_inside_the_count_update_never_double_counts(loaded, work, monkey
 def test_failed_table_write_keeps_the_checkpoint_and_resume_does_no_prompt_again(tiny, work, monkeypatch):
     folder, prompts_file = work
     reference = folder / "reference.json"
-    run_calibration(str(tiny), data=str(prompts_file), output=reference, device="cpu", dtype="float32", **SMALL)
+    run_calibration(on_cpu(tiny), str(prompts_file), output=reference, **SMALL)
     out = folder / "acc.json"
     before = snapshot(folder)
 
@@ -440,7 +452,7 @@ def test_failed_table_write_keeps_the_checkpoint_and_resume_does_no_prompt_again
     with monkeypatch.context() as patch:
         patch.setattr(AccuracyTable, "save", disk_full)
         with pytest.raises(OSError, match="No space left"):
-            run_calibration(str(tiny), data=str(prompts_file), output=out, device="cpu", dtype="float32", **SMALL)
+            run_calibration(on_cpu(tiny), str(prompts_file), output=out, **SMALL)
     left = snapshot(folder)
     ckpt = folder / "acc.json.partial"
     assert set(left) - set(before) == {"acc.json.partial"}  # no table, no sidecar, no temporary
@@ -448,9 +460,7 @@ def test_failed_table_write_keeps_the_checkpoint_and_resume_does_no_prompt_again
 
     calls = []
     monkeypatch.setattr(runner, "label_ranks", lambda *a, **k: calls.append(1))
-    result = run_calibration(
-        str(tiny), data=str(prompts_file), output=out, device="cpu", dtype="float32", resume=True, **SMALL
-    )
+    result = run_calibration(on_cpu(tiny), str(prompts_file), output=out, resume=True, **SMALL)
     assert calls == [] and result.complete and result.resumed_prompts == len(PROMPTS)
     assert not ckpt.exists()
     assert out.read_bytes() == reference.read_bytes()  # as if nothing had failed
@@ -460,19 +470,26 @@ def test_failed_table_write_keeps_the_checkpoint_and_resume_does_no_prompt_again
 def test_resume_on_a_finished_output(tiny, work, monkeypatch, capsys):
     folder, prompts_file = work
     out = folder / "acc.json"
-    args = {"data": str(prompts_file), "output": out, "device": "cpu", "dtype": "float32"}
-    run_calibration(str(tiny), **args, **SMALL)
+    args = {"data": str(prompts_file), "output": out}
+    run_calibration(on_cpu(tiny), **args, **SMALL)
     before = snapshot(folder)
     calls = []
     monkeypatch.setattr(runner, "label_ranks", lambda *a, **k: calls.append(1))
-    result = run_calibration(str(tiny), **args, resume=True, refuse_other_output=True, **SMALL)
+    result = run_calibration(on_cpu(tiny), **args, resume=True, refuse_other_output=True, **SMALL)
     assert result.already_complete and result.complete and calls == []
     assert "already complete" in capsys.readouterr().err
     assert result.table.to_dict() == json.loads(out.read_text()) | {"format": "treeopt.accuracy/v1"}
     assert snapshot(folder) == before  # nothing rewritten
 
     with pytest.raises(UserError) as err:
-        run_calibration(str(tiny), **args, resume=True, refuse_other_output=True, **{**SMALL, "steps": 6})
+        run_calibration(
+            on_cpu(tiny),
+            **args,
+            resume=True,
+            refuse_other_output=True,
+            settings=replace(SETTINGS, steps=6),
+            progress=False,
+        )
     assert "\n" not in str(err.value)
     assert str(err.value).startswith(f"{out}: already calibrated from other inputs (steps: 5 vs now 6)")
     assert calls == [] and snapshot(folder) == before
@@ -480,10 +497,10 @@ def test_resume_on_a_finished_output(tiny, work, monkeypatch, capsys):
 
 def test_table_and_sidecar_share_a_run_id_checked_by_the_reader(tiny, work):
     folder, prompts_file = work
-    args = {"data": str(prompts_file), "device": "cpu", "dtype": "float32"}
+    args = {"data": str(prompts_file), "progress": False}
     a, b = folder / "a.json", folder / "b.json"
-    run_calibration(str(tiny), output=a, seed=0, **args, **SMALL)
-    run_calibration(str(tiny), output=b, seed=1, **args, **SMALL)  # same counts, other run
+    run_calibration(on_cpu(tiny), output=a, settings=replace(SETTINGS, seed=0), **args)
+    run_calibration(on_cpu(tiny), output=b, settings=replace(SETTINGS, seed=1), **args)  # same counts, other run
     table_a = json.loads(a.read_text())
     with np.load(rank_vectors_path(a)) as z:
         assert str(z["run_id"]) == table_a["provenance"]["run_id"]
@@ -507,9 +524,9 @@ def test_second_calibration_to_the_same_output_fails_before_loading(tiny, work, 
     holder = start_holder(out)
     try:
         before = snapshot(folder)
-        monkeypatch.setattr(runner, "load_model", lambda *a, **k: pytest.fail("model loaded"))
+        monkeypatch.setattr(ModelSource, "load", lambda *a, **k: pytest.fail("model loaded"))
         with pytest.raises(UserError, match=f"is being written by another treeopt process \\(pid {holder.pid}\\)"):
-            run_calibration(str(tiny), data=str(prompts_file), output=out, **SMALL)
+            run_calibration(ModelSource(str(tiny)), str(prompts_file), output=out, **SMALL)
         assert snapshot(folder) == before
     finally:
         holder.communicate("done\n", timeout=60)
@@ -517,7 +534,7 @@ def test_second_calibration_to_the_same_output_fails_before_loading(tiny, work, 
 
 def test_calibration_outputs_checked_before_the_model_loads(tiny, work, monkeypatch):
     folder, prompts_file = work
-    monkeypatch.setattr(runner, "load_model", lambda *a, **k: pytest.fail("model loaded"))
+    monkeypatch.setattr(ModelSource, "load", lambda *a, **k: pytest.fail("model loaded"))
     before = snapshot(folder)
     bad = {
         prompts_file: "is also an input",
@@ -527,10 +544,12 @@ def test_calibration_outputs_checked_before_the_model_loads(tiny, work, monkeypa
     }
     for output, problem in bad.items():
         with pytest.raises(UserError) as err:
-            run_calibration(str(tiny), data=str(prompts_file), output=output, **SMALL)
+            run_calibration(ModelSource(str(tiny)), str(prompts_file), output=output, **SMALL)
         assert problem in str(err.value) and "\n" not in str(err.value)
     with pytest.raises(UserError, match="is also an input"):
-        run_calibration(str(tiny), data=str(prompts_file), output=folder / "acc.json", checkpoint=prompts_file, **SMALL)
+        run_calibration(
+            ModelSource(str(tiny)), str(prompts_file), output=folder / "acc.json", checkpoint=prompts_file, **SMALL
+        )
     assert snapshot(folder) == before
 
 

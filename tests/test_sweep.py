@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import calibration.sweep as sweep_mod
-from calibration.decoder import plain_step_forward
+from calibration.greedy import plain_step_forward
 from calibration.models import load_model, tiny_model_for_tests
 from calibration.sweep import (
     MEASURED_COLUMNS,

@@ -1,5 +1,5 @@
 """Drafters: Medusa heads, Hydra heads, IBM's MLP speculator and draft models behind one
-interface (`calibration.drafters.base.Drafter`, docs/decoder.md "Drafters").
+interface (`calibration.drafters.base.Drafter`, docs/decoder.md#drafters).
 
 `load_drafter` reads a drafter directory in its authors' layout; the kind is detected from its
 config.json (``medusa_num_heads``, ``hydra_num_heads``, ``model_type: "mlp_speculator"``, or a
@@ -18,8 +18,8 @@ from calibration.drafters.hydra import HydraHeads
 from calibration.drafters.io import read_config
 from calibration.drafters.medusa import MedusaDrafter
 from calibration.drafters.mlp_speculator import MODEL_TYPE, MLPSpeculator
-from treeopt.drafter_cost import DRAFTER_SUBDIRS
 from treeopt.errors import UserError
+from treeopt.layout import DRAFTER_SUBDIRS
 
 __all__ = [
     "DRAFTER_KINDS",

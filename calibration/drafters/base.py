@@ -1,5 +1,5 @@
 """The drafter interface: what the calibration runner and the reference decoder ask of any
-drafter (docs/decoder.md, "Drafters").
+drafter (docs/decoder.md#drafters).
 
 A drafter guesses the tokens after the base model's next token (the root), one depth at a
 time. Its per-node state is a tuple of tensors whose first dimension indexes nodes (or
@@ -63,7 +63,7 @@ class Drafter:
     def teacher_forced_logits(self, hidden: torch.Tensor, path: torch.Tensor) -> torch.Tensor:
         """Logits (N, D, V) of depths 0..D-1 along given paths: `hidden` (N, h) the base
         hidden state, `path` (N, D) the root then the true tokens of depths 0..D-2. Depth d
-        sees the true path up to d - 1 (docs/statistics.md, "Dependent drafters")."""
+        sees the true path up to d - 1 (docs/statistics.md#dependent-drafters)."""
         state = self.begin(hidden, path[:, 0])
         out = []
         for d in range(path.shape[1]):

@@ -1,11 +1,11 @@
 """A draft model: any transformers causal LM with the target's vocabulary, drafting with a KV
-cache of its own (docs/decoder.md, "Draft models"; Leviathan et al. 2023).
+cache of its own (docs/decoder.md#draft-models; Leviathan et al. 2023).
 
 `DraftModel` carries the drafter attributes the decoder and the calibration check (`kind`,
 `sequential`, `num_heads` = the deepest depth it may draft, `vocab_size`); the drafting itself
 runs in `calibration.speculative.SpeculativeDecoder`, which owns the draft's cache. Its
 calibration statistics are teacher-forced over whole sequences in one forward of the draft
-(docs/statistics.md, "Draft-model acceptance"):
+(docs/statistics.md#draft-model-acceptance):
 
 - greedy verification: the rank of the true token x_{t+d+2} under the draft's logits at
   position t+d+1 (given the true prefix): the rank vectors every other drafter gives;
@@ -13,7 +13,7 @@ calibration statistics are teacher-forced over whole sequences in one forward of
   target's and the draft's distributions at temperature T, from which the expected tokens per
   step of a chain of any gamma follow (`chain_tau`); and for trees the positional acceptance
   a_j, the probability that the j-th child tried under recursive rejection sampling is the one
-  kept (`positional_acceptance`, docs/statistics.md, "Positional acceptance of a tree").
+  kept (`positional_acceptance`, docs/statistics.md#positional-acceptance-of-a-tree).
 """
 
 from __future__ import annotations
@@ -77,8 +77,7 @@ def draft_label_ranks(
     """(N, K) ranks in `calibration.labels.label_rows` order: row (t, depth d) is the number of
     the draft's logits at position t + d + 1 strictly greater than that of the true x_{t+d+2}
     (ties in the label's favour, as `calibration.labels`), -1 where there is no label. One
-    teacher-forced forward of the draft per `batch` sequences (docs/statistics.md, "Draft-model
-    acceptance")."""
+    teacher-forced forward of the draft per `batch` sequences (docs/statistics.md#draft-model-acceptance)."""
     k = drafter.num_heads if num_heads is None else num_heads
     per_position = _per_position(
         sequences,
@@ -105,7 +104,7 @@ def acceptance_alpha(
     """(N, K) float64 in `label_rows` order: row (t, depth d) is alpha = sum_x min(p(x), q(x))
     of the target's and the draft's distributions of x_{t+d+2} at temperature T given the true
     prefix, NaN where there is no label. At T = 0 alpha is 1 exactly when both argmaxes agree
-    (docs/statistics.md, "Draft-model acceptance")."""
+    (docs/statistics.md#draft-model-acceptance)."""
     k = drafter.num_heads if num_heads is None else num_heads
 
     def alpha(ids, logits, mask):
@@ -128,7 +127,7 @@ ALPHA_MAX_PROMPTS = 256
 ACCEPT_CHILDREN = 4
 #: draw orders sampled per position for the children after the first, and their seed: the
 #: spread between positions, not the Monte Carlo, dominates the table's standard error over a
-#: calibration set (docs/statistics.md, "Positional acceptance of a tree")
+#: calibration set (docs/statistics.md#positional-acceptance-of-a-tree)
 ACCEPT_SAMPLES = 4
 ACCEPT_SEED = 0
 #: elements (positions x vocabulary) the Monte Carlo of `positional_acceptance` holds at once
@@ -148,8 +147,8 @@ def positional_acceptance(
     as the decoder draws them) and, given an order c_1..c_K, the exact probability that c_j is
     the first kept: prod_{i<j} (1 - r_i) r_j with r_i = min(1, p_i(c_i) / q_i(c_i)), p_i and
     q_i the residuals after i - 1 rejections (Jeon et al. 2024, section 3): the acceptance
-    draws are averaged out analytically, only the draw order is sampled (docs/statistics.md,
-    "Positional acceptance of a tree")."""
+    draws are averaged out analytically, only the draw order is sampled
+    (docs/statistics.md#positional-acceptance-of-a-tree)."""
     shape, vocab = p.shape[:-1], p.shape[-1]
     p2, q2 = p.reshape(-1, vocab).float(), q.reshape(-1, vocab).float()
     total = p2.new_zeros((p2.shape[0], children), dtype=torch.float64)
@@ -186,7 +185,7 @@ def _first_kept_given_order(p: torch.Tensor, q: torch.Tensor, order: torch.Tenso
         if j + 1 == order.shape[1]:
             break
         # why: after a rejection p <- norm(max(0, p - q)) and q loses the rejected child
-        # (Jeon et al. 2024, section 3; docs/decoder.md, "Draft models")
+        # (Jeon et al. 2024, section 3; docs/decoder.md#draft-models)
         residual = (p - q).clamp(min=0)
         p = residual / residual.sum(-1, keepdim=True).clamp(min=1e-30)
         q = q.scatter(1, x, 0.0)
@@ -212,8 +211,8 @@ def acceptance_per_child(
     """(N, K, children) float64 in `label_rows` order: row (t, depth d) holds the positional
     acceptance a_1..a_children (`positional_acceptance`) of the target's and the draft's
     distributions of x_{t+d+2} at temperature T given the true prefix, NaN where there is no
-    label; [..., 0] is `acceptance_alpha` (docs/statistics.md, "Positional acceptance of a
-    tree"). The Monte Carlo uses one torch.Generator seeded with `seed`."""
+    label; [..., 0] is `acceptance_alpha` (docs/statistics.md#positional-acceptance-of-a-tree). The Monte Carlo uses
+    one torch.Generator seeded with `seed`."""
     k = drafter.num_heads if num_heads is None else num_heads
     device = next(drafter.model.parameters()).device
     generator = torch.Generator(device=device)
@@ -244,7 +243,7 @@ def chain_acceptance(
 ) -> ChainAcceptance:
     """The per-depth alpha and walked tau of chains, and the per-depth positional acceptance of
     `children` children for trees (`treeopt.chain.ChainAcceptance`), over `sequences` read from
-    their first token (docs/statistics.md, "Draft-model acceptance", "Positional acceptance of
+    their first token (docs/statistics.md#draft-model-acceptance, "Positional acceptance of
     a tree")."""
     rows = acceptance_per_child(
         target,
@@ -290,7 +289,7 @@ def draw_children(probs: torch.Tensor, k: int, temperature: float, generator=Non
     if temperature <= 0:
         return probs.topk(k, dim=-1).indices
     # why: the Gumbel-top-k trick draws k items without replacement in draw order (Kool et al.
-    # 2019, section 2), which recursive rejection sampling needs (docs/decoder.md, "Draft models").
+    # 2019, section 2), which recursive rejection sampling needs (docs/decoder.md#draft-models).
     u = torch.rand(probs.shape, generator=generator, device=probs.device, dtype=torch.float32).clamp(min=1e-20)
     keys = torch.log(probs.clamp(min=1e-30)) - torch.log(-torch.log(u))
     keys = torch.where(probs > 0, keys, torch.full_like(keys, float("-inf")))
@@ -318,7 +317,7 @@ def shift_rows(per_position: np.ndarray, seq: np.ndarray, col: np.ndarray, has: 
 def chain_tau(alpha_rows: np.ndarray, gamma: int) -> float:
     """Expected tokens per step of a chain of `gamma` drafts under rejection sampling, walked
     along the calibration rows: mean over rows of 1 + sum_k prod_{j<k} alpha[row, j]
-    (docs/statistics.md, "Draft-model acceptance"). `alpha_rows` (N, K >= gamma), rows with
+    (docs/statistics.md#draft-model-acceptance). `alpha_rows` (N, K >= gamma), rows with
     all gamma depths."""
     if gamma == 0:
         return 1.0

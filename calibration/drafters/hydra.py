@@ -1,5 +1,5 @@
 """Hydra heads (Ankner et al. 2024, "Hydra: Sequentially-Dependent Draft Heads for Medusa
-Decoding"), in the layout their authors publish (docs/formats.md, "Hydra heads").
+Decoding"), in the layout their authors publish (docs/formats.md#hydra-heads).
 
 Head k (0-based) of a grounded Hydra set reads the concatenation
 ``[h_t, E(x_{t+1}), ..., E(x_{t+k+1})]`` of the base model's last hidden state and the base
@@ -22,7 +22,7 @@ last hidden states of the whole context, then the final RMSNorm, and its output 
 h_t as the heads' input. The authors' module wraps every block and projection in a Sequential
 behind a Dropout, so that layout keys them ``hydra_mlp.{k}.{2j+1}.*`` and
 ``hydra_lm_head.{k}.1.*``, and the layer ``prefix_embeding_layer.layers.0.*`` and
-``prefix_embeding_layer.norm.weight`` (docs/formats.md, "Hydra heads").
+``prefix_embeding_layer.norm.weight`` (docs/formats.md#hydra-heads).
 """
 
 from __future__ import annotations
@@ -161,7 +161,7 @@ class HydraHeads(nn.Module, Drafter):
 
     @property
     def prefix_layer(self) -> bool:
-        """Hydra++: a decoder layer over the context replaces h_t (docs/decoder.md, "Hydra++")."""
+        """Hydra++: a decoder layer over the context replaces h_t (docs/decoder.md#hydra)."""
         return hasattr(self, "prefix_embeding_layer")
 
     @property
@@ -179,11 +179,11 @@ class HydraHeads(nn.Module, Drafter):
     ) -> torch.Tensor:
         """Hydra++'s prefix layer on n new tokens per sequence: `hidden` (b, n, h) their base
         hidden states, `valid` (b, n) which are real tokens, `positions` (b, n) their position
-        ids; `cache` (a one-layer `calibration.decoder.KVCache`, None: no cache) holds the C
+        ids; `cache` (a one-layer `calibration.kv_cache.KVCache`, None: no cache) holds the C
         earlier tokens, `past_valid` (b, C) which of them each sequence sees. A token sees the
         valid earlier tokens and the valid new ones up to itself (causal); a padding token sees
         itself too, so that no row is empty. Returns (b, n, h): the heads' input at each token
-        (docs/decoder.md, "Hydra++")."""
+        (docs/decoder.md#hydra)."""
         b, n = valid.shape
         causal = torch.ones((n, n), dtype=torch.bool, device=valid.device).tril()
         eye = torch.eye(n, dtype=torch.bool, device=valid.device)

@@ -1,6 +1,6 @@
 """IBM's MLP speculator (Wertheimer et al. 2024, "Accelerating Production LLMs with Combined
 Token/Embedding Speculators"), in the layout of fms-extras and of vLLM's ``mlp_speculator``
-model type (docs/formats.md, "MLP speculator").
+model type (docs/formats.md#mlp-speculator).
 
 Stage i (0-based) keeps a state s (s_0: the base model's last hidden state, layer-normed
 without parameters and scaled by 1/sqrt(2) when ``scale_input``) and reads the token of the

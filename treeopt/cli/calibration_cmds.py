@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 import click
 import numpy as np
 
 from calibration.distributed import processes_from_env
 from calibration.medusa_import import NORMALIZATIONS, import_medusa_accuracy
-from calibration.models import load_model
-from calibration.runner import CalibrationInterrupted, run_calibration
+from calibration.models import ModelSource, load_model
+from calibration.runner import CalibrationInterrupted, CalibrationResult, CalibrationSettings, run_calibration
 from calibration.threads import torch_threads
 from roofline.profile_fit import error_summary
 from treeopt.acceptance import rank_vectors_path
@@ -224,61 +225,71 @@ def calibrate_cmd(
         ]
         if given:
             raise UserError(f"--import: cannot be combined with --{given[0].replace('_', '-')}")
-        check_outputs([output, rank_vectors_path(output)], input_files(import_file))
-        table = import_medusa_accuracy(import_file, normalize=normalize)
-        table.save(output)
-        # Medusa's file has no rank vectors: a sidecar left by an earlier run would be stale.
-        rank_vectors_path(output).unlink(missing_ok=True)
-        if not quiet:
-            _summary(table, f"imported {import_file}: {table.num_heads} heads, width {table.width}")
-            click.echo(f"wrote {output}")
+        _import(import_file, normalize, output, quiet=quiet)
         return
-
+    settings = CalibrationSettings(
+        steps=steps,
+        topk=topk,
+        labels=labels,
+        batch_size=batch_size,
+        max_prompts=max_prompts,
+        checkpoint_every=checkpoint_every,
+        seed=seed,
+        joint=not no_joint,
+    )
     try:
         result = run_calibration(
-            model,
-            heads,
+            ModelSource(model, heads, drafter, num_heads, device, dtype, device_map),
             data,
             output=output,
-            device=device,
-            dtype=dtype,
-            num_heads=num_heads,
-            drafter=drafter,
+            settings=settings,
             prompt_tokens=prompt_tokens,
-            max_prompts=max_prompts,
+            chat_template=not no_chat_template,
             threads=threads,
             checkpoint=checkpoint if checkpoint is not None else "auto",
-            steps=steps,
-            topk=topk,
-            labels=labels,
-            batch_size=batch_size,
-            checkpoint_every=checkpoint_every,
             resume=resume,
-            seed=seed,
-            joint=not no_joint,
             progress=False if quiet else None,
-            chat_template=not no_chat_template,
-            device_map=device_map,
         )
     except CalibrationInterrupted as stop:
-        if stop.checkpoint is not None:
-            click.echo(
-                f"treeopt: interrupted after {stop.prompts_done} prompts; counts saved to "
-                f"{stop.checkpoint}. Continue with the same command plus --resume.",
-                err=True,
-            )
-        else:
-            click.echo("treeopt: interrupted before any prompt was done; nothing saved", err=True)
-        sys.exit(130)
-    if quiet or not processes_from_env().is_main:  # process 0 speaks for a torchrun
-        return
+        _interrupted(stop)
+    if not quiet and processes_from_env().is_main:  # process 0 speaks for a torchrun
+        _report(result, settings, output)
+
+
+def _import(import_file: str, normalize: str, output: str, *, quiet: bool) -> None:
+    """`--import`: Medusa's heads_accuracy.py output as an accuracy table."""
+    check_outputs([output, rank_vectors_path(output)], input_files(import_file))
+    table = import_medusa_accuracy(import_file, normalize=normalize)
+    table.save(output)
+    # Medusa's file has no rank vectors: a sidecar left by an earlier run would be stale.
+    rank_vectors_path(output).unlink(missing_ok=True)
+    if not quiet:
+        _summary(table, f"imported {import_file}: {table.num_heads} heads, width {table.width}")
+        click.echo(f"wrote {output}")
+
+
+def _interrupted(stop: CalibrationInterrupted) -> NoReturn:
+    """Tell where the counts of an interrupted run are, and exit as Ctrl-C does (130)."""
+    if stop.checkpoint is not None:
+        click.echo(
+            f"treeopt: interrupted after {stop.prompts_done} prompts; counts saved to "
+            f"{stop.checkpoint}. Continue with the same command plus --resume.",
+            err=True,
+        )
+    else:
+        click.echo("treeopt: interrupted before any prompt was done; nothing saved", err=True)
+    sys.exit(130)
+
+
+def _report(result: CalibrationResult, settings: CalibrationSettings, output: str) -> None:
+    """The summary of a calibration run, and what became of its checkpoint."""
     c = result.counts
     rate = result.run_tokens / result.elapsed_s if result.elapsed_s > 0 else float("nan")
     resumed = f" (resumed after {result.resumed_prompts})" if result.resumed_prompts else ""
     _summary(
         result.table,
         f"calibrated {c.prompts_done} prompts{resumed}, {c.tokens:,} tokens "
-        f"({c.generated:,} generated), {labels} labels, top-{topk}; this run "
+        f"({c.generated:,} generated), {settings.labels} labels, top-{settings.topk}; this run "
         f"{result.elapsed_s:.1f} s, {rate:,.0f} tok/s",
     )
     prov = result.table.provenance
