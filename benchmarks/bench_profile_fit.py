@@ -1,4 +1,4 @@
-"""Fitting a profile to a measured sweep (docs/performance-model.md, "Fitting a profile to measured steps"). Run:
+"""Fitting a profile to a measured sweep (docs/performance-model.md#fitting-a-profile-to-measured-steps). Run:
 
     python benchmarks/bench_profile_fit.py [SWEEP_DIR]
 

@@ -1,6 +1,6 @@
 """The predicted speedup grid: batch x context x tree size, and the selection it implies.
 
-For a proposal sequence T_1 ⊂ T_2 ⊂ ... (docs/builders.md "Proposal sequence") with expected tokens per step
+For a proposal sequence T_1 ⊂ T_2 ⊂ ... (docs/builders.md#proposal-sequence) with expected tokens per step
 tau[n] (tau[0] = 1: plain decoding), the model predicts
     overhead(b, s, n) = T(b, q = n + 1, s) / T(b, q = 1, s)
     speedup(b, s, n)  = tau[n] / overhead(b, s, n)
@@ -10,12 +10,12 @@ n = 0 ("no speculation") when nothing beats 1.0.
 
 Verification "candidates" (an engine without tree attention) verifies the prefix tree of n
 nodes as its root-to-leaf paths, each a sequence of its depth + 1 tokens (the root repeated):
-`candidates_by_prefix` (docs/performance-model.md "Verification modes").
+`candidates_by_prefix` (docs/performance-model.md#verification-modes).
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -32,6 +32,7 @@ __all__ = [
     "DEFAULT_CONTEXTS",
     "GRID_COLUMNS",
     "speedup_grid",
+    "PerTreeSize",
     "heads_used_by_prefix",
     "candidates_by_prefix",
     "check_tau",
@@ -89,7 +90,7 @@ def parents_of(tree) -> tuple[np.ndarray, np.ndarray]:
 def draft_rows_by_prefix(tree, stages: int) -> np.ndarray:
     """(n + 1, stages) rows per sequence a sequential drafter runs stage d on (0-based) for the
     prefix tree of m nodes, m = 0..n: the nodes of depth d (the root is depth 0) that have
-    children in the prefix (docs/decoder.md, "Drafters"). A node joins those rows with its
+    children in the prefix (docs/decoder.md#drafters). A node joins those rows with its
     first child, so column d counts, up to m, the nodes of depth d + 1 that are their parent's
     first child."""
     n = tree.size
@@ -112,17 +113,11 @@ def candidates_by_prefix(tree) -> tuple[np.ndarray, np.ndarray]:
 
     Adding node i adds a leaf of depth d_i + 1 tokens; when it is its parent's first child the
     parent (depth d_i - 1) stops being a leaf, taking d_i tokens away."""
-    ranks = tree.rank_matrix
-    n = ranks.shape[0]
+    n = tree.size
     if n == 0:
         return np.ones(1), np.ones(1)
-    depth = (ranks >= 0).sum(axis=1)
-    # a node's parent is the row equal to its own with the last rank cleared
-    trunk = ranks.copy()
-    trunk[np.arange(n), depth - 1] = -1
-    same = (trunk[:, None, :] == ranks[None, :, :]).all(axis=2)
-    has_parent = same.any(axis=1)
-    parent = np.where(has_parent, same.argmax(axis=1), -1)
+    depth, parent = parents_of(tree)
+    has_parent = parent >= 0
     # first child: no earlier node shares its (non-root) parent
     earlier = np.tril(parent[:, None] == parent[None, :], k=-1).any(axis=1)
     first_child = has_parent & ~earlier
@@ -131,41 +126,43 @@ def candidates_by_prefix(tree) -> tuple[np.ndarray, np.ndarray]:
     return (np.concatenate(([1.0], tokens)).astype(float), np.concatenate(([1.0], leaves)).astype(float))
 
 
-def speedup_grid(
-    shape: ModelShape,
-    heads_shape: DraftHeadsShape | None,
-    hw: HardwareProfile,
-    tau_by_nodes,
-    batches=DEFAULT_BATCHES,
-    contexts=DEFAULT_CONTEXTS,
-    *,
-    attention: str = "fused",
-    heads_in_baseline: bool = False,
-    heads_used=None,
-    verification: str = "tree",
-    tree=None,
-    draft_stages=None,
-    drafted=None,
-) -> pd.DataFrame:
-    """One row per (batch, context, nodes) with columns GRID_COLUMNS, sorted in that order.
+@dataclass(frozen=True)
+class PerTreeSize:
+    """Optional (N + 1,) vectors over the proposal's tree sizes n = 0..N.
 
-    tau_by_nodes: (N + 1,) expected tokens per step of the proposal tree of n nodes,
-    n = 0..N (greedy tau curves, joint statistics, or measured acceptance). Configurations
-    that do not fit in memory have fits_memory False and NaN times/speedups.
-    heads_used: optional (N + 1,) number of heads a step with the tree of n nodes runs (e.g.
+    heads_used: number of heads a step with the tree of n nodes runs (e.g.
     `heads_used_by_prefix(tree)` for a decoder that runs only the heads its tree reaches);
-    default: all of heads_shape for every n >= 1.
-    verification: "tree" (q = n + 1 under a tree mask) or "candidates" (the prefix's
-    root-to-leaf paths as separate sequences; needs `tree`, the proposal sequence).
-    draft_stages: optional (N + 1,) sequential draft stages per step (e.g. the prefix depth for a
-    drafter that drafts depth by depth); default: those of a `DraftWork` heads_shape (a
-    sequential drafter whose rows_per_sequence are (N + 1, stages), `draft_rows_by_prefix`),
-    else none.
-    drafted: optional (N + 1,) bool, whether the target engine drafts the tree of n nodes as
-    written (`treeopt.family_build.drafted_sizes`); the speedup of the other sizes is NaN, so no
-    selection picks them.
-    """
-    tau = check_tau(tau_by_nodes)
+    default: all of the heads for every n >= 1.
+    draft_stages: sequential draft stages per step (e.g. the prefix depth for a drafter that
+    drafts depth by depth); default: those of a `DraftWork` drafter (a sequential drafter whose
+    rows_per_sequence are (N + 1, stages), `draft_rows_by_prefix`), else none.
+    drafted: bool, whether the target engine drafts the tree of n nodes as written
+    (`treeopt.family_build.drafted_sizes`); the speedup of the other sizes is NaN, so no
+    selection picks them."""
+
+    heads_used: np.ndarray | None = None
+    draft_stages: np.ndarray | None = None
+    drafted: np.ndarray | None = None
+
+
+@dataclass(frozen=True)
+class _GridAxes:
+    """The grid's broadcast axes, batch (B, 1, 1), context (1, S, 1) and tree size
+    (1, 1, N + 1), with the tokens each step verifies and the candidate sequences they form
+    (None: tree verification)."""
+
+    b: np.ndarray
+    s: np.ndarray
+    n: np.ndarray
+    q: np.ndarray
+    cands: np.ndarray | None
+
+    @property
+    def full(self) -> tuple[int, int, int]:
+        return (self.b.shape[0], self.s.shape[1], self.n.shape[2])
+
+
+def _grid_axes(tau: np.ndarray, batches, contexts, verification: str, tree) -> _GridAxes:
     b = _positive_ints(batches, "--batch", 1)[:, None, None]
     s = _positive_ints(contexts, "--context", 0)[None, :, None]
     n = np.arange(tau.size)[None, None, :]
@@ -178,76 +175,114 @@ def speedup_grid(
         q, cands = tokens_c[None, None, :], leaves[None, None, :]
     elif verification != "tree":
         raise UserError(f"--verification: must be 'tree' or 'candidates', got '{verification}'")
-    stages = None if draft_stages is None else np.asarray(draft_stages, dtype=float)[None, None, :]
-    if isinstance(heads_shape, DraftWork) and (heads_used is not None or heads_in_baseline):
+    return _GridAxes(b, s, n, q, cands)
+
+
+def _grid_drafter(heads_shape, tau: np.ndarray, heads_used, heads_in_baseline: bool):
+    """A sequential drafter with its rows per tree size on the grid's size axis; other drafters
+    as they are."""
+    if not isinstance(heads_shape, DraftWork):
+        return heads_shape
+    if heads_used is not None or heads_in_baseline:
         raise UserError(
             "a sequential drafter runs the stages its tree reaches: --used-heads and --heads-in-baseline do not apply"
         )
-    if isinstance(heads_shape, DraftWork):
-        rows = np.asarray(heads_shape.rows_per_sequence, dtype=float)
-        if rows.ndim != 2 or rows.shape[0] != tau.size:
-            raise UserError(f"draft rows: expected ({tau.size}, stages) rows per tree size, got {rows.shape}")
-        # Hydra++'s prefix layer reads the tokens the step before accepted: τ in the steady state
-        prefix_tokens = tau[None, None, :] if heads_shape.cost.prefix_layer else heads_shape.prefix_tokens_per_sequence
-        heads_shape = replace(heads_shape, rows_per_sequence=rows[None, None], prefix_tokens_per_sequence=prefix_tokens)
-    full = (b.shape[0], s.shape[1], n.shape[2])
-    if heads_used is None or heads_shape is None:
-        t_tree = step_time_s(
+    rows = np.asarray(heads_shape.rows_per_sequence, dtype=float)
+    if rows.ndim != 2 or rows.shape[0] != tau.size:
+        raise UserError(f"draft rows: expected ({tau.size}, stages) rows per tree size, got {rows.shape}")
+    # Hydra++'s prefix layer reads the tokens the step before accepted: τ in the steady state
+    prefix_tokens = tau[None, None, :] if heads_shape.cost.prefix_layer else heads_shape.prefix_tokens_per_sequence
+    return replace(heads_shape, rows_per_sequence=rows[None, None], prefix_tokens_per_sequence=prefix_tokens)
+
+
+def _tree_step_times(shape, heads_shape, hw, axes: _GridAxes, heads_used, stages, attention: str) -> np.ndarray:
+    """(B, S, N + 1) seconds of the step of every tree size, memory unchecked, each size with
+    the heads it runs."""
+
+    def price(heads):
+        t = step_time_s(
             shape,
-            heads_shape,
+            heads,
             hw,
-            batch=b,
-            tokens=q,
-            context=s,
+            batch=axes.b,
+            tokens=axes.q,
+            context=axes.s,
             attention=attention,
             on_oom="ignore",
-            candidates=cands,
+            candidates=axes.cands,
             draft_stages=stages,
         )
-        t_tree = np.broadcast_to(t_tree, full)
-    else:
-        used = np.asarray(heads_used, dtype=np.int64)
-        if used.shape != tau.shape or np.any(used < 0) or np.any(used > heads_shape.num_heads):
-            raise UserError(f"heads_used: expected {tau.size} counts in 0..{heads_shape.num_heads}")
-        t_tree = np.empty(full)
-        for k in np.unique(used):  # at most K + 1 distinct head counts
-            hk = replace(heads_shape, num_heads=int(k)) if k else None
-            t_k = np.broadcast_to(
-                step_time_s(
-                    shape,
-                    hk,
-                    hw,
-                    batch=b,
-                    tokens=q,
-                    context=s,
-                    attention=attention,
-                    on_oom="ignore",
-                    candidates=cands,
-                    draft_stages=stages,
-                ),
-                full,
-            )
-            sel = np.broadcast_to((used == k)[None, None, :], full)
-            t_tree[sel] = t_k[sel]
-    base_heads = heads_shape if heads_in_baseline else None
-    t_plain = step_time_s(shape, base_heads, hw, batch=b, tokens=1, context=s, attention=attention, on_oom="ignore")
-    t_plain = np.broadcast_to(t_plain, (b.shape[0], s.shape[1], 1))
-    step = t_tree.copy()
-    step[:, :, :1] = t_plain  # n = 0 is plain decoding
+        return np.broadcast_to(t, axes.full)
+
+    if heads_used is None or heads_shape is None:
+        return price(heads_shape)
+    used = np.asarray(heads_used, dtype=np.int64)
+    if used.shape != (axes.full[2],) or np.any(used < 0) or np.any(used > heads_shape.num_heads):
+        raise UserError(f"heads_used: expected {axes.full[2]} counts in 0..{heads_shape.num_heads}")
+    t_tree = np.empty(axes.full)
+    for k in np.unique(used):  # at most K + 1 distinct head counts
+        t_k = price(replace(heads_shape, num_heads=int(k)) if k else None)
+        sel = np.broadcast_to((used == k)[None, None, :], axes.full)
+        t_tree[sel] = t_k[sel]
+    return t_tree
+
+
+def _grid_fits(shape, heads_shape, base_heads, hw, axes: _GridAxes, attention: str) -> np.ndarray:
+    """(B, S, N + 1) whether each step fits in memory; n = 0 is plain decoding."""
+    b, s = axes.b, axes.s
     fits = np.broadcast_to(
-        fits_memory(shape, heads_shape, hw, batch=b, tokens=q, context=s, attention=attention, candidates=cands),
-        step.shape,
+        fits_memory(
+            shape, heads_shape, hw, batch=b, tokens=axes.q, context=s, attention=attention, candidates=axes.cands
+        ),
+        axes.full,
     ).copy()
     fits[:, :, :1] = np.broadcast_to(
         fits_memory(shape, base_heads, hw, batch=b, tokens=1, context=s, attention=attention), fits[:, :, :1].shape
     )
+    return fits
+
+
+def speedup_grid(
+    shape: ModelShape,
+    heads_shape: DraftHeadsShape | None,
+    hw: HardwareProfile,
+    tau_by_nodes,
+    batches=DEFAULT_BATCHES,
+    contexts=DEFAULT_CONTEXTS,
+    *,
+    attention: str = "fused",
+    heads_in_baseline: bool = False,
+    verification: str = "tree",
+    tree=None,
+    per_size: PerTreeSize = PerTreeSize(),
+) -> pd.DataFrame:
+    """One row per (batch, context, nodes) with columns GRID_COLUMNS, sorted in that order.
+
+    tau_by_nodes: (N + 1,) expected tokens per step of the proposal tree of n nodes,
+    n = 0..N (greedy tau curves, joint statistics, or measured acceptance). Configurations
+    that do not fit in memory have fits_memory False and NaN times/speedups.
+    verification: "tree" (q = n + 1 under a tree mask) or "candidates" (the prefix's
+    root-to-leaf paths as separate sequences; needs `tree`, the proposal sequence).
+    per_size: the heads, draft stages and drafted sizes of each tree size (`PerTreeSize`).
+    """
+    tau = check_tau(tau_by_nodes)
+    axes = _grid_axes(tau, batches, contexts, verification, tree)
+    stages = None if per_size.draft_stages is None else np.asarray(per_size.draft_stages, dtype=float)[None, None, :]
+    heads_shape = _grid_drafter(heads_shape, tau, per_size.heads_used, heads_in_baseline)
+    t_tree = _tree_step_times(shape, heads_shape, hw, axes, per_size.heads_used, stages, attention)
+    base_heads = heads_shape if heads_in_baseline else None
+    b, s = axes.b, axes.s
+    t_plain = step_time_s(shape, base_heads, hw, batch=b, tokens=1, context=s, attention=attention, on_oom="ignore")
+    step = t_tree.copy()
+    step[:, :, :1] = np.broadcast_to(t_plain, (b.shape[0], s.shape[1], 1))  # n = 0 is plain decoding
+    fits = _grid_fits(shape, heads_shape, base_heads, hw, axes, attention)
     step = np.where(fits, step, np.nan)
     overhead = step / step[:, :, :1]
     tau_full = np.broadcast_to(tau[None, None, :], step.shape)
     speedup = physical_speedup(tau_full, overhead)
-    if drafted is not None:
-        speedup = np.where(np.asarray(drafted, bool)[None, None, : speedup.shape[2]], speedup, np.nan)
-    B, S, N = np.broadcast_arrays(b, s, n)
+    if per_size.drafted is not None:
+        speedup = np.where(np.asarray(per_size.drafted, bool)[None, None, : speedup.shape[2]], speedup, np.nan)
+    B, S, N = np.broadcast_arrays(b, s, axes.n)
     return pd.DataFrame(
         {
             "batch": B.ravel(),
@@ -290,7 +325,7 @@ def candidate_forms_grid(
     candidate_draft=None,
     attention: str = "fused",
 ) -> pd.DataFrame:
-    """IBM's candidate form verified both ways (docs/builders.md, "IBM's candidate form"): one
+    """IBM's candidate form verified both ways (docs/builders.md#ibms-candidate-form): one
     row per (batch, context, form) with columns FORM_COLUMNS.
 
     "prefix-tree": the n candidates merged into `tree`, q = nodes + 1 under a tree mask, drafted
@@ -314,41 +349,29 @@ def candidate_forms_grid(
     fits_plain = fits_memory(shape, None, hw, batch=b, tokens=1, context=s, attention=attention)
     frames = []
     for form, (q, c, heads) in forms.items():  # two forms
-        t = step_time_s(
-            shape,
-            heads,
-            hw,
-            batch=b,
-            tokens=q,
-            context=s,
-            attention=attention,
-            on_oom="ignore",
-            candidates=None if c == 1 else c,
-        )
-        fits = (
-            fits_memory(
-                shape, heads, hw, batch=b, tokens=q, context=s, attention=attention, candidates=None if c == 1 else c
-            )
-            & fits_plain
-        )
+        where = {"batch": b, "tokens": q, "context": s, "attention": attention, "candidates": None if c == 1 else c}
+        t = step_time_s(shape, heads, hw, **where, on_oom="ignore")
+        fits = fits_memory(shape, heads, hw, **where) & fits_plain
         t = np.where(fits, t, np.nan)
-        overhead = t / t_plain
-        B, S = np.broadcast_arrays(b, s)
-        frames.append(
-            pd.DataFrame(
-                {
-                    "batch": B.ravel(),
-                    "context": S.ravel(),
-                    "form": form,
-                    "tokens": q,
-                    "sequences": c,
-                    "tau": float(tau),
-                    "step_time_s": np.broadcast_to(t, B.shape).ravel(),
-                    "overhead": np.broadcast_to(overhead, B.shape).ravel(),
-                    "speedup": float(tau) / np.broadcast_to(overhead, B.shape).ravel(),
-                    "fits_memory": np.broadcast_to(fits, B.shape).ravel(),
-                }
-            )
-        )
+        frames.append(_form_frame(b, s, form, q, c, float(tau), t, t / t_plain, fits))
     out = pd.concat(frames, ignore_index=True)
     return out.sort_values(["batch", "context", "form"], kind="stable").reset_index(drop=True)
+
+
+def _form_frame(b, s, form: str, q, c, tau: float, t, overhead, fits) -> pd.DataFrame:
+    """The FORM_COLUMNS rows of one verification form over the (batch, context) cells."""
+    B, S = np.broadcast_arrays(b, s)
+    return pd.DataFrame(
+        {
+            "batch": B.ravel(),
+            "context": S.ravel(),
+            "form": form,
+            "tokens": q,
+            "sequences": c,
+            "tau": tau,
+            "step_time_s": np.broadcast_to(t, B.shape).ravel(),
+            "overhead": np.broadcast_to(overhead, B.shape).ravel(),
+            "speedup": tau / np.broadcast_to(overhead, B.shape).ravel(),
+            "fits_memory": np.broadcast_to(fits, B.shape).ravel(),
+        }
+    )

@@ -1,16 +1,16 @@
 """Hardware profiles: the roofs and the overheads the latency model uses.
 
-Built-in profiles are the datasheet table of docs/performance-model.md "Built-in hardware" (dense fp16/bf16 tensor-core
+Built-in profiles are the datasheet table of docs/performance-model.md#built-in-hardware (dense fp16/bf16 tensor-core
 FLOP/s, memory bandwidth, capacity), plus the vector (non-tensor) fp32 rate where the vendor
 prints one. Efficiencies for them:
 
 - eta_memory = 0.78: the middle of the published 77-80% of peak bandwidth reached by
-  single-token decode on A100, H100 and A40 (docs/performance-model.md "Efficiencies"). Decode is where bandwidth
+  single-token decode on A100, H100 and A40 (docs/performance-model.md#efficiencies). Decode is where bandwidth
   binds, so this is the number that sets plain-decoding latency.
 - eta_compute = 0.74: the middle of the 71-76% of peak FLOP/s reached by large GEMMs.
 - gemm_efficiency: a relative efficiency (x eta_compute) that depends on the GEMM's row
-  count M = batch x tokens, one curve per die (docs/performance-model.md "GEMM row
-  efficiency"). DEFAULT_GPU_GEMM_CURVE (GA100) is fitted so that the predicted step time of
+  count M = batch x tokens, one curve per die (docs/performance-model.md#gemm-row-efficiency). DEFAULT_GPU_GEMM_CURVE
+  (GA100) is fitted so that the predicted step time of
   Vicuna-7B (fp16, batch 1, 512 cached tokens, no heads) on `a100-80gb-sxm` reproduces a
   skinny-GEMM measurement: flat to ~64 tokens, 1.27x the 1-token time at 96 tokens, 1.9x at
   256 (tile and wave quantisation make rows 64-256 cost more than a pure max(compute, memory)
@@ -22,12 +22,12 @@ prints one. Efficiencies for them:
 - kernel_overhead_s = 3 us per kernel: the minimum cost of a launched kernel (launch gap plus
   the smallest kernel's duration) in an engine that replays CUDA graphs; eager PyTorch costs
   more. forward_overhead_s = 0 for the built-ins (no framework overhead assumed).
-- the engine terms (docs/performance-model.md "Engine terms of a speculative step"):
+- the engine terms (docs/performance-model.md#engine-terms-of-a-speculative-step):
   spec_step_overhead_s, verified_token_s, draft_stage_s and the attention kernel's KV
   bandwidth by context length. The built-ins describe an ideal engine (0, 0, 0, the streaming
   bandwidth); a profile fitted to an engine's measured step times (`treeopt hw fit`) sets them.
 - capacity: NVIDIA and AMD print HBM/GDDR sizes in binary units ("80 GB" = 80 GiB), so the
-  built-ins hold capacity_sold_gb x 2^30 bytes (docs/performance-model.md "Memory capacity").
+  built-ins hold capacity_sold_gb x 2^30 bytes (docs/performance-model.md#memory-capacity).
 
 Calibrated profiles (`treeopt hw calibrate`) measure all of these on the machine at hand,
 including the framework's fixed cost per forward pass and per layer, and are stored as JSON
@@ -59,7 +59,7 @@ __all__ = [
     "VERIFICATION_MODES",
 ]
 
-# how a step verifies its draft tokens (docs/performance-model.md "Verification modes")
+# how a step verifies its draft tokens (docs/performance-model.md#verification-modes)
 VERIFICATION_MODES = ("tree", "candidates")
 
 HARDWARE_FORMAT = "treeopt.hardware/v1"
@@ -385,7 +385,7 @@ def _gpu(name, bf16_tflops, gbps, gb, fp32_tflops, description, *, fp8_tflops=No
     )
     gemm_curve, curve_text = _ROW_CURVES[curve]
     # the "GB" printed on GPU datasheets counts binary gigabytes: an "80 GB" A100 reports
-    # 81920 MiB (docs/performance-model.md "Memory capacity")
+    # 81920 MiB (docs/performance-model.md#memory-capacity)
     return HardwareProfile(
         name=name,
         peak_flops=peaks,
@@ -401,7 +401,7 @@ def _gpu(name, bf16_tflops, gbps, gb, fp32_tflops, description, *, fp8_tflops=No
 
 # Each die's GEMM row curve, and where each built-in GPU's was compared with public measurements:
 # step times in roofline/published.py, GEMM timings in roofline/published_gemms.py (`treeopt hw
-# published`); docs/performance-model.md "Where the knee was checked" explains the verdicts.
+# published`); docs/performance-model.md#where-the-knee-was-checked explains the verdicts.
 _ROW_CURVES = {
     "GA100": (DEFAULT_GPU_GEMM_CURVE, "the A100 row curve (DEFAULT_GPU_GEMM_CURVE)"),
     "GH100": (

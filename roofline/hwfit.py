@@ -1,5 +1,5 @@
 """A hardware profile from the raw timings of `treeopt hw calibrate` (treeopt.hwmeasurements):
-every fit a pure function (docs/performance-model.md, "hardware calibration").
+every fit a pure function (docs/performance-model.md#hardware-calibration).
 
 - per-kernel cost: t = k + bytes / rate over `x + y` (3 vectors moved) by least squares in
   relative error; elementwise rate: the slope of the framework's own elementwise work of a
@@ -76,7 +76,7 @@ __all__ = [
 LAYER_ELEMENTWISE_OPS = ("attn_norm", "rotary", "attn_residual", "mlp_norm", "act", "mlp_residual")
 KERNEL_OVERHEAD_FLOOR_S = 1e-7
 # busy time never below this fraction of the measured time: the fitted kernel cost may exceed
-# a fast kernel's whole time (docs/performance-model.md, "hardware calibration")
+# a fast kernel's whole time (docs/performance-model.md#hardware-calibration)
 MIN_BUSY_FRACTION = 0.05
 
 
@@ -191,7 +191,7 @@ def efficiency_curve(rows, flops, memory_s, busy_s, peak: float, *, threshold: f
     busy_s: measured seconds (kernel cost removed); memory_s: what the memory roof predicts.
     Compute-bound rows (busy > threshold x memory) give flops / (peak x busy); a memory-bound
     row count takes the larger of its own value and that of the next compute-bound row count
-    (flat below the transition, docs/performance-model.md, "GEMM row efficiency")."""
+    (flat below the transition, docs/performance-model.md#gemm-row-efficiency)."""
     rows = np.asarray(rows, dtype=float)
     busy = np.asarray(busy_s, dtype=float)
     attained = np.asarray(flops, dtype=float) / (peak * busy)
@@ -205,6 +205,55 @@ def efficiency_curve(rows, flops, memory_s, busy_s, peak: float, *, threshold: f
     values = np.clip(values, 1e-4, 1.5)
     curve = EfficiencyCurve(tuple(float(r) for r in rows), tuple(float(v) for v in values))
     return RowEfficiency(curve, attained, compute_bound)
+
+
+def _whole_pass_totals(samples, weights, kernel_s: float, dtype_bytes: int):
+    """Per row count: FLOPs, bytes and busy seconds of one forward's GEMMs, and the points."""
+    rows = np.array([s.rows for s in samples], dtype=float)
+    time_s = np.array([s.time_s for s in samples], dtype=float)
+    k = np.array([w.in_features for w in weights], dtype=float)
+    n = np.array([w.out_features for w in weights], dtype=float)
+    uses = np.array([w.uses for w in weights], dtype=float)
+    r = rows[:, None]
+    flops = (uses * 2.0 * r * k * n).sum(axis=1)
+    nbytes = (uses * dtype_bytes * (k * n + r * k + r * n)).sum(axis=1)
+    busy = np.maximum(time_s - uses.sum() * kernel_s, MIN_BUSY_FRACTION * time_s)
+    points = tuple(
+        {"shape": "all", "rows": int(rc), "time_s": float(t), "tflops": float(f / t / 1e12)}
+        for rc, t, f in zip(rows, time_s, flops, strict=True)
+    )
+    return rows, flops, nbytes, busy, points
+
+
+def _per_shape_totals(samples, kernel_s: float, dtype_bytes: int):
+    """`_whole_pass_totals` from per-shape samples: `copies` calls on `columns_timed` of the n
+    columns, scaled to all columns and to each shape's uses."""
+    rows = np.array([s.rows for s in samples], dtype=float)
+    time_s = np.array([s.time_s for s in samples], dtype=float)
+    k = np.array([s.weight.in_features for s in samples], dtype=float)
+    n = np.array([s.weight.out_features for s in samples], dtype=float)
+    uses = np.array([s.weight.uses for s in samples], dtype=float)
+    columns = np.array([s.columns_timed for s in samples], dtype=float)
+    per_call = time_s / np.array([s.copies for s in samples], dtype=float)
+    busy_each = np.maximum(per_call - kernel_s, MIN_BUSY_FRACTION * per_call) * (n / columns)
+    row_counts, slot = np.unique(rows, return_inverse=True)
+    flops = np.bincount(slot, uses * 2.0 * rows * k * n)
+    nbytes = np.bincount(slot, uses * dtype_bytes * (k * n + rows * k + rows * n))
+    busy = np.bincount(slot, uses * busy_each)
+    full_call = per_call * n / columns
+    points = tuple(
+        {
+            "shape": s.weight.label,
+            "k": s.weight.in_features,
+            "n": s.weight.out_features,
+            "rows": s.rows,
+            "columns_timed": s.columns_timed,
+            "time_s": float(t),
+            "tflops": float(2.0 * s.rows * s.weight.in_features * s.weight.out_features / t / 1e12),
+        }
+        for s, t in zip(samples, full_call, strict=True)
+    )
+    return row_counts, flops, nbytes, busy, points
 
 
 def fit_gemm(
@@ -222,50 +271,15 @@ def fit_gemm(
     `uses` times): 2 r k n FLOPs and (k n + r k + r n) elements. A whole-pass sample is one
     forward's GEMMs; a per-shape sample is `copies` calls on `columns_timed` of the n columns,
     scaled to all columns and to the shape's uses."""
-    rows = np.array([s.rows for s in samples], dtype=float)
-    time_s = np.array([s.time_s for s in samples], dtype=float)
     whole_pass = samples[0].weight is None
     if whole_pass:
-        k = np.array([w.in_features for w in weights], dtype=float)
-        n = np.array([w.out_features for w in weights], dtype=float)
-        uses = np.array([w.uses for w in weights], dtype=float)
-        r = rows[:, None]
-        flops = (uses * 2.0 * r * k * n).sum(axis=1)
-        nbytes = (uses * dtype_bytes * (k * n + r * k + r * n)).sum(axis=1)
-        busy = np.maximum(time_s - uses.sum() * kernel_s, MIN_BUSY_FRACTION * time_s)
-        row_counts = rows
-        points = tuple(
-            {"shape": "all", "rows": int(rc), "time_s": float(t), "tflops": float(f / t / 1e12)}
-            for rc, t, f in zip(rows, time_s, flops, strict=True)
-        )
+        row_counts, flops, nbytes, busy, points = _whole_pass_totals(samples, weights, kernel_s, dtype_bytes)
     else:
-        k = np.array([s.weight.in_features for s in samples], dtype=float)
-        n = np.array([s.weight.out_features for s in samples], dtype=float)
-        uses = np.array([s.weight.uses for s in samples], dtype=float)
-        columns = np.array([s.columns_timed for s in samples], dtype=float)
-        per_call = time_s / np.array([s.copies for s in samples], dtype=float)
-        busy_each = np.maximum(per_call - kernel_s, MIN_BUSY_FRACTION * per_call) * (n / columns)
-        row_counts, slot = np.unique(rows, return_inverse=True)
-        flops = np.bincount(slot, uses * 2.0 * rows * k * n)
-        nbytes = np.bincount(slot, uses * dtype_bytes * (k * n + rows * k + rows * n))
-        busy = np.bincount(slot, uses * busy_each)
-        full_call = per_call * n / columns
-        points = tuple(
-            {
-                "shape": s.weight.label,
-                "k": s.weight.in_features,
-                "n": s.weight.out_features,
-                "rows": s.rows,
-                "columns_timed": s.columns_timed,
-                "time_s": float(t),
-                "tflops": float(2.0 * s.rows * s.weight.in_features * s.weight.out_features / t / 1e12),
-            }
-            for s, t in zip(samples, full_call, strict=True)
-        )
+        row_counts, flops, nbytes, busy, points = _per_shape_totals(samples, kernel_s, dtype_bytes)
     peak = max(peak, float(np.max(flops / busy)))
     # weight streaming from the smallest row count (memory bound there by construction); if it
     # beats the streaming read, that read was the one disturbed: trust the GEMV
-    # (docs/performance-model.md, "hardware calibration")
+    # (docs/performance-model.md#hardware-calibration)
     gemv_rate = nbytes[0] / busy[0]
     note = None
     bandwidth = bandwidth_bytes_per_s
@@ -305,7 +319,7 @@ def attention_efficiency(
     Taken at face value: attention's speed depends on the kernel's code path more than on a
     roof (on a CPU bf16 attention with one query row runs 3-4x slower than with three, and it
     computes in fp32, faster than a bf16 GEMM); its time then scales with the keys and the
-    batch like its FLOPs (docs/performance-model.md, "hardware calibration")."""
+    batch like its FLOPs (docs/performance-model.md#hardware-calibration)."""
     one = [s for s in samples if s.batch == 1]
     q = np.array([s.query_rows for s in one], dtype=float)
     t = np.array([s.time_s for s in one], dtype=float)
@@ -340,8 +354,8 @@ def fit_framework_overhead(
 ) -> FrameworkOverhead:
     """What the operators of `hw` do not explain in the probe's forwards, fitted by
     non-negative least squares in relative error as forward_s + layers x (layer_s + token_s x b q
-    + (context_s if q > 1 else plain_context_s) x b s) (docs/performance-model.md, "framework
-    overheads"). `hw` must carry no framework overhead yet."""
+    + (context_s if q > 1 else plain_context_s) x b s) (docs/performance-model.md#framework-overheads). `hw` must
+    carry no framework overhead yet."""
     L = np.array([s.layers for s in samples], dtype=float)
     b = np.array([s.batch for s in samples], dtype=float)
     q = np.array([s.tokens for s in samples], dtype=float)
@@ -439,36 +453,11 @@ def busy_machine_note(device: DeviceFacts) -> str | None:
     )
 
 
-def fit_hardware_profile(
-    measurements: HardwareMeasurements,
-    shape: ModelShape,
-    probe: ModelShape,
-    *,
-    name: str | None = None,
-    notes: tuple[str, ...] = (),
-) -> HardwareProfile:
-    """The hardware profile of `measurements` of `shape` (in the measured dtype), whose
-    framework forwards ran on `probe` (`shape` itself or a small proxy of it). notes: the
-    caller's notes about the measurement, stored first."""
-    m, dev = measurements, measurements.device
+def _roofs_profile(m: HardwareMeasurements, shape: ModelShape, kernel: LineFit, gemm: GemmFit, peaks, name):
+    """The profile of the microbenchmarks' roofs and rates, without framework costs yet."""
+    dev, dt = m.device, m.dtype
     is_cuda = dev.kind == "cuda"
-    dt, beta = m.dtype, shape.dtype_bytes
-    notes = list(notes)
-    kernel = fit_kernel_overhead(m.elementwise, beta)
-    mix_rate = fit_layer_elementwise_rate(m.layer_elementwise, shape)
-    peaks = peak_flops(m.square_gemms)
-    gemm = fit_gemm(
-        m.gemms,
-        m.gemm_weights,
-        kernel_s=kernel.fixed_s,
-        dtype_bytes=beta,
-        peak=peaks[dt],
-        bandwidth_bytes_per_s=stream_bandwidth(m.stream),
-    )
-    peaks[dt] = gemm.peak_flops
-    if gemm.note:
-        notes.append(gemm.note)
-    prof = HardwareProfile(
+    return HardwareProfile(
         name=name or f"{'cuda' if is_cuda else 'cpu'}-calibrated",
         peak_flops={k: float(v) for k, v in peaks.items()},
         bandwidth_bytes_per_s=gemm.bandwidth_bytes_per_s,
@@ -481,15 +470,20 @@ def fit_hardware_profile(
         gemm_efficiency=gemm.efficiency.curve,
         attention_efficiency=attention_efficiency(m.attention, shape, kernel_s=kernel.fixed_s, peak=peaks[dt]),
         vector_flops=None if is_cuda else float(peaks["fp32"]),
-        elementwise_bytes_per_s=float(mix_rate),
+        elementwise_bytes_per_s=float(fit_layer_elementwise_rate(m.layer_elementwise, shape)),
         # the decoder's cache (transformers' DynamicCache) copies the whole cache every forward
-        # (docs/performance-model.md, "hardware calibration")
+        # (docs/performance-model.md#hardware-calibration)
         kv_cache_update="append",
         kv_update_bytes_per_s=float(kv_update_rate(m.kv_update, shape)),
         attention_block_overhead_s=float(attention_block_overhead_s(m.attention, shape)),
         description=f"calibrated on {dev.name}",
         source="treeopt hw calibrate",
     )
+
+
+def _with_overheads(prof: HardwareProfile, m: HardwareMeasurements, probe: ModelShape):
+    """`prof` with the framework and draft-head costs fitted to the probe's forwards, the
+    framework fit and the heads' fit record ({} without head samples)."""
     fw = fit_framework_overhead(m.forwards, probe, prof)
     prof = replace(
         prof,
@@ -504,6 +498,64 @@ def fit_hardware_profile(
         heads_fit = fit_head_overhead(m.heads, probe, prof)
         prof = replace(prof, head_overhead_s=heads_fit.per_head_s)
         head_fit = heads_fit.to_dict()
+    return prof, fw, head_fit
+
+
+def _framework_record(m: HardwareMeasurements, probe: ModelShape, prof, fw: FrameworkOverhead, head_fit) -> dict:
+    """The framework fit's configurations, measured, operator-predicted and fitted seconds."""
+    return {
+        "configs (layers, batch, tokens, context)": [
+            [s.layers, s.batch, s.tokens, s.context_tokens] for s in m.forwards
+        ],
+        "measured_s": [s.time_s for s in m.forwards],
+        "ops_predicted_s": list(fw.ops_predicted_s),
+        "fitted_s": [
+            float(
+                step_time_s(
+                    probe.with_layers(s.layers),
+                    None,
+                    prof,
+                    batch=s.batch,
+                    tokens=s.tokens,
+                    context=s.context_tokens,
+                    on_oom="ignore",
+                )
+            )
+            for s in m.forwards
+        ],
+        "probe_shape": probe.name,
+        "draft_heads": head_fit,
+    }
+
+
+def fit_hardware_profile(
+    measurements: HardwareMeasurements,
+    shape: ModelShape,
+    probe: ModelShape,
+    *,
+    name: str | None = None,
+    notes: tuple[str, ...] = (),
+) -> HardwareProfile:
+    """The hardware profile of `measurements` of `shape` (in the measured dtype), whose
+    framework forwards ran on `probe` (`shape` itself or a small proxy of it). notes: the
+    caller's notes about the measurement, stored first."""
+    m, dev = measurements, measurements.device
+    dt, beta = m.dtype, shape.dtype_bytes
+    notes = list(notes)
+    kernel = fit_kernel_overhead(m.elementwise, beta)
+    peaks = peak_flops(m.square_gemms)
+    gemm = fit_gemm(
+        m.gemms,
+        m.gemm_weights,
+        kernel_s=kernel.fixed_s,
+        dtype_bytes=beta,
+        peak=peaks[dt],
+        bandwidth_bytes_per_s=stream_bandwidth(m.stream),
+    )
+    peaks[dt] = gemm.peak_flops
+    if gemm.note:
+        notes.append(gemm.note)
+    prof, fw, head_fit = _with_overheads(_roofs_profile(m, shape, kernel, gemm, peaks, name), m, probe)
     validation = validation_errors(m.validation, shape, prof)
     busy = busy_machine_note(dev)
     if busy:
@@ -528,29 +580,7 @@ def fit_hardware_profile(
         "gemm_points": list(gemm.points),
         "gemm_attained_fraction": [float(x) for x in gemm.efficiency.attained],
         "gemm_compute_bound": [bool(x) for x in gemm.efficiency.compute_bound],
-        "framework_fit": {
-            "configs (layers, batch, tokens, context)": [
-                [s.layers, s.batch, s.tokens, s.context_tokens] for s in m.forwards
-            ],
-            "measured_s": [s.time_s for s in m.forwards],
-            "ops_predicted_s": list(fw.ops_predicted_s),
-            "fitted_s": [
-                float(
-                    step_time_s(
-                        probe.with_layers(s.layers),
-                        None,
-                        prof,
-                        batch=s.batch,
-                        tokens=s.tokens,
-                        context=s.context_tokens,
-                        on_oom="ignore",
-                    )
-                )
-                for s in m.forwards
-            ],
-            "probe_shape": probe.name,
-            "draft_heads": head_fit,
-        },
+        "framework_fit": _framework_record(m, probe, prof, fw, head_fit),
         "validation": validation,
         "notes": notes,
     }

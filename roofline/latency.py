@@ -16,8 +16,7 @@ weights and activations of GEMMs, times attention_kv_efficiency(keys) for attent
 the KV cache; elementwise_bytes_per_s for vector work.
 
 Verification "candidates" (candidates = c per sequence) verifies the q tokens as c sequences
-of q / c tokens that each re-read the context (roofline.ops; docs/performance-model.md
-"Verification modes").
+of q / c tokens that each re-read the context (roofline.ops; docs/performance-model.md#verification-modes).
 An operator is "compute", "memory" or "overhead" bound by the largest of its three terms.
 
 Memory: weights + draft heads + KV cache of b x (s + q) tokens + the largest activation
@@ -44,6 +43,8 @@ __all__ = [
     "memory_required_bytes",
     "fits_memory",
     "step_breakdown",
+    "StepTerms",
+    "step_terms",
     "framework_overhead_s",
     "speculation_overhead_s",
     "candidates_of",
@@ -88,7 +89,7 @@ def _time_terms(op: Op, dtype: str, hw: HardwareProfile, heads=None):
     elif op.kind == "attention":
         rate_c = peak * hw.eta_compute * hw.attention_curve(op.rows)
         # the attention kernel's own achieved KV bandwidth, which depends on the keys it reads
-        # (docs/performance-model.md "Attention KV bandwidth")
+        # (docs/performance-model.md#attention-kv-bandwidth)
         rate_m = hw.bandwidth_bytes_per_s * hw.eta_memory * hw.attention_kv_fraction(op.keys)
     else:
         rate_c = hw.vector_flops_per_s * hw.eta_compute
@@ -104,8 +105,8 @@ def _time_terms(op: Op, dtype: str, hw: HardwareProfile, heads=None):
     if op.name == "draft_heads" and heads is not None:
         overhead = overhead + heads.num_heads * hw.head_overhead_s
     elif op.name.startswith("draft_stage_"):
-        # a stage is one call of one head module, as each Medusa head is (docs/performance-model.md,
-        # "Drafter cost"); the engine's own per-stage cost is draft_stage_s
+        # a stage is one call of one head module, as each Medusa head is
+        # (docs/performance-model.md#drafter-cost); the engine's own per-stage cost is draft_stage_s
         overhead = overhead + (np.asarray(op.kernels) > 0) * hw.head_overhead_s
     if op.kind == "attention" and op.kernels > 0 and hw.attention_block_overhead_s:
         overhead = overhead + op.blocks * hw.attention_block_overhead_s
@@ -189,7 +190,7 @@ def memory_required_bytes(
     kv = b * (s + q) * shape.kv_bytes_per_token
     if isinstance(heads, DraftWork) and heads.cost.prefix_layer:
         # Hydra++'s prefix layer: one base layer and its norm, and its own cache of the context
-        # (docs/performance-model.md, "Drafter cost")
+        # (docs/performance-model.md#drafter-cost)
         one_layer = shape.with_layers(1)
         weights += (one_layer.layer_params + shape.hidden) * beta
         kv = kv + b * (s + q) * one_layer.kv_bytes_per_token
@@ -218,6 +219,46 @@ def fits_memory(
     )
 
 
+@dataclass(frozen=True)
+class StepTerms:
+    """One decoding step's predicted seconds by term (arrays broadcast like b, q, s): every
+    operator, the framework's fixed and per-token costs, and the engine terms of a speculative
+    step."""
+
+    timings: tuple[OpTiming, ...]
+    framework_s: np.ndarray
+    speculation_s: np.ndarray
+
+    @property
+    def total_s(self) -> np.ndarray:
+        """framework + sum over operators of count x op time + speculation."""
+        return self.framework_s + sum(t.total_s for t in self.timings) + self.speculation_s
+
+
+def step_terms(
+    shape: ModelShape,
+    heads: DraftHeadsShape | None,
+    hw: HardwareProfile,
+    *,
+    batch,
+    tokens,
+    context,
+    attention: str = "fused",
+    candidates=None,
+    draft_stages=None,
+) -> StepTerms:
+    """The terms of one decoding step (`step_time_s` without the memory check; arguments as
+    there)."""
+    timings = op_timings(
+        shape, heads, hw, batch=batch, tokens=tokens, context=context, attention=attention, candidates=candidates
+    )
+    return StepTerms(
+        tuple(timings),
+        framework_overhead_s(shape, hw, batch=batch, tokens=tokens, context=context, candidates=candidates),
+        speculation_overhead_s(hw, batch=batch, tokens=tokens, draft_stages=stages_of(heads, draft_stages)),
+    )
+
+
 def step_time_s(
     shape: ModelShape,
     heads: DraftHeadsShape | None,
@@ -243,12 +284,17 @@ def step_time_s(
     """
     if on_oom not in ("nan", "raise", "ignore"):
         raise ValueError("on_oom must be 'nan', 'raise' or 'ignore'")
-    timings = op_timings(
-        shape, heads, hw, batch=batch, tokens=tokens, context=context, attention=attention, candidates=candidates
-    )
-    total = framework_overhead_s(shape, hw, batch=batch, tokens=tokens, context=context, candidates=candidates)
-    total = total + sum(t.total_s for t in timings)
-    total = total + speculation_overhead_s(hw, batch=batch, tokens=tokens, draft_stages=stages_of(heads, draft_stages))
+    total = step_terms(
+        shape,
+        heads,
+        hw,
+        batch=batch,
+        tokens=tokens,
+        context=context,
+        attention=attention,
+        candidates=candidates,
+        draft_stages=draft_stages,
+    ).total_s
     if on_oom != "ignore":
         need = memory_required_bytes(
             shape, heads, batch=batch, tokens=tokens, context=context, attention=attention, candidates=candidates
@@ -284,8 +330,7 @@ def framework_overhead_s(shape: ModelShape, hw: HardwareProfile, *, batch, token
 def speculation_overhead_s(hw: HardwareProfile, *, batch, tokens, draft_stages=0):
     """The engine's costs of a step beyond its forward pass (seconds, broadcasting): a fixed
     cost per speculative step (q > 1), a cost per verified token (b q, plain decoding's one
-    included) and a cost per sequential draft stage (docs/performance-model.md "Engine terms
-    of a speculative step")."""
+    included) and a cost per sequential draft stage (docs/performance-model.md#engine-terms-of-a-speculative-step)."""
     b = np.asarray(batch, dtype=float)
     q = np.asarray(tokens, dtype=float)
     stages = np.asarray(draft_stages, dtype=float)
@@ -305,14 +350,18 @@ def step_breakdown(
 ) -> dict[str, float]:
     """Seconds per step by operator name (count included) plus 'framework' (per-forward and
     per-layer fixed costs) and 'speculation' (the engine terms), for scalar inputs."""
-    timings = op_timings(
-        shape, heads, hw, batch=batch, tokens=tokens, context=context, attention=attention, candidates=candidates
+    terms = step_terms(
+        shape,
+        heads,
+        hw,
+        batch=batch,
+        tokens=tokens,
+        context=context,
+        attention=attention,
+        candidates=candidates,
+        draft_stages=draft_stages,
     )
-    out = {t.op.name: float(t.total_s) for t in timings}
-    out["framework"] = float(
-        framework_overhead_s(shape, hw, batch=batch, tokens=tokens, context=context, candidates=candidates)
-    )
-    out["speculation"] = float(
-        speculation_overhead_s(hw, batch=batch, tokens=tokens, draft_stages=stages_of(heads, draft_stages))
-    )
+    out = {t.op.name: float(t.total_s) for t in terms.timings}
+    out["framework"] = float(terms.framework_s)
+    out["speculation"] = float(terms.speculation_s)
     return out

@@ -1,4 +1,4 @@
-"""Operators of one forward pass: FLOPs and minimum bytes moved (docs/performance-model.md "Operators", the
+"""Operators of one forward pass: FLOPs and minimum bytes moved (docs/performance-model.md#operators, the
 Medusa paper's Appendix G, Table 5).
 
 A step processes q new tokens per sequence for b sequences that already have s cached tokens:
@@ -12,9 +12,9 @@ Once per step: embedding, final_norm, lm_head, draft_heads (K heads on every one
 tokens, or on `tokens_per_sequence` of them; absent when there are no heads). A sequential
 drafter (`DraftWork`: Hydra heads, the MLP speculator) instead runs one operator per stage,
 draft_stage_1 .. draft_stage_D, each on the nodes of the depth above that have children
-(docs/performance-model.md, "Drafter cost"); Hydra++ adds one decoder layer, prefix_layer.
+(docs/performance-model.md#drafter-cost); Hydra++ adds one decoder layer, prefix_layer.
 
-Verification (docs/performance-model.md "Verification modes"): "tree" attends the q tokens of a
+Verification (docs/performance-model.md#verification-modes): "tree" attends the q tokens of a
 sequence under a tree mask and reads its KV cache once; "candidates" splits them into c
 candidate sequences of q / c tokens each, verified as c independent sequences (batch
 expansion): every candidate re-reads its sequence's s cached keys. Only attention differs;
@@ -28,7 +28,7 @@ reads them again.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -45,6 +45,7 @@ __all__ = [
     "ATTENTION_MODES",
     "DraftWork",
     "draft_stage_ops",
+    "drafter_work",
 ]
 
 ATTENTION_MODES = ("fused", "unfused")
@@ -128,11 +129,27 @@ class DraftWork:
         return self.cost.describe()
 
 
+def drafter_work(
+    cost: DraftCost, *, rows_per_stage, heads_run: int, tokens_per_sequence=None
+) -> DraftWork | DraftHeadsShape:
+    """A drafter's work in one step from its cost shape (docs/performance-model.md#drafter-cost):
+    a sequential drafter runs stage d on rows_per_stage[d] rows per sequence (the stages past
+    them do not run); parallel heads (Medusa's) run `heads_run` heads, each on
+    `tokens_per_sequence` tokens per sequence (None: all q)."""
+    if cost.sequential:
+        rows = np.zeros(cost.stages)
+        rows[: len(rows_per_stage)] = rows_per_stage
+        return DraftWork(cost, rows)
+    return DraftHeadsShape(
+        heads_run, cost.layers, cost.hidden_size, cost.vocab_size, tokens_per_sequence=tokens_per_sequence
+    )
+
+
 def draft_stage_ops(work: DraftWork, batch) -> list[Op]:
     """One operator per stage of a sequential drafter over b x rows_d rows (d = 1..D), without
     dtype scaling of bytes (elements; `operators` multiplies by β).
 
-    Hydra head d (docs/performance-model.md, "Drafter cost"): first block over the w = (d + 2)·h
+    Hydra head d (docs/performance-model.md#drafter-cost): first block over the w = (d + 2)·h
     wide input [h_t, path embeddings]: two biased GEMMs w x h (linear, residual projection) +
     6 FLOP per output element (bias, SiLU, residual); L - 1 ResBlocks as Medusa's; the biased
     projection h x V; the gather of the children's embeddings (h each) and the copy that
@@ -218,7 +235,7 @@ def operators(
     `DraftWork`: a sequential drafter's stages (`draft_stage_ops`) and, for Hydra++, its prefix
     layer once per step: one base decoder layer and its final norm over the tokens the previous
     step accepted (`DraftWork.prefix_tokens_per_sequence`), attending to its own cache of the s
-    context entries (docs/performance-model.md, "Drafter cost").
+    context entries (docs/performance-model.md#drafter-cost).
     kv_cache_update: "append" writes the q new K/V rows; "concat" (transformers'
     DynamicCache) reads the s cached rows and writes all s + q.
     candidates: None (tree verification) or the c candidate sequences the q tokens of each
@@ -235,62 +252,128 @@ def operators(
     return _forward_ops(shape, heads, b, q, s, c, attention, kv_cache_update)
 
 
-def _forward_ops(shape, heads, b, q, s, c, attention: str, kv_cache_update: str) -> list[Op]:
-    """`operators` on checked arrays; q may be an expected (real) token count."""
-    b, q, s, c = np.broadcast_arrays(b, q, s, c)
-    beta = float(shape.dtype_bytes)
-    h, i, V = float(shape.hidden), float(shape.intermediate), float(shape.vocab)
-    nh, nkv, d = float(shape.heads), float(shape.kv_heads), float(shape.head_dim)
-    L = shape.layers
-    bq = b * q
-    keys = s + q
-    zeros = np.zeros_like(bq)
-    ops: list[Op] = []
+@dataclass
+class _Pass:
+    """One forward pass being priced: b, q, s broadcast together, b q token rows, the b c
+    attending sequences of k = q / c query tokens over s + k keys each, the dtype's bytes β,
+    and the operators so far."""
 
-    # attention sees b c sequences of k = q / c query tokens, each over s + k keys; tree
-    # verification is c = 1 (docs/performance-model.md "Verification modes")
-    seqs = b * c
-    k = q / c
-    att_keys = s + k
+    b: np.ndarray
+    q: np.ndarray
+    s: np.ndarray
+    bq: np.ndarray
+    zeros: np.ndarray
+    seqs: np.ndarray
+    k: np.ndarray
+    att_keys: np.ndarray
+    beta: float
+    hidden: float
+    nh: float
+    ops: list[Op] = field(default_factory=list)
 
-    def add(name, kind, count, flops, nbytes, rows, kernels=1.0):
+    def add(self, name, kind, count, flops, nbytes, rows, kernels=1.0):
+        zeros, seqs, nh = self.zeros, self.seqs, self.nh
         attending = kind == "attention"
         blocks = np.asarray(seqs * nh, dtype=float) if attending else 0.0
-        ops.append(
+        self.ops.append(
             Op(
                 name,
                 kind,
                 count,
                 np.asarray(flops + zeros, dtype=float),
-                np.asarray(nbytes * beta + zeros, dtype=float),
+                np.asarray(nbytes * self.beta + zeros, dtype=float),
                 np.asarray(rows + zeros, dtype=float),
                 float(kernels) if np.ndim(kernels) == 0 else np.asarray(kernels + zeros, dtype=float),
                 blocks,
-                np.asarray(att_keys + zeros, dtype=float) if attending else 0.0,
+                np.asarray(self.att_keys + zeros, dtype=float) if attending else 0.0,
             )
         )
 
-    def linear(name, count, k_in, n_out, kernels=1.0):
-        add(name, "gemm", count, 2 * bq * k_in * n_out, k_in * n_out + bq * k_in + bq * n_out, bq, kernels)
+    def linear(self, name, count, k_in, n_out, kernels=1.0):
+        bq = self.bq
+        self.add(name, "gemm", count, 2 * bq * k_in * n_out, k_in * n_out + bq * k_in + bq * n_out, bq, kernels)
 
-    def rmsnorm(name, count):
+    def rmsnorm(self, name, count):
+        bq, h = self.bq, self.hidden
         # read x, write y, read the weight; square, mean, rsqrt, two multiplies ~ 4 FLOP/elem
-        add(name, "vector", count, 4 * bq * h, 2 * bq * h + h, bq)
+        self.add(name, "vector", count, 4 * bq * h, 2 * bq * h + h, bq)
 
+
+def _new_pass(shape: ModelShape, b, q, s, c) -> _Pass:
+    b, q, s, c = np.broadcast_arrays(b, q, s, c)
+    bq = b * q
+    # attention sees b c sequences of k = q / c query tokens, each over s + k keys; tree
+    # verification is c = 1 (docs/performance-model.md#verification-modes)
+    seqs = b * c
+    k = q / c
+    att_keys = s + k
+    return _Pass(
+        b,
+        q,
+        s,
+        bq,
+        np.zeros_like(bq),
+        seqs,
+        k,
+        att_keys,
+        float(shape.dtype_bytes),
+        float(shape.hidden),
+        float(shape.heads),
+    )
+
+
+def _forward_ops(shape, heads, b, q, s, c, attention: str, kv_cache_update: str) -> list[Op]:
+    """`operators` on checked arrays; q may be an expected (real) token count."""
+    p = _new_pass(shape, b, q, s, c)
+    h, V = float(shape.hidden), float(shape.vocab)
     # ---- once per step, before the layers
-    add("embedding", "vector", 1, zeros, 2 * bq * h, bq)  # gather rows, write them
-    # ---- per layer
-    rmsnorm("attn_norm", L)
-    linear("q_proj", L, h, nh * d)
-    linear("k_proj", L, h, nkv * d)
-    linear("v_proj", L, h, nkv * d)
+    p.add("embedding", "vector", 1, p.zeros, 2 * p.bq * h, p.bq)  # gather rows, write them
+    _layer_ops(p, shape, attention, kv_cache_update)
+    # ---- once per step, after the layers
+    p.rmsnorm("final_norm", 1)
+    p.linear("lm_head", 1, h, V)
+    if isinstance(heads, DraftWork):
+        _sequential_drafter_ops(p, shape, heads, attention, kv_cache_update)
+    elif heads is not None and heads.num_heads > 0:
+        _draft_heads_op(p, heads)
+    return p.ops
+
+
+def _layer_ops(p: _Pass, shape: ModelShape, attention: str, kv_cache_update: str) -> None:
+    """The operators of every decoder layer (count = layers)."""
+    b, q, s, bq, zeros = p.b, p.q, p.s, p.bq, p.zeros
+    h, i = float(shape.hidden), float(shape.intermediate)
+    nh, nkv, d = float(shape.heads), float(shape.kv_heads), float(shape.head_dim)
+    L = shape.layers
+    keys = s + q
+    p.rmsnorm("attn_norm", L)
+    p.linear("q_proj", L, h, nh * d)
+    p.linear("k_proj", L, h, nkv * d)
+    p.linear("v_proj", L, h, nkv * d)
     # rotary on q and k: read, write, and the cos/sin tables of the positions one attending
     # sequence covers (k of them); ~3 FLOP per element
-    add("rotary", "vector", L, 3 * bq * (nh + nkv) * d, 2 * bq * (nh + nkv) * d + 2 * k * d, bq)
+    p.add("rotary", "vector", L, 3 * bq * (nh + nkv) * d, 2 * bq * (nh + nkv) * d + 2 * p.k * d, bq)
     if kv_cache_update == "append":
-        add("kv_cache", "vector", L, zeros, 2 * (2 * bq * nkv * d), bq)  # read new K,V; write them
+        p.add("kv_cache", "vector", L, zeros, 2 * (2 * bq * nkv * d), bq)  # read new K,V; write them
     else:
-        add("kv_cache", "vector", L, zeros, 2 * (b * s * nkv * d + bq * nkv * d + b * keys * nkv * d), bq)
+        p.add("kv_cache", "vector", L, zeros, 2 * (b * s * nkv * d + bq * nkv * d + b * keys * nkv * d), bq)
+    _attention_ops(p, shape, attention)
+    p.linear("o_proj", L, nh * d, h)
+    p.add("attn_residual", "vector", L, bq * h, 3 * bq * h, bq)
+    p.rmsnorm("mlp_norm", L)
+    p.linear("gate", L, h, i)
+    p.linear("up", L, h, i)
+    # SiLU(gate) * up: read two, write one; ~5 FLOP per element
+    p.add("act", "vector", L, 5 * bq * i, 3 * bq * i, bq)
+    p.linear("down", L, i, h)
+    p.add("mlp_residual", "vector", L, bq * h, 3 * bq * h, bq)
+
+
+def _attention_ops(p: _Pass, shape: ModelShape, attention: str) -> None:
+    """QK, softmax and PV of every layer over the attending sequences' keys."""
+    b, q, zeros, seqs, k, att_keys = p.b, p.q, p.zeros, p.seqs, p.k, p.att_keys
+    nh, nkv, d = float(shape.heads), float(shape.kv_heads), float(shape.head_dim)
+    L = shape.layers
     att_rows = k * (nh / nkv)
     scores = seqs * nh * k * att_keys
     qk_flops = 2 * scores * d
@@ -298,61 +381,55 @@ def _forward_ops(shape, heads, b, q, s, c, attention: str, kv_cache_update: str)
     pv_flops = 2 * scores * d
     kv_read = seqs * nkv * att_keys * d
     if attention == "unfused":
-        add("qk", "attention", L, qk_flops, b * nh * q * d + kv_read + scores, att_rows)
-        add("softmax", "vector", L, sm_flops, 2 * scores, att_rows)
-        add("pv", "attention", L, pv_flops, scores + kv_read + b * nh * q * d, att_rows)
+        p.add("qk", "attention", L, qk_flops, b * nh * q * d + kv_read + scores, att_rows)
+        p.add("softmax", "vector", L, sm_flops, 2 * scores, att_rows)
+        p.add("pv", "attention", L, pv_flops, scores + kv_read + b * nh * q * d, att_rows)
     else:
         # one kernel: Q and K in, scores on chip; softmax on chip; V in, output out
-        add("qk", "attention", L, qk_flops, b * nh * q * d + kv_read, att_rows, kernels=1.0)
-        add("softmax", "vector", L, sm_flops, zeros, att_rows, kernels=0.0)
-        add("pv", "attention", L, pv_flops, kv_read + b * nh * q * d, att_rows, kernels=0.0)
-    linear("o_proj", L, nh * d, h)
-    add("attn_residual", "vector", L, bq * h, 3 * bq * h, bq)
-    rmsnorm("mlp_norm", L)
-    linear("gate", L, h, i)
-    linear("up", L, h, i)
-    # SiLU(gate) * up: read two, write one; ~5 FLOP per element
-    add("act", "vector", L, 5 * bq * i, 3 * bq * i, bq)
-    linear("down", L, i, h)
-    add("mlp_residual", "vector", L, bq * h, 3 * bq * h, bq)
-    # ---- once per step, after the layers
-    rmsnorm("final_norm", 1)
-    linear("lm_head", 1, h, V)
-    if isinstance(heads, DraftWork):
-        for op in draft_stage_ops(heads, b):
-            add(op.name, op.kind, op.count, op.flops, op.bytes, op.rows, op.kernels)
-        if heads.cost.prefix_layer:
-            # why: Hydra++ (Ankner et al. 2024, the Hydra++ section) queries its decoder layer once per
-            # step on the tokens just accepted, over its own cache of the context
-            # (docs/performance-model.md, "Drafter cost")
-            tokens = np.asarray(heads.prefix_tokens_per_sequence, dtype=float)
-            if np.any(~np.isfinite(tokens)) or np.any(tokens < 1):
-                raise UserError(f"prefix layer: tokens per sequence must be >= 1, got {tokens!r}")
-            layer = _forward_ops(
-                shape.with_layers(1), None, b, tokens + zeros, s, np.ones(()), attention, kv_cache_update
-            )
-            ops.extend(
-                Op(
-                    "prefix_layer." + o.name,
-                    o.kind,
-                    o.count,
-                    o.flops + zeros,
-                    o.bytes + zeros,
-                    o.rows + zeros,
-                    o.kernels,
-                    o.blocks,
-                    o.keys,
-                )
-                for o in layer
-                if o.name in LAYER_OPS or o.name == "final_norm"
-            )
-    elif heads is not None and heads.num_heads > 0:
-        K, Lh, hh, Vh = float(heads.num_heads), float(heads.num_layers), float(heads.hidden), float(heads.vocab)
-        # rows the heads run on: all q tokens per sequence, or the decoder's fixed count
-        hr = bq if heads.tokens_per_sequence is None else b * np.minimum(q, heads.tokens_per_sequence)
-        # K x (L ResBlocks: h x h GEMM + bias + SiLU + residual; then h x V projection)
-        flops = K * (Lh * (2 * hr * hh * hh + 6 * hr * hh) + 2 * hr * hh * Vh)
-        weights = K * (Lh * (hh * hh + hh) + hh * Vh)
-        acts = K * (Lh * 4 * hr * hh + hr * hh + hr * Vh)
-        add("draft_heads", "gemm", 1, flops, weights + acts, hr, kernels=K * (3 * Lh + 1))
-    return ops
+        p.add("qk", "attention", L, qk_flops, b * nh * q * d + kv_read, att_rows, kernels=1.0)
+        p.add("softmax", "vector", L, sm_flops, zeros, att_rows, kernels=0.0)
+        p.add("pv", "attention", L, pv_flops, kv_read + b * nh * q * d, att_rows, kernels=0.0)
+
+
+def _sequential_drafter_ops(p: _Pass, shape: ModelShape, heads: DraftWork, attention: str, kv_cache_update: str):
+    """A sequential drafter's stages and, for Hydra++, its prefix layer."""
+    b, s, zeros = p.b, p.s, p.zeros
+    for op in draft_stage_ops(heads, b):
+        p.add(op.name, op.kind, op.count, op.flops, op.bytes, op.rows, op.kernels)
+    if not heads.cost.prefix_layer:
+        return
+    # why: Hydra++ (Ankner et al. 2024, the Hydra++ section) queries its decoder layer once per
+    # step on the tokens just accepted, over its own cache of the context
+    # (docs/performance-model.md#drafter-cost)
+    tokens = np.asarray(heads.prefix_tokens_per_sequence, dtype=float)
+    if np.any(~np.isfinite(tokens)) or np.any(tokens < 1):
+        raise UserError(f"prefix layer: tokens per sequence must be >= 1, got {tokens!r}")
+    layer = _forward_ops(shape.with_layers(1), None, b, tokens + zeros, s, np.ones(()), attention, kv_cache_update)
+    p.ops.extend(
+        Op(
+            "prefix_layer." + o.name,
+            o.kind,
+            o.count,
+            o.flops + zeros,
+            o.bytes + zeros,
+            o.rows + zeros,
+            o.kernels,
+            o.blocks,
+            o.keys,
+        )
+        for o in layer
+        if o.name in LAYER_OPS or o.name == "final_norm"
+    )
+
+
+def _draft_heads_op(p: _Pass, heads: DraftHeadsShape) -> None:
+    """Medusa's K parallel heads on the step's rows."""
+    b, q, bq = p.b, p.q, p.bq
+    K, Lh, hh, Vh = float(heads.num_heads), float(heads.num_layers), float(heads.hidden), float(heads.vocab)
+    # rows the heads run on: all q tokens per sequence, or the decoder's fixed count
+    hr = bq if heads.tokens_per_sequence is None else b * np.minimum(q, heads.tokens_per_sequence)
+    # K x (L ResBlocks: h x h GEMM + bias + SiLU + residual; then h x V projection)
+    flops = K * (Lh * (2 * hr * hh * hh + 6 * hr * hh) + 2 * hr * hh * Vh)
+    weights = K * (Lh * (hh * hh + hh) + hh * Vh)
+    acts = K * (Lh * 4 * hr * hh + hr * hh + hr * Vh)
+    p.add("draft_heads", "gemm", 1, flops, weights + acts, hr, kernels=K * (3 * Lh + 1))

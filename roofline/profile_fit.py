@@ -1,5 +1,5 @@
-"""A hardware profile fitted to an engine's measured step times (docs/performance-model.md,
-"Fitting a profile to measured steps").
+"""A hardware profile fitted to an engine's measured step times
+(docs/performance-model.md#fitting-a-profile-to-measured-steps).
 
 The measurements are a CSV of steps (`STEP_COLUMNS`, optional `OPTIONAL_COLUMNS`): b sequences
 with s cached tokens each verify q tokens (root included; q = 1 is plain decoding), optionally
@@ -150,7 +150,7 @@ def step_points_frame(df: pd.DataFrame, *, source: str, heads: int = 0) -> StepP
 
 
 def read_step_points(path, *, heads: int = 0) -> StepPoints:
-    """The measurements CSV at `path` (docs/performance-model.md "Fitting a profile to measured steps")."""
+    """The measurements CSV at `path` (docs/performance-model.md#fitting-a-profile-to-measured-steps)."""
     try:
         df = pd.read_csv(path, comment="#", skipinitialspace=True)
     except FileNotFoundError:
@@ -195,8 +195,9 @@ def identifiable_terms(points: StepPoints, shape: ModelShape) -> tuple[str, ...]
     """The terms these rows can tell apart: plain-decoding terms always; the speculative-step
     terms with rows of q > 1; the per-token cost with two or more verified-token counts; the
     draft-stage cost when the stage counts vary; the GEMM scale with a step of at least 128
-    token rows (where the row efficiency leaves its flat start, docs/performance-model.md "GEMM
-    row efficiency"); attention's KV bandwidth with two or more contexts, a line with three."""
+    token rows (where the row efficiency leaves its flat start,
+    docs/performance-model.md#gemm-row-efficiency); attention's KV bandwidth with two or more
+    contexts, a line with three."""
     spec = points.tokens > 1
     terms = ["eta_memory", "forward_overhead_s"]
     if np.any(spec):

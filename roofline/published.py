@@ -1,6 +1,6 @@
 """Public step-time measurements of optimised engines, and how the built-in GPU profiles predict
 them: where each profile's GEMM row curve (its "knee") was checked
-(docs/performance-model.md, "Where the knee was checked").
+(docs/performance-model.md#where-the-knee-was-checked).
 
 A knee shows in ratios of step times measured on one engine build: a forward pass over 128
 tokens against a one-token decode step (rows 1 -> 128, where tree sizes are chosen), and over

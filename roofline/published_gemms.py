@@ -1,6 +1,6 @@
 """Public timings of a model's weight GEMMs by row count: a check of each built-in GPU's GEMM row
 curve that no engine's other costs blur, and the measurements the GH100, GA102 and CDNA3 curves
-were fitted to (docs/performance-model.md, "GEMM row efficiency" and "Where the knee was checked").
+were fitted to (docs/performance-model.md#gemm-row-efficiency and "Where the knee was checked").
 
 The timings are Vidur's profiling data (Agrawal et al., "Vidur: A Large-Scale Simulation
 Framework for LLM Inference", MLSys 2024; github.com/microsoft/vidur, file
@@ -19,7 +19,7 @@ Vidur's "a100", "a40" and "h100". Its H100 data comes from a DGX H100, an H100-S
 Its A100 data comes from A100 80GB nodes, either PCIe (Azure NC96ads_A100_v4) or SXM4 (DGX
 A100). Single-row GEMMs stream at 1.52 TB/s there, 78.6% of the PCIe board's 1935 GB/s and
 74.6% of the SXM's 2039. treeopt takes the PCIe board, whose fraction is the one every other
-measurement shows (docs/performance-model.md, "Efficiencies").
+measurement shows (docs/performance-model.md#efficiencies).
 
 The MI300X's timings are the same four GEMMs in fp16, as PyTorch's TunableOp measured them on
 one MI300X (gfx942) while tuning vLLM's Llama-2-7B: for each shape it times the candidate

@@ -173,8 +173,8 @@ def draft_heads_shape(shape: ModelShape, num_heads: int, num_layers: int = 1) ->
 def load_heads_shape(path, *, hidden_size: int | None = None, vocab_size: int | None = None) -> DraftHeadsShape:
     """Read a Medusa heads `config.json` (or the directory holding it).
 
-    The published heads configs hold only medusa_num_heads/medusa_num_layers (docs/formats.md
-    "Medusa heads"): hidden size and vocabulary then come from `hidden_size`/`vocab_size` (the
+    The published heads configs hold only medusa_num_heads/medusa_num_layers (docs/formats.md#medusa-heads): hidden
+    size and vocabulary then come from `hidden_size`/`vocab_size` (the
     model's) or from the config.json of the model directory the heads sit in. A config without
     medusa_num_layers means 1 ResBlock, as in the Medusa authors' code."""
     path = Path(path)

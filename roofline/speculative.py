@@ -1,6 +1,6 @@
 """The cost of draft-model speculative decoding: gamma sequential passes of the draft model
 (its own shape, the same batch, its own cache of the same context), then one verification pass
-of the target over gamma + 1 tokens (docs/performance-model.md, "Draft-model steps";
+of the target over gamma + 1 tokens (docs/performance-model.md#draft-model-steps;
 Leviathan et al. 2023, section 3.4).
 
     step(gamma)    = sum_{j < gamma} T_draft(b, q = 1, s + j) + T_target(b, q = gamma + 1, s)
@@ -75,7 +75,7 @@ def draft_model_step_time_s(
     longest = int(g.max(initial=0))
     passes = np.arange(longest)
     # why: the draft is autoregressive, each pass reads one more cached token than the last
-    # (docs/performance-model.md, "Draft-model steps")
+    # (docs/performance-model.md#draft-model-steps)
     per_pass = (
         np.atleast_1d(
             step_time_s(
@@ -117,8 +117,7 @@ def draft_model_tree_step_time_s(
         raise UserError(f"level widths: expected non-negative node counts per depth, got {level_widths!r}")
     w = np.atleast_2d(widths)
     # why: pass d reads the nodes of depth d - 1 (the root for d = 1) to draft depth d; its cache
-    # holds the context and every token the earlier passes read (docs/performance-model.md,
-    # "Draft-model trees")
+    # holds the context and every token the earlier passes read (docs/performance-model.md#draft-model-trees)
     reads = np.concatenate([np.ones((len(w), 1), np.int64), w[:, :-1]], axis=1)
     runs = w > 0
     read_before = np.concatenate([np.zeros((len(w), 1), np.int64), np.cumsum(reads * runs, axis=1)[:, :-1]], axis=1)

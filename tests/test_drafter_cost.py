@@ -1,4 +1,4 @@
-"""The cost of dependent drafters (docs/performance-model.md, "Drafter cost"): the config a
+"""The cost of dependent drafters (docs/performance-model.md#drafter-cost): the config a
 drafter's authors publish read into `DraftCost`, the rows each stage runs on for a tree, each
 stage's FLOPs and bytes derived by hand, and the per-stage fixed cost in the step time."""
 

@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from roofline.grid import DEFAULT_BATCHES, DEFAULT_CONTEXTS, GRID_COLUMNS, speedup_grid
+from roofline.grid import DEFAULT_BATCHES, DEFAULT_CONTEXTS, GRID_COLUMNS, PerTreeSize, speedup_grid
 from roofline.hardware import HardwareProfile, load_hardware
 from roofline.latency import step_time_s
 from roofline.shapes import DraftHeadsShape, ModelShape, draft_heads_shape, model_shape
@@ -106,7 +106,7 @@ def test_grid_by_hand_on_framework_costs():
 def test_grid_by_hand_with_the_heads_each_prefix_uses():
     tau = [1.0, 1.5, 1.8, 1.95]
     # the trees of 1 and 2 nodes need head 1 only, the tree of 3 heads 1 and 2
-    grid = speedup_grid(TOY, TOY_HEADS, FRAMEWORK_ONLY, tau, [1], [8], heads_used=[0, 1, 1, 2])
+    grid = speedup_grid(TOY, TOY_HEADS, FRAMEWORK_ONLY, tau, [1], [8], per_size=PerTreeSize(heads_used=[0, 1, 1, 2]))
     # b = 1: 1.2e-3; 1e-3 + 4e-4 + 1e-4 = 1.5e-3; 1.7e-3; 1e-3 + 8e-4 + 2e-4 = 2.0e-3
     assert grid["step_time_s"].tolist() == pytest.approx([1.2e-3, 1.5e-3, 1.7e-3, 2.0e-3], rel=1e-9)
     assert grid["speedup"].tolist() == pytest.approx([1.0, 1.2, 1.8 * 1.2 / 1.7, 1.95 * 1.2 / 2.0], rel=1e-9)
@@ -213,7 +213,7 @@ def test_heads_used_by_prefix_runs_only_the_heads_the_tree_reaches(proposal):
     for n in (1, 2, 10, 64):
         assert used[n] == tree.prefix(n).depth
     g_all = speedup_grid(V7, HEADS, A100, tau, [1], [512])
-    g_used = speedup_grid(V7, HEADS, A100, tau, [1], [512], heads_used=used)
+    g_used = speedup_grid(V7, HEADS, A100, tau, [1], [512], per_size=PerTreeSize(heads_used=used))
     from dataclasses import replace
 
     for n in (1, 3, 64):

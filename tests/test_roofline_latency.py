@@ -85,7 +85,7 @@ def test_tiny_elementwise_ops_are_overhead_bound():
 
 
 def test_default_gemm_curve_is_flat_to_64_rows():
-    # the published skinny-GEMM measurement (docs/performance-model.md, "GEMM row efficiency"):
+    # the published skinny-GEMM measurement (docs/performance-model.md#gemm-row-efficiency):
     # the cost of a 7B model's GEMMs does not grow up to ~64 rows, so the relative efficiency
     # there is that of one row
     rows = np.array([1, 2, 4, 8, 16, 32, 48, 64])
@@ -96,7 +96,7 @@ def test_default_gemm_curve_is_flat_to_64_rows():
 
 
 def test_default_gemm_curve_against_the_published_step_cost_ratios():
-    # Published target (A100, 7B, docs/performance-model.md, "GEMM row efficiency"): a step over
+    # Published target (A100, 7B, docs/performance-model.md#gemm-row-efficiency): a step over
     # q tokens costs the same as one token up to ~64, 1.27x at 96 and 1.9x at 256. Stated
     # tolerance against those figures: flat within 3% / 5% / 8% at 16 / 32 / 64 tokens (the
     # attention and elementwise work still grow with q), 1.27 +- 0.02, 1.90 +- 0.03.

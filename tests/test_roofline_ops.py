@@ -1,5 +1,5 @@
 """roofline.ops: FLOPs and bytes per operator against values derived by hand from the operator
-table (docs/performance-model.md, "Operators"; the Medusa paper, Appendix G, Table 5)."""
+table (docs/performance-model.md#operators; the Medusa paper, Appendix G, Table 5)."""
 
 import numpy as np
 import pytest
@@ -110,7 +110,7 @@ def test_unfused_attention_writes_and_reads_the_scores():
     fused = by_name(operators(TINY, None, batch=3, tokens=5, context=7, attention="fused"))
     unfused = by_name(operators(TINY, None, batch=3, tokens=5, context=7, attention="unfused"))
     scores_bytes = 2 * 360
-    # docs/performance-model.md, "Operators": QK^T  b n_h q d + b n_kv (s+q) d + b n_h q (s+q);
+    # docs/performance-model.md#operators, QK^T  b n_h q d + b n_kv (s+q) d + b n_h q (s+q);
     # softmax 2 b n_h q (s+q)
     assert float(unfused["qk"].bytes) == float(fused["qk"].bytes) + scores_bytes
     assert float(unfused["softmax"].bytes) == 2 * scores_bytes

@@ -70,7 +70,7 @@ def test_medians_as_published():
 def test_builtin_efficiencies_hold_on_independent_timings(board, one_row_ms, rows_4096_ms, bandwidth_gbps, peak_tflops):
     # single-row GEMMs stream the layer's fp16 weights: 2 x LAYER_PARAMS bytes in the sum of the
     # four medians; 4096 rows are 2 x 4096 x LAYER_PARAMS FLOPs. The datasheet GPUs assume 78% of
-    # the bandwidth and 74% of the peak (docs/performance-model.md, "Efficiencies")
+    # the bandwidth and 74% of the peak (docs/performance-model.md#efficiencies)
     g = _gemms(board)
     assert g.layer_time_s[0] == pytest.approx(one_row_ms * 1e-3, abs=1e-6)
     assert g.layer_time_s[-1] == pytest.approx(rows_4096_ms * 1e-3, abs=1e-6)

@@ -1,5 +1,5 @@
 """Every term of the latency model on a toy model and toy profiles, against step times derived
-by hand (docs/performance-model.md, "Operators", "Efficiencies", "GEMM row efficiency",
+by hand (docs/performance-model.md#operators, "Efficiencies", "GEMM row efficiency",
 "KV-cache update", "Memory capacity").
 
 The toy profiles make one roof irrelevant (a rate of 1e30 per second), so a step time is a sum

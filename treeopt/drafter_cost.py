@@ -1,5 +1,5 @@
 """What a drafter's work per decoding step is made of, as the roofline charges it
-(docs/performance-model.md, "Drafter cost"): read from the drafter's own config.json in the
+(docs/performance-model.md#drafter-cost): read from the drafter's own config.json in the
 layout its authors publish (docs/formats.md), with the base model's hidden size and vocabulary
 where the config leaves them out.
 
@@ -27,13 +27,6 @@ from treeopt.fileio import read_json_input
 DRAFTER_NAMES = ("medusa", "hydra", "mlp-speculator")
 MLP_SPECULATOR_TYPE = "mlp_speculator"
 HYDRA_ARCHS = ("mlp", "prefix-mlp")
-#: where a model directory keeps each kind of drafter (the demo model's layout)
-DRAFTER_SUBDIRS = {
-    "medusa": ("heads", "medusa_heads"),
-    "hydra": ("hydra",),
-    "mlp-speculator": ("mlp_speculator", "speculator"),
-    "draft-model": ("draft", "draft_model"),
-}
 
 
 @dataclass(frozen=True)
@@ -59,7 +52,7 @@ class DraftCost:
     grounded: bool = False
     prefix_layer: bool = False
     #: IBM's candidate form as the speculator's config sets it (`top_k_tokens_per_head`,
-    #: `n_candidates`; docs/builders.md, "IBM's candidate form"); empty / 0 when not set
+    #: `n_candidates`; docs/builders.md#ibms-candidate-form); empty / 0 when not set
     topk_per_stage: tuple[int, ...] = ()
     n_candidates: int = 0
 
@@ -196,4 +189,4 @@ def read_draft_cost(path, *, hidden_size: int | None = None, vocab_size: int | N
     return draft_cost_from_config(config, hidden_size=hidden_size, vocab_size=vocab_size, source=str(file))
 
 
-__all__ = ["DRAFTER_NAMES", "DRAFTER_SUBDIRS", "DraftCost", "draft_cost_from_config", "drafter_kind", "read_draft_cost"]
+__all__ = ["DRAFTER_NAMES", "DraftCost", "draft_cost_from_config", "drafter_kind", "read_draft_cost"]

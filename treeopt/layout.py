@@ -1,4 +1,4 @@
-"""Where things sit beside a model on disk (docs/formats.md, "Medusa heads"): one rule, shared
+"""Where things sit beside a model on disk (docs/formats.md#medusa-heads): one rule, shared
 by the calibration loader and the roofline's shape lookup. Pure pathlib and json; no torch."""
 
 from __future__ import annotations
@@ -6,10 +6,18 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-__all__ = ["HEADS_SUBDIRS", "default_heads_dir"]
+__all__ = ["DRAFTER_SUBDIRS", "HEADS_SUBDIRS", "default_heads_dir"]
 
+#: sub-directories of a model directory searched, in order, for each kind of drafter (the demo
+#: model's layout; Medusa's own checkpoints name theirs `medusa_heads`)
+DRAFTER_SUBDIRS = {
+    "medusa": ("heads", "medusa_heads"),
+    "hydra": ("hydra",),
+    "mlp-speculator": ("mlp_speculator", "speculator"),
+    "draft-model": ("draft", "draft_model"),
+}
 #: sub-directories of a model directory searched, in order, for its Medusa heads
-HEADS_SUBDIRS = ("heads", "medusa_heads")
+HEADS_SUBDIRS = DRAFTER_SUBDIRS["medusa"]
 #: the key that marks a config.json as a Medusa heads config (Medusa's published checkpoints)
 _HEADS_CONFIG_KEY = "medusa_num_heads"
 

@@ -1,5 +1,5 @@
 """`treeopt hw calibrate`: measure the machine at hand and write a hardware profile
-(docs/performance-model.md, "hardware calibration").
+(docs/performance-model.md#hardware-calibration).
 
 The model's shape (roofline) sizes the microbenchmarks, calibration.hwbench runs them with
 torch, roofline.hwfit turns the timings into a profile and checks it against full-model
@@ -28,7 +28,7 @@ from treeopt.tree import make_tree
 __all__ = ["calibrate_hardware", "calibrate_engine_terms", "framework_probe"]
 
 # A proxy's dimensions: small enough that its forwards are all framework overhead, with the
-# model's ratio of query to KV heads (docs/performance-model.md, "framework overheads")
+# model's ratio of query to KV heads (docs/performance-model.md#framework-overheads)
 PROXY_HIDDEN, PROXY_INTERMEDIATE, PROXY_KV_HEADS, PROXY_HEAD_DIM, PROXY_VOCAB = 128, 256, 2, 64, 512
 
 
@@ -142,8 +142,7 @@ def calibrate_engine_terms(
     """The engine terms of `profile` (a fixed cost per speculative step, a cost per verified
     token, the attention kernel's KV bandwidth) measured with treeopt's own decoder: tree steps of
     the loaded model and drafter `lm` (calibration.models.load_model) timed as the sweep times
-    them, then fitted to the microbenchmark profile (docs/performance-model.md, "Engine terms of a
-    speculative step")."""
+    them, then fitted to the microbenchmark profile (docs/performance-model.md#engine-terms-of-a-speculative-step)."""
     depth = getattr(lm.heads, "num_heads", 1)
     proposal = make_tree([p for p in ENGINE_PROBE_TREE if len(p) <= depth], topk=10)
     sizes = tuple(n for n in sizes if n <= proposal.size)

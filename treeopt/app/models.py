@@ -7,8 +7,9 @@ from pathlib import Path
 
 from calibration.demo_files import DEMO_MODEL_DIR
 from roofline.shapes import DraftHeadsShape, ModelShape, model_shape, resolve_heads, shape_from_config
-from treeopt.drafter_cost import DRAFTER_SUBDIRS, DraftCost, read_draft_cost
+from treeopt.drafter_cost import DraftCost, read_draft_cost
 from treeopt.errors import UserError
+from treeopt.layout import DRAFTER_SUBDIRS
 
 DEMO = "demo"
 
@@ -61,7 +62,7 @@ def draft_cost_of_drafter(drafter) -> DraftCost:
 def draft_cost_of(spec, shape: ModelShape, *, drafter: str | None = None, drafter_config=None) -> DraftCost | None:
     """The drafter cost the roofline commands charge: `drafter_config` (a drafter's config.json
     or its directory), else the `drafter` kind's directory next to the model
-    (`treeopt.drafter_cost.DRAFTER_SUBDIRS`); None for Medusa from the heads options."""
+    (`treeopt.layout.DRAFTER_SUBDIRS`); None for Medusa from the heads options."""
     if drafter_config is not None:
         cost = read_draft_cost(drafter_config, hidden_size=shape.hidden, vocab_size=shape.vocab)
         if drafter is not None and cost.drafter != drafter:
@@ -82,6 +83,6 @@ def draft_cost_of(spec, shape: ModelShape, *, drafter: str | None = None, drafte
 
 def draft_shape_of(drafter, dtype: str | None = None) -> ModelShape:
     """The roofline shape of a draft model (`calibration.drafters.DraftModel`) from its own
-    config: its passes cost like any decoder's (docs/performance-model.md, "Draft-model steps")."""
+    config: its passes cost like any decoder's (docs/performance-model.md#draft-model-steps)."""
     shape = shape_from_config(drafter.model.config.to_dict(), name="draft model")
     return shape.with_dtype(dtype) if dtype is not None else shape

@@ -13,7 +13,7 @@ from calibration.sweep import E2E_COLUMNS, SweepSettings, check_form, measure_en
 from roofline.grid import draft_rows_by_prefix
 from roofline.hardware import HardwareProfile, load_hardware
 from roofline.latency import step_time_s
-from roofline.ops import DraftWork
+from roofline.ops import drafter_work
 from roofline.profile_fit import BatchTransfer, batch_transfer, error_summary
 from roofline.shapes import DraftHeadsShape
 from roofline.speculative import draft_model_tree_step_time_s, level_widths_by_prefix
@@ -64,15 +64,16 @@ def check_prompt_source(data: str, option: str) -> None:
 def step_predictor(lm, proposal: Tree, hardware: HardwareProfile, *, verification: str = "tree"):
     """predict(batch, tokens, context) -> seconds of one decoding step as the reference decoder
     runs it: the base model over q tokens plus, for q > 1, the heads the tree reaches, run on one
-    token per sequence (docs/decoder.md "Where the heads run"); a sequential drafter's stages run
-    depth by depth on the nodes of each depth that have children (docs/performance-model.md,
-    "Drafter cost"). A draft model drafts proposal.prefix(n) depth by depth, one pass per depth
-    over the nodes of the depth above, then the target verifies n + 1 tokens (a chain of gamma:
-    gamma passes; docs/performance-model.md, "Draft-model trees").
+    token per sequence (docs/decoder.md#why-the-heads-run-on-one-token); a sequential drafter's stages run
+    depth by depth on the nodes of each depth that have children
+    (docs/performance-model.md#drafter-cost). A draft model drafts proposal.prefix(n) depth by
+    depth, one pass per depth over the nodes of the depth above, then the target verifies n + 1
+    tokens (a chain of gamma:
+    gamma passes; docs/performance-model.md#draft-model-trees).
 
     verification="candidates": tree size n is verified as the L leaves' root paths of
     `proposal.prefix(n)`, L candidate sequences of D + 1 tokens each (D its depth, shorter paths
-    padded, as the decoder runs them: docs/decoder.md "Candidate-sequence verification"); the
+    padded, as the decoder runs them: docs/decoder.md#candidate-sequence-verification); the
     drafting is the tree form's."""
     check_form(lm.heads, verification)
     shape = shape_of(lm.name, dtype=str(lm.dtype).replace("torch.", ""))
@@ -93,14 +94,8 @@ def step_predictor(lm, proposal: Tree, hardware: HardwareProfile, *, verificatio
         candidates = None
         if verification == "candidates" and n:
             tokens, candidates = candidate_tokens(proposal.prefix(n).num_leaves, used)
-        if cost.sequential:
-            draft = DraftWork(cost, draft_rows_by_prefix(proposal.prefix(n), cost.stages)[-1]) if used else None
-        else:
-            draft = (
-                DraftHeadsShape(used, cost.layers, heads.hidden_size, heads.vocab_size, tokens_per_sequence=1)
-                if used
-                else None
-            )
+        rows = draft_rows_by_prefix(proposal.prefix(n), cost.stages)[-1]
+        draft = drafter_work(cost, rows_per_stage=rows, heads_run=used, tokens_per_sequence=1) if used else None
         return float(
             step_time_s(
                 shape,
@@ -118,7 +113,7 @@ def step_predictor(lm, proposal: Tree, hardware: HardwareProfile, *, verificatio
 
 
 def curve_stderr(table, tau: TauCurve, accuracy_path=None):
-    """Standard error of `tau.best` (docs/statistics.md "Measured speedup intervals"): batch
+    """Standard error of `tau.best` (docs/statistics.md#measured-speedup-intervals): batch
     means over calibration sequences when the table's rank-vector sidecar is there, else the
     independent-positions formula from head 1's position count."""
     vectors = None
@@ -206,7 +201,7 @@ def format_sweep(df: pd.DataFrame) -> str:
 
 def fit_from_sweep(lm, proposal: Tree, hardware: HardwareProfile, df: pd.DataFrame, out_dir) -> BatchTransfer:
     """Fit the profile's engine terms to the batch-1 rows of the sweep just measured, predict
-    the other batch sizes (docs/performance-model.md "Fitting a profile to measured steps"), and
+    the other batch sizes (docs/performance-model.md#fitting-a-profile-to-measured-steps), and
     write `fitted_hardware.json` and `fit_transfer.csv` into out_dir."""
     shape = shape_of(lm.name, dtype=str(lm.dtype).replace("torch.", ""))
     heads = DraftHeadsShape(

@@ -5,57 +5,14 @@ sidecar has the per-child acceptance (or a proposal tree is given), or none
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import click
 
-from roofline.hardware import load_hardware
-from roofline.speculative import best_gamma, gamma_grid, tree_grid
-from treeopt.app.models import shape_of
-from treeopt.chain import alpha_path, chain_tau, load_chain_acceptance, rejection_proposal, rejection_tau_curve
+from treeopt.app.gamma import DEFAULT_TREE_NODES, GammaPrediction, predict_gamma
 from treeopt.cli.options import AtLeast, FiniteAtLeast, apply
 from treeopt.cli.roofline_cmds import GRID_OPTIONS, HARDWARE_OPTION, MODEL_OPTIONS
 from treeopt.cli.safety import check_outputs, input_files
-from treeopt.errors import UserError
 from treeopt.export import text_table
 from treeopt.fileio import atomic_path
-from treeopt.tree import load_tree
-
-#: nodes of the tree proposal built from the per-child acceptance when no --tree is given
-DEFAULT_TREE_NODES = 32
-
-
-def _alphas(alpha_file, alpha_value, max_gamma):
-    """Per-depth alpha, where it came from, and the sidecar (None for --alpha-value): a sidecar
-    (or the accuracy table beside it), or one constant alpha for every depth."""
-    if (alpha_file is None) == (alpha_value is None):
-        raise UserError("give the draft's acceptance with --alpha FILE or --alpha-value A (one of them)")
-    if alpha_value is not None:
-        if alpha_value > 1:
-            raise UserError(f"--alpha-value: must be in [0, 1], got {alpha_value:g}")
-        return [alpha_value] * (max_gamma or 8), f"alpha {alpha_value:g} at every depth", None
-    path = Path(alpha_file)
-    if not path.name.endswith(".alpha.json") and path.suffix == ".json":
-        path = alpha_path(path)  # an accuracy table: its sidecar
-    side = load_chain_acceptance(path)
-    return list(side.alpha_per_depth), f"alpha of {path} (T={side.temperature:g}, {side.rows} positions)", side
-
-
-def _tree_proposal(side, tree_spec, max_nodes):
-    """The proposal whose prefixes are the candidate trees and their tau under recursive
-    rejection sampling, or None when there is no per-child acceptance and no --tree."""
-    if side is None or side.accept_per_child is None:
-        if tree_spec is not None:
-            raise UserError(
-                "--tree: needs the per-child acceptance of a treeopt.chain_acceptance/v2 sidecar (--alpha FILE)"
-            )
-        return None
-    table = side.per_child
-    if tree_spec is not None:
-        proposal = load_tree(tree_spec, allow_empty=True)
-    else:
-        proposal = rejection_proposal(table, DEFAULT_TREE_NODES if max_nodes is None else max_nodes)
-    return proposal, rejection_tau_curve(proposal, table)
 
 
 @click.command("gamma")
@@ -126,56 +83,53 @@ def roofline_gamma(
     and the best gamma per cell ("none" when no chain beats plain decoding); with a v2 alpha
     sidecar (per-child acceptance) or --tree, the best tree of draft tokens per cell too."""
     check_outputs([out, tree_out], input_files(model, hardware, draft, alpha_file, tree_spec))
-    alpha, label, side = _alphas(alpha_file, alpha_value, max_gamma)
-    trees = _tree_proposal(side, tree_spec, max_nodes)
-    if tree_out and trees is None:
-        raise UserError("--tree-out: no trees to write (needs a v2 alpha sidecar or --tree)")
-    target, draft_shape = shape_of(model, dtype), shape_of(draft, dtype)
-    hw = load_hardware(hardware)
-    grid = gamma_grid(target, draft_shape, hw, alpha, batches=batches, contexts=contexts, max_gamma=max_gamma)
-    best = best_gamma(grid)
-    if out:
-        with atomic_path(out) as tmp:
-            grid.to_csv(tmp, index=False, float_format="%.6g")
-    click.echo(f"target {target.describe()}; draft {draft_shape.describe()}; hardware {hw.name}; {label}")
-    top = int(grid["gamma"].max())
-    taus = chain_tau(alpha)[: top + 1]
-    click.echo("tau of a chain of gamma: " + ", ".join(f"{g}: {t:.3f}" for g, t in enumerate(taus)))
-    click.echo("best gamma (predicted speedup) per batch (rows) and context (columns):")
-    cell = {
-        (int(r.batch), int(r.context)): "none" if r.gamma == 0 else f"{int(r.gamma)} ({r.speedup:.2f}x)"
-        for r in best.itertuples(index=False)
-    }
-    click.echo(
-        text_table(
-            ["batch"] + [str(c) for c in contexts],
-            [[b] + [cell.get((int(b), int(c)), "OOM") for c in contexts] for b in batches],
-        ),
-        nl=False,
+    prediction = predict_gamma(
+        model,
+        draft,
+        hardware,
+        dtype=dtype,
+        alpha_file=alpha_file,
+        alpha_value=alpha_value,
+        batches=batches,
+        contexts=contexts,
+        max_gamma=max_gamma,
+        tree_spec=tree_spec,
+        max_nodes=max_nodes,
+        require_trees=bool(tree_out),
     )
-    if trees is not None:
-        proposal, tree_tau = trees
-        tgrid = tree_grid(target, draft_shape, hw, proposal, tree_tau, batches=batches, contexts=contexts)
-        if tree_out:
-            with atomic_path(tree_out) as tmp:
-                tgrid.to_csv(tmp, index=False, float_format="%.6g")
-        click.echo(
-            f"trees: the prefixes of {proposal.name or 'the proposal'} ({proposal.size} nodes), recursive rejection "
-            f"sampling; tau at {proposal.size} nodes {tree_tau[-1]:.3f}"
-        )
-        click.echo("best tree (nodes, predicted speedup) per batch (rows) and context (columns):")
-        tcell = {
-            (int(r.batch), int(r.context)): "none" if r.nodes == 0 else f"{int(r.nodes)} ({r.speedup:.2f}x)"
-            for r in best_gamma(tgrid).itertuples(index=False)
-        }
-        click.echo(
-            text_table(
-                ["batch"] + [str(c) for c in contexts],
-                [[b] + [tcell.get((int(b), int(c)), "OOM") for c in contexts] for b in batches],
-            ),
-            nl=False,
-        )
+    for path, frame in ((out, prediction.grid), (tree_out, prediction.trees and prediction.trees.grid)):
+        if path:
+            with atomic_path(path) as tmp:
+                frame.to_csv(tmp, index=False, float_format="%.6g")
+    _echo_gamma(prediction, batches, contexts)
     if out:
         click.echo(f"wrote grid {out}")
     if tree_out:
         click.echo(f"wrote tree grid {tree_out}")
+
+
+def _best_table(best, batches, contexts, what: str) -> str:
+    cell = {
+        (int(b), int(c)): "none" if n == 0 else f"{int(n)} ({s:.2f}x)"
+        for b, c, n, s in best[["batch", "context", what, "speedup"]].itertuples(index=False)
+    }
+    return text_table(
+        ["batch"] + [str(c) for c in contexts],
+        [[b] + [cell.get((int(b), int(c)), "OOM") for c in contexts] for b in batches],
+    )
+
+
+def _echo_gamma(prediction: GammaPrediction, batches, contexts) -> None:
+    p = prediction
+    click.echo(f"target {p.target.describe()}; draft {p.draft.describe()}; hardware {p.hardware.name}; {p.label}")
+    click.echo("tau of a chain of gamma: " + ", ".join(f"{g}: {t:.3f}" for g, t in enumerate(p.tau)))
+    click.echo("best gamma (predicted speedup) per batch (rows) and context (columns):")
+    click.echo(_best_table(p.best, batches, contexts, "gamma"), nl=False)
+    if p.trees is not None:
+        proposal = p.trees.proposal
+        click.echo(
+            f"trees: the prefixes of {proposal.name or 'the proposal'} ({proposal.size} nodes), recursive rejection "
+            f"sampling; tau at {proposal.size} nodes {p.trees.tau[-1]:.3f}"
+        )
+        click.echo("best tree (nodes, predicted speedup) per batch (rows) and context (columns):")
+        click.echo(_best_table(p.trees.best, batches, contexts, "nodes"), nl=False)

@@ -13,14 +13,6 @@ import pandas as pd
 
 from roofline.grid import DEFAULT_BATCHES, DEFAULT_CONTEXTS
 from roofline.hardware import GIB, VERIFICATION_MODES, builtin_hardware, hardware_aliases, load_hardware
-from roofline.latency import (
-    candidates_of,
-    framework_overhead_s,
-    memory_required_bytes,
-    op_timings,
-    speculation_overhead_s,
-    stages_of,
-)
 from roofline.ops import DraftWork
 from roofline.profile_fit import error_summary
 from roofline.published import (
@@ -34,10 +26,19 @@ from roofline.published import (
     knee_verdict,
 )
 from roofline.published_gemms import FITTED_CURVES, GEMM_SOURCES, GEMM_TOLERANCE, gemm_bands, published_gemms
-from roofline.report import build_report
+from roofline.report import ReportRequest, build_report
 from treeopt import api
+from treeopt.app.grid_outputs import grid_selection, mix_choice, with_mix_cells
 from treeopt.app.models import draft_cost_of, heads_of, shape_of
-from treeopt.app.prediction import check_grid_size, greedy_proposal, heads_with_cost, load_table, predict_speedup
+from treeopt.app.prediction import (
+    PredictionOptions,
+    check_grid_size,
+    greedy_proposal,
+    heads_with_cost,
+    load_table,
+    predict_speedup,
+)
+from treeopt.app.step_ops import StepConfig, StepOperators, step_operators
 from treeopt.cli.options import AtLeast, IntList, apply
 from treeopt.cli.safety import check_outputs, input_files, require_file
 from treeopt.drafter_cost import DRAFTER_NAMES
@@ -45,8 +46,8 @@ from treeopt.engines import ENGINE_NAMES, get_engine
 from treeopt.errors import UserError
 from treeopt.export import text_table
 from treeopt.fileio import atomic_folder, atomic_outputs, atomic_path
-from treeopt.mix import ANY_CONTEXT, choose_mix_tree, format_mix, mix_section, parse_mix
-from treeopt.selection import best_per_cell, selection_from_grid
+from treeopt.mix import format_mix, parse_mix
+from treeopt.selection import best_per_cell
 
 
 def _command_line() -> str:
@@ -123,7 +124,7 @@ DRAFTER_OPTIONS = [
         default=None,
         metavar="PATH",
         help="A drafter's config.json (or its directory; Medusa, Hydra or MLP speculator): the cost "
-        'shape the roofline charges (docs/performance-model.md, "Drafter cost").',
+        "shape the roofline charges (docs/performance-model.md#drafter-cost).",
     ),
 ]
 
@@ -356,107 +357,39 @@ def roofline_ops(
     as_json,
 ) -> None:
     """Every operator of one forward pass: FLOPs, bytes, intensity, predicted time, binding roof."""
-    shape = shape_of(model, dtype)
-    hw = load_hardware(hardware)
-    if num_heads is None and tokens == 1:
-        num_heads = 0  # plain decoding runs no heads unless asked
-    heads = heads_of(model, shape, num_heads=num_heads, num_layers=head_layers, tokens_per_sequence=head_tokens)
-    cost = draft_cost_of(model, shape, drafter=drafter, drafter_config=drafter_config)
-    if draft_rows is not None and (cost is None or not cost.sequential):
-        raise UserError(
-            "--draft-rows: only with a sequential drafter (--drafter hydra|mlp-speculator or --drafter-config)"
-        )
-    if cost is not None and cost.sequential:
-        if draft_rows is not None and len(draft_rows) > cost.stages:
-            raise UserError(f"--draft-rows: {len(draft_rows)} values for a drafter of {cost.stages} stages")
-        chain = min(tokens - 1, cost.stages)
-        rows = list(draft_rows) if draft_rows is not None else [1] * chain
-        heads = DraftWork(cost, np.array(rows + [0] * (cost.stages - len(rows)), dtype=float))
-    elif cost is not None and tokens > 1:
-        heads = heads_with_cost(cost, heads)
-    draft_stages = stages_of(heads, draft_stages)
-    if candidates is not None and verification != "candidates":
-        raise UserError("--candidates: only with --verification candidates")
-    cands = candidates_of(verification, tokens, candidates)
-    timings = op_timings(
-        shape, heads, hw, batch=batch, tokens=tokens, context=context, attention=attention, candidates=cands
+    ops = step_operators(
+        model,
+        hardware,
+        StepConfig(batch, tokens, context, attention, verification, candidates, draft_stages),
+        dtype=dtype,
+        heads={"num_heads": num_heads, "num_layers": head_layers, "tokens_per_sequence": head_tokens},
+        drafter={"drafter": drafter, "drafter_config": drafter_config},
+        draft_rows=draft_rows,
     )
-    fixed = float(framework_overhead_s(shape, hw, batch=batch, tokens=tokens, context=context, candidates=cands))
-    engine = float(speculation_overhead_s(hw, batch=batch, tokens=tokens, draft_stages=draft_stages))
-    total = fixed + engine + sum(float(t.total_s) for t in timings)
-    need = float(
-        memory_required_bytes(
-            shape, heads, batch=batch, tokens=tokens, context=context, attention=attention, candidates=cands
-        )
-    )
-    if need > hw.capacity_bytes:
+    if not ops.fits:
         click.echo(
-            f"treeopt: warning: this configuration needs {need / GIB:.1f} GiB but {hw.name} has "
-            f"{hw.capacity_text()}: it does not fit; times below are what it would take",
+            f"treeopt: warning: this configuration needs {ops.memory_bytes / GIB:.1f} GiB but {ops.hardware.name} "
+            f"has {ops.hardware.capacity_text()}: it does not fit; times below are what it would take",
             err=True,
         )
-    rows = []
-    for t in timings:
-        flops, nbytes = float(t.op.flops), float(t.op.bytes)
-        rows.append(
-            {
-                "name": t.op.name,
-                "count": t.op.count,
-                "flops": flops,
-                "bytes": nbytes,
-                "intensity": flops / nbytes if nbytes else None,
-                "time_s": float(t.time_s),
-                "bound": str(t.bound),
-                "compute_s": float(t.compute_s),
-                "memory_s": float(t.memory_s),
-                "overhead_s": float(t.overhead_s),
-                "kernels": float(t.op.kernels),
-                "kind": t.op.kind,
-            }
-        )
-    if fixed > 0:
-        rows.append(
-            {
-                "name": "framework",
-                "count": 1,
-                "flops": 0.0,
-                "bytes": 0.0,
-                "intensity": None,
-                "time_s": fixed,
-                "bound": "overhead",
-                "compute_s": 0.0,
-                "memory_s": 0.0,
-                "overhead_s": fixed,
-                "kernels": 0,
-                "kind": "framework",
-            }
-        )
-    if engine > 0:
-        rows.append(
-            {
-                "name": "speculation",
-                "count": 1,
-                "flops": 0.0,
-                "bytes": 0.0,
-                "intensity": None,
-                "time_s": engine,
-                "bound": "overhead",
-                "compute_s": 0.0,
-                "memory_s": 0.0,
-                "overhead_s": engine,
-                "kernels": 0,
-                "kind": "engine",
-            }
-        )
     if as_json:
-        click.echo(json.dumps(rows, indent=1))
+        click.echo(json.dumps(ops.rows(), indent=1))
         return
+    _echo_operators(ops)
+
+
+def _echo_operators(ops: StepOperators) -> None:
+    shape, hw, heads, step, total = ops.shape, ops.hardware, ops.drafter, ops.step, ops.total_s
+    rows = ops.rows()
     click.echo(f"{shape.describe()}")
     if heads.num_heads:
         click.echo(f"draft {'heads' if not isinstance(heads, DraftWork) else 'stages'}: {heads.describe()}")
     click.echo(f"hardware: {hw.describe()}")
-    split = f" in {cands} candidates" if cands is not None else ""
-    click.echo(f"b={batch} q={tokens}{split} s={context} attention={attention}; memory needed {need / GIB:.2f} GiB")
+    split = f" in {ops.candidates} candidates" if ops.candidates is not None else ""
+    click.echo(
+        f"b={step.batch} q={step.tokens}{split} s={step.context} attention={step.attention}; "
+        f"memory needed {ops.memory_bytes / GIB:.2f} GiB"
+    )
     click.echo(
         text_table(
             ["<operator", "count", "GFLOP", "MB", "FLOP/B", "time/us", "total/us", "share", "<bound"],
@@ -552,9 +485,7 @@ def roofline_speedup(
     tree per cell ("none" when no tree beats plain decoding)."""
     check_outputs([out, select], input_files(model, hardware, accuracy, mix_spec))
     mix = parse_mix(mix_spec) if mix_spec is not None else None
-    if mix is not None:
-        batches = sorted(set(batches) | set(mix.batch))
-        contexts = sorted(set(contexts) | {c for c in mix.context if c != ANY_CONTEXT})
+    batches, contexts = with_mix_cells(batches, contexts, mix)
     check_grid_size(batches, contexts, max_nodes)
     table, label = load_table(accuracy, csv_model, model)
     prediction = predict_speedup(
@@ -566,27 +497,33 @@ def roofline_speedup(
         contexts=contexts,
         max_nodes=max_nodes,
         engine=engine,
-        verification=verification,
-        attention=attention,
-        joint=joint,
         heads={"num_heads": num_heads, "num_layers": head_layers, "tokens_per_sequence": head_tokens},
         drafter={"drafter": drafter, "drafter_config": drafter_config},
-        heads_in_baseline=heads_in_baseline,
-        used_heads=used_heads,
-        sequential_draft=sequential_draft,
+        options=PredictionOptions(
+            verification=verification,
+            attention=attention,
+            joint=joint,
+            heads_in_baseline=heads_in_baseline,
+            used_heads=used_heads,
+            sequential_draft=sequential_draft,
+        ),
     )
-    grid, tree, tau, hw = prediction.grid, prediction.proposal, prediction.tau, prediction.hardware
-    best = best_per_cell(grid)
-    mix_doc = mix_section(choose_mix_tree(grid, mix, source="the grid"), tree, mix) if mix is not None else None
+    mix_doc = mix_choice(prediction, mix)
     with atomic_outputs() as files:  # the grid and the selection from it: both or neither
         if out:
-            grid.to_csv(files.path(out), index=False, float_format="%.6g")
+            prediction.grid.to_csv(files.path(out), index=False, float_format="%.6g")
         if select:
-            extra = {"heads": prediction.draft_heads, "attention": attention, "verification": verification}
-            doc = selection_from_grid(
-                grid, tree, hw.name, prediction.model.name, extra=extra | ({"mix": mix_doc} if mix_doc else {})
-            )
+            doc = grid_selection(prediction, mix_doc)
             files.path(select).write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    _echo_speedup(prediction, label, mix_doc)
+    for path, what in ((out, "grid"), (select, "selection")):
+        if path:
+            click.echo(f"wrote {what} {path}")
+    _echo_knee_note(prediction.hardware)
+
+
+def _echo_speedup(prediction, label: str, mix_doc: dict | None) -> None:
+    tau, hw, best = prediction.tau, prediction.hardware, best_per_cell(prediction.grid)
     click.echo(f"{prediction.model.describe()}; {prediction.drafter}; hardware {hw.name}; accuracy {label}")
     click.echo(
         "tau of the greedy proposal sequence: "
@@ -609,10 +546,6 @@ def roofline_speedup(
         click.echo(f"OOM: not even plain decoding fits in {hw.capacity_text()}", err=True)
     if mix_doc is not None:
         click.echo(format_mix(mix_doc))
-    for path, what in ((out, "grid"), (select, "selection")):
-        if path:
-            click.echo(f"wrote {what} {path}")
-    _echo_knee_note(hw)
 
 
 def _echo_knee_note(hw) -> None:
@@ -699,11 +632,10 @@ def report_cmd(
         depth = min(heads.num_heads, cost.stages) if cost is not None else heads.num_heads
         proposal, tau = greedy_proposal(table, max_nodes, depth, joint, get_engine(engine) if engine else None)
     with atomic_folder(out) as folder:  # the whole report or none of it
-        summary = build_report(
+        request = ReportRequest(
             shape,
             heads,
             hw,
-            folder,
             accuracy=table,
             accuracy_label=label,
             batches=batches,
@@ -724,6 +656,7 @@ def report_cmd(
             sequential_draft=sequential_draft,
             draft_cost=cost,
         )
+        summary = build_report(request, folder)
     click.echo(f"wrote {out}/index.md with " + ", ".join(v for k, v in summary["files"].items() if k != "index"))
     _echo_knee_note(hw)
 
@@ -742,7 +675,7 @@ def report_cmd(
     required=True,
     metavar="STEPS.csv",
     help="Measured step times: columns batch, context, tokens, step_ms [, candidates, draft_stages] "
-    '(docs/performance-model.md, "Fitting a profile to measured steps").',
+    "(docs/performance-model.md#fitting-a-profile-to-measured-steps).",
 )
 @click.option(
     "--heads",

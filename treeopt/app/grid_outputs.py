@@ -1,0 +1,44 @@
+"""What `treeopt roofline speedup` makes of a predicted grid: the traffic mix's cells joined to
+the grid's axes, the one tree chosen for the mix (docs/builders.md#one-tree-for-a-traffic-mix),
+and the selection document (docs/formats.md#selections-treeoptselectionv1)."""
+
+from __future__ import annotations
+
+from treeopt.app.prediction import Prediction
+from treeopt.mix import ANY_CONTEXT, TrafficMix, choose_mix_tree, mix_section
+from treeopt.selection import selection_from_grid
+
+__all__ = ["grid_selection", "mix_choice", "with_mix_cells"]
+
+
+def with_mix_cells(batches, contexts, mix: TrafficMix | None):
+    """The grid's batch sizes and contexts with every cell of `mix` among them (unchanged
+    without a mix); an entry without a context takes the grid's."""
+    if mix is None:
+        return batches, contexts
+    return sorted(set(batches) | set(mix.batch)), sorted(set(contexts) | {c for c in mix.context if c != ANY_CONTEXT})
+
+
+def mix_choice(prediction: Prediction, mix: TrafficMix | None) -> dict | None:
+    """The selection's "mix" section: the one tree of the proposal chosen for `mix` on the
+    predicted grid (None without a mix)."""
+    if mix is None:
+        return None
+    return mix_section(choose_mix_tree(prediction.grid, mix, source="the grid"), prediction.proposal, mix)
+
+
+def grid_selection(prediction: Prediction, mix_doc: dict | None) -> dict:
+    """The `treeopt.selection/v1` document of a predicted grid, with the heads, attention and
+    verification it was priced with and the mix section when there is one."""
+    extra = {
+        "heads": prediction.draft_heads,
+        "attention": prediction.attention,
+        "verification": prediction.verification,
+    }
+    return selection_from_grid(
+        prediction.grid,
+        prediction.proposal,
+        prediction.hardware.name,
+        prediction.model.name,
+        extra=extra | ({"mix": mix_doc} if mix_doc else {}),
+    )
