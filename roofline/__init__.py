@@ -31,6 +31,7 @@ _EXPORTS = {
     "fits_memory": "latency",
     "step_breakdown": "latency",
     "speedup_grid": "grid",
+    "PerTreeSize": "grid",
     "GRID_COLUMNS": "grid",
     "heads_used_by_prefix": "grid",
     "fit_hardware_profile": "hwfit",
@@ -42,6 +43,7 @@ _EXPORTS = {
     "best_heatmaps_figure": "plots",
     "measured_speedup_figure": "plots",
     "build_report": "report",
+    "ReportRequest": "report",
 }
 
 __all__ = sorted(_EXPORTS)

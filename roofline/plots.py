@@ -30,6 +30,7 @@ __all__ = [
     "RooflineCase",
     "default_cases",
     "roofline_chart",
+    "roofline_points",
     "speedup_curves",
     "speedup_curves_figure",
     "best_heatmaps",
@@ -105,20 +106,16 @@ def _save(fig, path, extra=None) -> None:
         fig.savefig(tmp, format="png", dpi=130, bbox_inches="tight", pad_inches=0.15, bbox_extra_artists=extra)
 
 
-def roofline_chart(
+def roofline_points(
     shape: ModelShape,
     heads: DraftHeadsShape | None,
     hw: HardwareProfile,
-    path,
+    cases: list[RooflineCase],
     *,
-    cases: list[RooflineCase] | None = None,
     attention: str = "fused",
-    title: str | None = None,
-):
-    """Write the roofline chart PNG to `path`; returns the points as a DataFrame."""
-    cases = cases or default_cases()
-    peak = hw.peak(shape.dtype)
-    bw = hw.bandwidth_bytes_per_s
+) -> pd.DataFrame:
+    """Every operator of every case with FLOPs and bytes, one row each: case, case_index,
+    name, intensity (FLOP/byte), attained_flops (FLOP/s of the modelled time), bound, time_s."""
     rows = []
     for ci, case in enumerate(cases):
         for t in op_timings(
@@ -144,10 +141,42 @@ def roofline_chart(
                     "time_s": time_s,
                 }
             )
-    pts = pd.DataFrame(rows)
+    return pd.DataFrame(rows)
 
+
+def roofline_chart(
+    points: pd.DataFrame,
+    shape: ModelShape,
+    hw: HardwareProfile,
+    path,
+    *,
+    cases: list[RooflineCase],
+    title: str | None = None,
+) -> None:
+    """Write the roofline chart of `points` (`roofline_points` of `cases`) as a PNG to `path`."""
+    pts = points.copy()
+    peak = hw.peak(shape.dtype)
     fig = Figure(figsize=(10.5, 6.2))
     ax = fig.subplots()
+    x_lo, x_hi = _draw_roofs(ax, hw, peak, pts)
+    colors = matplotlib.colormaps["tab10"]
+    _draw_points(ax, pts, peak, hw.bandwidth_bytes_per_s, len(cases), colors)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(x_lo, x_hi)
+    y_lo = max(pts["attained_flops"].min() / 3, peak * 1e-7) if len(pts) else peak * 1e-4
+    y_hi = max(peak * 3, pts["attained_flops"].max() * 2.5) if len(pts) else peak * 3
+    ax.set_ylim(y_lo, y_hi)
+    ax.set_xlabel("operational intensity (FLOP / byte)")
+    ax.set_ylabel("attained throughput (FLOP/s)")
+    ax.grid(True, which="major", ls=":", lw=0.5, color="0.8")
+    ax.set_title(title or f"Roofline: {shape.name} ({shape.dtype}) on {hw.name}", fontsize=11)
+    _save(fig, path, extra=_roofline_legends(ax, pts, cases, colors))
+
+
+def _draw_roofs(ax, hw: HardwareProfile, peak: float, pts: pd.DataFrame) -> tuple[float, float]:
+    """The peak roofs, the attained (efficiency-scaled) roofs and the ridge; returns the x range."""
+    bw = hw.bandwidth_bytes_per_s
     x_lo = max(min(pts["intensity"].min() / 3, 0.1), 1e-3) if len(pts) else 0.1
     x_hi = max(pts["intensity"].max() * 3, 10 * peak / bw) if len(pts) else 1e4
     xs = np.logspace(np.log10(x_lo), np.log10(x_hi), 400)
@@ -166,7 +195,11 @@ def roofline_chart(
     ridge = peak / bw
     ax.axvline(ridge, color="0.75", lw=0.8, ls=":")
     ax.text(ridge * 1.08, peak * 1.25, f"ridge {ridge:.0f} FLOP/B", fontsize=8, color="0.35", va="bottom")
-    colors = matplotlib.colormaps["tab10"]
+    return x_lo, x_hi
+
+
+def _draw_points(ax, pts: pd.DataFrame, peak: float, bw: float, n_cases: int, colors) -> None:
+    """One marker per operator, coloured by case."""
     above = np.zeros(0, dtype=bool)
     if len(pts):
         # A point above the peak roof would mean the model's time beats the hardware's bound
@@ -176,7 +209,7 @@ def roofline_chart(
         above = pts["attained_flops"].to_numpy() > roof * 1.0001
         pts["drawn_flops"] = np.where(above, roof, pts["attained_flops"])
         pts["above_roof"] = above
-    for ci in range(len(cases)):
+    for ci in range(n_cases):
         sub = pts[pts["case_index"] == ci]
         for r in sub.itertuples():
             filled = _MARKERS.get(r.name, "o") in "ov^sDdp<>hX*"
@@ -203,18 +236,10 @@ def roofline_chart(
             linewidths=1.2,
             label=f"hollow: {int(above.sum())} point(s) modelled above the roof, drawn on it",
         )
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlim(x_lo, x_hi)
-    y_lo = max(pts["attained_flops"].min() / 3, peak * 1e-7) if len(pts) else peak * 1e-4
-    y_hi = max(peak * 3, pts["attained_flops"].max() * 2.5) if len(pts) else peak * 3
-    ax.set_ylim(y_lo, y_hi)
-    ax.set_xlabel("operational intensity (FLOP / byte)")
-    ax.set_ylabel("attained throughput (FLOP/s)")
-    ax.grid(True, which="major", ls=":", lw=0.5, color="0.8")
-    ax.set_title(title or f"Roofline: {shape.name} ({shape.dtype}) on {hw.name}", fontsize=11)
-    # two legends: configurations (colour) and operators (marker)
 
+
+def _roofline_legends(ax, pts: pd.DataFrame, cases: list[RooflineCase], colors) -> list:
+    """Two legends beside the axes: roofs and configurations (colour), operators (marker)."""
     roof_handles, roof_labels = ax.get_legend_handles_labels()
     case_handles = [Line2D([], [], marker="o", ls="", color=colors(i % 10), markersize=8) for i in range(len(cases))]
     leg1 = ax.legend(
@@ -241,8 +266,7 @@ def roofline_chart(
         title_fontsize=8,
         frameon=False,
     )
-    _save(fig, path, extra=[leg1, leg2])
-    return pts
+    return [leg1, leg2]
 
 
 def _outside_artists(fig) -> list:

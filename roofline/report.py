@@ -3,26 +3,39 @@ heatmaps, the grid CSV, the selection JSON and an index.md that states inputs an
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
-from roofline.grid import draft_rows_by_prefix, heads_used_by_prefix, speedup_grid
+from roofline.grid import PerTreeSize, draft_rows_by_prefix, heads_used_by_prefix, speedup_grid
 from roofline.hardware import GB, GIB, HardwareProfile, builtin_hardware
 from roofline.latency import memory_required_bytes, op_timings, step_time_s
 from roofline.ops import DraftWork
-from roofline.plots import best_heatmaps, default_cases, overhead_curves, roofline_chart, speedup_curves
+from roofline.plots import (
+    RooflineCase,
+    best_heatmaps,
+    default_cases,
+    overhead_curves,
+    roofline_chart,
+    roofline_points,
+    speedup_curves,
+)
 from roofline.published import knee_summary
 from roofline.shapes import DraftHeadsShape, ModelShape
 from treeopt import __version__
+from treeopt.accuracy import AccuracyTable
 from treeopt.drafter_cost import DraftCost
-from treeopt.engines import export_for
+from treeopt.engines import Engine, export_for
 from treeopt.errors import UserError
 from treeopt.family_build import drafted_sizes
 from treeopt.fileio import atomic_path, write_json, write_text
 from treeopt.selection import best_per_cell, selection_from_grid
+from treeopt.tree import Tree
 
-__all__ = ["build_report"]
+__all__ = ["ReportRequest", "ReportResults", "build_report", "compute_report", "write_report"]
 
 
 def _fmt_s(t: float) -> str:
@@ -106,13 +119,12 @@ def _hardware_section(hw: HardwareProfile, dtype: str) -> list[str]:
 
 
 def _knee_sentence(hw: HardwareProfile) -> str:
-    """Where this profile's GEMM row curve was checked (docs/performance-model.md, "Where the
-    knee was checked")."""
+    """Where this profile's GEMM row curve was checked (docs/performance-model.md#where-the-knee-was-checked)."""
     if builtin_hardware().get(hw.name) == hw:
         return (
             f"This report's profile `{hw.name}`: {hw.gemm_efficiency_source}; verdict on its knee against public "
-            f'measurements: {knee_summary(hw.name)} (`treeopt hw published`, docs/performance-model.md, "Where the '
-            'knee was checked").'
+            f"measurements: {knee_summary(hw.name)} (`treeopt hw published`, "
+            "docs/performance-model.md#where-the-knee-was-checked)."
         )
     where = hw.gemm_efficiency_source or (
         "fitted or calibrated on the machine it describes" if hw.calibration else "as given in the profile file"
@@ -121,8 +133,7 @@ def _knee_sentence(hw: HardwareProfile) -> str:
 
 
 def _engine_sentence(hw: HardwareProfile) -> str:
-    """Which serving engine the profile describes (docs/performance-model.md "Which engine a
-    profile describes")."""
+    """Which serving engine the profile describes (docs/performance-model.md#which-engine-a-profile-describes)."""
     fit = (hw.calibration or {}).get("fit")
     if fit:
         return (
@@ -142,135 +153,254 @@ def _engine_sentence(hw: HardwareProfile) -> str:
     )
 
 
-def build_report(
-    shape: ModelShape,
-    heads: DraftHeadsShape | None,
-    hw: HardwareProfile,
-    out_dir,
-    *,
-    accuracy=None,
-    accuracy_label: str = "",
-    batches=(1, 2, 4, 8, 16, 32, 64),
-    contexts=(128, 256, 512, 1024, 2048, 4096, 8192),
-    max_nodes: int = 64,
-    attention: str = "fused",
-    plot_context: int | None = None,
-    command: str = "",
-    title: str | None = None,
-    save_hardware: bool = False,
-    joint: bool = False,
-    used_heads: bool = False,
-    notes: list[str] | tuple = (),
-    proposal=None,
-    tau=None,
-    tau_source: str | None = None,
-    engine=None,
-    verification: str = "tree",
-    sequential_draft: bool = False,
-    draft_cost: DraftCost | None = None,
-) -> dict:
-    """Write the report into out_dir; returns a summary dict (paths, best cells).
+@dataclass(frozen=True)
+class ReportRequest:
+    """What a report predicts and how it presents it.
 
-    With `accuracy`, `proposal` (a proposal sequence) and `tau` (its tau curve) are the trees
-    the grid predicts for; `tau_source` says what they are. With `engine` (a treeopt.engines.Engine)
+    `shape`, `heads` and `hw`: the model, its Medusa draft heads (None: none) and the hardware
+    profile. With `accuracy`, `proposal` (a proposal sequence) and `tau` (its tau curve) are the
+    trees the grid predicts for; `tau_source` says what they are (default: Medusa's greedy
+    sequence, `joint` statistics or independent heads). With `engine` (a treeopt.engines.Engine)
     index.md gives each cell's tree as the line that engine takes. With a sequential
     `draft_cost` (Hydra heads, an MLP speculator) the grid charges its stages depth by depth on
-    each tree's nodes (docs/performance-model.md, "Drafter cost") instead of `heads`; the chart
-    and the configuration table show it on a chain of one node per depth."""
-    out = Path(out_dir)
-    sequential = draft_cost is not None and draft_cost.sequential
-    chart_heads = DraftWork(draft_cost, np.ones(draft_cost.stages)) if sequential else heads
-    out.mkdir(parents=True, exist_ok=True)
-    files = {}
-    title = title or f"{shape.name} with {heads.num_heads if heads else 0} draft heads on {hw.name}"
-    ctx_list = sorted(int(c) for c in contexts)
+    each tree's nodes (docs/performance-model.md#drafter-cost) instead of `heads`; the chart
+    and the configuration table show it on a chain of one node per depth. `used_heads`: a tree
+    runs only the heads its depth reaches; `sequential_draft`: it pays the profile's cost per
+    draft stage once per depth. `plot_context`: the context of the curves (None: the one
+    nearest 1024); `command`, `title`, `notes`: for index.md; `save_hardware`: write the
+    profile beside the report."""
+
+    shape: ModelShape
+    heads: DraftHeadsShape | None
+    hw: HardwareProfile
+    accuracy: AccuracyTable | None = None
+    accuracy_label: str = ""
+    proposal: Tree | None = None
+    tau: Sequence[float] | np.ndarray | None = None
+    tau_source: str | None = None
+    joint: bool = False
+    batches: Sequence[int] = (1, 2, 4, 8, 16, 32, 64)
+    contexts: Sequence[int] = (128, 256, 512, 1024, 2048, 4096, 8192)
+    max_nodes: int = 64
+    attention: str = "fused"
+    verification: str = "tree"
+    used_heads: bool = False
+    sequential_draft: bool = False
+    draft_cost: DraftCost | None = None
+    engine: Engine | None = None
+    plot_context: int | None = None
+    title: str | None = None
+    command: str = ""
+    notes: Sequence[str] = ()
+    save_hardware: bool = False
+
+    @property
+    def sequential(self) -> bool:
+        return self.draft_cost is not None and self.draft_cost.sequential
+
+
+@dataclass(frozen=True, eq=False)
+class ConfigurationStep:
+    """The predicted step of one roofline configuration: its `case`, the drafter it runs with
+    (None: the base model alone), the step time (s; inf when it does not fit) and the memory it
+    needs (bytes)."""
+
+    case: RooflineCase
+    drafter: DraftHeadsShape | DraftWork | None
+    step_s: float
+    memory_bytes: float
+
+
+@dataclass(frozen=True, eq=False)
+class ReportResults:
+    """What a report shows, computed from its `ReportRequest` (`compute_report`).
+
+    `title`; `contexts` (sorted) and `plot_context`; the roofline `cases`, the drafter the chart
+    charges (`chart_heads`), the chart's `points` (`roofline.plots.roofline_points`) and each
+    case's predicted step (`steps`); `decode_shares`: plain decoding's operators and their share
+    of its operator time, largest first. With an accuracy table: `tau`, the speedup `grid`, its
+    `best` tree per cell and the `selection` document (`treeopt.selection/v1`)."""
+
+    title: str
+    contexts: list[int]
+    plot_context: int
+    cases: list[RooflineCase]
+    chart_heads: DraftHeadsShape | DraftWork | None
+    points: pd.DataFrame
+    steps: list[ConfigurationStep]
+    decode_shares: list[tuple[str, float]]
+    tau: np.ndarray | None = None
+    grid: pd.DataFrame | None = None
+    best: pd.DataFrame | None = None
+    selection: dict | None = None
+
+
+def build_report(request: ReportRequest, out_dir) -> dict:
+    """Write the report of `request` into out_dir; returns a summary dict (`files`: what was
+    written, by kind; `best`: the best tree per cell, with an accuracy table)."""
+    return write_report(request, compute_report(request), out_dir)
+
+
+def compute_report(request: ReportRequest) -> ReportResults:
+    """Every number of the report: the roofline points and configuration steps, and with an
+    accuracy table the speedup grid, the best tree per cell and the selection."""
+    r = request
+    if r.accuracy is not None and (r.proposal is None or r.tau is None):
+        raise UserError("report: an accuracy table needs the proposal sequence and its tau")
+    title = r.title or f"{r.shape.name} with {r.heads.num_heads if r.heads else 0} draft heads on {r.hw.name}"
+    ctx_list = sorted(int(c) for c in r.contexts)
+    plot_context = r.plot_context
     if plot_context is None:
         plot_context = min(ctx_list, key=lambda c: abs(np.log2(max(c, 1)) - 10))
-    # 1. roofline chart
     cases = default_cases(
         context=plot_context,
         prompt=512,
-        decode_batch=32 if 32 in batches else max(batches),
-        tree_batch=16 if 16 in batches else max(batches),
+        decode_batch=32 if 32 in r.batches else max(r.batches),
+        tree_batch=16 if 16 in r.batches else max(r.batches),
     )
-    pts = roofline_chart(
-        shape,
+    chart_heads = DraftWork(r.draft_cost, np.ones(r.draft_cost.stages)) if r.sequential else r.heads
+    results = ReportResults(
+        title,
+        ctx_list,
+        plot_context,
+        cases,
         chart_heads,
-        hw,
+        roofline_points(r.shape, chart_heads, r.hw, cases, attention=r.attention),
+        [_configuration_step(r, case, chart_heads) for case in cases],
+        _decode_shares(r, plot_context),
+    )
+    if r.accuracy is None:
+        return results
+    tau = np.asarray(r.tau, dtype=float)
+    grid = _speedup_grid(r, tau, ctx_list)
+    selection = selection_from_grid(
+        grid,
+        r.proposal,
+        r.hw.name,
+        r.shape.name,
+        extra={"heads": r.heads.num_heads if r.heads else 0, "attention": r.attention, "verification": r.verification},
+    )
+    return replace(results, tau=tau, grid=grid, best=best_per_cell(grid), selection=selection)
+
+
+def _configuration_step(r: ReportRequest, case: RooflineCase, chart_heads) -> ConfigurationStep:
+    hd = chart_heads if case.heads else None
+    t = step_time_s(
+        r.shape, hd, r.hw, batch=case.batch, tokens=case.tokens, context=case.context, attention=r.attention
+    )
+    need = float(
+        memory_required_bytes(
+            r.shape, hd, batch=case.batch, tokens=case.tokens, context=case.context, attention=r.attention
+        )
+    )
+    return ConfigurationStep(case, hd, t, need)
+
+
+def _decode_shares(r: ReportRequest, context: int) -> list[tuple[str, float]]:
+    """Plain decoding's operators at batch 1 and their share of its operator time."""
+    dec = op_timings(r.shape, None, r.hw, batch=1, tokens=1, context=context, attention=r.attention)
+    tot = sum(float(t.total_s) for t in dec)
+    return [(t.op.name, float(t.total_s) / tot) for t in sorted(dec, key=lambda t: -float(t.total_s))]
+
+
+def _speedup_grid(r: ReportRequest, tau: np.ndarray, contexts: list[int]) -> pd.DataFrame:
+    tree = r.proposal
+    grid_heads = (
+        DraftWork(r.draft_cost, draft_rows_by_prefix(tree.prefix(len(tau) - 1), r.draft_cost.stages))
+        if r.sequential
+        else r.heads
+    )
+    return speedup_grid(
+        r.shape,
+        grid_heads,
+        r.hw,
+        tau,
+        r.batches,
+        contexts,
+        attention=r.attention,
+        verification=r.verification,
+        tree=tree,
+        per_size=PerTreeSize(
+            heads_used=heads_used_by_prefix(tree) if r.used_heads and not r.sequential else None,
+            draft_stages=heads_used_by_prefix(tree) if r.sequential_draft and not r.sequential else None,
+            drafted=drafted_sizes(tree, r.engine) if r.engine is not None and r.engine.family == "uniform" else None,
+        ),
+    )
+
+
+def write_report(request: ReportRequest, results: ReportResults, out_dir) -> dict:
+    """Write the report's files into out_dir: roofline.png; with an accuracy table grid.csv,
+    selection.json, speedup.png and best.png, else overhead.png; hardware.json when asked;
+    index.md. Returns the summary `build_report` returns."""
+    r, res, out = request, results, Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    files = {}
+    roofline_chart(
+        res.points,
+        r.shape,
+        r.hw,
         out / "roofline.png",
-        cases=cases,
-        attention=attention,
-        title=f"Roofline: {shape.name} ({shape.dtype}) on {hw.name}",
+        cases=res.cases,
+        title=f"Roofline: {r.shape.name} ({r.shape.dtype}) on {r.hw.name}",
     )
     files["roofline"] = "roofline.png"
-
     summary: dict = {"files": files}
-    tree, tau = proposal, (None if tau is None else np.asarray(tau, dtype=float))
-    if accuracy is not None and (tree is None or tau is None):
-        raise UserError("report: an accuracy table needs the proposal sequence and its tau")
-    if accuracy is not None:
-        grid_heads = (
-            DraftWork(draft_cost, draft_rows_by_prefix(tree.prefix(len(tau) - 1), draft_cost.stages))
-            if sequential
-            else heads
-        )
-        grid = speedup_grid(
-            shape,
-            grid_heads,
-            hw,
-            tau,
-            batches,
-            ctx_list,
-            attention=attention,
-            heads_used=heads_used_by_prefix(tree) if used_heads and not sequential else None,
-            verification=verification,
-            tree=tree,
-            draft_stages=heads_used_by_prefix(tree) if sequential_draft and not sequential else None,
-            drafted=drafted_sizes(tree, engine) if engine is not None and engine.family == "uniform" else None,
-        )
-        best = best_per_cell(grid)
-        with atomic_path(out / "grid.csv") as tmp:
-            grid.to_csv(tmp, index=False, float_format="%.6g")
-        files["grid"] = "grid.csv"
-        sel = selection_from_grid(
-            grid,
-            tree,
-            hw.name,
-            shape.name,
-            extra={"heads": heads.num_heads if heads else 0, "attention": attention, "verification": verification},
-        )
-        write_json(out / "selection.json", sel)
-        files["selection"] = "selection.json"
-        speedup_curves(
-            grid,
-            out / "speedup.png",
-            context=plot_context,
-            title=f"Predicted speedup against tree size: {shape.name}, {hw.name}, context {plot_context}",
-        )
-        files["speedup"] = "speedup.png"
-        best_heatmaps(best, out / "best.png", title=f"Best tree per batch and context: {shape.name} on {hw.name}")
-        files["best"] = "best.png"
-        summary["best"] = best
+    if res.grid is not None:
+        files.update(_write_speedup_files(r, res, out))
+        summary["best"] = res.best
     else:
         overhead_curves(
-            shape,
-            heads,
-            hw,
+            r.shape,
+            r.heads,
+            r.hw,
             out / "overhead.png",
-            batches=batches,
-            context=plot_context,
-            max_nodes=max_nodes,
-            attention=attention,
+            batches=r.batches,
+            context=res.plot_context,
+            max_nodes=r.max_nodes,
+            attention=r.attention,
         )
         files["overhead"] = "overhead.png"
-    if save_hardware:
-        hw.save(out / "hardware.json")
+    if r.save_hardware:
+        r.hw.save(out / "hardware.json")
         files["hardware"] = "hardware.json"
+    write_text(out / "index.md", report_markdown(r, res))
+    files["index"] = "index.md"
+    return summary
 
-    # index.md ---------------------------------------------------------------------------
-    L = [f"# {title}", ""]
-    if command:
-        L += ["Regenerate with:", "", "```", command, "```", ""]
+
+def _write_speedup_files(r: ReportRequest, res: ReportResults, out: Path) -> dict:
+    with atomic_path(out / "grid.csv") as tmp:
+        res.grid.to_csv(tmp, index=False, float_format="%.6g")
+    write_json(out / "selection.json", res.selection)
+    speedup_curves(
+        res.grid,
+        out / "speedup.png",
+        context=res.plot_context,
+        title=f"Predicted speedup against tree size: {r.shape.name}, {r.hw.name}, context {res.plot_context}",
+    )
+    best_heatmaps(res.best, out / "best.png", title=f"Best tree per batch and context: {r.shape.name} on {r.hw.name}")
+    return {"grid": "grid.csv", "selection": "selection.json", "speedup": "speedup.png", "best": "best.png"}
+
+
+def report_markdown(request: ReportRequest, results: ReportResults) -> str:
+    """The report's index.md."""
+    r, res = request, results
+    L = _intro(r, res) + _assumptions(r)
+    if r.notes:
+        L += ["## Notes", ""] + [f"- {n}" for n in r.notes] + [""]
+    L += _roofline_section(r, res)
+    L += _speedup_section(r, res) if res.grid is not None else _overhead_section(res)
+    if r.save_hardware:
+        L += ["The hardware profile used is `hardware.json`.", ""]
+    return "\n".join(L)
+
+
+def _intro(r: ReportRequest, res: ReportResults) -> list[str]:
+    """Title, how to regenerate, and the inputs: model, drafter, hardware, accuracy, grid."""
+    shape, heads = r.shape, r.heads
+    L = [f"# {res.title}", ""]
+    if r.command:
+        L += ["Regenerate with:", "", "```", r.command, "```", ""]
     L += [
         f"Written by treeopt {__version__}. Every number here is a prediction of the roofline latency "
         "model (`roofline/`), not a measurement.",
@@ -279,9 +409,9 @@ def build_report(
         "",
     ]
     L.append(f"- **Model** {shape.describe()}. Source: {shape.source}.")
-    if sequential:
+    if r.sequential:
         L.append(
-            f"- **Drafter**: {draft_cost.describe()} ({draft_cost.params / 1e6:.1f} M parameters); each "
+            f"- **Drafter**: {r.draft_cost.describe()} ({r.draft_cost.params / 1e6:.1f} M parameters); each "
             "stage runs on the nodes of the depth above that have children, plus the profile's cost per "
             "sequential draft stage."
         )
@@ -292,43 +422,52 @@ def build_report(
         )
     else:
         L.append("- **Draft heads**: none.")
-    L += _hardware_section(hw, shape.dtype)
-    if accuracy is not None:
-        sizes = [n for n in (0, 1, 2, 4, 8, 16, 32, 48, 64, 96, 128) if n < len(tau)]
-        what = tau_source or (
-            f"Medusa's greedy proposal sequence of {len(tau) - 1} nodes built from it; "
-            "expected tokens per step τ of its prefixes "
-            f"({'joint statistics' if joint else 'independent heads, docs/statistics.md'})"
-        )
-        L += [
-            "",
-            f"- **Accuracy table**: {accuracy_label}. {what}:",
-            "",
-            "  | n | " + " | ".join(str(n) for n in sizes) + " |",
-            "  |---|" + "---|" * len(sizes),
-            "  | τ | " + " | ".join(f"{tau[n]:.3f}" for n in sizes) + " |",
-        ]
+    L += _hardware_section(r.hw, shape.dtype)
+    if res.tau is not None:
+        L += _accuracy_lines(r, res.tau)
     L += [
         "",
-        f"- **Grid**: batch {', '.join(map(str, batches))}; context (cached tokens) "
-        f"{', '.join(map(str, ctx_list))}; tree sizes 0..{max_nodes}; attention {attention}; verification "
-        f"{verification}.",
+        f"- **Grid**: batch {', '.join(map(str, r.batches))}; context (cached tokens) "
+        f"{', '.join(map(str, res.contexts))}; tree sizes 0..{r.max_nodes}; attention {r.attention}; verification "
+        f"{r.verification}.",
         "",
     ]
-    L += [
+    return L
+
+
+def _accuracy_lines(r: ReportRequest, tau: np.ndarray) -> list[str]:
+    sizes = [n for n in (0, 1, 2, 4, 8, 16, 32, 48, 64, 96, 128) if n < len(tau)]
+    what = r.tau_source or (
+        f"Medusa's greedy proposal sequence of {len(tau) - 1} nodes built from it; "
+        "expected tokens per step τ of its prefixes "
+        f"({'joint statistics' if r.joint else 'independent heads, docs/statistics.md'})"
+    )
+    return [
+        "",
+        f"- **Accuracy table**: {r.accuracy_label}. {what}:",
+        "",
+        "  | n | " + " | ".join(str(n) for n in sizes) + " |",
+        "  |---|" + "---|" * len(sizes),
+        "  | τ | " + " | ".join(f"{tau[n]:.3f}" for n in sizes) + " |",
+    ]
+
+
+def _assumptions(r: ReportRequest) -> list[str]:
+    heads = r.heads
+    return [
         "## Assumptions",
         "",
-        f"- **Engine**: {_engine_sentence(hw)}",
+        f"- **Engine**: {_engine_sentence(r.hw)}",
         "- Step time = framework overhead (per forward, per layer, per token row and cached token) + Σ over "
         "operators of max(FLOPs / compute rate, bytes / memory rate) + kernels × kernel overhead + the engine "
         "terms of a speculative step (a fixed cost per step, a cost per verified token and per sequential draft "
-        'stage). Operators and their FLOPs and minimum bytes follow docs/performance-model.md, "Operators" '
+        "stage). Operators and their FLOPs and minimum bytes follow docs/performance-model.md#operators "
         "(Medusa paper Appendix G, Table 5), plus norms, rotary, residuals, the activation and the KV-cache write.",
         "- Verification: "
         + (
             "a tree of n nodes is verified as q = n + 1 tokens per sequence under a tree mask, "
             "reading each sequence's KV cache once."
-            if verification == "tree"
+            if r.verification == "tree"
             else "a tree of n nodes is verified as its root-to-leaf paths, each a separate sequence "
             "of its depth + 1 tokens that re-reads the context (batch expansion, no tree "
             "attention)."
@@ -341,10 +480,10 @@ def build_report(
         "the die's: the A100's is fitted so that Vicuna-7B on an A100-80GB-SXM reproduces the measured "
         "skinny-GEMM cost (flat to ~64 tokens, 1.27× the one-token step at 96, 1.9× at 256); the GH100's and "
         "the GA102's are fitted to public GEMM timings on an H100-SXM and an A40 (docs/performance-model.md, "
-        '"GEMM row efficiency"). ' + _knee_sentence(hw),
+        '"GEMM row efficiency"). ' + _knee_sentence(r.hw),
         "- Plain decoding (n = 0) runs the base model alone (q = 1, no heads); a tree of n nodes verifies "
         "q = n + 1 tokens per sequence and runs "
-        + ("the heads its depth needs" if used_heads else "all draft heads")
+        + ("the heads its depth needs" if r.used_heads else "all draft heads")
         + " on "
         + (
             "all of them"
@@ -355,13 +494,16 @@ def build_report(
         "- τ assumes greedy verification; speedup = τ / overhead; the best tree per cell is the smallest "
         'size of largest speedup, and "none" (n = 0) when no tree beats 1.0.',
         "- Memory: weights + heads + KV cache of b·(s + q) tokens + the largest activation must fit in the "
-        f"capacity, {hw.capacity_text()}; cells that do not are marked OOM, not predicted.",
+        f"capacity, {r.hw.capacity_text()}; cells that do not are marked OOM, not predicted.",
         "",
     ]
 
-    if notes:
-        L += ["## Notes", ""] + [f"- {n}" for n in notes] + [""]
-    L += [
+
+def _roofline_section(r: ReportRequest, res: ReportResults) -> list[str]:
+    """The chart, the operators above the matrix roof, each configuration's step and where
+    plain decoding spends its time."""
+    pts, dtype = res.points, r.shape.dtype
+    L = [
         "## Roofline",
         "",
         "![roofline chart](roofline.png)",
@@ -371,10 +513,10 @@ def build_report(
         "FLOPs (embedding gather, KV-cache write) are not drawn.",
         "",
     ]
-    above = sorted(set(pts.loc[pts["attained_flops"] > hw.peak(shape.dtype) * 1.001, "name"])) if len(pts) else []
+    above = sorted(set(pts.loc[pts["attained_flops"] > r.hw.peak(dtype) * 1.001, "name"])) if len(pts) else []
     if above:
         L += [
-            f"Above the {shape.dtype} matrix roof: {', '.join(above)}. Their calibrated efficiency exceeds 1: "
+            f"Above the {dtype} matrix roof: {', '.join(above)}. Their calibrated efficiency exceeds 1: "
             "the kernel computes in another precision than the roof's (CPU attention on bf16 inputs runs in "
             "fp32), so the roof does not bind them.",
             "",
@@ -385,86 +527,78 @@ def build_report(
         "| configuration | step time | memory needed |",
         "|---|---|---|",
     ]
-    for c in cases:
-        hd = chart_heads if c.heads else None
-        t = step_time_s(shape, hd, hw, batch=c.batch, tokens=c.tokens, context=c.context, attention=attention)
-        need = float(
-            memory_required_bytes(shape, hd, batch=c.batch, tokens=c.tokens, context=c.context, attention=attention)
-        )
+    for step in res.steps:
         L.append(
-            f"| {c.label}{' (+ heads)' if hd else ''} | {_fmt_s(t) if np.isfinite(t) else 'OOM'} | "
-            f"{need / GIB:.1f} GiB |"
+            f"| {step.case.label}{' (+ heads)' if step.drafter else ''} | "
+            f"{_fmt_s(step.step_s) if np.isfinite(step.step_s) else 'OOM'} | {step.memory_bytes / GIB:.1f} GiB |"
         )
-    dec = op_timings(shape, None, hw, batch=1, tokens=1, context=plot_context, attention=attention)
-    tot = sum(float(t.total_s) for t in dec)
     L += [
         "",
-        f"Where plain decoding (b = 1, s = {plot_context}) spends its time: "
-        + ", ".join(
-            f"{t.op.name} {float(t.total_s) / tot * 100:.0f}%" for t in sorted(dec, key=lambda t: -float(t.total_s))[:6]
-        )
+        f"Where plain decoding (b = 1, s = {res.plot_context}) spends its time: "
+        + ", ".join(f"{name} {share * 100:.0f}%" for name, share in res.decode_shares[:6])
         + " (of the operator time).",
         "",
     ]
+    return L
 
-    if accuracy is not None:
-        best = summary["best"]
-        L += [
-            "## Speedup against tree size",
-            "",
-            "![speedup against tree size](speedup.png)",
-            "",
-            f"Top: predicted speedup τ(n) / overhead(n) at context {plot_context}, one curve per batch size; "
-            "the star marks the best tree size. Bottom: the overhead T(n) / T(0).",
-            "",
-            "## Best tree per batch and context",
-            "",
-            "![best tree heatmaps](best.png)",
-            "",
-            "Best tree size (nodes) and predicted speedup per cell:",
-            "",
-            "| batch \\ context | " + " | ".join(str(c) for c in ctx_list) + " |",
-            "|---|" + "---|" * len(ctx_list),
-        ]
-        for b in sorted(best["batch"].unique()):
-            cells = []
-            for c in ctx_list:
-                r = best[(best["batch"] == b) & (best["context"] == c)].iloc[0]
-                if not r["fits_memory"]:
-                    cells.append("OOM")
-                elif r["nodes"] == 0:
-                    cells.append("none")
-                else:
-                    cells.append(f"{int(r['nodes'])} ({r['speedup']:.2f}×)")
-            L.append(f"| {b} | " + " | ".join(cells) + " |")
-        if engine is not None:
-            L += ["", *engine_lines(engine, tree, best, heads.num_heads if heads else None, accuracy)]
-        L += [
-            "",
-            "`selection.json` (format `treeopt.selection/v1`) holds the medusa_choices of every cell; "
-            "`grid.csv` every (batch, context, tree size) with τ, step time, overhead and speedup.",
-            "",
-        ]
-    else:
-        L += [
-            "## Overhead against tree size",
-            "",
-            "![overhead against tree size](overhead.png)",
-            "",
-            "No accuracy table was given, so there is no τ and no speedup: this is the predicted step-time "
-            f"overhead T(n)/T(0) at context {plot_context}.",
-            "",
-        ]
-    if save_hardware:
-        L += ["The hardware profile used is `hardware.json`.", ""]
-    write_text(out / "index.md", "\n".join(L))
-    files["index"] = "index.md"
-    return summary
+
+def _speedup_section(r: ReportRequest, res: ReportResults) -> list[str]:
+    """The speedup curves and the best tree per batch and context, as a table and as engine lines."""
+    best, ctx_list = res.best, res.contexts
+    L = [
+        "## Speedup against tree size",
+        "",
+        "![speedup against tree size](speedup.png)",
+        "",
+        f"Top: predicted speedup τ(n) / overhead(n) at context {res.plot_context}, one curve per batch size; "
+        "the star marks the best tree size. Bottom: the overhead T(n) / T(0).",
+        "",
+        "## Best tree per batch and context",
+        "",
+        "![best tree heatmaps](best.png)",
+        "",
+        "Best tree size (nodes) and predicted speedup per cell:",
+        "",
+        "| batch \\ context | " + " | ".join(str(c) for c in ctx_list) + " |",
+        "|---|" + "---|" * len(ctx_list),
+    ]
+    for b in sorted(best["batch"].unique()):
+        cells = []
+        for c in ctx_list:
+            row = best[(best["batch"] == b) & (best["context"] == c)].iloc[0]
+            if not row["fits_memory"]:
+                cells.append("OOM")
+            elif row["nodes"] == 0:
+                cells.append("none")
+            else:
+                cells.append(f"{int(row['nodes'])} ({row['speedup']:.2f}×)")
+        L.append(f"| {b} | " + " | ".join(cells) + " |")
+    if r.engine is not None:
+        L += ["", *engine_lines(r.engine, r.proposal, best, r.heads.num_heads if r.heads else None, r.accuracy)]
+    L += [
+        "",
+        "`selection.json` (format `treeopt.selection/v1`) holds the medusa_choices of every cell; "
+        "`grid.csv` every (batch, context, tree size) with τ, step time, overhead and speedup.",
+        "",
+    ]
+    return L
+
+
+def _overhead_section(res: ReportResults) -> list[str]:
+    return [
+        "## Overhead against tree size",
+        "",
+        "![overhead against tree size](overhead.png)",
+        "",
+        "No accuracy table was given, so there is no τ and no speedup: this is the predicted step-time "
+        f"overhead T(n)/T(0) at context {res.plot_context}.",
+        "",
+    ]
 
 
 def engine_lines(engine, proposal, best, num_heads, accuracy) -> list[str]:
     """Markdown: per (batch, context) of `best` the chosen prefix of `proposal` as the line
-    `engine` takes (docs/engines.md "Exports")."""
+    `engine` takes (docs/engines.md#exports)."""
     L = [f"Paste-ready for {engine.title}, per cell:", "", "| batch | context | nodes | line |", "|---|---|---|---|"]
     for b, c, n, fits in best[["batch", "context", "nodes", "fits_memory"]].itertuples(index=False):
         if not fits or n == 0:

@@ -9,7 +9,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from treeopt.app.run import RunSettings, run_main_job
+from treeopt.app.run import run_main_job
+from treeopt.app.stages.job import RunSettings
 from treeopt.cli import main
 from treeopt.tree import make_tree
 
@@ -77,7 +78,19 @@ def test_run_main_job_writes_a_consistent_report_and_resumes(tmp_path):
     mix = json.loads((out / "selection.json").read_text())["mix"]
     assert [(c["batch"], c["context"], c["weight"]) for c in mix["cells"]] == [(1, 32, 0.5), (2, 32, 0.5)]
     assert mix["medusa_choices"] == proposal.prefix(mix["nodes"]).to_choices()
-    assert mix["expected_tokens_per_s"] <= mix["per_cell_best_tokens_per_s"] * (1 + 1e-9)
+    # the mix tree runs one size everywhere, so it cannot beat the best measured size of every
+    # cell (its own shipped answer may be a smaller tree within --tolerance of that best, or no
+    # speculation where it is undecided, so per_cell_best_tokens_per_s is not a bound)
+    sweep = pd.read_csv(out / "sweep.csv")
+    plain = sweep[sweep["nodes"] == 0].set_index(["batch", "context"])
+    bound = sum(
+        c["weight"]
+        * c["batch"]
+        / plain.loc[(c["batch"], c["context"]), "step_time_s"]
+        * max(1.0, sweep[(sweep["batch"] == c["batch"]) & (sweep["context"] == c["context"])]["speedup"].max())
+        for c in mix["cells"]
+    )
+    assert mix["expected_tokens_per_s"] <= bound * (1 + 1e-9)
     assert "### One tree for the traffic mix" in (out / "index.md").read_text()
     assert_one_tree_per_cell(out)
 

@@ -11,7 +11,8 @@ import pytest
 from calibration import demo_draft
 from calibration.models import load_model, tiny_model_for_tests
 from treeopt.app.draft_model import chain_tree
-from treeopt.app.run import RunSettings, run_main_job
+from treeopt.app.run import run_main_job
+from treeopt.app.stages.job import RunSettings
 from treeopt.cli import main
 
 # tests/test_pipeline.py's small run, with the demo's draft model drafting up to 4 tokens

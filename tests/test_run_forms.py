@@ -1,7 +1,7 @@
 """`treeopt run` with an MLP speculator measures IBM's candidate form beside its proposal trees:
 the candidate sets are the speculator config's top-k products cut to the best n (brute force
 here), swept merged into their prefix tree and as candidate sequences, and the choice per cell
-is one form's own pick (docs/builders.md, "Choosing the verification form")."""
+is one form's own pick (docs/builders.md#choosing-the-verification-form)."""
 
 import itertools
 import json
@@ -9,7 +9,8 @@ import json
 import numpy as np
 
 from treeopt.accuracy import load_accuracy
-from treeopt.app.run import RunSettings, run_main_job
+from treeopt.app.run import run_main_job
+from treeopt.app.stages.job import RunSettings
 from treeopt.selection import read_sweep
 
 SPECULATOR_SMALL = RunSettings(

@@ -1,7 +1,7 @@
 """Several drafters of one model side by side: the `treeopt run` folder of each (its accuracy
 table and rank vectors, its measured sweep and its selection) in one markdown report: tau
 against tree size, what sequential dependence buys over Medusa's parallel heads at equal tree
-size, measured speedup per batch, the best tree of each (docs/decoder.md, "Drafters")."""
+size, measured speedup per batch, the best tree of each (docs/decoder.md#drafters)."""
 
 from __future__ import annotations
 
@@ -80,7 +80,14 @@ def compare_drafters(runs: dict[str, Path], out_dir, *, sizes=SIZES, command: st
     table = tau_table(curves, sizes)
     with atomic_path(out / "tau.csv") as tmp:
         table.to_csv(tmp, index=False, float_format="%.4f")
+    _plot_tau(curves, out / "tau.png")
+    L = _intro_lines(runs, curves, command) + _tau_lines(curves, table) + _measured_lines(data)
+    L += _step_cost_lines(data) + _best_tree_lines(data)
+    write_text(out / "index.md", "\n".join(L) + "\n")
+    return {"index": out / "index.md", "tau": table}
 
+
+def _plot_tau(curves: dict[str, TauCurve], path: Path) -> None:
     fig = Figure(figsize=(6.4, 4.2))
     ax = fig.add_subplot()
     for kind, tau in curves.items():
@@ -92,21 +99,28 @@ def compare_drafters(runs: dict[str, Path], out_dir, *, sizes=SIZES, command: st
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(out / "tau.png", dpi=120)
+    fig.savefig(path, dpi=120)
 
+
+def _intro_lines(runs: dict[str, Path], curves: dict[str, TauCurve], command: str) -> list[str]:
     L = [
         "# Drafters side by side",
         "",
         "Each column is one `treeopt run --drafter KIND` on the same model, prompts and machine; each "
         "drafter gets its own proposal trees, calibrated teacher-forced along the base model's greedy "
-        'continuation (docs/statistics.md, "Dependent drafters").',
+        "continuation (docs/statistics.md#dependent-drafters).",
         "",
     ]
     if command:
         L += ["Regenerate with:", "", "```", command, "```", ""]
     L += ["| drafter | run | τ estimate |", "|---|---|---|"]
     L += [f"| {_NAMES.get(k, k)} | `{runs[k]}` | {curves[k].describe()} |" for k in runs]
-    L += [
+    return L
+
+
+def _tau_lines(curves: dict[str, TauCurve], table: pd.DataFrame) -> list[str]:
+    """tau against tree size, and what each dependent drafter gains over Medusa's heads."""
+    L = [
         "",
         "## τ against tree size",
         "",
@@ -128,15 +142,20 @@ def compare_drafters(runs: dict[str, Path], out_dir, *, sizes=SIZES, command: st
                 + "."
             )
         L.append("- (The Hydra authors report +0.46 tokens per step over Medusa for Vicuna-7B; Ankner et al. 2024.)")
-    L += [
+    return L
+
+
+def _measured_lines(data: dict) -> list[str]:
+    """Per batch and context the tree (or form) each run's selection ships."""
+    L = [
         "",
         "## Measured speedup per batch",
         "",
         "The selection of each run: the tree its `selection.json` ships per batch and context (nodes, "
-        'measured speedup τ·T(0)/T(n); docs/statistics.md, "Choosing a tree with intervals"); where a run '
+        "measured speedup τ·T(0)/T(n); docs/statistics.md#choosing-a-tree-with-intervals); where a run "
         "also measured the drafter's own "
         "forms (a draft model's chains, IBM's candidate sets), the form it serves with "
-        '(docs/architecture.md, "Forms the main job compares").',
+        "(docs/architecture.md#forms-the-main-job-compares).",
         "",
     ]
     cells = {}
@@ -151,13 +170,18 @@ def compare_drafters(runs: dict[str, Path], out_dir, *, sizes=SIZES, command: st
             c = cells[(b, ctx)].get(kind)
             row.append("--" if c is None else c)
         L.append(f"| {b} | {ctx} | " + " | ".join(row) + " |")
+    return L
+
+
+def _step_cost_lines(data: dict) -> list[str]:
+    """Measured T(n)/T(0) of each run at the smallest cell they all swept."""
     batch, context = _first_cell(data)
-    L += [
+    L = [
         "",
         f"## What a step costs (batch {batch}, context {context})",
         "",
         "Measured step time of each tree size over plain decoding's, T(n)/T(0): a dependent drafter runs "
-        'once per depth, one after the other (docs/performance-model.md, "Drafter cost"), so its larger τ is '
+        "once per depth, one after the other (docs/performance-model.md#drafter-cost), so its larger τ is "
         "partly paid back in step time.",
         "",
         "| nodes | " + " | ".join(_NAMES.get(k, k) for k in data) + " |",
@@ -166,7 +190,11 @@ def compare_drafters(runs: dict[str, Path], out_dir, *, sizes=SIZES, command: st
     overheads = {k: _overheads(sweep, batch, context) for k, (_, _, sweep) in data.items()}
     for n in sorted(set().union(*(o.keys() for o in overheads.values()))):
         L.append(f"| {n} | " + " | ".join(f"{overheads[k][n]:.3f}" if n in overheads[k] else "--" for k in data) + " |")
-    L += ["", "## The best tree of each", ""]
+    return L
+
+
+def _best_tree_lines(data: dict) -> list[str]:
+    L = ["", "## The best tree of each", ""]
     for kind, (_, selection, _) in data.items():
         picks = [c for c in selection.get("cells", []) if c["nodes"]]
         if not picks:
@@ -179,8 +207,7 @@ def compare_drafters(runs: dict[str, Path], out_dir, *, sizes=SIZES, command: st
             f"{format_speedup(best.get('measured_speedup', best['speedup']))}: "
             f"`medusa_choices = {best['medusa_choices']}`"
         )
-    write_text(out / "index.md", "\n".join(L) + "\n")
-    return {"index": out / "index.md", "tau": table}
+    return L
 
 
 __all__ = ["compare_drafters", "tau_table", "SIZES"]

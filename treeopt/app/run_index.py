@@ -1,0 +1,346 @@
+"""The run's report, `index.md`: the results of the main job's stages (`treeopt.app.stages`)
+written as markdown, one function per section."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from treeopt.app.models import is_demo
+from treeopt.app.pooled import format_pooled
+from treeopt.app.stages.job import RunSettings
+from treeopt.app.stages.proposal import Proposal
+from treeopt.app.validation import ValidationResult
+from treeopt.engines import export_for, get_engine
+from treeopt.selection import format_speedup, noise_summary, rounds_needed_text
+
+
+@dataclass(frozen=True)
+class RunResults:
+    """What `index.md` reports: the run's `settings`, its `proposal`, the name of the machine's
+    profile, the `selection.json` document, the validation, the seconds each stage took, the
+    regime it measured in ("float32, 1 torch thread(s)") and whether the drafter is a draft model."""
+
+    settings: RunSettings
+    proposal: Proposal
+    hardware_name: str
+    selection: dict
+    validation: ValidationResult
+    timings_s: dict
+    regime: str = ""
+    draft_model: bool = False
+
+
+def run_index_markdown(r: RunResults) -> str:
+    """The whole `index.md` of a run."""
+    L = _header(r) + _accuracy_section(r) + _proposal_section(r) + _selection_section(r)
+    L += _validation_section(r.validation) + _prediction_section(r)
+    return "\n".join(L)
+
+
+def _header(r: RunResults) -> list[str]:
+    return (
+        [
+            f"# treeopt run: {r.settings.model} on {r.hardware_name}",
+            "",
+            "Calibrate the draft heads, build the proposal trees, calibrate this machine's roofline profile, "
+            "predict, measure, select, and check the predictions against measurements on held-out prompts.",
+            "",
+            f"Regenerate with `{_rerun_command(r.settings)}`.",
+            "",
+            f"Measured in {r.regime}." if r.regime else "",
+            "",
+        ]
+        + [f"**{line}**" for line in noise_summary(r.selection)]
+        + [""]
+    )
+
+
+def _accuracy_section(r: RunResults) -> list[str]:
+    table = r.proposal.table
+    acc = table.accuracy
+    L = [
+        "## 1. Head accuracies",
+        "",
+        f"Greedy-label calibration on `{r.settings.data}` ({int(table.positions[0])} positions for head 1), "
+        f"per-rank accuracy, top-1 and top-{table.width} (in `accuracy.json`):",
+        "",
+        "| head | top-1 | top-" + str(table.width) + " | positions |",
+        "|---|---|---|---|",
+    ]
+    for k in range(table.num_heads):
+        L.append(f"| {k + 1} | {acc[k, 0]:.3f} | {acc[k].sum():.3f} | {int(table.positions[k])} |")
+    return L
+
+
+def _proposal_section(r: RunResults) -> list[str]:
+    return [
+        "",
+        "## 2. Proposal trees",
+        "",
+        f"{r.proposal.method} proposal sequence of {r.proposal.tree.size} nodes (`proposal_tree.json`); every "
+        "prefix is the tree of that size.",
+        "",
+    ]
+
+
+def _selection_section(r: RunResults) -> list[str]:
+    selection = r.selection
+    L = [
+        "## 3. Selection: the best tree per batch size on this machine",
+        "",
+        "By measured speedup τ·T(0)/T(n) (bootstrap over paired rounds, τ's calibration error included; "
+        f"comparisons at {_percent(selection.get('confidence', 0.95))}, each shipped tree's own interval at "
+        f"{_percent(selection.get('interval_confidence', selection.get('confidence', 0.95)))}, spent over the "
+        "tree sizes so that it holds whichever is picked): the smallest tree within "
+        f"{selection.get('tolerance', 0):.0%} of the best point estimate at the lower bound of their paired ratio, "
+        "shipped only where its own lower bound is above 1; `undecided` "
+        "where another tree may still be better by more than that (`selection.json`; `sweep.csv` and "
+        "`sweep.samples.npz` hold every measurement):",
+        "",
+        "| batch | context | chosen nodes | measured speedup | interval | rounds | reason | largest point speedup at "
+        "| pooled fit's pick | predicted speedup |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    L += [_selection_row(c) for c in selection["cells"]]
+    if "pooled_fit" in selection:
+        L += ["", f"Pooled evidence: the {format_pooled(selection)} (`selection.json` `pooled_fit`)."]
+    L += [
+        "",
+        "Measured speedup against tree size per batch size, with its interval band, the pick marked "
+        "and the prediction beside it:",
+        "",
+        "![measured speedup](measured_speedup.png)",
+    ]
+    if r.settings.engine:
+        L += _engine_lines(r)
+    if "forms" in selection:
+        L += ["", _forms_markdown(selection["forms"])]
+    if "mix" in selection:
+        L += ["", _mix_markdown(selection["mix"])]
+    return L
+
+
+def _selection_row(c: dict) -> str:
+    span = f"{c['speedup_lo']:.2f}–{c['speedup_hi']:.2f}" if c.get("speedup_lo") is not None and c["nodes"] else "--"
+    return (
+        f"| {c['batch']} | {c['context']} | {c['nodes'] or 'no speculation'} | "
+        f"{format_speedup(c['measured_speedup'])} | {span} | {c.get('rounds', '--')} | "
+        f"{_reason_text(c)} | {c.get('best_nodes', '--')} | {_fit_text(c)} | "
+        f"{format_speedup(c.get('predicted_speedup'))} |"
+    )
+
+
+def _engine_lines(r: RunResults) -> list[str]:
+    """Each cell's tree as the line of the engine whose family the proposal is from."""
+    target = get_engine(r.settings.engine, topk=r.settings.topk)
+    table, proposal = r.proposal.table, r.proposal.tree
+    L = [
+        "",
+        f"Paste-ready for {target.title} (the proposal trees are from its family):",
+        "",
+        "| batch | context | line |",
+        "|---|---|---|",
+    ]
+    for c in r.selection["cells"]:
+        line = (
+            "no speculation"
+            if not c["nodes"]
+            else "`"
+            + export_for(target, proposal.prefix(c["nodes"]), heads=table.num_heads, accuracy=table.accuracy).line
+            + "`"
+        )
+        L.append(f"| {c['batch']} | {c['context']} | {line} |")
+    return L
+
+
+_ACCEPTANCE_COLUMNS = [
+    "nodes",
+    "measured_tokens_per_step",
+    "tau_independent",
+    "error_independent",
+    "tau_joint",
+    "error_joint",
+    "tau_walk",
+    "error_walk",
+    "steps",
+]
+
+
+def _validation_section(result: ValidationResult) -> list[str]:
+    L = [
+        "",
+        "## 4. Validation on held-out prompts",
+        "",
+        "Measured tokens per step of the reference decoder against τ predicted from the table:",
+        "",
+        "![acceptance](validation_acceptance.png)",
+        "",
+        _md_table(result.acceptance[_ACCEPTANCE_COLUMNS]),
+        "",
+        "tau_independent multiplies per-head per-rank accuracies; tau_joint averages the calibration's joint "
+        "rank-vector statistics over every position; tau_walk walks the same rank vectors the way the decoder "
+        "steps (after accepting A tokens the next step starts A positions on), which removes the length bias "
+        "of a per-position average where acceptance comes in runs.",
+        "",
+    ]
+    if result.latency is not None:
+        err = result.latency["overhead_error"].abs()
+        L += [
+            "Step-latency ratio T(n)/T(0), measured against the roofline prediction for this machine's "
+            f"calibrated profile: median |error| {err.median():.1%}, max {err.max():.1%} over {len(err)} "
+            "configurations.",
+            "",
+            "![latency](validation_latency.png)",
+            "",
+        ]
+    if result.regret is not None:
+        L += [
+            "Tree chosen by prediction alone against the tree the selection ships (fraction of its measured speedup):",
+            "",
+            _md_table(result.regret),
+            "",
+        ]
+    return L
+
+
+def _prediction_section(r: RunResults) -> list[str]:
+    L = [
+        "## 5. The prediction for this machine",
+        "",
+        "The roofline report of this machine's profile: [prediction/index.md](prediction/index.md).",
+        "",
+    ]
+    if not r.draft_model:  # a draft model's prediction is a table over gamma, without plots
+        L += ["![roofline](prediction/roofline.png)", "", "![speedup](prediction/speedup.png)", ""]
+    L += ["## Run time", "", ", ".join(f"{k.removesuffix('_s')} {v:.0f} s" for k, v in r.timings_s.items()), ""]
+    return L
+
+
+def _mix_markdown(mix: dict) -> str:
+    """The traffic-mix tree and what it loses, cell by cell, against each cell's own best
+    (docs/builders.md#one-tree-for-a-traffic-mix)."""
+    n = mix["nodes"]
+    if n:
+        off = mix["off_from_batch"]
+        where = f"speculation on up to batch {mix['speculate_up_to_batch']}" + (
+            f", off from batch {off}" if off is not None else " (every batch of the mix)"
+        )
+        what = f"**{n} nodes**, {where}: `medusa_choices = {mix['medusa_choices']}`"
+    else:
+        what = "**no speculation**: no tree pays on this mix"
+    ratio = mix["expected_tokens_per_s"] / mix["per_cell_best_tokens_per_s"]
+    L = [
+        "### One tree for the traffic mix",
+        "",
+        f"For the mix `{mix['source']}`, the one static tree of largest expected throughput is {what}. "
+        f"Expected {mix['expected_tokens_per_s']:.4g} tokens/s, {ratio:.1%} of every cell with its own best "
+        f"tree ({mix['per_cell_best_tokens_per_s']:.4g}); plain decoding {mix['plain_tokens_per_s']:.4g}.",
+        "",
+        "| batch | context | weight | best nodes | best speedup | mix tree nodes | mix tree speedup | loss |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for c in mix["cells"]:
+        L.append(
+            f"| {c['batch']} | {c['context']} | {c['weight']:.3f} | {c['best_nodes'] or 'none'} | "
+            f"{format_speedup(c['best_speedup'])} | {c['mix_nodes'] or 'off'} | "
+            f"{format_speedup(c['mix_speedup'])} | {c['loss_fraction']:.1%} |"
+        )
+    return "\n".join(L)
+
+
+_FORM_TITLES = {
+    "tree": "proposal tree (tree attention)",
+    "chain": "chain of gamma drafts",
+    "merged": "IBM's candidates merged into their prefix tree (tree attention)",
+    "candidates": "IBM's candidates as sequences (batch expansion)",
+}
+
+
+def _forms_markdown(forms: dict) -> str:
+    """Per cell the form to serve with and each form's measured best
+    (docs/builders.md#choosing-the-verification-form)."""
+    labels = {name: {int(n): v for n, v in d.items()} for name, d in forms.get("labels", {}).items()}
+
+    def size(form: str, nodes: int) -> str:
+        if not nodes:
+            return "no speculation"
+        return labels.get(form, {}).get(nodes) or f"{nodes} node{'s' if nodes != 1 else ''}"
+
+    names = forms["forms"]
+    L = [
+        "### Which form",
+        "",
+        "The same cells measured in each form the drafter is served in ("
+        + "; ".join(f"`{f}`: {_FORM_TITLES.get(f, f)}" for f in names)
+        + "). A form competes where its speedup's lower bound is above 1; the highest lower bound wins, "
+        "and where intervals overlap the form listed first wins (`selection.json`, `forms`).",
+        "",
+        "| batch | context | serve | speedup | interval | reason | " + " | ".join(f"best {f}" for f in names) + " |",
+        "|---|---|---|---|---|---|" + "---|" * len(names),
+    ]
+    for c in forms["cells"]:
+        chosen = f"{c['form']}: {size(c['form'], c['nodes'])}" if c["form"] else "no speculation"
+        span = f"{c['speedup_lo']:.2f}–{c['speedup_hi']:.2f}" if c["form"] else "--"
+        each = [
+            f"{size(f, c['by_form'][f]['nodes'])}, {format_speedup(c['by_form'][f]['speedup'])}"
+            if c["by_form"][f]["nodes"]
+            else "no speculation"
+            for f in names
+        ]
+        L.append(
+            f"| {c['batch']} | {c['context']} | {chosen} | {format_speedup(c['speedup'])} | {span} | "
+            f"{c['reason']} | " + " | ".join(each) + " |"
+        )
+    return "\n".join(L)
+
+
+def _md_table(df: pd.DataFrame, floatfmt: str = "{:.3f}") -> str:
+    cols = list(df.columns)
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for row in df.itertuples(index=False):
+        cells = []
+        for v in row:
+            if isinstance(v, (float, np.floating)):
+                cells.append(floatfmt.format(v) if np.isfinite(v) else "--")
+            else:
+                cells.append(str(v))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _percent(confidence: float) -> str:
+    """95%, or 98.75% where the sweep spent its error rate over several looks."""
+    return f"{confidence * 100:.4g}%"
+
+
+def _reason_text(cell: dict) -> str:
+    reason = cell.get("reason", "--")
+    if reason == "undecided":
+        return f"undecided: {rounds_needed_text(cell)}"
+    if cell.get("decided_by"):
+        return f"{reason}, decided by the {cell['decided_by']}"
+    return reason
+
+
+def _fit_text(cell: dict) -> str:
+    if "fit_nodes" not in cell:
+        return "--"
+    return f"{cell['fit_nodes']}" + ("" if cell["fit_consistent"] else " (the fit does not describe this cell)")
+
+
+def _rerun_command(s: RunSettings) -> str:
+    """The `treeopt run` command line of the settings that differ from the CLI's defaults
+    (those a report of the demo is made with; others read the full settings in run_state.json)."""
+    parts = ["treeopt run"]
+    if not is_demo(s.model):
+        parts.append(f"--model {s.model}")
+    if s.drafter:
+        parts.append(f"--drafter {s.drafter}")
+    if s.engine:
+        parts.append(f"--engine {s.engine}")
+    if s.hw_quick:
+        parts.append("--quick")
+    return " ".join(parts + ["-o <dir>"])
