@@ -275,7 +275,7 @@ def test_tau_by_hand():
 
 
 def test_tau_design_example_against_medusa_csv():
-    # The buffer example tree of docs/trees.md "Test vector" under vicuna-7b's published accuracies, by hand.
+    # The buffer example tree of docs/trees.md#test-vector under vicuna-7b's published accuracies, by hand.
     t = load_accuracy(MEDUSA_CSV, model="vicuna-7b")
     tree = make_tree([[0], [0, 0], [0, 1], [0, 2], [1], [1, 0], [1, 1], [1, 2]])
     a1 = [0.5604, 0.1113]

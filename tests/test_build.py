@@ -22,7 +22,7 @@ def value(path, acc):
 
 
 def greedy_reference(acc, n, max_depth, max_children):
-    """docs/builders.md "Medusa's greedy", word for word: walk the chosen nodes in insertion order, propose the
+    """docs/builders.md#medusas-greedy, word for word: walk the chosen nodes in insertion order, propose the
     next sibling then the first child, skip chosen ones, keep the strictly greatest."""
     chosen = [(0,)]
     while len(chosen) < n:

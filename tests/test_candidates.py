@@ -1,4 +1,4 @@
-"""IBM's candidate form (docs/builders.md, "IBM's candidate form"): the n best of the product
+"""IBM's candidate form (docs/builders.md#ibms-candidate-form): the n best of the product
 of per-stage top-k against brute force, their merged prefix tree, the tokens both forms accept
 (brute force over every rank vector) and what each form costs."""
 

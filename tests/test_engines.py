@@ -12,7 +12,7 @@ from importlib import resources
 import numpy as np
 import pytest
 
-from roofline.grid import speedup_grid
+from roofline.grid import PerTreeSize, speedup_grid
 from roofline.hardware import load_hardware
 from roofline.shapes import draft_heads_shape, model_shape
 from treeopt.accuracy import AccuracyTable, expected_tokens, load_accuracy
@@ -240,7 +240,7 @@ def test_vllm_gets_a_nested_sequence_of_uniform_trees():
         tau_curve(seq, table),
         [1, 64],
         [1024],
-        drafted=drafted,
+        per_size=PerTreeSize(drafted=drafted),
     )
     best = best_per_cell(grid)
     assert all(drafted[int(n)] for n in best["nodes"])
@@ -284,6 +284,22 @@ def test_trtllm_python_runtime_adds_missing_depth_one_ranks():
     assert check(make_tree([[0], [17]]), get_engine("trtllm"), heads=2).refused
     assert not check(make_tree([[0], [1], [0, 16]]), get_engine("trtllm"), heads=2).as_written
     assert check(make_tree([[0], [1], [0, 15]]), get_engine("trtllm"), heads=2).as_written
+
+
+def test_trtllm_rank_sixteen_is_a_wasted_slot_and_seventeen_aborts():
+    """TensorRT-LLM (docs/engines.md#tensorrt-llm): ranks 0..15 are drafted, rank 16 collides
+    with another candidate (a wasted slot, dropped from the drafted tree, the tree still
+    served), rank >= 17 aborts the C++ runtime (refused)."""
+    trtllm = get_engine("trtllm")
+    fifteen = check(make_tree([[0], [1], [0, 15]]), trtllm, heads=2)
+    assert (fifteen.as_written, fifteen.refused) == (True, False)
+    sixteen = check(make_tree([[0], [1], [0, 16], [0, 16, 0]]), trtllm, heads=3)
+    assert (sixteen.as_written, sixteen.refused) == (False, False)
+    assert set(sixteen.drafted.paths) == {(0,), (1,)}  # rank 16 and the node below it dropped
+    assert "reads another head's candidate" in sixteen.reason and "2 node(s)" in sixteen.reason
+    seventeen = check(make_tree([[0], [1], [0, 17]]), trtllm, heads=2)
+    assert (seventeen.as_written, seventeen.refused) == (False, True)
+    assert "aborts" in seventeen.reason
 
 
 def test_medusa_rank_ten_reads_another_heads_candidate():

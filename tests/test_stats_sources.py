@@ -1,5 +1,5 @@
 """The statistics every measured-speedup interval depends on, against independent sources
-(docs/statistics.md "Measured speedup intervals", "Sanity checks of a measurement"): tau's
+(docs/statistics.md#measured-speedup-intervals, docs/statistics.md#sanity-checks-of-a-measurement): tau's
 standard error by batch means against a brute-force bootstrap over whole calibration
 sequences, the tau draw shared by every tree size recovered from the speedup draws and its
 consequence for paired ratios derived by hand, and the 1% slack of the physics checks on

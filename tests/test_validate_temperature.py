@@ -3,7 +3,7 @@ the decoder's measured tokens per step under rejection sampling at T against the
 sidecar predicts, for the proposal's trees and the chains of the sizes asked.
 
 Tolerance: measured and predicted less than 4 combined standard errors apart (the bound the
-command applies, docs/statistics.md "Positional acceptance of a tree"); the predictions are
+command applies, docs/statistics.md#positional-acceptance-of-a-tree); the predictions are
 checked against tau summed by hand from the sidecar's table, node by node. The bad inputs
 (missing, v1 or other-temperature sidecar, heads at T > 0, negative T) are in
 tests/test_bad_inputs.py."""

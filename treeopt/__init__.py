@@ -24,6 +24,7 @@ PUBLIC_NAMES = (
     "HardwareProfile",
     "ModelShape",
     "Prediction",
+    "PredictionOptions",
     "ProfileFit",
     "Selection",
     "Sweep",

@@ -4,7 +4,7 @@ on calibration sequences.
 Under greedy verification the tokens a decoding step produces depend only on where it starts:
 a step that starts at position t (its root is x_{t+1}, the heads read h_t) accepts the node
 (i_1 .. i_d) exactly when head j's rank of its label x_{t+j+1} is i_j for every j <= d
-(docs/statistics.md "Joint statistics and rank vectors"). With the rank vector
+(docs/statistics.md#joint-statistics-and-rank-vectors). With the rank vector
 R_t = (r_1(t) .. r_K(t)) the step produces
 
     A_T(t) = 1 + max{ d : (r_1(t), .., r_d(t)) is a node of T }       (1 with no node matched)
@@ -287,8 +287,8 @@ def load_rank_vectors(accuracy_path, *, table=None) -> tuple[np.ndarray, np.ndar
     its per-head, per-rank counts must equal the table's hits and positions, and its
     ``run_id`` the table's ``provenance.run_id`` when either has one, so a sidecar left from
     another run (e.g. the table was overwritten by ``calibrate --import``, or by a concurrent
-    calibration) is an error, not a silently wrong prediction (docs/formats.md, "Output
-    safety"). UserError naming the file when it is unreadable or inconsistent.
+    calibration) is an error, not a silently wrong prediction (docs/formats.md#output-safety). UserError naming the
+    file when it is unreadable or inconsistent.
     """
     side = rank_vectors_path(accuracy_path)
     if not side.exists():

@@ -1,7 +1,7 @@
 """Draft-head accuracy tables and the expected number of tokens per step of a tree.
 
 Per-rank accuracy acc[k][r] = P(head k+1's rank-r proposal is the label), exact rank
-(docs/statistics.md "Per-rank accuracy"). Optional joint statistics keep the dependence
+(docs/statistics.md#per-rank-accuracy). Optional joint statistics keep the dependence
 between heads: for each node path the number of positions whose rank vector starts with it.
 The file format is documented in docs/formats.md.
 """
@@ -120,58 +120,9 @@ class AccuracyTable:
         hits = np.zeros((K, R))
         positions = np.zeros(K)
         for k, h in enumerate(heads):
-            where = f"{source}: heads[{k}]"
-            if not isinstance(h, dict):
-                raise UserError(f"{where}: expected an object with head, positions, hits")
-            if h.get("head") != k + 1:
-                raise UserError(f"{where}: field 'head' is {h.get('head')!r}, expected {k + 1} (1-based, in order)")
-            positions[k] = _number(h.get("positions"), f"{where}.positions")
-            row = h.get("hits")
-            if not isinstance(row, list) or len(row) != R:
-                got = f"{len(row)} values" if isinstance(row, list) else type(row).__name__
-                raise UserError(f"{where}.hits: expected {R} values (width), got {got}")
-            hits[k] = [_number(x, f"{where}.hits[{r}]") for r, x in enumerate(row)]
-            _validate_counts(hits[k : k + 1], positions[k : k + 1], source, first_head=k)
-            if h.get("accuracy") is not None:
-                acc = h["accuracy"]
-                if not isinstance(acc, list) or len(acc) != R:
-                    raise UserError(f"{where}.accuracy: expected {R} values (width)")
-                acc = np.array([_number(x, f"{where}.accuracy[{r}]") for r, x in enumerate(acc)])
-                bad = np.flatnonzero(np.abs(acc - hits[k] / positions[k]) > 1e-6)
-                if bad.size:
-                    r = int(bad[0])
-                    raise UserError(
-                        f"{where}.accuracy[{r}] is {acc[r]:g} but hits/positions is "
-                        f"{hits[k, r] / positions[k]:g} (accuracy is derived: fix or drop it)"
-                    )
-        joint = None
-        jd = d.get("joint")
-        if jd is not None:
-            if not isinstance(jd, dict) or not isinstance(jd.get("prefixes"), list):
-                raise UserError(f"{source}: field 'joint' must be null or {{\"prefixes\": [[path, count], ...]}}")
-            joint = {}
-            for i, item in enumerate(jd["prefixes"]):
-                where = f"{source}: joint.prefixes[{i}]"
-                if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], list)):
-                    raise UserError(f"{where}: expected [path, count]")
-                path = item[0]
-                for r in path:
-                    if isinstance(r, bool) or not isinstance(r, int):
-                        raise UserError(f"{where}: path {path!r} has a non-integer rank {r!r}")
-                path = tuple(path)
-                if path in joint:
-                    raise UserError(f"{where}: path {_node_str(path)} appears twice")
-                joint[path] = _count(item[1], f"{where} (count of {_node_str(path)})")
-            _validate_joint(joint, R, positions, source)
-        prov = d.get("provenance", {})
-        if prov is None:
-            prov = {}
-        if not isinstance(prov, dict):
-            raise UserError(f"{source}: field 'provenance' must be an object")
-        if "run_id" in prov and not isinstance(prov["run_id"], str):
-            # the key its rank-vector sidecar is matched by (docs/formats.md, "Output safety")
-            raise UserError(f"{source}: field 'provenance.run_id' must be a string, got {prov['run_id']!r}")
-        return cls(hits=hits, positions=positions, joint=joint, provenance=prov)
+            hits[k], positions[k] = _head_from_dict(h, k, R, source)
+        joint = _joint_from_dict(d.get("joint"), R, positions, source)
+        return cls(hits=hits, positions=positions, joint=joint, provenance=_provenance_from_dict(d, source))
 
     def save(self, path) -> None:
         """Write the treeopt.accuracy/v1 JSON file atomically."""
@@ -190,6 +141,72 @@ class AccuracyTable:
             joint=joint_counts_from_ranks(ranks, width) if joint else None,
             provenance=prov,
         )
+
+
+def _head_from_dict(h, k: int, width: int, source: str) -> tuple[np.ndarray, float]:
+    """(hits, positions) of entry k of a treeopt.accuracy/v1 document's heads, validated; a
+    stored `accuracy` must be hits / positions."""
+    where = f"{source}: heads[{k}]"
+    if not isinstance(h, dict):
+        raise UserError(f"{where}: expected an object with head, positions, hits")
+    if h.get("head") != k + 1:
+        raise UserError(f"{where}: field 'head' is {h.get('head')!r}, expected {k + 1} (1-based, in order)")
+    positions = _number(h.get("positions"), f"{where}.positions")
+    row = h.get("hits")
+    if not isinstance(row, list) or len(row) != width:
+        got = f"{len(row)} values" if isinstance(row, list) else type(row).__name__
+        raise UserError(f"{where}.hits: expected {width} values (width), got {got}")
+    hits = np.array([_number(x, f"{where}.hits[{r}]") for r, x in enumerate(row)])
+    _validate_counts(hits[None, :], np.array([positions]), source, first_head=k)
+    if h.get("accuracy") is None:
+        return hits, positions
+    acc = h["accuracy"]
+    if not isinstance(acc, list) or len(acc) != width:
+        raise UserError(f"{where}.accuracy: expected {width} values (width)")
+    acc = np.array([_number(x, f"{where}.accuracy[{r}]") for r, x in enumerate(acc)])
+    bad = np.flatnonzero(np.abs(acc - hits / positions) > 1e-6)
+    if bad.size:
+        r = int(bad[0])
+        raise UserError(
+            f"{where}.accuracy[{r}] is {acc[r]:g} but hits/positions is "
+            f"{hits[r] / positions:g} (accuracy is derived: fix or drop it)"
+        )
+    return hits, positions
+
+
+def _joint_from_dict(jd, width: int, positions: np.ndarray, source: str) -> dict | None:
+    """The joint prefix counts of a treeopt.accuracy/v1 document's `joint` field, validated."""
+    if jd is None:
+        return None
+    if not isinstance(jd, dict) or not isinstance(jd.get("prefixes"), list):
+        raise UserError(f"{source}: field 'joint' must be null or {{\"prefixes\": [[path, count], ...]}}")
+    joint = {}
+    for i, item in enumerate(jd["prefixes"]):
+        where = f"{source}: joint.prefixes[{i}]"
+        if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], list)):
+            raise UserError(f"{where}: expected [path, count]")
+        path = item[0]
+        for r in path:
+            if isinstance(r, bool) or not isinstance(r, int):
+                raise UserError(f"{where}: path {path!r} has a non-integer rank {r!r}")
+        path = tuple(path)
+        if path in joint:
+            raise UserError(f"{where}: path {_node_str(path)} appears twice")
+        joint[path] = _count(item[1], f"{where} (count of {_node_str(path)})")
+    _validate_joint(joint, width, positions, source)
+    return joint
+
+
+def _provenance_from_dict(d: dict, source: str) -> dict:
+    prov = d.get("provenance", {})
+    if prov is None:
+        prov = {}
+    if not isinstance(prov, dict):
+        raise UserError(f"{source}: field 'provenance' must be an object")
+    if "run_id" in prov and not isinstance(prov["run_id"], str):
+        # the key its rank-vector sidecar is matched by (docs/formats.md#output-safety)
+        raise UserError(f"{source}: field 'provenance.run_id' must be a string, got {prov['run_id']!r}")
+    return prov
 
 
 def _num(x: float):
@@ -237,27 +254,32 @@ def _validate_counts(hits: np.ndarray, positions: np.ndarray, src: str, first_he
             raise UserError(f"{src}: head {head} has {total:g} hits in all ranks but only {positions[k]:g} positions")
 
 
+def _check_joint_path(path: tuple[int, ...], count: float, width: int, positions: np.ndarray, fail) -> None:
+    """`fail(path, problem)` unless the path lies within the heads and the width, and its count
+    within its head's positions."""
+    # Messages are built only on failure: this runs for every observed prefix.
+    d = len(path)
+    if d == 0:
+        fail(path, "empty path")
+    if d > len(positions):
+        fail(path, f"depth {d} exceeds the {len(positions)} heads")
+    if min(path) < 0 or max(path) >= width:
+        fail(path, f"ranks must be in 0..{width - 1} (width {width})")
+    if count < 0:
+        fail(path, f"negative count {count:g}")
+    if count > positions[d - 1] * (1 + _TOL):
+        fail(path, f"count {count:g} exceeds head {d}'s {positions[d - 1]:g} positions")
+
+
 def _validate_joint(joint: dict, width: int, positions: np.ndarray, src: str) -> None:
-    K = len(positions)
     below: dict[tuple[int, ...], float] = {}
 
     def fail(path, problem):
         raise UserError(f"{src}: joint statistics, path {_node_str(path)}: {problem}")
 
     for path, count in joint.items():
-        # Messages are built only on failure: this loop runs over every observed prefix.
-        d = len(path)
-        if d == 0:
-            fail(path, "empty path")
-        if d > K:
-            fail(path, f"depth {d} exceeds the {K} heads")
-        if min(path) < 0 or max(path) >= width:
-            fail(path, f"ranks must be in 0..{width - 1} (width {width})")
-        if count < 0:
-            fail(path, f"negative count {count:g}")
-        if count > positions[d - 1] * (1 + _TOL):
-            fail(path, f"count {count:g} exceeds head {d}'s {positions[d - 1]:g} positions")
-        if d > 1 and count > 0:
+        _check_joint_path(path, count, width, positions, fail)
+        if len(path) > 1 and count > 0:
             parent = joint.get(path[:-1])
             if parent is None or parent < count:
                 fail(
@@ -281,14 +303,14 @@ def _validate_joint(joint: dict, width: int, positions: np.ndarray, src: str) ->
 class RankHits:
     """Per-rank hit counts of rank vectors: ``hits`` (K, R) int64, positions where head k's
     label had exact rank r < R; ``positions`` (K,) int64, positions where head k has a label
-    (its own denominator, docs/statistics.md "Per-head normalisation")."""
+    (its own denominator, docs/statistics.md#per-head-normalisation)."""
 
     hits: np.ndarray
     positions: np.ndarray
 
 
 def rank_hits(ranks, width: int) -> RankHits:
-    """Count rank vectors into per-rank hits (docs/statistics.md, "Per-rank accuracy").
+    """Count rank vectors into per-rank hits (docs/statistics.md#per-rank-accuracy).
 
     ranks (N, K) int, the exact rank of head k's label at each position: < 0 = no label (not
     counted), >= width = labelled but missed (counted in positions only). One bincount over
@@ -316,8 +338,9 @@ class ConfidenceInterval:
 
 
 def wilson_interval(hits, positions, *, confidence: float = 0.95) -> ConfidenceInterval:
-    """Wilson score interval of the proportion hits / positions (docs/statistics.md,
-    "Confidence intervals"), elementwise over broadcast arrays; fractional counts allowed.
+    """Wilson score interval of the proportion hits / positions
+    (docs/statistics.md#confidence-intervals), elementwise over broadcast arrays; fractional
+    counts allowed.
 
     The closed form of Wilson (1927) with z the two-sided normal quantile of `confidence`;
     NaN where positions <= 0 (no observation, no interval).
@@ -443,72 +466,17 @@ def _check_accuracies(row: np.ndarray, where: str) -> None:
 
 
 def _read_csv(text: str, src: str, name: str, model: str | None, default_model: str | None = None) -> AccuracyTable:
-    notes = []
-    lines = []
-    for lineno, line in enumerate(text.splitlines(), start=1):
-        if line.lstrip().startswith("#"):
-            notes.append(line.lstrip()[1:].strip())
-        elif line.strip():
-            lines.append((lineno, line))
+    notes, lines = _csv_lines(text)
     if not lines:
         raise UserError(f"{src}: no header line (expected model,head,top1,top2,...)")
     rows = list(csv.reader(io.StringIO("\n".join(line for _, line in lines))))
     header = [h.strip() for h in rows[0]]
-    topk_cols = [(i, int(m.group(1))) for i, h in enumerate(header) if (m := re.fullmatch(r"top(\d+)", h))]
-    if "head" not in header:
-        raise UserError(f"{src}: line {lines[0][0]}: header has no 'head' column")
-    for h in header:
-        if h not in ("model", "head") and not re.fullmatch(r"top\d+", h):
-            raise UserError(f"{src}: line {lines[0][0]}: unknown column {h!r} (expected model, head, top1, top2, ...)")
-    if [k for _, k in topk_cols] != list(range(1, len(topk_cols) + 1)):
-        raise UserError(f"{src}: line {lines[0][0]}: columns must be top1, top2, ... in order")
-    R = len(topk_cols)
-    if R == 0:
-        raise UserError(f"{src}: line {lines[0][0]}: header has no top1 column")
-    i_head = header.index("head")
+    topk_cols = _csv_topk_columns(header, f"{src}: line {lines[0][0]}")
     i_model = header.index("model") if "model" in header else None
-
-    by_model: dict[str, dict[int, tuple[int, np.ndarray]]] = {}
-    for (lineno, _), row in zip(lines[1:], rows[1:], strict=False):
-        if len(row) != len(header):
-            raise UserError(f"{src}: line {lineno}: {len(row)} fields, the header has {len(header)}")
-        m = row[i_model].strip() if i_model is not None else ""
-        try:
-            head = int(row[i_head])
-        except ValueError:
-            raise UserError(f"{src}: line {lineno}: head {row[i_head]!r} is not an integer") from None
-        cum = np.zeros(R)
-        for j, (i, k) in enumerate(topk_cols):
-            try:
-                cum[j] = float(row[i])
-            except ValueError:
-                raise UserError(f"{src}: line {lineno}: top{k} {row[i]!r} is not a number") from None
-            if not (0 <= cum[j] <= 1):
-                raise UserError(f"{src}: line {lineno}: top{k} = {cum[j]:g} is outside [0, 1]")
-            if j and cum[j] < cum[j - 1]:
-                raise UserError(
-                    f"{src}: line {lineno}: top{k} = {cum[j]:g} is below top{k - 1} = {cum[j - 1]:g} "
-                    "(cumulative top-k accuracies never decrease)"
-                )
-        heads = by_model.setdefault(m, {})
-        if head in heads:
-            raise UserError(
-                f"{src}: line {lineno}: head {head} of {m or 'the table'} appears twice (line {heads[head][0]})"
-            )
-        heads[head] = (lineno, cum)
+    by_model = _csv_cumulative_rows(lines[1:], rows[1:], header, topk_cols, src)
     if not by_model:
         raise UserError(f"{src}: no data rows")
-
-    models = list(by_model)
-    if model is None and default_model in by_model:
-        model = default_model
-    if model is None:
-        if len(models) > 1:
-            raise UserError(f"{src}: holds several models ({', '.join(models)}); choose one with --csv-model")
-        model = models[0]
-    elif model not in by_model:
-        listed = ", ".join(models) if i_model is not None else "none: the file has no model column"
-        raise UserError(f"{src}: no rows for model {model!r} (models: {listed})")
+    model = _csv_model(by_model, model, default_model, src, has_model_column=i_model is not None)
     heads = by_model[model]
     ids = sorted(heads)
     # The Medusa CSV numbers heads from 0; accept 1-based files too, but nothing with gaps.
@@ -529,6 +497,93 @@ def _read_csv(text: str, src: str, name: str, model: str | None, default_model: 
     return AccuracyTable(hits=acc, positions=np.ones(len(ids)), provenance=prov)
 
 
+def _csv_lines(text: str) -> tuple[list[str], list[tuple[int, str]]]:
+    """(notes, lines): the text of the `#` comment lines, and the other non-blank lines with
+    their 1-based line numbers."""
+    notes = []
+    lines = []
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        if line.lstrip().startswith("#"):
+            notes.append(line.lstrip()[1:].strip())
+        elif line.strip():
+            lines.append((lineno, line))
+    return notes, lines
+
+
+def _csv_topk_columns(header: list[str], where: str) -> list[tuple[int, int]]:
+    """[(column index, k)] of the header's top1, top2, ... columns, checked."""
+    topk_cols = [(i, int(m.group(1))) for i, h in enumerate(header) if (m := re.fullmatch(r"top(\d+)", h))]
+    if "head" not in header:
+        raise UserError(f"{where}: header has no 'head' column")
+    for h in header:
+        if h not in ("model", "head") and not re.fullmatch(r"top\d+", h):
+            raise UserError(f"{where}: unknown column {h!r} (expected model, head, top1, top2, ...)")
+    if [k for _, k in topk_cols] != list(range(1, len(topk_cols) + 1)):
+        raise UserError(f"{where}: columns must be top1, top2, ... in order")
+    if not topk_cols:
+        raise UserError(f"{where}: header has no top1 column")
+    return topk_cols
+
+
+def _csv_cumulative_rows(lines, rows, header: list[str], topk_cols, src: str) -> dict[str, dict[int, tuple]]:
+    """{model: {head: (line number, cumulative top-k accuracies)}} of the data rows."""
+    i_head = header.index("head")
+    i_model = header.index("model") if "model" in header else None
+    by_model: dict[str, dict[int, tuple[int, np.ndarray]]] = {}
+    for (lineno, _), row in zip(lines, rows, strict=False):
+        if len(row) != len(header):
+            raise UserError(f"{src}: line {lineno}: {len(row)} fields, the header has {len(header)}")
+        m = row[i_model].strip() if i_model is not None else ""
+        try:
+            head = int(row[i_head])
+        except ValueError:
+            raise UserError(f"{src}: line {lineno}: head {row[i_head]!r} is not an integer") from None
+        cum = _csv_cumulative(row, topk_cols, f"{src}: line {lineno}")
+        heads = by_model.setdefault(m, {})
+        if head in heads:
+            raise UserError(
+                f"{src}: line {lineno}: head {head} of {m or 'the table'} appears twice (line {heads[head][0]})"
+            )
+        heads[head] = (lineno, cum)
+    return by_model
+
+
+def _csv_cumulative(row: list[str], topk_cols, where: str) -> np.ndarray:
+    """One row's cumulative top-k accuracies, each in [0, 1] and never decreasing."""
+    cum = np.zeros(len(topk_cols))
+    for j, (i, k) in enumerate(topk_cols):
+        try:
+            cum[j] = float(row[i])
+        except ValueError:
+            raise UserError(f"{where}: top{k} {row[i]!r} is not a number") from None
+        if not (0 <= cum[j] <= 1):
+            raise UserError(f"{where}: top{k} = {cum[j]:g} is outside [0, 1]")
+        if j and cum[j] < cum[j - 1]:
+            raise UserError(
+                f"{where}: top{k} = {cum[j]:g} is below top{k - 1} = {cum[j - 1]:g} "
+                "(cumulative top-k accuracies never decrease)"
+            )
+    return cum
+
+
+def _csv_model(
+    by_model: dict, model: str | None, default_model: str | None, src: str, *, has_model_column: bool
+) -> str:
+    """The row set to read: `model`, else `default_model` where the file has it, else the
+    file's only one."""
+    models = list(by_model)
+    if model is None and default_model in by_model:
+        model = default_model
+    if model is None:
+        if len(models) > 1:
+            raise UserError(f"{src}: holds several models ({', '.join(models)}); choose one with --csv-model")
+        return models[0]
+    if model not in by_model:
+        listed = ", ".join(models) if has_model_column else "none: the file has no model column"
+        raise UserError(f"{src}: no rows for model {model!r} (models: {listed})")
+    return model
+
+
 # ---------------------------------------------------------------------------------------------
 # Expected tokens per step
 
@@ -545,7 +600,7 @@ def _as_acc(table_or_acc, joint: bool) -> tuple[np.ndarray, AccuracyTable | None
 
 
 def node_values(tree: Tree, table_or_acc, *, joint: bool = False, strict: bool = True) -> np.ndarray:
-    """Each node's acceptance probability, insertion order (docs/statistics.md "Expected tokens per step (tau)").
+    """Each node's acceptance probability, insertion order (docs/statistics.md#expected-tokens-per-step-tau).
 
     Independent heads: the product of acc[j][i_j] along the path. Joint: count(path) /
     positions[depth - 1]. A node deeper than the table's heads or with a rank >= its width is

@@ -30,7 +30,7 @@ from treeopt import PUBLIC_NAMES
 from treeopt.accuracy import AccuracyTable, load_accuracy
 from treeopt.accuracy import expected_tokens as _expected_tokens
 from treeopt.app.models import heads_of, shape_of
-from treeopt.app.prediction import Prediction, predict_speedup
+from treeopt.app.prediction import Prediction, PredictionOptions, predict_speedup
 from treeopt.build import build_tree as _build_tree
 from treeopt.engines import EngineDraft, EngineExport, export_for, get_engine
 from treeopt.engines import check as _check
@@ -172,7 +172,7 @@ def export_tree(
     accuracy: AccuracyTable | str | Path | None = None,
     heads: int | None = None,
 ) -> EngineExport:
-    """What `engine` takes for `tree` (docs/engines.md "Exports"): `.line`, one line to paste
+    """What `engine` takes for `tree` (docs/engines.md#exports): `.line`, one line to paste
     (the flag or config), and `.text`, everything (TensorRT-LLM adds its LLM-API config).
     `heads`: the checkpoint's draft heads (default: the table's, else the tree's depth); SGLang
     needs `accuracy`. A tree the engine does not draft as written is refused: build it with
@@ -219,14 +219,13 @@ def predict(
     dtype: str | None = None,
     heads: int | None = None,
     head_layers: int | None = None,
-    verification: str = "tree",
-    attention: str = "fused",
-    joint: bool = False,
+    options: PredictionOptions | None = None,
 ) -> Prediction:
     """The predicted speedup of every tree size 0..max_nodes of the greedy proposal (within
     `engine`'s family when given) for every batch size and context, from the roofline model of
     `hardware` (docs/performance-model.md). `heads`: the draft heads a step runs (default: the
-    table's); `verification`: "tree" or "candidates". Returns a `Prediction`: `.to_frame()`,
+    table's); `options`: how a step is priced (default `PredictionOptions()`), such as
+    `PredictionOptions(verification="candidates")`. Returns a `Prediction`: `.to_frame()`,
     `.best()`, `.plot()`, `.plot_best()`; `select(prediction)` turns it into a selection."""
     return predict_speedup(
         model if isinstance(model, ModelShape) else str(model),
@@ -237,10 +236,8 @@ def predict(
         contexts=contexts,
         max_nodes=max_nodes,
         engine=engine,
-        verification=verification,
-        attention=attention,
-        joint=joint,
         heads={"num_heads": heads, "num_layers": head_layers},
+        options=options or PredictionOptions(),
     )
 
 
@@ -271,11 +268,11 @@ def fit_profile(
     name: str | None = None,
     dtype: str | None = None,
 ) -> ProfileFit:
-    """Fit `hardware`'s engine terms to measured steps (docs/performance-model.md, "Fitting a
-    profile to measured steps"): a CSV path or a DataFrame with columns batch, context, tokens,
-    step_ms [, candidates, draft_stages]. `heads`: the draft heads whose operators a speculative
-    step's prediction includes (0: drafting is left to the fitted terms; use the same value
-    wherever the profile is used). Returns a `ProfileFit`: `.profile` (save it with
+    """Fit `hardware`'s engine terms to measured steps
+    (docs/performance-model.md#fitting-a-profile-to-measured-steps): a CSV path or a DataFrame
+    with columns batch, context, tokens, step_ms [, candidates, draft_stages]. `heads`: the draft
+    heads whose operators a speculative step's prediction includes (0: drafting is left to the
+    fitted terms; use the same value wherever the profile is used). Returns a `ProfileFit`: `.profile` (save it with
     `.profile.save(path)`), `.terms`, `.free`, `.in_sample_error`, `.loo_error` (relative)."""
     shape, head_shape = _shapes(model, dtype, heads, head_layers)
     base = load_hardware(hardware)
@@ -484,7 +481,7 @@ def select(
 
 
 def _add_engine_lines(doc: dict, engine: str, table: AccuracyTable | None) -> None:
-    """Each selected cell's medusa_choices as the line `engine` takes (docs/engines.md "Exports")."""
+    """Each selected cell's medusa_choices as the line `engine` takes (docs/engines.md#exports)."""
     target = get_engine(engine)
     acc = table.accuracy if table is not None else None
     heads = table.num_heads if table is not None else None
@@ -546,8 +543,12 @@ def load_prompts(loaded, data: str | Path = "demo", *, prompt_tokens: int = 128,
 def calibrate(loaded, prompts, *, steps: int = 32, topk: int = 10, batch_size: int = 8, **options) -> AccuracyTable:
     """The accuracy table of `loaded`'s drafter on `prompts` (greedy labels: what verification
     accepts), with the joint prefix counts. `options` are those of
-    `calibration.runner.calibrate` (labels, max_prompts, seed, checkpoint, ...)."""
+    `calibration.runner.calibrate` and the fields of its `CalibrationSettings` (labels,
+    max_prompts, seed, checkpoint, ...)."""
     # torch and transformers load here, so that the tree and roofline calls never pay for them
-    from calibration.runner import calibrate as _calibrate
+    from calibration import runner
 
-    return _calibrate(loaded, prompts, steps=steps, topk=topk, batch_size=batch_size, **options).table
+    settings, rest = runner.CalibrationSettings.split(
+        {"steps": steps, "topk": topk, "batch_size": batch_size, **options}
+    )
+    return runner.calibrate(loaded, prompts, settings, **rest).table

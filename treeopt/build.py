@@ -87,7 +87,7 @@ def _check_nodes(nodes, D: int, widths: list[int]) -> int:
 
 
 def greedy_tree(acc, nodes: int, *, max_depth=None, max_children=None) -> Tree:
-    """Medusa's greedy (docs/builders.md "Medusa's greedy"); the paths are the proposal sequence, so
+    """Medusa's greedy (docs/builders.md#medusas-greedy); the paths are the proposal sequence, so
     `.prefix(n)` is the greedy tree of n nodes.
 
     Every node is proposed by exactly one chosen node (its previous sibling, or its parent if
@@ -120,7 +120,7 @@ def greedy_tree(acc, nodes: int, *, max_depth=None, max_children=None) -> Tree:
 
 def optimal_tree(acc, nodes: int, *, max_depth=None, max_children=None) -> Tree:
     """The tree of exactly `nodes` nodes with the greatest tau under independent heads
-    (docs/builders.md "Exact optimum").
+    (docs/builders.md#exact-optimum).
 
     Exactness: a node's value is the product of the accuracies along its path, so
     - a child is worth at most its parent (accuracies are <= 1);
@@ -131,7 +131,7 @@ def optimal_tree(acc, nodes: int, *, max_depth=None, max_children=None) -> Tree:
     sibling of sorted rank s+1 is worth at most the one of rank s, and a child at most its
     parent, so every node's proposer (previous sibling, or parent for sorted rank 0) is worth
     at least the node itself: Medusa's greedy then takes the n largest values among all
-    admissible nodes (docs/builders.md "When the top-n nodes are optimal"), and no n-node
+    admissible nodes (docs/builders.md#when-the-top-n-nodes-are-optimal), and no n-node
     tree can have more. Mapping the sorted labels back gives an optimal tree of the original
     ranks; non-monotone accuracies are handled by the sort, a rank may be used without the
     ranks before it.

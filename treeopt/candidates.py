@@ -2,8 +2,7 @@
 the speculator keeps the top k_d tokens at each stage d, forms the product of these choices
 (k_1 x ... x k_D full-length candidates), and keeps the n with the highest summed
 log-probability. An engine verifies them either as n candidate sequences of D + 1 tokens
-(batch expansion) or merged into their prefix tree under a tree mask (docs/builders.md,
-"IBM's candidate form").
+(batch expansion) or merged into their prefix tree under a tree mask (docs/builders.md#ibms-candidate-form).
 
 Both forms accept the same tokens: a candidate sequence is accepted up to its first mismatch,
 and the longest such run over the n candidates is the deepest accepted node of their prefix
@@ -74,7 +73,7 @@ def candidate_proposal(acc, topk: Sequence[int], n: int) -> tuple[Tree, tuple[in
     `sizes[m - 1]`, the node count of the merged tree of the m best. The m-candidate set is
     then `tree.prefix(sizes[m - 1])`, whose leaves are exactly those m candidates (each is a
     full-length path, so none is a prefix of another): a sweep measures every candidate count
-    on one proposal, in either verification form (docs/builders.md, "IBM's candidate form")."""
+    on one proposal, in either verification form (docs/builders.md#ibms-candidate-form)."""
     paths = candidate_rank_paths(acc, topk, n)
     nodes: dict[tuple[int, ...], None] = {}
     sizes = []

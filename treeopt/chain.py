@@ -1,8 +1,8 @@
 """Chains and trees of draft-model tokens verified by rejection sampling: the expected tokens per
 step of a chain of any gamma from the per-depth acceptance alpha, of any tree from the per-depth
 positional acceptance of each child, and the alpha sidecar calibration writes beside the
-accuracy table (docs/statistics.md, "Draft-model acceptance", "Positional acceptance of a
-tree"; format: docs/formats.md, "Alpha sidecar").
+accuracy table (docs/statistics.md#draft-model-acceptance, "Positional acceptance of a
+tree"; format: docs/formats.md#alpha-sidecar-namealphajson-treeoptchain_acceptancev2).
 """
 
 from __future__ import annotations
@@ -20,20 +20,21 @@ from treeopt.fileio import read_json_input, write_json
 from treeopt.tree import Tree
 
 CHAIN_ACCEPTANCE_FORMAT = "treeopt.chain_acceptance/v1"
-#: v2 adds the positional acceptance of each child (docs/formats.md, "Alpha sidecar")
+#: v2 adds the positional acceptance of each child
+# (docs/formats.md#alpha-sidecar-namealphajson-treeoptchain_acceptancev2)
 CHAIN_ACCEPTANCE_FORMAT_V2 = "treeopt.chain_acceptance/v2"
 ALPHA_SUFFIX = ".alpha.json"
 
 
 def chain_tau(alpha_per_depth) -> np.ndarray:
     """tau(gamma) for gamma = 0 .. K: 1 + sum_{k<=gamma} prod_{j<k} alpha_j, alpha_j the
-    acceptance at depth j given that depths < j were accepted (docs/statistics.md, "Draft-model
-    acceptance"). Constant alpha gives Leviathan et al. 2023's (1 - a^(g+1)) / (1 - a)."""
+    acceptance at depth j given that depths < j were accepted (docs/statistics.md#draft-model-acceptance). Constant
+    alpha gives Leviathan et al. 2023's (1 - a^(g+1)) / (1 - a)."""
     alpha = np.asarray(alpha_per_depth, dtype=np.float64)
     if alpha.ndim != 1 or np.any(~np.isfinite(alpha)) or np.any((alpha < 0) | (alpha > 1)):
         raise UserError(f"alpha: expected per-depth acceptances in [0, 1], got {alpha_per_depth!r}")
     # why: the chain reaches depth k only when every earlier draft was kept, and a step emits
-    # the kept drafts plus one target token (docs/statistics.md, "Draft-model acceptance")
+    # the kept drafts plus one target token (docs/statistics.md#draft-model-acceptance)
     return 1.0 + np.concatenate([[0.0], np.cumsum(np.cumprod(alpha))])
 
 
@@ -49,7 +50,7 @@ class ChainAcceptance:
     accept_per_child:  None, or (K, C): a_{d, j}, the probability that the j-th child tried at
                        depth d (in draw order, recursive rejection sampling) is the one kept,
                        over the same positions and weights as alpha; column 0 is
-                       alpha_per_depth (docs/statistics.md, "Positional acceptance of a tree").
+                       alpha_per_depth (docs/statistics.md#positional-acceptance-of-a-tree).
     accept_per_child_stderr: None, or (K, C) standard errors of those estimates.
     samples:           draw orders per position behind columns 1.. (0: none).
     """
@@ -106,7 +107,7 @@ class ChainAcceptance:
     def acceptance_table(self) -> AccuracyTable:
         """The per-child table as an `AccuracyTable` (positions 1, hits = a_{d, j}), so that the
         builders and `treeopt.build.tau_curve` apply to trees whose children are ranks 0..m-1
-        of each node (docs/statistics.md, "Positional acceptance of a tree")."""
+        of each node (docs/statistics.md#positional-acceptance-of-a-tree)."""
         a = self.per_child
         return AccuracyTable(
             hits=a,
@@ -140,7 +141,7 @@ def _per_child_table(alpha_rows: np.ndarray, child_rows: np.ndarray, alpha: np.n
     `ChainAcceptance.from_rows`. Standard error of a weighted mean over independent rows."""
     n, k = alpha_rows.shape
     # why: a node at depth d is tried only when its ancestors were kept; the chain's walk weighs
-    # each position by that probability (docs/statistics.md, "Positional acceptance of a tree")
+    # each position by that probability (docs/statistics.md#positional-acceptance-of-a-tree)
     weight = np.concatenate([np.ones((n, 1)), np.cumprod(alpha_rows, axis=1)[:, :-1]], axis=1)
     total = weight.sum(0).clip(min=1e-300)
     table = (weight[..., None] * child_rows).sum(0) / total[:, None]
@@ -157,7 +158,7 @@ def _per_child_table(alpha_rows: np.ndarray, child_rows: np.ndarray, alpha: np.n
 def packed_tree(tree: Tree) -> Tree:
     """The tree recursive rejection sampling runs: each node's rank replaced by its position
     among its siblings in rank order (the decoder tries a node's children in draw order, the
-    j-th draw filling the j-th child, whatever its rank; docs/decoder.md, "Draft models")."""
+    j-th draw filling the j-th child, whatever its rank; docs/decoder.md#draft-models)."""
     siblings: dict[tuple[int, ...], list[int]] = {}
     for p in tree.paths:
         siblings.setdefault(p[:-1], []).append(p[-1])
@@ -182,8 +183,8 @@ def _packed_factors(tree: Tree, accept_per_child) -> tuple[np.ndarray, np.ndarra
 
 def rejection_tau(tree: Tree, accept_per_child) -> float:
     """Expected tokens per step of `tree` under recursive rejection sampling: 1 + sum over nodes
-    of prod along the path of a_{depth, position among siblings} (docs/statistics.md,
-    "Positional acceptance of a tree"). A chain gives `chain_tau` of column 0."""
+    of prod along the path of a_{depth, position among siblings} (docs/statistics.md#positional-acceptance-of-a-tree).
+    A chain gives `chain_tau` of column 0."""
     if tree.size == 0:
         return 1.0
     _, factors = _packed_factors(tree, accept_per_child)
@@ -219,12 +220,11 @@ def rejection_proposal(accept_per_child, nodes: int) -> Tree:
     """A nested proposal sequence of up to `nodes` nodes for recursive rejection sampling, each
     prefix's children at positions 0..m-1: the exact optimum (`treeopt.build.optimal_tree`)
     when a_{d, j} does not grow with j at any depth, else Medusa's greedy (which proposes
-    child j + 1 only after child j) (docs/builders.md, "Exact optimum")."""
+    child j + 1 only after child j) (docs/builders.md#exact-optimum)."""
     a = np.asarray(accept_per_child, dtype=np.float64)
     n = min(int(nodes), max_nodes(*a.shape))
     # why: with non-increasing rows the optimum never uses a position without the ones before
-    # it, so its ranks are the decoder's draw positions (docs/statistics.md, "Positional
-    # acceptance of a tree")
+    # it, so its ranks are the decoder's draw positions (docs/statistics.md#positional-acceptance-of-a-tree)
     if np.all(np.diff(a, axis=1) <= 0):
         return optimal_tree(a, n)
     return greedy_tree(a, n)

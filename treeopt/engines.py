@@ -7,10 +7,10 @@ trees (`family`):
 - "static": the engine takes `medusa_choices` as written, within its limits: ranks below
   `rank_limit`, depth at most `depth_limit` and the draft heads, siblings left-closed (ranks
   0..c-1) at depths up to `left_closed_depth`, and, when `grounded`, only the first children
-  of a node expanded (docs/engines.md "Hydra").
+  of a node expanded (docs/engines.md#hydra).
 - "uniform": vLLM's EAGLE proposer gives every node of level l-1 the same number of children,
-  always the top ranks (docs/engines.md "vLLM").
-- "beam": SGLang builds its tree each step from three numbers (docs/engines.md "SGLang").
+  always the top ranks (docs/engines.md#vllm).
+- "beam": SGLang builds its tree each step from three numbers (docs/engines.md#sglang).
 
 `verification` is how the engine checks a draft: "tree" (one tree-attention pass over the
 drafted nodes) for every engine here; "candidates" is kept for engines that verify flat
@@ -84,9 +84,9 @@ class Engine:
 ENGINES: dict[str, Engine] = {
     e.name: e
     for e in (
-        # why: docs/engines.md "Medusa reference code": TOPK = 10 indexes the candidates by rank
+        # why (docs/engines.md#medusa-reference-code): TOPK = 10 indexes the candidates by rank
         Engine("medusa", "Medusa reference code (medusa_choices, TOPK = 10)", "static", "medusa", rank_limit=10),
-        # why: docs/engines.md "TensorRT-LLM": C++ runtime ranks <= 15, depth <= 16; Python runtime
+        # why (docs/engines.md#tensorrt-llm): C++ runtime ranks <= 15, depth <= 16; Python runtime
         # drafts depth-1 ranks 0..k-1
         Engine(
             "trtllm",
@@ -97,7 +97,7 @@ ENGINES: dict[str, Engine] = {
             depth_limit=16,
             left_closed_depth=1,
         ),
-        # why: docs/engines.md "vLLM": the EAGLE proposer's speculative_token_tree
+        # why (docs/engines.md#vllm): the EAGLE proposer's speculative_token_tree
         Engine(
             "vllm",
             "vLLM EAGLE-family proposer (--speculative-config speculative_token_tree)",
@@ -105,7 +105,7 @@ ENGINES: dict[str, Engine] = {
             "vllm",
             method_name="eagle",
         ),
-        # why: docs/engines.md "vLLM": its Medusa path drafts the top-1 chain only
+        # why (docs/engines.md#vllm): its Medusa path drafts the top-1 chain only
         Engine(
             "vllm-medusa",
             "vLLM Medusa proposer (top-1 chain, num_speculative_tokens)",
@@ -114,10 +114,10 @@ ENGINES: dict[str, Engine] = {
             max_children=1,
             method_name="medusa",
         ),
-        # why: docs/engines.md "SGLang": no static tree, three flags
+        # why (docs/engines.md#sglang): no static tree, three flags
         Engine("sglang", "SGLang EAGLE (--speculative-num-steps/-eagle-topk/-num-draft-tokens)", "beam", "sglang"),
         Engine("treeopt", "treeopt's reference decoder (any tree within heads and topk)", "static", "python"),
-        # why: docs/engines.md "Hydra": grounded heads expand only the first children of a node
+        # why (docs/engines.md#hydra): grounded heads expand only the first children of a node
         Engine(
             "hydra",
             "Hydra grounded (sequentially dependent) heads",
@@ -161,7 +161,7 @@ class EngineDraft:
 
 def uniform_tree(counts, name: str = "uniform") -> Tree:
     """The tree in which every node of level l-1 has counts[l-1] children, ranks 0..c-1
-    (vLLM's drafting rule, docs/engines.md "vLLM"), in (depth, path) order."""
+    (vLLM's drafting rule, docs/engines.md#vllm), in (depth, path) order."""
     counts = [int(c) for c in counts]
     level: list[tuple[int, ...]] = [()]
     paths: list[tuple[int, ...]] = []
@@ -183,7 +183,7 @@ def child_counts(tree: Tree) -> tuple[int, ...]:
 
 def sglang_pool_size(steps: int, topk: int) -> int:
     """Scored candidates SGLang draws from: topk at the first step, topk * topk after each later
-    one (docs/engines.md "SGLang")."""
+    one (docs/engines.md#sglang)."""
     return topk + (steps - 1) * topk * topk
 
 
@@ -224,7 +224,7 @@ def sglang_tree(acc, steps: int, topk: int, num_draft_tokens: int) -> Tree:
     """The tree SGLang drafts for the triple: the num_draft_tokens - 1 best candidates
     (`sglang_candidates`); num_draft_tokens is steps + 1 when topk is 1."""
     if topk == 1:
-        num_draft_tokens = steps + 1  # why: docs/engines.md "SGLang": forced for a chain
+        num_draft_tokens = steps + 1  # why (docs/engines.md#sglang): forced for a chain
     paths, _ = sglang_candidates(acc, steps, topk)
     n = num_draft_tokens - 1
     if not 1 <= n <= len(paths):
@@ -270,16 +270,6 @@ def _prune(tree: Tree, bad) -> Tree:
     return Tree(tuple(sorted(keep, key=order.__getitem__)), name=f"{tree.name} as drafted")
 
 
-def _static_violations(tree: Tree, engine: Engine, heads: int | None) -> list[str]:
-    out = []
-    depth = engine.depth_bound(heads)
-    if depth is not None and tree.depth > depth:
-        out.append(f"depth {tree.depth} > {depth}")
-    if engine.rank_limit is not None and tree.size and max(max(p) for p in tree.paths) >= engine.rank_limit:
-        out.append(f"rank {max(max(p) for p in tree.paths)} >= {engine.rank_limit}")
-    return out
-
-
 def check(tree: Tree, engine: Engine, *, heads: int | None = None, accuracy=None) -> EngineDraft:
     """Whether `engine` drafts `tree` as written and, if not, what it drafts instead (the rules
     of docs/engines.md). `heads`: the draft heads the engine runs; `accuracy`: the (heads,
@@ -292,59 +282,12 @@ def check(tree: Tree, engine: Engine, *, heads: int | None = None, accuracy=None
 
 
 def _check_static(tree: Tree, engine: Engine, heads: int | None) -> EngineDraft:
-    depth = engine.depth_bound(heads)
-    reasons = []
-    refused = False
-    drafted = tree
-    if depth is not None and tree.depth > depth:
-        reasons.append(
-            f"nodes deeper than {depth} cannot be drafted (depth limit {engine.depth_limit or '-'}, "
-            f"{heads if heads is not None else '?'} heads); the engine refuses the tree"
-        )
-        refused = True
-        drafted = _prune(drafted, lambda p: len(p) > depth)
-    limit = engine.rank_limit
-    if limit is not None:
-        worst = max((max(p) for p in tree.paths), default=-1)
-        if engine.name == "trtllm" and worst > limit:
-            reasons.append(f"rank {worst} > {limit}: the C++ runtime aborts")
-            refused = True
-        elif worst >= limit:
-            # why: docs/engines.md "Medusa reference code" / "TensorRT-LLM": rank r >= TOPK reads
-            # another head's candidate, so the node (and all below it) is a wasted slot
-            reasons.append(
-                f"rank {worst} >= {limit} reads another head's candidate: "
-                f"{sum(1 for p in tree.paths if max(p) >= limit)} node(s) verify the wrong token"
-            )
-        drafted = _prune(drafted, lambda p: max(p) >= limit)
-    if engine.left_closed_depth:
-        missing = _left_closure_missing(drafted, engine.left_closed_depth)
-        if missing:
-            if engine.name == "trtllm":
-                # why: docs/engines.md "TensorRT-LLM": the Python runtime drafts depth-1 ranks
-                # 0..k-1 whatever the tree lists
-                reasons.append(
-                    f"the Python runtime drafts every depth-1 rank up to the largest: "
-                    f"{len(missing)} extra node(s) {', '.join(_node_str(p) for p in missing[:4])}"
-                )
-                drafted = Tree(drafted.paths + tuple(missing), name=f"{tree.name} as drafted")
-            else:
-                reasons.append(
-                    f"siblings must be ranks 0..c-1: {', '.join(_node_str(p) for p in missing[:4])} "
-                    "missing, so the nodes after them are never drafted"
-                )
-                drafted = _prune(drafted, _not_left_closed(drafted, engine.left_closed_depth))
-    if engine.grounded:
-        bad = _ungrounded(drafted)
-        if bad:
-            shown = ", ".join(_node_str(p) for p in bad[:4])
-            reasons.append(
-                f"only the first children of a node are expanded: {shown} have children while an "
-                "earlier sibling has none"
-            )
-        while bad:  # cutting children below one node can unground its next sibling
-            drafted = _prune(drafted, lambda p, bad=set(bad): any(p[:i] in bad for i in range(1, len(p))))
-            bad = _ungrounded(drafted)
+    drafted, reasons, refused = tree, [], False
+    for rule in (_depth_rule, _rank_rule, _left_closed_rule, _grounded_rule):
+        drafted, reason, refuses = rule(tree, drafted, engine, heads)
+        if reason:
+            reasons.append(reason)
+        refused |= refuses
     as_written = not reasons
     return EngineDraft(
         engine.name,
@@ -354,6 +297,66 @@ def _check_static(tree: Tree, engine: Engine, heads: int | None) -> EngineDraft:
         refused,
         "drafted as written" if as_written else "; ".join(reasons),
     )
+
+
+# Each rule of a static engine: (tree as drafted so far, why it differs or None, whether the
+# engine refuses the tree) from the tree as written and as drafted by the rules before it.
+
+
+def _depth_rule(tree: Tree, drafted: Tree, engine: Engine, heads: int | None) -> tuple[Tree, str | None, bool]:
+    depth = engine.depth_bound(heads)
+    if depth is None or tree.depth <= depth:
+        return drafted, None, False
+    reason = (
+        f"nodes deeper than {depth} cannot be drafted (depth limit {engine.depth_limit or '-'}, "
+        f"{heads if heads is not None else '?'} heads); the engine refuses the tree"
+    )
+    return _prune(drafted, lambda p: len(p) > depth), reason, True
+
+
+def _rank_rule(tree: Tree, drafted: Tree, engine: Engine, heads: int | None) -> tuple[Tree, str | None, bool]:
+    limit = engine.rank_limit
+    if limit is None:
+        return drafted, None, False
+    worst = max((max(p) for p in tree.paths), default=-1)
+    drafted = _prune(drafted, lambda p: max(p) >= limit)
+    if engine.name == "trtllm" and worst > limit:
+        return drafted, f"rank {worst} > {limit}: the C++ runtime aborts", True
+    if worst >= limit:
+        # why (docs/engines.md#medusa-reference-code, docs/engines.md#tensorrt-llm): rank r >=
+        # TOPK reads another head's candidate, so the node (and all below it) is a wasted slot
+        reason = (
+            f"rank {worst} >= {limit} reads another head's candidate: "
+            f"{sum(1 for p in tree.paths if max(p) >= limit)} node(s) verify the wrong token"
+        )
+        return drafted, reason, False
+    return drafted, None, False
+
+
+def _left_closed_rule(tree: Tree, drafted: Tree, engine: Engine, heads: int | None) -> tuple[Tree, str | None, bool]:
+    missing = _left_closure_missing(drafted, engine.left_closed_depth) if engine.left_closed_depth else []
+    if not missing:
+        return drafted, None, False
+    shown = ", ".join(_node_str(p) for p in missing[:4])
+    if engine.name == "trtllm":
+        # why (docs/engines.md#tensorrt-llm): the Python runtime drafts depth-1 ranks 0..k-1
+        # whatever the tree lists
+        reason = f"the Python runtime drafts every depth-1 rank up to the largest: {len(missing)} extra node(s) {shown}"
+        return Tree(drafted.paths + tuple(missing), name=f"{tree.name} as drafted"), reason, False
+    reason = f"siblings must be ranks 0..c-1: {shown} missing, so the nodes after them are never drafted"
+    return _prune(drafted, _not_left_closed(drafted, engine.left_closed_depth)), reason, False
+
+
+def _grounded_rule(tree: Tree, drafted: Tree, engine: Engine, heads: int | None) -> tuple[Tree, str | None, bool]:
+    bad = _ungrounded(drafted) if engine.grounded else []
+    if not bad:
+        return drafted, None, False
+    shown = ", ".join(_node_str(p) for p in bad[:4])
+    reason = f"only the first children of a node are expanded: {shown} have children while an earlier sibling has none"
+    while bad:  # cutting children below one node can unground its next sibling
+        drafted = _prune(drafted, lambda p, bad=set(bad): any(p[:i] in bad for i in range(1, len(p))))
+        bad = _ungrounded(drafted)
+    return drafted, reason, False
 
 
 def _left_closure_missing(tree: Tree, max_depth: int) -> list[tuple[int, ...]]:
@@ -388,7 +391,7 @@ def _ungrounded(tree: Tree) -> list[tuple[int, ...]]:
 def _check_uniform(tree: Tree, engine: Engine, heads: int | None) -> EngineDraft:
     counts = child_counts(tree)
     if engine.max_children == 1:
-        # why: docs/engines.md "vLLM": the Medusa path drafts a top-1 chain of
+        # why (docs/engines.md#vllm): the Medusa path drafts a top-1 chain of
         # num_speculative_tokens (= the node count), one token per head
         counts = (1,) * min(tree.size, heads if heads is not None else tree.size)
     # Nothing is drafted below a level whose child count is 0.
@@ -457,18 +460,18 @@ class EngineExport:
 
 
 def _tuple_list(tree: Tree) -> str:
-    # why: docs/engines.md "vLLM": it reads the depth from the last entry, so (depth, path) order
+    # why (docs/engines.md#vllm): it reads the depth from the last entry, so (depth, path) order
     return repr(list(tree.sorted_paths))
 
 
 def trtllm_max_draft_len(nodes: int) -> int:
     """max_draft_len for a tree of `nodes` nodes that avoids the packed-mask overrun of a node
-    count that is a multiple of 32 and equal to max_draft_len (docs/engines.md "TensorRT-LLM")."""
+    count that is a multiple of 32 and equal to max_draft_len (docs/engines.md#tensorrt-llm)."""
     return nodes + 1 if nodes > 0 and nodes % 32 == 0 else nodes
 
 
 def export_for(engine: Engine, tree: Tree, *, heads: int | None = None, accuracy=None) -> EngineExport:
-    """What `engine` takes for `tree` (docs/engines.md "Exports"). `heads`: the draft heads of the
+    """What `engine` takes for `tree` (docs/engines.md#exports). `heads`: the draft heads of the
     checkpoint (TensorRT-LLM's num_medusa_heads; default the tree's depth); `accuracy`: needed
     for SGLang, whose flags are found by matching its draft to the tree."""
     choices = tree.to_choices()

@@ -3,9 +3,9 @@
 A drafted tree can be verified as a tree (one sequence of q tokens under a tree mask, the
 context read once) or as its leaves' root paths, each a candidate sequence of its own (IBM's
 batch expansion: the context read once per candidate). Both accept the same tokens; only the
-cost differs (docs/decoder.md, "Candidate-sequence verification"). A measured sweep measures one
+cost differs (docs/decoder.md#candidate-sequence-verification). A measured sweep measures one
 form; `choose_form` joins the selections of several forms measured on the same (batch, context)
-cells (docs/builders.md, "Choosing the verification form").
+cells (docs/builders.md#choosing-the-verification-form).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from treeopt.errors import UserError
 __all__ = ["VERIFICATION_FORMS", "FORMS_FORMAT", "choose_form"]
 
 #: the verification forms, cheapest verification first: the tree reads each sequence's context
-#: once, candidate sequences once per candidate (docs/performance-model.md, "Verification modes")
+#: once, candidate sequences once per candidate (docs/performance-model.md#verification-modes)
 VERIFICATION_FORMS = ("tree", "candidates")
 FORMS_FORMAT = "treeopt.forms/v1"
 
@@ -62,7 +62,7 @@ def choose_form(selections: dict[str, dict], *, threshold: float = 1.0, order=No
     """Per (batch, context) the verification form to serve with, from the selection documents
     (`treeopt.selection.select`) of several forms measured on the same cells, keyed by form.
 
-    Rule (docs/builders.md, "Choosing the verification form"): a form competes in a cell when it
+    Rule (docs/builders.md#choosing-the-verification-form): a form competes in a cell when it
     speculates there (nodes > 0) and its speedup's lower bound exceeds `threshold`; none does:
     no speculation. Among those the highest lower bound wins, unless another competing form's
     interval overlaps the winner's: then, of the overlapping ones, the form with the cheaper
@@ -91,54 +91,53 @@ def choose_form(selections: dict[str, dict], *, threshold: float = 1.0, order=No
                 f"choose_form: the selections of '{forms[0]}' and '{form}' cover other cells "
                 f"(batch {missing[0]} context {missing[1]} is in one only); measure both forms on the same cells"
             )
-    out = []
-    for key in sorted(keys):
-        bounds = {form: _interval(cells[form][key], form) for form in forms}
-        competing = [f for f in forms if cells[f][key].get("nodes") and bounds[f][1] > threshold]
-        by_form = {
-            f: {"nodes": int(cells[f][key].get("nodes") or 0), "speedup": s, "speedup_lo": lo, "speedup_hi": hi}
-            for f, (s, lo, hi) in bounds.items()
-        }
-        row = {"batch": key[0], "context": key[1]}
-        if not competing:
-            out.append(
-                {
-                    **row,
-                    "form": None,
-                    "nodes": 0,
-                    "speedup": 1.0,
-                    "speedup_lo": 1.0,
-                    "speedup_hi": 1.0,
-                    "medusa_choices": [],
-                    "reason": f"no speculation: no form's speedup lower bound exceeds {threshold:g}",
-                    "by_form": by_form,
-                }
-            )
-            continue
-        best = max(competing, key=lambda f: bounds[f][1])  # the first (cheapest) on ties
-        overlapping = [f for f in competing if bounds[f][2] >= bounds[best][1] and bounds[f][1] <= bounds[best][2]]
-        winner = overlapping[0]  # competing is in cost order, and best overlaps itself
-        if winner == best:
-            others = [f for f in competing if f != best]
-            reason = "highest speedup lower bound" + (
-                f" (intervals overlap with {', '.join(others)}; cheapest verification)"
-                if any(f in overlapping for f in others)
-                else ""
-            )
-        else:
-            reason = f"interval overlaps that of {best} (the highest lower bound); cheaper verification"
-        s, lo, hi = bounds[winner]
-        out.append(
-            {
-                **row,
-                "form": winner,
-                "nodes": int(cells[winner][key]["nodes"]),
-                "speedup": s,
-                "speedup_lo": lo,
-                "speedup_hi": hi,
-                "medusa_choices": cells[winner][key].get("medusa_choices", []),
-                "reason": reason,
-                "by_form": by_form,
-            }
-        )
+    out = [_choose_in_cell(key, {form: cells[form][key] for form in forms}, threshold) for key in sorted(keys)]
     return {"format": FORMS_FORMAT, "forms": forms, "threshold": float(threshold), "cells": out}
+
+
+def _choose_in_cell(key: tuple[int, int], by_cell: dict[str, dict], threshold: float) -> dict:
+    """One cell of `choose_form`: `by_cell` is each form's selection cell, in preference order."""
+    forms = list(by_cell)
+    bounds = {form: _interval(by_cell[form], form) for form in forms}
+    competing = [f for f in forms if by_cell[f].get("nodes") and bounds[f][1] > threshold]
+    by_form = {
+        f: {"nodes": int(by_cell[f].get("nodes") or 0), "speedup": s, "speedup_lo": lo, "speedup_hi": hi}
+        for f, (s, lo, hi) in bounds.items()
+    }
+    row = {"batch": key[0], "context": key[1]}
+    if not competing:
+        return {
+            **row,
+            "form": None,
+            "nodes": 0,
+            "speedup": 1.0,
+            "speedup_lo": 1.0,
+            "speedup_hi": 1.0,
+            "medusa_choices": [],
+            "reason": f"no speculation: no form's speedup lower bound exceeds {threshold:g}",
+            "by_form": by_form,
+        }
+    best = max(competing, key=lambda f: bounds[f][1])  # the first (cheapest) on ties
+    overlapping = [f for f in competing if bounds[f][2] >= bounds[best][1] and bounds[f][1] <= bounds[best][2]]
+    winner = overlapping[0]  # competing is in cost order, and best overlaps itself
+    if winner == best:
+        others = [f for f in competing if f != best]
+        reason = "highest speedup lower bound" + (
+            f" (intervals overlap with {', '.join(others)}; cheapest verification)"
+            if any(f in overlapping for f in others)
+            else ""
+        )
+    else:
+        reason = f"interval overlaps that of {best} (the highest lower bound); cheaper verification"
+    s, lo, hi = bounds[winner]
+    return {
+        **row,
+        "form": winner,
+        "nodes": int(by_cell[winner]["nodes"]),
+        "speedup": s,
+        "speedup_lo": lo,
+        "speedup_hi": hi,
+        "medusa_choices": by_cell[winner].get("medusa_choices", []),
+        "reason": reason,
+        "by_form": by_form,
+    }

@@ -1,4 +1,4 @@
-"""One static tree for a traffic mix (docs/builders.md "One tree for a traffic mix").
+"""One static tree for a traffic mix (docs/builders.md#one-tree-for-a-traffic-mix).
 
 An engine takes one tree, but the best tree depends on the batch size. Given the share of
 decoding steps spent at each (batch, context) and a speedup table (predicted grid or measured
@@ -9,8 +9,8 @@ that maximise the expected throughput
             = sum_cells w * (b / T(0)) * (speedup(n) if b <= B else 1)
 
 in tokens per second. Throughput, not mean speedup: a speedup at batch 32 moves 32 times
-more tokens than the same speedup at batch 1 (docs/builders.md "One tree for a traffic mix").
-The mix file is documented in docs/formats.md "Traffic mix".
+more tokens than the same speedup at batch 1 (docs/builders.md#one-tree-for-a-traffic-mix).
+The mix file's format: docs/formats.md#traffic-mix
 """
 
 from __future__ import annotations
@@ -246,10 +246,10 @@ def choose_mix_tree(
 
     grid: one row per (batch, context, nodes) with `speedup` (1 at nodes 0) and `step_time_s`
     (used at nodes 0: plain tokens/s = batch / T(0)). Speculation is on for batches <= B: the
-    form of an engine's switch-off by batch size, chosen with n jointly (docs/builders.md
-    "One tree for a traffic mix"). A batch joins the speculating ones only where the mix tree's
-    tokens there beat `threshold` times plain decoding's. Ties go to the smaller n, then the
-    smaller B. A size that does not fit (NaN) in a cell of a speculating batch is never chosen.
+    form of an engine's switch-off by batch size, chosen with n jointly
+    (docs/builders.md#one-tree-for-a-traffic-mix). A batch joins the speculating ones only where
+    the mix tree's tokens there beat `threshold` times plain decoding's. Ties go to the smaller
+    n, then the smaller B. A size that does not fit (NaN) in a cell of a speculating batch is never chosen.
 
     `chosen` {(batch, context): nodes}: each cell's own answer (a selection's), which the cells'
     `best_nodes` then report, so that a report shows one tree per cell; without it, each
@@ -311,7 +311,7 @@ def choose_mix_tree(
 
 
 def mix_section(choice: MixChoice, proposal, mix: TrafficMix, threshold: float = 1.0) -> dict:
-    """The selection document's `mix` section (docs/formats.md "Selections")."""
+    """The selection document's `mix` section (docs/formats.md#selections-treeoptselectionv1)."""
     if choice.nodes > proposal.size:
         raise UserError(f"mix: the table picks {choice.nodes} nodes but the proposal tree has {proposal.size}")
     return {

@@ -6,7 +6,7 @@ real decoder end to end (`treeopt sweep --end-to-end`), its measured tokens per 
 plain decoding's. The predicted speedup is the same formula with the roofline's T. By measured
 speedup, a cell gets the smallest tree statistically indistinguishable from the best, and "no
 speculation" (0 nodes, medusa_choices []) unless the best's lower bound beats the threshold
-(docs/statistics.md "Choosing a tree with intervals"); by prediction, the argmax (the smallest
+(docs/statistics.md#choosing-a-tree-with-intervals); by prediction, the argmax (the smallest
 size on ties).
 
 The sweep file is a CSV with the columns SWEEP_COLUMNS (see calibration/sweep.py for their
@@ -68,8 +68,11 @@ __all__ = [
 
 # Columns of a sweep CSV (calibration/sweep.py writes them; all numeric):
 #   batch, context, nodes          the configuration (nodes 0 = plain decoding)
-#   tau, tau_independent, tau_joint expected tokens per step of proposal.prefix(nodes)
-#                                  (tau = joint where available, else independent)
+#   tau_independent, tau_joint,    expected tokens per step of proposal.prefix(nodes) under
+#   tau_walk                       independent heads, joint statistics, the walked rank vectors
+#   tau                            the one decisions use (`TauCurve.best`): tau_walk where the
+#                                  calibration kept rank vectors, else tau_joint, else
+#                                  tau_independent (docs/statistics.md#which-tau-is-used-when)
 #   step_time_s (+ p10, p90)       measured seconds of one decoding step (median of rounds)
 #   tau_se                         standard error of tau from the calibration
 #   samples, remeasured            timed rounds kept; 1 when the group was measured again
@@ -111,12 +114,12 @@ SWEEP_COLUMNS = [
 REQUIRED = ("batch", "context", "nodes", "speedup")
 #: the columns a predicted grid (`treeopt roofline speedup -o`) must hold to be selected from
 GRID_REQUIRED = ("batch", "context", "nodes", "tau", "overhead", "speedup")
-#: the grid columns left empty where a configuration is ruled out (docs/formats.md "Grid CSV")
+#: the grid columns left empty where a configuration is ruled out (docs/formats.md#grid-csv)
 GRID_OPTIONAL_EMPTY = ("overhead", "speedup")
 SELECTION_FORMAT = "treeopt.selection/v1"
 # A chosen tree whose speedup interval is wider than +-10% is reported as noisy: the
-# difference between neighbouring tree sizes is often smaller than that (docs/statistics.md
-# "Choosing a tree with intervals").
+# difference between neighbouring tree sizes is often smaller than that
+# (docs/statistics.md#choosing-a-tree-with-intervals).
 NOISY_HALF_WIDTH = 0.10
 SELECTION_SOURCE = {"measured": "measured sweep", "predicted": "roofline prediction (the sweep's predicted columns)"}
 
@@ -135,7 +138,8 @@ def sweep_samples_path(csv_path) -> Path:
 
 def write_round_samples(path, groups: dict) -> None:
     """Write {(batch, context): (sizes, (rounds, len(sizes)) seconds)} in long form: arrays
-    batch, context, nodes, round, seconds, one entry per sample (docs/formats.md "Sweep CSV")."""
+    batch, context, nodes, round, seconds, one entry per sample
+    (docs/formats.md#sweep-csv-and-namemetajson-treeoptsweepv1)."""
     cols = {k: [] for k in ("batch", "context", "nodes", "round", "seconds")}
     for (b, s), (sizes, x) in sorted(groups.items()):
         x = np.asarray(x, dtype=float)
@@ -217,53 +221,8 @@ def read_sweep(path) -> tuple[pd.DataFrame, dict]:
     as NaN), sorted by (batch, context, nodes); `table.attrs["source"]` is the file name. Bad
     input raises UserError naming the file and the problem."""
     path = Path(path)
-    if not path.is_file():
-        raise UserError(f"{path}: no such file")
-    try:
-        raw = path.read_bytes()
-        df = pd.read_csv(path)
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, OSError) as err:
-        raise UserError(f"{path}: not a sweep CSV ({_first_line(err)})") from None
-    if raw and not raw.endswith(b"\n"):
-        # treeopt writes every row whole; a last line without its end was cut (a copy or a
-        # disk that stopped midway), so its numbers cannot be trusted (docs/formats.md,
-        # "Output safety")
-        raise UserError(
-            f"{path}: ends in the middle of a line (a cut or damaged file); measure it again "
-            "or resume it with `treeopt sweep --resume`"
-        )
-    missing = [c for c in REQUIRED if c not in df.columns]
-    if missing:
-        raise UserError(f"{path}: missing column '{missing[0]}' (not a treeopt sweep CSV)")
-    if df.empty:
-        raise UserError(f"{path}: no rows (an interrupted sweep? resume it with `treeopt sweep --resume`)")
-    extra = [c for c in df.columns if c not in SWEEP_COLUMNS]
-    df = df.reindex(columns=SWEEP_COLUMNS + extra)
-    for col in SWEEP_COLUMNS:
-        values = pd.to_numeric(df[col], errors="coerce")
-        bad = values.isna() & df[col].notna()
-        if bad.any():
-            row = int(np.flatnonzero(bad.to_numpy())[0])
-            raise UserError(f"{path}: row {row + 2}: column '{col}' is not a number ({df[col].iloc[row]!r})")
-        df[col] = values.astype(float)
-    for col, minimum in (("batch", 1), ("context", 0), ("nodes", 0)):
-        v = df[col].to_numpy()
-        bad = ~np.isfinite(v) | (v != np.round(v)) | (v < minimum)
-        if bad.any():
-            row = int(np.flatnonzero(bad)[0])
-            raise UserError(f"{path}: row {row + 2}: '{col}' must be an integer >= {minimum}, got {v[row]:g}")
-        df[col] = v.astype(np.int64)
-    dup = df.duplicated(["batch", "context", "nodes"])
-    if dup.any():
-        r = df[dup].iloc[0]
-        raise UserError(f"{path}: batch {r['batch']} context {r['context']} nodes {r['nodes']} appears twice")
-    plain = set(map(tuple, df.loc[df["nodes"] == 0, ["batch", "context"]].to_numpy().tolist()))
-    for b, s in df[["batch", "context"]].drop_duplicates().itertuples(index=False):
-        if (b, s) not in plain:
-            raise UserError(
-                f"{path}: batch {b} context {s} has no row for 0 nodes (plain decoding, the baseline of every speedup)"
-            )
-
+    df = _numeric_sweep_columns(_read_sweep_csv(path), path)
+    _check_sweep_cells(df, path)
     meta_file = sweep_meta_path(path)
     if not meta_file.is_file():
         raise UserError(f"{path}: its metadata {meta_file.name} (with the proposal tree) is missing")
@@ -280,6 +239,66 @@ def read_sweep(path) -> tuple[pd.DataFrame, dict]:
     df = df.sort_values(["batch", "context", "nodes"], ignore_index=True)
     df.attrs["source"] = str(path)
     return df, meta
+
+
+def _read_sweep_csv(path: Path) -> pd.DataFrame:
+    """The sweep CSV as written: whole, with the REQUIRED columns and at least one row."""
+    if not path.is_file():
+        raise UserError(f"{path}: no such file")
+    try:
+        raw = path.read_bytes()
+        df = pd.read_csv(path)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, OSError) as err:
+        raise UserError(f"{path}: not a sweep CSV ({_first_line(err)})") from None
+    if raw and not raw.endswith(b"\n"):
+        # treeopt writes every row whole; a last line without its end was cut (a copy or a
+        # disk that stopped midway), so its numbers cannot be trusted (docs/formats.md#output-safety)
+        raise UserError(
+            f"{path}: ends in the middle of a line (a cut or damaged file); measure it again "
+            "or resume it with `treeopt sweep --resume`"
+        )
+    missing = [c for c in REQUIRED if c not in df.columns]
+    if missing:
+        raise UserError(f"{path}: missing column '{missing[0]}' (not a treeopt sweep CSV)")
+    if df.empty:
+        raise UserError(f"{path}: no rows (an interrupted sweep? resume it with `treeopt sweep --resume`)")
+    return df
+
+
+def _numeric_sweep_columns(df: pd.DataFrame, path: Path) -> pd.DataFrame:
+    """Every column of SWEEP_COLUMNS as floats (missing ones NaN), batch, context and nodes as
+    integers; UserError naming the first row that is not."""
+    extra = [c for c in df.columns if c not in SWEEP_COLUMNS]
+    df = df.reindex(columns=SWEEP_COLUMNS + extra)
+    for col in SWEEP_COLUMNS:
+        values = pd.to_numeric(df[col], errors="coerce")
+        bad = values.isna() & df[col].notna()
+        if bad.any():
+            row = int(np.flatnonzero(bad.to_numpy())[0])
+            raise UserError(f"{path}: row {row + 2}: column '{col}' is not a number ({df[col].iloc[row]!r})")
+        df[col] = values.astype(float)
+    for col, minimum in (("batch", 1), ("context", 0), ("nodes", 0)):
+        v = df[col].to_numpy()
+        bad = ~np.isfinite(v) | (v != np.round(v)) | (v < minimum)
+        if bad.any():
+            row = int(np.flatnonzero(bad)[0])
+            raise UserError(f"{path}: row {row + 2}: '{col}' must be an integer >= {minimum}, got {v[row]:g}")
+        df[col] = v.astype(np.int64)
+    return df
+
+
+def _check_sweep_cells(df: pd.DataFrame, path: Path) -> None:
+    """UserError when a configuration appears twice or a (batch, context) lacks plain decoding."""
+    dup = df.duplicated(["batch", "context", "nodes"])
+    if dup.any():
+        r = df[dup].iloc[0]
+        raise UserError(f"{path}: batch {r['batch']} context {r['context']} nodes {r['nodes']} appears twice")
+    plain = set(map(tuple, df.loc[df["nodes"] == 0, ["batch", "context"]].to_numpy().tolist()))
+    for b, s in df[["batch", "context"]].drop_duplicates().itertuples(index=False):
+        if (b, s) not in plain:
+            raise UserError(
+                f"{path}: batch {b} context {s} has no row for 0 nodes (plain decoding, the baseline of every speedup)"
+            )
 
 
 def _check_complete(df: pd.DataFrame, meta: dict, path: Path) -> None:
@@ -361,7 +380,7 @@ def measured_decisions(
     confidence: float = CONFIDENCE,
 ) -> pd.DataFrame:
     """Per (batch, context) the decision on measured speedups (`treeopt.stats.decide_cell`,
-    docs/statistics.md "Choosing a tree with intervals"): columns batch, context, nodes,
+    docs/statistics.md#choosing-a-tree-with-intervals): columns batch, context, nodes,
     reason, best_nodes, speedup_lo, speedup_hi, rounds, settled, rounds_needed,
     unreliable_nodes, disagree_nodes.
 
@@ -374,59 +393,78 @@ def measured_decisions(
     samples = samples or {}
     for (b, s), idx in sorted(df.groupby(["batch", "context"]).groups.items()):
         cell = df.loc[idx].sort_values("nodes")
-        nodes = cell["nodes"].to_numpy(dtype=np.int64)
         speed = measured.loc[cell.index].to_numpy(dtype=float)
         e2e = (measured_by.loc[cell.index] == "end-to-end").to_numpy()
-        step_lo = _col(cell, "speedup_lo")
-        step_hi = _col(cell, "speedup_hi")
-        lo = np.where(e2e, speed, step_lo)
-        hi = np.where(e2e, speed, step_hi)
-        tau = _col(cell, "tau")
-        tau_hi = tau + 1.96 * np.nan_to_num(_col(cell, "tau_se"))
-        # why: a step emits at most tau tokens on average, so a speedup above tau means the
-        # plain step was timed slow (docs/statistics.md "Sanity checks of a measurement")
-        above_tau = np.where(np.isfinite(lo), lo, speed) > tau_hi * (1 + MONOTONE_SLACK)
-        flagged = np.nan_to_num(_col(cell, "unreliable")) > 0
-        reliable = ~(flagged | (above_tau & (nodes > 0)))
-        got = samples.get((int(b), int(s)))
-        paired = got is not None and not e2e.any() and list(got[0]) == nodes.tolist()
-        draws = cell_draws(cell, got[1]).speedup if paired else None
-        if draws is not None:
-            lo, hi = interval(draws, shipped_confidence(confidence, len(nodes) - 1))
-        rounds = int(np.nanmax(_col(cell, "samples"), initial=0))
-        decision = decide_cell(
-            speed,
-            lo,
-            hi,
-            reliable,
-            draws=draws,
-            threshold=threshold,
-            tolerance=tolerance,
-            confidence=confidence,
-            rounds=rounds,
-        )
-        step_speed = cell["speedup"].to_numpy(dtype=float)
-        disagree = e2e & np.isfinite(step_lo) & ((speed < step_lo) | (speed > step_hi)) & (nodes > 0)
-        k = decision.index
-        rows.append(
-            {
-                "batch": int(b),
-                "context": int(s),
-                "nodes": int(nodes[k]),
-                "reason": decision.reason,
-                "best_nodes": int(nodes[decision.best]),
-                "speedup_lo": lo[k] if k else 1.0,
-                "speedup_hi": hi[k] if k else 1.0,
-                "step_speedup": step_speed[k] if k else 1.0,
-                "rounds": rounds,
-                "sizes": nodes.tolist(),
-                "settled": decision.settled,
-                "rounds_needed": decision.rounds_needed,
-                "unreliable_nodes": nodes[~reliable].tolist(),
-                "disagree_nodes": nodes[disagree].tolist(),
-            }
-        )
+        rule = {"threshold": threshold, "tolerance": tolerance, "confidence": confidence}
+        decided = _decide_measured_cell(cell, speed, e2e, samples.get((int(b), int(s))), **rule)
+        rows.append({"batch": int(b), "context": int(s), **decided})
     return pd.DataFrame(rows)
+
+
+def _reliable_sizes(cell: pd.DataFrame, nodes: np.ndarray, speed: np.ndarray, lo: np.ndarray) -> np.ndarray:
+    """(sizes,) bool: neither flagged `unreliable` by the sweep nor measured above tau beyond
+    tau's error."""
+    tau = _col(cell, "tau")
+    tau_hi = tau + 1.96 * np.nan_to_num(_col(cell, "tau_se"))
+    # why: a step emits at most tau tokens on average, so a speedup above tau means the
+    # plain step was timed slow (docs/statistics.md#sanity-checks-of-a-measurement)
+    above_tau = np.where(np.isfinite(lo), lo, speed) > tau_hi * (1 + MONOTONE_SLACK)
+    flagged = np.nan_to_num(_col(cell, "unreliable")) > 0
+    return ~(flagged | (above_tau & (nodes > 0)))
+
+
+def _decide_measured_cell(
+    cell: pd.DataFrame,
+    speed: np.ndarray,
+    e2e: np.ndarray,
+    got,
+    *,
+    threshold: float,
+    tolerance: float,
+    confidence: float,
+) -> dict:
+    """One row of `measured_decisions` but batch and context: `cell` its sweep rows sorted by
+    nodes, `speed` their measured speedups, `e2e` where the end-to-end speedup decides, `got`
+    the cell's per-round samples (or None)."""
+    nodes = cell["nodes"].to_numpy(dtype=np.int64)
+    step_lo = _col(cell, "speedup_lo")
+    step_hi = _col(cell, "speedup_hi")
+    lo = np.where(e2e, speed, step_lo)
+    hi = np.where(e2e, speed, step_hi)
+    reliable = _reliable_sizes(cell, nodes, speed, lo)
+    paired = got is not None and not e2e.any() and list(got[0]) == nodes.tolist()
+    draws = cell_draws(cell, got[1]).speedup if paired else None
+    if draws is not None:
+        lo, hi = interval(draws, shipped_confidence(confidence, len(nodes) - 1))
+    rounds = int(np.nanmax(_col(cell, "samples"), initial=0))
+    decision = decide_cell(
+        speed,
+        lo,
+        hi,
+        reliable,
+        draws=draws,
+        threshold=threshold,
+        tolerance=tolerance,
+        confidence=confidence,
+        rounds=rounds,
+    )
+    step_speed = cell["speedup"].to_numpy(dtype=float)
+    disagree = e2e & np.isfinite(step_lo) & ((speed < step_lo) | (speed > step_hi)) & (nodes > 0)
+    k = decision.index
+    return {
+        "nodes": int(nodes[k]),
+        "reason": decision.reason,
+        "best_nodes": int(nodes[decision.best]),
+        "speedup_lo": lo[k] if k else 1.0,
+        "speedup_hi": hi[k] if k else 1.0,
+        "step_speedup": step_speed[k] if k else 1.0,
+        "rounds": rounds,
+        "sizes": nodes.tolist(),
+        "settled": decision.settled,
+        "rounds_needed": decision.rounds_needed,
+        "unreliable_nodes": nodes[~reliable].tolist(),
+        "disagree_nodes": nodes[disagree].tolist(),
+    }
 
 
 def _col(df: pd.DataFrame, name: str) -> np.ndarray:
@@ -461,15 +499,7 @@ def select(
     selections the interval, rounds and reason.
     """
     source = source or sweep.attrs.get("source", "sweep")
-    if by not in ("measured", "predicted"):
-        raise UserError(f"--by: must be 'measured' or 'predicted', got '{by}'")
-    try:
-        threshold = float(threshold)
-    except (TypeError, ValueError):
-        raise UserError(f"--threshold: expected a number, got {threshold!r}") from None
-    if not math.isfinite(threshold):
-        raise UserError(f"--threshold: must be finite, got {threshold}")
-    tolerance = check_tolerance(tolerance)
+    threshold, tolerance = _check_rule(by, threshold, tolerance)
     _check_columns(sweep, source)
     df = sweep.reset_index(drop=True).copy()
     for col in ("tau", "overhead"):
@@ -482,50 +512,17 @@ def select(
     predicted = df["predicted_speedup"].astype(float).where(df["nodes"] != 0, 1.0) if has_pred else None
     grid = df[["batch", "context", "nodes", "tau", "overhead"]].copy()
     if by == "predicted":
-        if not has_pred:
-            raise UserError(f"{source}: has no predicted speedups to select by (sweep with --hardware)")
-        grid["speedup"] = predicted
-        if _has(df, "predicted_overhead"):
-            grid["overhead"] = df["predicted_overhead"].astype(float).where(df["nodes"] != 0, 1.0)
+        grid = _predicted_grid(df, grid, predicted, source)
     else:
-        grid["speedup"] = measured
-        # Where the end-to-end speedup decides, the cell's overhead is the effective one
-        # (tau / speedup), so that speedup = tau / overhead holds in every cell.
-        grid["overhead"] = grid["overhead"].where(measured_by == "step latency", grid["tau"] / measured)
-        decisions = measured_decisions(
-            df,
-            measured,
-            measured_by,
-            threshold=threshold,
-            samples=samples,
-            tolerance=tolerance,
-            confidence=confidence,
-        )
-        chosen = grid.merge(decisions[["batch", "context", "nodes"]], on=["batch", "context", "nodes"])
-        plain = grid[grid["nodes"] == 0]
-        # the chosen rows alone (plain decoding where nothing is chosen), so that the argmax
-        # below returns the decision
-        grid = pd.concat([chosen, plain]).drop_duplicates(["batch", "context", "nodes"])
-        grid.loc[grid["nodes"] == 0, "speedup"] = 1.0
+        rule = {"threshold": threshold, "tolerance": tolerance, "confidence": confidence}
+        decisions = measured_decisions(df, measured, measured_by, samples=samples, **rule)
+        grid = _decided_grid(grid, measured, measured_by, decisions)
     doc = selection_from_grid(grid, proposal, hardware, model, threshold=threshold)
     uses_e2e = bool((measured_by == "end-to-end").any())
-    doc["source"] = (
-        SELECTION_SOURCE["measured"] + (" (end to end where measured)" if uses_e2e else "")
-        if by == "measured"
-        else SELECTION_SOURCE["predicted"]
-    )
+    doc["source"] = SELECTION_SOURCE[by] + (" (end to end where measured)" if by == "measured" and uses_e2e else "")
     doc["selected_by"] = by
     doc["threshold"] = threshold
-    key = pd.MultiIndex.from_frame(df[["batch", "context", "nodes"]])
-    meas = pd.Series(measured.to_numpy(), index=key)
-    meas_by = pd.Series(measured_by.to_numpy(), index=key)
-    pred = pd.Series(predicted.to_numpy(), index=key) if has_pred else None
-    for cell in doc["cells"]:
-        k = (cell["batch"], cell["context"], cell["nodes"])
-        cell["measured_speedup"] = _round(meas.get(k, np.nan)) if cell["nodes"] else 1.0
-        cell["measured_by"] = str(meas_by.get(k, "step latency"))
-        if pred is not None:
-            cell["predicted_speedup"] = _round(pred.get(k, np.nan)) if cell["nodes"] else 1.0
+    _add_side_by_side(doc, df, measured, measured_by, predicted)
     if by == "measured":
         _add_decisions(doc, decisions, confidence)
         doc["tolerance"] = tolerance
@@ -536,6 +533,64 @@ def select(
             if isinstance(cell.get(name), float) and not math.isfinite(cell[name]):
                 cell[name] = None
     return doc
+
+
+def _predicted_grid(df: pd.DataFrame, grid: pd.DataFrame, predicted: pd.Series | None, source: str) -> pd.DataFrame:
+    """The grid of the sweep's predicted speedups (and predicted overheads where it has them)."""
+    if predicted is None:
+        raise UserError(f"{source}: has no predicted speedups to select by (sweep with --hardware)")
+    grid = grid.copy()
+    grid["speedup"] = predicted
+    if _has(df, "predicted_overhead"):
+        grid["overhead"] = df["predicted_overhead"].astype(float).where(df["nodes"] != 0, 1.0)
+    return grid
+
+
+def _check_rule(by: str, threshold, tolerance) -> tuple[float, float]:
+    """(threshold, tolerance) as numbers; UserError naming the option that is not one."""
+    if by not in ("measured", "predicted"):
+        raise UserError(f"--by: must be 'measured' or 'predicted', got '{by}'")
+    try:
+        threshold = float(threshold)
+    except (TypeError, ValueError):
+        raise UserError(f"--threshold: expected a number, got {threshold!r}") from None
+    if not math.isfinite(threshold):
+        raise UserError(f"--threshold: must be finite, got {threshold}")
+    return threshold, check_tolerance(tolerance)
+
+
+def _decided_grid(
+    grid: pd.DataFrame, measured: pd.Series, measured_by: pd.Series, decisions: pd.DataFrame
+) -> pd.DataFrame:
+    """The grid of the measured speedups cut to the decided rows and plain decoding, so that
+    the argmax of `selection_from_grid` returns the decision."""
+    grid = grid.copy()
+    grid["speedup"] = measured
+    # Where the end-to-end speedup decides, the cell's overhead is the effective one
+    # (tau / speedup), so that speedup = tau / overhead holds in every cell.
+    grid["overhead"] = grid["overhead"].where(measured_by == "step latency", grid["tau"] / measured)
+    chosen = grid.merge(decisions[["batch", "context", "nodes"]], on=["batch", "context", "nodes"])
+    plain = grid[grid["nodes"] == 0]
+    grid = pd.concat([chosen, plain]).drop_duplicates(["batch", "context", "nodes"])
+    grid.loc[grid["nodes"] == 0, "speedup"] = 1.0
+    return grid
+
+
+def _add_side_by_side(
+    doc: dict, df: pd.DataFrame, measured: pd.Series, measured_by: pd.Series, predicted: pd.Series | None
+) -> None:
+    """Every cell's measured speedup, what measured it and (with predictions) its predicted
+    speedup, of the chosen size."""
+    key = pd.MultiIndex.from_frame(df[["batch", "context", "nodes"]])
+    meas = pd.Series(measured.to_numpy(), index=key)
+    meas_by = pd.Series(measured_by.to_numpy(), index=key)
+    pred = pd.Series(predicted.to_numpy(), index=key) if predicted is not None else None
+    for cell in doc["cells"]:
+        k = (cell["batch"], cell["context"], cell["nodes"])
+        cell["measured_speedup"] = _round(meas.get(k, np.nan)) if cell["nodes"] else 1.0
+        cell["measured_by"] = str(meas_by.get(k, "step latency"))
+        if pred is not None:
+            cell["predicted_speedup"] = _round(pred.get(k, np.nan)) if cell["nodes"] else 1.0
 
 
 def check_tolerance(tolerance) -> float:

@@ -1,6 +1,6 @@
-"""Uncertainty of measured speedups and the decision that uses it (docs/statistics.md
-"Measured speedup intervals", "Sanity checks of a measurement", "Choosing a tree with
-intervals").
+"""Uncertainty of measured speedups and the decision that uses it
+(docs/statistics.md#measured-speedup-intervals, docs/statistics.md#sanity-checks-of-a-measurement,
+docs/statistics.md#choosing-a-tree-with-intervals).
 
 Step times come as paired rounds: row r of a (rounds, sizes) array holds one sample of every
 tree size, taken back to back in a random order, column 0 the plain step. The overhead of
@@ -46,16 +46,15 @@ __all__ = [
 CONFIDENCE = 0.95
 BOOTSTRAP_DRAWS = 2000
 # A bigger tree does more work, so a step time that falls as the tree grows is a disturbed
-# measurement; 1% leaves room for timer resolution (docs/statistics.md "Sanity checks of a
-# measurement").
+# measurement; 1% leaves room for timer resolution (docs/statistics.md#sanity-checks-of-a-measurement).
 MONOTONE_SLACK = 0.01
 # Two trees whose speedups are within 5% of each other are the same answer: finer margins
 # leave most cells undecided at the noise of a shared machine, while no cell is then decided
-# on a tree more than 5% worse than the best (benchmarks/bench_selection.py; docs/statistics.md
-# "Choosing a tree with intervals").
+# on a tree more than 5% worse than the best (benchmarks/bench_selection.py;
+# docs/statistics.md#choosing-a-tree-with-intervals).
 DEFAULT_TOLERANCE = 0.05
 # Fewer paired rounds than this and the percentile interval of a median covers far below its
-# stated level (docs/statistics.md "Measured speedup intervals").
+# stated level (docs/statistics.md#measured-speedup-intervals).
 MIN_ROUNDS = 5
 REASONS = ("best", "within-tolerance", "undecided", "no speculation", "unreliable")
 
@@ -64,7 +63,7 @@ def physical_speedup(tau, overhead) -> np.ndarray:
     """tau / overhead where that is physical: NaN (never selected) where a tree step is priced
     below the plain step beyond the slack, since it does the plain step's work and more; an
     overhead within the slack below 1 counts as 1, so no speedup exceeds tau
-    (docs/statistics.md "Sanity checks of a measurement")."""
+    (docs/statistics.md#sanity-checks-of-a-measurement)."""
     tau = np.asarray(tau, dtype=float)
     overhead = np.asarray(overhead, dtype=float)
     with np.errstate(invalid="ignore"):
@@ -100,7 +99,7 @@ def bootstrap_speedups(samples, tau, tau_se=None, *, draws: int = BOOTSTRAP_DRAW
     rng = np.random.default_rng(seed)
     pick = rng.integers(0, rounds, size=(draws, rounds))
     # why: a tree step does the plain step's work and more, so an overhead below 1 is noise
-    # (docs/statistics.md "Measured speedup intervals")
+    # (docs/statistics.md#measured-speedup-intervals)
     overhead = np.maximum(np.median(ratios[pick], axis=1), 1.0)  # (draws, sizes)
     z = rng.standard_normal((draws, 1))
     tau_draws = np.maximum(tau[None, :] + se[None, :] * z, 1.0)  # at least the bonus token
@@ -177,7 +176,7 @@ def decide_cell(
     rounds: int = 0,
 ) -> CellDecision:
     """The smallest tree as good as the best within `tolerance`, shipped only where it beats
-    `threshold` at its lower bound (docs/statistics.md "Choosing a tree with intervals").
+    `threshold` at its lower bound (docs/statistics.md#choosing-a-tree-with-intervals).
 
     Arrays over the sizes in ascending order, index 0 = plain decoding, whose value is the
     threshold (a tree must beat it to ship). `draws` (draws, sizes): paired bootstrap draws of
@@ -259,7 +258,7 @@ def consistent_with_fit(
     measured_overhead, fit_overhead, *, tolerance: float = DEFAULT_TOLERANCE, confidence: float = CONFIDENCE
 ) -> np.ndarray:
     """(sizes,) bool: the cell's measured T(n)/T(0) does not differ from a pooled fit's by more
-    than `tolerance` beyond the noise (docs/statistics.md "Pooled evidence").
+    than `tolerance` beyond the noise (docs/statistics.md#pooled-evidence).
 
     `measured_overhead` (draws, sizes): the cell's bootstrap over its own rounds;
     `fit_overhead` (fit_draws, sizes): the fit's bootstrap. The two are independent, so draw k of
@@ -278,14 +277,14 @@ def consistent_with_fit(
 def shipped_confidence(confidence: float, trees: int) -> float:
     """The level of a shipped tree's own interval: `confidence` spent over the `trees` sizes it
     is picked from (Bonferroni), so that the interval holds whichever size the rule picks
-    (docs/statistics.md "Choosing a tree with intervals")."""
+    (docs/statistics.md#choosing-a-tree-with-intervals)."""
     return sequential_confidence(max(int(trees), 1), confidence)
 
 
 def sequential_confidence(looks: int, confidence: float = CONFIDENCE) -> float:
     """The per-look confidence that keeps `confidence` for the final interval of a measurement
     that may stop after any of `looks` looks (Bonferroni: each look spends alpha / looks;
-    docs/statistics.md "Measuring until the answer is known")."""
+    docs/statistics.md#measuring-until-the-answer-is-known)."""
     return 1.0 - (1.0 - confidence) / max(int(looks), 1)
 
 

@@ -1,11 +1,11 @@
 """Proposal sequences and their tau curves: the expected tokens per step of every prefix
-T_0 c T_1 c ... c T_N of one nested sequence of trees (docs/builders.md "Proposal sequence",
-docs/statistics.md "Expected tokens per step").
+T_0 c T_1 c ... c T_N of one nested sequence of trees (docs/builders.md#proposal-sequence,
+docs/statistics.md#expected-tokens-per-step-tau).
 
 A `TauCurve` carries up to three estimates of the same quantity, and `TauCurve.best` is the one
 rule for which of them a decision uses: walked rank vectors when the calibration kept them, else
 joint prefix statistics, else the product of independent per-rank accuracies
-(docs/statistics.md "Which tau is used").
+(docs/statistics.md#which-tau-is-used-when).
 """
 
 from __future__ import annotations
@@ -61,8 +61,9 @@ class TauCurve:
 
     @property
     def best(self) -> np.ndarray:
+        """The estimate every decision uses: walked, else joint, else independent."""
         # Walked beats joint: acceptance comes in runs and a step that accepts a run skips it,
-        # so the per-position average overrates big trees (docs/statistics.md "Walked tau").
+        # so the per-position average overrates big trees (docs/statistics.md#walked-tau).
         return getattr(self, self.source)
 
     def describe(self) -> str:

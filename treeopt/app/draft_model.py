@@ -1,10 +1,10 @@
-"""The `run` pipeline's pieces for a draft model (docs/architecture.md, "Draft models in the main
-job"; docs/decoder.md, "Draft models"): its proposal is a chain of gamma drafts, one per depth
+"""The `run` pipeline's pieces for a draft model (docs/architecture.md#draft-models-in-the-main-job;
+docs/decoder.md#draft-models): its proposal is a chain of gamma drafts, one per depth
 (greedy verification), or a tree built from the per-child acceptance (recursive rejection
 sampling); its predicted step is one draft pass per depth plus the target's verification
-(docs/performance-model.md, "Draft-model steps", "Draft-model trees"); and the validation of
+(docs/performance-model.md#draft-model-steps, docs/performance-model.md#draft-model-trees); and the validation of
 the predicted tau of trees under rejection sampling against the decoder's measured tokens per
-step (docs/statistics.md, "Positional acceptance of a tree")."""
+step (docs/statistics.md#positional-acceptance-of-a-tree)."""
 
 from __future__ import annotations
 
@@ -60,16 +60,14 @@ def chain_tree(gamma: int) -> Tree:
 def chain_tau_curves(accuracy_path, max_nodes: int) -> tuple[AccuracyTable, TauCurve]:
     """The accuracy table at `accuracy_path` and the tau curves of the chain of
     min(max_nodes, depths calibrated) drafts, whose prefix of n nodes is the chain of gamma = n
-    (greedy verification: the rank vectors' top-1 runs, docs/statistics.md "Draft-model
-    acceptance")."""
+    (greedy verification: the rank vectors' top-1 runs, docs/statistics.md#draft-model-acceptance)."""
     return load_tau_curves(accuracy_path, max_nodes, method="chain")
 
 
 def rejection_tau_curves(alpha_file, max_nodes: int) -> tuple[ChainAcceptance, TauCurve]:
     """The alpha sidecar at `alpha_file` (v2: with the per-child acceptance), the proposal of up
     to `max_nodes` nodes built from it (`treeopt.chain.rejection_proposal`) and the tau of its
-    prefixes under recursive rejection sampling (docs/statistics.md, "Positional acceptance of
-    a tree")."""
+    prefixes under recursive rejection sampling (docs/statistics.md#positional-acceptance-of-a-tree)."""
     side = load_chain_acceptance(alpha_file)
     proposal = rejection_proposal(side.per_child, max_nodes)
     return side, TauCurve(proposal, rejection_tau_curve(proposal, side.per_child))
@@ -145,7 +143,7 @@ def write_gamma_prediction(
             "",
             f"Trees: the prefixes of the {tree.proposal.size}-node proposal, drafted one pass per depth over the "
             f"nodes of the depth above, τ {tree.describe()} (every size in `tree.csv`; "
-            'docs/performance-model.md, "Draft-model trees").',
+            "docs/performance-model.md#draft-model-trees).",
         ]
     L += [
         "",
@@ -171,8 +169,7 @@ def tokens_per_step_with_stderr(accepted: np.ndarray) -> tuple[float, float, int
     (steps, b), 0 where a sequence had finished. Steps of one sequence share its prefix, so the
     standard error treats sequences as the independent units: the ratio estimator's
     sum_i a_i / sum_i n_i with variance m / (m - 1) x sum_i (a_i - R n_i)^2 / (sum_i n_i)^2 over
-    the m sequences' accepted totals a_i and step counts n_i (docs/statistics.md, "Positional
-    acceptance of a tree")."""
+    the m sequences' accepted totals a_i and step counts n_i (docs/statistics.md#positional-acceptance-of-a-tree)."""
     a = np.asarray(accepted, dtype=np.float64)
     active = a > 0
     steps = int(active.sum())
@@ -205,9 +202,9 @@ def validate_rejection_tau(
     """The decoder's measured tokens per step with rejection sampling at the sidecar's
     temperature against the predicted tau of each tree (`treeopt.chain.rejection_tau`), one row
     per tree, columns `REJECTION_VALIDATION_COLUMNS`: `within` when they are less than
-    `VALIDATION_SIGMAS` combined standard errors apart (docs/statistics.md, "Positional
-    acceptance of a tree"). `prompt_ids`: token lists, decoded in left-padded batches of
-    `batch_size` for `max_new_tokens` tokens each, without an eos stop."""
+    `VALIDATION_SIGMAS` combined standard errors apart
+    (docs/statistics.md#positional-acceptance-of-a-tree). `prompt_ids`: token lists, decoded in
+    left-padded batches of `batch_size` for `max_new_tokens` tokens each, without an eos stop."""
     if acceptance.temperature <= 0:
         raise UserError("validation: the alpha sidecar was measured at temperature 0 (greedy: use `treeopt validate`)")
     if not prompt_ids:

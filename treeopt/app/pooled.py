@@ -1,6 +1,6 @@
 """Pooled evidence: one engine profile fitted to every cell of a sweep, with its uncertainty
 from a bootstrap over rounds, checked against each cell and used to decide the cells the
-measurement left open (docs/statistics.md "Pooled evidence").
+measurement left open (docs/statistics.md#pooled-evidence).
 
 A cell measures its own tree sizes with a few dozen rounds; the profile pools all cells'
 rounds into a few engine terms, so its T(n)/T(0) is far less noisy than one cell's, as long as
@@ -24,6 +24,7 @@ from treeopt.selection import cell_draws
 from treeopt.stats import (
     CONFIDENCE,
     DEFAULT_TOLERANCE,
+    SpeedupDraws,
     consistent_with_fit,
     decide_cell,
     interval,
@@ -120,6 +121,7 @@ def add_pooled_evidence(
     (`fit_consistent: false`)."""
     table = sweep.sort_values(["batch", "context", "nodes"], ignore_index=True)
     rng = np.random.default_rng(1)
+    rule = {"tolerance": tolerance, "confidence": confidence, "threshold": threshold}
     decided = 0
     consistent_cells = 0
     for cell in doc["cells"]:
@@ -135,46 +137,14 @@ def add_pooled_evidence(
         ):
             continue
         measured = cell_draws(rows, got[1])
-        fit_overhead = np.maximum(pooled.overhead_draws[key], 1.0)
-        tau = rows["tau"].to_numpy(dtype=float)
-        se = np.nan_to_num(rows["tau_se"].to_numpy(dtype=float)) if "tau_se" in rows else np.zeros_like(tau)
-        # one tau draw per refit, shared by every size, as in the cells' own bootstrap
-        tau_draws = np.maximum(tau[None, :] + se[None, :] * rng.standard_normal((fit_overhead.shape[0], 1)), 1.0)
-        fit_speed = tau_draws / fit_overhead
-        lo, hi = interval(fit_speed, confidence)
-        point = tau / np.maximum(pooled.overhead_point[key], 1.0)
-        reliable = ~(np.nan_to_num(rows["unreliable"].to_numpy(dtype=float)) > 0)
-        by_fit = decide_cell(
-            point, lo, hi, reliable, draws=fit_speed, threshold=threshold, tolerance=tolerance, confidence=confidence
-        )
-        consistent = bool(
-            consistent_with_fit(
-                measured.overhead[:, 1:], fit_overhead[:, 1:], tolerance=tolerance, confidence=confidence
-            ).all()
+        by_fit, consistent = _fit_decision(
+            rows, measured, pooled.overhead_point[key], pooled.overhead_draws[key], rng, **rule
         )
         consistent_cells += consistent
         cell["fit_nodes"] = sizes[by_fit.index]
         cell["fit_consistent"] = consistent
         if cell.get("reason") == "undecided" and consistent and by_fit.settled:
-            n = sizes[by_fit.index]
-            i = by_fit.index
-            own_lo, own_hi = interval(measured.speedup, shipped_confidence(confidence, len(sizes) - 1))
-            row = rows.iloc[i]
-            cell.update(
-                nodes=n,
-                medusa_choices=proposal.prefix(n).to_choices() if n else [],
-                speedup=round(float(row["speedup"]), 6) if n else 1.0,
-                measured_speedup=round(float(row["speedup"]), 6) if n else 1.0,
-                tau=round(float(row["tau"]), 6) if n else 1.0,
-                overhead=round(float(row["overhead"]), 6) if n else 1.0,
-                speedup_lo=round(float(own_lo[i]), 6) if n else 1.0,
-                speedup_hi=round(float(own_hi[i]), 6) if n else 1.0,
-                reason=by_fit.reason,
-                decided_by="pooled fit",
-            )
-            if "predicted_speedup" in cell:
-                cell["predicted_speedup"] = round(float(row["predicted_speedup"]), 6) if n else 1.0
-            cell.pop("rounds_needed", None)
+            _take_fit_decision(cell, rows, by_fit, measured, proposal, confidence)
             doc["undecided"] = [u for u in doc.get("undecided", []) if (u["batch"], u["context"]) != key]
             decided += 1
     doc["pooled_fit"] = {
@@ -184,6 +154,66 @@ def add_pooled_evidence(
         "consistent_cells": int(consistent_cells),
         "decided_cells": decided,
     }
+
+
+def _fit_decision(
+    rows: pd.DataFrame,
+    measured: SpeedupDraws,
+    overhead_point: np.ndarray,
+    overhead_draws: np.ndarray,
+    rng: np.random.Generator,
+    *,
+    tolerance: float,
+    confidence: float,
+    threshold: float,
+):
+    """(the cell's decision on the fit's speedups, whether the cell's measured overheads are
+    consistent with the fit's): `rows` the cell's sweep rows by nodes, `measured` its own
+    bootstrap, `overhead_point`/`overhead_draws` the fit's T(n)/T(0) and their refits."""
+    fit_overhead = np.maximum(overhead_draws, 1.0)
+    tau = rows["tau"].to_numpy(dtype=float)
+    se = np.nan_to_num(rows["tau_se"].to_numpy(dtype=float)) if "tau_se" in rows else np.zeros_like(tau)
+    # one tau draw per refit, shared by every size, as in the cells' own bootstrap
+    tau_draws = np.maximum(tau[None, :] + se[None, :] * rng.standard_normal((fit_overhead.shape[0], 1)), 1.0)
+    fit_speed = tau_draws / fit_overhead
+    lo, hi = interval(fit_speed, confidence)
+    point = tau / np.maximum(overhead_point, 1.0)
+    reliable = ~(np.nan_to_num(rows["unreliable"].to_numpy(dtype=float)) > 0)
+    by_fit = decide_cell(
+        point, lo, hi, reliable, draws=fit_speed, threshold=threshold, tolerance=tolerance, confidence=confidence
+    )
+    consistent = bool(
+        consistent_with_fit(
+            measured.overhead[:, 1:], fit_overhead[:, 1:], tolerance=tolerance, confidence=confidence
+        ).all()
+    )
+    return by_fit, consistent
+
+
+def _take_fit_decision(
+    cell: dict, rows: pd.DataFrame, by_fit, measured: SpeedupDraws, proposal: Tree, confidence: float
+) -> None:
+    """The undecided selection `cell` takes the size the fit settles on, with the cell's own
+    measured numbers and interval for it (`decided_by: "pooled fit"`)."""
+    i = by_fit.index
+    n = int(rows["nodes"].iloc[i])
+    own_lo, own_hi = interval(measured.speedup, shipped_confidence(confidence, len(rows) - 1))
+    row = rows.iloc[i]
+    cell.update(
+        nodes=n,
+        medusa_choices=proposal.prefix(n).to_choices() if n else [],
+        speedup=round(float(row["speedup"]), 6) if n else 1.0,
+        measured_speedup=round(float(row["speedup"]), 6) if n else 1.0,
+        tau=round(float(row["tau"]), 6) if n else 1.0,
+        overhead=round(float(row["overhead"]), 6) if n else 1.0,
+        speedup_lo=round(float(own_lo[i]), 6) if n else 1.0,
+        speedup_hi=round(float(own_hi[i]), 6) if n else 1.0,
+        reason=by_fit.reason,
+        decided_by="pooled fit",
+    )
+    if "predicted_speedup" in cell:
+        cell["predicted_speedup"] = round(float(row["predicted_speedup"]), 6) if n else 1.0
+    cell.pop("rounds_needed", None)
 
 
 def format_pooled(doc: dict) -> str:

@@ -13,7 +13,14 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from roofline.grid import DEFAULT_BATCHES, DEFAULT_CONTEXTS, draft_rows_by_prefix, heads_used_by_prefix, speedup_grid
+from roofline.grid import (
+    DEFAULT_BATCHES,
+    DEFAULT_CONTEXTS,
+    PerTreeSize,
+    draft_rows_by_prefix,
+    heads_used_by_prefix,
+    speedup_grid,
+)
 from roofline.hardware import GIB, HardwareProfile, load_hardware
 from roofline.ops import DraftWork
 from roofline.shapes import DraftHeadsShape, ModelShape
@@ -153,6 +160,25 @@ class Prediction:
         return best_heatmaps_figure(self.best(threshold=threshold), title=title)
 
 
+@dataclass(frozen=True)
+class PredictionOptions:
+    """How a predicted step is priced and which tau it uses: the knobs most predictions leave
+    at their defaults (docs/performance-model.md).
+
+    verification: "tree" (one sequence under a tree mask) or "candidates" (each root-to-leaf
+    path its own sequence, re-reading the context). attention: "fused" or "unfused". joint:
+    tau from the table's joint prefix counts. heads_in_baseline: plain decoding (n = 0) also
+    runs the heads. used_heads: a tree runs only the heads its depth reaches, not all of them.
+    sequential_draft: the drafter drafts depth by depth, one draft stage per level."""
+
+    verification: str = "tree"
+    attention: str = "fused"
+    joint: bool = False
+    heads_in_baseline: bool = False
+    used_heads: bool = False
+    sequential_draft: bool = False
+
+
 def predict_speedup(
     model: str | ModelShape,
     hardware: str | HardwareProfile,
@@ -163,20 +189,15 @@ def predict_speedup(
     contexts=DEFAULT_CONTEXTS,
     max_nodes: int = 64,
     engine: str | None = None,
-    verification: str = "tree",
-    attention: str = "fused",
-    joint: bool = False,
     heads: dict | None = None,
     drafter: dict | None = None,
-    heads_in_baseline: bool = False,
-    used_heads: bool = False,
-    sequential_draft: bool = False,
+    options: PredictionOptions = PredictionOptions(),
 ) -> Prediction:
     """The predicted grid of every batch x context x tree size (docs/performance-model.md).
 
     `heads`: keyword arguments of `roofline.shapes.resolve_heads` (num_heads, num_layers,
     tokens_per_sequence); `drafter`: those of `treeopt.app.models.draft_cost_of` (drafter,
-    drafter_config)."""
+    drafter_config); `options`: how the step is priced (`PredictionOptions`)."""
     check_grid_size(batches, contexts, max_nodes)
     shape = model if isinstance(model, ModelShape) else shape_of(model, dtype)
     spec = shape.name if isinstance(model, ModelShape) else model
@@ -188,7 +209,7 @@ def predict_speedup(
         raise UserError("--heads: a speedup grid needs at least one draft head")
     depth = min(head_shape.num_heads, cost.stages) if cost is not None else head_shape.num_heads
     target = get_engine(engine) if engine else None
-    tree, tau = greedy_proposal(accuracy, max_nodes, depth, joint, target)
+    tree, tau = greedy_proposal(accuracy, max_nodes, depth, options.joint, target)
     work = sequential_work(cost, tree)
     # sizes the engine would not draft as written are never picked (vLLM's uniform trees)
     drafted = drafted_sizes(tree, target) if target is not None and target.family == "uniform" else None
@@ -199,13 +220,15 @@ def predict_speedup(
         tau,
         batches,
         contexts,
-        attention=attention,
-        heads_in_baseline=heads_in_baseline,
-        heads_used=heads_used_by_prefix(tree) if used_heads and work is None else None,
-        verification=verification,
+        attention=options.attention,
+        heads_in_baseline=options.heads_in_baseline,
+        verification=options.verification,
         tree=tree,
-        draft_stages=heads_used_by_prefix(tree) if sequential_draft and work is None else None,
-        drafted=drafted,
+        per_size=PerTreeSize(
+            heads_used=heads_used_by_prefix(tree) if options.used_heads and work is None else None,
+            draft_stages=heads_used_by_prefix(tree) if options.sequential_draft and work is None else None,
+            drafted=drafted,
+        ),
     )
     return Prediction(
         model=shape,
@@ -215,8 +238,8 @@ def predict_speedup(
         grid=grid,
         accuracy=accuracy,
         engine=target.name if target is not None else None,
-        verification=verification,
-        attention=attention,
+        verification=options.verification,
+        attention=options.attention,
         draft_heads=head_shape.num_heads,
         drafter=(work or head_shape).describe(),
     )

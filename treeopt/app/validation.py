@@ -1,8 +1,8 @@
 """Validation: the decoder's measured tokens per step on held-out prompts against the
-predicted tau, and the roofline's step-latency ratios against the measured sweep
-(docs/statistics.md "Validation"); at a temperature T > 0, a draft model's trees and chains
-under rejection sampling against the tau of its alpha sidecar (docs/statistics.md, "Positional
-acceptance of a tree")."""
+predicted tau (docs/statistics.md#walked-tau), and the roofline's step-latency ratios against
+the measured sweep (docs/formats.md#validation-csvs); at a temperature T > 0, a draft model's
+trees and chains under rejection sampling against the tau of its alpha sidecar
+(docs/statistics.md#positional-acceptance-of-a-tree)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from treeopt.selection import prediction_regret, read_sweep
 from treeopt.tau import TauCurve
 from treeopt.tree import Tree
 
-#: the file `treeopt validate --temperature T` writes (docs/formats.md, "Validation CSVs")
+#: the file `treeopt validate --temperature T` writes (docs/formats.md#validation-csvs)
 REJECTION_VALIDATION_CSV = "validation_rejection.csv"
 
 
@@ -38,18 +38,27 @@ class ValidationResult:
     regret: pd.DataFrame | None  # per (batch, context): prediction's pick vs the selected tree
 
 
+@dataclass(frozen=True)
+class ValidationDecoding:
+    """How the held-out prompts are decoded: `max_new_tokens` generated per prompt,
+    `batch_size` prompts per batch, the first `max_prompts` prompts (None: all), `topk`
+    candidates per draft head."""
+
+    max_new_tokens: int = 32
+    batch_size: int = 8
+    max_prompts: int | None = None
+    topk: int = 10
+
+
 def validate(
     lm,
     tau: TauCurve,
     sizes,
     data,
     *,
+    decoding: ValidationDecoding = ValidationDecoding(),
     sweep_file=None,
     sweep_df=None,
-    max_new_tokens: int = 32,
-    batch_size: int = 8,
-    max_prompts=None,
-    topk: int = 10,
     out_dir=None,
     progress: bool = True,
     selection: dict | None = None,
@@ -58,11 +67,18 @@ def validate(
     (given a sweep with predictions) the roofline's step-latency ratios and picks against the
     trees `selection` ships (without one: the measured argmax)."""
     prompts = load_prompt_texts(data)
-    if max_prompts:
-        prompts = prompts[:max_prompts]
+    if decoding.max_prompts:
+        prompts = prompts[: decoding.max_prompts]
     sizes = [n for n in sizes if n <= tau.proposal.size]
     acceptance = measure_acceptance(
-        lm, tau, sizes, prompts, max_new_tokens=max_new_tokens, batch_size=batch_size, topk=topk, progress=progress
+        lm,
+        tau,
+        sizes,
+        prompts,
+        max_new_tokens=decoding.max_new_tokens,
+        batch_size=decoding.batch_size,
+        topk=decoding.topk,
+        progress=progress,
     )
     if sweep_df is None and sweep_file is not None:
         sweep_df, _ = read_sweep(sweep_file)
@@ -179,15 +195,14 @@ def format_validation(result: ValidationResult) -> str:
 
 
 # --------------------------------------------------------------------------------------------
-# T > 0: a draft model under rejection sampling (docs/statistics.md, "Positional acceptance of
-# a tree")
+# T > 0: a draft model under rejection sampling (docs/statistics.md#positional-acceptance-of-a-tree)
 
 
 def check_sampled_drafter(kind: str | None, temperature: float) -> None:
     """Refuse a drafter other than a draft model at T > 0 (`kind` None: not known yet)."""
     if temperature > 0 and kind is not None and kind != "draft-model":
         # why: heads verify by typical acceptance at T > 0, which is not distribution-preserving,
-        # so no tau at T is predicted for them (docs/decoder.md, "Typical acceptance")
+        # so no tau at T is predicted for them (docs/decoder.md#typical-acceptance)
         raise UserError(
             f"--temperature {temperature:g}: the {kind} drafter is validated greedily (--temperature 0): at T > 0 it "
             "verifies by typical acceptance, which is not distribution-preserving; only a draft model "
@@ -211,8 +226,8 @@ def sampled_acceptance(accuracy, temperature: float, max_nodes: int) -> tuple[Ch
             f"{path}: a treeopt.chain_acceptance/v1 sidecar has no per-child acceptance (chains only); "
             "calibrate again (treeopt calibrate --drafter draft-model) to validate at --temperature"
         )
-    # why: the acceptance min(p, q) is a property of p and q at one temperature (docs/statistics.md,
-    # "Draft-model acceptance"): a table of another T predicts nothing about this one
+    # why: the acceptance min(p, q) is a property of p and q at one temperature
+    # (docs/statistics.md#draft-model-acceptance): a table of another T predicts nothing about this one
     if not math.isclose(side.temperature, temperature, rel_tol=1e-9, abs_tol=1e-12):
         raise UserError(
             f"--temperature {temperature:g}: {path} was calibrated at temperature {side.temperature:g}; "

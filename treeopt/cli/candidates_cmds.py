@@ -1,6 +1,6 @@
 """`treeopt roofline candidates`: IBM's candidate form, verified as n candidate sequences or
-merged into a prefix tree, side by side for every batch and context (docs/builders.md, "IBM's
-candidate form"). numpy only: no torch is loaded."""
+merged into a prefix tree, side by side for every batch and context
+(docs/builders.md#ibms-candidate-form). numpy only: no torch is loaded."""
 
 from __future__ import annotations
 
@@ -77,25 +77,12 @@ def candidates_cmd(
     hw = load_hardware(hardware)
     table = load_accuracy(accuracy, model=csv_model, default_model=None if csv_model else str(model).lower())
     cost = draft_cost_of(model, shape, drafter=drafter, drafter_config=drafter_config)
-    topk = topk or (cost.topk_per_stage if cost is not None else ())
-    n_candidates = n_candidates or (cost.n_candidates if cost is not None else 0)
-    if not topk or not n_candidates:
-        raise UserError(
-            "--topk and --candidates: needed (the drafter's config does not set top_k_tokens_per_head and n_candidates)"
-        )
-    if cost is not None and len(topk) > cost.stages:
-        raise UserError(f"--topk: {len(topk)} stages, the drafter has {cost.stages}")
+    topk, n_candidates = _candidate_shape(cost, topk, n_candidates)
     tree = merged_candidate_tree(candidate_rank_paths(table.accuracy, topk, n_candidates))
     vectors = load_rank_vectors(accuracy, table=table) if accuracy.endswith(".json") else None
     curves = tau_curves(table, tree, vectors)
     tau = float(curves.best[-1])
-    if cost is not None and cost.sequential:
-        draft = DraftWork(cost, draft_rows_by_prefix(tree, cost.stages)[-1])
-        candidate_draft = DraftWork(cost, _rows(speculator_draft_rows(topk), cost.stages))
-    else:
-        draft = candidate_draft = DraftHeadsShape(
-            len(topk), cost.layers if cost else 1, shape.hidden, shape.vocab, tokens_per_sequence=1
-        )
+    draft, candidate_draft = _draft_work(cost, shape, tree, topk)
     grid = candidate_forms_grid(
         shape,
         draft,
@@ -119,6 +106,36 @@ def candidates_cmd(
     click.echo(f"medusa_choices: {tree.to_choices()}")
     click.echo(f"tau {tau:.3f} ({curves.describe()}; the same for both forms)")
     click.echo("predicted speedup per batch (rows) and context (columns), prefix tree / candidate sequences:")
+    click.echo(_forms_table(grid), nl=False)
+    if out:
+        click.echo(f"wrote {out}")
+
+
+def _candidate_shape(cost, topk, n_candidates) -> tuple[tuple[int, ...], int]:
+    """(top-k per stage, candidates kept): the options', else the drafter config's."""
+    topk = topk or (cost.topk_per_stage if cost is not None else ())
+    n_candidates = n_candidates or (cost.n_candidates if cost is not None else 0)
+    if not topk or not n_candidates:
+        raise UserError(
+            "--topk and --candidates: needed (the drafter's config does not set top_k_tokens_per_head and n_candidates)"
+        )
+    if cost is not None and len(topk) > cost.stages:
+        raise UserError(f"--topk: {len(topk)} stages, the drafter has {cost.stages}")
+    return topk, n_candidates
+
+
+def _draft_work(cost, shape, tree, topk):
+    """(the merged tree's drafting, the candidate sequences' drafting): a sequential drafter's
+    rows per stage, else Medusa-style heads, one per stage."""
+    if cost is not None and cost.sequential:
+        draft = DraftWork(cost, draft_rows_by_prefix(tree, cost.stages)[-1])
+        return draft, DraftWork(cost, _rows(speculator_draft_rows(topk), cost.stages))
+    heads = DraftHeadsShape(len(topk), cost.layers if cost else 1, shape.hidden, shape.vocab, tokens_per_sequence=1)
+    return heads, heads
+
+
+def _forms_table(grid) -> str:
+    """Per batch (rows) and context (columns): both forms' speedups and the faster form."""
     cells = {}
     for (b, c), g in grid.groupby(["batch", "context"]):
         sp = dict(zip(g["form"], g["speedup"], strict=True))
@@ -132,12 +149,7 @@ def candidates_cmd(
         )
         cells[(int(b), int(c))] = f"{tree_s:.2f}x / {cand_s:.2f}x -> {pick}"
     ctxs = sorted({c for _, c in cells})
-    click.echo(
-        text_table(
-            ["batch"] + [str(c) for c in ctxs],
-            [[b] + [cells[(b, c)] for c in ctxs] for b in sorted({b for b, _ in cells})],
-        ),
-        nl=False,
+    return text_table(
+        ["batch"] + [str(c) for c in ctxs],
+        [[b] + [cells[(b, c)] for c in ctxs] for b in sorted({b for b, _ in cells})],
     )
-    if out:
-        click.echo(f"wrote {out}")

@@ -16,7 +16,8 @@ from calibration.models import load_model
 from calibration.sweep import SweepSettings, check_form
 from calibration.threads import torch_threads
 from roofline.hardware import load_hardware
-from treeopt.app.run import RunSettings, run_main_job
+from treeopt.app.run import run_main_job
+from treeopt.app.stages.job import RunSettings
 from treeopt.app.sweep import (
     DEMO_VALIDATION,
     add_end_to_end,
@@ -29,6 +30,7 @@ from treeopt.app.sweep import (
 )
 from treeopt.app.validation import (
     REJECTION_VALIDATION_CSV,
+    ValidationDecoding,
     check_sampled_drafter,
     format_sampled_validation,
     format_validation,
@@ -134,7 +136,7 @@ def demo_train(out_dir, work_dir, base_steps, head_steps, seed, fresh) -> None:
 @click.option("--fresh", is_flag=True, help="Ignore checkpoints in --work-dir and start over.")
 def demo_train_draft(out_dir, target_dir, work_dir, steps, seed, fresh) -> None:
     """Train the demo's draft model: a 1-layer Llama with the target's tokenizer, distilled from
-    the target on the running interpreter's standard library (docs/decoder.md, "Draft models")."""
+    the target on the running interpreter's standard library (docs/decoder.md#draft-models)."""
     target = Path(target_dir) if target_dir is not None else DEMO_MODEL_DIR
     for name in ("config.json", "tokenizer.json"):
         if not (target / name).is_file():
@@ -154,7 +156,7 @@ def demo_train_draft(out_dir, target_dir, work_dir, steps, seed, fresh) -> None:
 
 
 #: the most (batch, context) groups a sweep measures, and tree sizes in each: a sweep measures
-#: every group for several seconds (docs/formats.md, "Output safety"), so a grid beyond these
+#: every group for several seconds (docs/formats.md#output-safety), so a grid beyond these
 #: is a typo, not a plan
 MAX_SWEEP_GROUPS = 1024
 MAX_SWEEP_CONFIGURATIONS = 16384
@@ -237,8 +239,9 @@ def sweep_cmd(
 ):
     """Measure one decoding step's latency for every tree size x batch x context on this
     machine (next to the roofline prediction), and the measured speedup tau * T(0) / T(n)."""
-    # the profile fit models tree verification (docs/performance-model.md, "Fitting a profile to
-    # measured steps"): a sweep of candidate sequences is not fitted
+    # the profile fit models tree verification
+    # (docs/performance-model.md#fitting-a-profile-to-measured-steps): a sweep of candidate
+    # sequences is not fitted
     fits = hardware is not None and 1 in batches and len(batches) > 1 and verification == "tree"
     folder = Path(output).parent
     check_outputs(
@@ -275,6 +278,25 @@ def sweep_cmd(
         # the engine terms of this machine's decoder, fitted on batch 1 and judged on the rest
         fit = fit_from_sweep(lm, tau.proposal, profile, df, Path(output).parent)
         click.echo(f"{format_transfer(fit)}; wrote {Path(output).parent / 'fitted_hardware.json'}")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelToLoad:
+    """The model and drafter that --model, --heads, --drafter and --num-heads name, and the
+    --device, --dtype and --threads it runs with (`calibration.models.load_model`)."""
+
+    model: str
+    heads: str | None
+    drafter: str | None
+    num_heads: int | None
+    device: str
+    dtype: str
+    threads: int | None
+
+    def load(self):
+        return load_model(
+            self.model, self.heads, device=self.device, dtype=self.dtype, num_heads=self.num_heads, drafter=self.drafter
+        )
 
 
 @click.command("validate")
@@ -331,22 +353,16 @@ def validate_cmd(
     and measured step-latency ratios against the roofline, with relative errors; with
     --temperature T > 0, a draft model's trees and chains under rejection sampling."""
     check_outputs(inputs=input_files(accuracy, sweep_file, data, model, heads), folders=[output])
+    to_load = ModelToLoad(model, heads, drafter, num_heads, device, dtype, threads)
+    decoding = ValidationDecoding(max_new_tokens, batch_size, max_prompts, topk)
     if temperature > 0:
         validate_sampled_cmd(
-            model=model,
-            heads=heads,
-            drafter=drafter,
-            num_heads=num_heads,
-            device=device,
-            dtype=dtype,
-            threads=threads,
+            to_load,
             accuracy=accuracy,
             sweep_file=sweep_file,
             data=data,
             sizes=sizes,
-            max_new_tokens=max_new_tokens,
-            batch_size=batch_size,
-            max_prompts=max_prompts,
+            decoding=decoding,
             temperature=temperature,
             output=output,
         )
@@ -354,42 +370,23 @@ def validate_cmd(
     _, tau = load_tau_curves(accuracy, max(sizes), method=method)
     sweep_df = read_sweep(sweep_file)[0] if sweep_file is not None else None  # before hours of decoding
     load_prompt_texts(data)
-    lm = load_model(model, heads, device=device, dtype=dtype, num_heads=num_heads, drafter=drafter)
+    lm = to_load.load()
     check_drafter_depth(lm, tau.proposal, accuracy)
     # the CSVs and plots land together or not at all
     folder = atomic_folder(output) if output is not None else contextlib.nullcontext()
     with torch_threads(lm.model, lm.device, threads), folder as out_dir:
-        result = validate(
-            lm,
-            tau,
-            sizes,
-            data,
-            sweep_df=sweep_df,
-            max_new_tokens=max_new_tokens,
-            batch_size=batch_size,
-            max_prompts=max_prompts,
-            topk=topk,
-            out_dir=out_dir,
-        )
+        result = validate(lm, tau, sizes, data, decoding=decoding, sweep_df=sweep_df, out_dir=out_dir)
     click.echo(format_validation(result))
 
 
 def validate_sampled_cmd(
+    to_load: ModelToLoad,
     *,
-    model,
-    heads,
-    drafter,
-    num_heads,
-    device,
-    dtype,
-    threads,
     accuracy,
     sweep_file,
     data,
     sizes,
-    max_new_tokens,
-    batch_size,
-    max_prompts,
+    decoding: ValidationDecoding,
     temperature,
     output,
 ) -> None:
@@ -397,25 +394,25 @@ def validate_sampled_cmd(
     (the drafter's kind, where the options already say it, again once it is loaded)."""
     if sweep_file is not None:
         raise UserError("--sweep: the step-latency check runs with the greedy validation (--temperature 0)")
-    if max_new_tokens < 2:
-        raise UserError(f"--max-new-tokens: must be >= 2 to measure a decoding step, got {max_new_tokens}")
+    if decoding.max_new_tokens < 2:
+        raise UserError(f"--max-new-tokens: must be >= 2 to measure a decoding step, got {decoding.max_new_tokens}")
     # without --heads or --drafter the model's Medusa heads load (calibration.models.load_model)
-    check_sampled_drafter(drafter or (None if heads else "medusa"), temperature)
+    check_sampled_drafter(to_load.drafter or (None if to_load.heads else "medusa"), temperature)
     acceptance, tau = sampled_acceptance(accuracy, temperature, max(sizes))
     trees = sampled_trees(tau.proposal, len(acceptance.alpha_per_depth), sizes)
     load_prompt_texts(data)
-    lm = load_model(model, heads, device=device, dtype=dtype, num_heads=num_heads, drafter=drafter)
+    lm = to_load.load()
     check_sampled_drafter(lm.heads.kind, temperature)
     check_drafter_depth(lm, max(trees, key=lambda t: t.depth), accuracy)
-    with torch_threads(lm.model, lm.device, threads):
+    with torch_threads(lm.model, lm.device, to_load.threads):
         df = validate_sampled(
             lm,
             acceptance,
             trees,
             data,
-            max_new_tokens=max_new_tokens,
-            batch_size=batch_size,
-            max_prompts=max_prompts,
+            max_new_tokens=decoding.max_new_tokens,
+            batch_size=decoding.batch_size,
+            max_prompts=decoding.max_prompts,
             out_dir=output,
         )
     click.echo(format_sampled_validation(df, temperature))

@@ -24,7 +24,7 @@ from treeopt.selection import (
     sweep_meta_path,
     sweep_samples_path,
 )
-from treeopt.tree import load_tree, tree_buffers
+from treeopt.tree import Tree, load_tree, tree_buffers
 
 
 class Widths(click.ParamType):
@@ -353,39 +353,12 @@ def compare_cmd(tree_specs, accuracy_path, csv_model, nodes, engine, as_json):
     """
     if not tree_specs:
         raise UserError("TREE: give at least one tree to compare")
-    n = nodes
     table = _load_table(accuracy_path, csv_model)
     target = get_engine(engine) if engine else None
-    trees = []
-    for spec in tree_specs:
-        if spec in METHODS and not Path(spec).is_file():
-            if n is None:
-                raise UserError(f"TREE {spec}: building a tree for comparison needs --nodes N")
-            if spec == "joint" and table.joint is None:
-                raise UserError(f"{accuracy_path}: has no joint statistics, which TREE joint needs")
-            trees.append(build_for_engine(table, n, spec, target) if target else build_tree(table, n, spec))
-            continue
-        tree = load_tree(spec)
-        if n is not None and tree.size > n:
-            tree = tree.prefix(n)
-        trees.append(tree)
+    trees = [_compared_tree(spec, table, nodes, target, accuracy_path) for spec in tree_specs]
     rows, notes = [], []
     for tree in trees:
-        row = {
-            "tree": tree.name,
-            "nodes": tree.size,
-            "depth": tree.depth,
-            "leaves": tree.num_leaves,
-            "tau": expected_tokens(tree, table, strict=False),
-        }
-        if table.joint is not None:
-            row["tau_joint"] = expected_tokens(tree, table, joint=True, strict=False)
-        if target is not None:
-            drafted = check(tree, target, heads=table.num_heads, accuracy=table.accuracy)
-            row["as_written"] = "yes" if drafted.as_written else ("refused" if drafted.refused else "no")
-            row["drafted"] = drafted.drafted.size
-            row["tau_drafted"] = expected_tokens(drafted.drafted, table, strict=False)
-        rows.append(row)
+        rows.append(_compare_row(tree, table, target))
         notes += _coverage_notes(tree, table)
     if as_json:
         doc = {"accuracy": table.provenance, "trees": rows, "notes": [x.removeprefix("note: ") for x in notes]}
@@ -414,6 +387,38 @@ def compare_cmd(tree_specs, accuracy_path, csv_model, nodes, engine, as_json):
     )
     if notes:
         click.echo("\n".join(notes))
+
+
+def _compared_tree(spec: str, table, nodes: int | None, target, accuracy_path) -> Tree:
+    """A TREE of `treeopt compare`: built by the builder it names (within `target`'s family),
+    or read and cut to its first `nodes` nodes."""
+    if spec in METHODS and not Path(spec).is_file():
+        if nodes is None:
+            raise UserError(f"TREE {spec}: building a tree for comparison needs --nodes N")
+        if spec == "joint" and table.joint is None:
+            raise UserError(f"{accuracy_path}: has no joint statistics, which TREE joint needs")
+        return build_for_engine(table, nodes, spec, target) if target else build_tree(table, nodes, spec)
+    tree = load_tree(spec)
+    return tree.prefix(nodes) if nodes is not None and tree.size > nodes else tree
+
+
+def _compare_row(tree: Tree, table, target) -> dict:
+    """One row of `treeopt compare`: the tree's shape and tau, and what `target` drafts of it."""
+    row = {
+        "tree": tree.name,
+        "nodes": tree.size,
+        "depth": tree.depth,
+        "leaves": tree.num_leaves,
+        "tau": expected_tokens(tree, table, strict=False),
+    }
+    if table.joint is not None:
+        row["tau_joint"] = expected_tokens(tree, table, joint=True, strict=False)
+    if target is not None:
+        drafted = check(tree, target, heads=table.num_heads, accuracy=table.accuracy)
+        row["as_written"] = "yes" if drafted.as_written else ("refused" if drafted.refused else "no")
+        row["drafted"] = drafted.drafted.size
+        row["tau_drafted"] = expected_tokens(drafted.drafted, table, strict=False)
+    return row
 
 
 @click.command("select")
