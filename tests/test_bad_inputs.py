@@ -1,7 +1,7 @@
 """Every command against bad input: one line, exit status 2, nothing created or changed.
 
 Each case runs `treeopt ARGS` in a fresh copy of a folder of valid inputs (plus the case's own
-bad files) and asserts what a user relies on (docs/formats.md, "Output safety"): exit status
+bad files) and asserts what a user relies on (docs/formats.md#output-safety): exit status
 2, exactly one line on stderr starting with "treeopt: error:", no traceback, no file created,
 changed or removed anywhere in the folder (the inputs byte-identical afterwards), and, where
 the case names one, the words that say what is wrong. Most cases fail before any model loads;
@@ -144,7 +144,8 @@ HUGE_INT = "1" + "0" * 4300
 
 
 def _alpha_sidecar(*, v1: bool = False) -> dict:
-    """A valid alpha sidecar of 2 depths at temperature 1 (docs/formats.md, "Alpha sidecar")."""
+    """A valid alpha sidecar of 2 depths at temperature 1
+    (docs/formats.md#alpha-sidecar-namealphajson-treeoptchain_acceptancev2)."""
     doc = {"temperature": 1.0, "alpha_per_depth": [0.6, 0.5], "tau_walked": [1.0, 1.6, 1.9], "rows": 100}
     if v1:
         return {"format": "treeopt.chain_acceptance/v1", **doc}

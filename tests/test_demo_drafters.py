@@ -1,6 +1,6 @@
 """The demo's dependent drafters: the committed Hydra heads and MLP speculator match their
 recipe and the size budget, the recipe resumes, `treeopt run --drafter hydra` passes end to
-end at a tiny size, and the side-by-side report reads the runs (docs/decoder.md, "Drafters")."""
+end at a tiny size, and the side-by-side report reads the runs (docs/decoder.md#drafters)."""
 
 import json
 from dataclasses import asdict, replace

@@ -92,8 +92,8 @@ def test_tree_tau_matches_the_decoder_when_the_statistic_is_exact():
 
 
 def test_tree_tau_matches_the_decoder_on_a_prefix_dependent_pair():
-    # Calibrated along continuations sampled from the target (docs/statistics.md, "Positional
-    # acceptance of a tree"); the per-depth product is an approximation here, which the 4
+    # Calibrated along continuations sampled from the target (docs/statistics.md#positional-acceptance-of-a-tree); the
+    # per-depth product is an approximation here, which the 4
     # standard errors of 300 prompts x 24 tokens do not resolve on these models.
     target = llama(64, 32, 2, 0)
     drafter = DraftModel(noisy_copy(target, 0.02, 1), max_depth=3)

@@ -4,6 +4,7 @@
     python tools/mutants.py --only PATTERN   # mutants whose id, file or description contains PATTERN
     python tools/mutants.py --skip PATTERN   # all but those
     python tools/mutants.py --list           # print the list and check every snippet, run nothing
+    python tools/mutants.py --sample 12 --seed S   # 12 mutants drawn with seed S (what CI runs)
 
 Run it with the project's interpreter from anywhere; it finds the repository from its own path.
 Each mutant replaces one exact snippet of one file by a wrong variant (a dropped term, a wrong
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -110,6 +112,30 @@ MUTANTS = (
         "ids = ids[-prompt_tokens:]",
         "ids = ids[:prompt_tokens]",
         "a long conversation loses its turn to answer",
+        DATA_TESTS,
+    ),
+    Mutant(
+        "data-sharegpt-system-last",
+        "calibration/data.py",
+        'turns.insert(0, ("system", system))',
+        'turns.append(("system", system))',
+        "a ShareGPT record's top-level system prompt lands after its turns",
+        DATA_TESTS,
+    ),
+    Mutant(
+        "data-bos-prefix-dropped",
+        "calibration/data.py",
+        "return list(with_special[:n])",
+        "return []",
+        "a prompt made without a chat template lacks the tokenizer's BOS",
+        DATA_TESTS,
+    ),
+    Mutant(
+        "data-template-bos-doubled",
+        "calibration/data.py",
+        "    return _encode(tokenizer, text)\n",
+        "    return list(prefix) + _encode(tokenizer, text)\n",
+        "a templated prompt gets the tokenizer's BOS before the template's own",
         DATA_TESTS,
     ),
     Mutant(
@@ -901,6 +927,14 @@ MUTANTS = (
         "walked tau of prefix m counts node m too",
         ACCEPTANCE_TESTS,
     ),
+    Mutant(
+        "tau-joint-over-walked",
+        "treeopt/tau.py",
+        'return "walked" if self.walked is not None else "joint" if self.joint is not None else "independent"',
+        'return "joint" if self.joint is not None else "walked" if self.walked is not None else "independent"',
+        "decisions use the per-position joint tau where the walked tau is there",
+        ("tests/test_tau.py",),
+    ),
     # ---- killed by tests other branches add (paths as of this branch)
     Mutant(
         "pipeline-every-head",
@@ -1113,7 +1147,7 @@ MUTANTS = (
     Mutant(
         "engine-vllm-undrafted-sizes",
         "roofline/grid.py",
-        "    if drafted is not None:\n        speedup = np.where(",
+        "    if per_size.drafted is not None:\n        speedup = np.where(",
         "    if False:\n        speedup = np.where(",
         "the grid may pick a vLLM tree size that vLLM would not draft as written",
         ENGINE_TESTS,
@@ -1132,6 +1166,14 @@ MUTANTS = (
         "return nodes + 1 if nodes > 0 and nodes % 32 == 0 else nodes",
         "return nodes",
         "TensorRT-LLM max_draft_len ignores the packed-mask overrun",
+        ENGINE_TESTS,
+    ),
+    Mutant(
+        "engine-trtllm-rank-sixteen-aborts",
+        "treeopt/engines.py",
+        'if engine.name == "trtllm" and worst > limit:',
+        'if engine.name == "trtllm" and worst >= limit:',
+        "TensorRT-LLM refuses a tree with rank 16 (a wasted slot) as if the C++ runtime aborted",
         ENGINE_TESTS,
     ),
     Mutant(
@@ -1218,7 +1260,7 @@ MUTANTS = (
     ),
     Mutant(
         "drafter-parent-slot",
-        "calibration/decoder.py",
+        "calibration/tree_drafting.py",
         "children = top[:, level.parent_slot, level.rank]",
         "children = top[:, 0 * level.parent_slot, level.rank]",
         "every node of a depth takes its children from the first parent",
@@ -1284,10 +1326,18 @@ MUTANTS = (
     Mutant(
         "prefix-decoder-first-kept",
         "calibration/decoder.py",
-        "                )[bi, n_keep - 1]",
-        "                )[bi, 0]",
+        "        )[bi, n_keep - 1]",
+        "        )[bi, 0]",
         "the next step drafts from the prefix output at the step's root, not its last kept token",
         PREFIX_TESTS,
+    ),
+    Mutant(
+        "decoder-draft-from-root",
+        "calibration/decoder.py",
+        "return path_hidden[bi, n_keep - 1]  # the last accepted token drafts next",
+        "return path_hidden[bi, 0]  # the last accepted token drafts next",
+        "the next step drafts from the step's root's hidden state, not its last accepted token's",
+        ("tests/test_decoder.py::test_the_next_draft_reads_the_last_accepted_tokens_hidden_state",),
     ),
     Mutant(
         "prefix-decoder-drop",
@@ -1337,7 +1387,7 @@ MUTANTS = (
         "the grid charges the prefix layer one token, not tau",
         PREFIX_TESTS,
     ),
-    # ---- draft-model speculative decoding (docs/decoder.md, "Draft models")
+    # ---- draft-model speculative decoding (docs/decoder.md#draft-models)
     Mutant(
         "spec-chain-residual",
         "calibration/speculative.py",
@@ -1450,8 +1500,8 @@ MUTANTS = (
         "speedup ignores the draft's passes",
         GAMMA_TESTS,
     ),
-    # ---- draft-model trees under rejection sampling (docs/statistics.md, "Positional
-    # acceptance of a tree"; docs/performance-model.md, "Draft-model trees")
+    # ---- draft-model trees under rejection sampling (docs/statistics.md#positional-acceptance-of-a-tree;
+    # docs/performance-model.md#draft-model-trees)
     Mutant(
         "tree-accept-no-residual",
         "calibration/drafters/draft_model.py",
@@ -1588,7 +1638,7 @@ MUTANTS = (
         "a proposal prefix that is a chain is decoded and reported twice",
         SAMPLED_VALIDATION_TESTS,
     ),
-    # ---- the cost of dependent drafters (docs/performance-model.md, "Drafter cost")
+    # ---- the cost of dependent drafters (docs/performance-model.md#drafter-cost)
     Mutant(
         "cost-hydra-width",
         "treeopt/drafter_cost.py",
@@ -1664,20 +1714,20 @@ MUTANTS = (
     Mutant(
         "cost-report-medusa-for-all",
         "roofline/report.py",
-        "            if sequential\n            else heads\n        )",
-        "            if False\n            else heads\n        )",
+        "        if r.sequential\n        else r.heads\n    )",
+        "        if False\n        else r.heads\n    )",
         "the report's grid charges Medusa's heads for a sequential drafter",
         DRAFT_COST_TESTS,
     ),
     Mutant(
         "cost-predictor-medusa-for-all",
-        "treeopt/app/sweep.py",
-        "        if cost.sequential:\n",
-        "        if False:\n",
-        "the sweep's prediction charges Medusa's heads for a sequential drafter",
+        "roofline/ops.py",
+        "    if cost.sequential:\n",
+        "    if False:\n",
+        "a step's drafter work charges Medusa's heads for a sequential drafter",
         DRAFT_COST_TESTS,
     ),
-    # ---- IBM's candidate form (docs/builders.md, "IBM's candidate form")
+    # ---- IBM's candidate form (docs/builders.md#ibms-candidate-form)
     Mutant(
         "cand-lowest-score",
         "treeopt/candidates.py",
@@ -1702,7 +1752,7 @@ MUTANTS = (
         "a candidate sequence verified without its root",
         CANDIDATE_TESTS,
     ),
-    # ---- a draft model in `treeopt run` (docs/architecture.md, "Draft models in the main job")
+    # ---- a draft model in `treeopt run` (docs/architecture.md#draft-models-in-the-main-job)
     Mutant(
         "run-dm-predictor-gamma",
         "treeopt/app/sweep.py",
@@ -1719,19 +1769,19 @@ MUTANTS = (
         "the predicted speedup ignores the step's cost",
         ("tests/test_run_draft_model.py",),
     ),
-    # ---- candidate-sequence verification and the choice of form (docs/decoder.md,
-    # "Candidate-sequence verification"; docs/builders.md, "Choosing the verification form")
+    # ---- candidate-sequence verification and the choice of form (docs/decoder.md#candidate-sequence-verification;
+    # docs/builders.md#choosing-the-verification-form)
     Mutant(
         "form-row-judged-at-own-position",
-        "calibration/decoder.py",
-        "match[..., 1:] = row_tokens[..., 1:] == pred[..., :-1]",
-        "match[..., 1:] = row_tokens[..., 1:] == pred[..., 1:]",
+        "calibration/verification.py",
+        "self.row_parent = self.to_device(flat - (flat % length > 0))",
+        "self.row_parent = self.to_device(flat)",
         "a candidate's token judged by the distribution at its own position, not its parent's",
         FORM_TESTS,
     ),
     Mutant(
         "form-padding-counts",
-        "calibration/decoder.py",
+        "calibration/verification.py",
         "best, n_keep = _longest_accepted(match & self.retrieve_valid, loglik)",
         "best, n_keep = _longest_accepted(match, loglik)",
         "the padding after a short candidate can be accepted",
@@ -1739,15 +1789,15 @@ MUTANTS = (
     ),
     Mutant(
         "form-write-back-first-row",
-        "calibration/decoder.py",
-        "state.cache.take_rows(expanded, bi * self.candidates + best, keep)",
-        "state.cache.take_rows(expanded, bi * self.candidates, keep)",
+        "calibration/verification.py",
+        "cache.take_rows(verified.rows_cache, rows * self.candidates + accepted.row, keep)",
+        "cache.take_rows(verified.rows_cache, rows * self.candidates, keep)",
         "the first candidate's cache entries written back, not the chosen one's",
         FORM_TESTS,
     ),
     Mutant(
         "run-candidate-count-offset",
-        "treeopt/app/run.py",
+        "treeopt/app/stages/forms.py",
         'labels = {nodes[m - 1]: f"{m} candidate',
         'labels = {nodes[min(m, len(nodes) - 1)]: f"{m} candidate',
         "the run measures the candidate proposal at one candidate more than it says",
@@ -1755,7 +1805,7 @@ MUTANTS = (
     ),
     Mutant(
         "run-draft-model-prefers-tree",
-        "treeopt/app/run.py",
+        "treeopt/app/stages/forms.py",
         'FORM_ORDER = {"draft-model": ("chain", "tree"),',
         'FORM_ORDER = {"draft-model": ("tree", "chain"),',
         "a draft model's tree wins ties with its chain",
@@ -1771,15 +1821,15 @@ MUTANTS = (
     ),
     Mutant(
         "form-hidden-first-row",
-        "calibration/decoder.py",
-        "path_hidden = hidden[bi, best]  # the chosen row is the path",
-        "path_hidden = hidden[bi, 0]  # the chosen row is the path",
+        "calibration/verification.py",
+        "return verified.hidden[rows, accepted.row]",
+        "return verified.hidden[rows, 0]",
         "the next step drafts from the first candidate's hidden state",
         FORM_TESTS + PREFIX_TESTS,
     ),
     Mutant(
         "form-expansion-one-sequence",
-        "calibration/decoder.py",
+        "calibration/kv_cache.py",
         "rows[..., :filled, :] = self.buffer[:, :, :, None, :, :filled]",
         "rows[..., :filled, :] = self.buffer[:, :, :1, None, :, :filled]",
         "every candidate row gets the first sequence's context",
@@ -1873,6 +1923,16 @@ def select(mutants, only: list[str], skip: list[str]) -> list[Mutant]:
     return [m for m in chosen if not any(_matches(m, p) for p in skip)]
 
 
+def sample(mutants, n: int, seed: str) -> list[Mutant]:
+    """n mutants drawn without replacement, the same n for the same seed and list, in list order.
+    CI draws with the commit as the seed, so successive commits check different mutants and
+    every one is checked over time, while one commit's draw can be rerun exactly."""
+    if n >= len(mutants):
+        return list(mutants)
+    picked = set(random.Random(seed).sample(range(len(mutants)), n))
+    return [m for i, m in enumerate(mutants) if i in picked]
+
+
 def snippet_problems(root: Path, mutants) -> list[str]:
     """One line per mutant whose file is missing or whose snippet is not there exactly once."""
     problems = []
@@ -1895,7 +1955,9 @@ def run_pytest(root: Path, tests, python: str, timeout_s: float) -> tuple[int | 
     # would otherwise be served from a stale .pyc
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     env.setdefault("OMP_NUM_THREADS", "1")
-    cmd = [python, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests]
+    # a private basetemp: pytest's default one under /tmp is pruned by any other pytest run
+    basetemp = root.parent / "pytest-tmp"
+    cmd = [python, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", f"--basetemp={basetemp}", *tests]
     t0 = time.perf_counter()
     try:
         proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=timeout_s, check=False)
@@ -1938,11 +2000,16 @@ def main(argv=None) -> int:
         help="leave out mutants matching PATTERN ('pending': those other branches will kill)",
     )
     ap.add_argument("--list", action="store_true", help="list the selected mutants, check their snippets, run nothing")
+    ap.add_argument("--sample", type=int, default=0, metavar="N", help="run N mutants drawn with --seed (0: all)")
+    ap.add_argument("--seed", default="0", help="seed of the --sample draw (any string; CI passes the commit)")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds per pytest run (a timeout kills)")
     ap.add_argument("--python", default=sys.executable, help="interpreter that runs pytest")
     args = ap.parse_args(argv)
 
     mutants = select(MUTANTS, args.only, args.skip)
+    if args.sample > 0:
+        mutants = sample(mutants, args.sample, args.seed)
+        print(f"mutants: {len(mutants)} drawn with seed {args.seed!r}", flush=True)
     if not mutants:
         print("mutants: no mutant matches", file=sys.stderr)
         return 2

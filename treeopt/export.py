@@ -1,4 +1,4 @@
-"""A tree in the formats people paste it into (docs/trees.md "Formats"), and as readable text."""
+"""A tree in the formats people paste it into (docs/trees.md#formats), and as readable text."""
 
 from __future__ import annotations
 

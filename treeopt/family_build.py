@@ -1,5 +1,5 @@
-"""Builders that search within an engine's family of trees (docs/engines.md "Building within a
-family"): greedy, optimal and joint, each returning a tree the engine drafts as written.
+"""Builders that search within an engine's family of trees (docs/engines.md#building-within-a-family): greedy, optimal
+and joint, each returning a tree the engine drafts as written.
 
 - static families without sibling rules (treeopt, medusa): the core builders with the
   engine's rank and depth limits (docs/builders.md).
@@ -155,7 +155,7 @@ class _Stage:
         self.width, self.left_closed, self.grounded = width, left_closed, grounded
         self.picks: list[np.ndarray] = []
         if not left_closed:
-            # Any subset of ranks: the core's grouped knapsack (docs/builders.md "Exact optimum").
+            # Any subset of ranks: the core's grouped knapsack (docs/builders.md#exact-optimum).
             best = empty
             for r in range(width):
                 hr = h[r].copy()
@@ -219,7 +219,7 @@ class _Stage:
 
 def optimal_in_family(acc, nodes: int, limits: FamilyLimits, *, name: str = "optimal") -> Tree:
     """The tree of exactly `nodes` nodes with the greatest tau under independent heads among the
-    trees of `limits` (the tree knapsack of docs/builders.md "Exact optimum" with a children
+    trees of `limits` (the tree knapsack of docs/builders.md#exact-optimum with a children
     stage that keeps siblings left-closed, and grounded when asked)."""
     a = np.asarray(acc, dtype=np.float64)
     D, W = limits.depth, limits.width
@@ -324,8 +324,8 @@ def best_sglang(
 def build_for_engine(
     table: AccuracyTable, nodes: int, method: str, engine: Engine, *, heads: int | None = None
 ) -> Tree:
-    """The `method` tree of `nodes` nodes within `engine`'s family (docs/engines.md "Building
-    within a family"). For vLLM and SGLang every method searches the whole family; joint
+    """The `method` tree of `nodes` nodes within `engine`'s family (docs/engines.md#building-within-a-family). For
+    vLLM and SGLang every method searches the whole family; joint
     ranks its members by the joint statistics."""
     if method not in ("greedy", "optimal", "joint"):
         raise UserError(f"method: {method!r} is not one of greedy, optimal, joint")
@@ -381,7 +381,7 @@ def uniform_proposal(table: AccuracyTable, nodes: int, limits: FamilyLimits, *, 
     number of children, the top ranks) of up to `nodes` nodes: starting from the root, each
     step adds one child per node at one level, with the subtrees the deeper levels then
     require, choosing the step of largest tau gained per node added
-    (docs/builders.md "Within an engine's family"). Every prefix is a tree; the prefixes that
+    (docs/engines.md#building-within-a-family). Every prefix is a tree; the prefixes that
     end a step are uniform trees (`drafted_sizes`)."""
     children: list[int] = []
     paths: list[tuple[int, ...]] = []

@@ -1,5 +1,4 @@
-"""Raw timings of `treeopt hw calibrate`, before any fit (docs/performance-model.md, "hardware
-calibration").
+"""Raw timings of `treeopt hw calibrate`, before any fit (docs/performance-model.md#hardware-calibration).
 
 calibration.hwbench measures them on a device with torch; roofline.hwfit turns them into a
 hardware profile with numpy. Every time is seconds per call: the median of interleaved rounds

@@ -1,7 +1,7 @@
 """Robust wall-clock timing on a noisy, shared machine (pure Python, no torch).
 
-This VM has multi-second bursts of 5-10x slowdown (docs/performance-model.md, "CPU facts
-measured on the dev machine"), so one timing loop gives a number that may be off by that
+This VM has multi-second bursts of 5-10x slowdown (docs/performance-model.md#measured-on-the-development-machine), so
+one timing loop gives a number that may be off by that
 much. The helpers here take many short samples, use the median, re-measure samples that are
 far above the median (a burst, not the code), and interleave several configurations so that
 a burst hits all of them a little rather than one of them entirely.
@@ -205,7 +205,7 @@ def interleaved_rounds(
     order each round: entry [r][i] is function i's sample of round r. Nothing is re-taken, so
     the samples of one round stay paired: a slowdown burst lands on the round it happened in,
     and a ratio of two functions' samples within one round cancels slow drift
-    (docs/statistics.md "Measured speedup intervals"). No warm-up: the caller does it."""
+    (docs/statistics.md#measured-speedup-intervals). No warm-up: the caller does it."""
     fns = list(fns)
     inners = [1] * len(fns) if inners is None else list(inners)
     rng = random.Random(seed)

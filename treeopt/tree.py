@@ -1,7 +1,7 @@
 """Static candidate trees (Medusa's `medusa_choices`) and their verification buffers.
 
 A node is a path of 0-based ranks `(i_1, ..., i_d)`: its depth-j token is head j's rank-i_j
-proposal. The root (the base model's own next token) is implicit. See docs/trees.md "Nodes".
+proposal. The root (the base model's own next token) is implicit. See docs/trees.md#nodes.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def _node_str(path) -> str:
 
 
 #: the largest rank a node may have: a rank indexes a vocabulary, and indices are computed in
-#: int64 (docs/trees.md, "Medusa buffers"), which a rank near 2^63 would overflow
+#: int64 (docs/trees.md#buffers), which a rank near 2^63 would overflow
 MAX_RANK = 2**31 - 1
 
 
@@ -209,7 +209,7 @@ def load_tree(spec: str, *, topk=None, num_heads=None, allow_empty=False) -> Tre
     )
 
 
-# The document `treeopt select` writes (treeopt/selection.py; docs/formats.md "Selections").
+# The document `treeopt select` writes (treeopt/selection.py; docs/formats.md#selections-treeoptselectionv1).
 _SELECTION_FORMAT = "treeopt.selection/v1"
 
 
@@ -219,7 +219,7 @@ def _cell_name(cell: dict) -> str:
 
 def selection_cell_choices(path, cell: str) -> list:
     """medusa_choices of one cell of a selection JSON: `batch=B,context=S` (context may be left
-    out where the batch has one cell) or `mix` (docs/formats.md "Selections")."""
+    out where the batch has one cell) or `mix` (docs/formats.md#selections-treeoptselectionv1)."""
     spec = f"{path}:{cell}"
     doc = read_json_input(path, "a selection file")
     if not isinstance(doc, dict) or doc.get("format") != _SELECTION_FORMAT or not isinstance(doc.get("cells"), list):
@@ -262,7 +262,7 @@ def _short(s: str, n: int = 40) -> str:
 
 @dataclass(frozen=True, eq=False)
 class TreeBuffers:
-    """Medusa's verification buffers (docs/trees.md "Buffers"). Token 0 is the root, token i+1 the
+    """Medusa's verification buffers (docs/trees.md#buffers). Token 0 is the root, token i+1 the
     i-th node in canonical (depth, path) order; q = n + 1."""
 
     attention_mask: np.ndarray  # (q, q) bool: row i attends to its ancestors and itself
@@ -297,7 +297,7 @@ def tree_buffers(tree: Tree, topk: int, *, max_bytes: int = BUFFER_BYTES_LIMIT) 
     """Buffers in Medusa's exact convention for candidate width `topk`.
 
     UserError with the estimate when they would take more than `max_bytes` (`buffer_bytes`):
-    the mask grows as the square of the tree (docs/trees.md "Buffers"), 9.3 GiB at 100,000
+    the mask grows as the square of the tree (docs/trees.md#buffers), 9.3 GiB at 100,000
     nodes, far beyond any tree a GPU verifies in one step.
     """
     if isinstance(topk, bool) or not isinstance(topk, (int, np.integer)) or topk < 1:

@@ -1,4 +1,4 @@
-"""What every command does with its outputs before any work (docs/formats.md, "Output safety"):
+"""What every command does with its outputs before any work (docs/formats.md#output-safety):
 no output is one of its inputs or another of its outputs, and every output location can be
 written. The inputs are given as the user wrote them; names that are not files (a built-in
 hardware or model name, a tree literal, `demo`) resolve to paths that do not exist and match
