@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
+from treeopt.accuracy import AccuracyTable, load_accuracy
 from treeopt.fileio import json_rows
 
 SCALARS = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False), st.text(max_size=5))
@@ -48,3 +50,13 @@ def test_an_accuracy_document_is_laid_out_one_row_a_line():
 @given(VALUES)
 def test_rows_parse_to_the_value_written(value):
     assert json.loads(json_rows(value)) == json.loads(json.dumps(value))
+
+
+def test_an_accuracy_table_is_saved_one_joint_prefix_a_line(tmp_path):
+    """Rank vectors of 3 positions under 2 heads: 2 depth-1 prefixes and 3 depth-2 prefixes,
+    each of which must take exactly one line of the file."""
+    table = AccuracyTable.from_ranks(np.array([[0, 1], [0, 0], [1, 0]]), width=2)
+    table.save(tmp_path / "a.json")
+    text = (tmp_path / "a.json").read_text()
+    assert sum(line.strip().startswith("[[") for line in text.splitlines()) == 5
+    assert load_accuracy(tmp_path / "a.json").joint == table.joint

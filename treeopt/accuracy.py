@@ -21,7 +21,7 @@ from scipy.stats import norm
 
 from treeopt import __version__
 from treeopt.errors import UserError
-from treeopt.fileio import parse_json_input, read_text_input, write_json
+from treeopt.fileio import parse_json_input, read_text_input, write_json_rows
 from treeopt.tree import Tree, _node_str
 
 ACCURACY_FORMAT = "treeopt.accuracy/v1"
@@ -126,7 +126,7 @@ class AccuracyTable:
 
     def save(self, path) -> None:
         """Write the treeopt.accuracy/v1 JSON file atomically."""
-        write_json(path, self.to_dict())
+        write_json_rows(path, self.to_dict())
 
     @classmethod
     def from_ranks(cls, ranks, width: int, *, provenance=None, joint: bool = True) -> AccuracyTable:
