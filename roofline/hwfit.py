@@ -11,7 +11,7 @@ every fit a pure function (docs/performance-model.md#hardware-calibration).
 - GEMM efficiency by rows: weighted by how often each shape runs, the smallest row count
   (memory bound) gives eta_memory (weight streaming / stream bandwidth) and rows where the
   GEMMs are compute bound give the efficiency curve; below the first compute-bound row count
-  the curve stays flat ("GEMM row efficiency").
+  the curve stays flat (docs/performance-model.md#gemm-row-efficiency).
 - attention efficiency by query rows per KV head, as attained (FLOP/s relative to the GEMM
   peak, whatever binds), and the extra cost per (sequence x head) block when several
   sequences run at once; the KV-cache update's copy rate.

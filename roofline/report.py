@@ -479,8 +479,8 @@ def _assumptions(r: ReportRequest) -> list[str]:
         "3 µs per kernel, no framework overhead (an engine replaying CUDA graphs). The GEMM row curve is "
         "the die's: the A100's is fitted so that Vicuna-7B on an A100-80GB-SXM reproduces the measured "
         "skinny-GEMM cost (flat to ~64 tokens, 1.27× the one-token step at 96, 1.9× at 256); the GH100's and "
-        "the GA102's are fitted to public GEMM timings on an H100-SXM and an A40 (docs/performance-model.md, "
-        '"GEMM row efficiency"). ' + _knee_sentence(r.hw),
+        "the GA102's are fitted to public GEMM timings on an H100-SXM and an A40 "
+        "(docs/performance-model.md#gemm-row-efficiency). " + _knee_sentence(r.hw),
         "- Plain decoding (n = 0) runs the base model alone (q = 1, no heads); a tree of n nodes verifies "
         "q = n + 1 tokens per sequence and runs "
         + ("the heads its depth needs" if r.used_heads else "all draft heads")

@@ -17,7 +17,10 @@ DOCS = ROOT / "docs"
 HEADING = re.compile(r"^#{1,6}\s+(.+?)\s*#*\s*$")
 # docs/NAME.md or, inside docs/ and README links, NAME.md; an optional #anchor
 CITATION = re.compile(r"(?<![\w/.-])(?:docs/)?([a-z][a-z0-9_-]*\.md)(#[\w-]+)?")
-QUOTED_TITLE = re.compile(r"(?<![\w/.-])(?:docs/)?([a-z][a-z0-9_-]*\.md),?[ \t]*(?:\n[ \t]*#?[ \t]*)?\(?\"[A-Z`]")
+# NAME.md, "Title", also with the title on the next line of a comment, docstring or string
+QUOTED_TITLE = re.compile(
+    r"(?<![\w/.-])(?:docs/)?([a-z][a-z0-9_-]*\.md),?[ \t]*(?:\"?[ \t]*\n[ \t]*[#'\"]?[ \t]*)?\(?\"[A-Z`]"
+)
 
 
 def anchor(heading: str) -> str:
@@ -87,6 +90,17 @@ def test_sections_are_cited_by_anchor_not_by_quoted_title():
                 line = text.count("\n", 0, m.start()) + 1
                 quoted.append(f"{path.relative_to(ROOT)}:{line}: {text[m.start() : m.end() + 30].splitlines()[0]}")
     assert not quoted, "cite a section as docs/NAME.md#anchor:\n" + "\n".join(quoted)
+
+
+def test_quoted_titles_are_found_however_the_line_breaks():
+    md = ".md"  # spelled apart so that this file does not cite by title itself
+    for text in (
+        f'see docs/statistics{md}, "Walked tau".',
+        f'# (docs/statistics{md},\n# "Walked tau")',
+        f'"an A40 (docs/performance-model{md}, "\n        \'"GEMM row efficiency"). "',
+    ):
+        assert QUOTED_TITLE.search(text), text
+    assert not QUOTED_TITLE.search('(ROOT / "docs" / "python.md").read_text()')
 
 
 def test_anchor_follows_githubs_rule():

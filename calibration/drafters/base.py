@@ -36,10 +36,6 @@ def select_rows(state: DraftState, rows: torch.Tensor) -> DraftState:
     return tuple(t[rows] for t in state)
 
 
-def slice_rows(state: DraftState, start: int, stop: int) -> DraftState:
-    return tuple(t[start:stop] for t in state)
-
-
 class Drafter:
     """Mixin for a draft module (a `torch.nn.Module` subclass) that drafts depth by depth.
 
