@@ -22,7 +22,7 @@ from roofline.grid import (
     speedup_grid,
 )
 from roofline.hardware import GIB, HardwareProfile, load_hardware
-from roofline.ops import DraftWork
+from roofline.ops import DraftWork, drafter_work
 from roofline.shapes import DraftHeadsShape, ModelShape
 from treeopt.accuracy import AccuracyTable, load_accuracy
 from treeopt.app.models import draft_cost_of, heads_of, shape_of
@@ -86,9 +86,7 @@ def heads_with_cost(cost: DraftCost | None, heads: DraftHeadsShape) -> DraftHead
     """Medusa heads read from a drafter config replace those of the heads options."""
     if cost is None or cost.sequential:
         return heads
-    return type(heads)(
-        cost.stages, cost.layers, cost.hidden_size, cost.vocab_size, tokens_per_sequence=heads.tokens_per_sequence
-    )
+    return drafter_work(cost, rows_per_stage=(), heads_run=cost.stages, tokens_per_sequence=heads.tokens_per_sequence)
 
 
 @dataclass(frozen=True, eq=False)
