@@ -122,19 +122,25 @@ def hydra_reference(sd, k, num_layers, hidden, path_tokens):
 
 
 def mlp_reference(sd, n_predict, inner_dim, hidden, path_tokens, scale_input):
-    """Wertheimer et al. 2024 section 3, with fms-extras' constants."""
+    """The speculator as IBM's published code runs it (fms-extras' MLPSpeculator.forward, and
+    vLLM's MLPSpeculator.generate_proposals with the drafted tokens given): fms'
+    LayerNormParameterized with its default use_mean=False, i.e. x / sqrt(mean(x^2) + 1e-6)
+    with no mean subtracted, then weight and bias; the embedding added to proj(s) with weight
+    w_e / w_s; the paper's constants w_s = 0.5^(0.5/n), w_e = sqrt((1 - w_s^2) inner / 2)."""
     sd = {k.removeprefix("speculator."): v for k, v in sd.items()}
     ws = 0.5 ** (0.5 / n_predict)
     we = math.sqrt(1 - ws**2) * math.sqrt(inner_dim / 2)
+
+    def norm(x):
+        return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+
     s = hidden
     if scale_input:
-        s = (s - s.mean(-1, keepdim=True)) / torch.sqrt(s.var(-1, unbiased=False, keepdim=True) + 1e-6) / math.sqrt(2)
+        s = norm(s) / math.sqrt(2)
     out = []
     for i in range(path_tokens.shape[1]):
-        z = sd[f"emb.{i}.weight"][path_tokens[:, i]] * we
-        a = s @ sd[f"proj.{i}.weight"].T * ws + z
-        a = (a - a.mean(-1, keepdim=True)) / torch.sqrt(a.var(-1, unbiased=False, keepdim=True) + 1e-6)
-        s = torch.nn.functional.gelu(a * sd[f"ln.{i}.weight"] + sd[f"ln.{i}.bias"])
+        a = s @ sd[f"proj.{i}.weight"].T + sd[f"emb.{i}.weight"][path_tokens[:, i]] * (we / ws)
+        s = torch.nn.functional.gelu(norm(a) * sd[f"ln.{i}.weight"] + sd[f"ln.{i}.bias"])
         out.append(s @ sd[f"head.{i}.weight"].T)
     return torch.stack(out, 1)
 

@@ -1251,6 +1251,22 @@ MUTANTS = (
         DRAFTER_TESTS,
     ),
     Mutant(
+        "drafter-mlp-norm-subtracts-mean",
+        "calibration/drafters/mlp_speculator.py",
+        "x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)",
+        "x = x - x.mean(-1, keepdim=True)\n        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)",
+        "the speculator's norm is the paper's mean-centred LayerNorm, not the LayerNormParameterized IBM ships",
+        DRAFTER_TESTS,
+    ),
+    Mutant(
+        "drafter-mlp-input-norm-skipped",
+        "calibration/drafters/mlp_speculator.py",
+        "hidden = self.input_norm(hidden) / math.sqrt(2)",
+        "hidden = hidden / math.sqrt(2)",
+        "scale_input divides by sqrt(2) without normalising the base model's hidden state",
+        DRAFTER_TESTS,
+    ),
+    Mutant(
         "drafter-hydra-path-order",
         "calibration/drafters/hydra.py",
         "torch.cat([carry[0], self.input_embed_fn(tokens)], dim=-1)",

@@ -2,15 +2,19 @@
 Token/Embedding Speculators"), in the layout of fms-extras and of vLLM's ``mlp_speculator``
 model type (docs/formats.md#mlp-speculator).
 
-Stage i (0-based) keeps a state s (s_0: the base model's last hidden state, layer-normed
+Stage i (0-based) keeps a state s (s_0: the base model's last hidden state, normalised
 without parameters and scaled by 1/sqrt(2) when ``scale_input``) and reads the token of the
 previous stage (the root for stage 0):
 
-    s_{i+1} = GELU(LN_i(w_s · proj_i(s_i) + w_e · emb_i(token_i)))
+    s_{i+1} = GELU(N_i(proj_i(s_i) + (w_e / w_s) · emb_i(token_i)))
     logits_i = head_i(s_{i+1})
 
 with w_s = 0.5^(0.5 / n_predict) and w_e = sqrt((1 - w_s²) · inner_dim / 2) (paper section 3;
-the state keeps half of its magnitude from s_0 by the last stage). LayerNorms use eps 1e-6.
+the state keeps half of its magnitude from s_0 by the last stage). The paper calls N_i a
+LayerNorm; the network IBM ships normalises without subtracting the mean, N(x) = x /
+sqrt(mean(x²) + 1e-6) · weight + bias: fms' `LayerNormParameterized` with its default
+`use_mean=False`, which fms-extras' `MLPSpeculator` builds and vLLM's `MLPSpeculatorLayerNorm`
+reimplements (docs/formats.md#mlp-speculator).
 
 Files: config.json (``model_type: "mlp_speculator"``, ``emb_dim``, ``inner_dim`` (0: emb_dim),
 ``vocab_size``, ``n_predict``, ``top_k_tokens_per_head``, ``n_candidates``, ``tie_weights``,
@@ -38,6 +42,25 @@ MODEL_TYPE = "mlp_speculator"
 WEIGHTS = ("model.safetensors", "pytorch_model.bin")
 #: fms-extras' LayerNormParameterized default
 LN_EPS = 1e-6
+
+
+class SpeculatorNorm(nn.Module):
+    """fms' `LayerNormParameterized` as IBM's speculator builds it: x / sqrt(mean(x²) + eps),
+    no mean subtracted, then `weight` and `bias` when `affine` (the stages' norms; the input
+    norm of ``scale_input`` has none)."""
+
+    def __init__(self, dim: int, *, affine: bool = True, eps: float = LN_EPS):
+        super().__init__()
+        self.eps = eps
+        if affine:
+            self.weight = nn.Parameter(torch.ones(dim))
+            self.bias = nn.Parameter(torch.zeros(dim))
+        else:
+            self.weight = self.bias = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return x if self.weight is None else self.weight * x + self.bias
 
 
 class MLPSpeculator(nn.Module, Drafter):
@@ -68,7 +91,8 @@ class MLPSpeculator(nn.Module, Drafter):
             nn.Linear(emb_dim if i == 0 else inner_dim, inner_dim, bias=False) for i in range(n_predict)
         )
         self.head = nn.ModuleList(nn.Linear(inner_dim, vocab_size, bias=False) for _ in range(n_predict))
-        self.ln = nn.ModuleList(nn.LayerNorm(inner_dim, eps=LN_EPS) for _ in range(n_predict))
+        self.ln = nn.ModuleList(SpeculatorNorm(inner_dim) for _ in range(n_predict))
+        self.input_norm = SpeculatorNorm(emb_dim, affine=False)
         # why: paper section 3: the weights keep half the state's magnitude from s_0 by the
         # last stage, in expectation
         self.state_weight = 0.5 ** (0.5 / n_predict)
@@ -78,13 +102,15 @@ class MLPSpeculator(nn.Module, Drafter):
 
     def begin(self, hidden: torch.Tensor, root: torch.Tensor) -> DraftState:
         if self.scale_input:
-            hidden = nn.functional.layer_norm(hidden, hidden.shape[-1:], eps=LN_EPS) / math.sqrt(2)
+            hidden = self.input_norm(hidden) / math.sqrt(2)
         return (hidden, root)
 
     def depth_logits(self, state: DraftState, depth: int) -> tuple[torch.Tensor, DraftState]:
         s, token = state
-        z = self.emb[depth](token) * self.emb_weight
-        s = nn.functional.gelu(self.ln[depth](self.proj[depth](s) * self.state_weight + z))
+        # the weighted sum w_s·proj(s) + w_e·emb divided by w_s, as fms-extras adds it: the norm
+        # takes out the scale but for its eps, and the published network is the one to match
+        a = self.proj[depth](s) + self.emb[depth](token) * (self.emb_weight / self.state_weight)
+        s = nn.functional.gelu(self.ln[depth](a))
         return self.head[depth](s), (s,)
 
     def child_state(self, carry: DraftState, depth: int, tokens: torch.Tensor) -> DraftState:
