@@ -16,7 +16,8 @@ Counted per configuration, over all cells:
 - bad: decided (settled) on a tree whose true speedup is more than 5% below the true best's
   (plain decoding, 1.0, counts as a candidate); target at most 5%;
 - undecided: not settled; target at most 25% at 5% noise;
-- coverage: decided cells with a tree whose interval holds its true speedup; target >= 90%.
+- coverage: decided cells with a tree whose interval holds its true speedup; target >= 90% in every
+  row with at least 20 decided cells (fewer cannot tell 90% from 80%).
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ class Figures:
     bad: float
     undecided: float
     coverage: float
+    decided: int  # cells decided on a tree, over which coverage is counted
 
 
 def true_overhead(rng) -> np.ndarray:
@@ -117,10 +119,14 @@ def figures(noise: float, schedule_name: str, cells: int, tolerance: float, seed
     bad = np.mean([g[0] for g in got])
     undecided = np.mean([g[1] for g in got])
     covered = [g[2] for g in got if g[2] is not None]
-    return Figures(noise, schedule_name, cells, float(bad), float(undecided), float(np.mean(covered or [np.nan])))
+    coverage = float(np.mean(covered or [np.nan]))
+    return Figures(noise, schedule_name, cells, float(bad), float(undecided), coverage, len(covered))
 
 
 DEFAULT_SCHEDULE = "10->40 sequential"  # what `treeopt sweep --budget` and `treeopt run` measure
+#: a coverage figure judged against 90% needs this many decided cells: over 6 cells (90% of 60
+#: undecided) one miss reads 83%, and the binomial 95% interval spans 36-100%
+MIN_DECIDED_FOR_COVERAGE = 20
 
 
 def main(cells: int = 60) -> list[tuple]:
@@ -132,6 +138,7 @@ def main(cells: int = 60) -> list[tuple]:
     for f in table:
         print(f"| {f.noise:.0%} | {f.rounds} | {f.cells} | {f.bad:.1%} | {f.undecided:.1%} | {f.coverage:.1%} |")
     default = [f for f in table if f.rounds == DEFAULT_SCHEDULE]
+    judged = [f for f in table if f.decided >= MIN_DECIDED_FOR_COVERAGE]
     return [
         (
             "selection: worst share of cells decided on a tree >5% worse (any rounds)",
@@ -148,8 +155,8 @@ def main(cells: int = 60) -> list[tuple]:
             True,
         ),
         (
-            "selection: worst coverage of the chosen interval (any rounds)",
-            min(f.coverage for f in table),
+            f"selection: worst coverage of the chosen interval (rows with >= {MIN_DECIDED_FOR_COVERAGE} decided cells)",
+            min(f.coverage for f in judged),
             0.9,
             "",
             False,
