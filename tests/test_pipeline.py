@@ -10,7 +10,8 @@ import pandas as pd
 import pytest
 
 from treeopt.app.run import run_main_job
-from treeopt.app.stages.job import RunSettings
+from treeopt.app.stages import calibrate as stage
+from treeopt.app.stages.job import Job, RunSettings
 from treeopt.cli import main
 from treeopt.tree import make_tree
 
@@ -325,3 +326,14 @@ def test_run_for_vllm_measures_and_picks_only_trees_vllm_drafts_as_written(tmp_p
 
 def test_the_committed_demo_report_shows_one_tree_per_cell():
     assert_one_tree_per_cell(Path(__file__).resolve().parent.parent / "reports" / "demo-cpu")
+
+
+def test_run_calibrates_on_the_first_max_prompts(tmp_path):
+    """`treeopt run --max-prompts N`: the calibration stage reads N prompts. With greedy labels
+    over 6 generated tokens, head k has 6 - k labelled positions per prompt, so 3 prompts give
+    15, 12, 9 and 6; the setting is recorded so that a rerun with another N recalibrates."""
+    job = Job(RunSettings(max_prompts=3, steps=6, data="demo"), tmp_path, lambda m: None, progress=False)
+    table = json.loads(stage.calibrate(job, "float32").read_text())
+    assert [h["positions"] for h in table["heads"]] == [15, 12, 9, 6]
+    assert stage.record(job, "float32")["max_prompts"] == 3
+    assert "max_prompts" not in stage.record(replace(job, settings=replace(job.settings, max_prompts=None)), "float32")

@@ -446,6 +446,12 @@ def validate_sampled_cmd(
     show_default=True,
     help="Tokens generated per prompt (calibration and validation).",
 )
+@click.option(
+    "--max-prompts",
+    type=AtLeast(1),
+    default=None,
+    help="Calibrate on the first N prompts of --data [default: all].",
+)
 @click.option("--quick", is_flag=True, help="Quick hardware calibration and fewer validation prompts.")
 @click.option(
     "--engine",
@@ -479,6 +485,7 @@ def run_cmd(
     time_budget,
     tolerance,
     steps,
+    max_prompts,
     quick,
     engine,
     mix,
@@ -505,6 +512,7 @@ def run_cmd(
         device=device,
         dtype=dtype,
         steps=steps,
+        max_prompts=max_prompts,
         sizes=sizes,
         max_nodes=max(max(sizes), 1),
         batches=batches,

@@ -59,6 +59,7 @@ def record(job: Job, dtype: str) -> dict:
             "seed": s.seed,
         }
         | ({"num_heads": s.num_heads} if s.num_heads else {})
+        | ({"max_prompts": s.max_prompts} if s.max_prompts else {})
         | ({"drafter": s.drafter} if s.drafter else {})
     )
 
@@ -72,7 +73,7 @@ def calibrate(job: Job, dtype: str) -> Path:
         ModelSource(s.model, s.heads, s.drafter, s.num_heads, s.device, dtype),
         s.data,
         output=acc_file,
-        settings=CalibrationSettings(steps=s.steps, topk=s.topk, seed=s.seed),
+        settings=CalibrationSettings(steps=s.steps, topk=s.topk, seed=s.seed, max_prompts=s.max_prompts),
         resume=True,
         progress=progress,
         threads=s.threads,

@@ -23,6 +23,7 @@ class RunSettings:
     device: str = "auto"
     dtype: str = "auto"
     steps: int = 32  # generated tokens per calibration prompt
+    max_prompts: int | None = None  # calibration prompts used of --data; None: all
     topk: int = 10
     max_nodes: int = 64
     method: str = "auto"  # proposal sequence: joint when available, else greedy
