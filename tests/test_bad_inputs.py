@@ -160,6 +160,19 @@ def _alpha_sidecar(*, v1: bool = False) -> dict:
 
 
 CASES = [
+    # ---- options that mean nothing or cannot be met (issue 28's rough edges) ----
+    (
+        "check-csv-model-without-accuracy",
+        "check tree.json --engine trtllm --csv-model vicuna-7b",
+        {},
+        "--csv-model: only",
+    ),
+    (
+        "gamma-max-gamma-huge",
+        "roofline gamma --model llama-7b --hardware a100 --draft-model llama-7b --alpha-value 0.8 --max-gamma 1000000",
+        {},
+        "must be at most 256",
+    ),
     # ---- output equal to an input (the issue's list, and links to it) ----
     ("build-o-acc", "build --accuracy acc.json --nodes 4 -o acc.json", {}, "is also an input"),
     ("build-tree-o-tree", "build --tree tree.json -o tree.json", {}, "is also an input"),

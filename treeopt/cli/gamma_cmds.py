@@ -42,9 +42,11 @@ from treeopt.fileio import atomic_path
 @apply(GRID_OPTIONS)
 @click.option(
     "--max-gamma",
-    type=AtLeast(0),
+    # the chain's operators are priced for every gamma at once (memory grows with its square);
+    # engines draft at most a few dozen tokens a step
+    type=AtLeast(0, maximum=256),
     default=None,
-    help="Longest chain [default: the depths the sidecar covers; 8 with --alpha-value].",
+    help="Longest chain, at most 256 [default: the depths the sidecar covers; 8 with --alpha-value].",
 )
 @click.option(
     "--tree",

@@ -534,6 +534,8 @@ def check_cmd(tree_spec, engine, accuracy_path, csv_model, engine_heads, topk, a
     """Whether ENGINE drafts TREE as written; if not, what it drafts instead, with tau of both."""
     tree = load_tree(tree_spec)
     table = _load_table(accuracy_path, csv_model) if accuracy_path is not None else None
+    if table is None and csv_model is not None:
+        raise UserError("--csv-model: only meaningful with --accuracy")
     result = api.check(tree, engine, accuracy=table, heads=engine_heads, topk=topk)
     target = get_engine(engine, topk=topk)
     paste = None
