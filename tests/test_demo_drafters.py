@@ -74,6 +74,16 @@ def test_recipe_trains_resumes_and_refuses_another_recipe(tmp_path, tiny_work):
         train_drafters(out, replace(TINY, seed=1), model_dir=DEMO_MODEL_DIR, work_dir=tiny_work)
 
 
+def test_the_recipe_never_writes_into_the_package(tmp_path, monkeypatch, tiny_work):
+    """`treeopt demo train-drafters` without -o trains against the bundled demo model and
+    writes a folder in the current directory; the bundled drafters are left as they are."""
+    bundled = {f: f.read_bytes() for f in DEMO_MODEL_DIR.rglob("*") if f.is_file() and ".work" not in f.parts}
+    monkeypatch.chdir(tmp_path)
+    main(["demo", "train-drafters", "--steps", "1", "--only", "mlp-speculator", "--work-dir", str(tiny_work)])
+    assert load_drafter(tmp_path / "demo_drafters" / SPECULATOR_DIR).kind == "mlp-speculator"
+    assert {f: f.read_bytes() for f in bundled} == bundled
+
+
 def _run(out, drafter):
     with pytest.raises(SystemExit) as exc:
         main(

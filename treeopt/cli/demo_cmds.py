@@ -21,11 +21,17 @@ from treeopt.errors import UserError
     "--out",
     "out_dir",
     type=click.Path(file_okay=False),
-    default=None,
-    help="Where the drafters go (OUT/hydra, OUT/mlp_speculator) [default: the bundled demo model].",
+    default="demo_drafters",
+    show_default=True,
+    help="Where the drafters go (OUT/hydra, OUT/mlp_speculator); a folder in the current directory by "
+    "default: the installed package is never written (copy the result over calibration/demo_model to "
+    "replace the bundled drafters).",
 )
 @click.option(
-    "--model-dir", type=click.Path(file_okay=False), default=None, help="The demo model they draft for [default: OUT]."
+    "--model-dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="The demo model they draft for [default: OUT when it holds one, else the bundled demo model].",
 )
 @click.option(
     "--work-dir",
@@ -43,7 +49,9 @@ def demo_train_drafters(out_dir, model_dir, work_dir, steps, only, seed, fresh) 
     recipe = DrafterRecipe(seed=seed)
     if steps:
         recipe = dataclasses.replace(recipe, steps=steps)
-    out = Path(out_dir) if out_dir else DEMO_MODEL_DIR
+    out = Path(out_dir)
+    if model_dir is None:
+        model_dir = out if (out / "config.json").is_file() else DEMO_MODEL_DIR
     which = (only,) if only else ("hydra", "mlp-speculator")
     train_drafters(out, recipe, model_dir=model_dir, work_dir=work_dir, resume=not fresh, which=which)
     click.echo(f"drafters in {out}: " + ", ".join(which))
