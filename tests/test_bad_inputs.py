@@ -162,6 +162,21 @@ def _alpha_sidecar(*, v1: bool = False) -> dict:
 CASES = [
     # ---- options that mean nothing or cannot be met (issue 28's rough edges) ----
     (
+        "accuracy-width-huge",
+        "build --accuracy wide.json --nodes 4",
+        {
+            "wide.json": json.dumps(
+                {
+                    "format": "treeopt.accuracy/v1",
+                    "num_heads": 1,
+                    "width": 10**12,
+                    "heads": [{"head": 1, "positions": 10, "hits": [1]}],
+                }
+            )
+        },
+        "expected 1000000000000 values (width), got 1 values",
+    ),
+    (
         "check-csv-model-without-accuracy",
         "check tree.json --engine trtllm --csv-model vicuna-7b",
         {},

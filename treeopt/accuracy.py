@@ -117,10 +117,11 @@ class AccuracyTable:
         if not isinstance(heads, list) or len(heads) != K:
             got = f"{len(heads)} entries" if isinstance(heads, list) else type(heads).__name__
             raise UserError(f"{source}: field 'heads' must list {K} heads (num_heads), got {got}")
-        hits = np.zeros((K, R))
-        positions = np.zeros(K)
-        for k, h in enumerate(heads):
-            hits[k], positions[k] = _head_from_dict(h, k, R, source)
+        # each head's row is checked against the width before any (K, width) array exists: a
+        # width of 10^12 with short rows is one line, not a failed 7 TiB allocation
+        rows = [_head_from_dict(h, k, R, source) for k, h in enumerate(heads)]
+        hits = np.stack([row for row, _ in rows]).astype(float)
+        positions = np.array([n for _, n in rows], dtype=float)
         joint = _joint_from_dict(d.get("joint"), R, positions, source)
         return cls(hits=hits, positions=positions, joint=joint, provenance=_provenance_from_dict(d, source))
 
