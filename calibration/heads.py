@@ -17,7 +17,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from treeopt.errors import UserError
+from treeopt.errors import UserError, first_line
 from treeopt.fileio import atomic_path, read_json_input, write_json
 
 CONFIG_NAME = "config.json"
@@ -161,7 +161,7 @@ def _load_state_dict(path: Path) -> dict[str, torch.Tensor]:
         try:
             return load_file(str(path / WEIGHTS_SAFETENSORS))
         except (SafetensorError, OSError) as err:
-            raise UserError(f"{path / WEIGHTS_SAFETENSORS}: cannot read ({err})") from None
+            raise UserError(f"{path / WEIGHTS_SAFETENSORS}: cannot read ({first_line(err)})") from None
     if (path / WEIGHTS_PT).is_file():
         state = _torch_load(path / WEIGHTS_PT)
         if not isinstance(state, dict):
@@ -180,7 +180,7 @@ def _torch_load(file: Path):
     try:
         return torch.load(file, map_location="cpu", weights_only=True)
     except Exception as err:  # noqa: BLE001 - torch.load raises many types for a corrupt pickle
-        raise UserError(f"{file}: cannot read ({err})") from None
+        raise UserError(f"{file}: cannot read ({first_line(err)})") from None
 
 
 def _full_checkpoint_heads(path: Path) -> dict[str, torch.Tensor] | None:
@@ -208,7 +208,7 @@ def _full_checkpoint_heads(path: Path) -> dict[str, torch.Tensor] | None:
                 with safe_open(str(file), framework="pt") as f:
                     state.update({k: f.get_tensor(k) for k in f.keys() if k.startswith(FULL_PREFIX)})
             except (SafetensorError, OSError) as err:
-                raise UserError(f"{file}: cannot read ({err})") from None
+                raise UserError(f"{file}: cannot read ({first_line(err)})") from None
         else:
             loaded = _torch_load(file)
             if not isinstance(loaded, dict):

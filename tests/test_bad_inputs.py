@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
 from calibration.models import tiny_model_for_tests
 from roofline.hardware import load_hardware
@@ -602,6 +603,12 @@ CASES = [
         "heads",
     ),
     (
+        "heads-pt-pickled-code",
+        "decode --model m --prompt hi",
+        {"m": lambda d: _model_copy(d, _heads_as_pickled_code)},
+        "holds Python objects other than tensors (posix.getcwd), refused",
+    ),
+    (
         "model-bin-not-torch",
         "decode --model m --prompt hi",
         {"m": lambda d: _model_copy(d, _model_as_bad_bin)},
@@ -797,6 +804,14 @@ def _heads_as_bad_bin(model: Path) -> None:
     for p in (model / "heads").glob("medusa_lm_head.*"):
         p.unlink()
     (model / "heads" / "medusa_lm_head.pt").write_bytes(b"this is not a torch file")
+
+
+def _heads_as_pickled_code(model: Path) -> None:
+    """Heads whose pickle names a function (os.getcwd): a weights-only load refuses it, and
+    torch's advice to load it unsafely must not reach the user."""
+    for p in (model / "heads").glob("medusa_lm_head.*"):
+        p.unlink()
+    torch.save({"medusa_head.0.0.linear.weight": os.getcwd}, model / "heads" / "medusa_lm_head.pt")
 
 
 def _model_as_bad_bin(model: Path) -> None:

@@ -37,8 +37,9 @@ def first_line(err: BaseException | str) -> str:
     text = _ANSI.sub("", str(err))
     if text.startswith("Weights only load failed"):
         found = _UNSAFE_GLOBAL.search(text)
-        what = f" ({found.group(1)})" if found else ""
-        return f"holds Python objects other than tensors{what}, refused: it could run code"
+        if found is None:  # not a pickle of tensors at all (a damaged or foreign file)
+            return "not a PyTorch checkpoint of tensors (a weights-only load refused it)"
+        return f"holds Python objects other than tensors ({found.group(1)}), refused: it could run code"
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     line = lines[0] if lines else (type(err).__name__ if isinstance(err, BaseException) else "")
     sentences = [s for s in re.split(r"(?<=\.)\s+", line) if "weights_only" not in s]

@@ -9,7 +9,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-from treeopt.errors import UserError
+from treeopt.errors import UserError, first_line
 from treeopt.fileio import read_json_input
 
 CONFIG_NAME = "config.json"
@@ -37,7 +37,7 @@ def torch_load(file: Path):
     try:
         return torch.load(file, map_location="cpu", weights_only=True)
     except Exception as err:  # noqa: BLE001 - torch.load raises many types for a corrupt pickle
-        raise UserError(f"{file}: cannot read ({err})") from None
+        raise UserError(f"{file}: cannot read ({first_line(err)})") from None
 
 
 def load_state(path: Path, *names: str) -> dict[str, torch.Tensor]:
@@ -50,7 +50,7 @@ def load_state(path: Path, *names: str) -> dict[str, torch.Tensor]:
             try:
                 return load_file(str(file))
             except (SafetensorError, OSError) as err:
-                raise UserError(f"{file}: cannot read ({err})") from None
+                raise UserError(f"{file}: cannot read ({first_line(err)})") from None
         state = torch_load(file)
         if not isinstance(state, dict):
             raise UserError(f"{file}: expected a state dict, found {type(state).__name__}")
