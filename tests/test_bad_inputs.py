@@ -23,6 +23,7 @@ import pandas as pd
 import pytest
 import torch
 
+from calibration.demo_files import DEMO_MODEL_DIR
 from calibration.models import tiny_model_for_tests
 from roofline.hardware import load_hardware
 from treeopt.accuracy import AccuracyTable
@@ -609,6 +610,18 @@ CASES = [
         "holds Python objects other than tensors (posix.getcwd), refused",
     ),
     (
+        "hydra-heads-5000",
+        "decode --model demo --heads hy --drafter hydra --prompt hi",
+        {"hy": lambda d: _demo_hydra(hydra_num_heads=5000)(d)},
+        "hydra_num_heads 5000, but the weights hold 4 heads",
+    ),
+    (
+        "hydra-hidden-size-not-the-weights",
+        "decode --model demo --heads hy --drafter hydra --prompt hi",
+        {"hy": lambda d: _demo_hydra(hidden_size=512)(d)},
+        "hidden_size 512, but the weights' head 0 projection is 4096 x 256",
+    ),
+    (
         "model-bin-not-torch",
         "decode --model m --prompt hi",
         {"m": lambda d: _model_copy(d, _model_as_bad_bin)},
@@ -812,6 +825,18 @@ def _heads_as_pickled_code(model: Path) -> None:
     for p in (model / "heads").glob("medusa_lm_head.*"):
         p.unlink()
     torch.save({"medusa_head.0.0.linear.weight": os.getcwd}, model / "heads" / "medusa_lm_head.pt")
+
+
+def _demo_hydra(**changes):
+    """The demo's Hydra heads copied to hy/, their config.json changed."""
+
+    def make(folder: Path) -> None:
+        shutil.copytree(DEMO_MODEL_DIR / "hydra", folder / "hy")
+        doc = json.loads((folder / "hy" / "config.json").read_text())
+        doc.update(changes)
+        (folder / "hy" / "config.json").write_text(json.dumps(doc))
+
+    return make
 
 
 def _model_as_bad_bin(model: Path) -> None:

@@ -265,6 +265,7 @@ class HydraHeads(nn.Module, Drafter):
         if proj is None or proj.ndim != 2:
             raise UserError(f"{path}: weights lack key 'hydra_lm_head.0.weight' (head 0's projection)")
         vocab_size, hidden_size = proj.shape
+        _check_config_against_weights(config, config_file, state, configured, (vocab_size, hidden_size))
         if "input_embed_fn.weight" not in state and grounded:
             if input_embeddings is None:
                 raise UserError(f"{path}: weights lack 'input_embed_fn.weight' and no base embeddings were given")
@@ -323,3 +324,19 @@ class HydraHeads(nn.Module, Drafter):
 
 
 __all__ = ["HydraHeads", "HydraPrefixLayer", "HydraResBlock", "SUPPORTED_ARCHS", "prefix_layer_config"]
+
+
+def _check_config_against_weights(config: dict, config_file, state: dict, configured: int, proj_shape) -> None:
+    """The config's head count and sizes must be those of the weights, checked before any module
+    is built: a config asking for 5000 heads of 4 would otherwise build them (the last one
+    5002 hidden sizes wide) before the weights are compared."""
+    held = len({key.split(".")[1] for key in state if key.startswith("hydra_lm_head.")})
+    if configured > held:
+        raise UserError(f"{config_file}: hydra_num_heads {configured}, but the weights hold {held} heads")
+    vocab_size, hidden_size = (int(n) for n in proj_shape)
+    for name, size in (("hidden_size", hidden_size), ("vocab_size", vocab_size)):
+        if name in config and config[name] != size:
+            raise UserError(
+                f"{config_file}: {name} {config[name]!r}, but the weights' head 0 projection is "
+                f"{vocab_size} x {hidden_size} (vocab x hidden)"
+            )
