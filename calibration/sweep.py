@@ -56,6 +56,7 @@ import torch
 from tqdm import tqdm
 
 from calibration.decoder import TreeDecoder
+from calibration.device_memory import check_bench_fits
 from calibration.greedy import plain_step_forward
 from calibration.kv_cache import new_cache
 from calibration.model_calls import model_forward_hidden
@@ -739,6 +740,7 @@ def run_sweep(
     out_csv = Path(out_csv)
     proposal = tau.proposal
     sizes = _sweep_sizes(settings, proposal, progress)
+    check_bench_fits(lm.model, settings.batches, settings.contexts, max(sizes) + 1, lm.device)
     fingerprint = _fingerprint(lm, proposal, sizes, settings)
     done, old = _earlier_groups(out_csv, fingerprint, sizes, resume, progress)
     round_samples = {} if old is None else read_round_samples(sweep_samples_path(out_csv))

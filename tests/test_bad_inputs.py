@@ -610,6 +610,18 @@ CASES = [
         "holds Python objects other than tensors (posix.getcwd), refused",
     ),
     (
+        "sweep-context-beyond-positions",
+        "sweep --model {tiny} --accuracy acc.json --batch 4096 --context 100000 -o s.csv",
+        {},
+        "--context: 100,000 + ",
+    ),
+    (
+        "sweep-cell-beyond-memory",
+        "sweep --model {tiny} --accuracy acc.json --batch 100000000 --context 512 -o s.csv",
+        {},
+        "GiB for its cache and prefill",
+    ),
+    (
         "hydra-heads-5000",
         "decode --model demo --heads hy --drafter hydra --prompt hi",
         {"hy": lambda d: _demo_hydra(hydra_num_heads=5000)(d)},
