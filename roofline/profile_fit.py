@@ -31,6 +31,10 @@ from roofline.latency import step_time_s
 from roofline.shapes import DraftHeadsShape, ModelShape
 from treeopt.errors import UserError
 
+#: the longest decoding step a measurement file may hold: an hour (a larger number is a unit
+#: mistake or a damaged file, and it would dominate the least-squares fit)
+MAX_STEP_MS = 3.6e6
+
 __all__ = [
     "STEP_COLUMNS",
     "OPTIONAL_COLUMNS",
@@ -133,6 +137,12 @@ def step_points_frame(df: pd.DataFrame, *, source: str, heads: int = 0) -> StepP
     bad = cols["step_ms"] <= 0
     if np.any(bad):
         raise UserError(f"{source}: row {int(np.argmax(bad)) + 1}: 'step_ms' must be positive")
+    bad = cols["step_ms"] > MAX_STEP_MS
+    if np.any(bad):
+        raise UserError(
+            f"{source}: row {int(np.argmax(bad)) + 1}: 'step_ms' {cols['step_ms'][np.argmax(bad)]:g} is over "
+            f"{MAX_STEP_MS:g} ms (an hour), not one decoding step (milliseconds expected)"
+        )
     n = len(df)
     candidates = cols.get("candidates", np.ones(n))
     bad = candidates > cols["tokens"]

@@ -622,6 +622,12 @@ CASES = [
         "GiB for its cache and prefill",
     ),
     (
+        "fit-step-1e308-ms",
+        "hw fit --model llama-7b --hardware a100 --measurements huge.csv -o f.json",
+        {"huge.csv": "batch,context,tokens,step_ms\n1,128,1,20\n1,128,2,1e308\n"},
+        "row 2: 'step_ms' 1e+308 is over",
+    ),
+    (
         "hydra-heads-5000",
         "decode --model demo --heads hy --drafter hydra --prompt hi",
         {"hy": lambda d: _demo_hydra(hydra_num_heads=5000)(d)},
