@@ -11,6 +11,7 @@ import re
 import shlex
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -46,17 +47,22 @@ def test_the_readme_has_the_examples_this_test_reads():
     assert any(c.startswith("treeopt build") and "--engine vllm" in c for c in commands)
 
 
+def test_the_hw_fit_example_reads_the_demo_sweep_as_the_readme_says():
+    """reports/demo-cpu/demo_steps.csv is that run's sweep.csv rewritten as tokens = nodes + 1,
+    step_ms = 1000 x step_time_s."""
+    sweep = pd.read_csv(ROOT / "reports" / "demo-cpu" / "sweep.csv")
+    steps = pd.read_csv(ROOT / "reports" / "demo-cpu" / "demo_steps.csv")
+    assert list(steps.columns) == ["batch", "context", "tokens", "step_ms"]
+    assert (steps["batch"] == sweep["batch"]).all() and (steps["context"] == sweep["context"]).all()
+    assert (steps["tokens"] == sweep["nodes"] + 1).all()
+    assert np.allclose(steps["step_ms"], 1000 * sweep["step_time_s"], rtol=1e-12)
+
+
 @pytest.mark.parametrize("command,shown", EXAMPLES, ids=[c[:60] for c, _ in EXAMPLES])
 def test_readme_example_prints_what_the_readme_shows(command, shown, tmp_path, monkeypatch, capsys):
     # the README runs from the repository root; outputs go to a scratch copy of that layout
     (tmp_path / "reports").symlink_to(ROOT / "reports")
     (tmp_path / "treeopt").symlink_to(ROOT / "treeopt")
-    # demo_steps.csv is reports/demo-cpu/sweep.csv rewritten, as the README says
-    sweep = pd.read_csv(ROOT / "reports" / "demo-cpu" / "sweep.csv")
-    steps = pd.DataFrame({"batch": sweep["batch"], "context": sweep["context"], "tokens": sweep["nodes"] + 1}).assign(
-        step_ms=1000 * sweep["step_time_s"]
-    )
-    steps.to_csv(tmp_path / "demo_steps.csv", index=False)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("COLUMNS", "200")
     try:
