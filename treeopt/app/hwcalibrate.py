@@ -19,8 +19,8 @@ from calibration.sweep import measure_group
 from roofline.hardware import HardwareProfile
 from roofline.hwfit import fit_hardware_profile
 from roofline.profile_fit import ProfileFit, fit_profile, sweep_step_points
-from roofline.shapes import DraftHeadsShape, ModelShape, normalize_dtype
-from treeopt.app.models import shape_of
+from roofline.shapes import ModelShape, normalize_dtype
+from treeopt.app.models import heads_shape_of_drafter, shape_of
 from treeopt.errors import UserError
 from treeopt.hwmeasurements import ModelDims
 from treeopt.tree import make_tree
@@ -154,13 +154,7 @@ def calibrate_engine_terms(
     heads_by_nodes = [proposal.prefix(n).depth for n in range(proposal.size + 1)]
     points = sweep_step_points(table, heads_by_nodes)
     shape = shape_of(lm.name, dtype=str(lm.dtype).replace("torch.", ""))
-    heads = DraftHeadsShape(
-        lm.heads.num_heads,
-        getattr(lm.heads, "num_layers", 1),
-        lm.heads.hidden_size,
-        lm.heads.vocab_size,
-        tokens_per_sequence=1,
-    )
+    heads = heads_shape_of_drafter(lm.heads)
     # only the engine terms are free: the microbenchmarks measured everything else directly
     return fit_profile(
         shape,

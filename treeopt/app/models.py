@@ -38,6 +38,19 @@ def heads_of(spec, shape: ModelShape, **kwargs) -> DraftHeadsShape:
     return resolve_heads(model_location(spec), shape, **kwargs)
 
 
+def heads_shape_of_drafter(drafter) -> DraftHeadsShape:
+    """The Medusa-heads shape the roofline charges for a loaded drafter, run on the one accepted
+    token per sequence; a sequential drafter's stages are charged depth by depth elsewhere
+    (`draft_cost_of_drafter`, docs/performance-model.md#drafter-cost)."""
+    return DraftHeadsShape(
+        drafter.num_heads,
+        getattr(drafter, "num_layers", 1),
+        drafter.hidden_size,
+        drafter.vocab_size,
+        tokens_per_sequence=1,
+    )
+
+
 def draft_cost_of_drafter(drafter) -> DraftCost:
     """The roofline's `DraftCost` of a loaded drafter (calibration.drafters), as the reference
     decoder runs it: the heads (stages) it was loaded with."""

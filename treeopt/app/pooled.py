@@ -19,7 +19,7 @@ import pandas as pd
 from roofline.hardware import HardwareProfile
 from roofline.profile_fit import fit_profile, predict_step_s, sweep_step_points
 from roofline.shapes import DraftHeadsShape, ModelShape
-from treeopt.app.models import shape_of
+from treeopt.app.models import heads_shape_of_drafter, shape_of
 from treeopt.selection import cell_draws
 from treeopt.stats import (
     CONFIDENCE,
@@ -235,8 +235,6 @@ def pooled_from_sweep(lm, proposal: Tree, hardware: HardwareProfile, sweep: pd.D
     """`fit_pooled` for the loaded model and its draft heads (the heads a tree of n nodes runs:
     those its depth reaches, as `treeopt.app.sweep.fit_from_sweep` counts them)."""
     shape = shape_of(lm.name, dtype=str(lm.dtype).replace("torch.", ""))
-    heads = DraftHeadsShape(
-        lm.heads.num_heads, lm.heads.num_layers, lm.heads.hidden_size, lm.heads.vocab_size, tokens_per_sequence=1
-    )
+    heads = heads_shape_of_drafter(lm.heads)
     depth = [proposal.prefix(n).depth for n in range(proposal.size + 1)]
     return fit_pooled(shape, heads, hardware, sweep, samples, depth)

@@ -15,10 +15,9 @@ from roofline.hardware import HardwareProfile, load_hardware
 from roofline.latency import step_time_s
 from roofline.ops import drafter_work
 from roofline.profile_fit import BatchTransfer, batch_transfer, error_summary
-from roofline.shapes import DraftHeadsShape
 from roofline.speculative import draft_model_tree_step_time_s, level_widths_by_prefix
 from treeopt.acceptance import load_rank_vectors
-from treeopt.app.models import draft_cost_of_drafter, draft_shape_of, shape_of
+from treeopt.app.models import draft_cost_of_drafter, draft_shape_of, heads_shape_of_drafter, shape_of
 from treeopt.candidates import candidate_tokens
 from treeopt.errors import UserError
 from treeopt.fileio import atomic_path, write_text
@@ -204,9 +203,7 @@ def fit_from_sweep(lm, proposal: Tree, hardware: HardwareProfile, df: pd.DataFra
     the other batch sizes (docs/performance-model.md#fitting-a-profile-to-measured-steps), and
     write `fitted_hardware.json` and `fit_transfer.csv` into out_dir."""
     shape = shape_of(lm.name, dtype=str(lm.dtype).replace("torch.", ""))
-    heads = DraftHeadsShape(
-        lm.heads.num_heads, lm.heads.num_layers, lm.heads.hidden_size, lm.heads.vocab_size, tokens_per_sequence=1
-    )
+    heads = heads_shape_of_drafter(lm.heads)
     depth = [proposal.prefix(n).depth for n in range(proposal.size + 1)]
     result = batch_transfer(shape, heads, hardware, df, depth)
     out = Path(out_dir)

@@ -8,9 +8,8 @@ from pathlib import Path
 
 from roofline.hardware import HardwareProfile
 from roofline.report import ReportRequest, build_report
-from roofline.shapes import DraftHeadsShape
 from treeopt.app.draft_model import chain_tau_curves, write_gamma_prediction
-from treeopt.app.models import draft_cost_of_drafter, draft_shape_of
+from treeopt.app.models import draft_cost_of_drafter, draft_shape_of, heads_shape_of_drafter
 from treeopt.app.stages.calibrate import accuracy_path
 from treeopt.app.stages.hardware import Bench
 from treeopt.app.stages.job import Job
@@ -43,13 +42,7 @@ def _report_request(job: Job, proposal: Proposal, bench: Bench, hw: HardwareProf
     s, lm, table, tree = job.settings, bench.lm, proposal.table, proposal.tree
     # Medusa's heads run in parallel on the accepted token; a sequential drafter's stages are
     # charged depth by depth (docs/performance-model.md#drafter-cost)
-    heads_shape = DraftHeadsShape(
-        lm.heads.num_heads,
-        getattr(lm.heads, "num_layers", 1),
-        lm.heads.hidden_size,
-        lm.heads.vocab_size,
-        tokens_per_sequence=1,
-    )
+    heads_shape = heads_shape_of_drafter(lm.heads)
     return ReportRequest(
         bench.shape,
         heads_shape,
