@@ -27,15 +27,14 @@ from roofline.profile_fit import ProfileFit, predict_step_s, read_step_points, s
 from roofline.profile_fit import fit_profile as _fit_profile
 from roofline.shapes import ModelShape
 from treeopt import PUBLIC_NAMES
-from treeopt.accuracy import AccuracyTable, load_accuracy
-from treeopt.accuracy import expected_tokens as _expected_tokens
+from treeopt.accuracy import AccuracyTable
+from treeopt.accuracy import load_accuracy as load_accuracy
 from treeopt.app.models import heads_of, shape_of
 from treeopt.app.prediction import Prediction, PredictionOptions, predict_speedup
-from treeopt.build import build_tree as _build_tree
-from treeopt.engines import EngineDraft, EngineExport, export_for, get_engine
+from treeopt.engines import EngineExport as EngineExport
 from treeopt.engines import check as _check
+from treeopt.engines import export_for, get_engine
 from treeopt.errors import UserError
-from treeopt.family_build import build_for_engine
 from treeopt.fileio import write_json
 from treeopt.mix import choose_mix_tree, format_mix, mix_grid_from_sweep, mix_section, parse_mix
 from treeopt.selection import (
@@ -50,145 +49,22 @@ from treeopt.selection import (
 )
 from treeopt.selection import select as _select_sweep
 from treeopt.stats import DEFAULT_TOLERANCE
-from treeopt.tree import Tree, load_tree, make_tree
+from treeopt.tree import Tree, make_tree
+from treeopt.tree import load_tree as load_tree
+from treeopt.tree_api import EngineCheck as EngineCheck
+from treeopt.tree_api import _table
+from treeopt.tree_api import build_tree as build_tree
+from treeopt.tree_api import check as check
+from treeopt.tree_api import expected_tokens as expected_tokens
+from treeopt.tree_api import export_tree as export_tree
 
-__all__ = list(PUBLIC_NAMES)  # one list, in treeopt/__init__.py, so the two cannot differ
+# One list, in treeopt/__init__.py, so the two cannot differ; the names that live in the core
+# (treeopt.tree_api and below) are imported "X as X" above to re-export them.
+__all__ = list(PUBLIC_NAMES)
 
 
 # ---------------------------------------------------------------------------------------------
 # Trees
-
-
-def _table(accuracy) -> AccuracyTable:
-    return accuracy if isinstance(accuracy, AccuracyTable) else load_accuracy(accuracy)
-
-
-def _tree(tree) -> Tree:
-    return tree if isinstance(tree, Tree) else load_tree(tree) if isinstance(tree, str) else make_tree(tree)
-
-
-def build_tree(
-    accuracy: AccuracyTable | str | Path,
-    nodes: int,
-    *,
-    method: str = "greedy",
-    engine: str | None = None,
-    heads: int | None = None,
-    max_depth: int | None = None,
-    max_children: int | list[int] | None = None,
-) -> Tree:
-    """The `method` tree ("greedy": Medusa's; "optimal": the exact optimum under independent
-    heads; "joint": the most frequent joint prefixes) of `nodes` nodes from an accuracy table.
-
-    `engine` (a name of `treeopt.engines.ENGINE_NAMES`): search only the trees that engine drafts
-    as written, with `heads` draft heads (default: the table's); its family sets the limits, so
-    `max_depth` and `max_children` (ranks < W, one value or one per depth) go without it."""
-    table = _table(accuracy)
-    if engine is None:
-        if heads is not None:
-            raise UserError("heads: only meaningful with an engine (the draft heads it runs)")
-        return _build_tree(table, nodes, method, max_depth=max_depth, max_children=max_children)
-    if max_depth is not None or max_children is not None:
-        raise UserError("--engine: the engine's family sets the limits; leave out --max-depth/--max-children")
-    return build_for_engine(table, nodes, method, get_engine(engine), heads=heads)
-
-
-def expected_tokens(tree: Tree | str | list, accuracy: AccuracyTable | str | Path, *, joint: bool = False) -> float:
-    """Expected tokens per step of `tree` under the table (joint: its joint prefix counts).
-    Nodes the table did not measure (deeper than its heads, ranks past its width) count as never
-    accepted."""
-    return _expected_tokens(_tree(tree), _table(accuracy), joint=joint, strict=False)
-
-
-@dataclass(frozen=True)
-class EngineCheck:
-    """What an engine does with a tree: `as_written`, or `drafted` instead (`refused` when it
-    will not take it), the `reason`, and tau of both when an accuracy table was given."""
-
-    engine: str
-    tree: Tree
-    drafted: Tree
-    as_written: bool
-    refused: bool
-    reason: str
-    tau: float | None = None
-    tau_drafted: float | None = None
-    sglang_flags: tuple[int, int, int] | None = None  # SGLang: (steps, topk, num_draft_tokens)
-
-    def to_dict(self) -> dict:
-        return {
-            "tree": self.tree.name,
-            "engine": self.engine,
-            "as_written": self.as_written,
-            "refused": self.refused,
-            "reason": self.reason,
-            "nodes": self.tree.size,
-            "drafted_nodes": self.drafted.size,
-            "drafted": self.drafted.to_choices(),
-            "tau": self.tau,
-            "tau_drafted": self.tau_drafted,
-            "sglang_flags": list(self.sglang_flags) if self.sglang_flags else None,
-        }
-
-
-def check(
-    tree: Tree | str | list,
-    engine: str,
-    *,
-    accuracy: AccuracyTable | str | Path | None = None,
-    heads: int | None = None,
-    topk: int | None = None,
-) -> EngineCheck:
-    """Whether `engine` drafts `tree` as written (docs/engines.md); if not, what it drafts.
-    `heads`: the draft heads the engine runs (default: the table's, else unbounded); `topk`:
-    candidates per head of treeopt's own decoder. SGLang needs `accuracy`."""
-    tree = _tree(tree)
-    table = _table(accuracy) if accuracy is not None else None
-    target = get_engine(engine, topk=topk)
-    heads = heads or (table.num_heads if table is not None else None)
-    result: EngineDraft = _check(tree, target, heads=heads, accuracy=table.accuracy if table is not None else None)
-    taus = {}
-    if table is not None:
-        taus = {
-            "tau": _expected_tokens(tree, table, strict=False),
-            "tau_drafted": _expected_tokens(result.drafted, table, strict=False),
-        }
-    return EngineCheck(
-        target.name,
-        tree,
-        result.drafted,
-        result.as_written,
-        result.refused,
-        result.reason,
-        sglang_flags=result.triple,
-        **taus,
-    )
-
-
-def export_tree(
-    tree: Tree | str | list,
-    engine: str,
-    *,
-    accuracy: AccuracyTable | str | Path | None = None,
-    heads: int | None = None,
-) -> EngineExport:
-    """What `engine` takes for `tree` (docs/engines.md#exports): `.line`, one line to paste
-    (the flag or config), and `.text`, everything (TensorRT-LLM adds its LLM-API config).
-    `heads`: the checkpoint's draft heads (default: the table's, else the tree's depth); SGLang
-    needs `accuracy`. A tree the engine does not draft as written is refused: build it with
-    `engine=` instead."""
-    tree = _tree(tree)
-    table = _table(accuracy) if accuracy is not None else None
-    target = get_engine(engine)
-    heads = heads or (table.num_heads if table is not None else None)
-    acc = table.accuracy if table is not None else None
-    drafted = _check(tree, target, heads=heads, accuracy=acc)
-    if not drafted.as_written:
-        raise UserError(
-            f"--engine {target.name}: {tree.name}: not drafted as written ({drafted.reason}); "
-            f"build it with --engine {target.name}"
-        )
-    return export_for(target, tree, heads=heads, accuracy=acc)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -138,7 +138,10 @@ demo = _lazy_group(
             "tau of several trees under one accuracy table, side by side.",
         ),
         "check": ("treeopt.cli.tree_cmds:check_cmd", "Whether an engine drafts a tree as written, and what instead."),
-        "select": ("treeopt.cli.tree_cmds:select_cmd", "Pick the best tree per (batch, context) from a sweep or grid."),
+        "select": (
+            "treeopt.cli.select_cmds:select_cmd",
+            "Pick the best tree per (batch, context) from a sweep or grid.",
+        ),
         "report": ("treeopt.cli.roofline_cmds:report_cmd", "Write a predicted report: plots, grid, selection."),
         "calibrate": ("treeopt.cli.calibration_cmds:calibrate_cmd", "Measure per-rank accuracies of draft heads."),
         "decode": ("treeopt.cli.decode_cmds:decode_cmd", "Generate with the reference tree decoder."),
@@ -177,8 +180,23 @@ def _bad_parameter(err: click.BadParameter) -> str:
     return f"{name}: {err.message}"
 
 
+def _check_environment() -> None:
+    """Refuse an environment that would fail deep inside a library import. numpy's f2py reads
+    SOURCE_DATE_EPOCH with int() when scipy loads it, so a non-integer value would surface as a
+    traceback from whichever command first imports scipy; the reproducible-builds specification
+    (https://reproducible-builds.org/specs/source-date-epoch/) says it is a decimal integer."""
+    epoch = os.environ.get("SOURCE_DATE_EPOCH")
+    if epoch is None:
+        return
+    try:
+        int(epoch)
+    except ValueError:
+        raise UserError(f"SOURCE_DATE_EPOCH: not a Unix time (a whole number of seconds): {epoch!r}") from None
+
+
 def main(argv: list[str] | None = None) -> None:
     try:
+        _check_environment()
         cli.main(args=argv, prog_name="treeopt", standalone_mode=False)
     except UserError as err:
         message = f"{_option_name(err.param)}: {err.detail}" if err.param else str(err)

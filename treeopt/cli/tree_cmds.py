@@ -1,5 +1,6 @@
-"""`treeopt build | show | buffers | compare | select`: trees from accuracy tables, their
-buffers, and the selection of the best tree per cell. numpy only: no torch is loaded."""
+"""`treeopt build | show | buffers | compare | check`: trees from accuracy tables, their buffers
+and what each engine drafts. numpy and the core only: no pandas, scipy or torch is loaded, so each
+answers in milliseconds (`select` is in select_cmds)."""
 
 from __future__ import annotations
 
@@ -10,20 +11,16 @@ from pathlib import Path
 import click
 import numpy as np
 
-from treeopt import api
+from treeopt import tree_api as api
 from treeopt.accuracy import expected_tokens, load_accuracy, node_values, unmeasured_nodes
 from treeopt.build import METHODS, build_tree
-from treeopt.cli.options import TOPK, AtLeast, tolerance_option
+from treeopt.cli.options import TOPK, AtLeast
 from treeopt.cli.safety import check_outputs, input_files
 from treeopt.engines import ENGINE_NAMES, check, get_engine
 from treeopt.errors import UserError
 from treeopt.export import FORMATS, compact_json, draw_tree, format_tree, text_table
 from treeopt.family_build import build_for_engine
 from treeopt.fileio import write_text
-from treeopt.selection import (
-    sweep_meta_path,
-    sweep_samples_path,
-)
 from treeopt.tree import Tree, load_tree, tree_buffers
 
 
@@ -419,95 +416,6 @@ def _compare_row(tree: Tree, table, target) -> dict:
         row["drafted"] = drafted.drafted.size
         row["tau_drafted"] = expected_tokens(drafted.drafted, table, strict=False)
     return row
-
-
-@click.command("select")
-@click.option("--sweep", "sweep_file", default=None, metavar="FILE.csv", help="A sweep from `treeopt sweep`.")
-@click.option(
-    "--grid",
-    "grid_file",
-    default=None,
-    metavar="FILE.csv",
-    help="Or a predicted grid from `treeopt roofline speedup` (needs --accuracy).",
-)
-@click.option(
-    "--accuracy", default=None, metavar="FILE", help="With --grid: the table whose proposal sequence the grid used."
-)
-@click.option("--csv-model", default=None, metavar="NAME", help="With --grid: row set of a multi-model accuracy CSV.")
-@click.option(
-    "--by",
-    type=click.Choice(["measured", "predicted"]),
-    default="measured",
-    show_default=True,
-    help="Select by the measured speedup or by the roofline prediction stored in the sweep.",
-)
-@click.option(
-    "--threshold",
-    type=float,
-    default=1.0,
-    show_default=True,
-    help="A tree must beat this speedup, else no speculation.",
-)
-@tolerance_option()
-@click.option(
-    "--engine",
-    type=click.Choice(ENGINE_NAMES),
-    default=None,
-    help="Add each cell's tree as the line this engine takes (engine_line); SGLang needs --accuracy.",
-)
-@click.option(
-    "--mix",
-    "mix_spec",
-    default=None,
-    metavar="FILE.csv|SPEC",
-    help="Also choose one tree for this traffic mix: a CSV batch,context,weight or inline "
-    "'1:0.5,8:0.3,32@2048:0.2' (BATCH[@CONTEXT]:WEIGHT).",
-)
-@click.option(
-    "--verification",
-    type=click.Choice(["tree", "candidates"]),
-    default=None,
-    help="How the engine verifies the trees, recorded in the selection: a sweep knows its own and "
-    "refuses another; a grid does not, so give the one `roofline speedup --verification` used "
-    "[default: the sweep's, else tree].",
-)
-@click.option("-o", "--output", default=None, metavar="FILE.json", help="Selection JSON [default: stdout].")
-def select_cmd(
-    sweep_file, grid_file, accuracy, csv_model, by, threshold, tolerance, engine, mix_spec, verification, output
-):
-    """Pick the best tree per (batch, context): from a measured sweep, or from predictions
-    alone for hardware you don't have."""
-    if (sweep_file is None) == (grid_file is None):
-        raise UserError("select: give exactly one of --sweep or --grid")
-    sweep_inputs = (
-        [sweep_file, sweep_meta_path(sweep_file), sweep_samples_path(sweep_file)] if sweep_file is not None else []
-    )
-    check_outputs([output], input_files(*sweep_inputs, grid_file, accuracy, mix_spec))
-    table = _load_table(accuracy, csv_model) if accuracy is not None else None
-    if sweep_file is not None:
-        source = api.load_sweep(sweep_file)
-    else:
-        if table is None:
-            raise UserError("--grid: needs --accuracy (the table whose proposal sequence the grid used)")
-        source = api.load_grid(grid_file, table)
-    selection = api.select(
-        source,
-        by=by,
-        threshold=threshold,
-        tolerance=tolerance,
-        engine=engine,
-        accuracy=table,
-        mix=mix_spec,
-        verification=verification,
-    )
-    doc = selection.doc
-    if output:
-        _write_output(output, lambda: selection.save(output))
-        click.echo(selection.summary())
-        click.echo(f"wrote {output}")
-    else:  # stdout is the JSON alone, so that it can be piped; the summary goes to stderr
-        click.echo(selection.summary(), err=True)
-        click.echo(json.dumps(doc, indent=1))
 
 
 @click.command("check")
