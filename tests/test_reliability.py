@@ -663,3 +663,55 @@ def test_atomic_folder_replaces_a_report_whole_or_not_at_all(tmp_path):
     assert sorted(p.name for p in report.iterdir()) == ["grid.csv", "index.md"]
     assert (report / "index.md").read_text() == "new"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["report"]
+
+
+# A writer killed mid-write (SIGKILL runs no cleanup) leaves its temporary; the next holder of the
+# output's lock removes its family of temporaries and nothing else.
+KILLED_WRITER = textwrap.dedent("""
+    import os, signal, sys
+    from treeopt.fileio import atomic_path
+    with atomic_path(sys.argv[1]) as tmp:
+        tmp.write_text("half a file")
+        os.kill(os.getpid(), signal.SIGKILL)
+""")
+
+
+def _killed_writer(output: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-c", KILLED_WRITER, str(output)], env=env)
+    assert proc.returncode == -signal.SIGKILL
+
+
+def test_the_next_writer_removes_what_a_killed_writer_left(tmp_path):
+    for name in ("sweep.csv", "sweep.meta.json", "sweep.samples.npz", "other.csv"):
+        _killed_writer(tmp_path / name)
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert len(left) == 4 and all(n.endswith(".tmp") for n in left)
+    (tmp_path / "sweep-notes.tmp").write_text("a user's file")  # not a treeopt temporary
+    with output_lock(tmp_path / "sweep.csv"):
+        pass
+    remaining = sorted(p.name for p in tmp_path.iterdir())
+    assert len(remaining) == 2 and "sweep-notes.tmp" in remaining
+    assert [n for n in remaining if n != "sweep-notes.tmp"][0].startswith(".other.csv.")
+
+
+def test_a_run_folder_lock_removes_temporaries_anywhere_in_the_folder(tmp_path):
+    (tmp_path / "prediction").mkdir()
+    _killed_writer(tmp_path / "prediction" / "grid.csv")
+    (tmp_path / ".prediction.x1y2.tmp").mkdir()  # an atomic_folder cut short
+    (tmp_path / ".prediction.x1y2.tmp" / "grid.csv").write_text("partial")
+    _killed_writer(tmp_path / "selection.json")
+    with output_lock(tmp_path / "run_state.json", whole_folder=True):
+        pass
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == ["prediction"]
+
+
+def test_a_resumed_sweep_leaves_no_temporary(tmp_path):
+    out = tmp_path / "sweep.csv"
+    _killed_writer(out)
+    _killed_writer(tmp_path / "sweep.meta.json")
+    args = ["--accuracy", str(REPO / "reports" / "demo-cpu" / "accuracy.json"), "--sizes", "0,1"]
+    args += ["--batch", "1", "--context", "16", "--repeats", "5", "--budget", "0", "--threads", "1", "-o", str(out)]
+    proc = subprocess.run([sys.executable, "-m", "treeopt", "sweep", *args], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sweep.csv", "sweep.meta.json", "sweep.samples.npz"]

@@ -261,15 +261,41 @@ def lock_path(output: str | os.PathLike) -> Path:
     return output.with_name(f".{output.name}.lock")
 
 
+def stale_temporaries(output: str | os.PathLike, *, whole_folder: bool = False) -> list[Path]:
+    """The temporaries a killed writer of `output` left behind: ``.STEM.*.tmp`` and
+    ``.STEM.*.old`` beside it (STEM: the name up to its first dot, so a sweep's CSV, metadata and
+    samples are one family), or with `whole_folder` every ``.*.tmp``/``.*.old`` under its folder
+    (a run folder belongs to its run). Only the holder of `output_lock(output)` may remove them:
+    no other treeopt process is writing them then."""
+    output = Path(output)
+    stem = output.name.split(".", 1)[0]
+    patterns = ("**/.*.tmp", "**/.*.old") if whole_folder else (f".{stem}.*.tmp", f".{stem}.*.old")
+    if not output.parent.is_dir():
+        return []
+    return sorted({p for pattern in patterns for p in output.parent.glob(pattern)})
+
+
+def _remove_stale(paths: Iterable[Path]) -> None:
+    for p in paths:
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)
+
+
 @contextlib.contextmanager
-def output_lock(output: str | os.PathLike) -> Iterator[Path]:
+def output_lock(output: str | os.PathLike, *, whole_folder: bool = False) -> Iterator[Path]:
     """Hold an advisory exclusive lock on `output` for the block (fcntl.flock on
     `lock_path(output)`, which holds the owner's pid). A second treeopt process that asks for
     the same output fails at once: UserError "OUTPUT: is being written by another treeopt
     process (pid N)". The lock file is removed on release while still held, so it never
     outlives its writer; a process that opened it just before is told by the inode check
     and takes the new one. The lock dies with its process (SIGKILL included): the
-    kernel releases a flock when the file is closed."""
+    kernel releases a flock when the file is closed.
+
+    Once locked, the temporaries of an earlier writer killed mid-write (SIGKILL skips every
+    cleanup) are removed (`stale_temporaries`; `whole_folder` for a run folder), so a resumed
+    run leaves the folder as a clean one would."""
     path = lock_path(output)
     path.parent.mkdir(parents=True, exist_ok=True)
     while True:
@@ -295,6 +321,7 @@ def output_lock(output: str | os.PathLike) -> Iterator[Path]:
     try:
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
+        _remove_stale(stale_temporaries(output, whole_folder=whole_folder))
         yield path
     finally:
         path.unlink(missing_ok=True)
