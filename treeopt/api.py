@@ -30,6 +30,7 @@ from treeopt import PUBLIC_NAMES
 from treeopt.accuracy import AccuracyTable
 from treeopt.accuracy import load_accuracy as load_accuracy
 from treeopt.app.models import heads_of, shape_of
+from treeopt.app.pooled import add_sweep_pooled_evidence, format_pooled, sweep_model
 from treeopt.app.prediction import Prediction, PredictionOptions, predict_speedup
 from treeopt.engines import EngineExport as EngineExport
 from treeopt.engines import check as _check
@@ -274,6 +275,8 @@ class Selection:
     def summary(self) -> str:
         """The table `treeopt select` prints."""
         text = format_selection(self.doc)
+        if "pooled_fit" in self.doc:
+            text += "\n" + format_pooled(self.doc)
         return text + ("\n" + format_mix(self.doc["mix"]) if "mix" in self.doc else "")
 
     def save(self, path: str | Path) -> None:
@@ -300,6 +303,9 @@ def select(
     accuracy: AccuracyTable | str | Path | None = None,
     mix: str | Path | None = None,
     verification: str | None = None,
+    pooled: bool = True,
+    model: str | Path | None = None,
+    hardware: str | Path | HardwareProfile | None = None,
 ) -> Selection:
     """The best tree per (batch, context) of a prediction or a measured sweep
     (docs/statistics.md for the measured rule); no tree unless it beats `threshold`. On a
@@ -310,7 +316,12 @@ def select(
     cell's tree as the line that engine takes (default: the prediction's engine); the heads and
     SGLang's flags come from `accuracy` (default: the prediction's table). `mix`: also choose
     one tree for this traffic mix (a CSV batch,context,weight or inline '1:0.5,8@2048:0.5').
-    `verification`: how the engine verifies, recorded (a sweep knows its own)."""
+    `verification`: how the engine verifies, recorded (a sweep knows its own).
+
+    On a sweep, `pooled` adds the evidence of one profile fitted to every cell, as `treeopt run`
+    does (docs/statistics.md#pooled-evidence): `model` and `hardware` default to those the
+    sweep's metadata names (a built-in profile, or the `hardware.json` of a run folder); where
+    they cannot be found, `selection.doc["pooled_fit"]["skipped"]` says what to give."""
     if isinstance(source, Sweep):
         doc = _select_sweep(
             source.frame,
@@ -328,6 +339,10 @@ def select(
         if verification not in (None, measured):
             raise UserError(f"--verification {verification}: {source.path} was measured with {measured} verification")
         doc["verification"] = measured
+        if pooled and by == "measured":
+            found = sweep_model(source.meta, source.path, model=model, hardware=hardware)
+            rule = {"tolerance": tolerance, "confidence": sweep_confidence(source.meta), "threshold": threshold}
+            add_sweep_pooled_evidence(doc, source.frame, source.samples, source.proposal, found, rule=rule)
         grid = mix_grid_from_sweep(source.frame, by) if mix is not None else None
     elif isinstance(source, Prediction):
         extra = {"verification": verification or source.verification}

@@ -12,14 +12,16 @@ cell's own answer stands.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from roofline.hardware import HardwareProfile
+from roofline.hardware import HardwareProfile, builtin_hardware, hardware_aliases, load_hardware
 from roofline.profile_fit import fit_profile, predict_step_s, sweep_step_points
 from roofline.shapes import DraftHeadsShape, ModelShape
-from treeopt.app.models import heads_shape_of_drafter, shape_of
+from treeopt.app.models import draft_cost_of, heads_of, heads_shape_of_drafter, shape_of
+from treeopt.errors import UserError
 from treeopt.selection import cell_draws
 from treeopt.stats import (
     CONFIDENCE,
@@ -221,6 +223,8 @@ def format_pooled(doc: dict) -> str:
     pooled = doc.get("pooled_fit")
     if not pooled:
         return ""
+    if "skipped" in pooled:
+        return f"no profile fitted on every cell: {pooled['skipped']}"
     terms = ", ".join(f"{k} {v:.3g}" for k, v in pooled["terms"].items())
     cells = [c for c in doc["cells"] if "fit_nodes" in c]
     same = sum(c["fit_nodes"] == c["nodes"] for c in cells)
@@ -238,3 +242,85 @@ def pooled_from_sweep(lm, proposal: Tree, hardware: HardwareProfile, sweep: pd.D
     heads = heads_shape_of_drafter(lm.heads)
     depth = [proposal.prefix(n).depth for n in range(proposal.size + 1)]
     return fit_pooled(shape, heads, hardware, sweep, samples, depth)
+
+
+@dataclass(frozen=True)
+class SweepModel:
+    """What a pooled fit of a sweep file needs beside its rows: the model's roofline `shape`,
+    its drafter's `heads`, the `hardware` profile whose terms are fitted; or, when the sweep's
+    metadata does not name them well enough, `missing` says what to give."""
+
+    shape: ModelShape | None = None
+    heads: DraftHeadsShape | None = None
+    hardware: HardwareProfile | None = None
+    missing: str | None = None
+
+
+def _sweep_hardware(meta: dict, sweep_path: Path, hardware) -> HardwareProfile | None:
+    """`hardware` when given; else the sweep's: a built-in name, or the profile file
+    `treeopt run` writes beside its sweep (`hardware.json`) when it carries that name."""
+    if hardware is not None:
+        return load_hardware(hardware)
+    name = str(meta.get("hardware") or "")
+    if name.lower() in builtin_hardware() or name.lower() in hardware_aliases():
+        return load_hardware(name)
+    beside = sweep_path.parent / "hardware.json"
+    if beside.is_file():
+        profile = load_hardware(beside)
+        if profile.name == name:
+            return profile
+    return None
+
+
+def _sweep_drafter(meta: dict, model: str, shape: ModelShape) -> DraftHeadsShape | str:
+    """The drafter shape the pooled fit charges (as `pooled_from_sweep` charges a loaded one),
+    from the calibration's `heads` ("KIND:SPEC" for a drafter other than Medusa heads); a
+    string says why there is none."""
+    heads_spec = str((meta.get("accuracy") or {}).get("heads") or "")
+    kind = heads_spec.split(":", 1)[0] if ":" in heads_spec else "medusa"
+    if kind == "draft-model":
+        return "a draft model's steps are not the heads' latency model (as in treeopt run)"
+    if kind == "medusa":
+        return replace(heads_of(model, shape), tokens_per_sequence=1)
+    cost = draft_cost_of(model, shape, drafter=kind)
+    return DraftHeadsShape(cost.stages, cost.layers, shape.hidden, shape.vocab, tokens_per_sequence=1)
+
+
+def sweep_model(meta: dict, sweep_path, *, model=None, hardware=None) -> SweepModel:
+    """The model, drafter and hardware of a sweep file for its pooled fit: `model` and
+    `hardware` when given (errors are the user's), else what its metadata names (what it cannot
+    resolve becomes `missing`)."""
+    sweep_path = Path(sweep_path)
+    spec = model if model is not None else meta.get("model")
+    if not spec:
+        return SweepModel(missing="the sweep names no model: give --model")
+    try:
+        shape = shape_of(spec, dtype=meta.get("dtype"))
+    except UserError:
+        if model is not None:
+            raise
+        return SweepModel(missing=f"its model {spec!r} is neither built in nor found here: give --model")
+    profile = _sweep_hardware(meta, sweep_path, hardware)
+    if profile is None:
+        return SweepModel(
+            missing=f"its hardware {meta.get('hardware')!r} is neither built in nor the hardware.json "
+            "beside it: give --hardware"
+        )
+    heads = _sweep_drafter(meta, spec, shape)
+    if isinstance(heads, str):
+        return SweepModel(missing=heads)
+    return SweepModel(shape, heads, profile)
+
+
+def add_sweep_pooled_evidence(
+    doc: dict, sweep: pd.DataFrame, samples: dict, proposal: Tree, found: SweepModel, *, rule: dict
+) -> None:
+    """The pooled evidence of `treeopt run` for a sweep file (`select --sweep`): fit, check and
+    decide as `add_pooled_evidence`; `rule` holds tolerance, confidence and threshold. Where
+    the fit cannot be made, `doc["pooled_fit"]` says why."""
+    if found.missing is not None or not samples:
+        doc["pooled_fit"] = {"skipped": found.missing or "the sweep has no per-round samples"}
+        return
+    depth = [proposal.prefix(n).depth for n in range(proposal.size + 1)]
+    pooled = fit_pooled(found.shape, found.heads, found.hardware, sweep, samples, depth)
+    add_pooled_evidence(doc, sweep, samples, pooled, proposal, **rule)

@@ -66,9 +66,42 @@ from treeopt.selection import sweep_meta_path, sweep_samples_path
     "refuses another; a grid does not, so give the one `roofline speedup --verification` used "
     "[default: the sweep's, else tree].",
 )
+@click.option(
+    "--pooled/--no-pooled",
+    default=True,
+    show_default=True,
+    help="With --sweep: fit one engine profile to every cell and decide from it the cells their own "
+    "rounds leave open, as `treeopt run` does (docs/statistics.md).",
+)
+@click.option(
+    "--model",
+    default=None,
+    metavar="NAME|CONFIG|DIR|demo",
+    help="With --sweep: the model whose profile is fitted [default: the sweep's].",
+)
+@click.option(
+    "--hardware",
+    default=None,
+    metavar="NAME|PROFILE.json",
+    help="With --sweep: the profile whose terms are fitted [default: the sweep's, when built in or "
+    "the hardware.json beside it].",
+)
 @click.option("-o", "--output", default=None, metavar="FILE.json", help="Selection JSON [default: stdout].")
 def select_cmd(
-    sweep_file, grid_file, accuracy, csv_model, by, threshold, tolerance, engine, mix_spec, verification, output
+    sweep_file,
+    grid_file,
+    accuracy,
+    csv_model,
+    by,
+    threshold,
+    tolerance,
+    engine,
+    mix_spec,
+    verification,
+    pooled,
+    model,
+    hardware,
+    output,
 ):
     """Pick the best tree per (batch, context): from a measured sweep, or from predictions
     alone for hardware you don't have."""
@@ -77,7 +110,9 @@ def select_cmd(
     sweep_inputs = (
         [sweep_file, sweep_meta_path(sweep_file), sweep_samples_path(sweep_file)] if sweep_file is not None else []
     )
-    check_outputs([output], input_files(*sweep_inputs, grid_file, accuracy, mix_spec))
+    if sweep_file is None and (model is not None or hardware is not None):
+        raise UserError("--model/--hardware: only meaningful with --sweep (the pooled fit of its cells)")
+    check_outputs([output], input_files(*sweep_inputs, grid_file, accuracy, mix_spec, hardware))
     table = _load_table(accuracy, csv_model) if accuracy is not None else None
     if sweep_file is not None:
         source = api.load_sweep(sweep_file)
@@ -94,6 +129,9 @@ def select_cmd(
         accuracy=table,
         mix=mix_spec,
         verification=verification,
+        pooled=pooled and sweep_file is not None,
+        model=model,
+        hardware=hardware,
     )
     doc = selection.doc
     if output:
