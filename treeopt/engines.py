@@ -19,6 +19,7 @@ candidate sequences.
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 
@@ -37,14 +38,27 @@ __all__ = [
     "uniform_tree",
     "child_counts",
     "sglang_candidates",
+    "sglang_scores",
     "sglang_tree",
     "sglang_pool_size",
     "sglang_triple_for",
     "export_for",
     "EngineExport",
+    "trtllm_cpp_draft",
+    "trtllm_python_buffers",
+    "engine_for_drafter",
+    "DRAFTER_KINDS",
 ]
 
 GROUNDED_ALL_DEPTHS = 1 << 30  # left-closed at every depth
+
+# TensorRT-LLM's C++ runtime keys each node by its ranks packed in 4-bit chunks
+# (cpp/tensorrt_llm/runtime/utils/speculativeChoicesUtils.cpp, computePrefix, NVIDIA/TensorRT-LLM
+# @ b4f2086ddd2206a1f8b5f3d40885d7ce7d0c73fa; docs/engines.md#tensorrt-llm).
+TRTLLM_PREFIX_CHUNK_BITS = 4  # PREFIX_CHUNK_SIZE_BITS
+TRTLLM_PREFIX_MAX_VALUE = 16  # PREFIX_MAX_VALUE: a larger rank fails a TLLM_CHECK (abort)
+TRTLLM_PREFIX_MAX_DEPTH = 16  # sizeof(uint64_t) * 8 / PREFIX_CHUNK_SIZE_BITS: deeper aborts
+TRTLLM_EXACT_DEPTH = 9  # a node finds its parent by the parent's key; keys of <= 8 ranks fit int32
 
 
 @dataclass(frozen=True)
@@ -86,15 +100,15 @@ ENGINES: dict[str, Engine] = {
     for e in (
         # why (docs/engines.md#medusa-reference-code): TOPK = 10 indexes the candidates by rank
         Engine("medusa", "Medusa reference code (medusa_choices, TOPK = 10)", "static", "medusa", rank_limit=10),
-        # why (docs/engines.md#tensorrt-llm): C++ runtime ranks <= 15, depth <= 16; Python runtime
-        # drafts depth-1 ranks 0..k-1
+        # why (docs/engines.md#tensorrt-llm): the C++ runtime's prefix keys are exact for ranks
+        # <= 15 and depths <= 9; its Python runtime's buffers agree only with depth-1 ranks 0..k-1
         Engine(
             "trtllm",
             "TensorRT-LLM Medusa (--medusa_choices, LLM API speculative_config)",
             "static",
             "trtllm",
             rank_limit=16,
-            depth_limit=16,
+            depth_limit=TRTLLM_EXACT_DEPTH,
             left_closed_depth=1,
         ),
         # why (docs/engines.md#vllm): the EAGLE proposer's speculative_token_tree
@@ -105,7 +119,8 @@ ENGINES: dict[str, Engine] = {
             "vllm",
             method_name="eagle",
         ),
-        # why (docs/engines.md#vllm): its Medusa path drafts the top-1 chain only
+        # why (docs/engines.md#vllm): its Medusa, MLP-speculator and draft-model paths draft the
+        # top-1 chain only
         Engine(
             "vllm-medusa",
             "vLLM Medusa proposer (top-1 chain, num_speculative_tokens)",
@@ -114,8 +129,38 @@ ENGINES: dict[str, Engine] = {
             max_children=1,
             method_name="medusa",
         ),
+        Engine(
+            "vllm-mlp-speculator",
+            "vLLM MLP-speculator proposer (top-1 chain, num_speculative_tokens)",
+            "uniform",
+            "vllm",
+            max_children=1,
+            method_name="mlp_speculator",
+        ),
+        Engine(
+            "vllm-draft-model",
+            "vLLM draft-model proposer (top-1 chain, num_speculative_tokens)",
+            "uniform",
+            "vllm",
+            max_children=1,
+            method_name="draft_model",
+        ),
         # why (docs/engines.md#sglang): no static tree, three flags
-        Engine("sglang", "SGLang EAGLE (--speculative-num-steps/-eagle-topk/-num-draft-tokens)", "beam", "sglang"),
+        Engine(
+            "sglang",
+            "SGLang EAGLE (--speculative-num-steps/-eagle-topk/-num-draft-tokens)",
+            "beam",
+            "sglang",
+            method_name="EAGLE",
+        ),
+        # why (docs/engines.md#sglang): a separate draft model runs the same beam rule
+        Engine(
+            "sglang-standalone",
+            "SGLang STANDALONE draft model (--speculative-num-steps/-eagle-topk/-num-draft-tokens)",
+            "beam",
+            "sglang",
+            method_name="STANDALONE",
+        ),
         Engine("treeopt", "treeopt's reference decoder (any tree within heads and topk)", "static", "python"),
         # why (docs/engines.md#hydra): grounded heads expand only the first children of a node
         Engine(
@@ -153,6 +198,7 @@ class EngineDraft:
     refused: bool
     reason: str
     triple: tuple[int, int, int] | None = None  # SGLang: (steps, topk, num_draft_tokens)
+    runtimes: tuple[str, ...] = ()  # one line per runtime of the engine (TensorRT-LLM: C++, Python)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -190,13 +236,16 @@ def sglang_pool_size(steps: int, topk: int) -> int:
 def sglang_candidates(acc: np.ndarray, steps: int, topk: int) -> tuple[list[tuple[int, ...]], np.ndarray]:
     """SGLang's candidate nodes for `steps` levels of `topk`, best first, and their scores.
 
-    The score of a node is the product of the per-rank accuracies along its path (the drafter's
-    expected probability). Step 1 scores the root's top-`topk` children; every later step
-    expands the `topk` best-scored nodes of the previous level by their top-`topk` children
-    and keeps all topk * topk as candidates. The order is (-score, depth, generation order),
-    so a parent always comes before its children and every prefix is a tree.
+    The score of a node is the product along its path of `sglang_scores(acc)`, the per-rank
+    accuracy made non-increasing in rank: SGLang ranks a node's children by its drafter's
+    probabilities, which fall with rank, so the children it drafts under one parent are always
+    ranks 0..c-1 (docs/engines.md#sglang). Step 1 scores the root's top-`topk` children; every
+    later step expands the `topk` best-scored nodes of the previous level by their top-`topk`
+    children and keeps all topk * topk as candidates. The order is (-score, depth, generation
+    order), so a parent always comes before its children, a rank before the next rank of the
+    same parent, and every prefix is a tree.
     """
-    a = np.asarray(acc, dtype=np.float64)
+    a = sglang_scores(acc)
     if not 1 <= steps <= a.shape[0]:
         raise UserError(f"--speculative-num-steps: {steps} is outside 1..{a.shape[0]} (the draft heads)")
     if not 1 <= topk <= a.shape[1]:
@@ -218,6 +267,13 @@ def sglang_candidates(acc: np.ndarray, steps: int, topk: int) -> tuple[list[tupl
     depth = np.array([len(p) for p in paths])
     order = np.lexsort((np.arange(len(paths)), depth, -score))
     return [paths[i] for i in order], score[order]
+
+
+def sglang_scores(acc) -> np.ndarray:
+    """The running minimum of each head's accuracy along rank: the rank-monotone stand-in for the
+    drafter's probabilities by which SGLang picks its nodes (docs/engines.md#sglang). Equal to
+    the table where accuracy already falls with rank; tau is still taken from the table."""
+    return np.minimum.accumulate(np.asarray(acc, dtype=np.float64), axis=1)
 
 
 def sglang_tree(acc, steps: int, topk: int, num_draft_tokens: int) -> Tree:
@@ -277,8 +333,151 @@ def check(tree: Tree, engine: Engine, *, heads: int | None = None, accuracy=None
     if engine.family == "uniform":
         return _check_uniform(tree, engine, heads)
     if engine.family == "beam":
-        return _check_sglang(tree, accuracy)
+        return _check_sglang(tree, accuracy, engine)
+    if engine.name == "trtllm":
+        return _check_trtllm(tree, engine, heads)
     return _check_static(tree, engine, heads)
+
+
+# ---------------------------------------------------------------------------------------------
+# TensorRT-LLM's two runtimes (docs/engines.md#tensorrt-llm)
+
+
+def _trtllm_key(ranks) -> int | None:
+    """computePrefix of the C++ runtime: each rank shifted by 4 bits per level below it and
+    OR-ed in (so rank 16 spills into the chunk above), the shift done on a 32-bit int and the
+    result sign-extended into the 64-bit key; None where that shift is undefined behaviour."""
+    key, n = 0, len(ranks)
+    for i, r in enumerate(ranks):
+        shift = TRTLLM_PREFIX_CHUNK_BITS * (n - 1 - i)
+        term = int(r) << shift
+        if shift >= 32 or term >= 1 << 32:
+            return None
+        if term >= 1 << 31:  # int32 wraps negative; `prefix |= int` sign-extends it
+            term |= ((1 << 32) - 1) << 32
+        key |= term
+    return key
+
+
+def trtllm_cpp_draft(tree: Tree, heads: int | None = None) -> tuple[Tree, str, bool]:
+    """What TensorRT-LLM's C++ runtime (initTensorsFromChoices) drafts of `tree`: the nodes it
+    certainly places where the tree puts them, one line saying why any are missing, and whether
+    it aborts. It finds a node's parent by the parent's prefix key at the level above; two nodes
+    of one level with equal keys (rank 16 spilling into the chunk above) share one map entry,
+    so the children of both hang under whichever the sort put last; a key of more than 8 ranks
+    is undefined behaviour. Nodes below either are not counted (docs/engines.md#tensorrt-llm)."""
+    name = "C++ runtime (LLM API, trtllm-serve, ModelRunnerCpp)"
+    depth = min([TRTLLM_PREFIX_MAX_DEPTH] + ([int(heads)] if heads is not None else []))
+    worst = max((max(p) for p in tree.paths), default=-1)
+    if worst > TRTLLM_PREFIX_MAX_VALUE or tree.depth > depth:
+        what = (
+            f"rank {worst} > {TRTLLM_PREFIX_MAX_VALUE}"
+            if worst > TRTLLM_PREFIX_MAX_VALUE
+            else f"depth {tree.depth} > {depth} ({heads if heads is not None else '?'} heads, key limit 16)"
+        )
+        drafted = _prune(tree, lambda p: len(p) > depth or max(p) > TRTLLM_PREFIX_MAX_VALUE)
+        return drafted, f"{name}: {what}: a TLLM_CHECK fails and the runtime aborts", True
+    keys = {p: _trtllm_key(p) for p in tree.paths}
+    groups: dict[tuple[int, int], list[tuple[int, ...]]] = {}
+    for p in tree.sorted_paths:
+        if keys[p] is not None:
+            groups.setdefault((len(p), keys[p]), []).append(p)
+    shared = [g for g in groups.values() if len(g) > 1]
+    unsure = {p for g in shared for p in g} | {p for p, k in keys.items() if k is None}
+    drafted = _prune(tree, lambda p: p[:-1] in unsure)
+    lost = tree.size - drafted.size
+    if not lost:
+        return drafted, f"{name}: drafts it as written", False
+    parts = []
+    if shared:
+        pairs = ", ".join(" and ".join(_node_str(p) for p in g) for g in shared[:3])
+        parts.append(
+            f"rank 16 spills into the parent's 4-bit chunk of the prefix key: {pairs} share one key, "
+            "so the children of both hang under one of them (whichever std::sort put last)"
+        )
+    if any(k is None for k in keys.values()):
+        parts.append(
+            "nodes below depth 9 find their parent by a key that shifts a 32-bit int by >= 32 bits (undefined)"
+        )
+    return drafted, f"{name}: {'; '.join(parts)}: {lost} node(s) below them are not where the tree puts them", False
+
+
+def _python_sort_key():
+    def cmp(a, b):  # path_sorter: the first differing rank; a prefix compares equal
+        for x, y in zip(a, b, strict=False):
+            if x != y:
+                return -1 if x < y else 1
+        return 0
+
+    return functools.cmp_to_key(cmp)
+
+
+def trtllm_python_buffers(tree: Tree) -> tuple[list[tuple[int, ...] | None], list[tuple[int, ...]], list[list[int]]]:
+    """The buffers of TensorRT-LLM's Python runtime (`_medusa_setup` in
+    tensorrt_llm/runtime/medusa_utils.py, docs/engines.md#tensorrt-llm), without the root:
+    `tokens[i]`, the node whose candidate is the i-th drafted token (None for a depth-1 rank the
+    tree does not list: the first level is every rank up to the largest); the leaves in the
+    runtime's order; and, per leaf, the indices into `tokens` its path and attention mask use.
+    Deeper levels are indexed from the number of depth-1 nodes listed, not from the depth-1
+    tokens, so with gaps at depth 1 the paths and the tokens disagree."""
+    have = set(tree.paths)
+    parents = {p[:-1] for p in tree.paths}
+    leaves = sorted((p for p in tree.paths if p not in parents), key=_python_sort_key())
+    level_counts = np.bincount([len(p) for p in tree.paths], minlength=tree.depth + 1)[1:]
+    top1 = max((p[0] for p in leaves), default=-1) + 1
+    tokens: list[tuple[int, ...] | None] = [(r,) if (r,) in have else None for r in range(top1)]
+    paths = [list(p[:1]) for p in leaves]
+    for i in range(1, tree.depth):
+        base = int(level_counts[:i].sum())
+        last, c = None, -1
+        for pi, p in enumerate(leaves):
+            if i < len(p):
+                if p[: i + 1] != last:
+                    tokens.append(p[: i + 1])
+                    last, c = p[: i + 1], c + 1
+                paths[pi].append(base + c)
+    return tokens, leaves, paths
+
+
+def _trtllm_python_line(tree: Tree) -> str:
+    """One line on what the Python runtime does with `tree`; a warning when its buffers disagree."""
+    name = "Python runtime (ModelRunner, --use_py_session)"
+    tokens, leaves, paths = trtllm_python_buffers(tree)
+    extra = sum(1 for t in tokens if t is None)
+    if not extra:
+        return f"{name}: drafts it as written"
+    wrong = {leaf[: j + 1] for leaf, idx in zip(leaves, paths) for j, k in enumerate(idx) if tokens[k] != leaf[: j + 1]}
+    if not wrong:
+        return f"{name}: also computes {extra} depth-1 token(s) the tree does not list, on no path (wasted slots)"
+    index = {t: i for i, t in enumerate(tokens) if t is not None}
+    rows: dict[int, set[int]] = {}
+    for idx in paths:  # get_medusa_mask: a path's token attends to the tokens before it on the path
+        for j, k in enumerate(idx):
+            rows.setdefault(k, set()).update(idx[: j + 1])
+
+    def ancestors(k):
+        t = tokens[k]
+        return {index[t[:d]] for d in range(1, len(t) + 1)} if t is not None else {k}
+
+    stray = sum(1 for k, row in rows.items() if row - ancestors(k))
+    listed = sum(1 for p in tree.paths if len(p) == 1)
+    return (
+        f"WARNING {name}: its buffers disagree: its tokens hold depth-1 ranks 0..{listed + extra - 1} "
+        f"({extra} not in the tree) but its paths and attention mask index the deeper tokens as if depth 1 "
+        f"held the {listed} nodes listed: {len(wrong)} node(s) verify another node's token and {stray} "
+        "token(s) attend to tokens that are not their ancestors"
+    )
+
+
+def _check_trtllm(tree: Tree, engine: Engine, heads: int | None) -> EngineDraft:
+    """The C++ runtime decides what is drafted (the production path); the Python runtime gets
+    its own line (docs/engines.md#tensorrt-llm)."""
+    drafted, cpp, refused = trtllm_cpp_draft(tree, heads)
+    python = _trtllm_python_line(tree)
+    as_written = not refused and drafted.size == tree.size
+    drafted = tree if as_written else Tree(drafted.paths, name=f"{tree.name} as drafted")
+    lines = (cpp, python)
+    return EngineDraft(engine.name, tree, drafted, as_written, refused, "\n  ".join(lines), runtimes=lines)
 
 
 def _check_static(tree: Tree, engine: Engine, heads: int | None) -> EngineDraft:
@@ -320,11 +519,9 @@ def _rank_rule(tree: Tree, drafted: Tree, engine: Engine, heads: int | None) -> 
         return drafted, None, False
     worst = max((max(p) for p in tree.paths), default=-1)
     drafted = _prune(drafted, lambda p: max(p) >= limit)
-    if engine.name == "trtllm" and worst > limit:
-        return drafted, f"rank {worst} > {limit}: the C++ runtime aborts", True
     if worst >= limit:
-        # why (docs/engines.md#medusa-reference-code, docs/engines.md#tensorrt-llm): rank r >=
-        # TOPK reads another head's candidate, so the node (and all below it) is a wasted slot
+        # why (docs/engines.md#medusa-reference-code): rank r >= TOPK reads another head's
+        # candidate, so the node (and all below it) is a wasted slot
         reason = (
             f"rank {worst} >= {limit} reads another head's candidate: "
             f"{sum(1 for p in tree.paths if max(p) >= limit)} node(s) verify the wrong token"
@@ -338,11 +535,6 @@ def _left_closed_rule(tree: Tree, drafted: Tree, engine: Engine, heads: int | No
     if not missing:
         return drafted, None, False
     shown = ", ".join(_node_str(p) for p in missing[:4])
-    if engine.name == "trtllm":
-        # why (docs/engines.md#tensorrt-llm): the Python runtime drafts depth-1 ranks 0..k-1
-        # whatever the tree lists
-        reason = f"the Python runtime drafts every depth-1 rank up to the largest: {len(missing)} extra node(s) {shown}"
-        return Tree(drafted.paths + tuple(missing), name=f"{tree.name} as drafted"), reason, False
     reason = f"siblings must be ranks 0..c-1: {shown} missing, so the nodes after them are never drafted"
     return _prune(drafted, _not_left_closed(drafted, engine.left_closed_depth)), reason, False
 
@@ -409,15 +601,17 @@ def _check_uniform(tree: Tree, engine: Engine, heads: int | None) -> EngineDraft
     return EngineDraft(engine.name, tree, tree if as_written else drafted, as_written, False, reason)
 
 
-def _check_sglang(tree: Tree, accuracy) -> EngineDraft:
+def _check_sglang(tree: Tree, accuracy, engine: Engine) -> EngineDraft:
     if accuracy is None:
-        raise UserError("--engine sglang: needs --accuracy (SGLang picks its tree from the drafter's scores each step)")
+        raise UserError(
+            f"--engine {engine.name}: needs --accuracy (SGLang picks its tree from the drafter's scores each step)"
+        )
     a = np.asarray(accuracy, dtype=np.float64)
     triple = sglang_triple_for(tree, a) if tree.depth <= a.shape[0] else None
     if triple is not None:
         s, k, t = triple
         return EngineDraft(
-            "sglang",
+            engine.name,
             tree,
             tree,
             True,
@@ -434,7 +628,7 @@ def _check_sglang(tree: Tree, accuracy) -> EngineDraft:
     drafted = sglang_tree(a, steps, topk, tokens)
     triple = (steps, topk, steps + 1 if topk == 1 else tokens)
     return EngineDraft(
-        "sglang",
+        engine.name,
         tree,
         Tree(drafted.paths, name=f"{tree.name} as drafted"),
         False,
@@ -470,6 +664,15 @@ def trtllm_max_draft_len(nodes: int) -> int:
     return nodes + 1 if nodes > 0 and nodes % 32 == 0 else nodes
 
 
+# why (docs/engines.md#tensorrt-llm): MedusaDecodingConfig.supports_backend is `backend not in
+# ("pytorch", "_autodeploy")` (tensorrt_llm/llmapi/llm_args.py, NVIDIA/TensorRT-LLM @
+# fcd3f31682808ae56118ae43c1d7864a3a945e6f)
+TRTLLM_LLM_API_BACKEND_NOTE = (
+    '# LLM API: MedusaDecodingConfig runs on the TensorRT engine backend only (LLM(..., backend="tensorrt"), '
+    "a trtllm-build engine); the default pytorch backend rejects it"
+)
+
+
 def export_for(engine: Engine, tree: Tree, *, heads: int | None = None, accuracy=None) -> EngineExport:
     """What `engine` takes for `tree` (docs/engines.md#exports). `heads`: the draft heads of the
     checkpoint (TensorRT-LLM's num_medusa_heads; default the tree's depth); `accuracy`: needed
@@ -487,7 +690,9 @@ def export_for(engine: Engine, tree: Tree, *, heads: int | None = None, accuracy
             "num_medusa_heads": int(heads if heads is not None else tree.depth),
             "medusa_choices": choices,
         }
-        return EngineExport(engine.name, line, f"{line}\nspeculative_config = {json.dumps(config)}\n")
+        return EngineExport(
+            engine.name, line, f"{line}\n{TRTLLM_LLM_API_BACKEND_NOTE}\nspeculative_config = {json.dumps(config)}\n"
+        )
     if kind == "vllm":
         config = {"method": engine.method_name, "num_speculative_tokens": tree.size}
         if engine.max_children != 1:
@@ -503,13 +708,67 @@ def export_for(engine: Engine, tree: Tree, *, heads: int | None = None, accuracy
                 f"{tree.name}: SGLang drafts no such tree for any --speculative-num-steps / "
                 "--speculative-eagle-topk (build it with --engine sglang)"
             )
-        line = sglang_flags(*triple)
+        line = sglang_flags(*triple, algorithm=engine.method_name)
         return EngineExport(engine.name, line, line + "\n")
     raise UserError(f"engine {engine.name}: unknown export {kind!r}")
 
 
-def sglang_flags(steps: int, topk: int, num_draft_tokens: int) -> str:
+def sglang_flags(steps: int, topk: int, num_draft_tokens: int, *, algorithm: str = "EAGLE") -> str:
     return (
-        f"--speculative-algorithm EAGLE --speculative-num-steps {steps} "
+        f"--speculative-algorithm {algorithm} --speculative-num-steps {steps} "
         f"--speculative-eagle-topk {topk} --speculative-num-draft-tokens {num_draft_tokens}"
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# Which engine line a drafter can use (docs/engines.md#drafters-and-engines)
+
+#: drafter kinds, as treeopt names them (treeopt/layout.py DRAFTER_SUBDIRS)
+DRAFTER_KINDS = ("medusa", "hydra", "mlp-speculator", "draft-model")
+
+_VLLM_FOR = {
+    "medusa": ("vllm-medusa", 'vLLM serves Medusa heads as a top-1 chain (method "medusa"), not a tree'),
+    "mlp-speculator": (
+        "vllm-mlp-speculator",
+        'vLLM serves an MLP speculator as a top-1 chain (method "mlp_speculator")',
+    ),
+    "draft-model": (
+        "vllm-draft-model",
+        'vLLM reads speculative_token_tree on its EAGLE proposer; treeopt gives a draft model (method "draft_model") '
+        "a top-1 chain",
+    ),
+    "hydra": (
+        None,
+        "vLLM has no Hydra drafter (it serves eagle, eagle3, MTP, medusa, mlp_speculator, draft_model, ngram)",
+    ),
+}
+_SGLANG_SERVES = "it serves EAGLE/EAGLE3 drafters, NEXTN (MTP) layers, STANDALONE draft models and NGRAM"
+
+
+def engine_for_drafter(engine_name: str, drafter_kind: str) -> tuple[str | None, str | None]:
+    """The engine to emit for statistics from a `drafter_kind` drafter when `engine_name` was
+    asked for, and a one-line note when it differs; (None, note) when that engine cannot serve
+    the drafter at all, and treeopt emits no line for it (docs/engines.md#drafters-and-engines)."""
+    kind = str(drafter_kind).replace("_", "-")
+    if kind not in DRAFTER_KINDS:
+        raise UserError(f"drafter: {drafter_kind!r} is not one of {', '.join(DRAFTER_KINDS)}")
+    get_engine(engine_name)  # the error for an unknown engine
+    if engine_name.startswith("vllm"):
+        target, why = _VLLM_FOR[kind]
+        if target == engine_name:
+            return engine_name, None
+        what = f"treeopt emits --engine {target} instead" if target else "treeopt emits no vLLM line"
+        return target, f"--engine {engine_name}: {why}; {what}"
+    if engine_name.startswith("sglang"):
+        if kind == "draft-model":
+            if engine_name == "sglang-standalone":
+                return engine_name, None
+            return "sglang-standalone", (
+                f"--engine {engine_name}: SGLang runs a separate draft model as --speculative-algorithm STANDALONE "
+                "(the same tree rule); treeopt emits --engine sglang-standalone instead"
+            )
+        return (
+            None,
+            f"--engine {engine_name}: SGLang has no {kind} drafter ({_SGLANG_SERVES}); treeopt emits no SGLang line",
+        )
+    return engine_name, None

@@ -75,6 +75,7 @@ class EngineCheck:
     tau: float | None = None
     tau_drafted: float | None = None
     sglang_flags: tuple[int, int, int] | None = None  # SGLang: (steps, topk, num_draft_tokens)
+    runtimes: tuple[str, ...] = ()  # one line per runtime of the engine (TensorRT-LLM: C++, Python)
 
     def to_dict(self) -> dict:
         return {
@@ -82,13 +83,14 @@ class EngineCheck:
             "engine": self.engine,
             "as_written": self.as_written,
             "refused": self.refused,
-            "reason": self.reason,
+            "reason": "; ".join(self.runtimes) if self.runtimes else self.reason,  # one line, as JSON readers expect
             "nodes": self.tree.size,
             "drafted_nodes": self.drafted.size,
             "drafted": self.drafted.to_choices(),
             "tau": self.tau,
             "tau_drafted": self.tau_drafted,
             "sglang_flags": list(self.sglang_flags) if self.sglang_flags else None,
+            "runtimes": list(self.runtimes),
         }
 
 
@@ -122,6 +124,7 @@ def check(
         result.refused,
         result.reason,
         sglang_flags=result.triple,
+        runtimes=result.runtimes,
         **taus,
     )
 
