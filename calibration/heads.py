@@ -159,14 +159,15 @@ def _heads_in(state: dict) -> int:
 def _load_state_dict(path: Path) -> dict[str, torch.Tensor]:
     if (path / WEIGHTS_SAFETENSORS).is_file():
         try:
-            return load_file(str(path / WEIGHTS_SAFETENSORS))
+            state = load_file(str(path / WEIGHTS_SAFETENSORS))
         except (SafetensorError, OSError) as err:
             raise UserError(f"{path / WEIGHTS_SAFETENSORS}: cannot read ({first_line(err)})") from None
+        return _without_model_prefix(path / WEIGHTS_SAFETENSORS, state)
     if (path / WEIGHTS_PT).is_file():
         state = _torch_load(path / WEIGHTS_PT)
         if not isinstance(state, dict):
             raise UserError(f"{path / WEIGHTS_PT}: expected a state dict, found {type(state).__name__}")
-        return state
+        return _without_model_prefix(path / WEIGHTS_PT, state)
     state = _full_checkpoint_heads(path)
     if state is None:
         raise UserError(
@@ -174,6 +175,26 @@ def _load_state_dict(path: Path) -> dict[str, torch.Tensor]:
             "the model's weight files"
         )
     return state
+
+
+def _without_model_prefix(file: Path, state: dict) -> dict:
+    """A heads file's state dict with the `medusa_head.` prefix of `MedusaModel`'s attribute
+    removed from its keys, when the heads were saved through the model (`medusa_head.0.0.linear.weight`
+    for `0.0.linear.weight`); a file with both spellings is refused."""
+    # why: the Medusa authors' loader reads these files into `MedusaModel.medusa_head`, keys
+    # `{k}.{j}.linear.weight` (FasterDecoding/Medusa, medusa/model/medusa_model.py); a state
+    # dict taken from the whole model carries the attribute name in front, and both
+    # Medusa-1.0 full checkpoints and this loader strip it (docs/formats.md#medusa-heads)
+    prefixed = [k for k in state if isinstance(k, str) and k.startswith(FULL_PREFIX)]
+    if not prefixed:
+        return state
+    bare = [k for k in state if isinstance(k, str) and k.split(".", 1)[0].isdigit()]
+    if bare:
+        raise UserError(
+            f"{file}: holds heads both as '{bare[0]}' and as '{prefixed[0]}': "
+            f"keep one spelling (the '{FULL_PREFIX}' prefix or none)"
+        )
+    return {k.removeprefix(FULL_PREFIX): state[k] for k in prefixed}
 
 
 def _torch_load(file: Path):

@@ -28,6 +28,7 @@ from transformers import DynamicCache
 
 from calibration.batching import label_rows, pad_left
 from calibration.drafters.base import select_rows
+from calibration.model_calls import cache_kwargs
 from treeopt.errors import UserError
 
 #: ``greedy``: the base model's own greedy continuation (self-distillation); ``data``: the text
@@ -68,8 +69,8 @@ def greedy_continuations(model, prompts, steps: int, *, pad_id: int = 0) -> list
     device = next(model.parameters()).device
     ids, mask, pos = pad_left(prompts, pad_id, device)
     cache = DynamicCache()
-    keep = _logits_to_keep_kwarg(model)
-    out = model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True, **keep)
+    keep = {**_logits_to_keep_kwarg(model), **cache_kwargs(model, cache)}
+    out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, **keep)
     nxt = out.logits[:, -1].argmax(-1)
     generated = [nxt]
     ones = torch.ones((len(prompts), 1), dtype=mask.dtype, device=device)
@@ -81,8 +82,8 @@ def greedy_continuations(model, prompts, steps: int, *, pad_id: int = 0) -> list
             input_ids=nxt[:, None],
             attention_mask=mask,
             position_ids=last_pos,
-            past_key_values=out.past_key_values,
             use_cache=True,
+            **keep,
         )
         nxt = out.logits[:, -1].argmax(-1)
         generated.append(nxt)

@@ -12,6 +12,7 @@ back to the math kernel, so the library default stays there.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 
 import numpy as np
@@ -21,6 +22,7 @@ from treeopt.errors import UserError
 
 __all__ = [
     "additive_mask",
+    "cache_kwargs",
     "check_full_attention",
     "check_inputs",
     "fast_argmax",
@@ -83,16 +85,39 @@ def _softcap(model, logits: torch.Tensor) -> torch.Tensor:
     return logits
 
 
+#: the keyword each forward function takes its KV cache by (`cache_kwargs`), by function
+_CACHE_KEYWORD: dict = {}
+
+
+def cache_kwargs(module, cache) -> dict:
+    """``{keyword: cache}`` for `module`'s forward: ``cache`` where the forward takes that
+    argument, else ``past_key_values``."""
+    # why: transformers 5.24 renamed the forward argument `past_key_values` to `cache` and warns
+    # on every call that still uses the old name (`@deprecate_kwarg("past_key_values", "5.40.0",
+    # new_name="cache")` in transformers/models/llama/modeling_llama.py); the versions before
+    # it that pyproject.toml allows know only `past_key_values`
+    forward = getattr(type(module), "forward", None) or module.forward
+    name = _CACHE_KEYWORD.get(forward)
+    if name is None:
+        try:
+            params = inspect.signature(forward).parameters
+        except (TypeError, ValueError):  # a builtin or C forward: the long-standing name
+            params = {}
+        name = _CACHE_KEYWORD[forward] = "cache" if "cache" in params else "past_key_values"
+    return {name: cache}
+
+
 def model_forward_hidden(model, input_ids, *, attention_mask, position_ids, cache):
     """The base model's last hidden states (b, q, h) (after the final norm), appending the q
     tokens' keys and values to `cache` (None: no cache). `attention_mask` is 4D additive
     (b, 1, q, C + q), 2D (b, C + q) or None; `position_ids` (b, q)."""
-    out = model.get_decoder()(
+    body = model.get_decoder()
+    out = body(
         input_ids=input_ids,
         attention_mask=attention_mask,
         position_ids=position_ids,
-        past_key_values=cache,
         use_cache=cache is not None,
+        **cache_kwargs(body, cache),
     )
     return out.last_hidden_state
 

@@ -617,15 +617,42 @@ def _save_then_drop_checkpoint(output, result: CalibrationResult, checkpoint: Pa
         rank_checkpoint_path(checkpoint, processes).unlink(missing_ok=True)
 
 
-def _save_alpha(output, loaded, prompts: PromptSet, threads: int | None) -> None:
-    """A draft model's chain acceptance beside the table (docs/formats.md)."""
+def _save_alpha(output, loaded, prompts: PromptSet, settings: CalibrationSettings, threads, progress) -> None:
+    """A draft model's chain acceptance beside the table (docs/formats.md), on the first of the
+    prompts the table counts, with a progress bar on stderr as the counting has (`progress`:
+    as `calibrate` takes it). Ctrl-C leaves the table complete and no sidecar: the same command
+    with --resume measures only this."""
     # why: rejection sampling is governed by alpha = sum min(p, q), not by ranks
     # (docs/statistics.md#draft-model-acceptance)
-    seqs = [list(p) for p in prompts.token_ids[:ALPHA_MAX_PROMPTS]]
-    with torch_threads(loaded.model, loaded.device, threads):
-        chain_acceptance(loaded.model, loaded.heads, seqs, pad_id=pad_token_id(loaded.model, loaded.tokenizer)).save(
-            alpha_path(output)
+    counted = len(prompts) if settings.max_prompts is None else min(settings.max_prompts, len(prompts))
+    seqs = [list(p) for p in prompts.token_ids[: min(counted, ALPHA_MAX_PROMPTS)]]
+    bar = tqdm(
+        total=len(seqs),
+        unit="prompt",
+        file=sys.stderr,
+        disable=None if progress is None else not progress,
+        dynamic_ncols=True,
+        desc="draft acceptance",
+    )
+    try:
+        with torch_threads(loaded.model, loaded.device, threads):
+            side = chain_acceptance(
+                loaded.model,
+                loaded.heads,
+                seqs,
+                pad_id=pad_token_id(loaded.model, loaded.tokenizer),
+                on_batch=bar.update,
+            )
+    except KeyboardInterrupt:
+        bar.close()
+        print(
+            f"treeopt: interrupted while measuring the draft model's acceptance; {output} is complete. "
+            f"Write {alpha_path(output)} with the same command plus --resume.",
+            file=sys.stderr,
         )
+        raise
+    bar.close()
+    side.save(alpha_path(output))
 
 
 def run_calibration(
@@ -697,7 +724,7 @@ def run_calibration(
             and loaded.heads.kind == "draft-model"
             and (not result.already_complete or not alpha_path(output).is_file())
         ):
-            _save_alpha(output, loaded, prompts, threads)
+            _save_alpha(output, loaded, prompts, settings, threads, progress)
     return result
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import shlex
 import shutil
 import subprocess
@@ -807,6 +808,123 @@ for _input, _command in FILE_INPUTS.items():
         CASES.append(
             (f"{_input}-{_damage}", _command.replace("{}", _name), {} if _content is None else {_name: _content}, None)
         )
+
+
+# A damaged model reached through the commands that load one: decode (no data needed) and
+# calibrate given a valid --data (without it, it stops at the --data requirement before the
+# model loads). `m` is a copy of the tiny base model, `d` a copy of it used as a draft model.
+DAMAGED_MODELS = {
+    "safetensors-truncated": (lambda m: _truncate(m / "model.safetensors", 100), "--model: cannot load m: "),
+    "safetensors-cut-short": (lambda m: _truncate(m / "model.safetensors", -100), "--model: cannot load m: "),
+    "safetensors-garbage": (
+        lambda m: (m / "model.safetensors").write_bytes(b"\x08" + b"\x00" * 7 + b"garbage!"),
+        "--model: cannot load m: ",
+    ),
+    "config-invalid": (lambda m: (m / "config.json").write_text("{nope"), "config.json"),
+    "bin-not-torch": (lambda m: _model_as_bad_bin(m), "--model: cannot load m: "),
+    "bin-runs-code": (
+        lambda m: _model_as_code_bin(m),
+        "holds Python objects other than tensors (posix.mkdir), refused: it could run code",
+    ),
+}
+DAMAGED_MODEL_COMMANDS = {
+    "decode": "decode --model m --prompt hi",
+    "calibrate": "calibrate --model m --data prompts.jsonl -o a.json",
+}
+for _damage, (_make, _words) in DAMAGED_MODELS.items():
+    for _command, _line in DAMAGED_MODEL_COMMANDS.items():
+        if (_command, _damage) == ("decode", "safetensors-truncated"):
+            continue  # the case model-safetensors-truncated above
+        CASES.append((f"model-{_damage}-{_command}", _line, {"m": lambda d, make=_make: _model_copy(d, make)}, _words))
+CASES += [
+    (
+        "model-64-positions-calibrate",
+        "calibrate --model m --data prompts.jsonl --steps 48 -o a.json",
+        {"m": lambda d: _model_copy(d, lambda m: _model_config(m, max_position_embeddings=64))},
+        "exceed the model's 64 positions",
+    ),
+    (
+        "draft-model-safetensors-truncated-calibrate",
+        "calibrate --model {tiny} --heads d --drafter draft-model --data prompts.jsonl -o a.json",
+        {"d": lambda d: _draft_copy(d, lambda m: _truncate(m / "model.safetensors", -100))},
+        "d/model.safetensors: cannot read (",
+    ),
+    (
+        "draft-model-safetensors-truncated-decode",
+        "decode --model {tiny} --heads d --drafter draft-model --prompt hi",
+        {"d": lambda d: _draft_copy(d, lambda m: _truncate(m / "model.safetensors", 100))},
+        "d/model.safetensors: cannot read (",
+    ),
+    (
+        "draft-model-bin-runs-code-calibrate",
+        "calibrate --model {tiny} --heads d --drafter draft-model --data prompts.jsonl -o a.json",
+        {"d": lambda d: _draft_copy(d, _model_as_code_bin)},
+        "d/pytorch_model.bin: cannot load the draft model (holds Python objects other than tensors (posix.mkdir), "
+        "refused: it could run code)",
+    ),
+    (
+        "draft-model-bin-plain-pickle-calibrate",
+        "calibrate --model {tiny} --heads d --drafter draft-model --data prompts.jsonl -o a.json",
+        {"d": lambda d: _draft_copy(d, _model_as_plain_pickle)},
+        "d/pytorch_model.bin: cannot load the draft model (",
+    ),
+    (
+        "draft-model-no-weights-calibrate",
+        "calibrate --model {tiny} --heads d --drafter draft-model --data prompts.jsonl -o a.json",
+        {"d": lambda d: _draft_copy(d, lambda m: (m / "model.safetensors").unlink())},
+        "d: no weights (model.safetensors or pytorch_model.bin",
+    ),
+    (
+        "draft-model-shard-missing-calibrate",
+        "calibrate --model {tiny} --heads d --drafter draft-model --data prompts.jsonl -o a.json",
+        {"d": lambda d: _draft_copy(d, _sharded_without_shard)},
+        "d/model-00002-of-00002.safetensors: missing",
+    ),
+]
+
+
+class _RunsCode:
+    """Unpickling it calls os.mkdir("pwned") in the working folder, where the snapshot sees it."""
+
+    def __reduce__(self):
+        return (os.mkdir, ("pwned",))
+
+
+def _model_as_code_bin(model: Path) -> None:
+    """The weights as a torch pickle that runs code when loaded without weights_only."""
+    (model / "model.safetensors").unlink()
+    torch.save({"lm_head.weight": _RunsCode()}, model / "pytorch_model.bin")
+
+
+def _model_as_plain_pickle(model: Path) -> None:
+    """The weights as a plain pickle (protocol 4, not torch's zip) that runs code when loaded."""
+    (model / "model.safetensors").unlink()
+    (model / "pytorch_model.bin").write_bytes(pickle.dumps({"lm_head.weight": _RunsCode()}, protocol=4))
+
+
+def _model_config(model: Path, **changes) -> None:
+    doc = json.loads((model / "config.json").read_text())
+    doc.update(changes)
+    (model / "config.json").write_text(json.dumps(doc))
+
+
+def _draft_copy(folder: Path, damage) -> None:
+    """The tiny base model as a draft model in d/ (its config names a ...ForCausalLM), damaged."""
+    shutil.copytree(folder / "tiny", folder / "d", ignore=shutil.ignore_patterns("heads"))
+    damage(folder / "d")
+
+
+def _sharded_without_shard(model: Path) -> None:
+    """An index naming two shards, the second absent."""
+    (model / "model.safetensors").rename(model / "model-00001-of-00002.safetensors")
+    index = {
+        "metadata": {},
+        "weight_map": {
+            "model.embed_tokens.weight": "model-00001-of-00002.safetensors",
+            "lm_head.weight": "model-00002-of-00002.safetensors",
+        },
+    }
+    (model / "model.safetensors.index.json").write_text(json.dumps(index))
 
 
 def _profile(folder: Path, **changes) -> None:

@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 from calibration.heads import MedusaHeads
 from calibration.models import (
@@ -243,7 +243,9 @@ def test_bad_model_arguments(tmp_path):
         resolve_device("gpu0")
     with pytest.raises(UserError, match="--dtype: unknown dtype 'int8'"):
         resolve_dtype("int8", torch.device("cpu"))
-    assert resolve_dtype("auto", torch.device("cpu")) == torch.float32
+    # auto on a CPU follows its flags (calibration.models.resolve_dtype's rule)
+    assert resolve_dtype("auto", torch.device("cpu"), cpuinfo="flags : fpu sse2 avx2") == torch.float32
+    assert resolve_dtype("auto", torch.device("cpu"), cpuinfo="flags : fpu avx2 avx512_bf16") == torch.bfloat16
     assert resolve_dtype("bf16", torch.device("cpu")) == torch.bfloat16
     # the spellings of treeopt.dtypes: torch's names, any case, a torch. prefix
     for spelling, dtype in [
@@ -265,4 +267,46 @@ def test_tiny_model_heads_are_usable(tmp_path):
         hidden = lm.model.model(ids).last_hidden_state
         logits = lm.heads(hidden)
     assert logits.shape == (3, 1, 4, 64)
-    assert np.isfinite(logits.numpy()).all()
+    assert np.isfinite(logits.float().numpy()).all()
+
+
+@pytest.mark.parametrize("fmt", ["pt", "safetensors"])
+def test_heads_saved_through_medusa_model_load_as_the_published_keys(tmp_path, fmt):
+    """Heads saved as `MedusaModel.state_dict()` keys (`medusa_head.0.0.linear.weight`, the
+    attribute name in front of the published `0.0.linear.weight`) load to the same weights and
+    the same logits as the published layout."""
+    heads = random_heads(num_heads=3, num_layers=2)
+    state = {f"medusa_head.{k}": v for k, v in heads.state_dict().items()}
+    assert "medusa_head.0.0.linear.weight" in state and "medusa_head.2.2.weight" in state
+    loaded = MedusaHeads.from_pretrained(write_published(tmp_path / "h", state, 3, 2, fmt=fmt))
+    for key, value in heads.state_dict().items():
+        assert torch.equal(loaded.state_dict()[key], value), key
+    x = torch.randn(4, H)
+    assert torch.equal(loaded(x), heads(x))
+
+
+def test_heads_with_both_key_spellings_are_one_line_naming_the_file(tmp_path):
+    heads = random_heads(num_heads=2)
+    state = {**heads.state_dict(), **{f"medusa_head.{k}": v.clone() for k, v in heads.state_dict().items()}}
+    path = write_published(tmp_path / "h", state, 2, fmt="safetensors")
+    with pytest.raises(UserError) as err:
+        MedusaHeads.from_pretrained(path)
+    message = str(err.value)
+    assert message.startswith(f"{path / 'medusa_lm_head.safetensors'}: holds heads both as ")
+    assert "medusa_head." in message and "\n" not in message
+
+
+def test_calibrate_reads_prefixed_heads_as_the_published_ones(tmp_path, capsys):
+    """`treeopt calibrate --heads DIR` with `medusa_head.`-prefixed keys counts exactly what
+    the same heads in the published layout count."""
+    model = tiny_model_for_tests(tmp_path / "tiny", num_medusa_heads=3)
+    state = load_file(str(model / "heads" / "medusa_lm_head.safetensors"))
+    write_published(tmp_path / "prefixed", {f"medusa_head.{k}": v for k, v in state.items()}, 3, fmt="safetensors")
+    data = tmp_path / "p.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"def f{i}(x): return x * {i}"}) + "\n" for i in range(3)))
+    common = ["calibrate", "--model", str(model), "--data", str(data), "--device", "cpu", "-q"]
+    main([*common, "-o", str(tmp_path / "published.json")])
+    main([*common, "--heads", str(tmp_path / "prefixed"), "-o", str(tmp_path / "prefixed.json")])
+    published = json.loads((tmp_path / "published.json").read_text())
+    prefixed = json.loads((tmp_path / "prefixed.json").read_text())
+    assert published["heads"] == prefixed["heads"]

@@ -18,17 +18,20 @@ calibration statistics are teacher-forced over whole sequences in one forward of
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import ClassVar
 
 import numpy as np
 import torch
+from safetensors import SafetensorError, safe_open
 from transformers import AutoModelForCausalLM
 
 from calibration.batching import label_rows, pad_left
 from calibration.drafters.base import Drafter
 from treeopt.chain import ChainAcceptance
-from treeopt.errors import UserError
+from treeopt.errors import UserError, first_line
+from treeopt.fileio import read_json_input
 
 #: the deepest depth a draft model drafts by default (a chain of gamma needs gamma)
 DEFAULT_MAX_DEPTH = 16
@@ -52,7 +55,18 @@ class DraftModel(torch.nn.Module, Drafter):
         path = Path(path)
         if not (path / "config.json").is_file():
             raise UserError(f"{path}: no config.json (a draft model is a transformers causal LM directory)")
-        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype or torch.float32)
+        files = check_weight_files(path)
+        try:
+            with warnings.catch_warnings():
+                # why: torch's weights-only unpickler warns about a pickle protocol it may not
+                # support before it loads or refuses the file; the outcome is told on its own
+                # (one line for a refused file, docs/formats.md#output-safety), the warning only
+                # adds lines
+                warnings.filterwarnings("ignore", message="Detected pickle protocol", category=UserWarning)
+                model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype or torch.float32)
+        except Exception as err:  # noqa: BLE001 - a damaged model file surfaces as any of torch's or safetensors' errors
+            where = files[0] if len(files) == 1 else path
+            raise UserError(f"{where}: cannot load the draft model ({first_line(err)})") from None
         if device is not None:
             model = model.to(device)
         return cls(model.eval(), max_depth=max_depth)
@@ -68,6 +82,43 @@ class DraftModel(torch.nn.Module, Drafter):
     def sequence_logits(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Logits (B, T, V) of the draft over left-padded sequences, teacher-forced."""
         return self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False).logits
+
+
+#: a transformers model directory's weights, one file or shards listed by an index, in the
+#: order transformers looks for them
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+
+
+def check_weight_files(path: Path) -> list[Path]:
+    """The weight files of the model directory `path`, each safetensors file's header read: a
+    UserError naming the file when one is missing, truncated or not safetensors."""
+    # why before transformers: its errors name neither the file nor the directory, and a
+    # truncated shard is otherwise found only after the other shards were read
+    files: list[Path] = []
+    for single in WEIGHT_FILES:
+        index = path / f"{single}.index.json"
+        if index.is_file():
+            doc = read_json_input(index, "a weights index")
+            weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
+            if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):
+                raise UserError(f"{index}: no 'weight_map' of file names (not a sharded-weights index)")
+            files = [path / f for f in sorted(set(weight_map.values()))]
+            break
+        if (path / single).is_file():
+            files = [path / single]
+            break
+    if not files:
+        raise UserError(f"{path}: no weights ({' or '.join(WEIGHT_FILES)}, or their index)")
+    for file in files:
+        if not file.is_file():
+            raise UserError(f"{file}: missing (named by the weights index)")
+        if file.suffix == ".safetensors":
+            try:
+                with safe_open(str(file), framework="pt"):
+                    pass
+            except (SafetensorError, OSError) as err:
+                raise UserError(f"{file}: cannot read ({first_line(err)})") from None
+    return files
 
 
 @torch.inference_mode()
@@ -207,12 +258,14 @@ def acceptance_per_child(
     pad_id: int = 0,
     num_heads: int | None = None,
     batch: int = 16,
+    on_batch=None,
 ) -> np.ndarray:
     """(N, K, children) float64 in `label_rows` order: row (t, depth d) holds the positional
     acceptance a_1..a_children (`positional_acceptance`) of the target's and the draft's
     distributions of x_{t+d+2} at temperature T given the true prefix, NaN where there is no
     label; [..., 0] is `acceptance_alpha` (docs/statistics.md#positional-acceptance-of-a-tree). The Monte Carlo uses
-    one torch.Generator seeded with `seed`."""
+    one torch.Generator seeded with `seed`. `on_batch(n)` is called after each batch of n
+    sequences (a progress bar's update)."""
     k = drafter.num_heads if num_heads is None else num_heads
     device = next(drafter.model.parameters()).device
     generator = torch.Generator(device=device)
@@ -227,7 +280,7 @@ def acceptance_per_child(
         mean, _ = positional_acceptance(p, q, children, samples=samples, generator=generator)
         return mean
 
-    per_position = _per_position(sequences, pad_id, drafter, batch, per_child)
+    per_position = _per_position(sequences, pad_id, drafter, batch, per_child, on_batch)
     return _rows(sequences, starts, k, per_position, np.nan)
 
 
@@ -240,11 +293,12 @@ def chain_acceptance(
     pad_id: int = 0,
     children: int = ACCEPT_CHILDREN,
     samples: int = ACCEPT_SAMPLES,
+    on_batch=None,
 ) -> ChainAcceptance:
     """The per-depth alpha and walked tau of chains, and the per-depth positional acceptance of
     `children` children for trees (`treeopt.chain.ChainAcceptance`), over `sequences` read from
     their first token (docs/statistics.md#draft-model-acceptance, "Positional acceptance of
-    a tree")."""
+    a tree"). `on_batch`: as `acceptance_per_child` takes it."""
     rows = acceptance_per_child(
         target,
         drafter,
@@ -254,13 +308,14 @@ def chain_acceptance(
         pad_id=pad_id,
         children=children,
         samples=samples,
+        on_batch=on_batch,
     )
     return ChainAcceptance.from_rows(rows[..., 0], temperature, child_rows=rows, samples=samples)
 
 
-def _per_position(sequences, pad_id, drafter, batch, value):
+def _per_position(sequences, pad_id, drafter, batch, value, on_batch=None):
     """Per sequence, value(ids, draft logits, mask)[:, c] for columns c = 0 .. L - 2 of its
-    own tokens (left padding removed), as float64 arrays."""
+    own tokens (left padding removed), as float64 arrays; `on_batch(n)` after each batch."""
     device = next(drafter.model.parameters()).device
     out = []
     for start in range(0, len(sequences), batch):
@@ -269,6 +324,8 @@ def _per_position(sequences, pad_id, drafter, batch, value):
         values = value(ids, drafter.sequence_logits(ids, mask, pos), mask).double().cpu().numpy()
         width = ids.shape[1]
         out.extend(values[i, width - len(s) :] for i, s in enumerate(chunk))
+        if on_batch is not None:
+            on_batch(len(chunk))
     return out
 
 

@@ -38,6 +38,7 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMS
 
 from calibration.drafters.base import Drafter, DraftState
 from calibration.drafters.io import check_state, config_int, load_state, read_config
+from calibration.model_calls import cache_kwargs
 from treeopt.errors import UserError
 from treeopt.fileio import atomic_path, write_json
 
@@ -97,9 +98,9 @@ class HydraPrefixLayer(nn.Module):
             hidden,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            past_key_values=cache,
             use_cache=cache is not None,
             position_embeddings=rotary,
+            **cache_kwargs(self.layers[0], cache),
         )
         return self.norm(out)
 
