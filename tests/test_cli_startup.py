@@ -12,6 +12,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 ACCURACY = ROOT / "reports" / "demo-cpu" / "accuracy.json"
+DRAFT_ACCURACY = ROOT / "reports" / "drafters-demo" / "run-draft-model" / "accuracy.json"
 HEAVY = ("pandas", "scipy", "matplotlib", "torch", "transformers")
 TREE = "[[0],[1],[0,0],[0,1],[1,0]]"
 
@@ -37,8 +38,8 @@ def _loaded_after(argv: list[str], cwd: Path) -> tuple[list[str], subprocess.Com
         ["show", TREE, "--accuracy", str(ACCURACY)],
         ["buffers", TREE],
         ["check", TREE, "--engine", "trtllm", "--accuracy", str(ACCURACY)],
-        ["check", TREE, "--engine", "sglang", "--accuracy", str(ACCURACY)],
-        ["build", "--accuracy", str(ACCURACY), "--nodes", "12", "--engine", "vllm"],
+        ["check", TREE, "--engine", "sglang-standalone", "--accuracy", str(DRAFT_ACCURACY)],
+        ["build", "--accuracy", str(ACCURACY), "--nodes", "12", "--engine", "trtllm"],
         ["compare", TREE, "[[0],[0,0]]", "--accuracy", str(ACCURACY)],
     ],
     ids=lambda a: a[0] + ("-" + a[a.index("--engine") + 1] if "--engine" in a else ""),

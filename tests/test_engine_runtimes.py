@@ -11,6 +11,7 @@ import ast
 import itertools
 import json
 import shlex
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -230,7 +231,7 @@ def test_sglang_drafts_are_sibling_closed_on_non_monotone_tables(seed):
             assert closed(paths), (steps, topk, tokens, paths)
 
 
-def test_sglang_builds_on_the_demo_table_are_sibling_closed_at_every_size(capsys):
+def test_sglang_builds_on_the_demo_table_are_sibling_closed_at_every_size(capsys, tmp_path):
     """The demo table has acc[2, 4] > acc[2, 3]: the reported case, `build --engine sglang`
     returned (0, 0, 4) without (0, 0, 3)."""
     table = load_accuracy(DEMO)
@@ -239,9 +240,32 @@ def test_sglang_builds_on_the_demo_table_are_sibling_closed_at_every_size(capsys
         for method in ("greedy", "optimal", "joint"):
             tree = build_for_engine(table, n, method, get_engine("sglang"))
             assert tree.size == n and closed(tree.paths), (n, method)
-    main(["build", "--accuracy", DEMO, "--nodes", "22", "--engine", "sglang", "--format", "python"])
+    # The demo's table names Medusa heads, which SGLang cannot serve; the same numbers measured
+    # from a drafter it does serve (an EAGLE head, say) carry no such name.
+    doc = json.loads(Path(DEMO).read_text())
+    doc["provenance"] = {"source": "an EAGLE drafter's calibration"}
+    eagle = tmp_path / "eagle.json"
+    eagle.write_text(json.dumps(doc))
+    main(["build", "--accuracy", str(eagle), "--nodes", "22", "--engine", "sglang", "--format", "python"])
     paths = {tuple(c) for c in ast.literal_eval(capsys.readouterr().out.strip())}
     assert len(paths) == 22 and closed(paths)
+
+
+def test_engine_lines_follow_the_drafter_the_table_was_measured_from(capsys):
+    # The demo table was measured from Medusa heads: vLLM serves them as a top-1 chain
+    # (method "medusa"), SGLang not at all.
+    main(["build", "--accuracy", DEMO, "--nodes", "3", "--engine", "vllm", "--format", "engine"])
+    out = capsys.readouterr()
+    assert json.loads(out.out.strip().removeprefix("--speculative-config '").removesuffix("'")) == {
+        "method": "medusa",
+        "num_speculative_tokens": 3,
+    }
+    assert "note: --engine vllm: vLLM serves Medusa heads as a top-1 chain" in out.err
+    with pytest.raises(SystemExit) as exit_:
+        main(["build", "--accuracy", DEMO, "--nodes", "8", "--engine", "sglang"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "SGLang has no medusa drafter" in err
 
 
 def test_sglang_tau_is_taken_from_the_real_table():

@@ -33,6 +33,7 @@ PUBLIC_NAMES = (
     "build_tree",
     "calibrate",
     "check",
+    "engine_for_table",
     "expected_tokens",
     "export_tree",
     "fit_profile",

@@ -22,6 +22,7 @@ import numpy as np
 from treeopt import __version__
 from treeopt.errors import UserError
 from treeopt.fileio import parse_json_input, read_text_input, write_json_rows
+from treeopt.layout import DRAFTER_SUBDIRS
 from treeopt.tree import Tree, _node_str
 
 ACCURACY_FORMAT = "treeopt.accuracy/v1"
@@ -63,6 +64,19 @@ class AccuracyTable:
     @property
     def num_heads(self) -> int:
         return self.hits.shape[0]
+
+    @property
+    def drafter(self) -> str | None:
+        """The kind of drafter measured ("medusa", "hydra", "mlp-speculator", "draft-model"):
+        `treeopt calibrate` records a drafter other than Medusa heads as "KIND:SPEC" in
+        provenance["heads"] and Medusa heads as the spec alone; None for a table that does not
+        say (from a paper or another tool)."""
+        prov = self.provenance or {}
+        heads = str(prov.get("heads") or "")
+        kind = heads.split(":", 1)[0]
+        if kind in DRAFTER_SUBDIRS:
+            return kind
+        return "medusa" if prov.get("source") == "treeopt calibrate" else None
 
     @property
     def width(self) -> int:

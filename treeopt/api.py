@@ -56,6 +56,7 @@ from treeopt.tree_api import EngineCheck as EngineCheck
 from treeopt.tree_api import _table
 from treeopt.tree_api import build_tree as build_tree
 from treeopt.tree_api import check as check
+from treeopt.tree_api import engine_for_table as engine_for_table
 from treeopt.tree_api import expected_tokens as expected_tokens
 from treeopt.tree_api import export_tree as export_tree
 

@@ -11,13 +11,13 @@ from pathlib import Path
 from treeopt.accuracy import AccuracyTable, load_accuracy
 from treeopt.accuracy import expected_tokens as _expected_tokens
 from treeopt.build import build_tree as _build_tree
-from treeopt.engines import EngineDraft, EngineExport, export_for, get_engine
+from treeopt.engines import EngineDraft, EngineExport, engine_for_drafter, export_for, get_engine
 from treeopt.engines import check as _check
 from treeopt.errors import UserError
 from treeopt.family_build import build_for_engine
 from treeopt.tree import Tree, load_tree, make_tree
 
-__all__ = ["EngineCheck", "build_tree", "check", "expected_tokens", "export_tree"]
+__all__ = ["EngineCheck", "build_tree", "check", "engine_for_table", "expected_tokens", "export_tree"]
 
 
 def _table(accuracy) -> AccuracyTable:
@@ -26,6 +26,21 @@ def _table(accuracy) -> AccuracyTable:
 
 def _tree(tree) -> Tree:
     return tree if isinstance(tree, Tree) else load_tree(tree) if isinstance(tree, str) else make_tree(tree)
+
+
+def engine_for_table(engine: str, table: AccuracyTable | None, *, note=None) -> str | None:
+    """The engine whose line serves the drafter `table` was measured from, when `engine` was
+    asked for (`treeopt.engines.engine_for_drafter`): vLLM serves Medusa heads, an MLP
+    speculator or a draft model only as a top-1 chain, SGLang none of the heads; `note(line)`
+    gets the one line saying so. None: that engine cannot serve this drafter at all. A table
+    that does not name its drafter leaves `engine` as asked."""
+    kind = table.drafter if table is not None else None
+    if kind is None:
+        return engine
+    target, why = engine_for_drafter(engine, kind)
+    if why is not None and note is not None:
+        note(why)
+    return target
 
 
 def build_tree(

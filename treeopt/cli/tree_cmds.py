@@ -74,6 +74,24 @@ def _load_table(path, csv_model):
     return load_accuracy(path, model=csv_model)
 
 
+def _engine_for_drafter(engine: str | None, table) -> tuple[str | None, list[str]]:
+    """The engine that serves the table's drafter (`tree_api.engine_for_table`) and the notes
+    that say so, for stderr once the command's work has succeeded (a bad input stays one line);
+    an engine that cannot serve the drafter at all is an error."""
+    if engine is None:
+        return None, []
+    notes: list[str] = []
+    served = api.engine_for_table(engine, table, note=notes.append)
+    if served is None:
+        raise UserError(notes[0])
+    return served, notes
+
+
+def _echo_notes(notes: list[str]) -> None:
+    for line in notes:
+        click.echo(f"note: {line}", err=True)
+
+
 def _table_label(table) -> str:
     prov = table.provenance
     label = prov.get("source", "accuracy table")
@@ -187,6 +205,7 @@ def build_cmd(
         raise UserError(f"{accuracy_path}: has no joint statistics, which --method joint needs")
     if engine is None and (fmt == "engine" or engine_heads is not None):
         raise UserError("--format engine and --heads need --engine E")
+    engine, notes = _engine_for_drafter(engine, table)
     target = get_engine(engine) if engine else None
     tree = api.build_tree(
         table, nodes, method=method, engine=engine, heads=engine_heads, max_depth=max_depth, max_children=max_children
@@ -218,6 +237,7 @@ def build_cmd(
             text = head + drawing + f"medusa_choices = {tree.to_choices()}\n"
         else:
             text = head + drawing + f"for {target.title}:\n" + paste.text
+    _echo_notes(notes)
     _emit(text, output, f" ({tree.size} nodes, tau = {tau:.4f})")
 
 
@@ -444,11 +464,13 @@ def check_cmd(tree_spec, engine, accuracy_path, csv_model, engine_heads, topk, a
     table = _load_table(accuracy_path, csv_model) if accuracy_path is not None else None
     if table is None and csv_model is not None:
         raise UserError("--csv-model: only meaningful with --accuracy")
+    engine, notes = _engine_for_drafter(engine, table)
     result = api.check(tree, engine, accuracy=table, heads=engine_heads, topk=topk)
     target = get_engine(engine, topk=topk)
     paste = None
     if result.as_written:
         paste = api.export_tree(tree, engine, accuracy=table, heads=engine_heads)
+    _echo_notes(notes)
     if as_json:
         doc = result.to_dict()
         if table is None:
