@@ -343,3 +343,17 @@ def test_check_json_reports_each_runtime_on_its_own(tmp_path):
     assert python.startswith("WARNING Python runtime") and "buffers disagree" in python
     assert doc["as_written"] and doc["drafted_nodes"] == 8
     assert "\n" not in doc["reason"]
+
+
+@pytest.mark.parametrize(
+    ("run", "kind"),
+    [("run-medusa", "medusa"), ("run-hydra", "hydra"), ("run-mlp-speculator", "mlp-speculator"),
+     ("run-draft-model", "draft-model")],
+)  # fmt: skip
+def test_a_calibrated_table_names_the_drafter_it_was_measured_from(run, kind):
+    # the committed runs of reports/drafters-demo, one per drafter kind (their folder names)
+    table = load_accuracy(Path(DEMO).parents[1] / "drafters-demo" / run / "accuracy.json")
+    assert table.drafter == kind
+    assert (
+        AccuracyTable(hits=np.ones((1, 2)), positions=np.full(1, 2.0), provenance={"source": "a paper"}).drafter is None
+    )
