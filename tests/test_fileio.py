@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -60,3 +61,16 @@ def test_an_accuracy_table_is_saved_one_joint_prefix_a_line(tmp_path):
     text = (tmp_path / "a.json").read_text()
     assert sum(line.strip().startswith("[[") for line in text.splitlines()) == 5
     assert load_accuracy(tmp_path / "a.json").joint == table.joint
+
+
+def test_a_number_past_pythons_digit_limit_is_named_as_such():
+    # CPython refuses int() of more than sys.get_int_max_str_digits() digits (4300 by default)
+    import sys
+
+    from treeopt.errors import UserError
+    from treeopt.fileio import parse_json_input
+
+    digits = sys.get_int_max_str_digits()
+    with pytest.raises(UserError) as err:
+        parse_json_input("[" + "9" * (digits + 1) + "]", "big.json")
+    assert str(err.value) == f"big.json: not readable JSON (a number of more than {digits} digits)"

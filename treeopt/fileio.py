@@ -17,6 +17,7 @@ import fcntl
 import json
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -118,7 +119,11 @@ def parse_json_input(text: str, source) -> object:
         raise UserError(f"{source}: not valid JSON (line {err.lineno}: {err.msg})") from None
     except RecursionError:
         raise UserError(f"{source}: JSON nested too deeply to read") from None
-    except ValueError as err:  # an integer of thousands of digits (Python's int conversion limit)
+    except ValueError as err:
+        if "integer string conversion" in str(err):  # Python's limit on int() of a long digit string
+            raise UserError(
+                f"{source}: not readable JSON (a number of more than {sys.get_int_max_str_digits()} digits)"
+            ) from None
         raise UserError(f"{source}: not readable JSON ({str(err).splitlines()[0][:120]})") from None
 
 
