@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from calibration.kv_cache import KVCache
+from calibration.model_calls import synchronizer
 
 __all__ = [
     "DecodeResult",
@@ -94,13 +95,12 @@ class PhaseClock:
 
     def __init__(self, enabled: bool, device: torch.device):
         self.enabled = enabled
-        self.cuda = device if device.type == "cuda" else None
+        self.sync = synchronizer(device)
         self.seconds = {"prefill": 0.0, "draft": 0.0, "verify": 0.0, "update": 0.0}
         self._phase, self._t0 = "", 0.0
 
     def _now(self) -> float:
-        if self.cuda is not None:
-            torch.cuda.synchronize(self.cuda)
+        self.sync()
         return time.perf_counter()
 
     def __call__(self, phase: str) -> PhaseClock:

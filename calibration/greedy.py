@@ -9,7 +9,7 @@ import torch
 from transformers import DynamicCache
 
 from calibration.decode_loop import eos_set
-from calibration.model_calls import check_inputs, lm_head, model_device, model_forward_hidden, run_heads
+from calibration.model_calls import cache_kwargs, check_inputs, lm_head, model_device, model_forward_hidden, run_heads
 from treeopt.errors import UserError
 
 __all__ = ["greedy_decode", "plain_step_forward"]
@@ -35,7 +35,7 @@ def greedy_decode(
     cache = DynamicCache(config=model.config)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     logits = model(
-        input_ids=input_ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True
+        input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True, **cache_kwargs(model, cache)
     ).logits[:, -1]
     next_pos = positions[:, -1:] + 1
     for step in range(max_new_tokens):
@@ -48,7 +48,11 @@ def greedy_decode(
             break
         mask = torch.cat([mask, mask.new_ones((b, 1))], dim=1)
         logits = model(
-            input_ids=token[:, None], attention_mask=mask, position_ids=next_pos, past_key_values=cache, use_cache=True
+            input_ids=token[:, None],
+            attention_mask=mask,
+            position_ids=next_pos,
+            use_cache=True,
+            **cache_kwargs(model, cache),
         ).logits[:, -1]
         next_pos = next_pos + 1
     return out

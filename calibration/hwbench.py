@@ -46,6 +46,7 @@ from transformers.models.llama.modeling_llama import LlamaRMSNorm, apply_rotary_
 
 from calibration.heads import MedusaHeads
 from calibration.kv_cache import new_cache
+from calibration.model_calls import cache_kwargs, synchronizer
 from calibration.models import TORCH_DTYPES
 from treeopt.hwmeasurements import (
     AttentionSample,
@@ -86,8 +87,13 @@ GEMM_POOL_BYTES = 512 << 20
 
 
 def device_available(device: str) -> bool:
-    """Whether torch can run on `device` ("cpu", "cuda" or "cuda:N") here."""
-    return torch.device(device).type != "cuda" or torch.cuda.is_available()
+    """Whether torch can run on `device` ("cpu", "cuda", "cuda:N" or "mps") here."""
+    kind = torch.device(device).type
+    if kind == "cuda":
+        return torch.cuda.is_available()
+    if kind == "mps":
+        return getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()
+    return True
 
 
 def weight_shapes(dims: ModelDims) -> tuple[WeightShape, ...]:
@@ -194,7 +200,7 @@ def _measure(
         name=_device_name(dev),
         kind=dev.type,
         capacity_bytes=_capacity_bytes(dev),
-        threads=None if dev.type == "cuda" else int(torch.get_num_threads()),
+        threads=None if dev.type != "cpu" else int(torch.get_num_threads()),
         cpu_count=os.cpu_count() or 1,
         torch_version=torch.__version__,
         framework=f"transformers {transformers.__version__}",
@@ -225,8 +231,8 @@ def _measure(
 def _prepare(bench: _Bench, dev, model: ModelDims, probe: ModelDims | None, *, quick, validate, progress, seed):
     """Add every microbenchmark of `model` to `bench` (module docstring); returns the bytes the
     stream benchmark moves and the model's weight shapes."""
-    is_cuda = dev.type == "cuda"
-    sync = (lambda: torch.cuda.synchronize(dev)) if is_cuda else (lambda: None)
+    accelerator = dev.type != "cpu"  # CUDA or MPS
+    sync = synchronizer(dev)
     tdt = TORCH_DTYPES[model.dtype]
     keep = bench.keep
 
@@ -238,7 +244,7 @@ def _prepare(bench: _Bench, dev, model: ModelDims, probe: ModelDims | None, *, q
         return run
 
     # a pilot of the calibrated dtype's GEMM rate sizes the GEMM measurements
-    n_pilot = 4096 if is_cuda else 512
+    n_pilot = 4096 if accelerator else 512
     pilot_matrix = torch.randn(n_pilot, n_pilot, device=dev, dtype=tdt)
     pilot = measure_interleaved([timed(lambda m=pilot_matrix: m @ m)], rounds=3, warmup=1, inner=1, seed=seed)[0]
     pilot_flops = 2.0 * n_pilot**3 / pilot.median_s
@@ -306,7 +312,7 @@ def _add_layer_elementwise(bench, timed, keep, dev, tdt, dims: ModelDims, *, qui
 
 def _add_stream(bench, timed, keep, dev, dims: ModelDims) -> int:
     """A read over the model's weight footprint; returns the buffer's bytes."""
-    cap = (2 << 30) if dev.type == "cuda" else (1 << 30)
+    cap = (2 << 30) if dev.type != "cpu" else (1 << 30)
     footprint = int(min(max(dims.weight_bytes, 16 << 20), cap))
     buf = torch.ones(footprint // 4, device=dev, dtype=torch.float32)
     keep.append(buf)
@@ -315,12 +321,12 @@ def _add_stream(bench, timed, keep, dev, dims: ModelDims) -> int:
 
 
 def _add_square_gemms(bench, timed, keep, dev, dtype: str) -> None:
-    is_cuda = dev.type == "cuda"
-    dtypes = ["fp32", "bf16", "fp16"] if is_cuda else ["fp32", "bf16"]
+    accelerator = dev.type != "cpu"  # CUDA or MPS
+    dtypes = ["fp32", "bf16", "fp16"] if accelerator else ["fp32", "bf16"]
     if dtype not in dtypes:
         dtypes.append(dtype)
     for name_dt in dtypes:
-        n = 8192 if is_cuda else (1024 if name_dt in (dtype, "fp32") else 512)
+        n = 8192 if accelerator else (1024 if name_dt in (dtype, "fp32") else 512)
         tt = TORCH_DTYPES[name_dt]
         a, b = torch.randn(n, n, device=dev, dtype=tt), torch.randn(n, n, device=dev, dtype=tt)
         keep.append((a, b))
@@ -534,7 +540,7 @@ def _forward_fn(model, dev, *, batch: int, tokens: int, context: int, vocab: int
     cache = new_cache(model)
     prompt = torch.randint(0, vocab, (batch, context), generator=gen).to(dev)
     if context:
-        model(input_ids=prompt, past_key_values=cache, use_cache=True)
+        model(input_ids=prompt, use_cache=True, **cache_kwargs(model, cache))
     ids = torch.randint(0, vocab, (batch, tokens), generator=gen).to(dev)
     dtype = next(model.parameters()).dtype
     if tokens == 1:
@@ -547,7 +553,7 @@ def _forward_fn(model, dev, *, batch: int, tokens: int, context: int, vocab: int
     pos = (context + torch.arange(tokens, device=dev)).expand(batch, tokens)
 
     def run():
-        model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True)
+        model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, **cache_kwargs(model, cache))
         cache.crop(-tokens)
         sync()
 
@@ -566,6 +572,8 @@ def _capacity_bytes(dev) -> float:
 def _device_name(dev) -> str:
     if dev.type == "cuda":
         return torch.cuda.get_device_name(dev)
+    if dev.type == "mps":
+        return f"Apple GPU (MPS) on {platform.machine()}"
     name = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as f:

@@ -23,6 +23,7 @@ from treeopt.errors import UserError
 __all__ = [
     "additive_mask",
     "cache_kwargs",
+    "synchronizer",
     "check_full_attention",
     "check_inputs",
     "fast_argmax",
@@ -105,6 +106,16 @@ def cache_kwargs(module, cache) -> dict:
             params = {}
         name = _CACHE_KEYWORD[forward] = "cache" if "cache" in params else "past_key_values"
     return {name: cache}
+
+
+def synchronizer(dev: torch.device):
+    """A function that waits for the work queued on `dev`: an accelerator runs asynchronously,
+    so a timing that did not wait would measure the launch, not the work."""
+    if dev.type == "cuda":
+        return lambda: torch.cuda.synchronize(dev)
+    if dev.type == "mps":
+        return torch.mps.synchronize
+    return lambda: None
 
 
 def model_forward_hidden(model, input_ids, *, attention_mask, position_ids, cache):

@@ -59,7 +59,7 @@ from calibration.decoder import TreeDecoder
 from calibration.device_memory import check_bench_fits
 from calibration.greedy import plain_step_forward
 from calibration.kv_cache import new_cache
-from calibration.model_calls import model_forward_hidden
+from calibration.model_calls import model_forward_hidden, synchronizer
 from calibration.speculative import SpeculativeDecoder, decoder_for
 from treeopt.errors import UserError
 from treeopt.fileio import atomic_outputs, atomic_path, write_json
@@ -238,7 +238,7 @@ def step_bench(
 ) -> StepBench:
     """Build the cache of `context` random tokens for `batch` sequences and one closure per
     tree size (0 first) running exactly one decoding step's model work in the `verification`
-    form, then undoing its cache append. The closures call `torch.cuda.synchronize()` on CUDA."""
+    form, then undoing its cache append. The closures wait for the device (`synchronizer`) on an accelerator."""
     sizes = sorted(set(int(n) for n in sizes) | {0})
     model, heads, device = lm.model, lm.heads, lm.device
     vocab = heads.vocab_size
@@ -258,7 +258,7 @@ def step_bench(
         )
     valid = torch.ones(batch, context, dtype=torch.bool, device=device)
     positions = torch.full((batch,), context, dtype=torch.long, device=device)
-    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    sync = synchronizer(device)
     bench = StepBench(sizes, [], cache, context_ids, valid, positions)
     for n in sizes:
         if n == 0:
@@ -294,7 +294,7 @@ def _draft_model_bench(lm, proposal: Tree, sizes: list[int], context_ids: torch.
     models hold the `context` tokens in caches of their own."""
     batch, context = context_ids.shape
     device = lm.device
-    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    sync = synchronizer(device)
     decoders = {n: SpeculativeDecoder(lm.model, lm.heads, proposal.prefix(n), timing=False) for n in sizes}
     state = decoders[0].prefill(context_ids, capacity=context + max(sizes) + 2)
     ts = state.target
@@ -896,7 +896,7 @@ def measure_end_to_end(
     sizes = effective_sizes(sizes, proposal)
     batches = sorted({int(b) for b in batches})
     rng = random.Random(seed)
-    sync = (lambda: torch.cuda.synchronize(lm.device)) if lm.device.type == "cuda" else (lambda: None)
+    sync = synchronizer(lm.device)
     rows = []
     bar = tqdm(total=len(batches) * len(sizes), desc="end-to-end", unit="cfg", disable=not progress, file=sys.stderr)
     try:

@@ -13,10 +13,11 @@ import torch
 from calibration.data import load_prompts
 from calibration.decoder import cut_tree
 from calibration.greedy import greedy_decode
+from calibration.model_calls import synchronizer
 from calibration.models import load_model
 from calibration.speculative import SpeculativeDecoder, decoder_for
 from calibration.threads import torch_threads
-from treeopt.cli.options import DRAFTER_OPTION, TOPK, AtLeast, FiniteAtLeast
+from treeopt.cli.options import DRAFTER_OPTION, TOPK, AtLeast, FiniteAtLeast, dtype_option
 from treeopt.errors import UserError
 from treeopt.tree import load_tree
 
@@ -115,7 +116,7 @@ def _note(msg: str) -> None:
     "--seed", metavar="N", type=AtLeast(0), default=0, show_default=True, help="Sampling seed (temperature > 0)."
 )
 @click.option("--device", metavar="DEV", default="auto", show_default=True, help="auto, cpu, cuda, cuda:N, mps.")
-@click.option("--dtype", metavar="DTYPE", default="auto", show_default=True, help="auto, float32, bfloat16, float16.")
+@dtype_option()
 @click.option(
     "--threads",
     type=AtLeast(1),
@@ -302,8 +303,7 @@ def _generate(loaded, decoder, token_lists, settings: DecodeSettings, speculativ
         if settings.compare:
             t0 = time.perf_counter()
             ref = greedy_decode(loaded.model, ids, mask, max_new_tokens=max_new, eos_token_id=eos)
-            if loaded.device.type == "cuda":
-                torch.cuda.synchronize(loaded.device)
+            synchronizer(loaded.device)()
             decoded.plain_s += time.perf_counter() - t0
             decoded.plain_tokens += sum(len(r) for r in ref)
             decoded.same &= ref == res.tokens
