@@ -1,8 +1,9 @@
 """Calibration prompts: where they come from and how they become token ids
 (docs/formats.md#prompt-data).
 
-`--data` accepts
-- ``demo``: the bundled held-out prompts (`calibration.demo_files.DEMO_PROMPTS`, JSON lines);
+`--data` of every command (calibration, validation, `treeopt run --validation-data`) accepts
+- ``demo``: the bundled demo prompts (`calibration.demo_files.DEMO_PROMPTS`, JSON lines), and
+  ``demo-validation``: the demo's held-out prompts (`DEMO_VALIDATION_PROMPTS`);
 - a JSON-lines file (``.jsonl``, ``.jsonlines``, ``.ndjson``): one JSON object per line, read by
   the first present of the fields (`PROMPT_FIELDS`): ``conversations`` (ShareGPT: a list of
   ``{"from": "human"|"gpt"|"system", "value": ...}``), ``messages`` (OpenAI: a list of
@@ -45,10 +46,12 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from calibration.demo_files import DEMO_PROMPTS
+from calibration.demo_files import DEMO_PROMPTS, DEMO_VALIDATION_PROMPTS
 from treeopt.errors import UserError
 from treeopt.fileio import read_json_input, read_text_input
 
+#: the bundled prompt sets, by the name `--data` takes for them
+DEMO_SOURCES = {"demo": DEMO_PROMPTS, "demo-validation": DEMO_VALIDATION_PROMPTS}
 #: fields of a prompt record, in the order they are looked for (module doc)
 PROMPT_FIELDS = ("conversations", "messages", "prompt", "instruction", "text", "turns")
 JSONL_SUFFIXES = (".jsonl", ".jsonlines", ".ndjson")
@@ -265,16 +268,40 @@ def read_json_records(path: str | Path) -> list[tuple[object, str]]:
     return [(r, f"{path}: item {i}") for i, r in enumerate(doc)]
 
 
-def read_jsonl_prompts(path: str | Path) -> list[str]:
-    """The prompt strings of a JSON-lines file, in file order (empty prompts dropped): each
-    record's first user turn."""
-    return [v for r, where in read_jsonl_records(path) if (v := _prompt_from_record(r, where))]
+def read_records(path: str | Path) -> list[tuple[object, str]]:
+    """The prompt records of a JSON file (a list) or a JSON-lines file, by its suffix, with
+    where each is: the one reader of record files (module doc)."""
+    path = Path(path)
+    return read_json_records(path) if path.suffix.lower() == ".json" else read_jsonl_records(path)
+
+
+def read_prompt_texts(path: str | Path) -> list[str]:
+    """The prompt strings of a JSON or JSON-lines file, in file order (empty prompts dropped):
+    each record's first user turn."""
+    return [v for r, where in read_records(path) if (v := _prompt_from_record(r, where))]
 
 
 def read_json_prompts(path: str | Path) -> list[str]:
     """The prompts of a JSON file holding a list of records (objects with a prompt field, as in
     Medusa's and Alpaca's evaluation sets, or plain strings)."""
     return [v for r, where in read_json_records(path) if (v := _prompt_from_record(r, where))]
+
+
+def check_prompt_source(data: str | Path, option: str = "--data") -> None:
+    """UserError (naming the file and line, or `option`) for prompts `load_prompts` would refuse,
+    found without a tokenizer, so before any model loads: a missing source, a record file that
+    does not parse or holds no prompt, an unreadable or non-UTF-8 text file, a directory
+    without a text file."""
+    path = _data_path(data, option)
+    if path.is_dir():
+        if not any(p.is_file() and p.suffix.lower() in TEXT_SUFFIXES for p in path.rglob("*")):
+            raise UserError(f"{option}: {data}: no text files ({', '.join(TEXT_SUFFIXES[:4])}, ...) in this directory")
+    elif path.suffix.lower() in JSONL_SUFFIXES + (".json",):
+        records = read_records(path)
+        if not any(conversation_from_record(r, where).contexts() for r, where in records):
+            raise UserError(f"{path}: no prompts")
+    elif not read_text_input(path, "a text file").strip():
+        raise UserError(f"{path}: no prompts")
 
 
 def chat_template_id(tokenizer) -> str | None:
@@ -367,7 +394,7 @@ def load_prompts(
         prompts, sha, skipped = _directory_prompts(path, tokenizer, prompt_tokens, max_prompts, prefix)
     elif path.suffix.lower() in JSONL_SUFFIXES + (".json",):
         kind = "jsonl"
-        records = read_json_records(path) if path.suffix.lower() == ".json" else read_jsonl_records(path)
+        records = read_records(path)
         template_id = chat_template_id(tokenizer) if chat_template else None
         prompts, formats, template_used = _record_prompts(
             records, tokenizer, prefix, prompt_tokens, max_prompts, template_id, with_replies
@@ -387,15 +414,16 @@ def load_prompts(
     return PromptSet(tuple(prompts), str(data), sha, kind, skipped, prompt_tokens, data_format, template_used)
 
 
-def _data_path(data: str | Path) -> Path:
-    """The file or directory `data` names ("demo": the bundled prompts), checked to exist."""
-    if str(data) == "demo":
-        if not DEMO_PROMPTS.is_file():
-            raise UserError(f"demo prompts missing at {DEMO_PROMPTS}")
-        return DEMO_PROMPTS
+def _data_path(data: str | Path, option: str = "--data") -> Path:
+    """The file or directory `data` names (`DEMO_SOURCES`: the bundled prompts), checked to exist."""
+    if str(data) in DEMO_SOURCES:
+        bundled = DEMO_SOURCES[str(data)]
+        if not bundled.is_file():
+            raise UserError(f"{data} prompts missing at {bundled}")
+        return bundled
     path = Path(data)
     if not path.exists():
-        raise UserError(f"--data: {path} does not exist")
+        raise UserError(f"{option}: {path} does not exist")
     return path
 
 

@@ -3,6 +3,7 @@ bundled demo, or a user's local checkpoint."""
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,15 +65,37 @@ def resolve_device(name: str = "auto") -> torch.device:
     return device
 
 
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """The torch dtype for `--dtype` (any spelling `treeopt.dtypes` accepts, or auto)."""
-    # why fp32 on a CPU: docs/performance-model.md#measured-on-the-development-machine
-    # (bf16 is slower there for small GEMVs and fp16 matmuls are emulated); accelerators get
-    # bf16 where supported.
+#: CPU flags (/proc/cpuinfo) of a CPU that multiplies bfloat16 natively
+BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+def cpu_has_fast_bf16(cpuinfo: str | None = None) -> bool:
+    """Whether this CPU multiplies bfloat16 natively: one of `BF16_CPU_FLAGS` among the words of
+    `cpuinfo` (default: /proc/cpuinfo; False where it cannot be read)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return False
+    return bool(set(BF16_CPU_FLAGS) & set(cpuinfo.split()))
+
+
+def resolve_dtype(name: str, device: torch.device, *, cpuinfo: str | None = None) -> torch.dtype:
+    """The torch dtype for `--dtype` (any spelling `treeopt.dtypes` accepts, or auto). The one
+    rule of auto, for every command: bfloat16 on a CPU that multiplies it natively
+    (`cpu_has_fast_bf16` of `cpuinfo`), else float32; bfloat16 on CUDA, float16 where the GPU
+    lacks bf16; float16 on MPS."""
+    # why bf16 on such a CPU: there, as on a GPU, a step is bound by streaming the weights, so
+    # a few more verified tokens are nearly free and trees pay (docs/statistics.md#the-demos-regime);
+    # why fp32 on any other CPU: bf16 GEMMs are converted to float32 there and slower than
+    # float32 itself, and fp16 matmuls are emulated on CPUs
+    # (docs/performance-model.md#measured-on-the-development-machine)
     if name == "auto":
         if device.type == "cuda":
             return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-        return torch.float16 if device.type == "mps" else torch.float32
+        if device.type == "mps":
+            return torch.float16
+        return torch.bfloat16 if cpu_has_fast_bf16(cpuinfo) else torch.float32
     return TORCH_DTYPES[normalize_dtype(name, what="--dtype", choices=tuple(TORCH_DTYPES))]
 
 
@@ -163,9 +186,14 @@ def _load_base(model_dir: Path, torch_dtype: torch.dtype, device_map, offload_di
     if offload_dir is not None:
         sharded["offload_folder"] = offload_dir
     try:
-        base = AutoModelForCausalLM.from_pretrained(
-            str(model_dir), dtype=torch_dtype, attn_implementation="sdpa", **sharded
-        )
+        with warnings.catch_warnings():
+            # why: torch's weights-only unpickler warns about a pickle protocol before it loads or
+            # refuses a pytorch_model.bin; the refusal is told on its own in one line
+            # (docs/formats.md#output-safety), the warning only adds lines
+            warnings.filterwarnings("ignore", message="Detected pickle protocol", category=UserWarning)
+            base = AutoModelForCausalLM.from_pretrained(
+                str(model_dir), dtype=torch_dtype, attn_implementation="sdpa", **sharded
+            )
         tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     except ImportError as err:  # transformers needs accelerate for a device map
         raise UserError(f"--device-map: {first_line(err)} (pip install 'treeopt[scale]')") from None

@@ -18,8 +18,8 @@ import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
+from calibration.batching import pad_left
 from calibration.speculative import decoder_for
-from calibration.sweep import left_padding
 from treeopt.errors import UserError
 from treeopt.tau import TauCurve
 
@@ -76,7 +76,7 @@ def measure_acceptance(
     lm,
     tau: TauCurve,
     sizes,
-    prompts: list[str],
+    prompts,
     *,
     max_new_tokens: int,
     batch_size: int = 8,
@@ -86,9 +86,10 @@ def measure_acceptance(
     """Measured tokens per step of the greedy tree decoder for each size in `sizes` (trees
     `tau.proposal.prefix(n)`), beside every tau estimate of those trees, decoding every prompt
     (left-padded batches of `batch_size`, the last one smaller) for `max_new_tokens` tokens
-    without an eos stop. A step's count is its
-    verification outcome, accepted nodes + 1 (before the cut at max_new_tokens): what tau
-    predicts. Columns ACCEPTANCE_COLUMNS, one row per size."""
+    without an eos stop. A step's count is its verification outcome, accepted nodes + 1 (before
+    the cut at max_new_tokens): what tau predicts. `prompts`: token-id sequences
+    (`calibration.data.load_prompts`) or texts, tokenised here. Columns ACCEPTANCE_COLUMNS, one
+    row per size."""
     if not prompts:
         raise UserError("validate: no prompts to decode")
     if max_new_tokens < 2:
@@ -102,11 +103,9 @@ def measure_acceptance(
         if n < 0 or n > proposal.size:
             raise UserError(f"--sizes: {n} nodes asked for, the proposal tree has {proposal.size}")
     tok = lm.tokenizer
-    with left_padding(tok):
-        encoded = [
-            tok(prompts[i : i + batch_size], return_tensors="pt", padding=True)
-            for i in range(0, len(prompts), batch_size)
-        ]
+    ids = [list(tok(p)["input_ids"]) if isinstance(p, str) else list(p) for p in prompts]
+    pad = next((t for t in (tok.pad_token_id, tok.eos_token_id) if t is not None), 0)
+    encoded = [pad_left(ids[i : i + batch_size], pad, "cpu")[:2] for i in range(0, len(ids), batch_size)]
     rows = []
     plain_tokens = []
     # the first pass is plain greedy decoding, the reference of `agreement`
@@ -114,9 +113,7 @@ def measure_acceptance(
         decoder = decoder_for(lm.model, lm.heads, proposal.prefix(n), topk=topk, timing=False)
         accepted, same, total = [], 0, 0
         for i, enc in enumerate(encoded):
-            res = decoder.generate(
-                enc["input_ids"].to(lm.device), enc["attention_mask"].to(lm.device), max_new_tokens=max_new_tokens
-            )
+            res = decoder.generate(enc[0].to(lm.device), enc[1].to(lm.device), max_new_tokens=max_new_tokens)
             if j == 0:
                 plain_tokens.append(res.tokens)
                 continue

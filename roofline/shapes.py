@@ -429,7 +429,7 @@ def resolve_heads(
     if num_layers is None:
         num_layers = near_shape.num_layers if near_shape is not None else 1
     if num_heads < 0:
-        raise UserError(f"--heads: must be >= 0, got {num_heads}")
+        raise UserError(f"--num-heads: must be >= 0, got {num_heads}")
     if num_layers < 0:
         raise UserError(f"--head-layers: must be >= 0, got {num_layers}")
     if tokens_per_sequence is not None and tokens_per_sequence < 1:

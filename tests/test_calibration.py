@@ -18,7 +18,7 @@ from calibration.data import (
     chunk_ids,
     load_prompts,
     read_json_prompts,
-    read_jsonl_prompts,
+    read_prompt_texts,
 )
 from calibration.demo_files import DEMO_MODEL_DIR, DEMO_PROMPTS
 from calibration.labels import greedy_continuations, label_ranks, pad_left
@@ -432,7 +432,7 @@ def test_jsonl_fields_and_order(tmp_path):
         {"prompt": ""},
     ]
     path.write_text("\n".join(json.dumps(x) for x in lines) + "\n\n")
-    assert read_jsonl_prompts(path) == ["a", "b", "c", "d"]
+    assert read_prompt_texts(path) == ["a", "b", "c", "d"]
     # Medusa's / Alpaca's evaluation sets: one JSON list
     medusa = tmp_path / "alpaca_eval.json"
     medusa.write_text(json.dumps([{"instruction": "a", "output": "x"}, "b", {"turns": ["c"]}]))

@@ -166,3 +166,38 @@ def test_pickled_draft_model_is_one_line_in_a_real_process(models, tmp_path):
         "(not a PyTorch checkpoint of tensors (a weights-only load refused it))"
     ]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d"]
+
+
+def test_pickled_base_model_is_one_line_in_a_real_process(models, tmp_path):
+    """The same plain pickle as the base model's only weights: one line, exit 2, the code not
+    run and nothing written (torch's protocol warning would add two lines)."""
+    base = tmp_path / "m"
+    shutil.copytree(models[0], base)  # with its heads, so that the base model's loader is reached
+    (base / "model.safetensors").unlink()
+    (base / "pytorch_model.bin").write_bytes(pickle.dumps({"lm_head.weight": _RunsCode()}, protocol=4))
+    args = ["calibrate", "--model", "m", "--data", str(models[2]), "--device", "cpu", "-o", "a.json"]
+    done = subprocess.run(
+        [sys.executable, "-m", "treeopt", *args], cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 2, done.stderr
+    assert len(done.stderr.splitlines()) == 1, done.stderr
+    assert done.stderr.startswith("treeopt: error: --model: cannot load m: not a PyTorch checkpoint")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]
+
+
+def test_a_run_on_a_truncated_base_model_is_one_line(models, tmp_path):
+    """`treeopt run` reaches the same loader as `calibrate`: one line naming the model, exit 2,
+    and no run folder left behind (nothing was written)."""
+    base = tmp_path / "m"
+    shutil.copytree(models[0], base)
+    weights = base / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    args = ["run", "--model", "m", "--data", str(models[2]), "--validation-data", str(models[2])]
+    args += ["--device", "cpu", "-o", "r"]
+    done = subprocess.run(
+        [sys.executable, "-m", "treeopt", *args], cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 2, done.stderr
+    assert len(done.stderr.splitlines()) == 1 and done.stdout == "", done.stdout + done.stderr
+    assert done.stderr.startswith("treeopt: error: ") and "m" in done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]

@@ -291,3 +291,79 @@ def test_data_required_for_a_model_other_than_the_demo(tiny, tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"treeopt: error: --data: required for --model {tiny}")
     assert not (tmp_path / "a.json").exists()
+
+
+class _Captured(Exception):
+    """Raised by the stand-in decoder: the prompts validation would decode, caught by the test."""
+
+
+def _validation_prompts(data, tok, monkeypatch):
+    """The token ids `treeopt.app.validation.validate` hands to the decoder for `data`."""
+    from types import SimpleNamespace
+
+    import treeopt.app.validation as validation
+
+    def capture(lm, tau, sizes, prompts, **_):
+        raise _Captured(tuple(tuple(p) for p in prompts))
+
+    monkeypatch.setattr(validation, "measure_acceptance", capture)
+    tau = SimpleNamespace(proposal=SimpleNamespace(size=1))
+    with pytest.raises(_Captured) as got:
+        validation.validate(SimpleNamespace(tokenizer=tok), tau, [1], str(data), progress=False)
+    return got.value.args[0]
+
+
+@pytest.mark.parametrize(
+    "name, records, jsonl, expected",
+    [
+        # the same prompts as calibration's, written by hand from TEMPLATE (the tests above)
+        ("sharegpt.json", SHAREGPT, False, ["<s>u:hia:", "<s>u:hi<s>a:yo<s>u:add 2a:", "<s>s:be brief<s>u:whya:"]),
+        ("sharegpt.jsonl", SHAREGPT, True, ["<s>u:hia:", "<s>u:hi<s>a:yo<s>u:add 2a:", "<s>s:be brief<s>u:whya:"]),
+        ("chat.jsonl", OPENAI, True, ["<s>u:hia:", "<s>u:hi<s>a:yo<s>u:add 2a:"]),
+        ("alpaca_data.json", ALPACA, False, ["<s>u:sort\n\n3 1a:", "<s>u:say hia:"]),
+    ],
+)
+def test_validation_data_reads_what_calibration_data_reads(
+    chat_tok, tmp_path, monkeypatch, name, records, jsonl, expected
+):
+    """`validate --data` and `run --validation-data` take every layout `calibrate --data` takes,
+    through the same reader: ShareGPT lists, OpenAI messages, Alpaca, each as JSON or JSON lines."""
+    path = write(tmp_path, name, records, jsonl)
+    assert _validation_prompts(path, chat_tok, monkeypatch) == tuple(ids(chat_tok, t) for t in expected)
+
+
+def test_validation_data_of_a_text_file(chat_tok, tmp_path, monkeypatch):
+    text = tmp_path / "doc.txt"
+    text.write_text("abcdefgh" * 4)
+    # running text: one prompt (shorter than a validation prompt's 512 tokens), never templated
+    assert _validation_prompts(text, chat_tok, monkeypatch) == (bos(chat_tok, "abcdefgh" * 4),)
+
+
+@pytest.mark.parametrize(
+    "name, records, jsonl",
+    [("sharegpt.json", SHAREGPT, False), ("chat.jsonl", OPENAI, True), ("alpaca_data.json", ALPACA, False)],
+)
+def test_run_accepts_validation_data_in_calibration_layouts(tiny, tmp_path, name, records, jsonl):
+    """The check `treeopt run` makes of --validation-data before any model loads passes every
+    layout calibration reads (and refuses a file that holds none)."""
+    from calibration.data import check_prompt_source
+
+    check_prompt_source(write(tmp_path, name, records, jsonl), "--validation-data")
+    with pytest.raises(UserError, match=r"empty\.json: no prompts"):
+        check_prompt_source(write(tmp_path, "empty.json", [{"prompt": ""}], jsonl=False), "--validation-data")
+
+
+def test_validation_data_required_for_a_model_other_than_the_demo(tiny, tmp_path, capsys):
+    """As calibrate's --data: the demo's held-out prompts stand in for the demo model only;
+    for any other model, one line naming the option, exit 2, before anything loads."""
+    (tmp_path / "acc.json").write_text("{}")
+    for argv in (
+        ["validate", "--model", str(tiny), "--accuracy", str(tmp_path / "acc.json"), "-o", str(tmp_path / "v")],
+        ["sweep", "--model", str(tiny), "--accuracy", str(tmp_path / "acc.json"), "--end-to-end", "-o", "s.csv"],
+    ):
+        with pytest.raises(SystemExit) as stop:
+            main(argv)
+        assert stop.value.code == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"treeopt: error: --data: required for --model {tiny}")
+    assert not (tmp_path / "v").exists()

@@ -392,7 +392,8 @@ def test_calibrate_hardware_rejects_bad_input_before_measuring():
 
 def test_calibrate_hardware_quick_on_cpu():
     threads_before = torch.get_num_threads()
-    prof = calibrate_hardware("cpu", SHAPE, quick=True, threads=1, validate=False, progress=False)
+    # fp32 named: "auto" follows the CPU's bf16 support (calibration.models.resolve_dtype)
+    prof = calibrate_hardware("cpu", SHAPE, dtype="fp32", quick=True, threads=1, validate=False, progress=False)
     assert torch.get_num_threads() == threads_before
     cal = prof.calibration
     assert cal["threads"] == 1 and cal["quick"] and cal["dtype"] == "fp32" and cal["validation"] == []

@@ -299,6 +299,7 @@ def test_a_drafter_shallower_than_the_proposal_is_one_line(capsys, tmp_path, com
         "cpu",
     ]
     argv += ["--batch", "1", "--context", "8", "-o", str(tmp_path / "s.csv")] if command == "sweep" else []
+    argv += ["--data", "demo-validation"] if command == "validate" else []
     with pytest.raises(SystemExit) as exit_info:
         main(argv)
     assert exit_info.value.code == 2
@@ -307,21 +308,31 @@ def test_a_drafter_shallower_than_the_proposal_is_one_line(capsys, tmp_path, com
     assert not (tmp_path / "s.csv").exists()
 
 
-def test_run_for_vllm_measures_and_picks_only_trees_vllm_drafts_as_written(tmp_path):
+def test_run_for_vllm_with_medusa_heads_measures_and_picks_only_the_chains_vllm_drafts(tmp_path):
     import pandas as pd
 
     from treeopt.engines import check, get_engine
 
+    # The demo's drafter is Medusa heads, which vLLM serves only through its Medusa proposer, as a
+    # top-1 chain of num_speculative_tokens (docs/engines.md#drafters-and-engines): the run says
+    # so and measures, picks and pastes only such chains.
     settings = replace(SMALL, sizes=(0, 1, 2, 3, 4, 8), max_nodes=8, engine="vllm")
-    run_main_job(tmp_path / "r", settings, log=lambda m: None, progress=False)
-    vllm = get_engine("vllm")
+    logs = []
+    run_main_job(tmp_path / "r", settings, log=logs.append, progress=False)
+    assert any("vLLM serves Medusa heads as a top-1 chain" in m for m in logs)
+    chain = get_engine("vllm-medusa")
     proposal = make_tree(json.loads((tmp_path / "r" / "proposal_tree.json").read_text())["medusa_choices"])
+    assert proposal.paths == tuple((0,) * d for d in range(1, proposal.size + 1))
     measured = sorted(int(n) for n in pd.read_csv(tmp_path / "r" / "sweep.csv")["nodes"].unique())
-    assert 3 not in measured  # 3 nodes of this sequence are not a uniform tree: measured as 2
+    assert max(measured) <= 4  # one token per head: the demo has 4
     for n in measured:
-        assert n == 0 or check(proposal.prefix(n), vllm).as_written, n
-    for cell in json.loads((tmp_path / "r" / "selection.json").read_text())["cells"]:
-        assert cell["nodes"] == 0 or check(make_tree(cell["medusa_choices"]), vllm).as_written
+        assert n == 0 or check(proposal.prefix(n), chain, heads=4).as_written, n
+    cells = json.loads((tmp_path / "r" / "selection.json").read_text())["cells"]
+    for cell in cells:
+        assert cell["nodes"] == 0 or check(make_tree(cell["medusa_choices"]), chain, heads=4).as_written
+    index = (tmp_path / "r" / "index.md").read_text()
+    if any(c["nodes"] for c in cells):
+        assert '"method": "medusa"' in index and "speculative_token_tree" not in index
 
 
 def test_the_committed_demo_report_shows_one_tree_per_cell():

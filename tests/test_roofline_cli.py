@@ -81,7 +81,7 @@ def test_hw_published(capsys):
 
 
 def test_speedup_notes_an_unchecked_knee(capsys):
-    args = ("roofline", "speedup", "--model", "vicuna-7b", "--accuracy", CSV, "--heads", "5", "--batch", "1")
+    args = ("roofline", "speedup", "--model", "vicuna-7b", "--accuracy", CSV, "--num-heads", "5", "--batch", "1")
     code, _, err = run(capsys, *args, "--hardware", "l4")
     assert code == 0 and "note: l4's GEMM row curve" in err
     for checked in ("a100", "h100"):
@@ -188,8 +188,9 @@ def test_ops_unfused_and_oom_warning(capsys):
             "--batch: expected comma-separated integers",
         ),
         (
-            ["roofline", "speedup", "--model", "vicuna-7b", "--hardware", "a100", "--accuracy", CSV, "--heads", "9"],
-            "--heads: 9 heads asked for",
+            ["roofline", "speedup", "--model", "vicuna-7b", "--hardware", "a100", "--accuracy", CSV]
+            + ["--num-heads", "9"],
+            "9 heads asked for",
         ),
     ],
 )
@@ -312,7 +313,10 @@ def test_calibrate_quick_writes_a_usable_profile(capsys, tmp_path):
     assert code == 0, err
     hw = load_hardware(str(prof_path))
     cal = hw.calibration
-    assert cal["quick"] and cal["dtype"] == "fp32" and cal["threads"] == 1
+    # --dtype auto on a CPU: bf16 where its flags say it multiplies bf16 natively, else fp32
+    flags = Path("/proc/cpuinfo").read_text().split() if Path("/proc/cpuinfo").is_file() else []
+    native = "avx512_bf16" in flags or "amx_bf16" in flags
+    assert cal["quick"] and cal["dtype"] == ("bf16" if native else "fp32") and cal["threads"] == 1
     assert hw.peak("fp32") > 1e9 and hw.bandwidth_bytes_per_s > 1e8 and hw.capacity_bytes > 1e9
     assert hw.kv_cache_update == "append" and hw.kernel_overhead_s > 0  # the decoder writes its cache in place
     assert hw.forward_overhead_s + 2 * hw.layer_overhead_s > 0  # transformers' fixed cost per forward
@@ -335,7 +339,7 @@ def test_calibrate_quick_writes_a_usable_profile(capsys, tmp_path):
         "8",
         "--context",
         "64",
-        "--heads",
+        "--num-heads",
         "2",
         "--json",
     )

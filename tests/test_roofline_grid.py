@@ -200,7 +200,7 @@ def test_proposal_from_accuracy_cuts_heads_and_size():
     one_head = AccuracyTable(hits=[[0.5, 0.2]], positions=[1.0])
     tree, tau = proposal_from_accuracy(one_head, 64)  # one head of width 2: at most 2 nodes
     assert tree.size == 2 and tau.tolist() == pytest.approx([1.0, 1.5, 1.7])
-    with pytest.raises(UserError, match="--heads: 6 heads asked for, the accuracy table has 5"):
+    with pytest.raises(UserError, match="--num-heads: 6 heads asked for, the accuracy table has 5"):
         proposal_from_accuracy(table, 8, num_heads=6)
 
 

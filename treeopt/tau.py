@@ -80,7 +80,7 @@ def first_heads(table: AccuracyTable, num_heads: int | None) -> AccuracyTable:
     if num_heads is None or num_heads == table.num_heads:
         return table
     if isinstance(num_heads, bool) or not 1 <= int(num_heads) <= table.num_heads:
-        raise UserError(f"--heads: {num_heads} heads asked for, the accuracy table has {table.num_heads}")
+        raise UserError(f"--num-heads: {num_heads} heads asked for, the accuracy table has {table.num_heads}")
     k = int(num_heads)
     return AccuracyTable(hits=table.hits[:k], positions=table.positions[:k], joint=None, provenance=table.provenance)
 

@@ -13,8 +13,8 @@ from dataclasses import replace
 import pandas as pd
 import torch
 
-from calibration.hwbench import TORCH_DTYPES, device_available, run_hardware_bench
-from calibration.models import SMALL_MODEL_PARAMS
+from calibration.hwbench import run_hardware_bench
+from calibration.models import SMALL_MODEL_PARAMS, TORCH_DTYPES, resolve_device, resolve_dtype
 from calibration.sweep import measure_group
 from roofline.hardware import HardwareProfile
 from roofline.hwfit import fit_hardware_profile
@@ -44,24 +44,24 @@ def calibrate_hardware(
     seed: int = 0,
     threads: int | None = None,
 ) -> HardwareProfile:
-    """Measure `device` for `model` (a ModelShape or a model spec: demo, a built-in name, a
-    config.json or directory) and return the profile. dtype: the compute dtype (default fp32 on
-    CPU, bf16 on CUDA). quick: fewer row counts and rounds (seconds instead of about a minute;
-    still usable). validate: compare with full-model forwards (models of at most
-    SMALL_MODEL_PARAMS parameters). threads: torch CPU threads while measuring (default: 1 for
-    a model under SMALL_MODEL_PARAMS parameters on the CPU, as every command that runs a model,
-    else torch's setting). progress: a bar on stderr."""
+    """Measure `device` (cpu, cuda, cuda:N, mps or auto) for `model` (a ModelShape or a model
+    spec: demo, a built-in name, a config.json or directory) and return the profile. dtype: the
+    compute dtype (None or auto: `calibration.models.resolve_dtype`'s rule). quick: fewer row
+    counts and rounds (seconds instead of about a minute; still usable). validate: compare with
+    full-model forwards (models of at most SMALL_MODEL_PARAMS parameters). threads: torch CPU
+    threads while measuring (default: 1 for a model under SMALL_MODEL_PARAMS parameters on the
+    CPU, as every command that runs a model, else torch's setting). progress: a bar on stderr."""
     shape = model if isinstance(model, ModelShape) else shape_of(model)
-    if device not in ("cpu", "cuda") and not str(device).startswith("cuda:"):
-        raise UserError(f"--device: must be cpu or cuda, got '{device}'")
-    if not device_available(device):
-        raise UserError("--device cuda: CUDA is not available on this machine")
-    dt = normalize_dtype(dtype or ("fp32" if device == "cpu" else "bf16"), what="--dtype")
-    if dt not in TORCH_DTYPES:
-        raise UserError(f"--dtype: calibration supports fp32, bf16 and fp16, not {dt}")
+    if str(device).split(":")[0] not in ("auto", "cpu", "cuda", "mps"):
+        raise UserError(f"--device: must be cpu or cuda (cuda:N), mps or auto, got '{device}'")
+    dev = resolve_device(device)  # one line where CUDA or MPS is not available here
+    if dtype not in (None, "auto") and normalize_dtype(dtype, what="--dtype") not in TORCH_DTYPES:
+        raise UserError(f"--dtype: calibration supports fp32, bf16 and fp16, not {dtype}")
+    # the one rule of --dtype auto (calibration.models.resolve_dtype)
+    dt = normalize_dtype(str(resolve_dtype(dtype or "auto", dev)), what="--dtype")
     if threads is not None and threads < 1:
         raise UserError("--threads: must be >= 1")
-    if threads is None and device == "cpu" and shape.params < SMALL_MODEL_PARAMS:
+    if threads is None and dev.type == "cpu" and shape.params < SMALL_MODEL_PARAMS:
         threads = 1  # the one policy of every command that runs a model (calibration.threads)
     shape = shape.with_dtype(dt)
     probe = framework_probe(shape)
@@ -76,7 +76,7 @@ def calibrate_hardware(
     if validate and not small:
         notes.append("no full-model validation: the model is too large to run here")
     measurements = run_hardware_bench(
-        device,
+        str(dev),
         _dims(shape),
         None if small else _dims(probe),
         quick=quick,
@@ -85,6 +85,7 @@ def calibrate_hardware(
         progress=progress,
         seed=seed,
     )
+    name = name or (f"{dev.type}-calibrated" if dev.type == "mps" else None)  # hwfit names cpu and cuda
     return fit_hardware_profile(measurements, shape, probe, name=name, notes=tuple(notes))
 
 

@@ -204,7 +204,7 @@ def predict_speedup(
     cost = draft_cost_of(spec, shape, **(drafter or {}))
     head_shape = heads_with_cost(cost, head_shape)
     if head_shape.num_heads < 1:
-        raise UserError("--heads: a speedup grid needs at least one draft head")
+        raise UserError("--num-heads: a speedup grid needs at least one draft head")
     depth = min(head_shape.num_heads, cost.stages) if cost is not None else head_shape.num_heads
     target = get_engine(engine) if engine else None
     tree, tau = greedy_proposal(accuracy, max_nodes, depth, options.joint, target)

@@ -12,6 +12,8 @@ from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
+from calibration.data import check_prompt_source
+from calibration.drafters import detect_kind
 from calibration.models import load_model
 from roofline.hardware import load_hardware
 from treeopt.app.models import is_demo
@@ -19,11 +21,11 @@ from treeopt.app.run_index import RunResults, run_index_markdown
 from treeopt.app.stages import calibrate, hardware
 from treeopt.app.stages.job import Job, RunSettings
 from treeopt.app.stages.predict import predict
-from treeopt.app.stages.proposal import build_proposal
+from treeopt.app.stages.proposal import build_proposal, check_engine_serves_drafter
 from treeopt.app.stages.select import select_trees
 from treeopt.app.stages.sweep import log_batch_transfer, measure_sweep
 from treeopt.app.stages.validate import validate_held_out
-from treeopt.app.sweep import DEMO_VALIDATION, check_prompt_source, load_prompt_texts
+from treeopt.app.sweep import DEMO_VALIDATION
 from treeopt.errors import UserError
 from treeopt.fileio import atomic_outputs, output_lock, write_json, write_text
 from treeopt.mix import parse_mix
@@ -131,11 +133,27 @@ def _hardware_profile(job: Job, bench: hardware.Bench):
     return load_hardware(hw_file)
 
 
+def _drafter_kind(s: RunSettings) -> str:
+    """The run's drafter kind before anything loads: --drafter, else what the --heads
+    directory's config.json declares, else Medusa heads (the model's own). A config that cannot
+    be read counts as Medusa heads here; the loader says what is wrong with it."""
+    if s.drafter:
+        return s.drafter
+    if s.heads:
+        try:
+            config = json.loads((Path(s.heads) / "config.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError, RecursionError):
+            return "medusa"
+        return (detect_kind(config) if isinstance(config, dict) else None) or "medusa"
+    return "medusa"
+
+
 def _run_main_job(job: Job) -> dict:
     s, out = job.settings, job.out
     mix = parse_mix(s.mix) if s.mix is not None else None  # bad input fails before any work
     check_prompt_source(s.data, "--data")
-    load_prompt_texts(s.validation_data)  # read now, not at stage 7 after hours of work
+    check_prompt_source(s.validation_data, "--validation-data")  # now, not at stage 7 after hours of work
+    check_engine_serves_drafter(s, _drafter_kind(s))
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
     timings = {}

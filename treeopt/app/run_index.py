@@ -3,17 +3,17 @@ written as markdown, one function per section."""
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
-from treeopt.app.models import is_demo
 from treeopt.app.pooled import format_pooled
 from treeopt.app.stages.job import RunSettings
 from treeopt.app.stages.proposal import Proposal
 from treeopt.app.validation import ValidationResult
-from treeopt.engines import export_for, get_engine
+from treeopt.engines import export_for
 from treeopt.selection import format_speedup, noise_summary, rounds_needed_text
 
 
@@ -114,7 +114,7 @@ def _selection_section(r: RunResults) -> list[str]:
         "",
         "![measured speedup](measured_speedup.png)",
     ]
-    if r.settings.engine:
+    if r.proposal.engine is not None:
         L += _engine_lines(r)
     if "forms" in selection:
         L += ["", _forms_markdown(selection["forms"])]
@@ -135,7 +135,7 @@ def _selection_row(c: dict) -> str:
 
 def _engine_lines(r: RunResults) -> list[str]:
     """Each cell's tree as the line of the engine whose family the proposal is from."""
-    target = get_engine(r.settings.engine, topk=r.settings.topk)
+    target = r.proposal.engine
     table, proposal = r.proposal.table, r.proposal.tree
     L = [
         "",
@@ -331,16 +331,41 @@ def _fit_text(cell: dict) -> str:
     return f"{cell['fit_nodes']}" + ("" if cell["fit_consistent"] else " (the fit does not describe this cell)")
 
 
+#: the `treeopt run` option of each setting that one sets (the others follow from these)
+RUN_OPTIONS = {
+    "model": "--model",
+    "heads": "--heads",
+    "drafter": "--drafter",
+    "num_heads": "--num-heads",
+    "data": "--data",
+    "validation_data": "--validation-data",
+    "device": "--device",
+    "dtype": "--dtype",
+    "threads": "--threads",
+    "steps": "--steps",
+    "max_prompts": "--max-prompts",
+    "sizes": "--sizes",
+    "batches": "--batch",
+    "contexts": "--context",
+    "repeats": "--repeats",
+    "time_budget_s": "--budget",
+    "tolerance": "--tolerance",
+    "engine": "--engine",
+    "mix": "--mix",
+    "output": "--output",
+}
+
+
 def _rerun_command(s: RunSettings) -> str:
-    """The `treeopt run` command line of the settings that differ from the CLI's defaults
-    (those a report of the demo is made with; others read the full settings in run_state.json)."""
-    parts = ["treeopt run"]
-    if not is_demo(s.model):
-        parts.append(f"--model {s.model}")
-    if s.drafter:
-        parts.append(f"--drafter {s.drafter}")
-    if s.engine:
-        parts.append(f"--engine {s.engine}")
+    """The `treeopt run` command line of these settings: every setting that differs from the
+    default, each value quoted for a POSIX shell, so that the command repeats this run."""
+    defaults = RunSettings()
+    parts = ["treeopt", "run"]
+    for name, option in RUN_OPTIONS.items():
+        value = getattr(s, name)
+        if value is None or value == getattr(defaults, name):
+            continue
+        parts += [option, ",".join(map(str, value)) if isinstance(value, tuple) else str(value)]
     if s.hw_quick:
         parts.append("--quick")
-    return " ".join(parts + ["-o <dir>"])
+    return " ".join(shlex.quote(p) for p in parts)

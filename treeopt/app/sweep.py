@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from calibration.data import read_jsonl_prompts
+from calibration.data import read_prompt_texts
 from calibration.demo_files import DEMO_PROMPTS, DEMO_VALIDATION_PROMPTS
 from calibration.sweep import E2E_COLUMNS, SweepSettings, check_form, measure_end_to_end, run_sweep
 from roofline.grid import draft_rows_by_prefix
@@ -30,34 +30,18 @@ DEMO_VALIDATION = "demo-validation"
 
 
 def load_prompt_texts(data: str) -> list[str]:
-    """Prompts of a JSON-lines file, or of the demo's calibration / validation sets."""
+    """The prompt texts of a JSON or JSON-lines file of records, or of the demo's calibration /
+    validation sets (for the commands that take texts, not token ids)."""
     path = {DEMO_VALIDATION: DEMO_VALIDATION_PROMPTS, "demo": DEMO_PROMPTS}.get(data, data)
     if Path(path).is_dir():
         raise UserError(f"{data}: is a directory, not a JSON-lines file of prompts")
     try:
-        prompts = read_jsonl_prompts(path)
+        prompts = read_prompt_texts(path)
     except RecursionError:
         raise UserError(f"{data}: JSON nested too deeply to read") from None
     if not prompts:
         raise UserError(f"{data}: no prompts")
     return prompts
-
-
-def check_prompt_source(data: str, option: str) -> None:
-    """UserError naming `option` when `data` (demo, demo-validation, a file or a folder of
-    prompts) is not there, before any model loads; its content is read by the stage that uses
-    it (`calibration.data.load_prompts` needs the model's tokenizer)."""
-    if data in ("demo", DEMO_VALIDATION):
-        return
-    path = Path(data)
-    if not path.exists():
-        raise UserError(f"{option}: {data}: no such file or directory")
-    if path.is_file():
-        try:
-            with open(path, "rb") as fh:
-                fh.read(1)
-        except OSError as err:
-            raise UserError(f"{option}: {data}: cannot read ({err.strerror or err})") from None
 
 
 def step_predictor(lm, proposal: Tree, hardware: HardwareProfile, *, verification: str = "tree"):

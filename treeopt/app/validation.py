@@ -14,11 +14,13 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from calibration.data import load_prompts
 from calibration.drafters.draft_model import ALPHA_TEMPERATURE
 from calibration.validate import latency_errors, measure_acceptance
 from roofline.plots import log2_axis
 from treeopt.app.draft_model import VALIDATION_SIGMAS, chain_tree, rejection_tau_curves, validate_rejection
-from treeopt.app.sweep import load_prompt_texts
+from treeopt.app.models import is_demo
+from treeopt.app.sweep import DEMO_VALIDATION
 from treeopt.chain import ChainAcceptance, alpha_path, load_chain_acceptance
 from treeopt.errors import UserError
 from treeopt.export import text_table
@@ -29,6 +31,24 @@ from treeopt.tree import Tree
 
 #: the file `treeopt validate --temperature T` writes (docs/formats.md#validation-csvs)
 REJECTION_VALIDATION_CSV = "validation_rejection.csv"
+#: a held-out record's prompt keeps this many tokens, and a text file is cut into prompts of
+#: this many (docs/formats.md#prompt-data): the demo's held-out prompts (at most 183 tokens)
+#: stay whole
+VALIDATION_PROMPT_TOKENS = 512
+
+
+def held_out_data(data: str | None, model: str, option: str = "--data") -> str:
+    """The held-out prompts of a validation: `data`, or the demo's own for the demo model only;
+    for any other model a UserError naming `option`, before anything loads."""
+    if data is not None:
+        return data
+    if not is_demo(model):
+        # as calibrate's --data (calibration.runner): a model is judged on prompts of its own use
+        raise UserError(
+            f"{option}: required for --model {model} (the demo's held-out prompts are Python code; "
+            "give held-out prompts from your model's own use, disjoint from its calibration prompts)"
+        )
+    return DEMO_VALIDATION
 
 
 @dataclass(frozen=True)
@@ -66,9 +86,10 @@ def validate(
     """Measured tokens per step of the decoder on held-out prompts against every tau, and
     (given a sweep with predictions) the roofline's step-latency ratios and picks against the
     trees `selection` ships (without one: the measured argmax)."""
-    prompts = load_prompt_texts(data)
-    if decoding.max_prompts:
-        prompts = prompts[: decoding.max_prompts]
+    # the held-out prompts as calibration reads its own (calibration.data), chat template included
+    prompts = load_prompts(
+        data, lm.tokenizer, prompt_tokens=VALIDATION_PROMPT_TOKENS, max_prompts=decoding.max_prompts
+    ).token_ids
     sizes = [n for n in sizes if n <= tau.proposal.size]
     acceptance = measure_acceptance(
         lm,

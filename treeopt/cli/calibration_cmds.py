@@ -20,7 +20,7 @@ from treeopt.acceptance import rank_vectors_path
 from treeopt.accuracy import wilson_interval
 from treeopt.app.hwcalibrate import calibrate_engine_terms, calibrate_hardware
 from treeopt.app.models import is_demo
-from treeopt.cli.options import DRAFTER_OPTION, AtLeast
+from treeopt.cli.options import DRAFTER_OPTION, AtLeast, dtype_option
 from treeopt.cli.safety import check_outputs, input_files
 from treeopt.errors import UserError
 from treeopt.export import text_table
@@ -144,12 +144,7 @@ _RUN_OPTIONS = (
     "random: same inputs and seed give the same file).",
 )
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda, cuda:N or mps.")
-@click.option(
-    "--dtype",
-    default="auto",
-    show_default=True,
-    help="auto (fp32 on CPU, bf16/fp16 on GPUs), float32, bfloat16 or float16.",
-)
+@dtype_option()
 @click.option(
     "--threads",
     type=AtLeast(1),
@@ -328,7 +323,12 @@ def _summary(table, headline: str) -> None:
 
 
 @click.command("calibrate")
-@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
+@click.option(
+    "--device",
+    default="cpu",
+    show_default=True,
+    help="cpu, cuda, cuda:N, mps or auto: the device measured.",
+)
 @click.option(
     "--model",
     default="demo",
@@ -336,7 +336,7 @@ def _summary(table, headline: str) -> None:
     metavar="NAME|CONFIG|DIR|demo",
     help="Model whose weight shapes are measured (and whose forward pass fixes the overheads).",
 )
-@click.option("--dtype", default=None, help="Compute dtype [default: fp32 on cpu, bf16 on cuda].")
+@dtype_option()
 @click.option(
     "--threads",
     type=AtLeast(1),
@@ -344,7 +344,7 @@ def _summary(table, headline: str) -> None:
     help="torch CPU threads [default: 1 for models under 100M parameters, else torch's].",
 )
 @click.option("--quick", is_flag=True, help="Fewer row counts and rounds (seconds; still a usable profile).")
-@click.option("--name", default=None, help="Profile name [default: cpu-calibrated / cuda-calibrated].")
+@click.option("--name", default=None, help="Profile name [default: cpu-calibrated, cuda-calibrated or mps-calibrated].")
 @click.option("--no-validate", is_flag=True, help="Skip the full-model validation forwards.")
 @click.option(
     "--engine-terms/--no-engine-terms",

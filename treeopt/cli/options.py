@@ -4,6 +4,8 @@ line naming the option (`treeopt.cli.main` formats click's BadParameter that way
 from __future__ import annotations
 
 import math
+import shlex
+from pathlib import Path
 
 import click
 
@@ -145,6 +147,24 @@ def apply(options):
     return decorate
 
 
+#: what --dtype auto picks: the rule of `calibration.models.resolve_dtype`, said once for the help of
+#: every command that runs a model (kept here, not read from there: these options load no torch)
+AUTO_DTYPE_RULE = (
+    "bfloat16 on a CPU that multiplies it natively (avx512_bf16 or amx_bf16 in /proc/cpuinfo), "
+    "else float32; bfloat16 on CUDA (float16 on a GPU without bf16); float16 on MPS"
+)
+
+
+def dtype_option():
+    """--dtype of a command that runs a model: auto (`AUTO_DTYPE_RULE`) or a dtype name."""
+    return click.option(
+        "--dtype",
+        default="auto",
+        metavar="DTYPE",
+        help=f"auto, float32, bfloat16 or float16 [default: auto: {AUTO_DTYPE_RULE}].",
+    )
+
+
 #: options of every command that loads and runs a model (torch)
 DRAFTER_OPTION = click.option(
     "--drafter",
@@ -177,12 +197,7 @@ RUN_MODEL_OPTIONS = [
         help="Use this many of the Medusa heads the weights hold [default: the heads config's medusa_num_heads].",
     ),
     click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda, cuda:N or mps."),
-    click.option(
-        "--dtype",
-        default="auto",
-        show_default=True,
-        help="auto (fp32 on CPU, bf16/fp16 on GPUs), float32, bfloat16 or float16.",
-    ),
+    dtype_option(),
     click.option(
         "--threads",
         type=AtLeast(1),
@@ -190,3 +205,55 @@ RUN_MODEL_OPTIONS = [
         help="torch CPU threads [default: 1 for models under 100M parameters, else torch's].",
     ),
 ]
+
+
+def command_line(ctx: click.Context) -> str:
+    """The command line that repeats this command: its path and every parameter the user gave
+    (not left at its default), each value quoted for a POSIX shell. Built from what click parsed,
+    not from sys.argv, which holds something else when the CLI is called from Python."""
+    parts = ctx.command_path.split()
+    for param in ctx.command.params:
+        source = ctx.get_parameter_source(param.name)
+        if param.name not in ctx.params or source in (None, click.core.ParameterSource.DEFAULT):
+            continue
+        parts += _param_words(param, ctx.params[param.name])
+    return " ".join(shlex.quote(p) for p in parts)
+
+
+def _param_words(param: click.Parameter, value) -> list[str]:
+    """The words that give `param` its `value` on a command line."""
+    if isinstance(param, click.Argument):
+        return [str(v) for v in value] if param.multiple or param.nargs != 1 else [str(value)]
+    name = max((o for o in param.opts if o.startswith("--")), key=len, default=param.opts[0])
+    if param.is_flag and param.secondary_opts:  # --x/--no-x
+        return [name if value else max(param.secondary_opts, key=len)]
+    if param.is_flag:
+        return [name] if value else []
+    values = value if param.multiple else [value]
+    return [w for v in values for w in (name, ",".join(map(str, v)) if isinstance(v, tuple) else str(v))]
+
+
+class HeadsCount(click.ParamType):
+    """What `--heads` was before it named a directory on every command: a number of heads. Such
+    a value is refused with the option that takes it now."""
+
+    name = "directory"
+
+    def __init__(self, directory: bool):
+        self.directory = directory  # whether the command takes a drafter directory as --heads
+
+    def convert(self, value, param, ctx):
+        text = str(value).strip()
+        if text.isdigit() and not (self.directory and Path(text).is_dir()):
+            self.fail(
+                f"names a drafter directory, as on every command; the number of draft heads is --num-heads {text}"
+            )
+        if not self.directory:
+            self.fail("this command reads no drafter directory; the number of draft heads is --num-heads")
+        if not Path(text).exists():
+            self.fail(f"{text}: no such drafter directory")
+        return text
+
+
+#: `--heads` of the commands that take no drafter directory: old usage, refused with what to use
+OLD_HEADS_OPTION = click.option("--heads", type=HeadsCount(directory=False), hidden=True, expose_value=False)

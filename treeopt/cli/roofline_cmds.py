@@ -4,8 +4,6 @@ analytical half (roofline/). numpy only: no torch is loaded."""
 from __future__ import annotations
 
 import json
-import shlex
-import sys
 
 import click
 import numpy as np
@@ -39,7 +37,7 @@ from treeopt.app.prediction import (
     predict_speedup,
 )
 from treeopt.app.step_ops import StepConfig, StepOperators, step_operators
-from treeopt.cli.options import AtLeast, IntList, apply
+from treeopt.cli.options import OLD_HEADS_OPTION, AtLeast, HeadsCount, IntList, apply, command_line
 from treeopt.cli.safety import check_outputs, input_files, require_file
 from treeopt.drafter_cost import DRAFTER_NAMES
 from treeopt.engines import ENGINE_NAMES, get_engine
@@ -50,8 +48,12 @@ from treeopt.mix import format_mix, parse_mix
 from treeopt.selection import best_per_cell
 
 
-def _command_line() -> str:
-    return "treeopt " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+def _drafter_dir(heads_dir: str | None, drafter_config: str | None) -> str | None:
+    """The drafter directory of --heads or --drafter-config (the same thing, named as other
+    commands name it, or as a config file)."""
+    if heads_dir is not None and drafter_config is not None:
+        raise UserError("--heads: give the drafter as --heads DIR or --drafter-config PATH, not both")
+    return heads_dir if heads_dir is not None else drafter_config
 
 
 MODEL_OPTIONS = [
@@ -74,12 +76,24 @@ HARDWARE_OPTION = click.option(
     metavar="NAME|PROFILE.json",
     help="Built-in profile (see `treeopt hw list`) or a profile JSON from `treeopt hw calibrate`.",
 )
+
+
 HEADS_OPTIONS = [
     click.option(
         "--heads",
+        "heads_dir",
+        type=HeadsCount(directory=True),
+        default=None,
+        metavar="DIR",
+        help="Drafter directory (Medusa heads, Hydra heads or an MLP speculator), as on every command: the "
+        "cost shape the roofline charges (as --drafter-config) [default: the Medusa heads next to the model].",
+    ),
+    click.option(
+        "--num-heads",
         "num_heads",
         type=AtLeast(0),
         default=None,
+        metavar="K",
         help="Number of draft heads K [default: the accuracy table's, else the Medusa heads config "
         "next to the model, else 5]; 0 = none.",
     ),
@@ -341,6 +355,7 @@ def roofline_ops(
     model,
     dtype,
     hardware,
+    heads_dir,
     num_heads,
     head_layers,
     head_tokens,
@@ -363,7 +378,7 @@ def roofline_ops(
         StepConfig(batch, tokens, context, attention, verification, candidates, draft_stages),
         dtype=dtype,
         heads={"num_heads": num_heads, "num_layers": head_layers, "tokens_per_sequence": head_tokens},
-        drafter={"drafter": drafter, "drafter_config": drafter_config},
+        drafter={"drafter": drafter, "drafter_config": _drafter_dir(heads_dir, drafter_config)},
         draft_rows=draft_rows,
     )
     if not ops.fits:
@@ -462,6 +477,7 @@ def roofline_speedup(
     hardware,
     accuracy,
     csv_model,
+    heads_dir,
     num_heads,
     head_layers,
     head_tokens,
@@ -498,7 +514,7 @@ def roofline_speedup(
         max_nodes=max_nodes,
         engine=engine,
         heads={"num_heads": num_heads, "num_layers": head_layers, "tokens_per_sequence": head_tokens},
-        drafter={"drafter": drafter, "drafter_config": drafter_config},
+        drafter={"drafter": drafter, "drafter_config": _drafter_dir(heads_dir, drafter_config)},
         options=PredictionOptions(
             verification=verification,
             attention=attention,
@@ -585,6 +601,7 @@ def report_cmd(
     hardware,
     accuracy,
     csv_model,
+    heads_dir,
     num_heads,
     head_layers,
     head_tokens,
@@ -621,10 +638,10 @@ def report_cmd(
         accuracy_heads=table.num_heads if table is not None else None,
         tokens_per_sequence=head_tokens,
     )
-    cost = draft_cost_of(model, shape, drafter=drafter, drafter_config=drafter_config)
+    cost = draft_cost_of(model, shape, drafter=drafter, drafter_config=_drafter_dir(heads_dir, drafter_config))
     heads = heads_with_cost(cost, heads)
     if table is not None and heads.num_heads < 1:
-        raise UserError("--heads: a speedup report needs at least one draft head")
+        raise UserError("--num-heads: a speedup report needs at least one draft head")
     if plot_context is not None and plot_context not in contexts:
         raise UserError(f"--plot-context: {plot_context} is not one of the --context values")
     proposal = tau = None
@@ -643,7 +660,7 @@ def report_cmd(
             max_nodes=max_nodes,
             attention=attention,
             plot_context=plot_context,
-            command=_command_line(),
+            command=command_line(click.get_current_context()),
             title=title,
             joint=joint,
             used_heads=used_heads,
@@ -677,12 +694,14 @@ def report_cmd(
     help="Measured step times: columns batch, context, tokens, step_ms [, candidates, draft_stages] "
     "(docs/performance-model.md#fitting-a-profile-to-measured-steps).",
 )
+@OLD_HEADS_OPTION
 @click.option(
-    "--heads",
+    "--num-heads",
     "num_heads",
     type=AtLeast(0),
     default=0,
     show_default=True,
+    metavar="K",
     help="Draft heads whose operators the prediction of a speculative step includes (0: the drafting "
     "cost is left to the fitted engine terms). Use the same value wherever the profile is used.",
 )
@@ -737,12 +756,14 @@ def _term_text(name: str, value: float) -> str:
     metavar="POINTS.csv",
     help="Rows of batch, context, tokens [, candidates, draft_stages, step_ms]: the steps to predict.",
 )
+@OLD_HEADS_OPTION
 @click.option(
-    "--heads",
+    "--num-heads",
     "num_heads",
     type=AtLeast(0),
     default=0,
     show_default=True,
+    metavar="K",
     help="Draft heads a speculative step runs (the value the profile was fitted with).",
 )
 @click.option("--head-layers", type=AtLeast(0), default=None, help="ResBlocks per head [default: 1].")

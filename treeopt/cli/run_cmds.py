@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 
+from calibration.data import check_prompt_source
 from calibration.demo import DemoRecipe, train_demo
 from calibration.demo_draft import DraftRecipe, train_demo_draft
 from calibration.demo_files import DEMO_MODEL_DIR
@@ -19,9 +20,7 @@ from roofline.hardware import load_hardware
 from treeopt.app.run import run_main_job
 from treeopt.app.stages.job import RunSettings
 from treeopt.app.sweep import (
-    DEMO_VALIDATION,
     add_end_to_end,
-    check_prompt_source,
     fit_from_sweep,
     format_sweep,
     format_transfer,
@@ -34,6 +33,7 @@ from treeopt.app.validation import (
     check_sampled_drafter,
     format_sampled_validation,
     format_validation,
+    held_out_data,
     sampled_acceptance,
     sampled_trees,
     validate,
@@ -207,7 +207,13 @@ def check_sweep_size(batches, contexts, sizes) -> None:
     "each (batch expansion). One sweep measures one form; sweep each to compare them.",
 )
 @click.option("--end-to-end", is_flag=True, help="Also measure tokens/s of the real decoder on prompts.")
-@click.option("--data", default=DEMO_VALIDATION, show_default=True, help="Prompts for --end-to-end.")
+@click.option(
+    "--data",
+    default=None,
+    metavar="demo-validation|FILE",
+    help="Prompts for --end-to-end (JSON or JSON lines). Required with it except for the demo model "
+    "(default: demo-validation).",
+)
 @click.option("--max-new-tokens", type=AtLeast(1), default=32, show_default=True)
 @click.option("--topk", type=TOPK, default=10, show_default=True)
 @click.option("--resume", is_flag=True, help="Keep the (batch, context) groups already in OUTPUT.")
@@ -242,6 +248,7 @@ def sweep_cmd(
     # the profile fit models tree verification
     # (docs/performance-model.md#fitting-a-profile-to-measured-steps): a sweep of candidate
     # sequences is not fitted
+    data = held_out_data(data, model) if end_to_end else data
     fits = hardware is not None and 1 in batches and len(batches) > 1 and verification == "tree"
     folder = Path(output).parent
     check_outputs(
@@ -311,7 +318,11 @@ class ModelToLoad:
 )
 @METHOD_OPTION
 @click.option(
-    "--data", default=DEMO_VALIDATION, show_default=True, help="Prompts disjoint from the calibration prompts."
+    "--data",
+    default=None,
+    metavar="demo-validation|FILE|DIR",
+    help="Held-out prompts, disjoint from the calibration prompts, in any layout calibrate's --data reads "
+    "(docs/formats.md#prompt-data). Required except for the demo model (default: demo-validation).",
 )
 @click.option("--sizes", type=IntList(1), default="1,2,4,8,16,32,64", show_default=True)
 @click.option("--max-new-tokens", type=AtLeast(1), default=32, show_default=True)
@@ -352,6 +363,7 @@ def validate_cmd(
     """Measured tokens per step of the decoder against tau predicted from the accuracy table,
     and measured step-latency ratios against the roofline, with relative errors; with
     --temperature T > 0, a draft model's trees and chains under rejection sampling."""
+    data = held_out_data(data, model)
     check_outputs(inputs=input_files(accuracy, sweep_file, data, model, heads), folders=[output])
     to_load = ModelToLoad(model, heads, drafter, num_heads, device, dtype, threads)
     decoding = ValidationDecoding(max_new_tokens, batch_size, max_prompts, topk)
@@ -369,7 +381,7 @@ def validate_cmd(
         return
     _, tau = load_tau_curves(accuracy, max(sizes), method=method)
     sweep_df = read_sweep(sweep_file)[0] if sweep_file is not None else None  # before hours of decoding
-    load_prompt_texts(data)
+    check_prompt_source(data)
     lm = to_load.load()
     check_drafter_depth(lm, tau.proposal, accuracy)
     # the CSVs and plots land together or not at all
@@ -429,7 +441,8 @@ def validate_sampled_cmd(
     "--validation-data",
     default=None,
     metavar="FILE",
-    help="Held-out prompts for validation (JSON lines), disjoint from --data (required, except for the demo model).",
+    help="Held-out prompts for validation, disjoint from --data, in any layout --data reads (required, "
+    "except for the demo model).",
 )
 @click.option("--batch", "batches", type=IntList(1), default="1,2,4,8", show_default=True, help="Batch sizes to sweep.")
 @click.option(
@@ -501,7 +514,7 @@ def run_cmd(
     if data is not None:
         check_prompt_source(data, "--data")
     if validation_data is not None:
-        load_prompt_texts(validation_data)
+        check_prompt_source(validation_data, "--validation-data")
     settings = RunSettings(
         model=model,
         heads=heads,
@@ -526,6 +539,7 @@ def run_cmd(
         validation_prompts=32 if quick else None,
         engine=engine,
         mix=mix,
+        output=output,
     )
     run_main_job(output, settings, log=lambda m: click.echo(m, err=True))
 

@@ -10,7 +10,7 @@ import click
 from treeopt import api
 from treeopt.cli.options import tolerance_option
 from treeopt.cli.safety import check_outputs, input_files
-from treeopt.cli.tree_cmds import _load_table, _write_output
+from treeopt.cli.tree_cmds import _echo_notes, _engine_for_drafter, _load_table, _write_output
 from treeopt.engines import ENGINE_NAMES
 from treeopt.errors import UserError
 from treeopt.selection import sweep_meta_path, sweep_samples_path
@@ -114,6 +114,7 @@ def select_cmd(
         raise UserError("--model/--hardware: only meaningful with --sweep (the pooled fit of its cells)")
     check_outputs([output], input_files(*sweep_inputs, grid_file, accuracy, mix_spec, hardware))
     table = _load_table(accuracy, csv_model) if accuracy is not None else None
+    engine, notes = _engine_for_drafter(engine, table)
     if sweep_file is not None:
         source = api.load_sweep(sweep_file)
     else:
@@ -134,6 +135,7 @@ def select_cmd(
         hardware=hardware,
     )
     doc = selection.doc
+    _echo_notes(notes)
     if output:
         _write_output(output, lambda: selection.save(output))
         click.echo(selection.summary())

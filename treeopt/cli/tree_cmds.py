@@ -14,7 +14,7 @@ import numpy as np
 from treeopt import tree_api as api
 from treeopt.accuracy import expected_tokens, load_accuracy, node_values, unmeasured_nodes
 from treeopt.build import METHODS, build_tree
-from treeopt.cli.options import TOPK, AtLeast
+from treeopt.cli.options import OLD_HEADS_OPTION, TOPK, AtLeast
 from treeopt.cli.safety import check_outputs, input_files
 from treeopt.engines import ENGINE_NAMES, check, get_engine
 from treeopt.errors import UserError
@@ -173,13 +173,14 @@ def _display_name(name: str, width: int = 28) -> str:
     help="Search only the trees this engine drafts as written, and end with the line it takes.",
 )
 @click.option(
-    "--heads",
+    "--num-heads",
     "engine_heads",
     metavar="K",
     type=AtLeast(1),
     default=None,
     help="With --engine: the draft heads the engine runs [default: the table's].",
 )
+@OLD_HEADS_OPTION
 @click.option(
     "--format",
     "fmt",
@@ -204,7 +205,7 @@ def build_cmd(
     if method == "joint" and table.joint is None:
         raise UserError(f"{accuracy_path}: has no joint statistics, which --method joint needs")
     if engine is None and (fmt == "engine" or engine_heads is not None):
-        raise UserError("--format engine and --heads need --engine E")
+        raise UserError("--format engine and --num-heads need --engine E")
     engine, notes = _engine_for_drafter(engine, table)
     target = get_engine(engine) if engine else None
     tree = api.build_tree(
@@ -449,13 +450,14 @@ def _compare_row(tree: Tree, table, target) -> dict:
 )
 @click.option("--csv-model", metavar="NAME", help="Row set of a multi-model CSV.")
 @click.option(
-    "--heads",
+    "--num-heads",
     "engine_heads",
     metavar="K",
     type=AtLeast(1),
     default=None,
     help="Draft heads the engine runs [default: the table's, else unbounded].",
 )
+@OLD_HEADS_OPTION
 @click.option("--topk", metavar="K", type=TOPK, default=None, help="treeopt's decoder: candidates per head.")
 @click.option("--json", "as_json", is_flag=True, help="The answer as JSON.")
 def check_cmd(tree_spec, engine, accuracy_path, csv_model, engine_heads, topk, as_json):

@@ -5,39 +5,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
-
-from calibration.models import ModelSource
+from calibration.models import ModelSource, resolve_device, resolve_dtype
 from calibration.runner import CalibrationSettings, run_calibration
 from treeopt.app.stages.job import Job
 
 STAGE = "calibrate"
 
 
-def cpu_has_fast_bf16(cpuinfo: str | None = None) -> bool:
-    """Whether this CPU multiplies bfloat16 natively (AVX512-BF16 or AMX-BF16 in the CPU flags of
-    /proc/cpuinfo; False where the flags cannot be read). Without them bf16 GEMMs are converted
-    to float32 and slower than float32 itself (docs/performance-model.md#measured-on-the-development-machine)."""
-    if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
-        except OSError:
-            return False
-    flags = set(cpuinfo.split())
-    return bool({"avx512_bf16", "amx_bf16"} & flags)
-
-
 def run_dtype(dtype: str, device: str) -> str:
-    """The dtype of the main job: `dtype` unless "auto"; on a CPU, bfloat16 where it is native
-    (`cpu_has_fast_bf16`), else float32. Why bf16: verifying a few extra tokens is nearly free
-    only where a step is bound by streaming the weights, as on a GPU; in bf16 this holds on such
-    a CPU too, while float32 makes the step cost grow with every token (docs/statistics.md#the-demos-regime)."""
-    if dtype != "auto":
-        return dtype
-    mps = getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()
-    if device == "cpu" or (device == "auto" and not torch.cuda.is_available() and not mps):
-        return "bfloat16" if cpu_has_fast_bf16() else "float32"
-    return "auto"
+    """The dtype every stage of the main job runs in, by torch's name ("bfloat16", ...): `dtype`
+    as `calibration.models.resolve_dtype` resolves it on `device`, so that "auto" follows the
+    one rule of every command; fixed once, so that the stages cannot differ."""
+    return str(resolve_dtype(dtype, resolve_device(device))).removeprefix("torch.")
 
 
 def accuracy_path(job: Job) -> Path:
@@ -68,7 +47,8 @@ def calibrate(job: Job, dtype: str) -> Path:
     """Calibrate the drafter on the run's prompts into `accuracy.json`, resuming from its
     checkpoint; returns the table's path."""
     s, progress, acc_file = job.settings, job.progress, accuracy_path(job)
-    job.log(f"[calibrate] {s.model} on {s.data}: {s.steps} greedy tokens per prompt, top-{s.topk}")
+    # Said once the table is written, not before: a model that does not load is then one line
+    # (its error), as for every other bad input.
     run_calibration(
         ModelSource(s.model, s.heads, s.drafter, s.num_heads, s.device, dtype),
         s.data,
@@ -78,4 +58,5 @@ def calibrate(job: Job, dtype: str) -> Path:
         progress=progress,
         threads=s.threads,
     )
+    job.log(f"[calibrate] {s.model} on {s.data}: {s.steps} greedy tokens per prompt, top-{s.topk} -> {acc_file.name}")
     return acc_file

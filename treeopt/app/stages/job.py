@@ -40,6 +40,7 @@ class RunSettings:
     seed: int = 0
     engine: str | None = None  # proposal trees from this engine's family (docs/engines.md)
     mix: str | None = None  # traffic mix (CSV or inline spec): also choose one tree for it
+    output: str | None = None  # the run's folder as given (None: not given), for index.md's command
 
 
 @dataclass(frozen=True)
