@@ -9,9 +9,11 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from treeopt.app.models import is_demo
 from treeopt.app.pooled import format_pooled
 from treeopt.app.stages.job import RunSettings
 from treeopt.app.stages.proposal import Proposal
+from treeopt.app.sweep import DEMO_VALIDATION
 from treeopt.app.validation import ValidationResult
 from treeopt.engines import export_for
 from treeopt.selection import format_speedup, noise_summary, rounds_needed_text
@@ -360,10 +362,12 @@ def _rerun_command(s: RunSettings) -> str:
     """The `treeopt run` command line of these settings: every setting that differs from the
     default, each value quoted for a POSIX shell, so that the command repeats this run."""
     defaults = RunSettings()
+    # the demo's own prompts are what the demo gets without --data / --validation-data
+    implied = {"data": "demo", "validation_data": DEMO_VALIDATION} if is_demo(s.model) else {}
     parts = ["treeopt", "run"]
     for name, option in RUN_OPTIONS.items():
         value = getattr(s, name)
-        if value is None or value == getattr(defaults, name):
+        if value is None or value == getattr(defaults, name) or implied.get(name) == value:
             continue
         parts += [option, ",".join(map(str, value)) if isinstance(value, tuple) else str(value)]
     if s.hw_quick:
