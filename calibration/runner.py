@@ -215,7 +215,7 @@ def _finished_output(output: Path, fingerprint: dict, total: int, *, refuse_othe
     )
     counts.rank_chunks, counts.sequence_chunks = [ranks], [sequence]
     print(
-        f"treeopt: {output} is already complete for these inputs ({prompts_done} prompts); nothing to do",
+        f"treeopt: {output} is already complete for these inputs ({prompts_done} prompts); its counts are kept",
         file=sys.stderr,
     )
     return CalibrationResult(
