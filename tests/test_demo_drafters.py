@@ -4,6 +4,7 @@ end at a tiny size, and the side-by-side report reads the runs (docs/decoder.md#
 
 import json
 from dataclasses import asdict, replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -133,3 +134,17 @@ def test_run_with_hydra_and_the_side_by_side_report(tmp_path, capsys):
     assert (tmp_path / "cmp" / "tau.png").is_file()
     with pytest.raises(UserError, match="not a finished"):
         compare_drafters({"hydra": tmp_path / "nothing"}, tmp_path / "cmp2")
+
+
+def test_the_committed_side_by_side_tau_is_of_the_trees_each_run_measured():
+    """reports/drafters-demo/tau.csv against the tau column each run's own sweep recorded for the
+    sizes it measured (Hydra's trees are from Hydra's family, not the unconstrained sequence)."""
+    import pandas as pd
+
+    reports = Path(__file__).resolve().parent.parent / "reports" / "drafters-demo"
+    side = pd.read_csv(reports / "tau.csv").set_index("nodes")
+    for kind in ("medusa", "hydra", "mlp-speculator", "draft-model"):
+        sweep = pd.read_csv(reports / f"run-{kind}" / "sweep.csv").drop_duplicates("nodes").set_index("nodes")
+        sizes = [n for n in side.index if n in sweep.index]
+        assert len(sizes) >= 6, kind
+        assert side.loc[sizes, kind].to_numpy() == pytest.approx(sweep.loc[sizes, "tau"].to_numpy(), abs=6e-5), kind

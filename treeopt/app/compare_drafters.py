@@ -12,10 +12,13 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from treeopt.acceptance import load_rank_vectors
+from treeopt.accuracy import load_accuracy
 from treeopt.errors import UserError
 from treeopt.fileio import atomic_path, write_text
 from treeopt.selection import format_speedup
-from treeopt.tau import TauCurve, load_tau_curves
+from treeopt.tau import TauCurve, load_tau_curves, tau_curves
+from treeopt.tree import load_tree
 
 SIZES = (1, 2, 4, 8, 16, 32, 64)
 _NAMES = {
@@ -30,9 +33,21 @@ def _read_run(kind: str, run: Path, max_nodes: int) -> tuple[TauCurve, dict, pd.
     for name in ("accuracy.json", "selection.json", "sweep.csv"):
         if not (run / name).is_file():
             raise UserError(f"{kind}={run}: not a finished `treeopt run` folder (no {name})")
-    _, tau = load_tau_curves(run / "accuracy.json", max_nodes)
+    tau = _run_tau(run, max_nodes)
     selection = json.loads((run / "selection.json").read_text(encoding="utf-8"))
     return tau, selection, pd.read_csv(run / "sweep.csv")
+
+
+def _run_tau(run: Path, max_nodes: int) -> TauCurve:
+    """tau of the proposal trees the run measured (`proposal_tree.json`: its engine's family,
+    Hydra's own for Hydra heads), up to `max_nodes`; a run folder without one gets the table's
+    unconstrained proposal sequence."""
+    if not (run / "proposal_tree.json").is_file():
+        return load_tau_curves(run / "accuracy.json", max_nodes)[1]
+    table = load_accuracy(run / "accuracy.json")
+    proposal = load_tree(str(run / "proposal_tree.json"))
+    proposal = proposal.prefix(min(max_nodes, proposal.size))
+    return tau_curves(table, proposal, load_rank_vectors(run / "accuracy.json", table=table))
 
 
 def tau_table(curves: dict[str, TauCurve], sizes=SIZES) -> pd.DataFrame:
@@ -107,7 +122,8 @@ def _intro_lines(runs: dict[str, Path], curves: dict[str, TauCurve], command: st
         "# Drafters side by side",
         "",
         "Each column is one `treeopt run --drafter KIND` on the same model, prompts and machine; each "
-        "drafter gets its own proposal trees, calibrated teacher-forced along the base model's greedy "
+        "drafter gets the proposal trees its run measured (its engine's family: Hydra's own for Hydra heads), "
+        "calibrated teacher-forced along the base model's greedy "
         "continuation (docs/statistics.md#dependent-drafters).",
         "",
     ]
