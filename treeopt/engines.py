@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from treeopt.errors import UserError
+from treeopt.layout import DRAFTER_KINDS
 from treeopt.tree import Tree, _node_str
 
 __all__ = [
@@ -723,8 +724,6 @@ def sglang_flags(steps: int, topk: int, num_draft_tokens: int, *, algorithm: str
 # ---------------------------------------------------------------------------------------------
 # Which engine line a drafter can use (docs/engines.md#drafters-and-engines)
 
-#: drafter kinds, as treeopt names them (treeopt/layout.py DRAFTER_SUBDIRS)
-DRAFTER_KINDS = ("medusa", "hydra", "mlp-speculator", "draft-model")
 
 _VLLM_FOR = {
     "medusa": ("vllm-medusa", 'vLLM serves Medusa heads as a top-1 chain (method "medusa"), not a tree'),

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-__all__ = ["DRAFTER_SUBDIRS", "HEADS_SUBDIRS", "default_heads_dir"]
+__all__ = ["DRAFTER_KINDS", "DRAFTER_SUBDIRS", "HEADS_SUBDIRS", "default_heads_dir"]
 
 #: sub-directories of a model directory searched, in order, for each kind of drafter (the demo
 #: model's layout; Medusa's own checkpoints name theirs `medusa_heads`)
@@ -16,6 +16,8 @@ DRAFTER_SUBDIRS = {
     "mlp-speculator": ("mlp_speculator", "speculator"),
     "draft-model": ("draft", "draft_model"),
 }
+#: the kinds of drafter treeopt knows, as every package names them
+DRAFTER_KINDS = tuple(DRAFTER_SUBDIRS)
 #: sub-directories of a model directory searched, in order, for its Medusa heads
 HEADS_SUBDIRS = DRAFTER_SUBDIRS["medusa"]
 #: the key that marks a config.json as a Medusa heads config (Medusa's published checkpoints)

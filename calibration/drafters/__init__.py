@@ -12,14 +12,14 @@ from pathlib import Path
 
 import torch
 
-from calibration.drafters.base import DRAFTER_KINDS, Drafter, DraftState, select_rows
+from calibration.drafters.base import Drafter, DraftState, select_rows
 from calibration.drafters.draft_model import DEFAULT_MAX_DEPTH, DraftModel
 from calibration.drafters.hydra import HydraHeads
 from calibration.drafters.io import read_config
 from calibration.drafters.medusa import MedusaDrafter
 from calibration.drafters.mlp_speculator import MODEL_TYPE, MLPSpeculator
 from treeopt.errors import UserError
-from treeopt.layout import DRAFTER_SUBDIRS
+from treeopt.layout import DRAFTER_KINDS, DRAFTER_SUBDIRS
 
 __all__ = [
     "DRAFTER_KINDS",

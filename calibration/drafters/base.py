@@ -25,9 +25,6 @@ from typing import ClassVar
 
 import torch
 
-#: the drafter kinds treeopt reads, as `--drafter` spells them
-DRAFTER_KINDS = ("medusa", "hydra", "mlp-speculator", "draft-model")
-
 DraftState = tuple[torch.Tensor, ...]
 
 
@@ -39,7 +36,7 @@ def select_rows(state: DraftState, rows: torch.Tensor) -> DraftState:
 class Drafter:
     """Mixin for a draft module (a `torch.nn.Module` subclass) that drafts depth by depth.
 
-    Attributes every drafter has: ``kind`` (one of `DRAFTER_KINDS`), ``sequential``,
+    Attributes every drafter has: ``kind`` (one of `treeopt.layout.DRAFTER_KINDS`), ``sequential``,
     ``num_heads`` (the deepest depth it drafts), ``hidden_size`` (of the base model) and
     ``vocab_size``.
     """
