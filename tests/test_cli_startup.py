@@ -58,31 +58,24 @@ def test_select_still_works_from_its_own_module(tmp_path):
     assert out.stderr.strip() == "treeopt: error: select: give exactly one of --sweep or --grid"
 
 
+def _build_with_epoch(value: str, cwd: Path) -> subprocess.CompletedProcess:
+    """`treeopt build ... -o t.json` with SOURCE_DATE_EPOCH set to `value`."""
+    argv = [sys.executable, "-m", "treeopt", "build", "--accuracy", str(ACCURACY), "--nodes", "4", "-o", "t.json"]
+    env = {"PATH": "/usr/bin:/bin", "SOURCE_DATE_EPOCH": value}
+    return subprocess.run(argv, capture_output=True, text=True, cwd=cwd, env=env)
+
+
 @pytest.mark.parametrize("value", ["abc", "", "1.5", "1e9"])
 def test_a_source_date_epoch_that_is_no_unix_time_is_one_line(value, tmp_path):
     # The reproducible-builds specification: SOURCE_DATE_EPOCH is a decimal integer of seconds.
     # numpy reads it with int() when scipy is imported, which would be a traceback mid-command.
-    env = {"PATH": "/usr/bin:/bin", "SOURCE_DATE_EPOCH": value}
-    out = subprocess.run(
-        [sys.executable, "-m", "treeopt", "build", "--accuracy", str(ACCURACY), "--nodes", "4", "-o", "t.json"],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        env=env,
-    )
+    out = _build_with_epoch(value, tmp_path)
     assert out.returncode == 2, out.stderr
     assert out.stderr.count("\n") == 1 and "SOURCE_DATE_EPOCH" in out.stderr, out.stderr
     assert not (tmp_path / "t.json").exists()
 
 
 def test_a_valid_source_date_epoch_is_taken(tmp_path):
-    env = {"PATH": "/usr/bin:/bin", "SOURCE_DATE_EPOCH": "1700000000"}
-    out = subprocess.run(
-        [sys.executable, "-m", "treeopt", "build", "--accuracy", str(ACCURACY), "--nodes", "4", "-o", "t.json"],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        env=env,
-    )
+    out = _build_with_epoch("1700000000", tmp_path)
     assert out.returncode == 0, out.stderr
     assert (tmp_path / "t.json").exists()
