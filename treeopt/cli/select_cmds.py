@@ -10,7 +10,7 @@ import click
 from treeopt import api
 from treeopt.cli.options import tolerance_option
 from treeopt.cli.safety import check_outputs, input_files
-from treeopt.cli.tree_cmds import _echo_notes, _engine_for_drafter, _load_table, _write_output
+from treeopt.cli.tree_cmds import echo_notes, engine_serving_table, load_table, write_output
 from treeopt.engines import ENGINE_NAMES
 from treeopt.errors import UserError
 from treeopt.selection import sweep_meta_path, sweep_samples_path
@@ -113,8 +113,8 @@ def select_cmd(
     if sweep_file is None and (model is not None or hardware is not None):
         raise UserError("--model/--hardware: only meaningful with --sweep (the pooled fit of its cells)")
     check_outputs([output], input_files(*sweep_inputs, grid_file, accuracy, mix_spec, hardware))
-    table = _load_table(accuracy, csv_model) if accuracy is not None else None
-    engine, notes = _engine_for_drafter(engine, table)
+    table = load_table(accuracy, csv_model) if accuracy is not None else None
+    engine, notes = engine_serving_table(engine, table)
     if sweep_file is not None:
         source = api.load_sweep(sweep_file)
     else:
@@ -135,9 +135,9 @@ def select_cmd(
         hardware=hardware,
     )
     doc = selection.doc
-    _echo_notes(notes)
+    echo_notes(notes)
     if output:
-        _write_output(output, lambda: selection.save(output))
+        write_output(output, lambda: selection.save(output))
         click.echo(selection.summary())
         click.echo(f"wrote {output}")
     else:  # stdout is the JSON alone, so that it can be piped; the summary goes to stderr

@@ -55,11 +55,11 @@ def _emit(text: str, output: str | None, what: str = "") -> None:
     if output is None:
         click.echo(text, nl=False)
         return
-    _write_output(output, lambda: write_text(output, text))
+    write_output(output, lambda: write_text(output, text))
     click.echo(f"treeopt: wrote {output}{what}", err=True)
 
 
-def _write_output(output, write) -> None:
+def write_output(output, write) -> None:
     """`write()`, with a failure of the file system (full disk, a folder removed meanwhile) as
     one line naming the output."""
     try:
@@ -68,13 +68,13 @@ def _write_output(output, write) -> None:
         raise UserError(f"{output}: cannot write: {err.strerror or err}") from None
 
 
-def _load_table(path, csv_model):
+def load_table(path, csv_model):
     if path is None:
         raise UserError("--accuracy FILE is required")
     return load_accuracy(path, model=csv_model)
 
 
-def _engine_for_drafter(engine: str | None, table) -> tuple[str | None, list[str]]:
+def engine_serving_table(engine: str | None, table) -> tuple[str | None, list[str]]:
     """The engine that serves the table's drafter (`tree_api.engine_for_table`) and the notes
     that say so, for stderr once the command's work has succeeded (a bad input stays one line);
     an engine that cannot serve the drafter at all is an error."""
@@ -87,7 +87,7 @@ def _engine_for_drafter(engine: str | None, table) -> tuple[str | None, list[str
     return served, notes
 
 
-def _echo_notes(notes: list[str]) -> None:
+def echo_notes(notes: list[str]) -> None:
     for line in notes:
         click.echo(f"note: {line}", err=True)
 
@@ -201,12 +201,12 @@ def build_cmd(
         return
     if nodes is None:
         raise UserError("--nodes N is required (or give --tree TREE to re-export a tree)")
-    table = _load_table(accuracy_path, csv_model)
+    table = load_table(accuracy_path, csv_model)
     if method == "joint" and table.joint is None:
         raise UserError(f"{accuracy_path}: has no joint statistics, which --method joint needs")
     if engine is None and (fmt == "engine" or engine_heads is not None):
         raise UserError("--format engine and --num-heads need --engine E")
-    engine, notes = _engine_for_drafter(engine, table)
+    engine, notes = engine_serving_table(engine, table)
     target = get_engine(engine) if engine else None
     tree = api.build_tree(
         table, nodes, method=method, engine=engine, heads=engine_heads, max_depth=max_depth, max_children=max_children
@@ -238,7 +238,7 @@ def build_cmd(
             text = head + drawing + f"medusa_choices = {tree.to_choices()}\n"
         else:
             text = head + drawing + f"for {target.title}:\n" + paste.text
-    _echo_notes(notes)
+    echo_notes(notes)
     _emit(text, output, f" ({tree.size} nodes, tau = {tau:.4f})")
 
 
@@ -247,7 +247,7 @@ def _export_given_tree(tree_spec, accuracy_path, csv_model, nodes, fmt, output):
     tree = load_tree(tree_spec)
     if nodes is not None and tree.size > nodes:
         tree = tree.prefix(nodes)
-    table = _load_table(accuracy_path, csv_model) if accuracy_path is not None else None
+    table = load_table(accuracy_path, csv_model) if accuracy_path is not None else None
     tau = expected_tokens(tree, table, strict=False) if table is not None else None
     if fmt != "text":
         text = format_tree(tree, fmt, tau=tau, provenance=table.provenance if table is not None else None)
@@ -281,7 +281,7 @@ def show_cmd(tree_spec, accuracy_path, csv_model, topk, num_heads, as_json):
     """Draw TREE (a reference name such as mc_sim_7b_63, a JSON file, or a list literal) with
     its statistics, and tau when an accuracy table is given."""
     tree = load_tree(tree_spec, topk=topk, num_heads=num_heads)
-    table = _load_table(accuracy_path, csv_model) if accuracy_path is not None else None
+    table = load_table(accuracy_path, csv_model) if accuracy_path is not None else None
     if table is None and csv_model is not None:
         raise UserError("--csv-model: only meaningful with --accuracy")
     tau = tau_joint = values = None
@@ -371,7 +371,7 @@ def compare_cmd(tree_specs, accuracy_path, csv_model, nodes, engine, as_json):
     """
     if not tree_specs:
         raise UserError("TREE: give at least one tree to compare")
-    table = _load_table(accuracy_path, csv_model)
+    table = load_table(accuracy_path, csv_model)
     target = get_engine(engine) if engine else None
     trees = [_compared_tree(spec, table, nodes, target, accuracy_path) for spec in tree_specs]
     rows, notes = [], []
@@ -463,16 +463,16 @@ def _compare_row(tree: Tree, table, target) -> dict:
 def check_cmd(tree_spec, engine, accuracy_path, csv_model, engine_heads, topk, as_json):
     """Whether ENGINE drafts TREE as written; if not, what it drafts instead, with tau of both."""
     tree = load_tree(tree_spec)
-    table = _load_table(accuracy_path, csv_model) if accuracy_path is not None else None
+    table = load_table(accuracy_path, csv_model) if accuracy_path is not None else None
     if table is None and csv_model is not None:
         raise UserError("--csv-model: only meaningful with --accuracy")
-    engine, notes = _engine_for_drafter(engine, table)
+    engine, notes = engine_serving_table(engine, table)
     result = api.check(tree, engine, accuracy=table, heads=engine_heads, topk=topk)
     target = get_engine(engine, topk=topk)
     paste = None
     if result.as_written:
         paste = api.export_tree(tree, engine, accuracy=table, heads=engine_heads)
-    _echo_notes(notes)
+    echo_notes(notes)
     if as_json:
         doc = result.to_dict()
         if table is None:
