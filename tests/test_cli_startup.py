@@ -61,7 +61,9 @@ def test_select_still_works_from_its_own_module(tmp_path):
 def _build_with_epoch(value: str, cwd: Path) -> subprocess.CompletedProcess:
     """`treeopt build ... -o t.json` with SOURCE_DATE_EPOCH set to `value`."""
     argv = [sys.executable, "-m", "treeopt", "build", "--accuracy", str(ACCURACY), "--nodes", "4", "-o", "t.json"]
-    env = {"PATH": "/usr/bin:/bin", "SOURCE_DATE_EPOCH": value}
+    # a bare environment, but the repository under test first on the path (tools/mutants.py
+    # tests a copy of it)
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "SOURCE_DATE_EPOCH": value}
     return subprocess.run(argv, capture_output=True, text=True, cwd=cwd, env=env)
 
 

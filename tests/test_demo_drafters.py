@@ -124,6 +124,14 @@ def test_run_with_hydra_and_the_side_by_side_report(tmp_path, capsys):
     assert "100.00% of generated tokens identical" in err  # lossless with either drafter
     prediction = (tmp_path / "hydra" / "prediction" / "index.md").read_text()
     assert "**Drafter**: hydra: 4 heads" in prediction and "sequential, depth by depth" in prediction
+    # Hydra's own code drafts a node's children as ranks 0..c-1 and expands only the first e of
+    # them (docs/engines.md#hydra): the run's proposal trees are all of that family
+    paths = {tuple(c) for c in json.loads((tmp_path / "hydra" / "proposal_tree.json").read_text())["medusa_choices"]}
+    parents = {q[:-1] for q in paths}
+    for q in paths:
+        assert all(q[:-1] + (r,) in paths for r in range(q[-1])), q  # siblings 0..c-1
+        if q in parents:
+            assert all(q[:-1] + (r,) in parents for r in range(q[-1])), q  # expanded: the first ones
     summary = compare_drafters({"medusa": tmp_path / "medusa", "hydra": tmp_path / "hydra"}, tmp_path / "cmp")
     tau = summary["tau"]
     for kind in ("medusa", "hydra"):
@@ -148,3 +156,28 @@ def test_the_committed_side_by_side_tau_is_of_the_trees_each_run_measured():
         sizes = [n for n in side.index if n in sweep.index]
         assert len(sizes) >= 6, kind
         assert side.loc[sizes, kind].to_numpy() == pytest.approx(sweep.loc[sizes, "tau"].to_numpy(), abs=6e-5), kind
+
+
+def test_a_hydra_run_builds_its_proposal_in_hydras_own_family(tmp_path):
+    """The committed Hydra table, through the run's proposal stage with 64 nodes: every tree has
+    siblings 0..c-1 and expands only the first children of a node (docs/engines.md#hydra), where
+    the unconstrained sequence of the same table does not."""
+    from treeopt.app.stages.job import Job, RunSettings
+    from treeopt.app.stages.proposal import build_proposal
+    from treeopt.tau import proposal_sequence
+
+    acc = Path(__file__).resolve().parent.parent / "reports" / "drafters-demo" / "run-hydra" / "accuracy.json"
+    logs = []
+    proposal = build_proposal(Job(RunSettings(drafter="hydra"), tmp_path, logs.append, False), acc)
+
+    def grounded(paths):
+        parents = {q[:-1] for q in paths}
+        return all(
+            all(q[:-1] + (r,) in paths for r in range(q[-1]))
+            and (q not in parents or all(q[:-1] + (r,) in parents for r in range(q[-1])))
+            for q in paths
+        )
+
+    assert proposal.tree.size == 64 and grounded(set(proposal.tree.paths))
+    assert not grounded(set(proposal_sequence(proposal.table, 64).paths))
+    assert any("Hydra heads: trees from the family" in m for m in logs)
