@@ -45,6 +45,8 @@ class LoadedModel:
     name: str
     device: torch.device
     dtype: torch.dtype
+    # random weights drawn with this seed (calibration.random_model); None: a checkpoint's
+    random_seed: int | None = None
 
 
 def resolve_device(name: str = "auto") -> torch.device:

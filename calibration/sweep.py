@@ -103,6 +103,7 @@ __all__ = [
     "measure_end_to_end",
     "left_padding",
     "prompt_batches",
+    "token_batches",
 ]
 
 SWEEP_FORMAT = "treeopt.sweep/v1"
@@ -472,6 +473,7 @@ def _fingerprint(lm, proposal: Tree, sizes: list[int], settings: SweepSettings) 
     return _jsonable(
         {
             "model": lm.name,
+            "weights": _weights(lm),
             "device": str(lm.device),
             "dtype": str(lm.dtype).replace("torch.", ""),
             "threads": torch.get_num_threads(),
@@ -488,6 +490,13 @@ def _fingerprint(lm, proposal: Tree, sizes: list[int], settings: SweepSettings) 
             },
         }
     )
+
+
+def _weights(lm) -> str:
+    """Where the model's weights came from: a random sweep and a checkpoint's time alike but
+    are different measurements, which a resume must not join."""
+    seed = getattr(lm, "random_seed", None)
+    return "checkpoint" if seed is None else f"random, seed {seed}"
 
 
 def _differences(old: dict, new: dict) -> list[str]:
@@ -510,8 +519,8 @@ def _read_done(out_csv: Path, mpath: Path, fingerprint: dict, sizes: list[int]) 
         raise UserError(f"{mpath}: not valid JSON ({str(err).splitlines()[0]}); cannot resume") from None
     if not isinstance(old, dict) or old.get("format") != SWEEP_FORMAT:
         raise UserError(f"{mpath}: not a treeopt sweep metadata file; cannot resume")
-    # a sweep written before the field existed measured the tree form
-    diff = _differences({"verification": "tree", **old}, fingerprint)
+    # a sweep written before the fields existed measured the tree form of a checkpoint
+    diff = _differences({"verification": "tree", "weights": "checkpoint", **old}, fingerprint)
     if diff:
         raise UserError(
             f"{out_csv}: was measured with other settings ({'; '.join(diff)}); cannot resume "
@@ -825,6 +834,19 @@ def prompt_batches(tokenizer, prompts: list[str], batch: int, device) -> list[tu
     return out
 
 
+def token_batches(token_lists: list[list[int]], batch: int, device) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """`prompt_batches` of prompts given as token ids of one length (a model without a
+    tokenizer: random weights, `calibration.random_model.random_token_ids`)."""
+    if not token_lists:
+        raise UserError("prompts: none given")
+    count = max(1, len(token_lists) // batch)
+    out = []
+    for i in range(count):
+        ids = torch.tensor([token_lists[(i * batch + j) % len(token_lists)] for j in range(batch)], dtype=torch.long)
+        out.append((ids.to(device), torch.ones_like(ids).to(device)))
+    return out
+
+
 def _decoder(lm, tree: Tree, topk: int, verification: str):
     """The reference decoder of `lm` over `tree` in the `verification` form."""
     if verification == "tree":
@@ -869,7 +891,7 @@ def measure_end_to_end(
     proposal: Tree,
     sizes,
     batches,
-    prompts: list[str],
+    prompts: list[str] | list[list[int]],
     *,
     max_new_tokens: int,
     topk: int = 10,
@@ -878,7 +900,8 @@ def measure_end_to_end(
     progress: bool = True,
     verification: str = "tree",
 ) -> pd.DataFrame:
-    """The real greedy decoder on `prompts`, per (batch, tree size): rows batch, nodes,
+    """The real greedy decoder on `prompts` (texts; token ids of one length for a model
+    without a tokenizer), per (batch, tree size): rows batch, nodes,
     e2e_tokens_per_s, e2e_tokens_per_step, e2e_speedup.
 
     Every batch of prompts is decoded with every tree size in a fresh random order
@@ -901,7 +924,10 @@ def measure_end_to_end(
     bar = tqdm(total=len(batches) * len(sizes), desc="end-to-end", unit="cfg", disable=not progress, file=sys.stderr)
     try:
         for b in batches:
-            encoded = prompt_batches(lm.tokenizer, prompts, b, lm.device)
+            if lm.tokenizer is None:
+                encoded = token_batches(prompts, b, lm.device)
+            else:
+                encoded = prompt_batches(lm.tokenizer, prompts, b, lm.device)
             decoders = {n: _decoder(lm, proposal.prefix(n), topk, verification) for n in sizes}
             if warmup:
                 for n in sizes:

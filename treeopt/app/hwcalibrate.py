@@ -25,7 +25,7 @@ from treeopt.errors import UserError
 from treeopt.hwmeasurements import ModelDims
 from treeopt.tree import make_tree
 
-__all__ = ["calibrate_hardware", "calibrate_engine_terms", "framework_probe"]
+__all__ = ["calibrate_hardware", "calibrate_engine_terms", "engine_bench_positions", "framework_probe"]
 
 # A proxy's dimensions: small enough that its forwards are all framework overhead, with the
 # model's ratio of query to KV heads (docs/performance-model.md#framework-overheads)
@@ -125,6 +125,8 @@ def _dims(shape: ModelShape) -> ModelDims:
 
 #: the profile terms the decoder's tree steps are fitted for
 ENGINE_TERMS = ("spec_step_overhead_s", "verified_token_s")
+#: the batch sizes and the context of the tree steps `calibrate_engine_terms` times
+ENGINE_BATCHES, ENGINE_CONTEXT = (1, 2), 64
 #: the trees whose steps `calibrate_engine_terms` times: a breadth-first tree of up to 8 nodes,
 #: cut to the drafter's depth (its prefixes are the tree sizes measured)
 ENGINE_PROBE_TREE = ((0,), (1,), (0, 0), (2,), (0, 1), (1, 0), (0, 0, 0), (3,))
@@ -134,8 +136,8 @@ def calibrate_engine_terms(
     lm,
     profile: HardwareProfile,
     *,
-    batches=(1, 2),
-    context: int = 64,
+    batches=ENGINE_BATCHES,
+    context: int = ENGINE_CONTEXT,
     sizes=(0, 1, 2, 4, 8),
     repeats: int = 7,
     seed: int = 0,
@@ -164,5 +166,16 @@ def calibrate_engine_terms(
         points,
         name=profile.name,
         terms=ENGINE_TERMS,
-        source=f"treeopt's decoder on {lm.name}: {len(points)} tree steps",
+        source=f"treeopt's decoder on {lm.name}{_weights_note(lm)}: {len(points)} tree steps",
     )
+
+
+def _weights_note(lm) -> str:
+    """' (random weights)' for a model built by `calibration.random_model`, else nothing."""
+    return "" if getattr(lm, "random_seed", None) is None else " (random weights)"
+
+
+def engine_bench_positions() -> int:
+    """The positions of the longest tree step `calibrate_engine_terms` times: its context, the
+    largest probe tree and the root."""
+    return ENGINE_CONTEXT + len(ENGINE_PROBE_TREE) + 1

@@ -9,6 +9,7 @@ import pandas as pd
 
 from calibration.data import read_prompt_texts
 from calibration.demo_files import DEMO_PROMPTS, DEMO_VALIDATION_PROMPTS
+from calibration.random_model import RANDOM_PROMPT_TOKENS, random_token_ids
 from calibration.sweep import E2E_COLUMNS, SweepSettings, check_form, measure_end_to_end, run_sweep
 from roofline.grid import draft_rows_by_prefix
 from roofline.hardware import HardwareProfile, load_hardware
@@ -151,8 +152,13 @@ def add_end_to_end(
     max_prompts: int = 32,
     progress: bool = True,
 ) -> pd.DataFrame:
-    """Measure the real decoder end to end on prompts and merge its throughput into the sweep."""
-    prompts = load_prompt_texts(data)[:max_prompts]
+    """Measure the real decoder end to end on prompts and merge its throughput into the sweep.
+    A model without a tokenizer (random weights) decodes `max_prompts` prompts of random token
+    ids instead (`data` is not read)."""
+    if lm.tokenizer is None:
+        prompts = random_token_ids(lm.model.config.vocab_size, max_prompts, RANDOM_PROMPT_TOKENS, settings.seed)
+    else:
+        prompts = load_prompt_texts(data)[:max_prompts]
     e2e = measure_end_to_end(
         lm,
         proposal,

@@ -13,14 +13,16 @@ import numpy as np
 from calibration.distributed import processes_from_env
 from calibration.medusa_import import NORMALIZATIONS, import_medusa_accuracy
 from calibration.models import ModelSource, load_model
+from calibration.random_model import RANDOM_DRAFT_HEADS
 from calibration.runner import CalibrationInterrupted, CalibrationResult, CalibrationSettings, run_calibration
 from calibration.threads import torch_threads
 from roofline.profile_fit import error_summary
 from treeopt.acceptance import rank_vectors_path
 from treeopt.accuracy import wilson_interval
-from treeopt.app.hwcalibrate import calibrate_engine_terms, calibrate_hardware
+from treeopt.app.hwcalibrate import ENGINE_BATCHES, calibrate_engine_terms, calibrate_hardware, engine_bench_positions
 from treeopt.app.models import is_demo
-from treeopt.cli.options import DRAFTER_OPTION, AtLeast, dtype_option
+from treeopt.app.random_weights import check_random_bench, load_random, random_model
+from treeopt.cli.options import DRAFTER_OPTION, AtLeast, dtype_option, random_weights_option
 from treeopt.cli.safety import check_outputs, input_files
 from treeopt.errors import UserError
 from treeopt.export import text_table
@@ -350,7 +352,22 @@ def _summary(table, headline: str) -> None:
     "--engine-terms/--no-engine-terms",
     default=None,
     help="Also time tree steps of treeopt's own decoder with the model's drafter and fit the profile's "
-    "engine terms to them [default: on for demo or a model directory, off for a built-in shape].",
+    "engine terms to them [default: on for demo or a model directory, or with --random-weights; off for a "
+    "built-in shape].",
+)
+@random_weights_option()
+@click.option(
+    "--drafter",
+    type=click.Choice(["medusa", "hydra", "mlp-speculator", "draft-model"]),
+    default=None,
+    help="With --random-weights: the random drafter's kind [default: medusa].",
+)
+@click.option(
+    "--num-heads",
+    type=AtLeast(1),
+    default=None,
+    metavar="K",
+    help=f"With --random-weights: the random drafter's heads [default: {RANDOM_DRAFT_HEADS}].",
 )
 @click.option(
     "-o",
@@ -360,20 +377,28 @@ def _summary(table, headline: str) -> None:
     type=click.Path(dir_okay=False),
     help="Profile JSON to write [default: hardware-DEVICE.json].",
 )
-def hw_calibrate(device, model, dtype, threads, quick, name, no_validate, engine_terms, out) -> None:
+def hw_calibrate(
+    device, model, dtype, threads, quick, name, no_validate, engine_terms, random_weights, drafter, num_heads, out
+) -> None:
     """Measure this machine (bandwidth, GEMM efficiency by rows for the model's weight shapes,
     attention, elementwise work, per-kernel and per-forward framework overhead, and the engine
     terms of a speculative step with treeopt's decoder) and write a hardware profile the other
     commands accept as --hardware."""
     check_outputs([out or f"hardware-{device}.json"], input_files(model))
-    loadable = is_demo(model) or _runnable_with_drafter(Path(str(model)))
+    random = _random_engine_model(model, device, dtype, engine_terms, random_weights, drafter, num_heads)
+    loadable = random is not None or is_demo(model) or _runnable_with_drafter(Path(str(model)))
     if engine_terms and not loadable:
-        raise UserError("--engine-terms: needs a model to run (demo or a model directory), not a built-in shape")
+        raise UserError(
+            "--engine-terms: needs a model to run (demo, a model directory or --random-weights), not a built-in shape"
+        )
     prof = calibrate_hardware(
         device, model, dtype=dtype, quick=quick, threads=threads, name=name, validate=not no_validate, progress=True
     )
     if engine_terms if engine_terms is not None else loadable:
-        lm = load_model(str(model), device=device, dtype=prof.calibration["dtype"])
+        if random is not None:
+            lm = load_random(random, device, prof.calibration["dtype"])
+        else:
+            lm = load_model(str(model), device=device, dtype=prof.calibration["dtype"])
         with torch_threads(lm.model, lm.device, threads):
             fit = calibrate_engine_terms(lm, prof, repeats=5 if quick else 9)
         prof = fit.profile
@@ -418,6 +443,23 @@ def hw_calibrate(device, model, dtype, threads, quick, name, no_validate, engine
     for note in cal.get("notes", []):
         click.echo(f"  note: {note}")
     click.echo(f"wrote {out} ({cal['seconds']:.0f} s)")
+
+
+def _random_engine_model(model, device, dtype, engine_terms, random_weights, drafter, num_heads):
+    """The random model whose tree steps give the engine terms (None without --random-weights),
+    checked to fit the device with those steps' cache before anything is measured."""
+    if not random_weights:
+        for option, value in (("--drafter", drafter), ("--num-heads", num_heads)):
+            if value is not None:
+                raise UserError(
+                    f"{option}: hw calibrate takes it with --random-weights (a model directory's own drafter runs)"
+                )
+        return None
+    if engine_terms is False:
+        raise UserError("--no-engine-terms: --random-weights builds a model only to time the engine terms' tree steps")
+    random = random_model(model, drafter=drafter, num_heads=num_heads)
+    check_random_bench(random, device, dtype, batch=max(ENGINE_BATCHES), positions=engine_bench_positions())
+    return random
 
 
 def _runnable_with_drafter(model_dir: Path) -> bool:

@@ -15,9 +15,11 @@ from calibration.decoder import cut_tree
 from calibration.greedy import greedy_decode
 from calibration.model_calls import synchronizer
 from calibration.models import load_model
+from calibration.random_model import random_token_ids
 from calibration.speculative import SpeculativeDecoder, decoder_for
 from calibration.threads import torch_threads
-from treeopt.cli.options import DRAFTER_OPTION, TOPK, AtLeast, FiniteAtLeast, dtype_option
+from treeopt.app.random_weights import check_random_bench, load_random, random_model
+from treeopt.cli.options import DRAFTER_OPTION, TOPK, AtLeast, FiniteAtLeast, dtype_option, random_weights_option
 from treeopt.errors import UserError
 from treeopt.tree import load_tree
 
@@ -126,6 +128,7 @@ def _note(msg: str) -> None:
 @click.option(
     "--compare", is_flag=True, help="Also run plain greedy decoding: speed ratio and whether the tokens match."
 )
+@random_weights_option()
 def decode_cmd(
     model_name,
     heads,
@@ -147,19 +150,32 @@ def decode_cmd(
     dtype,
     threads,
     compare,
+    random_weights,
 ):
-    """Decode prompts with Medusa tree decoding; print the text and the tokens per step."""
-    if bool(prompts) == bool(data):
+    """Decode prompts with Medusa tree decoding; print the text and the tokens per step. With
+    --random-weights: --max-prompts prompts of --prompt-tokens random token ids, printed as ids."""
+    if random_weights and (prompts or data):
+        raise UserError(
+            f"{'--prompt' if prompts else '--data'}: with --random-weights the prompts are random token ids "
+            "(--max-prompts of --prompt-tokens each)"
+        )
+    if bool(prompts) == bool(data) and not random_weights:
         raise UserError("give prompts with --prompt or --data (one of them)")
     if compare and temperature > 0:
         raise UserError("--compare: needs --temperature 0 (greedy decoding is the reference)")
-    source = PromptSource(prompts, data, max_prompts, prompt_tokens)
     settings = DecodeSettings(
         max_new_tokens, batch_size, temperature, posterior_threshold, posterior_alpha, topk, seed, compare
     )
 
     tree = load_tree(tree_spec)  # validated before the model loads: bad trees fail fast
-    loaded = load_model(model_name, heads, device=device, dtype=dtype, num_heads=num_heads, drafter=drafter)
+    if random_weights:
+        random = random_model(model_name, heads=heads, drafter=drafter, num_heads=num_heads, seed=seed)
+        positions = prompt_tokens + max_new_tokens + tree.depth
+        check_random_bench(random, device, dtype, batch=min(batch_size, max_prompts), positions=positions)
+        loaded = load_random(random, device, dtype)
+    else:
+        loaded = load_model(model_name, heads, device=device, dtype=dtype, num_heads=num_heads, drafter=drafter)
+    source = PromptSource(prompts, data, max_prompts, prompt_tokens, loaded.model.config.vocab_size, seed)
     with torch_threads(loaded.model, loaded.device, threads):
         _decode(loaded, tree, source, settings)
 
@@ -167,12 +183,15 @@ def decode_cmd(
 @dataclass(frozen=True)
 class PromptSource:
     """Where `treeopt decode`'s prompts come from: `prompts` texts, or the file `data` cut into
-    `max_prompts` prompts of `prompt_tokens` tokens."""
+    `max_prompts` prompts of `prompt_tokens` tokens; for a model without a tokenizer (random
+    weights), `max_prompts` prompts of `prompt_tokens` token ids below `vocab` drawn with `seed`."""
 
     prompts: tuple[str, ...]
     data: str | None
     max_prompts: int
     prompt_tokens: int
+    vocab: int = 0
+    seed: int = 0
 
 
 @dataclass(frozen=True)
@@ -214,15 +233,26 @@ def _decode(loaded, tree, source: PromptSource, settings: DecodeSettings) -> Non
         f"{_mode(settings, speculative)}; {len(token_lists)} prompt(s), batch size {settings.batch_size}"
     )
     decoded = _generate(loaded, decoder, token_lists, settings, speculative)
+    if tok is None:
+        _note("random weights: the prompts are random token ids and the output is meaningless; shown as ids")
     for i, (prompt_ids, new) in enumerate(zip(token_lists, decoded.outputs)):
         click.echo(f"\n=== sequence {i + 1}: prompt ({len(prompt_ids)} tokens) ===")
-        click.echo(tok.decode(prompt_ids, skip_special_tokens=True))
+        click.echo(_text(tok, prompt_ids, skip_special_tokens=True))
         click.echo(f"=== generated ({len(new)} tokens) ===")
-        click.echo(tok.decode(new, skip_special_tokens=False))
+        click.echo(_text(tok, new, skip_special_tokens=False))
     _print_summary(decoded, settings.compare)
 
 
+def _text(tok, ids, *, skip_special_tokens: bool) -> str:
+    """Token ids as text, or as ids where there is no tokenizer (random weights)."""
+    if tok is None:
+        return " ".join(map(str, ids))
+    return tok.decode(ids, skip_special_tokens=skip_special_tokens)
+
+
 def _token_lists(tok, source: PromptSource) -> list[list[int]]:
+    if tok is None:  # random weights (calibration.random_model)
+        return random_token_ids(source.vocab, source.max_prompts, source.prompt_tokens, source.seed)
     if source.data:
         pset = load_prompts(source.data, tok, prompt_tokens=source.prompt_tokens, max_prompts=source.max_prompts)
         return [list(p) for p in pset.token_ids]
@@ -245,13 +275,20 @@ def _fitted_tree(loaded, tree, token_lists, source: PromptSource, settings: Deco
     longest = max(len(t) for t in token_lists) + settings.max_new_tokens + cut.depth
     if limit and longest > limit:
         raise UserError(
-            f"{'--data/--prompt-tokens' if source.data else '--prompt'}/--max-new-tokens: sequences of up to "
+            f"{_prompt_options(source)}/--max-new-tokens: sequences of up to "
             f"{longest} positions (prompt, new tokens and the tree's depth {cut.depth}) exceed the "
             f"model's {limit} positions"
         )
     if cut.size != tree.size:
         _note(f"{_label(tree)} cut to {k} heads and top-{settings.topk}: {tree.size} -> {cut.size} nodes")
     return cut
+
+
+def _prompt_options(source: PromptSource) -> str:
+    """The options that set the prompts' lengths."""
+    if source.data:
+        return "--data/--prompt-tokens"
+    return "--prompt" if source.prompts else "--prompt-tokens"
 
 
 def _mode(settings: DecodeSettings, speculative: bool) -> str:
@@ -278,8 +315,8 @@ def _padded(batch_lists, pad: int, device):
 def _generate(loaded, decoder, token_lists, settings: DecodeSettings, speculative: bool) -> _Decoded:
     """Decode the prompts batch by batch (and with --compare, plain greedy beside)."""
     tok = loaded.tokenizer
-    eos = tok.eos_token_id
-    pad = tok.pad_token_id if tok.pad_token_id is not None else (eos if eos is not None else 0)
+    eos = tok.eos_token_id if tok is not None else None
+    pad = tok.pad_token_id if tok is not None and tok.pad_token_id is not None else (eos if eos is not None else 0)
     # a draft model verifies by rejection sampling: the target's distribution, no typical-acceptance knobs
     rule = (
         {}

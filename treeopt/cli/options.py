@@ -174,6 +174,20 @@ DRAFTER_OPTION = click.option(
     "hydra, mlp-speculator and draft-model come from MODEL/hydra, MODEL/mlp_speculator and MODEL/draft.",
 )
 
+#: what --random-weights does, said once for every command that takes it
+RANDOM_WEIGHTS_HELP = (
+    "Time without a checkpoint: random weights of MODEL's shape (MODEL may also be a built-in shape name "
+    "or a config.json) and a random drafter of --drafter and --num-heads [default: medusa, 5]; prompts are "
+    "random token ids."
+)
+
+
+def random_weights_option(refusal: str | None = None):
+    """--random-weights (`RANDOM_WEIGHTS_HELP`); `refusal`: the help of a command that refuses it,
+    saying why and where to go instead."""
+    return click.option("--random-weights", is_flag=True, help=refusal or RANDOM_WEIGHTS_HELP)
+
+
 RUN_MODEL_OPTIONS = [
     click.option(
         "--model",

@@ -17,6 +17,7 @@ from calibration.models import load_model
 from calibration.sweep import SweepSettings, check_form
 from calibration.threads import torch_threads
 from roofline.hardware import load_hardware
+from treeopt.app.random_weights import check_random_bench, load_random, random_model
 from treeopt.app.run import run_main_job
 from treeopt.app.stages.job import RunSettings
 from treeopt.app.sweep import (
@@ -47,6 +48,7 @@ from treeopt.cli.options import (
     IntList,
     apply,
     budget_option,
+    random_weights_option,
     repeats_option,
     tolerance_option,
 )
@@ -180,6 +182,7 @@ def check_sweep_size(batches, contexts, sizes) -> None:
 
 @click.command("sweep")
 @apply(RUN_MODEL_OPTIONS)
+@random_weights_option()
 @click.option("--accuracy", required=True, metavar="FILE", help="Accuracy table (treeopt calibrate).")
 @METHOD_OPTION
 @click.option(
@@ -226,6 +229,7 @@ def sweep_cmd(
     device,
     dtype,
     threads,
+    random_weights,
     accuracy,
     method,
     sizes,
@@ -248,7 +252,9 @@ def sweep_cmd(
     # the profile fit models tree verification
     # (docs/performance-model.md#fitting-a-profile-to-measured-steps): a sweep of candidate
     # sequences is not fitted
-    data = held_out_data(data, model) if end_to_end else data
+    if random_weights and data is not None:
+        raise UserError("--data: with --random-weights the end-to-end prompts are random token ids")
+    data = held_out_data(data, model) if end_to_end and not random_weights else data
     fits = hardware is not None and 1 in batches and len(batches) > 1 and verification == "tree"
     folder = Path(output).parent
     check_outputs(
@@ -269,10 +275,17 @@ def sweep_cmd(
     )
     table, tau = load_tau_curves(accuracy, max(sizes), method=method)
     profile = load_hardware(hardware) if hardware is not None else None
-    if end_to_end:
+    random = None
+    if random_weights:
+        random = random_model(model, heads=heads, drafter=drafter, num_heads=num_heads, seed=settings.seed)
+        check_random_bench(random, device, dtype, batch=max(batches), positions=max(contexts) + max(sizes) + 1)
+    elif end_to_end:
         load_prompt_texts(data)
     with output_lock(output):  # a second sweep to the same CSV fails at once
-        lm = load_model(model, heads, device=device, dtype=dtype, num_heads=num_heads, drafter=drafter)
+        if random is not None:
+            lm = load_random(random, device, dtype)
+        else:
+            lm = load_model(model, heads, device=device, dtype=dtype, num_heads=num_heads, drafter=drafter)
         check_drafter_depth(lm, tau.proposal, accuracy)
         check_form(lm.heads, verification)
         with torch_threads(lm.model, lm.device, threads):
@@ -432,8 +445,17 @@ def validate_sampled_cmd(
         click.echo(f"wrote {Path(output) / REJECTION_VALIDATION_CSV}")
 
 
+#: why `treeopt run` refuses --random-weights: its proposal trees, prediction, sweep, selection
+#: and validation all stand on the accuracy table it calibrates, which random weights cannot give
+RUN_RANDOM_WEIGHTS = (
+    "run calibrates, selects and validates what the model says, which random weights cannot give; "
+    "time steps without weights with `treeopt hw calibrate`, `sweep` or `decode` --random-weights"
+)
+
+
 @click.command("run")
 @apply(RUN_MODEL_OPTIONS)
+@random_weights_option(refusal=f"Not taken: {RUN_RANDOM_WEIGHTS}.")
 @click.option(
     "--data", default=None, metavar="demo|FILE|DIR", help="Calibration prompts (required, except for the demo model)."
 )
@@ -489,6 +511,7 @@ def run_cmd(
     device,
     dtype,
     threads,
+    random_weights,
     data,
     validation_data,
     batches,
@@ -507,6 +530,8 @@ def run_cmd(
     """The main job: calibrate -> build trees -> calibrate the hardware profile -> predict ->
     sweep -> select -> validate -> report. Stages already done in DIR are kept, so an
     interrupted run continues where it stopped."""
+    if random_weights:
+        raise UserError(f"--random-weights: {RUN_RANDOM_WEIGHTS}")
     check_outputs(inputs=input_files(model, heads, data, validation_data, mix), folders=[output])
     check_sweep_size(batches, contexts, sizes)
     if mix is not None:
