@@ -26,6 +26,7 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import least_squares
 
+from roofline.engine_bench import read_step_tables
 from roofline.hardware import EfficiencyCurve, HardwareProfile
 from roofline.latency import step_time_s
 from roofline.shapes import DraftHeadsShape, ModelShape
@@ -159,16 +160,15 @@ def step_points_frame(df: pd.DataFrame, *, source: str, heads: int = 0) -> StepP
     )
 
 
-def read_step_points(path, *, heads: int = 0) -> StepPoints:
-    """The measurements CSV at `path` (docs/performance-model.md#fitting-a-profile-to-measured-steps)."""
-    try:
-        df = pd.read_csv(path, comment="#", skipinitialspace=True)
-    except FileNotFoundError:
-        raise UserError(f"{path}: no such file") from None
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as err:
-        raise UserError(f"{path}: not a CSV of step measurements ({str(err).splitlines()[0]})") from None
-    df.columns = [str(c).strip().lower() for c in df.columns]
-    return step_points_frame(df, source=str(path), heads=heads)
+def read_step_points(path, *, heads: int = 0, run=None) -> StepPoints:
+    """The measurements at `path` (docs/performance-model.md#fitting-a-profile-to-measured-steps):
+    a step CSV or an engine's own benchmark output (`roofline.engine_bench`), or a list of such
+    files whose steps are joined. `run`: an `engine_bench.RunOptions` with what a benchmark file
+    does not record (batch, lengths, tokens per step)."""
+    parts = [step_points_frame(df, source=source, heads=heads) for source, df in read_step_tables(path, run)]
+    if len(parts) == 1:
+        return parts[0]
+    return StepPoints(**{k: np.concatenate([getattr(p, k) for p in parts]) for k in StepPoints.__dataclass_fields__})
 
 
 def predict_step_s(

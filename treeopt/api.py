@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from roofline.engine_bench import RunOptions
 from roofline.grid import DEFAULT_BATCHES, DEFAULT_CONTEXTS
 from roofline.hardware import HardwareProfile, builtin_hardware, load_hardware
 from roofline.profile_fit import ProfileFit, predict_step_s, read_step_points, step_points_frame
@@ -138,27 +139,43 @@ def _shapes(model, dtype: str | None, heads: int, head_layers: int | None):
 def fit_profile(
     model: str | Path | ModelShape,
     hardware: str | Path | HardwareProfile,
-    measurements: str | Path | pd.DataFrame,
+    measurements: str | Path | pd.DataFrame | list,
     *,
     heads: int = 0,
     head_layers: int | None = None,
     attention: str = "fused",
     name: str | None = None,
     dtype: str | None = None,
+    batch: int | None = None,
+    input_len: int | None = None,
+    output_len: int | None = None,
+    tokens: int | None = None,
 ) -> ProfileFit:
     """Fit `hardware`'s engine terms to measured steps
-    (docs/performance-model.md#fitting-a-profile-to-measured-steps): a CSV path or a DataFrame
-    with columns batch, context, tokens, step_ms [, candidates, draft_stages]. `heads`: the draft
-    heads whose operators a speculative step's prediction includes (0: drafting is left to the
-    fitted terms; use the same value wherever the profile is used). Returns a `ProfileFit`: `.profile` (save it with
-    `.profile.save(path)`), `.terms`, `.free`, `.in_sample_error`, `.loo_error` (relative)."""
+    (docs/performance-model.md#fitting-a-profile-to-measured-steps): a DataFrame with columns
+    batch, context, tokens, step_ms [, candidates, draft_stages], or a file path (or a list of
+    them, joined): that table as CSV, or an engine's own benchmark output (SGLang
+    bench_one_batch JSONL, vLLM latency JSON, trtllm-bench report JSON;
+    docs/performance-model.md#engine-benchmark-files). `batch`, `input_len`, `output_len`,
+    `tokens`: what such a file does not record (tokens verified per step, root included; 1 =
+    plain decoding). `heads`: the draft heads whose operators a speculative step's prediction
+    includes (0: drafting is left to the fitted terms; use the same value wherever the profile
+    is used). Returns a `ProfileFit`: `.profile` (save it with `.profile.save(path)`), `.terms`,
+    `.free`, `.in_sample_error`, `.loo_error` (relative)."""
     shape, head_shape = _shapes(model, dtype, heads, head_layers)
     base = load_hardware(hardware)
+    run = RunOptions(batch=batch, input_len=input_len, output_len=output_len, tokens=tokens)
     if isinstance(measurements, pd.DataFrame):
+        given = [k for k, v in vars(run).items() if v is not None]
+        if given:
+            raise UserError("applies to benchmark files, not to a table of steps", param=given[0])
         frame = measurements.rename(columns=lambda c: str(c).strip().lower())
         points, source = step_points_frame(frame, source="measurements", heads=heads), "measurements"
     else:
-        points, source = read_step_points(str(measurements), heads=heads), str(measurements)
+        paths = [str(m) for m in measurements] if isinstance(measurements, (list, tuple)) else [str(measurements)]
+        if not paths:
+            raise UserError("no measurements file given", param="measurements")
+        points, source = read_step_points(paths, heads=heads, run=run), ", ".join(paths)
     return _fit_profile(shape, head_shape, base, points, attention=attention, name=name, source=source)
 
 

@@ -690,9 +690,45 @@ def report_cmd(
 @click.option(
     "--measurements",
     required=True,
-    metavar="STEPS.csv",
-    help="Measured step times: columns batch, context, tokens, step_ms [, candidates, draft_stages] "
-    "(docs/performance-model.md#fitting-a-profile-to-measured-steps).",
+    multiple=True,
+    metavar="FILE",
+    help="Measured step times, repeatable (the steps are joined): a CSV with columns batch, context, tokens, "
+    "step_ms [, candidates, draft_stages] (docs/performance-model.md#fitting-a-profile-to-measured-steps), or an "
+    "engine's benchmark output: SGLang bench_one_batch JSONL, vLLM latency JSON, trtllm-bench report JSON "
+    "(docs/performance-model.md#engine-benchmark-files).",
+)
+@click.option(
+    "--batch",
+    type=AtLeast(1),
+    default=None,
+    metavar="B",
+    help="Sequences decoding together, for a file that does not record it (vLLM latency JSON: the run's "
+    "--batch-size; trtllm-bench throughput report).",
+)
+@click.option(
+    "--input-len",
+    "input_len",
+    type=AtLeast(0),
+    default=None,
+    metavar="S",
+    help="Prompt tokens per sequence, for a vLLM latency JSON (the run's --input-len).",
+)
+@click.option(
+    "--output-len",
+    "output_len",
+    type=AtLeast(1),
+    default=None,
+    metavar="N",
+    help="Generated tokens per sequence, for a vLLM latency JSON (the run's --output-len).",
+)
+@click.option(
+    "--tokens",
+    type=AtLeast(1),
+    default=None,
+    metavar="Q",
+    help="Tokens verified per sequence per step, root included, for a speculative trtllm-bench report "
+    "(draft tokens + 1), which does not record it. Files that record it, or are plain decoding, need none "
+    "[default: 1 = plain decoding].",
 )
 @OLD_HEADS_OPTION
 @click.option(
@@ -709,19 +745,38 @@ def report_cmd(
 @click.option("--attention", type=click.Choice(["fused", "unfused"]), default="fused", show_default=True)
 @click.option("--name", default=None, help="Profile name [default: BASE-fitted].")
 @click.option("-o", "--out", "out", required=True, type=click.Path(dir_okay=False), help="Profile JSON to write.")
-def hw_fit(model, dtype, hardware, measurements, num_heads, head_layers, attention, name, out) -> None:
+def hw_fit(
+    model,
+    dtype,
+    hardware,
+    measurements,
+    batch,
+    input_len,
+    output_len,
+    tokens,
+    num_heads,
+    head_layers,
+    attention,
+    name,
+    out,
+) -> None:
     """Fit a hardware profile's engine terms to measured step times of any engine."""
-    check_outputs([out], input_files(model, hardware, measurements))
-    require_file(measurements, "--measurements")
+    check_outputs([out], input_files(model, hardware, *measurements))
+    for path in measurements:
+        require_file(path, "--measurements")
     result = api.fit_profile(
         model,
         hardware,
-        measurements,
+        list(measurements),
         heads=num_heads,
         head_layers=head_layers,
         attention=attention,
         name=name,
         dtype=dtype,
+        batch=batch,
+        input_len=input_len,
+        output_len=output_len,
+        tokens=tokens,
     )
     points, fit = result.points, result.profile.calibration["fit"]
     result.profile.save(out)
