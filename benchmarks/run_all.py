@@ -14,6 +14,7 @@ MODULES = [
     "bench_trees",
     "bench_roofline",
     "bench_profile_fit",
+    "bench_published_steps",
     "bench_selection",
     "bench_calibration",
     "bench_decoder",

@@ -1,0 +1,148 @@
+"""The published speculative steps (roofline/published_steps.py,
+docs/performance-model.md#published-speculative-steps): the data file holds the papers' numbers
+as printed, and the loader derives step rows from them as its docstrings say.
+
+Every expected number here is typed from the paper (as transcribed) or worked out by hand, never
+computed by the code under test.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from roofline.hardware import builtin_hardware
+from roofline.published_steps import DATA_FILE, published_tables, step_points
+from roofline.shapes import builtin_shapes
+
+
+@pytest.fixture(scope="module")
+def raw():
+    return {t["id"]: t for t in json.loads(DATA_FILE.read_text(encoding="utf-8"))["tables"]}
+
+
+@pytest.fixture(scope="module")
+def tables():
+    return {t.id: t for t in published_tables()}
+
+
+def test_ibm_table1_values_as_printed(raw):
+    ibm = raw["ibm-table1"]
+    assert ibm["citation"]["arxiv"] == "2404.19124"
+    assert ibm["candidates"] == [0, 1, 2, 4, 8, 16, 32]
+    assert ibm["stages"] == 3
+    p64, p2048 = ibm["prompts"]["64"], ibm["prompts"]["2048"]
+    assert p64["ms_per_token"]["1"][0] == 10.54  # batch 1, 0 candidates
+    assert p64["ms_per_token"]["1"][3] == 5.5  # batch 1, 4 candidates
+    assert p64["tokens_per_step"][3] == 2.67  # 4 candidates
+    assert p64["ms_per_token"]["2"][5] == 7.62  # batch 2, 16 candidates
+    assert p64["ms_per_token"]["4"][6] == 18.31  # batch 4, 32 candidates
+    assert p2048["ms_per_token"]["4"][0] == 19.62
+    assert p2048["ms_per_token"]["4"][6] == 44.88
+    assert p2048["ms_per_token"]["1"][2] == 8.89
+    assert p2048["tokens_per_step"] == [1.0, 2.01, 2.21, 2.42, 2.61, 2.74, 2.83]
+
+
+def test_medusa_values_as_printed(raw):
+    t1, f = raw["medusa-table1"], raw["medusa-appF"]
+    assert t1["citation"]["arxiv"] == f["citation"]["arxiv"] == "2401.10774"
+    t1_rows = {r["model"]: r for r in t1["rows"]}
+    assert (t1_rows["Vicuna-7B"]["overhead"], t1_rows["Vicuna-7B"]["acc_rate"]) == (1.22, 3.47)
+    assert t1_rows["Zephyr-7B"]["overhead"] == 1.18
+    assert t1_rows["Vicuna-13B"]["overhead"] == 1.23
+    assert (t1_rows["Vicuna-33B"]["overhead"], t1_rows["Vicuna-33B"]["speedup"]) == (1.27, 2.35)
+    f_rows = {r["model"]: r for r in f["rows"]}
+    assert (f_rows["Vicuna-7B"]["base_tok_s"], f_rows["Vicuna-7B"]["medusa_tok_s"]) == (37.07, 106.76)
+    assert f_rows["Vicuna-7B"]["acc_rate"] == 3.23
+    assert (f_rows["Vicuna-33B"]["base_tok_s"], f_rows["Vicuna-33B"]["medusa_tok_s"]) == (17.87, 40.43)
+    assert f_rows["Zephyr-7B"]["acc_rate"] == 3.08
+    assert t1["setup"]["tree_tokens"] == f["setup"]["tree_tokens"] == 64
+
+
+def test_hydra_values_as_printed(raw):
+    d, s = raw["hydra-appD"], raw["hydra-sec6.2"]
+    assert d["citation"]["arxiv"] == s["citation"]["arxiv"] == "2402.05109"
+    assert d["base_decode_step_ms"] == 28
+    assert d["draft_ms"]["Medusa"]["head1"] == 0.3
+    assert d["draft_ms"]["Hydra++"]["prefix_attention"] == 1.2
+    assert d["draft_ms"]["Hydra++"]["head2"] == 1.4
+    assert s["speedup"] == {"1": 2.7, "8": 1.63}
+
+
+def test_every_table_says_where_it_comes_from_and_how_sure_it_is(raw):
+    for table in raw.values():
+        assert set(table["citation"]) == {"paper", "arxiv", "where"}, table["id"]
+        assert table["units"] and table["uncertainty"], table["id"]
+        assert table["setup"]["hardware"] in builtin_hardware(), table["id"]
+    missing = json.loads(DATA_FILE.read_text(encoding="utf-8"))["missing"]
+    assert "Table 2" in missing and "Codellama" in missing
+
+
+def _row(steps, group, tokens):
+    rows = steps[(steps["group"] == group) & (steps["tokens"] == tokens)]
+    assert len(rows) == 1
+    return rows.iloc[0]
+
+
+def test_ibm_step_rows_by_hand(tables):
+    steps = tables["ibm-table1"].steps
+    assert len(steps) == 2 * 3 * 7  # two prompts, three batch sizes, seven candidate counts
+    # batch 1, prompt 64, 4 candidates of 3 + 1 tokens: 5.5 ms/token x 2.67 tokens/step
+    row = _row(steps, "batch 1, prompt 64", 16)
+    assert (row["batch"], row["context"], row["candidates"], row["draft_stages"]) == (1, 64, 4, 3)
+    assert row["step_ms"] == pytest.approx(14.685, rel=1e-9)
+    assert row["ratio"] == pytest.approx(14.685 / 10.54, rel=1e-9)
+    # batch 4, prompt 2048, 32 candidates: 44.88 x 2.83 = 127.0104 ms, 128 tokens
+    row = _row(steps, "batch 4, prompt 2048", 128)
+    assert (row["batch"], row["context"], row["candidates"]) == (4, 2048, 32)
+    assert row["step_ms"] == pytest.approx(127.0104, rel=1e-9)
+    assert row["ratio"] == pytest.approx(127.0104 / 19.62, rel=1e-9)
+    # plain decoding: one token, no drafting, one token per step
+    row = _row(steps, "batch 2, prompt 64", 1)
+    assert (row["candidates"], row["draft_stages"], row["step_ms"], row["ratio"]) == (1, 0, 10.66, 1.0)
+
+
+def test_medusa_step_rows_by_hand(tables):
+    f = tables["medusa-appF"].steps
+    assert len(f) == 8 and len(tables["medusa-table1"].steps) == 8
+    plain, tree = _row(f, "Vicuna-7B", 1), _row(f, "Vicuna-7B", 64)
+    assert plain["step_ms"] == pytest.approx(26.976, rel=1e-4)  # 1000 / 37.07
+    assert tree["step_ms"] == pytest.approx(30.2548, rel=1e-4)  # 1000 x 3.23 / 106.76
+    assert (tree["batch"], tree["draft_heads"], tree["tokens_per_step"]) == (1, 4, 3.23)
+    t1 = tables["medusa-table1"].steps
+    assert _row(t1, "Vicuna-13B", 64)["ratio"] == 1.23
+    assert np.isnan(_row(t1, "Vicuna-13B", 64)["step_ms"])
+
+
+def test_hydra_tables_give_no_step_rows_and_say_why(tables):
+    for name in ("hydra-appD", "hydra-sec6.2"):
+        assert tables[name].steps.empty and "no step ratio" in tables[name].note
+
+
+def test_every_shape_used_is_built_in(tables):
+    shapes = set()
+    for table in tables.values():
+        shapes |= set(table.steps["shape"])
+    assert shapes == {"llama-2-7b", "llama-2-13b", "llama-33b", "mistral-7b"}
+    assert shapes <= set(builtin_shapes())
+
+
+def test_a_row_of_an_unknown_shape_is_skipped_not_invented(tmp_path, raw):
+    table = json.loads(json.dumps(raw["medusa-table1"]))
+    table["rows"][0]["shape"] = "codellama-13b"
+    path = tmp_path / "steps.json"
+    path.write_text(json.dumps({"tables": [table]}), encoding="utf-8")
+    (loaded,) = published_tables(path)
+    assert len(loaded.steps) == 6
+    assert "Vicuna-7B" not in set(loaded.steps["group"])
+    assert loaded.skipped == ("Vicuna-7B: shape 'codellama-13b' is not built in",)
+
+
+def test_step_points_carry_the_rows(tables):
+    steps = tables["ibm-table1"].steps
+    points = step_points(steps)
+    assert len(points) == 42
+    assert points.tokens[3] == 16 and points.candidates[3] == 4
+    assert points.step_s[3] == pytest.approx(0.014685, rel=1e-9)
