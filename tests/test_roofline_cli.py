@@ -62,9 +62,9 @@ def test_hw_published(capsys):
     assert "12.5" in out and "111 output tokens/s" in out and "H100vsA100.md" in out
     # v0.9's 1st-token latencies (14.8 ms for 128 tokens of GPT-J), and the median that decides
     assert "14.8" in out and "version 0.9.0" in out
-    assert "T(2048) / T(128): median error +20% over 5 measurements, matches (tolerance ±25%)" in out
+    assert "T(2048) / T(128): median error +16% over 5 measurements, matches (tolerance ±25%)" in out
     code, out, _ = run(capsys, "hw", "published")
-    assert "h100-sxm: knee checked" in out and "l40s: knee partly checked" in out
+    assert "h100-sxm: knee does not match" in out and "l40s: knee partly checked" in out
     assert "h200: knee partly checked" in out and "a40: knee fitted to public GEMM timings" in out
     # Vidur's GEMM timings, and where a curve was fitted to them they are shown as the fit
     assert "a100-80gb-pcie: T(r) / T(1) of Llama-2-7B's four weight GEMMs" in out and "MLSys 2024" in out
@@ -84,9 +84,11 @@ def test_speedup_notes_an_unchecked_knee(capsys):
     args = ("roofline", "speedup", "--model", "vicuna-7b", "--accuracy", CSV, "--num-heads", "5", "--batch", "1")
     code, _, err = run(capsys, *args, "--hardware", "l4")
     assert code == 0 and "note: l4's GEMM row curve" in err
-    for checked in ("a100", "h100"):
-        code, _, err = run(capsys, *args, "--hardware", checked)
-        assert code == 0 and "GEMM row curve" not in err
+    code, _, err = run(capsys, *args, "--hardware", "a100")
+    assert code == 0 and "GEMM row curve" not in err
+    # the GH100 curve misses NVIDIA's 128-token H100 step by 10.5%, just outside the tolerance
+    code, _, err = run(capsys, *args, "--hardware", "h100")
+    assert code == 0 and "note: h100-sxm's GEMM row curve" in err and "does not match" in err
 
 
 def test_ops_json(capsys):

@@ -201,21 +201,33 @@ def test_beyond_capacity_is_flagged():
     assert np.isnan(step_time_s(model_shape("llama-2-70b"), None, A100, batch=1, tokens=1, context=0))
 
 
-def test_efficiency_curve_interpolates_in_log_rows():
+def test_efficiency_curve_is_a_power_law_between_points():
     c = EfficiencyCurve((1.0, 4.0, 16.0), (0.2, 0.4, 1.0))
-    assert c(1) == pytest.approx(0.2) and c(2) == pytest.approx(0.3) and c(8) == pytest.approx(0.7)
+    # halfway in log2(rows) is the geometric mean of the two ends
+    assert c(1) == pytest.approx(0.2) and c(2) == pytest.approx(0.08**0.5) and c(8) == pytest.approx(0.4**0.5)
     assert c(0.5) == pytest.approx(0.2) and c(1000) == pytest.approx(1.0)
     # ends that are not powers of two: log2 rows 1 .. 5; rows 4, 8, 16 are 1/4, 1/2, 3/4 of the
-    # way (linear in rows, 8 would be 6/30 of the way: 0.48); constant beyond both ends
+    # way, so 0.4 x 2^(1/4), 2^(1/2), 2^(3/4); constant beyond both ends
     c = EfficiencyCurve((2.0, 32.0), (0.4, 0.8))
     got = c(np.array([0, 1, 2, 4, 8, 16, 32, 64, 1e6]))
-    assert got == pytest.approx([0.4, 0.4, 0.4, 0.5, 0.6, 0.7, 0.8, 0.8, 0.8])
+    assert got == pytest.approx([0.4, 0.4, 0.4, 0.4 * 2**0.25, 0.4 * 2**0.5, 0.4 * 2**0.75, 0.8, 0.8, 0.8])
     # a one-point curve is a constant
     assert EfficiencyCurve((64.0,), (0.9,))(np.array([1, 64, 4096])) == pytest.approx([0.9, 0.9, 0.9])
     with pytest.raises(UserError, match="increasing"):
         EfficiencyCurve((4.0, 1.0), (0.5, 0.5))
     with pytest.raises(UserError, match="positive"):
         EfficiencyCurve((1.0, 4.0), (0.5, 0.0))
+
+
+def test_gemm_time_does_not_dip_between_points():
+    # a GH100-like knee: 64 rows at 0.186, 128 at 0.362, so rows / efficiency is 344 and 354 at
+    # the points. Efficiency linear in log2(rows) gave 80 rows 0.243 and a time of 330, 4% less
+    # than at 64 rows, and the predicted speedup curves rose again past the knee
+    c = EfficiencyCurve((64.0, 128.0), (0.186, 0.362))
+    rows = np.arange(64, 129, dtype=float)
+    time = rows / c(rows)
+    assert time[0] == pytest.approx(64 / 0.186) and time[-1] == pytest.approx(128 / 0.362)
+    assert np.all(np.diff(time) > 0)
 
 
 def test_profile_json_round_trip(tmp_path):

@@ -79,25 +79,26 @@ def test_l40s_fp8_climb_from_128_to_2048_tokens(model, t128, t2048):
     assert predicted == pytest.approx(t2048 / t128, rel=0.15)
 
 
-def test_h100_fp8_knee_matches_the_gh100_curve_not_the_a100_one():
+def test_h100_fp8_knee_sits_just_past_the_gh100_curve_and_further_from_the_a100_one():
     # H100vsA100.md, H100 (FP8) GPT-J 6B: 185 tok/s and 7.1 ms for 128 tokens: 1.31 decode steps.
-    # The GH100 curve (fitted to fp16 GEMM timings, not to these steps) gives it within 10%; the
-    # A100 curve on the H100's roofs predicts under 1.15
+    # The GH100 curve (fitted to Vidur's fp16 cuBLAS GEMMs, not to these FP8 steps) gives 1.18,
+    # 10.5% low: just outside the 10% tolerance. The A100 curve on the H100's roofs is further
+    # off still, under 1.15
     measured = 7.1 / (1000 / 185)
     shape = published_shape("gpt-j-6b", "fp8")
     predicted = _ms(shape, "h100-sxm", 128, 0) / _ms(shape, "h100-sxm", 1, 192)
-    assert predicted == pytest.approx(measured, rel=0.10)
+    assert predicted == pytest.approx(measured, rel=0.12) and predicted < measured * 0.9
     a100_curve = load_hardware("h100-sxm").with_(gemm_efficiency=DEFAULT_GPU_GEMM_CURVE)
     t = [step_time_s(shape, None, a100_curve, batch=1, tokens=q, context=s) for q, s in ((128, 0), (1, 192))]
-    assert t[0] / t[1] < 1.15 < measured
-    assert knee_verdict("h100-sxm") == "checked"
+    assert t[0] / t[1] < 1.15 < predicted
+    assert knee_verdict("h100-sxm") == "does not match"
     assert knee_verdict("h100-sxm", profile=a100_curve) == "does not match"
 
 
 def test_verdicts_of_the_builtin_profiles():
     assert knee_verdict("a100-80gb-sxm") == "checked"
     assert knee_verdict("a100-80gb-pcie") == "checked"  # by Vidur's GEMM timings alone
-    assert knee_verdict("h100-sxm") == "checked"
+    assert knee_verdict("h100-sxm") == "does not match"  # T(128)/T(1) 10.5% low
     assert knee_verdict("l40s") == "partly checked"  # no decode step measured there
     assert knee_verdict("h200") == "partly checked"
     assert knee_verdict("a40") == FITTED  # its curve comes from the only public measurement
@@ -128,9 +129,12 @@ def test_knee_checks_pair_the_right_steps():
     assert checks[("v0.9", "mistral-7b", 2048, 128)].measured_ratio == pytest.approx(139.6 / 16.3)
     knee = checks[("v0.5", "gpt-j-6b", 128, 1)]
     assert knee.measured_ratio == pytest.approx(12.5 * 111 / 1000)
-    # a prediction below the measurement is a negative error
+    # a prediction above the measurement is a positive error, one below it a negative one
     expect = _ms(GPT_J_6B, "a100-80gb-sxm", 128, 0) / _ms(GPT_J_6B, "a100-80gb-sxm", 1, 192)
-    assert knee.error == pytest.approx(expect / (12.5 * 111 / 1000) - 1) and knee.error < 0
+    assert knee.error == pytest.approx(expect / (12.5 * 111 / 1000) - 1) and knee.error > 0
+    climb = checks[("v0.5", "gpt-j-6b", 2048, 128)]
+    expect = _ms(GPT_J_6B, "a100-80gb-sxm", 2048, 0) / _ms(GPT_J_6B, "a100-80gb-sxm", 128, 0)
+    assert climb.error == pytest.approx(expect / (129 / 12.5) - 1) and climb.error < 0
 
 
 def test_every_published_step_is_predicted_on_its_own_gpu_and_dtype():
@@ -191,8 +195,12 @@ def test_every_builtin_profile_says_where_its_knee_was_checked():
 def test_knee_note_only_where_the_die_is_unchecked():
     from roofline.published import knee_note
 
-    for name in ("a100-80gb-sxm", "a100-40gb-sxm", "a100-80gb-pcie", "h100", "h100-pcie", "h200", "a40", "a6000"):
+    for name in ("a100-80gb-sxm", "a100-40gb-sxm", "a100-80gb-pcie", "a40", "a6000"):
         assert knee_note(load_hardware(name)) is None, name
+    # the GH100's curve misses NVIDIA's 128-token H100 step by 10.5%
+    assert "does not match public measurements" in knee_note(load_hardware("h100"))
+    assert "does not match on h100-sxm, the same die" in knee_note(load_hardware("h100-pcie"))
+    assert "checked against public step times only above 128 tokens" in knee_note(load_hardware("h200"))
     assert "checked against public step times only above 128 tokens" in knee_note(load_hardware("l40s"))
     assert "partly checked on l40s, the same die" in knee_note(load_hardware("rtx-4090"))
     assert "no public step times or GEMM timings were found" in knee_note(load_hardware("l4"))
@@ -221,8 +229,8 @@ def test_h200_fp8_climb_matches_the_gh100_curve(model, t128, t2048):
 def test_a100_verdict_takes_the_median_of_five_measurements():
     # T(2048)/T(128) on the A100, typed: v0.5 GPT-J 129/12.5 and Llama 133/16; v0.9 GPT-J
     # 136.4/14.8, Mistral 139.6/16.3 and Llama 132.4/16.2. The curve's prediction lies above all
-    # but the first, and the v0.9 Llama one alone is more than 25% off; the median of five is
-    # the third-smallest error, which is within 25%, so the A100 stays checked.
+    # but the first, the v0.9 Llama one 21% above; the median of five is the third-smallest
+    # error, within 25%, so the A100 is checked.
     checks = {(k.release, k.model): k for k in knee_checks("a100-80gb-sxm") if k.reference_tokens == 128}
     measured = {
         ("v0.5", "gpt-j-6b"): 129 / 12.5,
@@ -232,9 +240,9 @@ def test_a100_verdict_takes_the_median_of_five_measurements():
         ("v0.9", "llama-2-7b"): 132.4 / 16.2,
     }
     assert {key: k.measured_ratio for key, k in checks.items()} == pytest.approx(measured)
-    assert not checks[("v0.9", "llama-2-7b")].matches
+    assert checks[("v0.9", "gpt-j-6b")].error > 0 > checks[("v0.5", "gpt-j-6b")].error
     third = sorted(k.error for k in checks.values())[2]
     (_, climb) = knee_ratios("a100-80gb-sxm")
     assert climb.measurements == 5 and climb.median_error == pytest.approx(third) and climb.matches
-    assert 0.15 < climb.median_error < 0.25
+    assert 0.1 < climb.median_error < 0.2
     assert knee_verdict("a100-80gb-sxm") == "checked"

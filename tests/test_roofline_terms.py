@@ -140,10 +140,10 @@ def test_attention_efficiency_scales_attention_compute():
     t = timings(half)
     assert float(t["qk"].compute_s) == pytest.approx(3072 / 2.5e8, rel=1e-12)
     assert float(t["q_proj"].compute_s) == pytest.approx(12288 / 5e8, rel=1e-12)  # GEMMs keep theirs
-    # q = 6: 24 rows, halfway between 12 and 48 in log2(rows) -> 0.75
+    # q = 6: 24 rows, halfway between 12 and 48 in log2(rows) -> the geometric mean, sqrt(0.5)
     t6 = timings(half, tokens=6)
-    # qk at q = 6: 2 * 2 * 8 * 6 * 11 * 4 = 8448 FLOPs at 5e8 x 0.75
-    assert float(t6["qk"].compute_s) == pytest.approx(8448 / 3.75e8, rel=1e-12)
+    # qk at q = 6: 2 * 2 * 8 * 6 * 11 * 4 = 8448 FLOPs at 5e8 x sqrt(0.5)
+    assert float(t6["qk"].compute_s) == pytest.approx(8448 / (5e8 * 0.5**0.5), rel=1e-12)
 
 
 def test_attention_uses_the_gemm_curve_when_it_has_none_of_its_own():
@@ -158,12 +158,13 @@ def test_attention_uses_the_gemm_curve_when_it_has_none_of_its_own():
 
 
 def test_gemm_efficiency_is_read_at_batch_times_tokens_rows():
-    # 0.5 at 3 rows, 1.0 at 12: b q = 6 is halfway in log2(rows) -> 0.75
+    # 0.5 at 3 rows, 1.0 at 12: b q = 6 is halfway in log2(rows) -> sqrt(0.5)
     hw = COMPUTE_ONLY.with_(gemm_efficiency=EfficiencyCurve((3.0, 12.0), (0.5, 1.0)), attention_efficiency=FLAT)
     t = timings(hw)
-    assert float(t["q_proj"].compute_s) == pytest.approx(12288 / 3.75e8, rel=1e-12)
-    assert float(t["lm_head"].compute_s) == pytest.approx(6144 / 3.75e8, rel=1e-12)
-    assert step(hw) == pytest.approx(GEMM_FLOPS / 3.75e8 + ATTENTION_FLOPS / 5e8 + VECTOR_FLOPS / 5e7, rel=1e-12)
+    rate = 5e8 * 0.5**0.5
+    assert float(t["q_proj"].compute_s) == pytest.approx(12288 / rate, rel=1e-12)
+    assert float(t["lm_head"].compute_s) == pytest.approx(6144 / rate, rel=1e-12)
+    assert step(hw) == pytest.approx(GEMM_FLOPS / rate + ATTENTION_FLOPS / 5e8 + VECTOR_FLOPS / 5e7, rel=1e-12)
 
 
 def test_launch_block_and_head_overheads():

@@ -104,11 +104,11 @@ def test_attention_reads_the_kv_cache_at_its_own_bandwidth():
 
 
 def test_attention_kv_efficiency_follows_the_keys_per_sequence():
-    # 1.0 at 8 keys, 0.5 at 32: 16 keys is halfway in log2 -> 0.75
+    # 1.0 at 8 keys, 0.5 at 32: 16 keys is halfway in log2 -> sqrt(0.5)
     hw = MEMORY_ONLY.with_(attention_kv_efficiency=EfficiencyCurve((8.0, 32.0), (1.0, 0.5)))
     # b = 1, q = 1, s = 15: 16 keys; qk moves 8*1*4 + 2*16*4 = 160 elements, pv the same
     t = attention_s(op_timings(GQA, None, hw, batch=1, tokens=1, context=15))
-    assert t == pytest.approx(2 * 2 * 160 * 2 / (5e8 * 0.75), rel=1e-12)
+    assert t == pytest.approx(2 * 2 * 160 * 2 / (5e8 * 0.5**0.5), rel=1e-12)
 
 
 # ---- verification modes ------------------------------------------------------------------

@@ -442,10 +442,20 @@ MUTANTS = (
         "hw-curve-linear-rows",
         "roofline/hardware.py",
         "x = np.log2(np.maximum(np.asarray(rows, dtype=float), 1.0))\n"
-        "        return np.interp(x, np.log2(np.asarray(self.rows, dtype=float)),",
+        "        log_values = np.log2(np.asarray(self.values, dtype=float))\n"
+        "        return np.exp2(np.interp(x, np.log2(np.asarray(self.rows, dtype=float)), log_values))",
         "x = np.maximum(np.asarray(rows, dtype=float), 1.0)\n"
-        "        return np.interp(x, np.asarray(self.rows, dtype=float),",
-        "efficiency curve interpolated linearly in rows, not in log2(rows)",
+        "        log_values = np.log2(np.asarray(self.values, dtype=float))\n"
+        "        return np.exp2(np.interp(x, np.asarray(self.rows, dtype=float), log_values))",
+        "efficiency curve interpolated in rows, not in log2(rows)",
+        LATENCY_TESTS,
+    ),
+    Mutant(
+        "hw-curve-linear-values",
+        "roofline/hardware.py",
+        "return np.exp2(np.interp(x, np.log2(np.asarray(self.rows, dtype=float)), log_values))",
+        "return np.interp(x, np.log2(np.asarray(self.rows, dtype=float)), np.exp2(log_values))",
+        "efficiency linear in log2(rows) between points (the old rule: a GEMM's time dips between them)",
         LATENCY_TESTS,
     ),
     Mutant(
@@ -2037,6 +2047,73 @@ MUTANTS = (
         "    return _expected_tokens(_tree(tree), _table(accuracy), joint=False, strict=False)",
         "treeopt.expected_tokens(joint=True) gives the independent-heads tau",
         API_TESTS,
+    ),
+    # ---- --random-weights: a model of a shape, sized before it is allocated
+    Mutant(
+        "random-weights-drafter-bytes-dropped",
+        "calibration/random_model.py",
+        "    return (base + drafter) * torch.empty((), dtype=dtype).element_size()",
+        "    return base * torch.empty((), dtype=dtype).element_size()",
+        "the memory check of --random-weights leaves the drafter's weights out",
+        ("tests/test_random_weights.py",),
+    ),
+    Mutant(
+        "random-weights-kv-heads-from-heads",
+        "treeopt/app/random_weights.py",
+        "        num_key_value_heads=shape.kv_heads,",
+        "        num_key_value_heads=shape.heads,",
+        "a built-in GQA shape is built with as many KV heads as query heads",
+        ("tests/test_random_weights.py",),
+    ),
+    Mutant(
+        "random-weights-seed-ignored",
+        "calibration/random_model.py",
+        "gen = torch.Generator(device=torch_device).manual_seed(spec.seed)",
+        "gen = torch.Generator(device=torch_device).manual_seed(0)",
+        "every seed draws the same random weights",
+        ("tests/test_random_weights.py",),
+    ),
+    # ---- engines' own benchmark files as hw fit measurements (roofline/engine_bench.py)
+    Mutant(
+        "engine-bench-sglang-context-end",
+        "roofline/engine_bench.py",
+        "        rows.append((batch, input_len + (output_len - 2) // 2, 1, 1e3 * step_s))",
+        "        rows.append((batch, input_len + output_len // 2, 1, 1e3 * step_s))",
+        "an SGLang median decode step is placed past the middle of the timed steps",
+        ("tests/test_engine_bench.py",),
+    ),
+    Mutant(
+        "engine-bench-vllm-difference-not-divided",
+        "roofline/engine_bench.py",
+        "            step_ms = 1e3 * (b.latency_s - a.latency_s) / (b.output_len - a.output_len)",
+        "            step_ms = 1e3 * (b.latency_s - a.latency_s) / b.output_len",
+        "two vLLM runs' latency difference is divided by the longer output length, not the extra steps",
+        ("tests/test_engine_bench.py",),
+    ),
+    # ---- published speculative steps as step rows (roofline/published_steps.py)
+    Mutant(
+        "published-steps-ibm-no-tokens-per-step",
+        "roofline/published_steps.py",
+        "                step_ms = float(ms) * t",
+        "                step_ms = float(ms)",
+        "IBM's ms per generated token is taken as the step time, not times the tokens a step generates",
+        ("tests/test_published_steps.py",),
+    ),
+    Mutant(
+        "published-steps-ibm-candidate-without-root",
+        "roofline/published_steps.py",
+        '"tokens": c * (stages + 1) if c > 0 else 1,',
+        '"tokens": c * stages if c > 0 else 1,',
+        "an IBM candidate sequence is verified without its root token (stages, not stages + 1)",
+        ("tests/test_published_steps.py",),
+    ),
+    Mutant(
+        "published-steps-medusa-tree-step-per-token",
+        "roofline/published_steps.py",
+        'tree_ms = 1e3 * float(r["acc_rate"]) / float(r["medusa_tok_s"])',
+        'tree_ms = 1e3 / float(r["medusa_tok_s"])',
+        "Medusa's tree step is priced per generated token, not per step (acc_rate dropped)",
+        ("tests/test_published_steps.py",),
     ),
 )
 
