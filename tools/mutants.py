@@ -2115,6 +2115,31 @@ MUTANTS = (
         "Medusa's tree step is priced per generated token, not per step (acc_rate dropped)",
         ("tests/test_published_steps.py",),
     ),
+    # ---- benchmarks/gpu_check.py: the one-command check of the latency model on a GPU
+    Mutant(
+        "gpu-check-ratio-against-another-groups-plain-step",
+        "benchmarks/gpu_check.py",
+        "predict(b, 1, s) for b, s in cells",
+        'predict(b, 1, min(cells["context"])) for b, s in cells',
+        "the predicted T(n)/T(0) divides by the plain step of the shortest context, not of the cell's own",
+        ("tests/test_gpu_check.py",),
+    ),
+    Mutant(
+        "gpu-check-h100-pcie-as-sxm",
+        "benchmarks/gpu_check.py",
+        'frozenset({"h100", "pcie"}): "h100-pcie",',
+        'frozenset({"h100", "pcie"}): "h100-sxm",',
+        "an H100 PCIe is checked against the H100 SXM's built-in profile",
+        ("tests/test_gpu_check.py",),
+    ),
+    Mutant(
+        "gpu-check-ratio-error-over-plain-steps-too",
+        "benchmarks/gpu_check.py",
+        '("ratio_error", f"ratio_error_{name}", cells[cells["nodes"] > 0]),',
+        '("ratio_error", f"ratio_error_{name}", cells),',
+        "the median T(n)/T(0) error counts the plain steps, whose error is 0 by construction",
+        ("tests/test_gpu_check.py",),
+    ),
 )
 
 

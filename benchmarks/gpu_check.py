@@ -1,0 +1,613 @@
+"""Check the latency model on the accelerator at hand, in one command
+(docs/performance-model.md#checking-on-a-gpu). Run:
+
+    python benchmarks/gpu_check.py                                   # on a CUDA GPU: Llama-2-7B shapes, bf16
+    python benchmarks/gpu_check.py --quick --device cpu -o DIR       # small shape, seconds (part of the tests)
+
+It detects the device, picks the built-in hardware profile of the GPU's name (none for a CPU or
+an unknown GPU, and says so), calibrates a profile on the device (`treeopt hw calibrate` with
+its engine terms on a random-weight model: `treeopt.app.hwcalibrate`), sweeps a random-weight
+model of the shape (`treeopt sweep --random-weights`: `treeopt.app.sweep`) over batch sizes x
+contexts x tree sizes, and predicts every measured step with the built-in profile and with the
+calibrated one (`treeopt.app.sweep.step_predictor`, the prediction `treeopt sweep --hardware`
+writes). It writes DIR/index.md (the report), DIR/cells.csv (one row per cell, measured and
+predicted), DIR/gemm_rows.csv (the GEMM row curve measured on the die against the built-in
+one), DIR/hardware.json (the calibrated profile), DIR/summary.json (the headline numbers) and
+the sweep itself (DIR/sweep.csv with its .meta.json and .samples.npz, readable by `treeopt
+select`). Progress goes to stderr.
+
+Errors are relative, predicted / measured - 1, of the step time (every cell) and of the ratio
+T(n)/T(0) (the cells with a tree, n > 0; T(0)/T(0) = 1 by construction). Measured T(n)/T(0) is
+the sweep's `overhead`: the median over rounds of the same-round ratio. Predicted T(n)/T(0) is
+the profile's prediction of the cell over its prediction of the plain step of the same batch
+and context.
+
+Graph capture (CUDA graphs) is not implemented in treeopt's decoder yet: the steps are eager
+PyTorch, and the report says so instead of showing graph numbers.
+
+The weights, drafter, prompts and tree are fixed by --seed; the timings are measurements.
+Bad input: one line on stderr, exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import torch  # noqa: E402
+
+from calibration.device_memory import available_bytes, bench_bytes  # noqa: E402
+from calibration.models import resolve_device, resolve_dtype  # noqa: E402
+from calibration.sweep import SweepSettings  # noqa: E402
+from calibration.threads import default_threads, torch_threads  # noqa: E402
+from roofline.hardware import HardwareProfile, load_hardware  # noqa: E402
+from roofline.shapes import normalize_dtype  # noqa: E402
+from treeopt.app.hwcalibrate import (  # noqa: E402
+    ENGINE_BATCHES,
+    calibrate_engine_terms,
+    calibrate_hardware,
+    engine_bench_positions,
+)
+from treeopt.app.models import shape_of  # noqa: E402
+from treeopt.app.random_weights import check_random_bench, load_random, random_model  # noqa: E402
+from treeopt.app.sweep import step_predictor, sweep  # noqa: E402
+from treeopt.errors import UserError, first_line  # noqa: E402
+from treeopt.fileio import atomic_path, write_json, write_text  # noqa: E402
+from treeopt.tau import load_tau_curves  # noqa: E402
+
+#: the tree: Medusa-1's published head accuracies for Vicuna-7B (5 heads); tau does not enter
+#: the step time, only which nodes each tree size holds
+ACCURACY = ROOT / "treeopt" / "data" / "medusa_train_accuracy.csv"
+ACCURACY_MODEL = "vicuna-7b"
+#: the full check (a GPU): a 7B shape, batch 1..64, two contexts, trees of 0..128 nodes
+FULL = {"model": "llama-2-7b", "batches": (1, 2, 4, 8, 16, 32, 64), "contexts": (512, 2048)}
+FULL_SIZES = (0, 1, 2, 4, 8, 16, 32, 64, 128)
+#: --quick: a small Llama (grouped like Llama-2-7B: MLP 2.6875 x hidden, head size 64) that a
+#: 2-core CPU steps in a few milliseconds; written as DIR/quick-model/config.json
+QUICK_CONFIG = {
+    "model_type": "llama",
+    "architectures": ["LlamaForCausalLM"],
+    "vocab_size": 2048,
+    "hidden_size": 256,
+    "intermediate_size": 688,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "head_dim": 64,
+    "max_position_embeddings": 4096,
+    "tie_word_embeddings": False,
+}
+QUICK = {"batches": (1, 2, 4), "contexts": (64, 256)}
+QUICK_SIZES = (0, 1, 4, 16, 64)
+#: share of the device's free memory a sweep group's cache and prefill may take
+MEMORY_SHARE = 0.9
+PROFILES = ("builtin", "calibrated")
+
+# ---- GPU name -> built-in profile ----------------------------------------------------------
+
+#: words of a device name that say nothing about the board
+_NOISE = frozenset({"nvidia", "geforce", "tesla", "amd", "instinct", "hbm3", "hbm3e", "hbm2e"})
+#: the remaining words of a device name (as torch.cuda.get_device_name prints it), exactly,
+#: for each built-in profile; any other name (an H100 NVL, a GH200, an A100 40GB PCIe, an L40,
+#: an A10G) has no built-in profile: its clocks, memory or bandwidth differ
+_BOARDS = {
+    frozenset({"h100", "80gb"}): "h100-sxm",  # NVIDIA H100 80GB HBM3
+    frozenset({"h100", "sxm5", "80gb"}): "h100-sxm",
+    frozenset({"h100", "pcie"}): "h100-pcie",
+    frozenset({"h100", "pcie", "80gb"}): "h100-pcie",
+    frozenset({"h200"}): "h200",
+    frozenset({"h200", "sxm", "141gb"}): "h200",
+    frozenset({"a100", "sxm4", "80gb"}): "a100-80gb-sxm",
+    frozenset({"a100", "sxm4", "40gb"}): "a100-40gb-sxm",
+    frozenset({"a100", "80gb", "pcie"}): "a100-80gb-pcie",
+    frozenset({"a40"}): "a40",
+    frozenset({"rtx", "a6000"}): "rtx-a6000",
+    frozenset({"l4"}): "l4",
+    frozenset({"l40s"}): "l40s",
+    frozenset({"rtx", "4090"}): "rtx-4090",
+    frozenset({"b200"}): "b200",
+    frozenset({"mi300x"}): "mi300x",
+    frozenset({"mi300x", "vf"}): "mi300x",  # a virtual function of the same board
+}
+
+
+def builtin_profile_for(device_name: str) -> str | None:
+    """The built-in hardware profile (`roofline.hardware.builtin_hardware`) of a GPU named as
+    `torch.cuda.get_device_name` names it ('NVIDIA H100 80GB HBM3' -> 'h100-sxm'), or None
+    when no built-in profile describes that board."""
+    words = frozenset(w for w in re.split(r"[\s_\-]+", device_name.strip().lower()) if w) - _NOISE
+    return _BOARDS.get(words)
+
+
+def slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "device"
+
+
+# ---- options -------------------------------------------------------------------------------
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, like every other bad input
+        raise UserError(message)
+
+
+def _ints(text: str, option: str, minimum: int) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in str(text).split(",") if v.strip())
+    except ValueError:
+        raise UserError(f"{option}: expected integers separated by commas, got '{text}'") from None
+    if not values or min(values) < minimum:
+        raise UserError(f"{option}: expected integers >= {minimum}, got '{text}'")
+    return tuple(sorted(set(values)))
+
+
+def parse_args(argv) -> argparse.Namespace:
+    p = _Parser(prog="gpu_check.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", default="auto", help="auto, cuda, cuda:N, cpu or mps [default: auto]")
+    p.add_argument("--quick", action="store_true", help="a small model shape and fewer cells (seconds on a CPU)")
+    p.add_argument("-o", "--out", default=None, help="report folder [default: reports/gpu-check-DEVICE-NAME]")
+    p.add_argument("--model", default=None, help="built-in shape name or config.json [default: llama-2-7b]")
+    p.add_argument("--dtype", default=None, help="bf16, fp16, fp32 or auto [default: bf16 on CUDA, else auto]")
+    p.add_argument("--batch", default=None, help="batch sizes, e.g. 1,8,64")
+    p.add_argument("--context", default=None, help="cached tokens per sequence, e.g. 512,2048")
+    p.add_argument("--sizes", default=None, help="tree sizes (0 = plain decoding), e.g. 0,1,4,16")
+    p.add_argument("--seed", type=int, default=0, help="seed of the weights, prompts and rounds [default: 0]")
+    args = p.parse_args(argv)
+    if args.device.split(":")[0] not in ("auto", "cuda", "cpu", "mps"):
+        raise UserError(f"--device: must be auto, cuda, cuda:N, cpu or mps, got '{args.device}'")
+    return args
+
+
+def resolve_settings(args: argparse.Namespace) -> dict:
+    """Device, names, dtype, model and grid of the check, every input checked (UserError)."""
+    dev = resolve_device(args.device)
+    name = _device_name(dev)
+    builtin = builtin_profile_for(name) if dev.type == "cuda" else None
+    dtype = args.dtype or ("bf16" if dev.type == "cuda" else "auto")
+    if dtype != "auto":
+        dtype = normalize_dtype(dtype, what="--dtype")
+        if dtype not in ("fp32", "bf16", "fp16"):
+            raise UserError(f"--dtype: the check runs fp32, bf16 or fp16, not {dtype}")
+    dt = normalize_dtype(str(resolve_dtype(dtype, dev)), what="--dtype")
+    grid = QUICK if args.quick else FULL
+    default_out = ROOT / "reports" / f"gpu-check-{slug(name) if dev.type == 'cuda' else dev.type}"
+    out = Path(args.out) if args.out else default_out
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out: {out} is a file, not a folder")
+    if args.model or not args.quick:
+        random_model(args.model or FULL["model"])  # an unknown model: one line, before anything is written
+    return {
+        "device": dev,
+        "device_name": name,
+        "builtin": builtin,
+        "dtype": dt,
+        "model": args.model,
+        "batches": _ints(args.batch, "--batch", 1) if args.batch else grid["batches"],
+        "contexts": _ints(args.context, "--context", 1) if args.context else grid["contexts"],
+        "sizes": tuple(sorted(set(_ints(args.sizes, "--sizes", 0)) | {0}))
+        if args.sizes
+        else (QUICK_SIZES if args.quick else FULL_SIZES),
+        "quick": args.quick,
+        "seed": args.seed,
+        "out": out,
+    }
+
+
+def _device_name(dev: torch.device) -> str:
+    if dev.type == "cuda":
+        return torch.cuda.get_device_name(dev)
+    if dev.type == "mps":
+        return "Apple GPU (MPS)"
+    name = "CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{name} ({os.cpu_count()} logical CPUs)"
+
+
+def _model_spec(cfg: dict) -> str:
+    """The model the check times: --model, else a quick config written into the report folder
+    (--quick), else the 7B shape."""
+    if cfg["model"]:
+        return cfg["model"]
+    if not cfg["quick"]:
+        return FULL["model"]
+    folder = cfg["out"] / "quick-model"
+    folder.mkdir(parents=True, exist_ok=True)
+    write_json(folder / "config.json", QUICK_CONFIG)
+    return str(folder)
+
+
+def _say(text: str) -> None:
+    print(f"gpu_check: {text}", file=sys.stderr, flush=True)
+
+
+# ---- the measurements ----------------------------------------------------------------------
+
+
+def calibrate(cfg: dict, spec) -> tuple[HardwareProfile, object]:
+    """`treeopt hw calibrate --random-weights`: the microbenchmarks on a device holding nothing
+    else, then the engine terms from the random model's tree steps. Returns the profile and the
+    loaded random model."""
+    dev = str(cfg["device"])
+    prof = calibrate_hardware(dev, cfg["model_spec"], dtype=cfg["dtype"], quick=cfg["quick"], seed=cfg["seed"])
+    if cfg["device"].type == "cuda":
+        torch.cuda.empty_cache()  # the microbenchmarks' buffers, before the model takes its place
+    lm = load_random(spec, dev, cfg["dtype"])
+    with torch_threads(lm.model, lm.device, None):
+        fit = calibrate_engine_terms(lm, prof, repeats=5 if cfg["quick"] else 9, seed=cfg["seed"])
+    return fit.profile, lm
+
+
+def sweep_plan(cfg: dict, config, element_bytes: int, free: int | None) -> tuple[dict, list[dict]]:
+    """{batches: contexts} of the (batch, context) groups whose cache and prefill fit
+    MEMORY_SHARE of `free` bytes, and the groups left out (with what they need)."""
+    positions = max(cfg["sizes"]) + 1
+    plan, skipped = {}, []
+    for s in cfg["contexts"]:
+        fits = []
+        for b in cfg["batches"]:
+            need = bench_bytes(config, b, s + positions, element_bytes)
+            if free is not None and need > MEMORY_SHARE * free:
+                skipped.append({"batch": b, "context": s, "need_gib": need / 2**30, "free_gib": free / 2**30})
+            else:
+                fits.append(b)
+        if fits:
+            plan.setdefault(tuple(fits), []).append(s)
+    if not plan:
+        raise UserError("--batch x --context: no (batch, context) group fits the device's free memory")
+    return plan, skipped
+
+
+def measure(cfg: dict, lm, calibrated: HardwareProfile, table, tau) -> tuple[pd.DataFrame, list[dict]]:
+    """The sweep of every group that fits, into DIR/sweep.csv (one file: later groups are added
+    as a resumed sweep adds them)."""
+    element = next(lm.model.parameters()).element_size()
+    plan, skipped = sweep_plan(cfg, lm.model.config, element, available_bytes(lm.device))
+    for group in skipped:
+        _say(
+            f"skipping batch {group['batch']} at context {group['context']}: its cache and prefill need "
+            f"{group['need_gib']:.1f} GiB, {group['free_gib']:.1f} GiB free"
+        )
+    out = cfg["out"] / "sweep.csv"
+    df = None
+    with torch_threads(lm.model, lm.device, None):
+        for i, (batches, contexts) in enumerate(plan.items()):
+            settings = SweepSettings(cfg["sizes"], batches, tuple(contexts), seed=cfg["seed"])
+            df = sweep(lm, table, tau, settings, out, hardware=calibrated, resume=i > 0)
+    return df, skipped
+
+
+# ---- the comparison ------------------------------------------------------------------------
+
+
+def cell_table(df: pd.DataFrame, predictors: dict) -> pd.DataFrame:
+    """One row per measured cell: the measurement, and per profile (None: no such profile) the
+    predicted step time and T(n)/T(0) with their relative errors."""
+    cells = pd.DataFrame(
+        {
+            "batch": df["batch"].astype(int),
+            "context": df["context"].astype(int),
+            "nodes": df["nodes"].astype(int),
+            "measured_ms": df["step_time_s"] * 1e3,
+            "measured_p10_ms": df["step_time_p10_s"] * 1e3,
+            "measured_p90_ms": df["step_time_p90_s"] * 1e3,
+            "measured_ratio": df["overhead"],
+            "measured_ratio_lo": df["overhead_lo"],
+            "measured_ratio_hi": df["overhead_hi"],
+            "rounds": df["samples"].astype(int),
+        }
+    ).reset_index(drop=True)
+    for name in PROFILES:
+        predict = predictors.get(name)
+        if predict is None:
+            step = plain = np.full(len(cells), np.nan)
+        else:
+            keys = cells[["batch", "context", "nodes"]].itertuples(index=False)
+            step = np.array([predict(b, n + 1, s) for b, s, n in keys], dtype=float)
+            plain = np.array([predict(b, 1, s) for b, s in cells[["batch", "context"]].itertuples(index=False)])
+        cells[f"predicted_{name}_ms"] = step * 1e3
+        cells[f"predicted_{name}_ratio"] = step / plain
+        cells[f"step_error_{name}"] = cells[f"predicted_{name}_ms"] / cells["measured_ms"] - 1
+        cells[f"ratio_error_{name}"] = cells[f"predicted_{name}_ratio"] / cells["measured_ratio"] - 1
+    return cells
+
+
+def error_stats(cells: pd.DataFrame, name: str) -> dict:
+    """Median and worst |error| of one profile: the step time over every cell, T(n)/T(0) over
+    the cells with a tree (n > 0)."""
+    out = {}
+    for kind, column, rows in (
+        ("step_time_error", f"step_error_{name}", cells),
+        ("ratio_error", f"ratio_error_{name}", cells[cells["nodes"] > 0]),
+    ):
+        err = rows[column].abs().dropna()
+        out[kind] = {
+            "median": float(err.median()) if len(err) else None,
+            "worst": float(err.max()) if len(err) else None,
+            "cells": len(err),
+        }
+    return out
+
+
+def gemm_rows(calibrated: HardwareProfile, builtin: HardwareProfile | None, dtype: str) -> pd.DataFrame:
+    """The GEMM row curve measured on the device against the built-in one, at the measured row
+    counts: relative efficiency and the compute rate each profile gives the model's GEMMs
+    (peak x eta_compute x efficiency; the calibrated peak is the best rate measured, the
+    built-in one the datasheet's)."""
+    curve = calibrated.gemm_efficiency
+    rows = np.asarray(curve.rows, dtype=float)
+    bound = calibrated.calibration.get("gemm_compute_bound") or [None] * len(rows)
+    measured_rate = calibrated.peak(dtype) * calibrated.eta_compute * curve(rows)
+    table = pd.DataFrame(
+        {
+            "rows": rows.astype(int),
+            "compute_bound": bound if len(bound) == len(rows) else [None] * len(rows),
+            "calibrated_efficiency": curve(rows),
+            "calibrated_tflops": measured_rate / 1e12,
+        }
+    )
+    if builtin is None:
+        table["builtin_efficiency"] = table["builtin_tflops"] = table["calibrated_over_builtin"] = np.nan
+    else:
+        rate = builtin.peak(dtype) * builtin.eta_compute * builtin.gemm_efficiency(rows)
+        table["builtin_efficiency"] = builtin.gemm_efficiency(rows)
+        table["builtin_tflops"] = rate / 1e12
+        table["calibrated_over_builtin"] = measured_rate / rate
+    return table
+
+
+# ---- the report ----------------------------------------------------------------------------
+
+
+def _pct(x) -> str:
+    return "" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x * 100:+.1f}%"
+
+
+def _num(x, fmt: str) -> str:
+    return "" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, fmt)
+
+
+def _with_error(value, error) -> str:
+    text = _num(value, ".3f")
+    return f"{text} ({_pct(error)})" if text else ""
+
+
+def _cells_markdown(cells: pd.DataFrame) -> list[str]:
+    lines = [
+        "| batch | context | nodes | measured ms (p10–p90) | measured T(n)/T(0) (interval) | built-in ms (error) | "
+        "built-in T(n)/T(0) (error) | calibrated ms (error) | calibrated T(n)/T(0) (error) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in cells.itertuples(index=False):
+        lines.append(
+            f"| {r.batch} | {r.context} | {r.nodes} | {r.measured_ms:.3f} ({r.measured_p10_ms:.3f}–"
+            f"{r.measured_p90_ms:.3f}) | {r.measured_ratio:.3f} ({_num(r.measured_ratio_lo, '.3f')}–"
+            f"{_num(r.measured_ratio_hi, '.3f')}) | {_with_error(r.predicted_builtin_ms, r.step_error_builtin)} | "
+            f"{_with_error(r.predicted_builtin_ratio, r.ratio_error_builtin)} | "
+            f"{_with_error(r.predicted_calibrated_ms, r.step_error_calibrated)} | "
+            f"{_with_error(r.predicted_calibrated_ratio, r.ratio_error_calibrated)} |"
+        )
+    return lines
+
+
+def _errors_markdown(summary: dict) -> list[str]:
+    lines = [
+        "| profile | step time: median | worst | T(n)/T(0): median | worst |",
+        "|---|---|---|---|---|",
+    ]
+    for name in PROFILES:
+        p = summary["profiles"][name]
+        if p["profile"] is None:
+            lines.append(f"| built-in | absent: {p['why_absent']} | | | |")
+            continue
+        st, ra = p["errors"]["step_time_error"], p["errors"]["ratio_error"]
+        label = "built-in" if name == "builtin" else "calibrated"
+        lines.append(
+            f"| {label} `{p['profile']}` | {_num(st['median'] * 100, '.1f')}% ({st['cells']} cells) | "
+            f"{_num(st['worst'] * 100, '.1f')}% | {_num(ra['median'] * 100, '.1f')}% ({ra['cells']} cells) | "
+            f"{_num(ra['worst'] * 100, '.1f')}% |"
+        )
+    return lines
+
+
+def _gemm_markdown(gemm: pd.DataFrame, builtin: str | None) -> list[str]:
+    lines = [
+        "| rows | compute bound (measured) | calibrated efficiency | calibrated TFLOP/s | built-in efficiency | "
+        "built-in TFLOP/s | calibrated / built-in |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in gemm.itertuples(index=False):
+        bound = {True: "yes", False: "no"}.get(r.compute_bound, "")
+        lines.append(
+            f"| {r.rows} | {bound} | {r.calibrated_efficiency:.3f} | {r.calibrated_tflops:.3g} | "
+            f"{_num(r.builtin_efficiency, '.3f')} | {_num(r.builtin_tflops, '.3g')} | "
+            f"{_num(r.calibrated_over_builtin, '.2f')} |"
+        )
+    if builtin is None:
+        lines.append("")
+        lines.append("No built-in profile for this device: the built-in columns are empty.")
+    return lines
+
+
+def write_report(cfg: dict, summary: dict, cells: pd.DataFrame, gemm: pd.DataFrame) -> None:
+    out = cfg["out"]
+    with atomic_path(out / "cells.csv") as tmp:
+        cells.to_csv(tmp, index=False, float_format="%.9g")
+    with atomic_path(out / "gemm_rows.csv") as tmp:
+        gemm.to_csv(tmp, index=False, float_format="%.9g")
+    write_json(out / "summary.json", summary)
+    m, s = summary["machine"], summary["model"]
+    shape = s["shape"]
+    builtin = summary["profiles"]["builtin"]
+    lines = [
+        f"# Checking the latency model on {m['device_name']}",
+        "",
+        f"Written by `python benchmarks/gpu_check.py {' '.join(summary['argv'])}` in {summary['seconds']:.0f} s "
+        "(docs/performance-model.md#checking-on-a-gpu).",
+        "",
+        f"- **Machine**: {m['device_name']}, device `{m['device']}`; torch {m['torch']}, {m['framework']}; "
+        f"torch CPU threads: {m['threads']}.",
+        f"- **Built-in profile**: {builtin['profile'] or 'none: ' + builtin['why_absent']}.",
+        f"- **Calibrated profile**: [hardware.json](hardware.json), `hw calibrate{' --quick' if cfg['quick'] else ''}` "
+        "with its engine terms fitted on the random model's tree steps.",
+        f"- **Model**: {s['spec']} with random weights (seed {cfg['seed']}), {s['dtype']}: {shape['layers']} layers, "
+        f"hidden {shape['hidden']}, MLP {shape['intermediate']}, {shape['heads']} heads / {shape['kv_heads']} KV "
+        f"heads of {shape['head_dim']}, vocabulary {shape['vocab']}; {s['params'] / 1e6:,.1f}M parameters; a "
+        f"random drafter of {s['drafter_heads']} Medusa heads.",
+        f"- **Tree**: the proposal tree of {s['accuracy']} (tau does not enter a step's time).",
+        f"- **Cells**: batch {_list(cfg['batches'])} x context {_list(cfg['contexts'])} x tree size "
+        f"{_list(cfg['sizes'])}; the sweep is [sweep.csv](sweep.csv), every cell in [cells.csv](cells.csv).",
+    ]
+    for g in summary["skipped_groups"]:
+        lines.append(
+            f"- **Left out**: batch {g['batch']} at context {g['context']}, whose cache and prefill need "
+            f"{g['need_gib']:.1f} GiB with {g['free_gib']:.1f} GiB free."
+        )
+    lines += ["", "## Errors", "", "Relative error = predicted / measured - 1; median and worst of |error|.", ""]
+    lines += _errors_markdown(summary)
+    lines += ["", "## Cells", "", _CELLS_TEXT, ""] + _cells_markdown(cells)
+    lines += ["", "## GEMM row curve", "", _GEMM_TEXT, ""] + _gemm_markdown(gemm, builtin["profile"])
+    lines += ["", "## Eager vs graph capture", "", _GRAPH_TEXT, ""]
+    write_text(out / "index.md", "\n".join(lines))
+
+
+_CELLS_TEXT = (
+    "Step times in ms: the median over rounds, with the 10th and 90th percentiles. Measured T(n)/T(0) is the "
+    "median of the same-round ratio (at least 1), with its bootstrap interval; predicted T(n)/T(0) is the "
+    "profile's prediction over its prediction of the plain step at the same batch and context. Errors are "
+    "predicted / measured - 1."
+)
+_GEMM_TEXT = (
+    "The calibrated profile's efficiency by rows, measured with the model's weight shapes on this device "
+    "([gemm_rows.csv](gemm_rows.csv)), against the built-in profile's row curve for the die. TFLOP/s is the "
+    "rate each profile gives the model's GEMMs at that row count: peak x eta_compute x efficiency (the "
+    "calibrated peak is the best GEMM rate measured here, the built-in one the datasheet's). Rows that are "
+    "not compute bound are flat below the first compute-bound row count."
+)
+_GRAPH_TEXT = (
+    "Graph capture (CUDA graphs) is not implemented in treeopt's decoder in this version, so only eager "
+    "PyTorch step times are reported: every measured time above is eager. There are no graph-capture numbers "
+    "to compare."
+)
+
+
+def _list(values) -> str:
+    return ",".join(str(v) for v in values)
+
+
+# ---- main ----------------------------------------------------------------------------------
+
+
+def run_check(cfg: dict, argv: list[str]) -> dict:
+    started = time.perf_counter()
+    dev = cfg["device"]
+    why = "no built-in profile describes a CPU"
+    if dev.type == "cuda":
+        why = f"no built-in profile for '{cfg['device_name']}'"
+    _say(f"device {dev} ({cfg['device_name']}); built-in profile: {cfg['builtin'] or 'none (' + why + ')'}")
+    table, tau = load_tau_curves(ACCURACY, max(cfg["sizes"]), csv_model=ACCURACY_MODEL)
+    cfg["out"].mkdir(parents=True, exist_ok=True)
+    cfg["model_spec"] = _model_spec(cfg)
+    spec = random_model(cfg["model_spec"], seed=cfg["seed"])
+    # the weights and the engine terms' steps must fit; the sweep leaves out the groups that do not
+    check_random_bench(spec, str(dev), cfg["dtype"], batch=max(ENGINE_BATCHES), positions=engine_bench_positions())
+    _say(f"[1/3] calibrating {dev} for {cfg['model_spec']} in {cfg['dtype']} (hw calibrate)")
+    t0 = time.perf_counter()
+    calibrated, lm = calibrate(cfg, spec)
+    calibrated.save(cfg["out"] / "hardware.json")
+    stage = {"calibrate_s": time.perf_counter() - t0}
+    _say(
+        f"[2/3] sweeping batch {_list(cfg['batches'])} x context {_list(cfg['contexts'])} x size {_list(cfg['sizes'])}"
+    )
+    t0 = time.perf_counter()
+    df, skipped = measure(cfg, lm, calibrated, table, tau)
+    stage["sweep_s"] = time.perf_counter() - t0
+    _say("[3/3] predicting every cell and writing the report")
+    builtin = load_hardware(cfg["builtin"]) if cfg["builtin"] else None
+    predictors = {"calibrated": step_predictor(lm, tau.proposal, calibrated)}
+    if builtin is not None:
+        predictors["builtin"] = step_predictor(lm, tau.proposal, builtin)
+    cells = cell_table(df, predictors)
+    gemm = gemm_rows(calibrated, builtin, cfg["dtype"])
+    summary = _summary(cfg, argv, lm, calibrated, cells, gemm, skipped, why, stage)
+    summary["seconds"] = time.perf_counter() - started
+    write_report(cfg, summary, cells, gemm)
+    return summary
+
+
+def _summary(cfg, argv, lm, calibrated, cells, gemm, skipped, why, stage) -> dict:
+    shape = shape_of(cfg["model_spec"], dtype=cfg["dtype"])
+    profiles = {}
+    for name in PROFILES:
+        profile = cfg["builtin"] if name == "builtin" else calibrated.name
+        profiles[name] = {
+            "profile": profile,
+            "why_absent": None if profile else why,
+            "errors": error_stats(cells, name) if profile else None,
+        }
+    threads = default_threads(lm.model, lm.device) or torch.get_num_threads()
+    return {
+        "format": "treeopt.gpu-check/v1",
+        "argv": list(argv),
+        "machine": {
+            "device": str(cfg["device"]),
+            "device_name": cfg["device_name"],
+            "torch": torch.__version__,
+            "threads": threads,
+            "framework": calibrated.calibration.get("framework", ""),
+        },
+        "model": {
+            "spec": cfg["model_spec"] if cfg["model"] or not cfg["quick"] else "quick-model/config.json",
+            "dtype": cfg["dtype"],
+            "shape": {k: getattr(shape, k) for k in ("layers", "hidden", "intermediate", "heads", "kv_heads")}
+            | {"head_dim": shape.head_dim, "vocab": shape.vocab},
+            "params": int(sum(p.numel() for p in lm.model.parameters())),
+            "drafter_heads": int(lm.heads.num_heads),
+            "accuracy": f"{ACCURACY.relative_to(ROOT)} ({ACCURACY_MODEL})",
+            "seed": cfg["seed"],
+        },
+        "grid": {"batches": list(cfg["batches"]), "contexts": list(cfg["contexts"]), "sizes": list(cfg["sizes"])},
+        "skipped_groups": skipped,
+        "cells": len(cells),
+        "profiles": profiles,
+        "gemm_rows": json.loads(gemm.to_json(orient="records")),
+        "graph_capture": {"implemented": False, "reported": "eager step times only"},
+        "stages": stage,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        cfg = resolve_settings(parse_args(argv))
+        summary = run_check(cfg, argv)
+    except UserError as err:
+        print(f"gpu_check: error: {first_line(err)}", file=sys.stderr)
+        return 2
+    cal = summary["profiles"]["calibrated"]["errors"]["ratio_error"]
+    _say(
+        f"T(n)/T(0) error of the calibrated profile: median {cal['median'] * 100:.1f}%, worst "
+        f"{cal['worst'] * 100:.1f}% over {cal['cells']} cells; wrote {cfg['out'] / 'index.md'} "
+        f"({summary['seconds']:.0f} s)"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
