@@ -91,7 +91,9 @@ def test_run_main_job_writes_a_consistent_report_and_resumes(tmp_path):
         * max(1.0, sweep[(sweep["batch"] == c["batch"]) & (sweep["context"] == c["context"])]["speedup"].max())
         for c in mix["cells"]
     )
-    assert mix["expected_tokens_per_s"] <= bound * (1 + 1e-9)
+    # selection.json keeps six decimals: a mix tree that is every cell's best meets the bound
+    # exactly and may round up to it by 5e-7
+    assert mix["expected_tokens_per_s"] <= bound * (1 + 1e-9) + 5e-7
     assert "### One tree for the traffic mix" in (out / "index.md").read_text()
     assert_one_tree_per_cell(out)
 
