@@ -13,14 +13,18 @@ roofs and moves a few bounded terms, each with a physical meaning (`FIT_TERMS`):
 - attention_kv_efficiency: the attention kernel's achieved KV bandwidth, one value or, with
   three or more contexts, a line in log2(keys) between the shortest and longest.
 
-A term is fitted only when the rows can tell it apart (`identifiable_terms`); each is pulled
-weakly toward the base profile's value, so a term the rows barely constrain stays where the
-base had it. The loss is soft_l1 on relative errors: one outlier row does not pull the fit.
+The fit is a MAP estimate: every term has a prior (`PRIORS`: a range from physics and a
+Gaussian scale around the base profile's value, `term_priors`), the relative errors of the rows
+are weighed by the noise the residuals show (soft_l1: one outlier row does not pull the fit),
+and the Laplace approximation at the optimum gives each term a 95% interval and a status:
+"determined" by the rows, left at its "prior", or "at bound" (`TermStatus`). A term is fitted
+only when the rows can tell it apart (`identifiable_terms`); the others keep the base value
+and are reported as "prior".
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
@@ -48,7 +52,13 @@ __all__ = [
     "sweep_step_points",
     "predict_step_s",
     "identifiable_terms",
+    "PRIORS",
+    "Prior",
+    "TermStatus",
+    "term_priors",
     "fit_profile",
+    "term_text",
+    "terms_line",
     "apply_terms",
     "batch_transfer",
     "error_summary",
@@ -56,22 +66,100 @@ __all__ = [
 
 STEP_COLUMNS = ("batch", "context", "tokens", "step_ms")
 OPTIONAL_COLUMNS = ("candidates", "draft_stages")
-# name -> (lower, upper); time terms in units of the median measured step
-FIT_TERMS = {
-    "eta_memory": (0.05, 1.0),
-    "forward_overhead_s": (0.0, 10.0),
-    "spec_step_overhead_s": (0.0, 10.0),
-    "verified_token_s": (0.0, 1.0),
-    "draft_stage_s": (0.0, 10.0),
-    "gemm_efficiency_scale": (0.1, 2.0),
-    "attention_kv_short": (0.02, 1.0),
-    "attention_kv_long": (0.02, 1.0),
-}
 TIME_TERMS = ("forward_overhead_s", "spec_step_overhead_s", "verified_token_s", "draft_stage_s")
-# weight of the pull toward the base value: a residual of 1% equals a change of one median step
-# (time terms) or of 1.0 (efficiencies), far more than any fitted term moves
-PRIOR_WEIGHT = 0.01
-SOFT_L1_SCALE = 0.05  # relative errors above ~5% count linearly, not squared
+
+
+@dataclass(frozen=True)
+class PriorSpec:
+    """One row of `PRIORS`: the physical range [lower, upper] and the prior's scale (time terms
+    in units of the median measured step), in the term's transform ("linear": (x - centre) /
+    scale; "log": log(x / centre) / scale); `measured_scale`: the scale, relative to the centre,
+    when the base profile measured the term (a calibrated or fitted base, `term_priors`)."""
+
+    lower: float
+    upper: float
+    scale: float
+    measured_scale: float
+    transform: str = "linear"
+    why: str = ""
+
+
+# The prior of every fitted term (docs/performance-model.md#fitting-a-profile-to-measured-steps).
+# The centre is the base profile's value, clipped into the range. Where each range comes from:
+PRIORS = {
+    # single-token decoding reaches 77-80% of datasheet bandwidth on A100, H100 and A40, and the
+    # published GEMM timings stream weights at 77.5% (H100) and 80% (A40) of it
+    # (docs/performance-model.md#efficiencies, #gemm-row-efficiency): no engine streams at the
+    # datasheet rate, so the range stops at 0.92; below 0.3 is a unit or shape mistake, not an
+    # engine. A calibrated base measured its bandwidth as a streaming read, which an engine can
+    # reach but not beat: there the range is 0.05-1 of that measured rate (`term_priors`).
+    "eta_memory": PriorSpec(0.30, 0.92, 0.10, 0.35, why="77-80% of datasheet on A100/H100/A40"),
+    # fixed costs are costs (>= 0); the ideal engine pays none (#framework-overheads), a
+    # production engine a good part of a step (IBM's: 3.1 ms per speculative step,
+    # #published-speculative-steps): a scale of one median step leaves them to the rows
+    "forward_overhead_s": PriorSpec(0.0, 10.0, 1.0, 0.5, why=">= 0; ideal engine 0"),
+    "spec_step_overhead_s": PriorSpec(0.0, 10.0, 1.0, 0.5, why=">= 0; ideal engine 0"),
+    # per verified token: IBM's 51 us is 0.5% of a step; a tenth of a step per token is ample
+    "verified_token_s": PriorSpec(0.0, 1.0, 0.1, 0.5, why=">= 0; ideal engine 0"),
+    "draft_stage_s": PriorSpec(0.0, 10.0, 1.0, 0.5, why=">= 0; ideal engine 0"),
+    # the scaled row curve times eta_c may not pass the compute roof at any row (#efficiencies):
+    # the upper bound is min(2, 1 / (eta_c x the curve's largest value)) of the base, 1.35 for the
+    # built-in A100; log-normal around 1 (x/÷ 1.35 at one scale)
+    "gemm_efficiency_scale": PriorSpec(0.1, 2.0, 0.3, 0.3, "log", why="scaled curve x eta_c <= 1"),
+    # a decode attention kernel reads the cache no faster than a streaming read
+    # (#attention-kv-bandwidth): at most 1
+    "attention_kv_short": PriorSpec(0.02, 1.0, 0.25, 0.25, why="<= 1: no faster than a streaming read"),
+    "attention_kv_long": PriorSpec(0.02, 1.0, 0.25, 0.25, why="<= 1: no faster than a streaming read"),
+}
+# name -> (lower, upper) of the table; time terms in units of the median measured step
+FIT_TERMS = {name: (spec.lower, spec.upper) for name, spec in PRIORS.items()}
+SOFT_L1_SCALE = 0.05  # relative errors above ~5% (or above the noise, if larger) count linearly
+NOISE_DEFAULT = 0.05  # a row's relative error scale before the residuals say it (and with no spare rows)
+NOISE_RANGE = (0.001, 0.5)  # the residuals' noise estimate is clipped to this range (0.1%: a step timed well)
+INTERVAL_Z = 1.959964  # the reported intervals are 95% (Laplace: normal at the optimum)
+DETERMINED_RATIO = 0.5  # "determined": the posterior sd under half the prior's
+BOUND_TOLERANCE = 1e-3  # "at bound": within this fraction of the prior's scale of a bound
+
+
+@dataclass(frozen=True)
+class Prior:
+    """A term's prior for one fit: Gaussian with `centre` and `scale` (in the term's units) in
+    `transform`, truncated to [lower, upper]."""
+
+    centre: float
+    scale: float
+    lower: float
+    upper: float
+    transform: str = "linear"
+    measured: bool = False
+
+    def residual(self, x):
+        if self.transform == "log":
+            return np.log(np.maximum(x, 1e-300) / self.centre) / self.scale
+        return (x - self.centre) / self.scale
+
+    @property
+    def sd(self) -> float:
+        """The prior's standard deviation in the term's own units (at the centre)."""
+        return self.scale * self.centre if self.transform == "log" else self.scale
+
+    def interval(self) -> tuple[float, float]:
+        """The prior's own 95% interval, clipped to the range."""
+        if self.transform == "log":
+            lo, hi = self.centre * np.exp(-INTERVAL_Z * self.scale), self.centre * np.exp(INTERVAL_Z * self.scale)
+        else:
+            lo, hi = self.centre - INTERVAL_Z * self.scale, self.centre + INTERVAL_Z * self.scale
+        return float(max(lo, self.lower)), float(min(hi, self.upper))
+
+    def record(self) -> dict:
+        return {
+            "centre": self.centre,
+            "scale": self.scale,
+            "lower": self.lower,
+            "upper": self.upper,
+            "transform": self.transform,
+            "measured": self.measured,
+        }
 
 
 @dataclass(frozen=True)
@@ -97,7 +185,12 @@ class StepPoints:
 @dataclass(frozen=True)
 class ProfileFit:
     """A fitted profile with the fitted terms, which terms were free, and the relative errors
-    (predicted / measured - 1) in sample and leave-one-out."""
+    (predicted / measured - 1) in sample and leave-one-out.
+
+    For every term of `FIT_TERMS` (free or not): `intervals[name]` its 95% interval (Laplace at
+    the optimum; a term that is not free: its prior's), `status[name]` "determined", "prior" or
+    "at bound" (`TermStatus`), `priors[name]` its `Prior`; `noise`: the relative error scale the
+    rows were weighed with."""
 
     profile: HardwareProfile
     terms: dict
@@ -105,6 +198,26 @@ class ProfileFit:
     in_sample_error: np.ndarray
     loo_error: np.ndarray | None
     points: StepPoints | None = None  # the steps it was fitted to
+    intervals: dict = field(default_factory=dict)
+    status: dict = field(default_factory=dict)
+    priors: dict = field(default_factory=dict)
+    noise: float | None = None
+
+    def values(self) -> dict:
+        """Every term's value in the fitted profile: the fitted ones and, for the others, the
+        base value (the prior's centre)."""
+        return {name: self.terms.get(name, prior.centre) for name, prior in self.priors.items()}
+
+
+class TermStatus:
+    """What the rows said about a term: DETERMINED (its 95% interval is under half as wide as its
+    prior's), PRIOR (the rows did not narrow it that much, or could not see it: it stays near the
+    prior's centre) or AT_BOUND (the optimum sits on its physical range's edge: the rows push it
+    beyond, and the value is the bound's)."""
+
+    DETERMINED = "determined"
+    PRIOR = "prior"
+    AT_BOUND = "at bound"
 
 
 def step_points_frame(df: pd.DataFrame, *, source: str, heads: int = 0) -> StepPoints:
@@ -267,22 +380,120 @@ def _base_values(base: HardwareProfile, points: StepPoints) -> dict:
     }
 
 
-def _solve(shape, heads, base, points, free, attention, t_ref, keys_range):
+def _calibrated(base: HardwareProfile) -> bool:
+    """Whether the base measured its roofs and terms (`treeopt hw calibrate`; or a fit over a
+    profile): a calibration record beyond a fit's."""
+    return any(k != "fit" for k in (base.calibration or {}))
+
+
+def term_priors(base: HardwareProfile, points: StepPoints) -> dict:
+    """{term: Prior} of a fit of `base` to `points` (`PRIORS`): centred on the base's value,
+    clipped into the physical range; time terms scaled by the median measured step. A term the
+    base measured (a calibrated base's positive time terms and eta_memory; every term of a
+    fitted base) gets the narrower `measured_scale`, relative to its value. A calibrated base's
+    bandwidth is a measured streaming read, so its eta_memory may reach 1 of it; a datasheet
+    bandwidth's stops at 0.92. gemm_efficiency_scale stops where the scaled curve times eta_c
+    would pass the compute roof."""
+    t_ref = float(np.median(points.step_s))
     start = _base_values(base, points)
-    scale = np.array([t_ref if k in TIME_TERMS else 1.0 for k in free])
-    lower = np.array([FIT_TERMS[k][0] for k in free]) * scale
-    upper = np.array([FIT_TERMS[k][1] for k in free]) * scale
-    x0 = np.clip(np.array([start[k] for k in free]), lower, upper)
-    prior = x0.copy()
+    calibrated = _calibrated(base)
+    fitted = set(((base.calibration or {}).get("fit") or {}).get("terms") or ())
+    out = {}
+    for name, spec in PRIORS.items():
+        unit = t_ref if name in TIME_TERMS else 1.0
+        lower, upper = spec.lower * unit, spec.upper * unit
+        if name == "eta_memory" and calibrated:
+            lower, upper = 0.05, 1.0
+        if name == "gemm_efficiency_scale":
+            roof = base.eta_compute * max(base.gemm_efficiency.values)
+            upper = min(upper, max(1.0, 1.0 / roof)) if roof > 0 else upper
+        centre = float(np.clip(start[name], lower, upper))
+        measured = name in fitted or (calibrated and (name == "eta_memory" or (name in TIME_TERMS and start[name] > 0)))
+        if measured and spec.transform == "linear" and centre > 0:
+            scale = spec.measured_scale * centre
+        else:
+            scale = spec.measured_scale if measured else spec.scale
+            scale = scale * unit if spec.transform == "linear" else scale
+        out[name] = Prior(centre, float(scale), float(lower), float(upper), spec.transform, bool(measured))
+    return out
+
+
+def _robust(r: np.ndarray, f: float) -> np.ndarray:
+    """soft_l1 as residuals: sum of squares = sum of f^2 rho((r/f)^2), rho(z) = 2 (sqrt(1 + z) - 1):
+    quadratic below f, linear above."""
+    rho = 2.0 * (np.sqrt(1.0 + (r / f) ** 2) - 1.0)
+    return np.sign(r) * f * np.sqrt(rho)
+
+
+def _solve(shape, heads, base, points, free, attention, priors, keys_range, noise, x0=None):
+    """The MAP terms: bounded least squares of the rows' relative errors over `noise` (soft_l1 at
+    SOFT_L1_SCALE or the noise, whichever is larger) and every free term's prior residual.
+    Returns (terms, least_squares result)."""
+    lower = np.array([priors[k].lower for k in free])
+    upper = np.array([priors[k].upper for k in free])
+    start = np.array([priors[k].centre for k in free]) if x0 is None else np.asarray(x0, dtype=float)
+    # strictly inside the range: trf starts from a feasible interior point
+    span = upper - lower
+    start = np.clip(start, lower + 1e-9 * span, upper - 1e-9 * span)
+    sd = np.array([priors[k].sd for k in free])
+    f = max(SOFT_L1_SCALE / noise, 1.0)
 
     def residuals(x):
         hw = apply_terms(base, dict(zip(free, x, strict=True)), keys_range)
         rel = predict_step_s(shape, heads, hw, points, attention=attention) / points.step_s - 1.0
-        return np.concatenate([rel, PRIOR_WEIGHT * (x - prior) / scale])
+        prior = [priors[k].residual(v) for k, v in zip(free, x, strict=True)]
+        return np.concatenate([_robust(rel / noise, f), np.asarray(prior, dtype=float)])
 
-    # soft_l1 is robust to an outlier row; x_scale puts seconds and fractions on one footing
-    sol = least_squares(residuals, x0, bounds=(lower, upper), loss="soft_l1", f_scale=SOFT_L1_SCALE, x_scale=scale)
-    return dict(zip(free, (float(v) for v in sol.x), strict=True))
+    if not free:
+        return {}, None
+    # x_scale puts seconds and fractions on one footing: each term in units of its prior's sd
+    sol = least_squares(residuals, start, bounds=(lower, upper), x_scale=sd)
+    return dict(zip(free, (float(v) for v in sol.x), strict=True)), sol
+
+
+def _noise(rel: np.ndarray, free: int) -> float:
+    """The rows' relative error scale: 1.4826 x the median |error| (robust to an outlier row),
+    inflated by sqrt(n / (n - free)) for the terms fitted to them; NOISE_DEFAULT when the rows
+    leave no spare degree of freedom."""
+    n = rel.size
+    if n <= free:
+        return NOISE_DEFAULT
+    s = 1.4826 * float(np.median(np.abs(rel))) * np.sqrt(n / (n - free))
+    return float(np.clip(s, *NOISE_RANGE))
+
+
+def _posterior(free, fitted, sol, priors) -> tuple[dict, dict, dict]:
+    """(terms snapped to a bound where at one, 95% intervals, statuses) of the free terms from the
+    Laplace approximation at the optimum: covariance (J^T J)^-1 of the whitened residuals (rows
+    over the noise the residuals show, priors over their scales)."""
+    jac = np.asarray(sol.jac, dtype=float)
+    cov = np.linalg.pinv(jac.T @ jac)
+    sd = np.sqrt(np.maximum(np.diag(cov), 0.0))
+    grad = np.asarray(sol.grad, dtype=float)
+    terms, intervals, status = {}, {}, {}
+    for i, name in enumerate(free):
+        prior, x = priors[name], fitted[name]
+        tol = BOUND_TOLERANCE * prior.sd
+        # widths compared in the prior's transform: a log prior's sd is relative to the value
+        spread = sd[i] / max(x, 1e-300) if prior.transform == "log" else sd[i]
+        determined = spread < DETERMINED_RATIO * prior.scale
+        # a bound holds it when the optimum sits on it and the cost falls beyond it; a term whose
+        # prior centre is on the bound and that the rows do not see is just at its prior
+        at_lower = x - prior.lower <= tol and (grad[i] * prior.sd > 1e-6 or prior.centre - prior.lower > tol)
+        at_upper = prior.upper - x <= tol and (-grad[i] * prior.sd > 1e-6 or prior.upper - prior.centre > tol)
+        if at_lower or at_upper:
+            status[name] = TermStatus.AT_BOUND
+        else:
+            status[name] = TermStatus.DETERMINED if determined else TermStatus.PRIOR
+        if x - prior.lower <= tol or prior.upper - x <= tol:  # on a bound: its value, not 1e-30
+            x = prior.lower if x - prior.lower <= tol else prior.upper
+        terms[name] = float(x)
+        if prior.transform == "log":  # normal in log(x): a multiplicative interval
+            lo, hi = x * np.exp(-INTERVAL_Z * spread), x * np.exp(INTERVAL_Z * spread)
+        else:
+            lo, hi = x - INTERVAL_Z * sd[i], x + INTERVAL_Z * sd[i]
+        intervals[name] = (float(max(lo, prior.lower)), float(min(hi, prior.upper)))
+    return terms, intervals, status
 
 
 def fit_profile(
@@ -296,18 +507,33 @@ def fit_profile(
     leave_one_out: bool = True,
     terms: tuple[str, ...] | None = None,
     source: str = "",
+    noise: float | None = None,
 ) -> ProfileFit:
-    """Fit the identifiable terms (or `terms`) of `base` to `points`; with leave_one_out, refit
-    once per row without it and predict it."""
+    """Fit the identifiable terms (or `terms`) of `base` to `points` (MAP under `term_priors`);
+    with leave_one_out, refit once per row without it and predict it. `noise`: the rows'
+    relative error scale (default: estimated from a first fit's residuals)."""
     if len(points) < 2:
         raise UserError(f"{source or 'measurements'}: a fit needs at least 2 rows")
     free = tuple(terms) if terms is not None else identifiable_terms(points, shape)
     unknown = [t for t in free if t not in FIT_TERMS]
     if unknown:
         raise UserError(f"fit terms: unknown term '{unknown[0]}' (known: {', '.join(FIT_TERMS)})")
-    t_ref = float(np.median(points.step_s))
+    priors = term_priors(base, points)
     keys_range = _kv_keys(points)
-    fitted = _solve(shape, heads, base, points, free, attention, t_ref, keys_range)
+    if noise is None:  # a first fit led by the rows (noise at the floor); its residuals say their noise
+        first, _ = _solve(shape, heads, base, points, free, attention, priors, keys_range, NOISE_RANGE[0])
+        hw = apply_terms(base, first, keys_range)
+        noise = _noise(predict_step_s(shape, heads, hw, points, attention=attention) / points.step_s - 1.0, len(free))
+        start = [first[k] for k in free]
+    else:
+        start = None
+    fitted, sol = _solve(shape, heads, base, points, free, attention, priors, keys_range, noise, start)
+    intervals = {k: p.interval() for k, p in priors.items()}
+    status = dict.fromkeys(priors, TermStatus.PRIOR)
+    if sol is not None:
+        fitted, post_intervals, post_status = _posterior(free, fitted, sol, priors)
+        intervals.update(post_intervals)
+        status.update(post_status)
     profile = apply_terms(base, fitted, keys_range)
     in_sample = predict_step_s(shape, heads, profile, points, attention=attention) / points.step_s - 1.0
     loo = None
@@ -316,16 +542,8 @@ def fit_profile(
         for i in range(len(points)):  # one refit per row: the leave-one-out estimate itself
             keep = np.arange(len(points)) != i
             sub = points.take(keep)
-            sub_terms = _solve(
-                shape,
-                heads,
-                base,
-                sub,
-                tuple(t for t in free if t in identifiable_terms(sub, shape)),
-                attention,
-                t_ref,
-                keys_range,
-            )
+            sub_free = tuple(t for t in free if t in identifiable_terms(sub, shape))
+            sub_terms, _ = _solve(shape, heads, base, sub, sub_free, attention, priors, keys_range, noise)
             hw_i = apply_terms(base, sub_terms, keys_range)
             loo[i] = (
                 predict_step_s(shape, heads, hw_i, points.take(~keep), attention=attention)[0] / points.step_s[i] - 1.0
@@ -338,6 +556,11 @@ def fit_profile(
         "draft_heads": 0 if heads is None else heads.num_heads,
         "base": base.name,
         "terms": fitted,
+        "intervals": {k: list(v) for k, v in intervals.items()},
+        "interval": "95% (Laplace)",
+        "status": status,
+        "priors": {k: p.record() for k, p in priors.items()},
+        "noise": noise,
         "in_sample_error": _summary_dict(in_sample),
         "loo_error": None if loo is None else _summary_dict(loo),
     }
@@ -346,7 +569,25 @@ def fit_profile(
         source=f"treeopt hw fit on {source or 'measured steps'} over {base.name}",
         calibration={**(base.calibration or {}), "fit": record},
     )
-    return ProfileFit(profile, fitted, free, in_sample, loo, points)
+    return ProfileFit(profile, fitted, free, in_sample, loo, points, intervals, status, priors, noise)
+
+
+def term_text(name: str, value: float) -> str:
+    """A term's value for printing: times in ms (a term at zero is 0, not 1e-30)."""
+    if name.endswith("_s"):
+        return f"{value * 1e3:.4g} ms"
+    return f"{value:.3g}"
+
+
+def terms_line(fit: ProfileFit, sep: str = " ") -> str:
+    """The free terms, compactly: 'eta_memory 0.75, forward_overhead_s 0 (at bound), ...'; a
+    term the rows left at its prior says so."""
+    parts = []
+    for name, value in fit.terms.items():
+        mark = fit.status.get(name)
+        note = f" ({mark})" if mark in (TermStatus.AT_BOUND, TermStatus.PRIOR) else ""
+        parts.append(f"{name}{sep}{value:.3g}{note}")
+    return ", ".join(parts)
 
 
 def error_summary(errors) -> str:

@@ -161,7 +161,9 @@ def fit_profile(
     plain decoding). `heads`: the draft heads whose operators a speculative step's prediction
     includes (0: drafting is left to the fitted terms; use the same value wherever the profile
     is used). Returns a `ProfileFit`: `.profile` (save it with `.profile.save(path)`), `.terms`,
-    `.free`, `.in_sample_error`, `.loo_error` (relative)."""
+    `.free`, `.in_sample_error`, `.loo_error` (relative), and for every term `.values()`,
+    `.intervals` (95%, Laplace), `.status` ("determined", "prior" or "at bound") and `.priors`
+    (docs/performance-model.md#fitting-a-profile-to-measured-steps)."""
     shape, head_shape = _shapes(model, dtype, heads, head_layers)
     base = load_hardware(hardware)
     run = RunOptions(batch=batch, input_len=input_len, output_len=output_len, tokens=tokens)

@@ -54,6 +54,7 @@ class PooledFit:
     overhead_point: dict = field(repr=False)
     overhead_draws: dict = field(repr=False)
     draws: int = POOLED_DRAWS
+    status: dict = field(default_factory=dict)  # the fit's TermStatus of each term
 
 
 def _cell_overheads(sweep: pd.DataFrame, step_s: np.ndarray) -> dict:
@@ -93,7 +94,7 @@ def fit_pooled(
             pick = rng.integers(0, x.shape[0], size=x.shape[0])  # whole rounds, as the cells' own bootstrap
             if len(rows[key]) == len(sizes):
                 step[rows[key]] = np.median(x[pick], axis=0)
-        refit = fit_profile(shape, heads, base, replace(points, step_s=step), leave_one_out=False)
+        refit = fit_profile(shape, heads, base, replace(points, step_s=step), leave_one_out=False, noise=fit.noise)
         terms.append(refit.terms)
         overheads.append(_cell_overheads(sweep, predict_step_s(shape, heads, refit.profile, points)))
     intervals = {
@@ -103,7 +104,8 @@ def fit_pooled(
         (int(b), int(s)): cell["nodes"].astype(int).tolist() for (b, s), cell in sweep.groupby(["batch", "context"])
     }
     stacked = {key: np.stack([o[key] for o in overheads]) for key in point}
-    return PooledFit(dict(fit.terms), intervals, sizes, point, stacked, draws)
+    status = {name: fit.status[name] for name in fit.terms}
+    return PooledFit(dict(fit.terms), intervals, sizes, point, stacked, draws, status)
 
 
 def add_pooled_evidence(
@@ -152,6 +154,7 @@ def add_pooled_evidence(
     doc["pooled_fit"] = {
         "terms": {k: float(v) for k, v in pooled.terms.items()},
         "term_intervals": {k: list(v) for k, v in pooled.term_intervals.items()},
+        "term_status": dict(pooled.status),
         "draws": pooled.draws,
         "consistent_cells": int(consistent_cells),
         "decided_cells": decided,
@@ -225,7 +228,11 @@ def format_pooled(doc: dict) -> str:
         return ""
     if "skipped" in pooled:
         return f"no profile fitted on every cell: {pooled['skipped']}"
-    terms = ", ".join(f"{k} {v:.3g}" for k, v in pooled["terms"].items())
+    status = pooled.get("term_status") or {}
+    terms = ", ".join(
+        f"{k} {v:.3g}" + (f" ({status[k]})" if status.get(k) in ("at bound", "prior") else "")
+        for k, v in pooled["terms"].items()
+    )
     cells = [c for c in doc["cells"] if "fit_nodes" in c]
     same = sum(c["fit_nodes"] == c["nodes"] for c in cells)
     return (

@@ -15,7 +15,7 @@ from roofline.grid import draft_rows_by_prefix
 from roofline.hardware import HardwareProfile, load_hardware
 from roofline.latency import step_time_s
 from roofline.ops import drafter_work
-from roofline.profile_fit import BatchTransfer, batch_transfer, error_summary
+from roofline.profile_fit import BatchTransfer, batch_transfer, error_summary, terms_line
 from roofline.speculative import draft_model_tree_step_time_s, level_widths_by_prefix
 from treeopt.acceptance import load_rank_vectors
 from treeopt.app.models import draft_cost_of_drafter, draft_shape_of, heads_shape_of_drafter, shape_of
@@ -207,7 +207,7 @@ def fit_from_sweep(lm, proposal: Tree, hardware: HardwareProfile, df: pd.DataFra
 def format_transfer(result: BatchTransfer) -> str:
     """How a profile fitted on batch 1 predicts the other batch sizes, in a few lines."""
     cells = result.cells
-    terms = ", ".join(f"{k} {v:.3g}" for k, v in result.fit.terms.items())
+    terms = terms_line(result.fit) or "no free term"
     return (
         f"profile fitted on batch 1 ({terms}; {error_summary(result.fit.in_sample_error)} on its rows); on the "
         f"other batch sizes T(n)/T(0) is off by a median {cells['median_ratio_error'].median() * 100:.1f}% "

@@ -781,8 +781,16 @@ def hw_fit(
     points, fit = result.points, result.profile.calibration["fit"]
     result.profile.save(out)
     click.echo(f"fitted {len(points)} steps of {fit['model']} over {fit['base']}; free terms: {', '.join(result.free)}")
-    rows = [[k, _term_text(k, v)] for k, v in result.terms.items()]
-    click.echo(text_table(["<term", "<value"], rows), nl=False)
+    rows = []
+    for k, v in result.values().items():
+        lo, hi = result.intervals[k]
+        span = f"{lo * 1e3:.3g}-{hi * 1e3:.3g} ms" if k.endswith("_s") else f"{lo:.3g}-{hi:.3g}"
+        rows.append([k, _term_text(k, v), span, _status_text(result, k)])
+    click.echo(text_table(["<term", "<value", "<95% interval", "<status"], rows), nl=False)
+    click.echo(
+        "determined: the rows narrowed the prior to under half its width; prior: they did not (or cannot see "
+        "the term: not fitted); at bound: held at the edge of its physical range"
+    )
     click.echo(f"in-sample: {error_summary(result.in_sample_error)}")
     if result.loo_error is not None:
         click.echo(f"leave-one-out: {error_summary(result.loo_error)}")
@@ -796,9 +804,20 @@ def hw_fit(
 
 
 def _term_text(name: str, value: float) -> str:
-    if name.endswith("_s"):
-        return f"{value * 1e3:.4g} ms"
-    return f"{value:.3g}"
+    from roofline.profile_fit import term_text
+
+    return term_text(name, value)
+
+
+def _status_text(result, name: str) -> str:
+    """A term's status, with which bound holds it or that it was not fitted."""
+    status, prior = result.status[name], result.priors[name]
+    if status == "at bound":
+        edge = prior.lower if result.values()[name] <= prior.lower else prior.upper
+        return f"at bound ({'lower' if edge == prior.lower else 'upper'}, {_term_text(name, edge)})"
+    if name not in result.free:
+        return f"{status} (not fitted)"
+    return status
 
 
 @click.command("predict")
