@@ -10,8 +10,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from roofline.engine_presets import builtin_base, load_presets
 from roofline.grid import PerTreeSize, draft_rows_by_prefix, heads_used_by_prefix, speedup_grid
-from roofline.hardware import GB, GIB, HardwareProfile, builtin_hardware
+from roofline.hardware import GB, GIB, HardwareProfile
 from roofline.latency import memory_required_bytes, op_timings, step_time_s
 from roofline.ops import DraftWork
 from roofline.plots import (
@@ -120,7 +121,7 @@ def _hardware_section(hw: HardwareProfile, dtype: str) -> list[str]:
 
 def _knee_sentence(hw: HardwareProfile) -> str:
     """Where this profile's GEMM row curve was checked (docs/performance-model.md#where-the-knee-was-checked)."""
-    if builtin_hardware().get(hw.name) == hw:
+    if builtin_base(hw) is not None:  # a built-in, with or without an engine preset's terms
         return (
             f"This report's profile `{hw.name}`: {hw.gemm_efficiency_source}; verdict on its knee against public "
             f"measurements: {knee_summary(hw.name)} (`treeopt hw published`, "
@@ -132,8 +133,17 @@ def _knee_sentence(hw: HardwareProfile) -> str:
     return f"This report's profile `{hw.name}` is not a built-in one; its row curve: {where}."
 
 
-def _engine_sentence(hw: HardwareProfile) -> str:
-    """Which serving engine the profile describes (docs/performance-model.md#which-engine-a-profile-describes)."""
+def _engine_sentence(hw: HardwareProfile, family: str | None = None) -> str:
+    """Which serving engine the profile describes (docs/performance-model.md#which-engine-a-profile-describes);
+    `family`: the engine preset whose terms a built-in profile carries (docs/performance-model.md#engine-presets)."""
+    preset = load_presets().get(family) if family else None
+    if preset is not None and preset.measured:
+        return (
+            f"this built-in profile carries the {preset.family} engine preset ({preset.title}): its cost per "
+            f"forward and per speculative step were fitted to published steps ({preset.source_text()}; fitted on "
+            f"{preset.fit_rows}), the GPU's roofs are the datasheet's. The terms and their ranges are in "
+            "roofline/data/engine_presets.json."
+        )
     fit = (hw.calibration or {}).get("fit")
     if fit:
         return (
@@ -168,7 +178,9 @@ class ReportRequest:
     runs only the heads its depth reaches; `sequential_draft`: it pays the profile's cost per
     draft stage once per depth. `plot_context`: the context of the curves (None: the one
     nearest 1024); `command`, `title`, `notes`: for index.md; `save_hardware`: write the
-    profile beside the report."""
+    profile beside the report. `step_costs`: the line naming the engine preset that priced the
+    steps and `engine_costs` its family (`roofline.engine_presets.step_costs`; "" / None: not
+    stated, as in the main job's prediction of its calibrated profile)."""
 
     shape: ModelShape
     heads: DraftHeadsShape | None
@@ -193,6 +205,8 @@ class ReportRequest:
     command: str = ""
     notes: Sequence[str] = ()
     save_hardware: bool = False
+    step_costs: str = ""
+    engine_costs: str | None = None
 
     @property
     def sequential(self) -> bool:
@@ -423,6 +437,12 @@ def _intro(r: ReportRequest, res: ReportResults) -> list[str]:
     else:
         L.append("- **Draft heads**: none.")
     L += _hardware_section(r.hw, shape.dtype)
+    if r.step_costs:
+        L += [
+            "",
+            f"- **Step costs**: {r.step_costs.removeprefix('step costs: ')} "
+            "(docs/performance-model.md#engine-presets).",
+        ]
     if res.tau is not None:
         L += _accuracy_lines(r, res.tau)
     L += [
@@ -457,7 +477,7 @@ def _assumptions(r: ReportRequest) -> list[str]:
     return [
         "## Assumptions",
         "",
-        f"- **Engine**: {_engine_sentence(r.hw)}",
+        f"- **Engine**: {_engine_sentence(r.hw, r.engine_costs)}",
         "- Step time = framework overhead (per forward, per layer, per token row and cached token) + Σ over "
         "operators of max(FLOPs / compute rate, bytes / memory rate) + kernels × kernel overhead + the engine "
         "terms of a speculative step (a fixed cost per step, a cost per verified token and per sequential draft "

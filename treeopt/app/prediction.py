@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from roofline.engine_presets import step_costs
 from roofline.grid import (
     DEFAULT_BATCHES,
     DEFAULT_CONTEXTS,
@@ -112,6 +113,7 @@ class Prediction:
     draft_heads: int = 0  # the draft heads (stages) the prediction charges
     drafter: str = ""  # what priced the drafting, as its `describe()` says it
     source: str = "the grid"  # how messages name it: a grid file's path
+    step_costs: str = ""  # which engine preset priced the steps, one line (roofline.engine_presets)
 
     def __repr__(self) -> str:
         g = self.grid
@@ -167,7 +169,10 @@ class PredictionOptions:
     path its own sequence, re-reading the context). attention: "fused" or "unfused". joint:
     tau from the table's joint prefix counts. heads_in_baseline: plain decoding (n = 0) also
     runs the heads. used_heads: a tree runs only the heads its depth reaches, not all of them.
-    sequential_draft: the drafter drafts depth by depth, one draft stage per level."""
+    sequential_draft: the drafter drafts depth by depth, one draft stage per level.
+    engine_costs: the engine family whose preset prices the steps on a built-in profile
+    (`roofline.engine_presets.FAMILIES`; default: the family of the prediction's engine, else the
+    ideal engine; docs/performance-model.md#engine-presets)."""
 
     verification: str = "tree"
     attention: str = "fused"
@@ -175,6 +180,7 @@ class PredictionOptions:
     heads_in_baseline: bool = False
     used_heads: bool = False
     sequential_draft: bool = False
+    engine_costs: str | None = None
 
 
 def predict_speedup(
@@ -199,7 +205,8 @@ def predict_speedup(
     check_grid_size(batches, contexts, max_nodes)
     shape = model if isinstance(model, ModelShape) else shape_of(model, dtype)
     spec = shape.name if isinstance(model, ModelShape) else model
-    hw = load_hardware(hardware)
+    costs = step_costs(load_hardware(hardware), engine=engine, family=options.engine_costs)
+    hw = costs.profile
     head_shape = heads_of(spec, shape, accuracy_heads=accuracy.num_heads, **(heads or {}))
     cost = draft_cost_of(spec, shape, **(drafter or {}))
     head_shape = heads_with_cost(cost, head_shape)
@@ -240,6 +247,7 @@ def predict_speedup(
         attention=options.attention,
         draft_heads=head_shape.num_heads,
         drafter=(work or head_shape).describe(),
+        step_costs=costs.line,
     )
 
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from roofline.engine_presets import calibrated_line
 from treeopt.app.models import is_demo
 from treeopt.app.pooled import format_pooled
 from treeopt.app.stages.job import RunSettings
@@ -54,10 +55,19 @@ def _header(r: RunResults) -> list[str]:
             "",
             f"Measured in {r.regime}." if r.regime else "",
             "",
+            _step_costs_text(r),
+            "",
         ]
         + [f"**{line}**" for line in noise_summary(r.selection)]
         + [""]
     )
+
+
+def _step_costs_text(r: RunResults) -> str:
+    """Which step costs priced the prediction (docs/performance-model.md#engine-presets): the
+    machine's calibrated profile, never an engine preset."""
+    line = calibrated_line(r.hardware_name, r.settings.engine)
+    return f"Step costs: {line.removeprefix('step costs: ')} (docs/performance-model.md#engine-presets)."
 
 
 def _accuracy_section(r: RunResults) -> list[str]:

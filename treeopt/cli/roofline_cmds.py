@@ -9,6 +9,7 @@ import click
 import numpy as np
 import pandas as pd
 
+from roofline.engine_presets import FAMILIES, builtin_base, load_presets, step_costs
 from roofline.grid import DEFAULT_BATCHES, DEFAULT_CONTEXTS
 from roofline.hardware import GIB, VERIFICATION_MODES, builtin_hardware, hardware_aliases, load_hardware
 from roofline.ops import DraftWork
@@ -110,7 +111,16 @@ ENGINE_OPTION = click.option(
     "--engine",
     type=click.Choice(ENGINE_NAMES),
     default=None,
-    help="Trees only from this engine's family; the report shows the line it takes.",
+    help="Trees only from this engine's family, priced with its engine family's step costs on a built-in "
+    "profile (docs/performance-model.md#engine-presets); the report shows the line it takes.",
+)
+ENGINE_COSTS_OPTION = click.option(
+    "--engine-costs",
+    "engine_costs",
+    type=click.Choice(FAMILIES),
+    default=None,
+    help="Price the steps with this engine family's preset (`treeopt hw list`) on a built-in profile "
+    "[default: --engine's family, else ideal]. ibm-tgis has no tree engine: costs only.",
 )
 VERIFICATION_OPTION = click.option(
     "--verification",
@@ -200,6 +210,46 @@ def hw_list(as_json: bool) -> None:
         'as sold ("80 GB" = 80 GiB). knee: how that row curve compares with public step times and GEMM timings '
         "(`treeopt hw published`). Fit a profile to your engine's step times with `treeopt hw fit`, or "
         "calibrate this machine with `treeopt hw calibrate`."
+    )
+    _echo_presets()
+
+
+_PRESET_COLUMNS = {
+    "forward_overhead_s": "per forward",
+    "layer_overhead_s": "per layer",
+    "spec_step_overhead_s": "per spec. step",
+    "verified_token_s": "per verified token",
+}
+
+
+def _preset_value(preset, field: str) -> str:
+    if field not in preset.terms:
+        return "-" if not preset.measured else "(ideal)"
+    lo, hi = preset.ranges[field]
+    return f"{_ms(preset.terms[field])} ({_ms(lo)}-{_ms(hi)})"
+
+
+def _ms(seconds: float) -> str:
+    return "0" if seconds == 0 else f"{seconds * 1e3:.3g} ms" if seconds >= 1e-3 else f"{seconds * 1e6:.3g} us"
+
+
+def _echo_presets() -> None:
+    """The engine presets (docs/performance-model.md#engine-presets): what `--engine` (or
+    `--engine-costs`) sets on a built-in profile."""
+    rows = [
+        [p.family, "yes" if p.measured else "no"] + [_preset_value(p, f) for f in _PRESET_COLUMNS]
+        for p in load_presets().values()
+    ]
+    headers = ["<family", "<measured"] + [f"<{c}" for c in _PRESET_COLUMNS.values()]
+    click.echo("")
+    click.echo(text_table(headers, rows, title="Engine presets (value, range)"), nl=False)
+    click.echo(
+        "A preset sets these terms on a built-in profile (the cost per draft stage and attention's KV bandwidth "
+        "stay ideal: no published step constrains them); the roofs stay the GPU's. (ideal): not identifiable from "
+        "the published steps; unmeasured families keep the ideal terms. --engine picks its family's preset "
+        "(medusa, hydra, treeopt: hf-eager; trtllm; vllm*; sglang*), --engine-costs any family; a profile file "
+        "keeps its own terms. Sources: `treeopt hw published`; held-out errors: benchmarks/bench_published_steps.py; "
+        "docs/performance-model.md#engine-presets."
     )
 
 
@@ -307,8 +357,28 @@ def hw_published(hardware) -> None:
         _echo_published_steps(name, sources)
         _echo_published_gemms(name, sources)
         click.echo("")
+    if hardware is None:
+        _echo_preset_sources()
     for i, source in enumerate(sources, 1):
         click.echo(f"[{i}] {source}")
+
+
+def _echo_preset_sources() -> None:
+    """Which published speculative steps each engine preset was fitted on and which were held out."""
+    click.echo("== engine presets: published speculative steps (roofline/data/published_speculative_steps.json)")
+    for p in load_presets().values():
+        if p.family == "ideal":
+            continue
+        if not p.measured:
+            click.echo(f"{p.family}: no published measurement; ideal terms. {p.not_known[0]}")
+            continue
+        click.echo(f"{p.family}: {p.source_text()}")
+        click.echo(f"  fitted on {p.fit_rows}; held out: {p.held_out}")
+    click.echo(
+        "Held-out T(n)/T(0) errors of each preset beside the ideal engine: python benchmarks/bench_published_steps.py "
+        "(docs/performance-model.md#engine-presets)."
+    )
+    click.echo("")
 
 
 @click.command("ops")
@@ -455,6 +525,7 @@ def _echo_operators(ops: StepOperators) -> None:
 @SEQUENTIAL_DRAFT_OPTION
 @click.option("-o", "--out", "out", default=None, type=click.Path(dir_okay=False), help="Grid CSV to write.")
 @ENGINE_OPTION
+@ENGINE_COSTS_OPTION
 @click.option(
     "--select",
     "select",
@@ -489,6 +560,7 @@ def roofline_speedup(
     heads_in_baseline,
     used_heads,
     engine,
+    engine_costs,
     verification,
     sequential_draft,
     out,
@@ -522,6 +594,7 @@ def roofline_speedup(
             heads_in_baseline=heads_in_baseline,
             used_heads=used_heads,
             sequential_draft=sequential_draft,
+            engine_costs=engine_costs,
         ),
     )
     mix_doc = mix_choice(prediction, mix)
@@ -541,6 +614,7 @@ def roofline_speedup(
 def _echo_speedup(prediction, label: str, mix_doc: dict | None) -> None:
     tau, hw, best = prediction.tau, prediction.hardware, best_per_cell(prediction.grid)
     click.echo(f"{prediction.model.describe()}; {prediction.drafter}; hardware {hw.name}; accuracy {label}")
+    click.echo(prediction.step_costs)
     click.echo(
         "tau of the greedy proposal sequence: "
         + ", ".join(f"n={n}: {tau[n]:.3f}" for n in (1, 4, 16, 32, 64) if n < len(tau))
@@ -565,7 +639,7 @@ def _echo_speedup(prediction, label: str, mix_doc: dict | None) -> None:
 
 
 def _echo_knee_note(hw) -> None:
-    note = knee_note(hw)
+    note = knee_note(builtin_base(hw) or hw)  # a preset's terms leave the knee as it was
     if note:
         click.echo(note, err=True)
 
@@ -589,6 +663,7 @@ def _echo_knee_note(hw) -> None:
 @click.option("--joint", is_flag=True, help="tau from the table's joint prefix counts.")
 @click.option("--used-heads", is_flag=True, help="A tree runs only the heads it reaches (its depth), not all K.")
 @ENGINE_OPTION
+@ENGINE_COSTS_OPTION
 @VERIFICATION_OPTION
 @SEQUENTIAL_DRAFT_OPTION
 @click.option("--title", default=None, help="Report title.")
@@ -613,6 +688,7 @@ def report_cmd(
     joint,
     used_heads,
     engine,
+    engine_costs,
     verification,
     sequential_draft,
     title,
@@ -626,7 +702,8 @@ def report_cmd(
     check_outputs(inputs=input_files(model, hardware, accuracy), folders=[out])
     check_grid_size(batches, contexts, max_nodes)
     shape = shape_of(model, dtype)
-    hw = load_hardware(hardware)
+    costs = step_costs(load_hardware(hardware), engine=engine, family=engine_costs)
+    hw = costs.profile
     table, label = (None, "")
     if accuracy:
         table, label = load_table(accuracy, csv_model, model)
@@ -672,8 +749,11 @@ def report_cmd(
             verification=verification,
             sequential_draft=sequential_draft,
             draft_cost=cost,
+            step_costs=costs.line,
+            engine_costs=costs.family,
         )
         summary = build_report(request, folder)
+    click.echo(costs.line)
     click.echo(f"wrote {out}/index.md with " + ", ".join(v for k, v in summary["files"].items() if k != "index"))
     _echo_knee_note(hw)
 

@@ -16,6 +16,7 @@ from calibration.demo_files import DEMO_MODEL_DIR
 from calibration.models import load_model
 from calibration.sweep import SweepSettings, check_form
 from calibration.threads import torch_threads
+from roofline.engine_presets import calibrated_line
 from roofline.hardware import load_hardware
 from treeopt.app.random_weights import check_random_bench, load_random, random_model
 from treeopt.app.run import run_main_job
@@ -575,6 +576,8 @@ def check_drafter_depth(lm, proposal, accuracy) -> None:
     have = getattr(lm.heads, "num_heads", 0)
     if proposal.depth > have:
         raise UserError(
+    # the run predicts with this machine's calibrated profile, never an engine preset
+    click.echo(calibrated_line("this machine's profile", engine), err=True)
             f"--heads: the drafter of {lm.name} drafts {have} levels, the proposal trees from {accuracy} "
             f"need {proposal.depth}; use the table calibrated for these heads (or --sizes small enough)"
         )
