@@ -47,6 +47,7 @@ from calibration.model_calls import (
     prompt_mask,
     uses_gqa,
 )
+from calibration.static_steps import DEFAULT_BUCKET, StepRunner, graphs_enabled, static_window, step_mode, uses_static
 from calibration.tree_drafting import MedusaDrafting, SequentialDrafting
 from calibration.verification import GREEDY, AcceptanceRule, Accepted, CandidateVerifier, TreeVerifier, Verified
 from treeopt.errors import UserError
@@ -97,9 +98,25 @@ class TreeDecoder:
     `verification`: "tree" (one sequence of q tokens under the tree mask) or "candidates" (the
     tree's leaves' root paths as candidate sequences,
     docs/decoder.md#candidate-sequence-verification); both accept the same tokens.
+    `graphs`: how the verification forward runs (docs/decoder.md#static-shape-steps): in
+    static shapes (`calibration.static_steps.StepRunner`), captured and replayed as CUDA graphs
+    on CUDA, with True, and with None (the default) on CUDA only; else the eager forward over
+    the filled slots only.
+    `bucket`: the static attention window's granularity in slots.
     """
 
-    def __init__(self, model, heads, tree: Tree, *, topk: int = 10, timing: bool = True, verification: str = "tree"):
+    def __init__(
+        self,
+        model,
+        heads,
+        tree: Tree,
+        *,
+        topk: int = 10,
+        timing: bool = True,
+        verification: str = "tree",
+        graphs: bool | None = None,
+        bucket: int = DEFAULT_BUCKET,
+    ):
         _check_arguments(model, heads, tree, topk, verification)
         buf = tree_buffers(tree, topk)  # validates ranks < topk
         self.model, self.heads, self.tree, self.topk, self.timing = model, heads, tree, topk, timing
@@ -109,6 +126,11 @@ class TreeDecoder:
         self.buffers = buf
         self.force_gqa = self.device.type == "cpu" and uses_gqa(model)
         self.verification = verification
+        self.steps = step_mode(graphs, self.device)
+        self.runner = None
+        if uses_static(graphs, self.device):
+            capture = graphs_enabled(graphs, self.device)
+            self.runner = StepRunner(model, force_gqa=self.force_gqa, graphs=capture, bucket=bucket)
         form = TreeVerifier if verification == "tree" else CandidateVerifier
         self.verifier = form(buf, self._forward, self.dtype, self.device)
         self.sequential = bool(getattr(heads, "sequential", False))
@@ -125,7 +147,9 @@ class TreeDecoder:
 
     def _forward(self, cache, tokens, mask, positions) -> tuple[torch.Tensor, torch.Tensor]:
         """(base logits (b, q, V), last hidden states (b, q, h)) of tokens (b, q) appended to
-        `cache`."""
+        `cache` (in static shapes unless `graphs` is False)."""
+        if self.runner is not None:
+            return self.runner(cache, tokens, mask, positions)
         with force_sdpa_gqa(self.force_gqa):
             hidden = model_forward_hidden(self.model, tokens, attention_mask=mask, position_ids=positions, cache=cache)
         return lm_head(self.model, hidden), hidden
@@ -154,7 +178,10 @@ class TreeDecoder:
         valid = check_inputs(input_ids, attention_mask)
         b, length = input_ids.shape
         positions = (valid.long().cumsum(-1) - 1).clamp(min=0)
-        cache = new_cache(self.model, max(capacity, length))
+        capacity = max(capacity, length)
+        if self.runner is not None:  # room for the last static window (docs/decoder.md#static-shape-steps)
+            capacity = static_window(capacity, 0, self.runner.bucket)
+        cache = new_cache(self.model, capacity)
         mask = additive_mask(prompt_mask(valid), self.dtype)[:, None]
         with force_sdpa_gqa(self.force_gqa):
             hidden = model_forward_hidden(

@@ -46,7 +46,18 @@ class _BufferLayer(CacheLayerMixin):
 
     def update(self, key_states, value_states, *args, **kwargs):
         """Write the q new keys/values at this layer's length; return views of the filled
-        slots, so attention costs O(length), not O(capacity)."""
+        slots, so attention costs O(length), not O(capacity).
+
+        A static-shape step (`KVCache.static_write` set, calibration/static_steps.py): write at
+        the index tensor given there with ``index_copy_`` and return views of the window's
+        first slots; the length is the caller's to advance (no Python state inside a graph)."""
+        static = self.cache.static_write
+        if static is not None:
+            write, window = static
+            buf = self.cache.buffer
+            buf[self.index, 0].index_copy_(2, write, key_states)
+            buf[self.index, 1].index_copy_(2, write, value_states)
+            return buf[self.index, 0, :, :, :window], buf[self.index, 1, :, :, :window]
         start, end = self.length, self.length + key_states.shape[-2]
         buf = self.cache.reserve(end, key_states)
         buf[self.index, 0, :, :, start:end] = key_states
@@ -78,14 +89,18 @@ class KVCache(Cache):
 
     buffer: (layers, 2, b, kv_heads, capacity, head_dim), keys at [:, 0] and values at [:, 1];
     slot s holds the same token in every layer. Allocated at the first write (batch, heads,
-    head size, dtype and device from the keys written) with at least `capacity` slots; a write
-    past the capacity doubles it (one copy). `crop(-n)` forgets the last n slots in O(1);
+    head size, dtype and device from the keys written) with at least `capacity` slots, zeroed
+    (a static-shape step's attention reads unwritten slots under a mask, and garbage there
+    could be NaN, which a mask does not cancel); a write past the capacity doubles it (one
+    copy). `crop(-n)` forgets the last n slots in O(1);
     `keep_slots` and `batch_select_indices` move entries of all layers in one indexing op.
     """
 
     def __init__(self, num_layers: int, capacity: int = 0):
         self.buffer: torch.Tensor | None = None
         self.min_capacity = int(capacity)
+        #: (write index (q,) int64, window): set by a static-shape step around its forward
+        self.static_write: tuple[torch.Tensor, int] | None = None
         super().__init__(layers=[_BufferLayer(self, i) for i in range(num_layers)])
 
     @property
@@ -103,11 +118,11 @@ class KVCache(Cache):
         if self.buffer is None:
             b, heads, _, head_dim = like.shape
             size = max(slots, self.min_capacity)
-            self.buffer = like.new_empty((len(self.layers), 2, b, heads, size, head_dim))
+            self.buffer = like.new_zeros((len(self.layers), 2, b, heads, size, head_dim))
         elif slots > self.capacity:
             shape = list(self.buffer.shape)
             shape[4] = max(slots, 2 * self.capacity)
-            grown = self.buffer.new_empty(shape)
+            grown = self.buffer.new_zeros(shape)
             filled = max(layer.length for layer in self.layers)
             grown[:, :, :, :, :filled] = self.buffer[:, :, :, :, :filled]
             self.buffer = grown
@@ -143,7 +158,7 @@ class KVCache(Cache):
         same_rows = old is not None and tuple(old.shape[:4]) == rows_shape and old.dtype == self.buffer.dtype
         if not same_rows or old.shape[4] < filled + extra or old.device != self.buffer.device:
             slots = max(filled + extra, 2 * old.shape[4] if same_rows else 0)
-            out.buffer = self.buffer.new_empty((*rows_shape, slots, head_dim))
+            out.buffer = self.buffer.new_zeros((*rows_shape, slots, head_dim))
         capacity = out.buffer.shape[4]
         rows = out.buffer.view(n_layers, two, b, repeats, heads, capacity, head_dim)
         rows[..., :filled, :] = self.buffer[:, :, :, None, :, :filled]

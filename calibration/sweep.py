@@ -59,8 +59,9 @@ from calibration.decoder import TreeDecoder
 from calibration.device_memory import check_bench_fits
 from calibration.greedy import plain_step_forward
 from calibration.kv_cache import new_cache
-from calibration.model_calls import model_forward_hidden, synchronizer
+from calibration.model_calls import model_forward_hidden, synchronizer, uses_gqa
 from calibration.speculative import SpeculativeDecoder, decoder_for
+from calibration.static_steps import StepRunner, graphs_enabled, step_mode, uses_static
 from treeopt.errors import UserError
 from treeopt.fileio import atomic_outputs, atomic_path, write_json
 from treeopt.forms import VERIFICATION_FORMS
@@ -134,6 +135,10 @@ class SweepSettings:
     verification: str = "tree"  # the form measured: "tree" or "candidates" (treeopt.forms)
     tolerance: float = DEFAULT_TOLERANCE  # the equivalence margin a cell is settled at
     threshold: float = 1.0  # the speedup a tree must beat to be shipped
+    # how the timed steps run (docs/decoder.md#static-shape-steps): True static shapes,
+    # captured as CUDA graphs on CUDA; None the same on CUDA, eager elsewhere; False the eager
+    # forward (`--no-graphs`)
+    graphs: bool | None = None
 
     @property
     def looks(self) -> int:
@@ -236,10 +241,16 @@ def step_bench(
     topk: int = 10,
     seed: int = 0,
     verification: str = "tree",
+    graphs: bool | None = None,
 ) -> StepBench:
     """Build the cache of `context` random tokens for `batch` sequences and one closure per
     tree size (0 first) running exactly one decoding step's model work in the `verification`
-    form, then undoing its cache append. The closures wait for the device (`synchronizer`) on an accelerator."""
+    form, then undoing its cache append. The closures wait for the device (`synchronizer`) on an accelerator.
+
+    `graphs` (docs/decoder.md#static-shape-steps): True (and None on CUDA), every step's
+    forward in static shapes over exactly the context and its new tokens (window = context +
+    q), captured once per (batch, context, size) and replayed on CUDA; else the eager forward
+    (the plain step through the library's 2D-mask path)."""
     sizes = sorted(set(int(n) for n in sizes) | {0})
     model, heads, device = lm.model, lm.heads, lm.device
     vocab = heads.vocab_size
@@ -247,7 +258,7 @@ def step_bench(
     context_ids = torch.randint(0, vocab, (batch, context), generator=gen).to(device)
     check_form(heads, verification)
     if getattr(heads, "kind", "") == "draft-model":
-        return _draft_model_bench(lm, proposal, sizes, context_ids)
+        return _draft_model_bench(lm, proposal, sizes, context_ids, graphs)
     cache = new_cache(model, capacity=context + max(sizes) + 1)
     with torch.inference_mode():
         model_forward_hidden(
@@ -266,16 +277,35 @@ def step_bench(
             token = torch.randint(0, vocab, (batch, 1), generator=gen).to(device)
             mask = torch.ones(batch, context + 1, dtype=torch.long, device=device)
             pos = positions[:, None]
+            if uses_static(graphs, device):
+                # the plain step in static shapes: its forward and lm_head, as plain_step_forward
+                runner = _plain_runner(model, device, graphs)
+                mask = torch.zeros((batch, 1, 1, context + 1), dtype=cache.buffer.dtype, device=device)
 
-            def plain(token=token, mask=mask, pos=pos):
-                plain_step_forward(model, heads, cache, token, mask, pos, num_heads=0)
-                cache.crop(-1)
-                sync()
+                def plain(token=token, mask=mask, pos=pos, runner=runner):
+                    runner(cache, token, mask, pos)
+                    cache.crop(-1)
+                    sync()
+            else:
+
+                def plain(token=token, mask=mask, pos=pos):
+                    plain_step_forward(model, heads, cache, token, mask, pos, num_heads=0)
+                    cache.crop(-1)
+                    sync()
 
             bench.inputs[0] = token
             bench.fns.append(plain)
         else:
-            decoder = TreeDecoder(model, heads, proposal.prefix(n), topk=topk, timing=False, verification=verification)
+            decoder = TreeDecoder(
+                model,
+                heads,
+                proposal.prefix(n),
+                topk=topk,
+                timing=False,
+                verification=verification,
+                graphs=graphs,
+                bucket=1,
+            )
             tokens = torch.randint(0, vocab, (batch, n + 1), generator=gen).to(device)
 
             def tree_step(decoder=decoder, tokens=tokens):
@@ -289,14 +319,30 @@ def step_bench(
     return bench
 
 
-def _draft_model_bench(lm, proposal: Tree, sizes: list[int], context_ids: torch.Tensor) -> StepBench:
+def _plain_runner(model, device, graphs: bool | None) -> StepRunner:
+    """The static-shape runner of the sweep's plain step (window = context + 1)."""
+    return StepRunner(
+        model,
+        force_gqa=torch.device(device).type == "cpu" and uses_gqa(model),
+        graphs=graphs_enabled(graphs, device),
+        bucket=1,
+    )
+
+
+def _draft_model_bench(
+    lm, proposal: Tree, sizes: list[int], context_ids: torch.Tensor, graphs: bool | None = None
+) -> StepBench:
     """`step_bench` for a draft model: size n > 0 times `SpeculativeDecoder.step_work` (the
     draft's passes over the tree, then the target's verification), size 0 plain decoding; both
-    models hold the `context` tokens in caches of their own."""
+    models hold the `context` tokens in caches of their own. `graphs` False: the target's
+    verification runs eagerly too (the draft's passes always do)."""
     batch, context = context_ids.shape
     device = lm.device
     sync = synchronizer(device)
     decoders = {n: SpeculativeDecoder(lm.model, lm.heads, proposal.prefix(n), timing=False) for n in sizes}
+    if not uses_static(graphs, device):
+        for decoder in decoders.values():
+            decoder.td.runner = None  # the eager forward (TreeDecoder._forward)
     state = decoders[0].prefill(context_ids, capacity=context + max(sizes) + 2)
     ts = state.target
     bench = StepBench(sizes, [], ts.cache, context_ids, ts.valid, ts.next_pos)
@@ -376,6 +422,7 @@ def measure_group(
     seed: int,
     budget: GroupBudget | None = None,
     verification: str = "tree",
+    graphs: bool | None = None,
 ) -> list[dict]:
     """Time every size of `sizes` (0 added) for one (batch, context) in paired rounds: one
     row per size with the MEASURED_COLUMNS (and batch, context, nodes), sizes ascending, and
@@ -384,7 +431,9 @@ def measure_group(
     A group whose step time falls as the tree grows beyond the noise is measured again with
     fresh rounds (once); sizes still impossible then are marked `unreliable`. With a `budget`,
     rounds are added until the cell is settled (`_settled`) or the budget is spent."""
-    bench = step_bench(lm, proposal, sizes, batch, context, topk=topk, seed=seed, verification=verification)
+    bench = step_bench(
+        lm, proposal, sizes, batch, context, topk=topk, seed=seed, verification=verification, graphs=graphs
+    )
     gc_was_enabled = gc.isenabled()
     gc.disable()  # as timeit does: a collection would land on whichever sample is running
     try:
@@ -479,6 +528,7 @@ def _fingerprint(lm, proposal: Tree, sizes: list[int], settings: SweepSettings) 
             "threads": torch.get_num_threads(),
             "proposal": proposal.to_choices(),
             "verification": settings.verification,
+            "steps": step_mode(settings.graphs, lm.device),
             "measurement": {
                 "sizes": sizes,
                 "repeats": settings.repeats,
@@ -520,7 +570,8 @@ def _read_done(out_csv: Path, mpath: Path, fingerprint: dict, sizes: list[int]) 
     if not isinstance(old, dict) or old.get("format") != SWEEP_FORMAT:
         raise UserError(f"{mpath}: not a treeopt sweep metadata file; cannot resume")
     # a sweep written before the fields existed measured the tree form of a checkpoint
-    diff = _differences({"verification": "tree", "weights": "checkpoint", **old}, fingerprint)
+    # and ran its steps eagerly
+    diff = _differences({"verification": "tree", "weights": "checkpoint", "steps": "eager", **old}, fingerprint)
     if diff:
         raise UserError(
             f"{out_csv}: was measured with other settings ({'; '.join(diff)}); cannot resume "
@@ -785,6 +836,7 @@ def run_sweep(
                 seed=settings.seed,
                 budget=budget,
                 verification=settings.verification,
+                graphs=settings.graphs,
             )
             sweep.add_group(b, s, rows)
             bar.update(1)
@@ -847,11 +899,12 @@ def token_batches(token_lists: list[list[int]], batch: int, device) -> list[tupl
     return out
 
 
-def _decoder(lm, tree: Tree, topk: int, verification: str):
-    """The reference decoder of `lm` over `tree` in the `verification` form."""
-    if verification == "tree":
+def _decoder(lm, tree: Tree, topk: int, verification: str, graphs: bool | None = None):
+    """The reference decoder of `lm` over `tree` in the `verification` form, its steps run as
+    `graphs` says (docs/decoder.md#static-shape-steps)."""
+    if getattr(lm.heads, "kind", "") == "draft-model":
         return decoder_for(lm.model, lm.heads, tree, topk=topk, timing=False)
-    return TreeDecoder(lm.model, lm.heads, tree, topk=topk, timing=False, verification=verification)
+    return TreeDecoder(lm.model, lm.heads, tree, topk=topk, timing=False, verification=verification, graphs=graphs)
 
 
 def _decode_batches(decoders: dict, encoded, rng: random.Random, sync, max_new_tokens: int) -> list[dict]:
@@ -899,6 +952,7 @@ def measure_end_to_end(
     seed: int = 0,
     progress: bool = True,
     verification: str = "tree",
+    graphs: bool | None = None,
 ) -> pd.DataFrame:
     """The real greedy decoder on `prompts` (texts; token ids of one length for a model
     without a tokenizer), per (batch, tree size): rows batch, nodes,
@@ -928,7 +982,7 @@ def measure_end_to_end(
                 encoded = token_batches(prompts, b, lm.device)
             else:
                 encoded = prompt_batches(lm.tokenizer, prompts, b, lm.device)
-            decoders = {n: _decoder(lm, proposal.prefix(n), topk, verification) for n in sizes}
+            decoders = {n: _decoder(lm, proposal.prefix(n), topk, verification, graphs) for n in sizes}
             if warmup:
                 for n in sizes:
                     decoders[n].generate(*encoded[0], max_new_tokens=min(2, max_new_tokens))

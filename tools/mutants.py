@@ -230,8 +230,8 @@ MUTANTS = (
     Mutant(
         "eng-fit-not-robust",
         "roofline/profile_fit.py",
-        'loss="soft_l1"',
-        'loss="linear"',
+        "    rho = 2.0 * (np.sqrt(1.0 + (r / f) ** 2) - 1.0)",
+        "    rho = (r / f) ** 2",
         "the fit squares every error, so one outlier row pulls every term",
         STEP_TESTS,
     ),
@@ -2139,6 +2139,56 @@ MUTANTS = (
         '("ratio_error", f"ratio_error_{name}", cells),',
         "the median T(n)/T(0) error counts the plain steps, whose error is 0 by construction",
         ("tests/test_gpu_check.py",),
+    ),
+    Mutant(
+        "fit-prior-dropped",
+        "roofline/profile_fit.py",
+        "return np.concatenate([_robust(rel / noise, f), np.asarray(prior, dtype=float)])",
+        "return np.concatenate([_robust(rel / noise, f), 0.0 * np.asarray(prior, dtype=float)])",
+        "the fit drops its priors: a term the rows cannot see is reported as determined",
+        ("tests/test_profile_fit_priors.py",),
+    ),
+    Mutant(
+        "fit-eta-memory-datasheet-bound",
+        "roofline/profile_fit.py",
+        '"eta_memory": PriorSpec(0.30, 0.92, 0.10, 0.35,',
+        '"eta_memory": PriorSpec(0.30, 1.0, 0.10, 0.35,',
+        "eta_memory may reach the datasheet bandwidth, which no engine streams at",
+        ("tests/test_profile_fit_priors.py",),
+    ),
+    # ---- roofline/engine_presets.py: an engine family's step costs on a built-in profile
+    Mutant(
+        "engine-presets-vllm-medusa-as-hf-eager",
+        "roofline/engine_presets.py",
+        '    "vllm-medusa": "vllm",',
+        '    "vllm-medusa": "hf-eager",',
+        "vLLM's Medusa path is priced as the Medusa authors' eager code (its heads' name, not its engine)",
+        ("tests/test_engine_presets.py",),
+    ),
+    Mutant(
+        "engine-presets-ideal-overrides-fitted-terms",
+        "roofline/engine_presets.py",
+        "    changes = {**ideal, **preset.terms}",
+        "    changes = {**preset.terms, **ideal}",
+        "the ideal terms are applied over the preset's fitted ones: every preset prices as the ideal engine",
+        ("tests/test_engine_presets.py",),
+    ),
+    # ---- static-shape verification steps (issue 29)
+    Mutant(
+        "static-mask-hides-last-slot",
+        "calibration/static_steps.py",
+        "self.mask[..., width:].fill_(self.neg)",
+        "self.mask[..., width - 1 :].fill_(self.neg)",
+        "the static step's mask hides the last slot of the eager mask (a tree node's own slot)",
+        ("tests/test_static_steps.py",),
+    ),
+    Mutant(
+        "static-write-at-length",
+        "calibration/static_steps.py",
+        "torch.add(self._arange, start, out=self.write)",
+        "self.write.fill_(start)",
+        "the static step writes every new key/value at the cache length instead of length + offset",
+        ("tests/test_static_steps.py",),
     ),
 )
 

@@ -169,6 +169,7 @@ def add_end_to_end(
         topk=settings.topk,
         progress=progress,
         verification=settings.verification,
+        graphs=settings.graphs,
     )
     df = df.drop(columns=E2E_COLUMNS, errors="ignore")
     df = df.merge(e2e, on=["batch", "nodes"], how="left").reindex(columns=SWEEP_COLUMNS)

@@ -11,12 +11,13 @@ import numpy as np
 import torch
 
 from calibration.data import load_prompts
-from calibration.decoder import cut_tree
+from calibration.decoder import TreeDecoder, cut_tree
 from calibration.greedy import greedy_decode
 from calibration.model_calls import synchronizer
 from calibration.models import load_model
 from calibration.random_model import random_token_ids
 from calibration.speculative import SpeculativeDecoder, decoder_for
+from calibration.static_steps import uses_static
 from calibration.threads import torch_threads
 from treeopt.app.random_weights import check_random_bench, load_random, random_model
 from treeopt.cli.options import DRAFTER_OPTION, TOPK, AtLeast, FiniteAtLeast, dtype_option, random_weights_option
@@ -128,6 +129,12 @@ def _note(msg: str) -> None:
 @click.option(
     "--compare", is_flag=True, help="Also run plain greedy decoding: speed ratio and whether the tokens match."
 )
+@click.option(
+    "--graphs/--no-graphs",
+    default=None,
+    help="Verification steps in static shapes, captured as CUDA graphs on CUDA [default: on CUDA, off elsewhere]; "
+    "--no-graphs: the eager forward, to compare (docs/decoder.md#static-shape-steps).",
+)
 @random_weights_option()
 def decode_cmd(
     model_name,
@@ -150,6 +157,7 @@ def decode_cmd(
     dtype,
     threads,
     compare,
+    graphs,
     random_weights,
 ):
     """Decode prompts with Medusa tree decoding; print the text and the tokens per step. With
@@ -164,7 +172,7 @@ def decode_cmd(
     if compare and temperature > 0:
         raise UserError("--compare: needs --temperature 0 (greedy decoding is the reference)")
     settings = DecodeSettings(
-        max_new_tokens, batch_size, temperature, posterior_threshold, posterior_alpha, topk, seed, compare
+        max_new_tokens, batch_size, temperature, posterior_threshold, posterior_alpha, topk, seed, compare, graphs
     )
 
     tree = load_tree(tree_spec)  # validated before the model loads: bad trees fail fast
@@ -206,6 +214,7 @@ class DecodeSettings:
     topk: int
     seed: int
     compare: bool
+    graphs: bool | None = None  # --graphs/--no-graphs (None: static shapes on CUDA only)
 
 
 @dataclass
@@ -220,17 +229,29 @@ class _Decoded:
     same: bool = True
 
 
+def _decoder(loaded, tree, settings: DecodeSettings):
+    """The reference decoder (`decoder_for`) with its verification steps run as --graphs says
+    (docs/decoder.md#static-shape-steps); a draft model's own passes always run eagerly."""
+    if getattr(loaded.heads, "kind", "") != "draft-model":
+        return TreeDecoder(loaded.model, loaded.heads, tree, topk=settings.topk, graphs=settings.graphs)
+    decoder = decoder_for(loaded.model, loaded.heads, tree, topk=settings.topk)
+    if not uses_static(settings.graphs, loaded.device):
+        decoder.td.runner, decoder.td.steps = None, "eager"  # the target's eager forward
+    return decoder
+
+
 def _decode(loaded, tree, source: PromptSource, settings: DecodeSettings) -> None:
     tok = loaded.tokenizer
     token_lists = _token_lists(tok, source)
     tree = _fitted_tree(loaded, tree, token_lists, source, settings)
-    decoder = decoder_for(loaded.model, loaded.heads, tree, topk=settings.topk)
+    decoder = _decoder(loaded, tree, settings)
     speculative = isinstance(decoder, SpeculativeDecoder)
     click.echo(
         f"model {loaded.name} on {loaded.device} {str(loaded.dtype).replace('torch.', '')}, "
         f"{torch.get_num_threads()} torch thread(s); "
         f"{_label(tree)}: {tree.size} nodes, depth {tree.depth}, topk {settings.topk}; "
-        f"{_mode(settings, speculative)}; {len(token_lists)} prompt(s), batch size {settings.batch_size}"
+        f"{_mode(settings, speculative)}; {len(token_lists)} prompt(s), batch size {settings.batch_size}; "
+        f"{(decoder.td if speculative else decoder).steps} steps"
     )
     decoded = _generate(loaded, decoder, token_lists, settings, speculative)
     if tok is None:

@@ -220,6 +220,13 @@ def check_sweep_size(batches, contexts, sizes) -> None:
 )
 @click.option("--max-new-tokens", type=AtLeast(1), default=32, show_default=True)
 @click.option("--topk", type=TOPK, default=10, show_default=True)
+@click.option(
+    "--graphs/--no-graphs",
+    default=None,
+    help="Time steps in static shapes, captured once per shape and replayed as CUDA graphs on CUDA "
+    "[default: on CUDA, off elsewhere]; --no-graphs: the eager forward, to compare. Recorded in the sweep's metadata; "
+    "a resume keeps the mode (docs/decoder.md#static-shape-steps).",
+)
 @click.option("--resume", is_flag=True, help="Keep the (batch, context) groups already in OUTPUT.")
 @click.option("-o", "--output", required=True, metavar="FILE.csv")
 def sweep_cmd(
@@ -245,6 +252,7 @@ def sweep_cmd(
     data,
     max_new_tokens,
     topk,
+    graphs,
     resume,
     output,
 ):
@@ -273,6 +281,7 @@ def sweep_cmd(
         time_budget_s=time_budget,
         verification=verification,
         tolerance=tolerance,
+        graphs=graphs,
     )
     table, tau = load_tau_curves(accuracy, max(sizes), method=method)
     profile = load_hardware(hardware) if hardware is not None else None
@@ -567,6 +576,8 @@ def run_cmd(
         mix=mix,
         output=output,
     )
+    # the run predicts with this machine's calibrated profile, never an engine preset
+    click.echo(calibrated_line("this machine's profile", engine), err=True)
     run_main_job(output, settings, log=lambda m: click.echo(m, err=True))
 
 
@@ -576,8 +587,6 @@ def check_drafter_depth(lm, proposal, accuracy) -> None:
     have = getattr(lm.heads, "num_heads", 0)
     if proposal.depth > have:
         raise UserError(
-    # the run predicts with this machine's calibrated profile, never an engine preset
-    click.echo(calibrated_line("this machine's profile", engine), err=True)
             f"--heads: the drafter of {lm.name} drafts {have} levels, the proposal trees from {accuracy} "
             f"need {proposal.depth}; use the table calibrated for these heads (or --sizes small enough)"
         )
