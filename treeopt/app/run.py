@@ -15,6 +15,7 @@ from pathlib import Path
 from calibration.data import check_prompt_source
 from calibration.drafters import detect_kind
 from calibration.models import load_model
+from roofline.engine_presets import calibrated_line
 from roofline.hardware import load_hardware
 from treeopt.app.models import is_demo
 from treeopt.app.run_index import RunResults, run_index_markdown
@@ -165,6 +166,8 @@ def _run_main_job(job: Job) -> dict:
     bench = hardware.set_up_bench(job, lm)
     with _timed(timings, "hardware_s"):
         hw = _hardware_profile(job, bench)
+    # the run predicts with this machine's calibrated profile, never an engine preset
+    job.log(f"[hardware] {calibrated_line(hw.name, s.engine)}")
     with _timed(timings, "predict_s"):
         predict(job, proposal, bench, hw)
     with _timed(timings, "sweep_s"):

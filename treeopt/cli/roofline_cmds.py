@@ -13,7 +13,7 @@ from roofline.engine_presets import FAMILIES, builtin_base, load_presets, step_c
 from roofline.grid import DEFAULT_BATCHES, DEFAULT_CONTEXTS
 from roofline.hardware import GIB, VERIFICATION_MODES, builtin_hardware, hardware_aliases, load_hardware
 from roofline.ops import DraftWork
-from roofline.profile_fit import error_summary
+from roofline.profile_fit import error_summary, term_text
 from roofline.published import (
     KNEE_TOLERANCE,
     PUBLISHED_STEPS,
@@ -884,8 +884,6 @@ def hw_fit(
 
 
 def _term_text(name: str, value: float) -> str:
-    from roofline.profile_fit import term_text
-
     return term_text(name, value)
 
 

@@ -16,7 +16,6 @@ from calibration.demo_files import DEMO_MODEL_DIR
 from calibration.models import load_model
 from calibration.sweep import SweepSettings, check_form
 from calibration.threads import torch_threads
-from roofline.engine_presets import calibrated_line
 from roofline.hardware import load_hardware
 from treeopt.app.random_weights import check_random_bench, load_random, random_model
 from treeopt.app.run import run_main_job
@@ -576,8 +575,6 @@ def run_cmd(
         mix=mix,
         output=output,
     )
-    # the run predicts with this machine's calibrated profile, never an engine preset
-    click.echo(calibrated_line("this machine's profile", engine), err=True)
     run_main_job(output, settings, log=lambda m: click.echo(m, err=True))
 
 
