@@ -15,6 +15,7 @@ MODULES = [
     "bench_roofline",
     "bench_profile_fit",
     "bench_published_steps",
+    "bench_gemm_shapes",
     "bench_selection",
     "bench_calibration",
     "bench_decoder",

@@ -2190,6 +2190,23 @@ MUTANTS = (
         "the static step writes every new key/value at the cache length instead of length + offset",
         ("tests/test_static_steps.py",),
     ),
+    # ---- shape-aware GEMM efficiency (issue 26)
+    Mutant(
+        "gemm-shapes-floor-tiles",
+        "roofline/gemm_shapes.py",
+        "tiles = np.ceil(rows / tile_m) * np.ceil(float(n) / tile_n)",
+        "tiles = np.floor(rows / tile_m) * np.ceil(float(n) / tile_n)",
+        "the tile count rounds the row tiles down: a partly filled tile costs nothing",
+        ("tests/test_gemm_shapes.py",),
+    ),
+    Mutant(
+        "gemm-shapes-a100-sm-count",
+        "roofline/gemm_shapes.py",
+        "108, 312e12, 1935e9",
+        "132, 312e12, 1935e9",
+        "the A100 takes the H100-SXM's 132 SMs",
+        ("tests/test_gemm_shapes.py",),
+    ),
 )
 
 
