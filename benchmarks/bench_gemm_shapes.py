@@ -1,5 +1,5 @@
-"""Shape-aware GEMM efficiency, held out (docs/performance-model.md, "Shape-aware GEMM efficiency
-(not yet in the latency model)"). Run:
+"""Shape-aware GEMM efficiency, held out
+(docs/performance-model.md#shape-aware-gemm-efficiency-not-yet-in-the-latency-model). Run:
 
     python benchmarks/bench_gemm_shapes.py
 

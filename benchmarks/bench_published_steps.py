@@ -25,9 +25,10 @@ A benchmark, not a test: no GPU and no download; it reads roofline/data/publishe
     on Medusa Appendix F's 7B and 13B models, on Appendix F's Vicuna-33B and the whole of Table 1.
     The ideal engine's errors on the same rows are printed beside them.
 
-The targets are issue 26's: built-in median |error| <= 15% and the picked count within 5% of
-the measured best; fitted on batch 1, <= 10% and within 3%; an engine preset on held-out rows,
-<= 15% and within 5%. The tables without step ratios (Hydra's) are listed with the reason.
+The targets (docs/performance-model.md#published-speculative-steps): built-in median |error|
+<= 15% and the picked count within 5% of the measured best; fitted on batch 1, <= 10% and
+within 3%; an engine preset on held-out rows, <= 15% and within 5%. The tables without step
+ratios (Hydra's) are listed with the reason.
 
 `main()` returns [(name, value, target, unit, lower_is_better), ...] for run_all.py.
 """

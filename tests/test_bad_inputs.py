@@ -163,7 +163,7 @@ def _alpha_sidecar(*, v1: bool = False) -> dict:
 
 
 CASES = [
-    # ---- options that mean nothing or cannot be met (issue 28's rough edges) ----
+    # ---- options that mean nothing or cannot be met ----
     (
         "accuracy-width-huge",
         "build --accuracy wide.json --nodes 4",

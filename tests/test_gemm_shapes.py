@@ -1,6 +1,6 @@
 """The shape-aware GEMM model (roofline/gemm_shapes.py) and its data, Vidur's per-shape GEMM
-timings (roofline/data/vidur-gemm-shapes.csv; docs/performance-model.md, "Shape-aware GEMM
-efficiency (not yet in the latency model)")."""
+timings (roofline/data/vidur-gemm-shapes.csv;
+docs/performance-model.md#shape-aware-gemm-efficiency-not-yet-in-the-latency-model)."""
 
 from __future__ import annotations
 

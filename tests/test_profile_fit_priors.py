@@ -1,7 +1,7 @@
 """Fits that stay physical and say what they know (docs/performance-model.md#fitting-a-profile-to-measured-steps):
 every term has a prior range, the fit reports a 95% interval and a status per term, a term at a
 bound says so, and IBM's Table 1 fitted on batch 1 keeps every term physical while predicting the
-other rows (issue 26).
+other rows (docs/performance-model.md#published-speculative-steps).
 
 The independent source is the latency model run forward from known terms (synthetic steps), the
 physical ranges written out here from the docs, and IBM's published steps."""
@@ -140,7 +140,7 @@ def _ibm_fit():
 
 
 def test_ibm_table1_fit_on_batch_1_stays_physical_and_predicts_the_held_out_rows():
-    """The done-when of issue 26: IBM Table 1 fitted on batch 1 (prompt 64) keeps every term in
+    """IBM Table 1 fitted on batch 1 (prompt 64) keeps every term in
     its physical range, no term sits on a bound without saying so, and on the rows it did not
     see T(n)/T(0) is off by a median of at most 10% and the picked candidate count costs at
     most 3% more than the measured best."""

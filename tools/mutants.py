@@ -2173,7 +2173,7 @@ MUTANTS = (
         "the ideal terms are applied over the preset's fitted ones: every preset prices as the ideal engine",
         ("tests/test_engine_presets.py",),
     ),
-    # ---- static-shape verification steps (issue 29)
+    # ---- static-shape verification steps (docs/decoder.md#static-shape-steps)
     Mutant(
         "static-mask-hides-last-slot",
         "calibration/static_steps.py",
@@ -2190,7 +2190,7 @@ MUTANTS = (
         "the static step writes every new key/value at the cache length instead of length + offset",
         ("tests/test_static_steps.py",),
     ),
-    # ---- shape-aware GEMM efficiency (issue 26)
+    # ---- shape-aware GEMM efficiency (docs/performance-model.md)
     Mutant(
         "gemm-shapes-floor-tiles",
         "roofline/gemm_shapes.py",
