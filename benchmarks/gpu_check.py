@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import re
 import sys
 import time
@@ -48,6 +47,7 @@ import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 
 from calibration.device_memory import available_bytes, bench_bytes  # noqa: E402
+from calibration.hwbench import device_name  # noqa: E402
 from calibration.models import resolve_device, resolve_dtype  # noqa: E402
 from calibration.sweep import SweepSettings  # noqa: E402
 from calibration.threads import default_threads, torch_threads  # noqa: E402
@@ -172,7 +172,7 @@ def parse_args(argv) -> argparse.Namespace:
 def resolve_settings(args: argparse.Namespace) -> dict:
     """Device, names, dtype, model and grid of the check, every input checked (UserError)."""
     dev = resolve_device(args.device)
-    name = _device_name(dev)
+    name = device_name(dev)
     builtin = builtin_profile_for(name) if dev.type == "cuda" else None
     dtype = args.dtype or ("bf16" if dev.type == "cuda" else "auto")
     if dtype != "auto":
@@ -202,22 +202,6 @@ def resolve_settings(args: argparse.Namespace) -> dict:
         "seed": args.seed,
         "out": out,
     }
-
-
-def _device_name(dev: torch.device) -> str:
-    if dev.type == "cuda":
-        return torch.cuda.get_device_name(dev)
-    if dev.type == "mps":
-        return "Apple GPU (MPS)"
-    name = "CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                name = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{name} ({os.cpu_count()} logical CPUs)"
 
 
 def _model_spec(cfg: dict) -> str:

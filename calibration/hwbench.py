@@ -67,6 +67,7 @@ from treeopt.timing import calls_per_sample, measure_interleaved
 
 __all__ = [
     "ATTN_QUERIES",
+    "device_name",
     "GEMM_ROWS",
     "QUICK_ATTN_QUERIES",
     "QUICK_GEMM_ROWS",
@@ -197,7 +198,7 @@ def _measure(
     )
     samples = bench.run(rounds=rounds, seed=seed, progress=progress)
     facts = DeviceFacts(
-        name=_device_name(dev),
+        name=device_name(dev),
         kind=dev.type,
         capacity_bytes=_capacity_bytes(dev),
         threads=None if dev.type != "cpu" else int(torch.get_num_threads()),
@@ -569,7 +570,8 @@ def _capacity_bytes(dev) -> float:
         return 16e9
 
 
-def _device_name(dev) -> str:
+def device_name(dev) -> str:
+    """What a report calls the device: the GPU's name, or the CPU's model and its logical CPUs."""
     if dev.type == "cuda":
         return torch.cuda.get_device_name(dev)
     if dev.type == "mps":
