@@ -80,21 +80,35 @@ def residuals_of(rows: pd.DataFrame, hw) -> np.ndarray:
     return rel[keep]
 
 
+#: the weight of a fit's pull towards zero terms: a 1 ms term costs as much as a 0.1% relative
+#: error on one row, which decides only what the rows leave undetermined
+TIE_BREAK_WEIGHT = 1e-3
+
+
 def fit_terms(rows: pd.DataFrame, base, terms: tuple[str, ...]) -> dict:
-    """Bounded least squares (soft_l1) of `terms` (HardwareProfile time fields, seconds) of base on rows."""
+    """Bounded least squares (soft_l1) of `terms` (HardwareProfile time fields, seconds) of base on rows.
+
+    Leaving a model out can leave two terms that trade against each other (with only 32-layer
+    models left, a cost per forward and 32 times a cost per layer are one number). The answer
+    would then depend on where the solver starts and stops, and so on the scipy build; a weak
+    pull towards zero picks, among fits the rows cannot tell apart, the one with the smallest
+    terms (the minimum-norm solution), and the solver runs to convergence."""
     scale = np.full(len(terms), 1e-3)
 
     def res(x):
-        return residuals_of(rows, base.with_(**dict(zip(terms, (float(v) for v in x), strict=True))))
+        r = residuals_of(rows, base.with_(**dict(zip(terms, (float(v) for v in x), strict=True))))
+        return np.concatenate([r, TIE_BREAK_WEIGHT * x / scale])
 
-    x0 = np.full(len(terms), 1e-3)
     sol = least_squares(
         res,
-        x0,
+        np.full(len(terms), 1e-3),
         bounds=(np.zeros(len(terms)), np.full(len(terms), UPPER_S)),
         loss="soft_l1",
         f_scale=SOFT_L1_SCALE,
         x_scale=scale,
+        ftol=1e-14,
+        xtol=1e-14,
+        gtol=1e-14,
     )
     return {k: float(v) for k, v in zip(terms, sol.x, strict=True)}
 
