@@ -1,5 +1,5 @@
 """Shape-aware GEMM efficiency, held out
-(docs/performance-model.md#shape-aware-gemm-efficiency-not-yet-in-the-latency-model). Run:
+(docs/performance-model.md#shape-aware-gemm-efficiency). Run:
 
     python benchmarks/bench_gemm_shapes.py
 
@@ -15,6 +15,11 @@ shape (measured, shape-aware, built-in).
 The 33B-shaped check: Medusa's App. G Table 8 (33B GEMM timings) was not found in the sources
 searched, so CodeLlama-34B's shapes at tensor parallelism 1 (hidden 8192, MLP 22016) stand in.
 
+Then the step-level check that decides the built-in profiles' default: NVIDIA's published step
+ratios T(128)/T(1) and T(2048)/T(128) (roofline.published.knee_checks) predicted by the built-in
+profile with its row curve and with `gemm_tiles` from this fit (the latency model's weight GEMMs
+then priced per shape).
+
 Target: per GPU, the shape-aware model's median (over held-out shapes and bands) |error| is at
 most the built-in curve's. `main()` returns [(name, value, target, unit, lower_is_better), ...].
 """
@@ -29,7 +34,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from roofline.gemm_shapes import DIES, fit_shape_params, gemm_time_s, shape_timings  # noqa: E402
-from roofline.hardware import load_hardware  # noqa: E402
+from roofline.hardware import GemmTiles, load_hardware  # noqa: E402
+from roofline.published import knee_checks  # noqa: E402
 from roofline.latency import gemm_timing  # noqa: E402
 
 BANDS = ((1, 64), (64, 256), (256, 1024), (1024, 4096))
@@ -79,8 +85,8 @@ def evaluate(gpu: str, *, verbose: bool = True) -> dict:
     if verbose:
         print(f"\n== {gpu} ({die.sms} SMs; built-in profile {die.board}): fitted on {TRAIN_MODEL} tp1's four GEMMs")
         print(
-            f"   tile {params.tile_m}x{params.tile_n}, eta_compute {params.eta_compute:.3f}, "
-            f"eta_memory {params.eta_memory:.3f}, overhead {params.overhead_s * 1e6:.2f} us"
+            f"   eta_compute {params.eta_compute:.3f}, eta_memory {params.eta_memory:.3f}, "
+            f"overhead {params.overhead_s * 1e6:.2f} us, operand bandwidth {params.operand_bytes_per_s / 1e9:.0f} GB/s per SM"
         )
         print("   held-out shape" + " " * 36 + "|T(r)/T(1) error|: median (worst) per band, shape-aware | built-in")
         print("   " + " " * 50 + "  ".join(f"{lo}-{hi}".rjust(23) for lo, hi in BANDS))
@@ -127,11 +133,30 @@ def ratios_128(gpu: str, params) -> None:
         )
 
 
+def step_checks(gpu: str, params) -> None:
+    """The published knee checks of the die's measured board with the row curve and with tiles."""
+    die = DIES[gpu]
+    board = {"a100": "a100-80gb-sxm", "h100": "h100-sxm"}[gpu]
+    hw = load_hardware(board)
+    tiled = hw.with_(gemm_tiles=GemmTiles(die.sms, params.eta_compute, params.operand_bytes_per_s))
+    print(f"\n   {board}: published step ratios, |error| with the row curve | with gemm_tiles")
+    pairs = list(zip(knee_checks(board), knee_checks(board, profile=tiled), strict=True))
+    for a, b in pairs:
+        print(
+            f"   {a.model:12s} {a.dtype} {a.release} T({a.tokens})/T({a.reference_tokens}) measured "
+            f"{a.measured_ratio:6.3f}: row curve {a.error:+6.1%} | tiles {b.error:+6.1%}"
+        )
+    rows = np.median([abs(a.error) for a, _ in pairs])
+    tiles = np.median([abs(b.error) for _, b in pairs])
+    print(f"   median |error|: row curve {rows:.1%}, tiles {tiles:.1%}")
+
+
 def main() -> list[tuple]:
     results = []
     for gpu in ("a100", "h100"):
         res = evaluate(gpu)
         ratios_128(gpu, res["params"])
+        step_checks(gpu, res["params"])
         for name, sel in (
             ("all held-out shapes", lambda s: True),
             ("33B-shaped (CodeLlama-34B tp1)", lambda s: s.model == MODEL_33B and s.tp == 1),

@@ -1,23 +1,27 @@
 """Shape-aware GEMM efficiency: tile and wave quantisation of one weight GEMM on one die
-(docs/performance-model.md#shape-aware-gemm-efficiency-not-yet-in-the-latency-model).
+(docs/performance-model.md#shape-aware-gemm-efficiency).
 
-The built-in row curves (`roofline.hardware.EfficiencyCurve`) depend on the row count alone.
-A GEMM's kernel computes its rows x N output in tiles of tile_m x tile_n elements, one tile per
-SM at a time, so its cost also depends on N and on the die's SM count: a narrow GEMM leaves SMs
-idle, a wide one fills them. This module prices one GEMM (rows x K times K x N, fp16) as
+The row curves (`roofline.hardware.EfficiencyCurve`) depend on the row count alone. A GEMM's
+kernel computes its rows x N output in tiles of tile_m x tile_n elements, one tile per SM at a
+time, so its cost also depends on N, K and the die's SM count: a narrow GEMM leaves SMs idle, a
+wide one fills them, and one row past a tile boundary costs a whole new wave. cuBLAS chooses the
+kernel (tile and split-K) per shape, so this module prices one GEMM (rows x K times K x N) as the
+fastest of the kernels of TILES and SPLITS:
 
-- tiles = ceil(rows / tile_m) * ceil(N / tile_n), split along K into `split` parts (split-K,
-  chosen from SPLITS for the shortest max(compute, memory); cuBLAS does the same for narrow GEMMs);
+- tiles = ceil(rows / tile_m) * ceil(N / tile_n), each split along K into `split` parts;
 - waves = ceil(tiles * split / SMs);
-- compute = waves * (2 tile_m tile_n K / split) / (peak / SMs * eta_compute);
-- memory = bytes (K N weights + rows K + rows N activations, plus the fp32 partial sums of a
-  split-K) / (bandwidth * eta_memory);
-- time = max(compute, memory) + overhead.
+- a tile's time = its FLOPs, 2 tile_m tile_n K / split, at the SM's share of peak x
+  eta_compute, plus its operands, (tile_m + tile_n) K / split elements, at the SM's operand
+  bandwidth (`operand_bytes_per_s`, fitted): a small tile reuses each operand less, so it runs
+  further below peak;
+- compute = waves x a tile's time; memory = bytes (K N weights + rows K + rows N activations,
+  plus a split's fp32 partial sums) / (bandwidth x eta_memory);
+- time = max(compute, memory) of the fastest kernel + overhead.
 
-`efficiency` is the useful fraction of the compute term (2 rows K N at the large-GEMM rate
-over the quantised compute time), the shape-aware counterpart of the row curve.
-`fit_shape_params` fits (tile_m, tile_n) from TILE_CANDIDATES and eta_compute, eta_memory and
-the overhead by least squares in log time. Nothing here is wired into the latency model.
+`tile_efficiency` is the useful fraction of that compute term (2 rows K N at peak x
+eta_compute over it): a profile with `gemm_tiles` takes it for its weight GEMMs in place of the
+row curve. `fit_shape_params` fits eta_compute, eta_memory, the overhead and the operand
+bandwidth by least squares in log time.
 
 The timings are Vidur's (roofline/data/vidur-gemm-shapes.csv; see VIDUR_SHAPES_FILE).
 numpy and scipy only, like the rest of `roofline`.
@@ -38,7 +42,7 @@ __all__ = [
     "DIES",
     "SHAPE_DATA",
     "SPLITS",
-    "TILE_CANDIDATES",
+    "TILES",
     "VIDUR_SHAPES_FILE",
     "Die",
     "ShapeParams",
@@ -47,6 +51,8 @@ __all__ = [
     "fit_shape_params",
     "gemm_time_s",
     "shape_timings",
+    "tile_efficiency",
+    "tile_terms",
     "tile_waves",
 ]
 
@@ -82,21 +88,22 @@ DIES = {
     "a40": Die(84, 149.7e12, 696e9, "a40", "NVIDIA Ampere GA102 GPU Architecture whitepaper (2021), A40: 84 SMs"),
 }
 
-#: the tile sizes a fit may choose from (rows x N of output per tile)
-TILE_CANDIDATES = (64, 128, 256)
-#: split-K factors the model may use; the one with the shortest max(compute, memory) is taken
+#: the output tiles (rows x columns) a kernel may use: CUTLASS's and cuBLAS's usual tensor-core
+#: tile shapes
+TILES = ((64, 64), (64, 128), (128, 64), (128, 128), (128, 256), (256, 128), (256, 256))
+#: split-K factors a kernel may use (cuBLAS splits K for narrow GEMMs that leave SMs idle)
 SPLITS = (1, 2, 4, 8, 16)
 
 
 @dataclass(frozen=True)
 class ShapeParams:
-    """A die's fitted tile model."""
+    """A die's fitted tile model: eta_compute and eta_memory as fractions of the die's peak and
+    bandwidth, the fixed cost of a GEMM, and each SM's operand bandwidth in bytes/s."""
 
-    tile_m: int
-    tile_n: int
     eta_compute: float
     eta_memory: float
     overhead_s: float
+    operand_bytes_per_s: float
 
 
 def tile_waves(rows, n, tile_m: int, tile_n: int, sms: int, split=1):
@@ -108,29 +115,67 @@ def tile_waves(rows, n, tile_m: int, tile_n: int, sms: int, split=1):
     return tiles, waves
 
 
-def _terms(rows, k, n, die: Die, p: ShapeParams):
+def tile_terms(
+    rows, k, n, *, sms: int, flops_per_s: float, operand_bytes_per_s: float, bytes_per_s: float, dtype_bytes=2.0
+):
+    """(compute, memory) seconds of one rows x k times k x n GEMM with the fastest kernel of
+    TILES x SPLITS on `sms` SMs: flops_per_s is the die's peak x eta_compute, operand_bytes_per_s
+    one SM's operand bandwidth, bytes_per_s the die's bandwidth x eta_memory."""
     rows = np.asarray(rows, dtype=float)
     k, n = float(k), float(n)
-    rate_sm = die.peak_flops / die.sms * p.eta_compute
-    moved = 2.0 * (k * n + rows * k + rows * n)
-    bw = die.bandwidth_bytes_per_s * p.eta_memory
+    flops_sm = flops_per_s / sms
+    moved = dtype_bytes * (k * n + rows * k + rows * n)
     best = None
-    for s in SPLITS:
-        if k / s < 64 and s > 1:
-            break
-        _, waves = tile_waves(rows, n, p.tile_m, p.tile_n, die.sms, s)
-        compute = waves * 2.0 * p.tile_m * p.tile_n * (k / s) / rate_sm
-        extra = 0.0 if s == 1 else 4.0 * s * rows * n  # fp32 partial sums written and read back
-        memory = (moved + extra) / bw
+    for (tile_m, tile_n), split in product(TILES, SPLITS):
+        if k / split < 64 and split > 1:
+            continue
+        _, waves = tile_waves(rows, n, tile_m, tile_n, sms, split)
+        depth = k / split
+        per_tile = (
+            2.0 * tile_m * tile_n * depth / flops_sm + dtype_bytes * (tile_m + tile_n) * depth / operand_bytes_per_s
+        )
+        compute = waves * per_tile
+        extra = 0.0 if split == 1 else 4.0 * split * rows * n  # fp32 partial sums written and read back
+        memory = (moved + extra) / bytes_per_s
         if best is None:
             best = (compute, memory)
         else:
-            # the split with the shorter max(compute, memory): a minimum of functions that rise
-            # with rows rises with rows too
+            # the kernel with the shorter max(compute, memory), as cuBLAS's heuristics pick one per
+            # shape: a minimum of functions that rise with rows rises with rows too
             better = np.maximum(compute, memory) < np.maximum(*best)
             best = (np.where(better, compute, best[0]), np.where(better, memory, best[1]))
-    best_c, memory = best
-    return best_c, memory
+    return best
+
+
+def tile_efficiency(
+    rows, k, n, *, sms: int, flops_per_s: float, operand_bytes_per_s: float, bytes_per_s: float, dtype_bytes=2.0
+):
+    """Useful fraction of the quantised compute: 2 rows k n FLOPs at `flops_per_s` over
+    `tile_terms`' compute time (below 1 even for a full wave: the operand loads)."""
+    compute, _ = tile_terms(
+        rows,
+        k,
+        n,
+        sms=sms,
+        flops_per_s=flops_per_s,
+        operand_bytes_per_s=operand_bytes_per_s,
+        bytes_per_s=bytes_per_s,
+        dtype_bytes=dtype_bytes,
+    )
+    rows = np.asarray(rows, dtype=float)
+    return 2.0 * rows * float(k) * float(n) / flops_per_s / compute
+
+
+def _terms(rows, k, n, die: Die, p: ShapeParams):
+    return tile_terms(
+        rows,
+        k,
+        n,
+        sms=die.sms,
+        flops_per_s=die.peak_flops * p.eta_compute,
+        operand_bytes_per_s=p.operand_bytes_per_s,
+        bytes_per_s=die.bandwidth_bytes_per_s * p.eta_memory,
+    )
 
 
 def gemm_time_s(rows, k, n, die: Die | str, params: ShapeParams) -> np.ndarray:
@@ -141,8 +186,8 @@ def gemm_time_s(rows, k, n, die: Die | str, params: ShapeParams) -> np.ndarray:
 
 
 def efficiency(rows, k, n, die: Die | str, params: ShapeParams) -> np.ndarray:
-    """Useful fraction of the quantised compute: 2 rows k n FLOPs at eta_compute x peak over
-    the tile model's compute time (1 when every tile of every wave is full)."""
+    """`tile_efficiency` of a fitted die: 2 rows k n FLOPs at eta_compute x peak over the tile
+    model's compute time."""
     d = DIES[die] if isinstance(die, str) else die
     compute, _ = _terms(rows, k, n, d, params)
     rows = np.asarray(rows, dtype=float)
@@ -188,22 +233,19 @@ def shape_timings(gpu: str | None = None) -> list[ShapeTimings]:
 
 
 def fit_shape_params(shapes, die: Die | str) -> ShapeParams:
-    """The tile model that best matches `shapes` (ShapeTimings of one die): each (tile_m,
-    tile_n) of TILE_CANDIDATES, eta_compute, eta_memory and overhead by least squares in log
-    time; the tile pair with the smallest residual wins."""
+    """The tile model that best matches `shapes` (ShapeTimings of one die): eta_compute (at most
+    1), eta_memory (at most 1), the overhead and the operand bandwidth by least squares in log
+    time."""
     d = DIES[die] if isinstance(die, str) else die
     data = [(np.asarray(s.rows, dtype=float), s.k, s.n, np.asarray(s.time_ms) * 1e-3) for s in shapes]
-    best = None
-    for tm, tn in product(TILE_CANDIDATES, TILE_CANDIDATES):
 
-        def residuals(x, tm=tm, tn=tn):
-            p = ShapeParams(tm, tn, float(np.exp(x[0])), float(np.exp(x[1])), float(np.exp(x[2])))
-            return np.concatenate([np.log(gemm_time_s(r, k, n, d, p) / t) for r, k, n, t in data])
+    def residuals(x):
+        p = ShapeParams(*(float(v) for v in np.exp(x)))
+        return np.concatenate([np.log(gemm_time_s(r, k, n, d, p) / t) for r, k, n, t in data])
 
-        fit = least_squares(
-            residuals, np.log([0.7, 0.8, 2e-6]), bounds=(np.log([0.05, 0.2, 1e-8]), np.log([1.5, 1.0, 1e-4]))
-        )
-        cost = float(fit.cost)
-        if best is None or cost < best[0]:
-            best = (cost, ShapeParams(tm, tn, *(float(v) for v in np.exp(fit.x))))
-    return best[1]
+    fit = least_squares(
+        residuals,
+        np.log([0.8, 0.8, 2e-6, 1e11]),
+        bounds=(np.log([0.05, 0.2, 1e-8, 1e9]), np.log([1.0, 1.0, 1e-4, 1e14])),
+    )
+    return ShapeParams(*(float(v) for v in np.exp(fit.x)))

@@ -42,11 +42,14 @@ from pathlib import Path
 
 import numpy as np
 
+from roofline.gemm_shapes import tile_terms
+from treeopt.dtypes import DTYPE_BYTES
 from treeopt.errors import UserError
 from treeopt.fileio import read_json_input, write_json
 
 __all__ = [
     "EfficiencyCurve",
+    "GemmTiles",
     "HardwareProfile",
     "load_hardware",
     "builtin_hardware",
@@ -149,6 +152,43 @@ CDNA3_GEMM_CURVE = EfficiencyCurve(
 
 
 @dataclass(frozen=True)
+class GemmTiles:
+    """A die's tile and wave model of its weight GEMMs
+    (docs/performance-model.md#shape-aware-gemm-efficiency): `sms` SMs, each running a tile's
+    FLOPs at peak_fraction of its share of the die's peak and loading the tile's operands at
+    operand_bytes_per_s. With it a weight GEMM's efficiency depends on its width and depth as
+    well as its rows (`roofline.gemm_shapes.tile_terms`)."""
+
+    sms: int
+    peak_fraction: float
+    operand_bytes_per_s: float
+
+    def __post_init__(self):
+        if not isinstance(self.sms, int) or isinstance(self.sms, bool) or self.sms < 1:
+            raise UserError(f"gemm_tiles: 'sms' must be an integer >= 1, got {self.sms!r}")
+        for key in ("peak_fraction", "operand_bytes_per_s"):
+            if not _positive(getattr(self, key)):
+                raise UserError(f"gemm_tiles: '{key}' must be a positive number, got {getattr(self, key)!r}")
+
+    def scaled(self, factor: float) -> GemmTiles:
+        """Every tile's time divided by `factor` (a fitted GEMM efficiency scale)."""
+        return GemmTiles(self.sms, self.peak_fraction * factor, self.operand_bytes_per_s * factor)
+
+    def to_dict(self) -> dict:
+        return {"sms": self.sms, "peak_fraction": self.peak_fraction, "operand_bytes_per_s": self.operand_bytes_per_s}
+
+    @classmethod
+    def from_dict(cls, d, *, source: str = "gemm_tiles") -> GemmTiles:
+        keys = {"sms", "peak_fraction", "operand_bytes_per_s"}
+        if not isinstance(d, dict) or set(d) != keys:
+            raise UserError(f"{source}: expected an object with 'sms', 'peak_fraction' and 'operand_bytes_per_s'")
+        try:
+            return cls(**d)
+        except UserError as err:
+            raise UserError(f"{source}: {err}") from None
+
+
+@dataclass(frozen=True)
 class HardwareProfile:
     """Roofs, efficiencies and overheads of one machine (and, for calibrated profiles, one
     framework on it).
@@ -187,6 +227,8 @@ class HardwareProfile:
         is what the model may use.
     gemm_efficiency_source: where the row curve comes from and which measurement its knee was
         checked against ("" = not stated).
+    gemm_tiles: the die's tile and wave model (`GemmTiles`); where set, a weight GEMM of known
+        width takes its efficiency from it instead of the row curve (None = the row curve).
     """
 
     name: str
@@ -217,6 +259,7 @@ class HardwareProfile:
     description: str = ""
     source: str = ""
     gemm_efficiency_source: str = ""
+    gemm_tiles: GemmTiles | None = None
     calibration: dict = field(default_factory=dict)
 
     def __post_init__(self):
@@ -280,6 +323,27 @@ class HardwareProfile:
             return float(self.elementwise_bytes_per_s)
         return self.bandwidth_bytes_per_s * self.eta_memory
 
+    def weight_gemm_efficiency(self, rows, in_features, out_features, dtype: str) -> np.ndarray:
+        """Relative efficiency (x eta_compute) of a weight GEMM of `rows` rows, in_features x
+        out_features: the tile model's where the profile has `gemm_tiles` and the GEMM's shape
+        is known (in_features > 0), else the row curve's."""
+        if self.gemm_tiles is None or not np.all(np.asarray(in_features) > 0):
+            return self.gemm_efficiency(rows)
+        t = self.gemm_tiles
+        peak = self.peak(dtype)
+        compute_s, _ = tile_terms(
+            rows,
+            in_features,
+            out_features,
+            sms=t.sms,
+            flops_per_s=peak * t.peak_fraction,
+            operand_bytes_per_s=t.operand_bytes_per_s,
+            bytes_per_s=self.bandwidth_bytes_per_s * self.eta_memory,
+            dtype_bytes=float(DTYPE_BYTES.get(dtype, 2)),
+        )
+        flops = 2.0 * np.asarray(rows, dtype=float) * float(in_features) * float(out_features)
+        return flops / (peak * self.eta_compute) / compute_s
+
     @property
     def attention_curve(self) -> EfficiencyCurve:
         return self.attention_efficiency or self.gemm_efficiency
@@ -318,7 +382,7 @@ class HardwareProfile:
         d = {"format": HARDWARE_FORMAT}
         for key in self.__dataclass_fields__:
             value = getattr(self, key)
-            if isinstance(value, EfficiencyCurve):
+            if isinstance(value, (EfficiencyCurve, GemmTiles)):
                 value = value.to_dict()
             d[key] = value
         return d
@@ -346,6 +410,8 @@ class HardwareProfile:
         for key in ("gemm_efficiency", "attention_efficiency", "attention_kv_efficiency"):
             if kwargs.get(key) is not None:
                 kwargs[key] = EfficiencyCurve.from_dict(kwargs[key], source=f"{source}: {key}")
+        if kwargs.get("gemm_tiles") is not None:
+            kwargs["gemm_tiles"] = GemmTiles.from_dict(kwargs["gemm_tiles"], source=f"{source}: gemm_tiles")
         if not isinstance(kwargs["peak_flops"], dict):
             raise UserError(f"{source}: 'peak_flops' must be an object of dtype -> FLOP/s")
         kwargs["peak_flops"] = {str(k): v for k, v in kwargs["peak_flops"].items()}

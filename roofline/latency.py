@@ -84,7 +84,7 @@ class OpTiming:
 def _time_terms(op: Op, dtype: str, hw: HardwareProfile, heads=None):
     peak = hw.peak(dtype)
     if op.kind == "gemm":
-        rate_c = peak * hw.eta_compute * hw.gemm_efficiency(op.rows)
+        rate_c = peak * hw.eta_compute * hw.weight_gemm_efficiency(op.rows, op.in_features, op.out_features, dtype)
         rate_m = hw.bandwidth_bytes_per_s * hw.eta_memory
     elif op.kind == "attention":
         rate_c = peak * hw.eta_compute * hw.attention_curve(op.rows)
@@ -162,6 +162,8 @@ def gemm_timing(hw: HardwareProfile, *, dtype: str, dtype_bytes: int, rows, in_f
         2.0 * rows * k * n,
         dtype_bytes * (k * n + rows * k + rows * n),
         rows,
+        in_features=k,
+        out_features=n,
     )
     return OpTiming(op, *_time_terms(op, dtype, hw))
 

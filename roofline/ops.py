@@ -91,6 +91,8 @@ class Op:
     kernels: np.ndarray | float = 1.0
     blocks: np.ndarray | float = 0.0  # attention: sequences x heads per call
     keys: np.ndarray | float = 0.0  # attention: keys each attending sequence reads (s + its tokens)
+    in_features: float = 0.0  # a weight GEMM's K and N (0: not one GEMM of known shape)
+    out_features: float = 0.0
 
     @property
     def intensity(self) -> np.ndarray:
@@ -271,7 +273,7 @@ class _Pass:
     nh: float
     ops: list[Op] = field(default_factory=list)
 
-    def add(self, name, kind, count, flops, nbytes, rows, kernels=1.0):
+    def add(self, name, kind, count, flops, nbytes, rows, kernels=1.0, in_features=0.0, out_features=0.0):
         zeros, seqs, nh = self.zeros, self.seqs, self.nh
         attending = kind == "attention"
         blocks = np.asarray(seqs * nh, dtype=float) if attending else 0.0
@@ -286,12 +288,15 @@ class _Pass:
                 float(kernels) if np.ndim(kernels) == 0 else np.asarray(kernels + zeros, dtype=float),
                 blocks,
                 np.asarray(self.att_keys + zeros, dtype=float) if attending else 0.0,
+                float(in_features),
+                float(out_features),
             )
         )
 
     def linear(self, name, count, k_in, n_out, kernels=1.0):
         bq = self.bq
-        self.add(name, "gemm", count, 2 * bq * k_in * n_out, k_in * n_out + bq * k_in + bq * n_out, bq, kernels)
+        flops, moved = 2 * bq * k_in * n_out, k_in * n_out + bq * k_in + bq * n_out
+        self.add(name, "gemm", count, flops, moved, bq, kernels, in_features=k_in, out_features=n_out)
 
     def rmsnorm(self, name, count):
         bq, h = self.bq, self.hidden
@@ -416,6 +421,8 @@ def _sequential_drafter_ops(p: _Pass, shape: ModelShape, heads: DraftWork, atten
             o.kernels,
             o.blocks,
             o.keys,
+            o.in_features,
+            o.out_features,
         )
         for o in layer
         if o.name in LAYER_OPS or o.name == "final_norm"

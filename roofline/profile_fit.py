@@ -354,6 +354,8 @@ def apply_terms(base: HardwareProfile, terms: dict, keys_range: tuple[float, flo
         changes["gemm_efficiency"] = EfficiencyCurve(
             curve.rows, tuple(float(v) * float(terms["gemm_efficiency_scale"]) for v in curve.values)
         )
+        if base.gemm_tiles is not None:
+            changes["gemm_tiles"] = base.gemm_tiles.scaled(float(terms["gemm_efficiency_scale"]))
         scaled = f"scaled by {float(terms['gemm_efficiency_scale']):.3g} to the measured steps (treeopt hw fit)"
         changes["gemm_efficiency_source"] = "; ".join(filter(None, (base.gemm_efficiency_source, scaled)))
     if "attention_kv_short" in terms:

@@ -209,6 +209,15 @@ def test_knee_note_only_where_the_die_is_unchecked():
     assert knee_note(load_hardware("l4").with_(name="my-l4")) is None
 
 
+def test_a_board_short_of_checked_borrows_its_dies_verdict():
+    from roofline.published import knee_summary
+
+    # the H200's own steps start at 128 tokens; below that its die was measured on the H100-SXM
+    assert knee_summary("h200") == "partly checked; does not match on h100-sxm (same die)"
+    assert knee_summary("a100-40gb-sxm") == "not measured; checked on a100-80gb-sxm (same die)"
+    assert knee_summary("rtx-4090") == "not measured; partly checked on l40s (same die)"
+
+
 @pytest.mark.parametrize(
     "model, t128, t2048", [("gpt-j-6b", 5.0, 23.5), ("mistral-7b", 5.9, 31.7), ("llama-2-7b", 5.7, 30.2)]
 )
