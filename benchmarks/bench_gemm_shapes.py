@@ -35,8 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from roofline.gemm_shapes import DIES, fit_shape_params, gemm_time_s, shape_timings  # noqa: E402
 from roofline.hardware import GemmTiles, load_hardware  # noqa: E402
-from roofline.published import knee_checks  # noqa: E402
 from roofline.latency import gemm_timing  # noqa: E402
+from roofline.published import knee_checks  # noqa: E402
 
 BANDS = ((1, 64), (64, 256), (256, 1024), (1024, 4096))
 TRAIN_MODEL = "Llama-2-7b-hf"
@@ -86,7 +86,8 @@ def evaluate(gpu: str, *, verbose: bool = True) -> dict:
         print(f"\n== {gpu} ({die.sms} SMs; built-in profile {die.board}): fitted on {TRAIN_MODEL} tp1's four GEMMs")
         print(
             f"   eta_compute {params.eta_compute:.3f}, eta_memory {params.eta_memory:.3f}, "
-            f"overhead {params.overhead_s * 1e6:.2f} us, operand bandwidth {params.operand_bytes_per_s / 1e9:.0f} GB/s per SM"
+            f"overhead {params.overhead_s * 1e6:.2f} us, "
+            f"operand bandwidth {params.operand_bytes_per_s / 1e9:.0f} GB/s per SM"
         )
         print("   held-out shape" + " " * 36 + "|T(r)/T(1) error|: median (worst) per band, shape-aware | built-in")
         print("   " + " " * 50 + "  ".join(f"{lo}-{hi}".rjust(23) for lo, hi in BANDS))

@@ -29,7 +29,8 @@ def test_select_on_a_run_sweep_repeats_the_runs_pooled_evidence():
     # metadata, must reach the same fit and the same per-cell verdicts.
     ran = json.loads((RUN / "selection.json").read_text())
     again = treeopt.select(treeopt.load_sweep(RUN / "sweep.csv"), tolerance=ran["tolerance"]).doc
-    assert again["pooled_fit"]["terms"] == pytest.approx(ran["pooled_fit"]["terms"], rel=1e-9)
+    # to 1e-4: the same MAP fit, but scipy builds stop its solver at points ~1e-5 apart
+    assert again["pooled_fit"]["terms"] == pytest.approx(ran["pooled_fit"]["terms"], rel=1e-4)
     keys = ("batch", "context", "nodes", "fit_nodes", "fit_consistent")
     assert [{k: c.get(k) for k in keys} for c in again["cells"]] == [{k: c.get(k) for k in keys} for c in ran["cells"]]
     assert again["pooled_fit"]["consistent_cells"] == ran["pooled_fit"]["consistent_cells"]
