@@ -1,6 +1,6 @@
 """Speed of the reference tree decoder (issue 5). Run:
 
-    python benchmarks/bench_decoder.py [--model demo|PATH] [--runs N] [--max-new-tokens N]
+    python benchmarks/bench_decoder.py [--model demo|PATH] [--runs N] [--max-new-tokens N] [--threads N]
 
 Targets: the non-model work of a decoding step (draft = head top-k, candidate layout, mask and
 positions; update = acceptance, bonus, KV-cache update, bookkeeping) is at most 5% of the step
@@ -15,6 +15,10 @@ Uses the demo model when it exists (calibration/demo_model), else a random model
 shape (vocab 4096, hidden 256, 4 layers, 4 heads, 4 Medusa heads), whose random heads accept
 few tokens: its tokens/s ratio then says little, its non-model share is representative.
 Timings on this shared VM are noisy: runs are interleaved and medians reported.
+
+Torch's CPU threads: the project's default for the model timed (`calibration.threads`, the rule
+`treeopt sweep` and `treeopt decode` follow: 1 for a small model such as the demo), since the
+benchmark judges the decoder as a sweep runs it; `--threads N` overrides it.
 
 `main()` returns [(name, measured, target, unit, lower_is_better), ...] for run_all.py.
 """
@@ -38,6 +42,7 @@ from calibration.decoder import TreeDecoder  # noqa: E402
 from calibration.demo_files import DEMO_MODEL_DIR  # noqa: E402
 from calibration.greedy import greedy_decode  # noqa: E402
 from calibration.models import load_model, tiny_model_for_tests  # noqa: E402
+from calibration.threads import torch_threads  # noqa: E402
 from treeopt.accuracy import load_accuracy  # noqa: E402
 from treeopt.build import greedy_tree  # noqa: E402
 
@@ -85,104 +90,113 @@ def _step_shares(res, staging) -> tuple[list, list, list]:
     return (nonmodel / step).tolist(), (1e3 * step).tolist(), (1e3 * nonmodel).tolist()
 
 
-def main(model: str | None = None, runs: int = 3, max_new_tokens: int = 32, prompts: int = 2) -> list[tuple]:
+def main(
+    model: str | None = None, runs: int = 3, max_new_tokens: int = 32, prompts: int = 2, threads: int | None = None
+) -> list[tuple]:
+    """The benchmark (module docstring) with `threads` torch CPU threads (None: the project's
+    default for the model, `calibration.threads.default_threads`)."""
     with tempfile.TemporaryDirectory() as tmp:
         lm, label = _load(model, Path(tmp))
-        tree = _tree(lm.heads.num_heads)
-        decoders = {
-            "tree eager": TreeDecoder(lm.model, lm.heads, tree, graphs=False),
-            "tree static": TreeDecoder(lm.model, lm.heads, tree, graphs=True),
-            "empty tree": TreeDecoder(lm.model, lm.heads, tree.prefix(0)),
-        }
-        eos = lm.tokenizer.eos_token_id
-        token_lists = _prompts(lm, prompts)
-        print(
-            f"model: {label}; tree: greedy {tree.size} nodes, depth {tree.depth}; "
-            f"{len(token_lists)} prompts x {max_new_tokens} new tokens, batch 1, "
-            f"torch threads {torch.get_num_threads()}; static path: {decoders['tree static'].steps}"
-        )
+        with torch_threads(lm.model, lm.device, threads):
+            return _run(lm, label, runs, max_new_tokens, prompts)
 
-        modes = ("tree eager", "tree static")
-        shares = {m: [] for m in modes}
-        step_ms = {m: [] for m in modes}
-        nonmodel_ms = {m: [] for m in modes}
-        speed = {"tree eager": [], "tree static": [], "plain greedy": [], "empty tree": []}
-        per_step = {"tree eager": [], "tree static": [], "empty tree": []}
-        identical = True
-        with torch.inference_mode():
-            for run in range(runs + 1):  # run 0 warms up
-                for ids in token_lists:
-                    x = torch.tensor([ids])
-                    order = list(speed)
-                    order = order[run % 4 :] + order[: run % 4]  # interleave
-                    outs = {}
-                    for name in order:
-                        dec = decoders.get(name)
-                        if dec is not None and dec.runner is not None:
-                            dec.runner.staging_s.clear()
-                        t0 = time.perf_counter()
-                        if name == "plain greedy":
-                            toks = greedy_decode(lm.model, x, max_new_tokens=max_new_tokens, eos_token_id=eos)[0]
-                        else:
-                            res = dec.generate(x, max_new_tokens=max_new_tokens, eos_token_id=eos)
-                            toks = res.tokens[0]
-                        dt = time.perf_counter() - t0
-                        outs[name] = toks
-                        if run == 0:
-                            continue
-                        speed[name].append(len(toks) / dt)
-                        if name != "plain greedy":
-                            per_step[name].append(res.tokens_per_step)
-                        if name in modes and res.steps:
-                            staging = np.zeros(res.steps)
-                            if dec.runner is not None:
-                                staging = np.asarray(dec.runner.staging_s[-res.steps :])
-                            a, b, c = _step_shares(res, staging)
-                            shares[name] += a
-                            step_ms[name] += b
-                            nonmodel_ms[name] += c
-                    identical &= len({tuple(t) for t in outs.values()}) == 1
 
-        share = {m: statistics.median(shares[m]) for m in modes}
-        med = {k: statistics.median(v) for k, v in speed.items()}
-        for m in modes:
-            print(
-                f"{m} {tree.size}: median step {statistics.median(step_ms[m]):.2f} ms, non-model "
-                f"{statistics.median(nonmodel_ms[m]):.3f} ms = {100 * share[m]:.1f}% of the step "
-                f"(median over {len(shares[m])} steps)"
-            )
-        for name in speed:
-            tps = f", {statistics.median(per_step[name]):.2f} tokens/step" if name in per_step else ""
-            print(f"  {name:>12}: {med[name]:8.1f} tokens/s{tps}")
+def _run(lm, label: str, runs: int, max_new_tokens: int, prompts: int) -> list[tuple]:
+    tree = _tree(lm.heads.num_heads)
+    decoders = {
+        "tree eager": TreeDecoder(lm.model, lm.heads, tree, graphs=False),
+        "tree static": TreeDecoder(lm.model, lm.heads, tree, graphs=True),
+        "empty tree": TreeDecoder(lm.model, lm.heads, tree.prefix(0)),
+    }
+    eos = lm.tokenizer.eos_token_id
+    token_lists = _prompts(lm, prompts)
+    print(
+        f"model: {label}; tree: greedy {tree.size} nodes, depth {tree.depth}; "
+        f"{len(token_lists)} prompts x {max_new_tokens} new tokens, batch 1, "
+        f"torch threads {torch.get_num_threads()}; static path: {decoders['tree static'].steps}"
+    )
+
+    modes = ("tree eager", "tree static")
+    shares = {m: [] for m in modes}
+    step_ms = {m: [] for m in modes}
+    nonmodel_ms = {m: [] for m in modes}
+    speed = {"tree eager": [], "tree static": [], "plain greedy": [], "empty tree": []}
+    per_step = {"tree eager": [], "tree static": [], "empty tree": []}
+    identical = True
+    with torch.inference_mode():
+        for run in range(runs + 1):  # run 0 warms up
+            for ids in token_lists:
+                x = torch.tensor([ids])
+                order = list(speed)
+                order = order[run % 4 :] + order[: run % 4]  # interleave
+                outs = {}
+                for name in order:
+                    dec = decoders.get(name)
+                    if dec is not None and dec.runner is not None:
+                        dec.runner.staging_s.clear()
+                    t0 = time.perf_counter()
+                    if name == "plain greedy":
+                        toks = greedy_decode(lm.model, x, max_new_tokens=max_new_tokens, eos_token_id=eos)[0]
+                    else:
+                        res = dec.generate(x, max_new_tokens=max_new_tokens, eos_token_id=eos)
+                        toks = res.tokens[0]
+                    dt = time.perf_counter() - t0
+                    outs[name] = toks
+                    if run == 0:
+                        continue
+                    speed[name].append(len(toks) / dt)
+                    if name != "plain greedy":
+                        per_step[name].append(res.tokens_per_step)
+                    if name in modes and res.steps:
+                        staging = np.zeros(res.steps)
+                        if dec.runner is not None:
+                            staging = np.asarray(dec.runner.staging_s[-res.steps :])
+                        a, b, c = _step_shares(res, staging)
+                        shares[name] += a
+                        step_ms[name] += b
+                        nonmodel_ms[name] += c
+                identical &= len({tuple(t) for t in outs.values()}) == 1
+
+    share = {m: statistics.median(shares[m]) for m in modes}
+    med = {k: statistics.median(v) for k, v in speed.items()}
+    for m in modes:
         print(
-            f"tree static vs eager: {med['tree static'] / med['tree eager']:.2f}x tokens/s; "
-            f"tree static vs plain greedy: {med['tree static'] / med['plain greedy']:.2f}x; "
-            f"empty tree vs plain greedy: {med['empty tree'] / med['plain greedy']:.2f}x; "
-            f"identical tokens: {'yes' if identical else 'NO'}"
+            f"{m} {tree.size}: median step {statistics.median(step_ms[m]):.2f} ms, non-model "
+            f"{statistics.median(nonmodel_ms[m]):.3f} ms = {100 * share[m]:.1f}% of the step "
+            f"(median over {len(shares[m])} steps)"
         )
-        return [
-            (
-                f"decoder non-model share of a step, tree {TREE_SIZE}, batch 1",
-                share["tree eager"],
-                TARGET_SHARE,
-                "fraction",
-                True,
-            ),
-            (
-                f"decoder non-model share of a step, static shapes, tree {TREE_SIZE}, batch 1",
-                share["tree static"],
-                TARGET_SHARE_STATIC,
-                "fraction",
-                True,
-            ),
-            (
-                "decoder output identical to plain greedy (tree 64 eager and static, empty tree)",
-                float(identical),
-                1.0,
-                "bool",
-                False,
-            ),
-        ]
+    for name in speed:
+        tps = f", {statistics.median(per_step[name]):.2f} tokens/step" if name in per_step else ""
+        print(f"  {name:>12}: {med[name]:8.1f} tokens/s{tps}")
+    print(
+        f"tree static vs eager: {med['tree static'] / med['tree eager']:.2f}x tokens/s; "
+        f"tree static vs plain greedy: {med['tree static'] / med['plain greedy']:.2f}x; "
+        f"empty tree vs plain greedy: {med['empty tree'] / med['plain greedy']:.2f}x; "
+        f"identical tokens: {'yes' if identical else 'NO'}"
+    )
+    return [
+        (
+            f"decoder non-model share of a step, tree {TREE_SIZE}, batch 1",
+            share["tree eager"],
+            TARGET_SHARE,
+            "fraction",
+            True,
+        ),
+        (
+            f"decoder non-model share of a step, static shapes, tree {TREE_SIZE}, batch 1",
+            share["tree static"],
+            TARGET_SHARE_STATIC,
+            "fraction",
+            True,
+        ),
+        (
+            "decoder output identical to plain greedy (tree 64 eager and static, empty tree)",
+            float(identical),
+            1.0,
+            "bool",
+            False,
+        ),
+    ]
 
 
 if __name__ == "__main__":
@@ -194,13 +208,11 @@ if __name__ == "__main__":
         "--threads",
         type=int,
         default=None,
-        help="torch CPU threads (default: torch's). On a loaded shared machine "
-        "1 avoids OpenMP oversubscription stalls of several ms per op.",
+        help="torch CPU threads (default: the project's for the model, as `treeopt sweep` "
+        "chooses them: 1 for a small model on a CPU, else torch's)",
     )
     args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    rows = main(args.model, args.runs, args.max_new_tokens)
+    rows = main(args.model, args.runs, args.max_new_tokens, threads=args.threads)
     bad = 0
     for name, value, target, unit, lower in rows:
         ok = value <= target if lower else value >= target

@@ -133,6 +133,7 @@ class TreeDecoder:
             self.runner = StepRunner(model, force_gqa=self.force_gqa, graphs=capture, bucket=bucket)
         form = TreeVerifier if verification == "tree" else CandidateVerifier
         self.verifier = form(buf, self._forward, self.dtype, self.device)
+        self._range = torch.arange(self.q, device=self.device)  # `_iota`'s source
         self.sequential = bool(getattr(heads, "sequential", False))
         self.prefix_layer = bool(getattr(heads, "prefix_layer", False))
         if self.sequential:
@@ -311,21 +312,31 @@ class TreeDecoder:
         docs/decoder.md#batches-with-holes); the bonus becomes the root. Returns the step's tokens
         (b, D + 1): the accepted nodes, then the bonus."""
         n_keep, bonus = accepted.n_keep, accepted.bonus
-        path_hidden = self.verifier.keep(state.cache, state.valid.shape[1], verified, accepted)
-        kept = torch.arange(int(n_keep.max()), device=self.device)[None] < n_keep[:, None]
+        start = state.valid.shape[1]
+        path_hidden = self.verifier.keep(state.cache, start, verified, accepted)
+        # the verifier kept the batch's longest path: its length, read off the cache rather than
+        # synchronising on n_keep.max() a second time
+        kept = self._iota(state.cache.length - start)[None] < n_keep[:, None]
         state.hidden = self._drafting_hidden(state, path_hidden, kept, n_keep)
         state.valid = torch.cat([state.valid, kept], dim=1)
         state.next_pos = state.next_pos + n_keep
         state.root = bonus
         new = torch.cat([tokens.gather(1, accepted.path[:, 1:]), bonus[:, None]], dim=1)
-        new[torch.arange(new.shape[0], device=self.device), n_keep - 1] = bonus  # the accepted nodes, then the bonus
+        new.scatter_(1, (n_keep - 1)[:, None], bonus[:, None])  # the accepted nodes, then the bonus
         return new
+
+    def _iota(self, n: int) -> torch.Tensor:
+        """torch.arange(n) on the decoder's device, as a view of a range kept between steps: a
+        step indexes with several, and on a CPU each allocation costs more than its use."""
+        if n > self._range.shape[0]:
+            self._range = torch.arange(2 * n, device=self.device)
+        return self._range[:n]
 
     def _drafting_hidden(self, state: DecodeState, path_hidden, kept, n_keep) -> torch.Tensor:
         """The hidden state the next step drafts from (b, h), given the hidden states along the
         accepted path (b, D + 1, h), the kept slots (b, K) and the kept counts (b,); `state`
         still as before the step's update."""
-        bi = torch.arange(n_keep.shape[0], device=self.device)
+        bi = self._iota(n_keep.shape[0])
         if state.draft_cache is None:
             return path_hidden[bi, n_keep - 1]  # the last accepted token drafts next
         # Hydra++: the prefix layer reads the kept tokens' hidden states into its cache, slot for
@@ -334,7 +345,7 @@ class TreeDecoder:
         return self.heads.context_states(
             path_hidden[:, :keep],
             kept,
-            state.next_pos[:, None] + torch.arange(keep, device=self.device)[None],
+            state.next_pos[:, None] + self._iota(keep)[None],
             past_valid=state.valid,
             cache=state.draft_cache,
         )[bi, n_keep - 1]

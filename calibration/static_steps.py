@@ -90,6 +90,7 @@ class StaticInputs:
         self.mask = torch.full((b, 1, q, window), self.neg, dtype=dtype, device=device)
         self.write = torch.zeros(q, dtype=torch.long, device=device)
         self._arange = torch.arange(q, device=device)
+        self._width = 0  # the mask's slots past this one hold `neg`
 
     def load(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, start: int) -> None:
         """Copy a step's inputs in: mask (b, 1, q, w) with w <= window covers the slots 0..w-1,
@@ -98,7 +99,9 @@ class StaticInputs:
         self.tokens.copy_(tokens)
         self.positions.copy_(positions)
         self.mask[..., :width].copy_(mask)
-        self.mask[..., width:].fill_(self.neg)
+        if width < self._width:  # why: only a narrower mask than the last leaves slots to hide
+            self.mask[..., width : self._width].fill_(self.neg)
+        self._width = width
         torch.add(self._arange, start, out=self.write)
 
 
@@ -165,7 +168,9 @@ class StepRunner:
             return lm_head(self.model, hidden), hidden
         start = cache.length
         window = static_window(start, q, self.bucket)
-        buffer = cache.reserve(window, cache.buffer[0, 0])
+        if window > cache.capacity:  # rare: the decoder's prefill sizes the buffer for its last window
+            cache.reserve(window, cache.buffer[0, 0])
+        buffer = cache.buffer
         key = (b, q, window, buffer.data_ptr(), tuple(buffer.shape), buffer.dtype)
         step = self._steps.get(key)
         if step is None:

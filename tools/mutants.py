@@ -1456,8 +1456,8 @@ MUTANTS = (
     Mutant(
         "prefix-decoder-positions",
         "calibration/decoder.py",
-        "state.next_pos[:, None] + torch.arange(keep, device=self.device)[None],",
-        "state.next_pos[:, None] + 0 * torch.arange(keep, device=self.device)[None],",
+        "state.next_pos[:, None] + self._iota(keep)[None],",
+        "state.next_pos[:, None] + 0 * self._iota(keep)[None],",
         "the kept tokens all enter the prefix layer at the root's position",
         PREFIX_TESTS,
     ),
@@ -2177,10 +2177,18 @@ MUTANTS = (
     Mutant(
         "static-mask-hides-last-slot",
         "calibration/static_steps.py",
-        "self.mask[..., width:].fill_(self.neg)",
-        "self.mask[..., width - 1 :].fill_(self.neg)",
+        "self.mask[..., :width].copy_(mask)",
+        "self.mask[..., :width].copy_(mask)\n        self.mask[..., width - 1].fill_(self.neg)",
         "the static step's mask hides the last slot of the eager mask (a tree node's own slot)",
         ("tests/test_static_steps.py",),
+    ),
+    Mutant(
+        "static-mask-stale-slots",
+        "calibration/static_steps.py",
+        "if width < self._width:",
+        "if False:",
+        "a narrower mask than the last step's leaves that step's slots visible",
+        ("tests/test_static_steps.py", "tests/test_decoder_overhead_paths.py"),
     ),
     Mutant(
         "static-write-at-length",
