@@ -18,10 +18,9 @@ fastest of the kernels of TILES and SPLITS:
   plus a split's fp32 partial sums) / (bandwidth x eta_memory);
 - time = max(compute, memory) of the fastest kernel + overhead.
 
-`tile_efficiency` is the useful fraction of that compute term (2 rows K N at peak x
-eta_compute over it): a profile with `gemm_tiles` takes it for its weight GEMMs in place of the
-row curve. `fit_shape_params` fits eta_compute, eta_memory, the overhead and the operand
-bandwidth by least squares in log time.
+A profile with `gemm_tiles` prices its weight GEMMs with `tile_terms` in place of the row curve
+(`roofline.hardware.HardwareProfile.weight_gemm_efficiency`). `fit_shape_params` fits
+eta_compute, eta_memory, the overhead and the operand bandwidth by least squares in log time.
 
 The timings are Vidur's (roofline/data/vidur-gemm-shapes.csv; see VIDUR_SHAPES_FILE).
 numpy and scipy only, like the rest of `roofline`.
@@ -47,11 +46,9 @@ __all__ = [
     "Die",
     "ShapeParams",
     "ShapeTimings",
-    "efficiency",
     "fit_shape_params",
     "gemm_time_s",
     "shape_timings",
-    "tile_efficiency",
     "tile_terms",
     "tile_waves",
 ]
@@ -147,25 +144,6 @@ def tile_terms(
     return best
 
 
-def tile_efficiency(
-    rows, k, n, *, sms: int, flops_per_s: float, operand_bytes_per_s: float, bytes_per_s: float, dtype_bytes=2.0
-):
-    """Useful fraction of the quantised compute: 2 rows k n FLOPs at `flops_per_s` over
-    `tile_terms`' compute time (below 1 even for a full wave: the operand loads)."""
-    compute, _ = tile_terms(
-        rows,
-        k,
-        n,
-        sms=sms,
-        flops_per_s=flops_per_s,
-        operand_bytes_per_s=operand_bytes_per_s,
-        bytes_per_s=bytes_per_s,
-        dtype_bytes=dtype_bytes,
-    )
-    rows = np.asarray(rows, dtype=float)
-    return 2.0 * rows * float(k) * float(n) / flops_per_s / compute
-
-
 def _terms(rows, k, n, die: Die, p: ShapeParams):
     return tile_terms(
         rows,
@@ -183,15 +161,6 @@ def gemm_time_s(rows, k, n, die: Die | str, params: ShapeParams) -> np.ndarray:
     d = DIES[die] if isinstance(die, str) else die
     compute, memory = _terms(rows, k, n, d, params)
     return np.maximum(compute, memory) + params.overhead_s
-
-
-def efficiency(rows, k, n, die: Die | str, params: ShapeParams) -> np.ndarray:
-    """`tile_efficiency` of a fitted die: 2 rows k n FLOPs at eta_compute x peak over the tile
-    model's compute time."""
-    d = DIES[die] if isinstance(die, str) else die
-    compute, _ = _terms(rows, k, n, d, params)
-    rows = np.asarray(rows, dtype=float)
-    return 2.0 * rows * float(k) * float(n) / (d.peak_flops * params.eta_compute) / compute
 
 
 @dataclass(frozen=True)

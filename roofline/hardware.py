@@ -327,7 +327,7 @@ class HardwareProfile:
         """Relative efficiency (x eta_compute) of a weight GEMM of `rows` rows, in_features x
         out_features: the tile model's where the profile has `gemm_tiles` and the GEMM's shape
         is known (in_features > 0), else the row curve's."""
-        if self.gemm_tiles is None or not np.all(np.asarray(in_features) > 0):
+        if self.gemm_tiles is None or not in_features > 0:
             return self.gemm_efficiency(rows)
         t = self.gemm_tiles
         peak = self.peak(dtype)

@@ -2218,7 +2218,7 @@ MUTANTS = (
     Mutant(
         "gemm-tiles-ignored",
         "roofline/hardware.py",
-        "if self.gemm_tiles is None or not np.all(np.asarray(in_features) > 0):",
+        "if self.gemm_tiles is None or not in_features > 0:",
         "if True:",
         "a profile's gemm_tiles are ignored: every weight GEMM takes the row curve",
         ("tests/test_gemm_shapes.py",),
