@@ -22,8 +22,13 @@ the sweep's `overhead`: the median over rounds of the same-round ratio. Predicte
 the profile's prediction of the cell over its prediction of the plain step of the same batch
 and context.
 
-Graph capture (CUDA graphs) is not implemented in treeopt's decoder yet: the steps are eager
-PyTorch, and the report says so instead of showing graph numbers.
+Every cell is measured twice, in separate sweeps: with the decoder's static-shape steps
+(`treeopt sweep --graphs`: captured once per shape and replayed as CUDA graphs on CUDA, run
+eagerly in the same static shapes elsewhere; DIR/sweep.csv, what the profiles are compared with)
+and with the eager forward (`--no-graphs`; DIR/sweep-eager.csv), unless --no-eager. The report
+is written after each sweep, so a check stopped during the eager one still has its answer;
+--resume continues a stopped check in the same folder (the calibrated profile kept, each sweep
+resumed where it stopped).
 
 The weights, drafter, prompts and tree are fixed by --seed; the timings are measurements.
 Bad input: one line on stderr, exit status 2.
@@ -49,6 +54,7 @@ import torch  # noqa: E402
 from calibration.device_memory import available_bytes, bench_bytes  # noqa: E402
 from calibration.hwbench import device_name  # noqa: E402
 from calibration.models import resolve_device, resolve_dtype  # noqa: E402
+from calibration.static_steps import CAPTURE_FAILURES, step_mode  # noqa: E402
 from calibration.sweep import SweepSettings  # noqa: E402
 from calibration.threads import default_threads, torch_threads  # noqa: E402
 from roofline.hardware import HardwareProfile, load_hardware  # noqa: E402
@@ -93,6 +99,10 @@ QUICK_SIZES = (0, 1, 4, 16, 64)
 #: share of the device's free memory a sweep group's cache and prefill may take
 MEMORY_SHARE = 0.9
 PROFILES = ("builtin", "calibrated")
+#: the two ways a cell is measured: SweepSettings.graphs and the sweep's file
+MODES = {"graphs": (True, "sweep.csv"), "eager": (False, "sweep-eager.csv")}
+#: the issue's bar for the built-in profile on a 7B step at batch 1, captured
+BATCH1_TARGET = 0.20
 
 # ---- GPU name -> built-in profile ----------------------------------------------------------
 
@@ -163,6 +173,12 @@ def parse_args(argv) -> argparse.Namespace:
     p.add_argument("--context", default=None, help="cached tokens per sequence, e.g. 512,2048")
     p.add_argument("--sizes", default=None, help="tree sizes (0 = plain decoding), e.g. 0,1,4,16")
     p.add_argument("--seed", type=int, default=0, help="seed of the weights, prompts and rounds [default: 0]")
+    p.add_argument("--no-eager", action="store_true", help="skip the eager sweep (graph-captured steps only)")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue a stopped check in -o: keep its hardware.json, resume its sweeps",
+    )
     args = p.parse_args(argv)
     if args.device.split(":")[0] not in ("auto", "cuda", "cpu", "mps"):
         raise UserError(f"--device: must be auto, cuda, cuda:N, cpu or mps, got '{args.device}'")
@@ -201,6 +217,8 @@ def resolve_settings(args: argparse.Namespace) -> dict:
         "quick": args.quick,
         "seed": args.seed,
         "out": out,
+        "modes": ("graphs",) if args.no_eager else ("graphs", "eager"),
+        "resume": args.resume,
     }
 
 
@@ -227,8 +245,12 @@ def _say(text: str) -> None:
 def calibrate(cfg: dict, spec) -> tuple[HardwareProfile, object]:
     """`treeopt hw calibrate --random-weights`: the microbenchmarks on a device holding nothing
     else, then the engine terms from the random model's tree steps. Returns the profile and the
-    loaded random model."""
+    loaded random model. With --resume, the profile of an earlier run in the folder instead."""
     dev = str(cfg["device"])
+    kept = cfg["out"] / "hardware.json"
+    if cfg["resume"] and kept.is_file():
+        _say(f"resuming: the calibrated profile of {kept}")
+        return load_hardware(str(kept)), load_random(spec, dev, cfg["dtype"])
     prof = calibrate_hardware(dev, cfg["model_spec"], dtype=cfg["dtype"], quick=cfg["quick"], seed=cfg["seed"])
     if cfg["device"].type == "cuda":
         torch.cuda.empty_cache()  # the microbenchmarks' buffers, before the model takes its place
@@ -258,9 +280,10 @@ def sweep_plan(cfg: dict, config, element_bytes: int, free: int | None) -> tuple
     return plan, skipped
 
 
-def measure(cfg: dict, lm, calibrated: HardwareProfile, table, tau) -> tuple[pd.DataFrame, list[dict]]:
-    """The sweep of every group that fits, into DIR/sweep.csv (one file: later groups are added
-    as a resumed sweep adds them)."""
+def measure(cfg: dict, lm, calibrated: HardwareProfile, table, tau, mode: str) -> tuple[pd.DataFrame, list[dict]]:
+    """The sweep of every group that fits, with the steps `mode` says (`MODES`), into its file
+    (one file: later groups are added as a resumed sweep adds them; with --resume the file of
+    a stopped run is continued)."""
     element = next(lm.model.parameters()).element_size()
     plan, skipped = sweep_plan(cfg, lm.model.config, element, available_bytes(lm.device))
     for group in skipped:
@@ -268,35 +291,44 @@ def measure(cfg: dict, lm, calibrated: HardwareProfile, table, tau) -> tuple[pd.
             f"skipping batch {group['batch']} at context {group['context']}: its cache and prefill need "
             f"{group['need_gib']:.1f} GiB, {group['free_gib']:.1f} GiB free"
         )
-    out = cfg["out"] / "sweep.csv"
+    graphs, name = MODES[mode]
     df = None
     with torch_threads(lm.model, lm.device, None):
         for i, (batches, contexts) in enumerate(plan.items()):
-            settings = SweepSettings(cfg["sizes"], batches, tuple(contexts), seed=cfg["seed"])
-            df = sweep(lm, table, tau, settings, out, hardware=calibrated, resume=i > 0)
+            settings = SweepSettings(cfg["sizes"], batches, tuple(contexts), seed=cfg["seed"], graphs=graphs)
+            resume = True if i > 0 else ("auto" if cfg["resume"] else False)
+            df = sweep(lm, table, tau, settings, cfg["out"] / name, hardware=calibrated, resume=resume)
     return df, skipped
 
 
 # ---- the comparison ------------------------------------------------------------------------
 
 
-def cell_table(df: pd.DataFrame, predictors: dict) -> pd.DataFrame:
-    """One row per measured cell: the measurement, and per profile (None: no such profile) the
-    predicted step time and T(n)/T(0) with their relative errors."""
-    cells = pd.DataFrame(
+def _measured(df: pd.DataFrame, prefix: str) -> pd.DataFrame:
+    """A sweep's measured columns as the cell table names them: `measured_*` for the
+    graph-captured sweep, `eager_*` for the eager one."""
+    return pd.DataFrame(
         {
             "batch": df["batch"].astype(int),
             "context": df["context"].astype(int),
             "nodes": df["nodes"].astype(int),
-            "measured_ms": df["step_time_s"] * 1e3,
-            "measured_p10_ms": df["step_time_p10_s"] * 1e3,
-            "measured_p90_ms": df["step_time_p90_s"] * 1e3,
-            "measured_ratio": df["overhead"],
-            "measured_ratio_lo": df["overhead_lo"],
-            "measured_ratio_hi": df["overhead_hi"],
-            "rounds": df["samples"].astype(int),
+            f"{prefix}_ms": df["step_time_s"] * 1e3,
+            f"{prefix}_p10_ms": df["step_time_p10_s"] * 1e3,
+            f"{prefix}_p90_ms": df["step_time_p90_s"] * 1e3,
+            f"{prefix}_ratio": df["overhead"],
+            f"{prefix}_ratio_lo": df["overhead_lo"],
+            f"{prefix}_ratio_hi": df["overhead_hi"],
+            f"{prefix}_rounds": df["samples"].astype(int),
         }
     ).reset_index(drop=True)
+
+
+def cell_table(df: pd.DataFrame, predictors: dict, eager: pd.DataFrame | None = None) -> pd.DataFrame:
+    """One row per cell of the graph-captured sweep `df`: the measurement, and per profile
+    (None: no such profile) the predicted step time and T(n)/T(0) with their relative errors;
+    then the eager sweep's measurement of the same cell (NaN where it has none), how many
+    times the captured step it takes, and the built-in profile's errors against it."""
+    cells = _measured(df, "measured").rename(columns={"measured_rounds": "rounds"})
     for name in PROFILES:
         predict = predictors.get(name)
         if predict is None:
@@ -309,16 +341,22 @@ def cell_table(df: pd.DataFrame, predictors: dict) -> pd.DataFrame:
         cells[f"predicted_{name}_ratio"] = step / plain
         cells[f"step_error_{name}"] = cells[f"predicted_{name}_ms"] / cells["measured_ms"] - 1
         cells[f"ratio_error_{name}"] = cells[f"predicted_{name}_ratio"] / cells["measured_ratio"] - 1
+    other = _measured(df.iloc[:0] if eager is None else eager, "eager")
+    cells = cells.merge(other, on=["batch", "context", "nodes"], how="left")
+    cells["eager_over_graphs"] = cells["eager_ms"] / cells["measured_ms"]
+    cells["step_error_builtin_eager"] = cells["predicted_builtin_ms"] / cells["eager_ms"] - 1
+    cells["ratio_error_builtin_eager"] = cells["predicted_builtin_ratio"] / cells["eager_ratio"] - 1
     return cells
 
 
-def error_stats(cells: pd.DataFrame, name: str) -> dict:
+def error_stats(cells: pd.DataFrame, name: str, suffix: str = "") -> dict:
     """Median and worst |error| of one profile: the step time over every cell, T(n)/T(0) over
-    the cells with a tree (n > 0)."""
+    the cells with a tree (n > 0); against the captured steps, or with suffix "_eager" the
+    eager ones."""
     out = {}
     for kind, column, rows in (
-        ("step_time_error", f"step_error_{name}", cells),
-        ("ratio_error", f"ratio_error_{name}", cells[cells["nodes"] > 0]),
+        ("step_time_error", f"step_error_{name}{suffix}", cells),
+        ("ratio_error", f"ratio_error_{name}{suffix}", cells[cells["nodes"] > 0]),
     ):
         err = rows[column].abs().dropna()
         out[kind] = {
@@ -327,6 +365,50 @@ def error_stats(cells: pd.DataFrame, name: str) -> dict:
             "cells": len(err),
         }
     return out
+
+
+def batch1_check(cells: pd.DataFrame) -> dict | None:
+    """The built-in profile on the captured steps at batch 1, every tree size and context, against
+    BATCH1_TARGET (None without a built-in profile or a batch-1 cell): median and worst
+    |error|, the mean signed error (its direction), and the plain step per context."""
+    rows = cells[(cells["batch"] == 1) & cells["step_error_builtin"].notna()]
+    if rows.empty:
+        return None
+    err = rows["step_error_builtin"]
+    plain = rows[rows["nodes"] == 0]
+    return {
+        "target": BATCH1_TARGET,
+        "cells": len(rows),
+        "median": float(err.abs().median()),
+        "worst": float(err.abs().max()),
+        "mean_signed": float(err.mean()),
+        "within": bool(err.abs().max() <= BATCH1_TARGET),
+        "plain": [
+            {
+                "context": int(r.context),
+                "measured_ms": float(r.measured_ms),
+                "predicted_ms": float(r.predicted_builtin_ms),
+            }
+            for r in plain.itertuples(index=False)
+        ],
+    }
+
+
+def eager_stats(cells: pd.DataFrame) -> dict | None:
+    """How many times the captured step the eager step takes: median, least and most over the
+    cells both sweeps measured, and the median at batch 1 (None: no eager cell)."""
+    both = cells.dropna(subset=["eager_ms"])
+    if both.empty:
+        return None
+    ratio = both["eager_over_graphs"]
+    first = both[both["batch"] == 1]["eager_over_graphs"]
+    return {
+        "cells": len(both),
+        "median": float(ratio.median()),
+        "least": float(ratio.min()),
+        "most": float(ratio.max()),
+        "batch1_median": float(first.median()) if len(first) else None,
+    }
 
 
 def gemm_rows(calibrated: HardwareProfile, builtin: HardwareProfile | None, dtype: str) -> pd.DataFrame:
@@ -390,22 +472,86 @@ def _cells_markdown(cells: pd.DataFrame) -> list[str]:
     return lines
 
 
-def _errors_markdown(summary: dict) -> list[str]:
+def _error_row(label: str, errors: dict) -> str:
+    st, ra = errors["step_time_error"], errors["ratio_error"]
+    if not st["cells"]:
+        return f"| {label} | no cells measured | | | |"
+    return (
+        f"| {label} | {_num(st['median'] * 100, '.1f')}% ({st['cells']} cells) | {_num(st['worst'] * 100, '.1f')}% | "
+        f"{_num(ra['median'] * 100, '.1f')}% ({ra['cells']} cells) | {_num(ra['worst'] * 100, '.1f')}% |"
+    )
+
+
+def _errors_markdown(summary: dict, steps: str) -> list[str]:
     lines = [
-        "| profile | step time: median | worst | T(n)/T(0): median | worst |",
+        "| profile, against | step time: median | worst | T(n)/T(0): median | worst |",
         "|---|---|---|---|---|",
     ]
     for name in PROFILES:
         p = summary["profiles"][name]
-        if p["profile"] is None:
-            lines.append(f"| built-in | absent: {p['why_absent']} | | | |")
-            continue
-        st, ra = p["errors"]["step_time_error"], p["errors"]["ratio_error"]
         label = "built-in" if name == "builtin" else "calibrated"
+        if p["profile"] is None:
+            lines.append(f"| {label} | absent: {p['why_absent']} | | | |")
+            continue
+        lines.append(_error_row(f"{label} `{p['profile']}`, {steps} steps", p["errors"]))
+    builtin = summary["profiles"]["builtin"]
+    if builtin["profile"] is not None and builtin["errors_eager"] is not None:
+        lines.append(_error_row(f"built-in `{builtin['profile']}`, eager steps", builtin["errors_eager"]))
+    return lines
+
+
+def _headline(summary: dict, steps: str) -> list[str]:
+    """The check's answers in a few lines, each from summary.json."""
+    out = []
+    b1 = summary["batch1_builtin"]
+    if b1 is not None:
+        plain = "; ".join(
+            f"context {p['context']}: {p['measured_ms']:.2f} ms measured, {p['predicted_ms']:.2f} ms predicted"
+            for p in b1["plain"]
+        )
+        verdict = "within" if b1["within"] else "NOT within"
+        out.append(
+            f"- **Batch 1, {steps} steps, against the built-in profile**: median |error| {b1['median'] * 100:.1f}%, "
+            f"worst {b1['worst'] * 100:.1f}% over {b1['cells']} cells (mean signed error {_pct(b1['mean_signed'])}): "
+            f"{verdict} the {b1['target'] * 100:.0f}% target. The plain step: {plain}."
+        )
+    for name in PROFILES:
+        p = summary["profiles"][name]
+        if p["profile"] is not None and p["errors"]["ratio_error"]["cells"]:
+            ra = p["errors"]["ratio_error"]
+            out.append(
+                f"- **T(n)/T(0), {'built-in' if name == 'builtin' else 'calibrated'} `{p['profile']}`**: median "
+                f"|error| {ra['median'] * 100:.1f}%, worst {ra['worst'] * 100:.1f}% over {ra['cells']} cells."
+            )
+    failed = summary["graph_capture"]["failed_captures"]
+    if failed:
+        out.append(
+            f"- **{len(failed)} captures FAILED** and their steps ran eagerly, so the captured columns mix in "
+            f"eager steps; the first failure: {failed[0]}."
+        )
+    eager = summary["graph_capture"]["eager_over_graphs"]
+    if eager is not None:
+        at1 = "" if eager["batch1_median"] is None else f"; at batch 1, {eager['batch1_median']:.2f}x"
+        out.append(
+            f"- **Eager vs {steps}**: an eager step takes {eager['median']:.2f}x the {steps} step (median over "
+            f"{eager['cells']} cells, {eager['least']:.2f}x to {eager['most']:.2f}x{at1})."
+        )
+    return out or ["- No built-in profile and no eager sweep: see the tables."]
+
+
+def _graph_markdown(cells: pd.DataFrame, steps: str) -> list[str]:
+    if cells["eager_ms"].isna().all():
+        return ["The eager sweep was not run (--no-eager) or has not finished: nothing to compare yet."]
+    lines = [
+        f"| batch | context | nodes | {steps} ms | eager ms | eager / {steps} | T(n)/T(0) {steps} | "
+        "T(n)/T(0) eager | built-in T(n)/T(0) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in cells.itertuples(index=False):
         lines.append(
-            f"| {label} `{p['profile']}` | {_num(st['median'] * 100, '.1f')}% ({st['cells']} cells) | "
-            f"{_num(st['worst'] * 100, '.1f')}% | {_num(ra['median'] * 100, '.1f')}% ({ra['cells']} cells) | "
-            f"{_num(ra['worst'] * 100, '.1f')}% |"
+            f"| {r.batch} | {r.context} | {r.nodes} | {r.measured_ms:.3f} | {_num(r.eager_ms, '.3f')} | "
+            f"{_num(r.eager_over_graphs, '.2f')} | {r.measured_ratio:.3f} | {_num(r.eager_ratio, '.3f')} | "
+            f"{_num(r.predicted_builtin_ratio, '.3f')} |"
         )
     return lines
 
@@ -439,6 +585,7 @@ def write_report(cfg: dict, summary: dict, cells: pd.DataFrame, gemm: pd.DataFra
     m, s = summary["machine"], summary["model"]
     shape = s["shape"]
     builtin = summary["profiles"]["builtin"]
+    steps = _STEPS[summary["graph_capture"]["mode"]]
     lines = [
         f"# Checking the latency model on {m['device_name']}",
         "",
@@ -456,21 +603,31 @@ def write_report(cfg: dict, summary: dict, cells: pd.DataFrame, gemm: pd.DataFra
         f"random drafter of {s['drafter_heads']} Medusa heads.",
         f"- **Tree**: the proposal tree of {s['accuracy']} (tau does not enter a step's time).",
         f"- **Cells**: batch {_list(cfg['batches'])} x context {_list(cfg['contexts'])} x tree size "
-        f"{_list(cfg['sizes'])}; the sweep is [sweep.csv](sweep.csv), every cell in [cells.csv](cells.csv).",
+        f"{_list(cfg['sizes'])}, each measured with {_STEP_WORDS[summary['graph_capture']['mode']]} "
+        "([sweep.csv](sweep.csv)) and with the eager forward ([sweep-eager.csv](sweep-eager.csv)); every cell in "
+        "[cells.csv](cells.csv).",
     ]
     for g in summary["skipped_groups"]:
         lines.append(
             f"- **Left out**: batch {g['batch']} at context {g['context']}, whose cache and prefill need "
             f"{g['need_gib']:.1f} GiB with {g['free_gib']:.1f} GiB free."
         )
+    lines += ["", "## Headline", ""] + _headline(summary, steps)
     lines += ["", "## Errors", "", "Relative error = predicted / measured - 1; median and worst of |error|.", ""]
-    lines += _errors_markdown(summary)
-    lines += ["", "## Cells", "", _CELLS_TEXT, ""] + _cells_markdown(cells)
+    lines += _errors_markdown(summary, steps)
+    lines += ["", f"## Cells ({steps} steps)", "", _CELLS_TEXT, ""] + _cells_markdown(cells)
     lines += ["", "## GEMM row curve", "", _GEMM_TEXT, ""] + _gemm_markdown(gemm, builtin["profile"])
-    lines += ["", "## Eager vs graph capture", "", _GRAPH_TEXT, ""]
+    lines += ["", "## Eager vs graph capture", "", _GRAPH_TEXT[summary["graph_capture"]["mode"]], ""]
+    lines += _graph_markdown(cells, steps)
     write_text(out / "index.md", "\n".join(lines))
 
 
+#: what the report calls the steps of the main sweep, by `calibration.static_steps.step_mode`
+_STEPS = {"cuda-graphs": "captured", "static": "static"}
+_STEP_WORDS = {
+    "cuda-graphs": "its steps captured once per shape and replayed as CUDA graphs",
+    "static": "the static-shape steps run eagerly (nothing is captured on this device)",
+}
 _CELLS_TEXT = (
     "Step times in ms: the median over rounds, with the 10th and 90th percentiles. Measured T(n)/T(0) is the "
     "median of the same-round ratio (at least 1), with its bootstrap interval; predicted T(n)/T(0) is the "
@@ -484,11 +641,19 @@ _GEMM_TEXT = (
     "calibrated peak is the best GEMM rate measured here, the built-in one the datasheet's). Rows that are "
     "not compute bound are flat below the first compute-bound row count."
 )
-_GRAPH_TEXT = (
-    "Graph capture (CUDA graphs) is not implemented in treeopt's decoder in this version, so only eager "
-    "PyTorch step times are reported: every measured time above is eager. There are no graph-capture numbers "
-    "to compare."
-)
+_GRAPH_TEXT = {
+    "cuda-graphs": (
+        "The same cells timed twice in separate sweeps: each step captured as a CUDA graph once per (batch, "
+        "context, size) and replayed (the static-shape step, docs/decoder.md#static-shape-steps), and the eager "
+        "forward, one kernel launch per operator with Python between them. Where the eager step takes several "
+        "times the captured one, it is launch-bound: its T(n)/T(0) then says verification is nearly free and "
+        "would pick trees for an engine nobody serves."
+    ),
+    "static": (
+        "On this device nothing is captured: the static-shape steps (what a GPU captures) run eagerly, and the "
+        "comparison shows what the fixed window and the input copies cost against the eager forward."
+    ),
+}
 
 
 def _list(values) -> str:
@@ -511,27 +676,31 @@ def run_check(cfg: dict, argv: list[str]) -> dict:
     spec = random_model(cfg["model_spec"], seed=cfg["seed"])
     # the weights and the engine terms' steps must fit; the sweep leaves out the groups that do not
     check_random_bench(spec, str(dev), cfg["dtype"], batch=max(ENGINE_BATCHES), positions=engine_bench_positions())
-    _say(f"[1/3] calibrating {dev} for {cfg['model_spec']} in {cfg['dtype']} (hw calibrate)")
+    stages = 1 + len(cfg["modes"])
+    _say(f"[1/{stages}] calibrating {dev} for {cfg['model_spec']} in {cfg['dtype']} (hw calibrate)")
     t0 = time.perf_counter()
     calibrated, lm = calibrate(cfg, spec)
     calibrated.save(cfg["out"] / "hardware.json")
     stage = {"calibrate_s": time.perf_counter() - t0}
-    _say(
-        f"[2/3] sweeping batch {_list(cfg['batches'])} x context {_list(cfg['contexts'])} x size {_list(cfg['sizes'])}"
-    )
-    t0 = time.perf_counter()
-    df, skipped = measure(cfg, lm, calibrated, table, tau)
-    stage["sweep_s"] = time.perf_counter() - t0
-    _say("[3/3] predicting every cell and writing the report")
     builtin = load_hardware(cfg["builtin"]) if cfg["builtin"] else None
     predictors = {"calibrated": step_predictor(lm, tau.proposal, calibrated)}
     if builtin is not None:
         predictors["builtin"] = step_predictor(lm, tau.proposal, builtin)
-    cells = cell_table(df, predictors)
     gemm = gemm_rows(calibrated, builtin, cfg["dtype"])
-    summary = _summary(cfg, argv, lm, calibrated, cells, gemm, skipped, why, stage)
-    summary["seconds"] = time.perf_counter() - started
-    write_report(cfg, summary, cells, gemm)
+    sweeps, skipped, summary = {}, [], None
+    for i, mode in enumerate(cfg["modes"]):
+        _say(
+            f"[{2 + i}/{stages}] sweeping ({mode}) batch {_list(cfg['batches'])} x context {_list(cfg['contexts'])} "
+            f"x size {_list(cfg['sizes'])}"
+        )
+        t0 = time.perf_counter()
+        sweeps[mode], skipped = measure(cfg, lm, calibrated, table, tau, mode)
+        stage[f"sweep_{mode}_s"] = time.perf_counter() - t0
+        # the report after every sweep: a check stopped during the next one keeps this answer
+        cells = cell_table(sweeps["graphs"], predictors, sweeps.get("eager"))
+        summary = _summary(cfg, argv, lm, calibrated, cells, gemm, skipped, why, stage)
+        summary["seconds"] = time.perf_counter() - started
+        write_report(cfg, summary, cells, gemm)
     return summary
 
 
@@ -545,9 +714,13 @@ def _summary(cfg, argv, lm, calibrated, cells, gemm, skipped, why, stage) -> dic
             "why_absent": None if profile else why,
             "errors": error_stats(cells, name) if profile else None,
         }
+    eager = eager_stats(cells)
+    profiles["builtin"]["errors_eager"] = (
+        error_stats(cells, "builtin", "_eager") if cfg["builtin"] and eager is not None else None
+    )
     threads = default_threads(lm.model, lm.device) or torch.get_num_threads()
     return {
-        "format": "treeopt.gpu-check/v1",
+        "format": "treeopt.gpu-check/v2",
         "argv": list(argv),
         "machine": {
             "device": str(cfg["device"]),
@@ -570,8 +743,13 @@ def _summary(cfg, argv, lm, calibrated, cells, gemm, skipped, why, stage) -> dic
         "skipped_groups": skipped,
         "cells": len(cells),
         "profiles": profiles,
+        "batch1_builtin": batch1_check(cells),
         "gemm_rows": json.loads(gemm.to_json(orient="records")),
-        "graph_capture": {"implemented": False, "reported": "eager step times only"},
+        "graph_capture": {
+            "mode": step_mode(True, lm.device),
+            "failed_captures": list(CAPTURE_FAILURES),
+            "eager_over_graphs": eager,
+        },
         "stages": stage,
     }
 
@@ -590,6 +768,13 @@ def main(argv: list[str] | None = None) -> int:
         f"{cal['worst'] * 100:.1f}% over {cal['cells']} cells; wrote {cfg['out'] / 'index.md'} "
         f"({summary['seconds']:.0f} s)"
     )
+    b1 = summary["batch1_builtin"]
+    if b1 is not None:
+        _say(
+            f"batch 1 against the built-in profile: median |error| {b1['median'] * 100:.1f}%, worst "
+            f"{b1['worst'] * 100:.1f}% over {b1['cells']} cells ({'within' if b1['within'] else 'NOT within'} "
+            f"{b1['target'] * 100:.0f}%)"
+        )
     return 0
 
 

@@ -46,6 +46,9 @@ __all__ = [
 DEFAULT_BUCKET = 64
 #: captured steps a runner keeps (the oldest is dropped beyond)
 MAX_STEPS = 32
+#: the reason of every capture that failed in this process (each runner then ran eagerly): a
+#: report of captured steps reads it, so that eager steps are never shown as captured ones
+CAPTURE_FAILURES: list[str] = []
 
 
 def uses_static(graphs: bool | None, device: torch.device) -> bool:
@@ -221,6 +224,7 @@ class StepRunner:
             reason = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
             note = f"note: CUDA graph capture failed ({reason}); running steps eagerly"
             self.notes.append(note)
+            CAPTURE_FAILURES.append(reason)
             print(note, file=sys.stderr)
             self.graphs = False
             return body

@@ -114,11 +114,59 @@ def test_the_calibrated_profile_and_the_gemm_rows(report, summary):
     assert gemm["builtin_efficiency"].isna().all()
 
 
-def test_graph_capture_is_said_to_be_missing_not_invented(report, summary):
-    assert summary["graph_capture"]["implemented"] is False
+def test_the_eager_columns_are_the_eager_sweeps(report, cells, summary):
+    """Each cell is measured twice: the static-shape steps (nothing captured on a CPU) in
+    sweep.csv, the eager forward in sweep-eager.csv; eager / static is recomputed from them."""
+    static = json.loads((report / "sweep.meta.json").read_text())
+    eager = json.loads((report / "sweep-eager.meta.json").read_text())
+    assert (static["steps"], eager["steps"]) == ("static", "eager")
+    sweep = pd.read_csv(report / "sweep-eager.csv").sort_values(["batch", "context", "nodes"]).reset_index(drop=True)
+    mine = cells.sort_values(["batch", "context", "nodes"]).reset_index(drop=True)
+    assert np.allclose(mine["eager_ms"], sweep["step_time_s"] * 1e3, rtol=1e-6)
+    assert np.allclose(mine["eager_ratio"], sweep["overhead"], rtol=1e-6)
+    assert np.allclose(mine["eager_over_graphs"], mine["eager_ms"] / mine["measured_ms"], rtol=1e-6)
+    stats = summary["graph_capture"]["eager_over_graphs"]
+    assert stats["median"] == pytest.approx(float(np.median(mine["eager_ms"] / mine["measured_ms"])), rel=1e-6)
+    first = mine[mine["batch"] == 1]
+    assert stats["batch1_median"] == pytest.approx(float(np.median(first["eager_ms"] / first["measured_ms"])), rel=1e-6)
+    assert summary["graph_capture"]["mode"] == "static" and summary["graph_capture"]["failed_captures"] == []
     section = (report / "index.md").read_text().split("## Eager vs graph capture", 1)[1]
-    assert "not implemented" in section
-    assert not any(ch.isdigit() for ch in section)
+    assert "nothing is captured" in section and section.count("\n| ") == len(cells) + 1
+
+
+def test_a_check_without_the_eager_sweep_says_so(tmp_path):
+    out = tmp_path / "report"
+    argv = ["--quick", "--device", "cpu", "--batch", "1", "--context", "32", "--sizes", "0,4", "--no-eager"]
+    assert gpu_check.main([*argv, "-o", str(out)]) == 0
+    assert not (out / "sweep-eager.csv").exists()
+    cells = pd.read_csv(out / "cells.csv")
+    assert cells["eager_ms"].isna().all()
+    assert json.loads((out / "summary.json").read_text())["graph_capture"]["eager_over_graphs"] is None
+    assert "was not run" in (out / "index.md").read_text()
+
+
+def test_the_batch_1_check_against_a_built_in_profile():
+    """On a GPU with a built-in profile: median and worst |error| over the batch-1 cells against
+    the 20% target, by hand from three cells (the batch-2 cell does not count)."""
+    cells = pd.DataFrame(
+        {
+            "batch": [1, 1, 1, 2],
+            "context": [512, 512, 2048, 512],
+            "nodes": [0, 8, 0, 0],
+            "measured_ms": [10.0, 12.0, 11.0, 20.0],
+            "predicted_builtin_ms": [9.0, 12.6, 13.75, 5.0],
+        }
+    )
+    cells["step_error_builtin"] = cells["predicted_builtin_ms"] / cells["measured_ms"] - 1  # -10%, +5%, +25%
+    check = gpu_check.batch1_check(cells)
+    assert check["cells"] == 3 and check["median"] == pytest.approx(0.10) and check["worst"] == pytest.approx(0.25)
+    assert check["mean_signed"] == pytest.approx((-0.10 + 0.05 + 0.25) / 3)
+    assert check["within"] is False
+    assert [p["context"] for p in check["plain"]] == [512, 2048]
+    cells.loc[2, "predicted_builtin_ms"] = 12.1  # +10%
+    cells["step_error_builtin"] = cells["predicted_builtin_ms"] / cells["measured_ms"] - 1
+    assert gpu_check.batch1_check(cells)["within"] is True
+    assert gpu_check.batch1_check(cells.assign(step_error_builtin=np.nan)) is None
 
 
 @pytest.mark.parametrize(
