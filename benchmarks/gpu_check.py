@@ -53,9 +53,10 @@ import torch  # noqa: E402
 
 from calibration.device_memory import available_bytes, bench_bytes  # noqa: E402
 from calibration.hwbench import device_name  # noqa: E402
+from calibration.model_calls import synchronizer  # noqa: E402
 from calibration.models import resolve_device, resolve_dtype  # noqa: E402
 from calibration.static_steps import CAPTURE_FAILURES, step_mode  # noqa: E402
-from calibration.sweep import SweepSettings  # noqa: E402
+from calibration.sweep import SweepSettings, effective_sizes, step_bench  # noqa: E402
 from calibration.threads import default_threads, torch_threads  # noqa: E402
 from roofline.hardware import HardwareProfile, load_hardware  # noqa: E402
 from roofline.shapes import normalize_dtype  # noqa: E402
@@ -101,8 +102,10 @@ MEMORY_SHARE = 0.9
 PROFILES = ("builtin", "calibrated")
 #: the two ways a cell is measured: SweepSettings.graphs and the sweep's file
 MODES = {"graphs": (True, "sweep.csv"), "eager": (False, "sweep-eager.csv")}
-#: the issue's bar for the built-in profile on a 7B step at batch 1, captured
+#: the bar for the built-in profile on a 7B step at batch 1, captured
 BATCH1_TARGET = 0.20
+#: calls timed (and profiled) per step in the anatomy of a batch-1 step
+ANATOMY_CALLS = 20
 
 # ---- GPU name -> built-in profile ----------------------------------------------------------
 
@@ -299,6 +302,79 @@ def measure(cfg: dict, lm, calibrated: HardwareProfile, table, tau, mode: str) -
             resume = True if i > 0 else ("auto" if cfg["resume"] else False)
             df = sweep(lm, table, tau, settings, cfg["out"] / name, hardware=calibrated, resume=resume)
     return df, skipped
+
+
+def _median_ms(fn, calls: int) -> float:
+    """Median milliseconds of `calls` calls of `fn` (which waits for the device itself)."""
+    times = []
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times)) * 1e3
+
+
+def _device_work(fn, device, calls: int) -> dict:
+    """Device operations (kernels, copies) per call of `fn` and their summed device time, from
+    torch.profiler's CUDA activity over `calls` calls; {} off CUDA; {"error": why} where the
+    profiler gives nothing."""
+    if device.type != "cuda":
+        return {}
+    try:
+        from torch.profiler import ProfilerActivity, profile  # only here: a CUDA diagnostic
+
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(calls):
+                fn()
+        ops = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+        if not ops:
+            return {"error": "the profiler recorded no device operation"}
+        return {
+            "device_ops": len(ops) / calls,
+            "device_ms": sum(e.time_range.elapsed_us() for e in ops) / calls / 1e3,
+        }
+    except Exception as err:  # noqa: BLE001 - a diagnostic: say why, do not stop the check
+        return {"error": f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"}
+
+
+def step_anatomy(cfg: dict, lm, proposal, calibrated: HardwareProfile) -> list[dict]:
+    """Where a batch-1 step's time goes, for the plain step and the largest tree at the first
+    context, with the main sweep's steps: `step_ms`, the step as the sweep times it (the input
+    copies, the forward and lm_head, the drafter's eager work, a device sync); `forward_ms`,
+    the forward and lm_head alone (the captured graph replayed, or the static function where
+    nothing is captured) and a sync; on CUDA the device operations per step and their summed
+    device time (torch.profiler); `weights_ms`, the weights' bytes over the calibrated
+    streaming bandwidth, below which no step can go."""
+    context = cfg["contexts"][0]
+    sizes = effective_sizes((0, max(cfg["sizes"])), proposal)
+    bench = step_bench(lm, proposal, sizes, 1, context, seed=cfg["seed"], graphs=MODES["graphs"][0])
+    sync = synchronizer(lm.device)
+    weight_bytes = sum(p.numel() * p.element_size() for p in lm.model.parameters())
+    rows = []
+    with torch.inference_mode():
+        for n, fn in zip(bench.sizes, bench.fns):
+            for _ in range(3):
+                fn()
+            captured = next(iter(bench.runners[n]._steps.values()))  # one shape: the window is exact
+
+            def forward(captured=captured):
+                captured.run()
+                sync()
+
+            rows.append(
+                {
+                    "nodes": int(n),
+                    "batch": 1,
+                    "context": int(context),
+                    "step_ms": _median_ms(fn, ANATOMY_CALLS),
+                    "forward_ms": _median_ms(forward, ANATOMY_CALLS),
+                    "weights_ms": weight_bytes / calibrated.bandwidth_bytes_per_s * 1e3,
+                    **_device_work(fn, lm.device, ANATOMY_CALLS),
+                }
+            )
+    if bench.cached_tokens() != context:  # every call crops what it appended
+        raise RuntimeError(f"anatomy: the cache holds {bench.cached_tokens()} tokens, expected {context}")
+    return rows
 
 
 # ---- the comparison ------------------------------------------------------------------------
@@ -556,6 +632,33 @@ def _graph_markdown(cells: pd.DataFrame, steps: str) -> list[str]:
     return lines
 
 
+def _anatomy_markdown(rows: list[dict], steps: str) -> list[str]:
+    if not rows:
+        return ["Not measured."]
+    profiled = any("device_ms" in r for r in rows)
+    lines = [
+        f"| nodes | step ms | forward + lm_head ms ({steps}) | the rest of the step ms | "
+        + ("device ops per step | device time ms | device idle ms | " if profiled else "")
+        + "weights / stream bandwidth ms |",
+        "|---|---|---|---|" + ("---|---|---|" if profiled else "") + "---|",
+    ]
+    for r in rows:
+        device = ""
+        if profiled:
+            device = (
+                f"{_num(r.get('device_ops'), '.0f')} | {_num(r.get('device_ms'), '.3f')} | "
+                f"{_num(r['step_ms'] - r['device_ms'] if 'device_ms' in r else None, '.3f')} | "
+            )
+        lines.append(
+            f"| {r['nodes']} | {r['step_ms']:.3f} | {r['forward_ms']:.3f} | {r['step_ms'] - r['forward_ms']:.3f} | "
+            f"{device}{r['weights_ms']:.3f} |"
+        )
+    errors = sorted({r["error"] for r in rows if "error" in r})
+    if errors:
+        lines += ["", f"The profiler gave no device times: {errors[0]}."]
+    return lines
+
+
 def _gemm_markdown(gemm: pd.DataFrame, builtin: str | None) -> list[str]:
     lines = [
         "| rows | compute bound (measured) | calibrated efficiency | calibrated TFLOP/s | built-in efficiency | "
@@ -616,6 +719,8 @@ def write_report(cfg: dict, summary: dict, cells: pd.DataFrame, gemm: pd.DataFra
     lines += ["", "## Errors", "", "Relative error = predicted / measured - 1; median and worst of |error|.", ""]
     lines += _errors_markdown(summary, steps)
     lines += ["", f"## Cells ({steps} steps)", "", _CELLS_TEXT, ""] + _cells_markdown(cells)
+    lines += ["", "## Where a batch-1 step's time goes", "", _ANATOMY_TEXT, ""]
+    lines += _anatomy_markdown(summary["anatomy"], steps)
     lines += ["", "## GEMM row curve", "", _GEMM_TEXT, ""] + _gemm_markdown(gemm, builtin["profile"])
     lines += ["", "## Eager vs graph capture", "", _GRAPH_TEXT[summary["graph_capture"]["mode"]], ""]
     lines += _graph_markdown(cells, steps)
@@ -633,6 +738,15 @@ _CELLS_TEXT = (
     "median of the same-round ratio (at least 1), with its bootstrap interval; predicted T(n)/T(0) is the "
     "profile's prediction over its prediction of the plain step at the same batch and context. Errors are "
     "predicted / measured - 1."
+)
+_ANATOMY_TEXT = (
+    "The plain step and the largest tree at batch 1 and the first context, timed again on their own "
+    f"({ANATOMY_CALLS} calls each, medians): the step as the sweep times it; the forward and lm_head alone "
+    "(the same captured graph replayed, without the input copies and the drafter); the rest of the step is the "
+    "decoder's own work outside the graph (copying the inputs in, the draft heads and their top-k, run eagerly, "
+    "a device sync). On CUDA, torch.profiler's device operations per step and their summed device time: the "
+    "step minus that is time the GPU sat idle. The last column is the weights' bytes over the calibrated "
+    "streaming bandwidth: no step reads less."
 )
 _GEMM_TEXT = (
     "The calibrated profile's efficiency by rows, measured with the model's weight shapes on this device "
@@ -696,9 +810,13 @@ def run_check(cfg: dict, argv: list[str]) -> dict:
         t0 = time.perf_counter()
         sweeps[mode], skipped = measure(cfg, lm, calibrated, table, tau, mode)
         stage[f"sweep_{mode}_s"] = time.perf_counter() - t0
+        if mode == "graphs":
+            with torch_threads(lm.model, lm.device, None):
+                anatomy = step_anatomy(cfg, lm, tau.proposal, calibrated)
         # the report after every sweep: a check stopped during the next one keeps this answer
         cells = cell_table(sweeps["graphs"], predictors, sweeps.get("eager"))
         summary = _summary(cfg, argv, lm, calibrated, cells, gemm, skipped, why, stage)
+        summary["anatomy"] = anatomy
         summary["seconds"] = time.perf_counter() - started
         write_report(cfg, summary, cells, gemm)
     return summary

@@ -26,6 +26,14 @@ What is timed, in the model's compute dtype:
 
 Everything is timed together in interleaved rounds (treeopt.timing), so that a burst of
 slowdown weighs on all configurations alike.
+
+Steps as the decoder runs them (`graphs`, as `treeopt sweep` takes it; the default: captured on
+CUDA, eager elsewhere): the forwards of 6 and 7 run as static-shape steps
+(calibration.static_steps.StepRunner), captured as CUDA graphs on CUDA, and on CUDA the
+microbenchmarks of 1 to 5 are captured too, `CAPTURED_CALLS` calls in one graph whose replay
+time is divided among them: what a kernel costs inside a captured step, not a launch and a
+host sync. The draft heads stay eager, as the decoder runs them
+(docs/performance-model.md#calibrating-for-captured-steps).
 """
 
 from __future__ import annotations
@@ -48,6 +56,7 @@ from calibration.heads import MedusaHeads
 from calibration.kv_cache import new_cache
 from calibration.model_calls import cache_kwargs, synchronizer
 from calibration.models import TORCH_DTYPES
+from calibration.static_steps import CAPTURE_FAILURES, GraphStep, StepRunner, graphs_enabled, step_mode, uses_static
 from treeopt.hwmeasurements import (
     AttentionSample,
     DeviceFacts,
@@ -63,7 +72,7 @@ from treeopt.hwmeasurements import (
     StreamSample,
     WeightShape,
 )
-from treeopt.timing import calls_per_sample, measure_interleaved
+from treeopt.timing import TimingStats, calls_per_sample, measure_interleaved
 
 __all__ = [
     "ATTN_QUERIES",
@@ -85,6 +94,8 @@ ATTN_CONTEXT_TOKENS = 256
 # weights cycled through by the GEMM measurements: enough to spill the caches a forward
 # spills (docs/performance-model.md#gemm-row-efficiency)
 GEMM_POOL_BYTES = 512 << 20
+#: calls of a microbenchmark captured in one CUDA graph (their replay is timed, then divided)
+CAPTURED_CALLS = 16
 
 
 def device_available(device: str) -> bool:
@@ -130,6 +141,8 @@ class _Bench:
         self.entries.append((group, make_sample, fn, inner))
 
     def run(self, *, rounds: int, seed: int, progress: bool) -> dict[str, tuple]:
+        """Every entry's sample: its function's TimingStats per call (a replayed graph of
+        several calls counts as that many)."""
         fns = [fn for _, _, fn, _ in self.entries]
         inners = [
             inner if inner is not None else calls_per_sample(fn, 2e-3, time.perf_counter)
@@ -144,9 +157,40 @@ class _Bench:
         ) as bar:
             stats = measure_interleaved(fns, rounds=rounds, warmup=1, inner=inners, seed=seed, after_round=bar.update)
         groups: dict[str, list] = {}
-        for (group, make_sample, _, _), st in zip(self.entries, stats):
-            groups.setdefault(group, []).append(make_sample(st))
+        for (group, make_sample, fn, _), st in zip(self.entries, stats):
+            groups.setdefault(group, []).append(make_sample(per_call(st, getattr(fn, "calls", 1))))
         return {group: tuple(samples) for group, samples in groups.items()}
+
+
+def per_call(stats: TimingStats, calls: int) -> TimingStats:
+    """`stats` of a function that made `calls` calls, per call."""
+    if calls == 1:
+        return stats
+    return TimingStats(
+        stats.median_s / calls,
+        stats.p10_s / calls,
+        stats.p90_s / calls,
+        tuple(t / calls for t in stats.samples),
+        stats.remeasured,
+    )
+
+
+class Replayed:
+    """`calls` calls of `fn` captured once as a CUDA graph (`calibration.static_steps.
+    GraphStep`); calling it replays them and waits for the device. Its `calls` tells
+    `_Bench.run` to divide the time among them."""
+
+    def __init__(self, fn, calls: int, sync):
+        def body():  # returns nothing: each call's output is freed inside the graph's pool
+            for _ in range(calls):
+                fn()
+
+        self.graph = GraphStep(body)
+        self.calls, self.sync = int(calls), sync
+
+    def __call__(self):
+        self.graph()
+        self.sync()
 
 
 def run_hardware_bench(
@@ -159,20 +203,30 @@ def run_hardware_bench(
     threads: int | None = None,
     progress: bool = True,
     seed: int = 0,
+    graphs: bool | None = None,
 ) -> HardwareMeasurements:
     """Time the microbenchmarks of `model` on `device` (module docstring).
 
     probe: the model whose forwards give the framework overhead (None: `model` itself; a
     small proxy for a model too large to run often). validate: also time forwards of the full
     model. threads: torch CPU threads while measuring (None: torch's current setting).
-    quick: fewer row counts and rounds. progress: a tqdm bar on stderr."""
+    quick: fewer row counts and rounds. progress: a tqdm bar on stderr. graphs: how the
+    forwards run and whether the microbenchmarks are captured, as `treeopt sweep` runs its
+    steps (module docstring; None: captured on CUDA, eager elsewhere)."""
     old_threads = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(int(threads))
     try:
         with torch.inference_mode():
             return _measure(
-                torch.device(device), model, probe, quick=quick, validate=validate, progress=progress, seed=seed
+                torch.device(device),
+                model,
+                probe,
+                quick=quick,
+                validate=validate,
+                progress=progress,
+                seed=seed,
+                graphs=graphs,
             )
     finally:
         torch.set_num_threads(old_threads)
@@ -187,14 +241,16 @@ def _measure(
     validate: bool,
     progress: bool,
     seed: int,
+    graphs: bool | None = None,
 ) -> HardwareMeasurements:
     t_start = time.perf_counter()
     torch.manual_seed(seed)
     load_before = _loadavg()
     rounds = 5 if quick else 11
     bench = _Bench()
+    failures_before = len(CAPTURE_FAILURES)
     stream_bytes, wshapes = _prepare(
-        bench, dev, model, probe, quick=quick, validate=validate, progress=progress, seed=seed
+        bench, dev, model, probe, quick=quick, validate=validate, progress=progress, seed=seed, graphs=graphs
     )
     samples = bench.run(rounds=rounds, seed=seed, progress=progress)
     facts = DeviceFacts(
@@ -226,28 +282,62 @@ def _measure(
         forwards=samples["fw"],
         heads=samples.get("heads", ()),
         validation=samples.get("val", ()),
+        steps=step_mode(graphs, dev),
+        failed_captures=tuple(CAPTURE_FAILURES[failures_before:]),
     )
 
 
-def _prepare(bench: _Bench, dev, model: ModelDims, probe: ModelDims | None, *, quick, validate, progress, seed):
-    """Add every microbenchmark of `model` to `bench` (module docstring); returns the bytes the
-    stream benchmark moves and the model's weight shapes."""
-    accelerator = dev.type != "cpu"  # CUDA or MPS
-    sync = synchronizer(dev)
-    tdt = TORCH_DTYPES[model.dtype]
-    keep = bench.keep
+def _timer(sync, capture: bool):
+    """`timed(fn)`: a function running `fn` once and waiting for the device, or with `capture`
+    a `Replayed` graph of CAPTURED_CALLS calls of it (the eager one where capture fails,
+    noted as `calibration.static_steps` notes a failed step capture)."""
 
-    def timed(fn):
+    def eager(fn):
         def run():
             fn()
             sync()
 
         return run
 
+    def timed(fn):
+        if not capture:
+            return eager(fn)
+        try:
+            return Replayed(fn, CAPTURED_CALLS, sync)
+        except Exception as err:  # noqa: BLE001 - any capture failure falls back to eager timing
+            reason = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+            CAPTURE_FAILURES.append(reason)
+            print(f"note: CUDA graph capture of a microbenchmark failed ({reason}); timing it eagerly", file=sys.stderr)
+            return eager(fn)
+
+    timed.captured = capture
+    return eager, timed
+
+
+def _cache_spilling_copies(dev, weight_bytes: int) -> int:
+    """Copies of a weight that a captured GEMM benchmark cycles through so that it reads them
+    from device memory, as a forward pass does: twice the GPU's L2 cache (a captured graph
+    repeats its calls back to back, and a 4096 x 4096 bf16 weight, 32 MiB, fits an H100's or
+    H200's 50-60 MB L2)."""
+    l2 = int(getattr(torch.cuda.get_device_properties(dev), "L2_cache_size", 0) or 0) if dev.type == "cuda" else 0
+    return max(1, -(-2 * l2 // max(weight_bytes, 1)))
+
+
+def _prepare(
+    bench: _Bench, dev, model: ModelDims, probe: ModelDims | None, *, quick, validate, progress, seed, graphs=None
+):
+    """Add every microbenchmark of `model` to `bench` (module docstring); returns the bytes the
+    stream benchmark moves and the model's weight shapes."""
+    accelerator = dev.type != "cpu"  # CUDA or MPS
+    sync = synchronizer(dev)
+    tdt = TORCH_DTYPES[model.dtype]
+    keep = bench.keep
+    eager, timed = _timer(sync, graphs_enabled(graphs, dev))
+
     # a pilot of the calibrated dtype's GEMM rate sizes the GEMM measurements
     n_pilot = 4096 if accelerator else 512
     pilot_matrix = torch.randn(n_pilot, n_pilot, device=dev, dtype=tdt)
-    pilot = measure_interleaved([timed(lambda m=pilot_matrix: m @ m)], rounds=3, warmup=1, inner=1, seed=seed)[0]
+    pilot = measure_interleaved([eager(lambda m=pilot_matrix: m @ m)], rounds=3, warmup=1, inner=1, seed=seed)[0]
     pilot_flops = 2.0 * n_pilot**3 / pilot.median_s
     del pilot_matrix
 
@@ -270,11 +360,11 @@ def _prepare(bench: _Bench, dev, model: ModelDims, probe: ModelDims | None, *, q
     models = {L: _build_model(dev, tdt, probe_dims, L) for L in layer_counts}
     keep.append(models)
     _add_kv_update(bench, timed, keep, dev, tdt, model, models[layer_counts[0]], quick=quick)
-    _add_framework_forwards(bench, models, dev, probe_dims, layer_counts, sync, quick=quick)
-    _add_heads(bench, timed, keep, dev, tdt, probe_dims)
+    _add_framework_forwards(bench, models, dev, probe_dims, layer_counts, sync, quick=quick, graphs=graphs)
+    _add_heads(bench, eager, keep, dev, tdt, probe_dims)  # the decoder runs the heads eagerly
     if validate:
-        full = models.get(model.layers) if probe is None else None
-        _add_validation(bench, full or _build_model(dev, tdt, model, model.layers), dev, model, sync, keep, quick=quick)
+        full = (models.get(model.layers) if probe is None else None) or _build_model(dev, tdt, model, model.layers)
+        _add_validation(bench, full, dev, model, sync, keep, quick=quick, graphs=graphs)
     return stream_bytes, wshapes
 
 
@@ -387,6 +477,8 @@ def _add_per_shape_gemms(bench, timed, keep, dev, tdt, wshapes, rows_list, *, bu
     for shape in wshapes:
         k, n = shape.in_features, shape.out_features
         copies = int(max(1, min(shape.uses, GEMM_POOL_BYTES // max(unique_bytes, 1))))
+        if getattr(timed, "captured", False):
+            copies = max(copies, _cache_spilling_copies(dev, k * n * beta))
         ws = [torch.randn(n, k, device=dev, dtype=tdt) * 0.02 for _ in range(copies)]
         keep.append(ws)
         for r in rows_list:
@@ -458,7 +550,9 @@ def _add_kv_update(bench, timed, keep, dev, tdt, dims: ModelDims, probe_model, *
         bench.add("kv", lambda st, q=q: KvUpdateSample(batch, s_kv, st.median_s, new_tokens=q), timed(update))
 
 
-def _add_framework_forwards(bench, models, dev, probe: ModelDims, layer_counts, sync, *, quick: bool) -> None:
+def _add_framework_forwards(
+    bench, models, dev, probe: ModelDims, layer_counts, sync, *, quick: bool, graphs: bool | None = None
+) -> None:
     """(layers, b, q, s): one token over 64 cached ones for every layer count, then the
     deepest model with more sequences, more new tokens and a longer cache."""
     ctx_len = 64
@@ -482,7 +576,7 @@ def _add_framework_forwards(bench, models, dev, probe: ModelDims, layer_counts, 
         bench.add(
             "fw",
             lambda st, L=L, b=b, q=q, s=s: ForwardSample(L, b, q, s, st.median_s, st.spread),
-            _forward_fn(models[L], dev, batch=b, tokens=q, context=s, vocab=probe.vocab, sync=sync),
+            _forward_fn(models[L], dev, batch=b, tokens=q, context=s, vocab=probe.vocab, sync=sync, graphs=graphs),
             inner=3 if b * q == 1 else 1,
         )
 
@@ -497,7 +591,7 @@ def _add_heads(bench, timed, keep, dev, tdt, probe: ModelDims) -> None:
         bench.add("heads", lambda st, K=K: HeadsSample(K, st.median_s), timed(lambda mod=mod: mod(hidden_1)), inner=3)
 
 
-def _add_validation(bench, full_model, dev, dims: ModelDims, sync, keep, *, quick: bool) -> None:
+def _add_validation(bench, full_model, dev, dims: ModelDims, sync, keep, *, quick: bool, graphs=None) -> None:
     keep.append(full_model)
     configs = (
         [(1, 1, 128), (1, 32, 128), (4, 1, 128), (4, 16, 128)]
@@ -508,7 +602,7 @@ def _add_validation(bench, full_model, dev, dims: ModelDims, sync, keep, *, quic
         bench.add(
             "val",
             lambda st, b=b, q=q, s=s: ForwardSample(dims.layers, b, q, s, st.median_s, st.spread),
-            _forward_fn(full_model, dev, batch=b, tokens=q, context=s, vocab=dims.vocab, sync=sync),
+            _forward_fn(full_model, dev, batch=b, tokens=q, context=s, vocab=dims.vocab, sync=sync, graphs=graphs),
             inner=1,
         )
 
@@ -532,18 +626,31 @@ def _build_model(dev, tdt, dims: ModelDims, layers: int):
     return model.to(dtype=tdt).eval()
 
 
-def _forward_fn(model, dev, *, batch: int, tokens: int, context: int, vocab: int, sync):
+def _forward_fn(model, dev, *, batch: int, tokens: int, context: int, vocab: int, sync, graphs=None):
     """One decoding-step forward of `tokens` new tokens over a `context`-token cache of the
     decoder's kind, with a 4D additive mask and explicit position ids (how tree verification
     calls the model; for one token, the ordinary 2D mask of plain decoding); the cache is
-    cropped back afterwards so every call sees the same context."""
+    cropped back afterwards so every call sees the same context. Where `graphs` makes the
+    sweep's steps static (`calibration.static_steps.uses_static`), the forward runs as the
+    sweep's static-shape step (a 4D mask for one token too), captured on CUDA."""
     gen = torch.Generator(device="cpu").manual_seed(0)
-    cache = new_cache(model)
+    cache = new_cache(model, capacity=context + tokens)
     prompt = torch.randint(0, vocab, (batch, context), generator=gen).to(dev)
     if context:
         model(input_ids=prompt, use_cache=True, **cache_kwargs(model, cache))
     ids = torch.randint(0, vocab, (batch, tokens), generator=gen).to(dev)
     dtype = next(model.parameters()).dtype
+    pos = (context + torch.arange(tokens, device=dev)).expand(batch, tokens)
+    if context and uses_static(graphs, dev):
+        runner = StepRunner(model, graphs=graphs_enabled(graphs, dev), bucket=1)
+        mask = torch.zeros(batch, 1, tokens, context + tokens, device=dev, dtype=dtype)
+
+        def step():
+            runner(cache, ids, mask, pos)
+            cache.crop(-tokens)
+            sync()
+
+        return step
     if tokens == 1:
         # Plain decoding takes the framework's ordinary causal path (a 2D padding mask), as
         # the sweep's T(0) and serving engines do; a custom 4D mask costs more per cached key
@@ -551,7 +658,6 @@ def _forward_fn(model, dev, *, batch: int, tokens: int, context: int, vocab: int
         mask = torch.ones(batch, context + 1, device=dev, dtype=torch.long)
     else:
         mask = torch.zeros(batch, 1, tokens, context + tokens, device=dev, dtype=dtype)
-    pos = (context + torch.arange(tokens, device=dev)).expand(batch, tokens)
 
     def run():
         model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, **cache_kwargs(model, cache))

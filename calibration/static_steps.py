@@ -32,7 +32,9 @@ from calibration.kv_cache import KVCache
 from calibration.model_calls import force_sdpa_gqa, lm_head, model_forward_hidden
 
 __all__ = [
+    "CAPTURE_FAILURES",
     "DEFAULT_BUCKET",
+    "GraphStep",
     "STEP_MODES",
     "StaticInputs",
     "StepRunner",
@@ -108,7 +110,7 @@ class StaticInputs:
         torch.add(self._arange, start, out=self.write)
 
 
-class _GraphStep:
+class GraphStep:
     """`body()` captured as a CUDA graph (PyTorch's recipe: warm up on a side stream, capture,
     replay); `__call__` replays it and returns the captured outputs, overwritten by the next
     replay."""
@@ -219,7 +221,7 @@ class StepRunner:
     def _capture(self, body):
         """`body` as a replayable CUDA graph; on any failure the eager `body`, once noted."""
         try:
-            return _GraphStep(body)
+            return GraphStep(body)
         except Exception as err:  # noqa: BLE001 - any capture failure falls back to eager
             reason = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
             note = f"note: CUDA graph capture failed ({reason}); running steps eagerly"

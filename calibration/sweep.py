@@ -198,6 +198,8 @@ class StepBench:
     inputs:      size -> the token ids fed: (b, 1) for 0, (b, n + 1) tree tokens otherwise.
     decoders:    size -> the TreeDecoder whose `verify_forward` is timed (sizes > 0), in the
                  sweep's verification form.
+    runners:     size -> the `StepRunner` of the size's forward where it runs in static shapes
+                 (the plain step's and each decoder's).
     """
 
     sizes: list[int]
@@ -208,6 +210,7 @@ class StepBench:
     positions: torch.Tensor
     inputs: dict = field(default_factory=dict)
     decoders: dict = field(default_factory=dict)
+    runners: dict = field(default_factory=dict)
 
     @property
     def context(self) -> int:
@@ -279,7 +282,7 @@ def step_bench(
             pos = positions[:, None]
             if uses_static(graphs, device):
                 # the plain step in static shapes: its forward and lm_head, as plain_step_forward
-                runner = _plain_runner(model, device, graphs)
+                runner = bench.runners[0] = _plain_runner(model, device, graphs)
                 mask = torch.zeros((batch, 1, 1, context + 1), dtype=cache.buffer.dtype, device=device)
 
                 def plain(token=token, mask=mask, pos=pos, runner=runner):
@@ -315,6 +318,8 @@ def step_bench(
 
             bench.inputs[n] = tokens
             bench.decoders[n] = decoder
+            if decoder.runner is not None:
+                bench.runners[n] = decoder.runner
             bench.fns.append(tree_step)
     return bench
 

@@ -572,6 +572,8 @@ def fit_hardware_profile(
         "rounds": m.rounds,
         "seconds": round(m.elapsed_s, 1),
         "framework": dev.framework,
+        "steps": m.steps,
+        "failed_captures": list(m.failed_captures),
         "attention": "fused",
         "stream_buffer_bytes": m.stream.buffer_bytes,
         "plain_elementwise_bytes_per_s": float(kernel.bytes_per_s),

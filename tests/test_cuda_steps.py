@@ -18,11 +18,13 @@ from calibration.data import read_prompt_texts
 from calibration.decoder import TreeDecoder, cut_tree
 from calibration.demo_files import DEMO_PROMPTS
 from calibration.greedy import greedy_decode
+from calibration.hwbench import Replayed
 from calibration.kv_cache import new_cache
 from calibration.model_calls import lm_head, model_forward_hidden
 from calibration.models import load_model, tiny_model_for_tests
-from calibration.static_steps import StepRunner, _GraphStep
+from calibration.static_steps import GraphStep, StepRunner
 from calibration.sweep import prompt_batches, step_bench
+from treeopt.app.hwcalibrate import calibrate_hardware
 from treeopt.tree import load_tree, make_tree
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -57,7 +59,7 @@ def demo():
 
 def _captured(runner: StepRunner) -> int:
     """Steps of `runner` that replay a captured graph (not the eager fallback)."""
-    return sum(isinstance(step.run, _GraphStep) for step in runner._steps.values())
+    return sum(isinstance(step.run, GraphStep) for step in runner._steps.values())
 
 
 def test_replayed_steps_follow_the_cache_as_it_fills(tiny):
@@ -154,3 +156,27 @@ def test_sweep_steps_capture_and_crop_back(tiny):
             bench.cache.crop(-decoder.verify_appends)
         torch.testing.assert_close(outs[0], outs[1], atol=ATOL, rtol=0)
         assert graph.cached_tokens() == eager.cached_tokens() == context
+
+
+def test_a_replayed_microbenchmark_makes_all_its_calls():
+    """`hw calibrate` divides a captured microbenchmark's replay time by its calls: one replay
+    must run the function that many times."""
+    x = torch.zeros(1024, device="cuda")
+    replay = Replayed(lambda: x.add_(1.0), 16, torch.cuda.synchronize)
+    before = x.clone()
+    replay()
+    assert replay.calls == 16 and torch.equal(x - before, torch.full_like(x, 16.0))
+
+
+def test_hw_calibrate_times_captured_forwards_on_cuda():
+    """By default on CUDA the framework forwards are captured steps, as the sweep's are, and cost
+    less than the same forwards run eagerly (the launches a graph saves); both profiles say how
+    they were measured."""
+    kwargs = {"dtype": "fp32", "quick": True, "progress": False}
+    captured = calibrate_hardware("cuda", "demo", **kwargs)
+    eager = calibrate_hardware("cuda", "demo", graphs=False, **kwargs)
+    assert captured.calibration["steps"] == "cuda-graphs" and not captured.calibration["failed_captures"]
+    assert eager.calibration["steps"] == "eager"
+    fast = captured.calibration["framework_fit"]["measured_s"]
+    slow = eager.calibration["framework_fit"]["measured_s"]
+    assert len(fast) == len(slow) and sum(f < s for f, s in zip(fast, slow)) == len(fast)

@@ -410,6 +410,25 @@ def test_calibrate_hardware_quick_on_cpu():
     assert prof.kernel_overhead_s > 0 and prof.kv_update_bytes_per_s > 0
 
 
+def test_calibrate_hardware_records_how_its_forwards_ran(monkeypatch):
+    """--graphs times the framework forwards as the sweep's static-shape steps (eagerly on a CPU:
+    nothing to capture), through `StepRunner`; the default on a CPU stays eager and never
+    builds one. The profile records which."""
+    import calibration.hwbench as hwbench
+
+    built = []
+    real = hwbench.StepRunner
+    monkeypatch.setattr(hwbench, "StepRunner", lambda *a, **k: built.append(k) or real(*a, **k))
+    kwargs = {"dtype": "fp32", "quick": True, "threads": 1, "validate": False, "progress": False}
+    static = calibrate_hardware("cpu", SHAPE, graphs=True, **kwargs)
+    assert static.calibration["steps"] == "static" and static.calibration["failed_captures"] == []
+    forwards = len(static.calibration["framework_fit"]["measured_s"])
+    assert len(built) == forwards and all(k == {"graphs": False, "bucket": 1} for k in built)
+    built.clear()
+    eager = calibrate_hardware("cpu", SHAPE, **kwargs)
+    assert eager.calibration["steps"] == "eager" and built == []
+
+
 def test_fit_side_imports_no_torch_and_no_calibration():
     code = (
         "import sys, roofline.hwfit, treeopt.hwmeasurements, treeopt.timing; "

@@ -181,7 +181,7 @@ def test_runner_reuses_a_step_per_shape_and_falls_back_when_capture_fails(tiny, 
     def failing_capture(body):
         raise RuntimeError("operation not permitted when stream is capturing\nmore")
 
-    monkeypatch.setattr(static_steps, "_GraphStep", failing_capture)
+    monkeypatch.setattr(static_steps, "GraphStep", failing_capture)
     runner = StepRunner(lm.model, force_gqa=static.force_gqa, graphs=True)
     static.runner = runner
     again, _ = static.verify_forward(*args)

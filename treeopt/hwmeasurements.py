@@ -194,3 +194,7 @@ class HardwareMeasurements:
     forwards: tuple[ForwardSample, ...]
     heads: tuple[HeadsSample, ...]
     validation: tuple[ForwardSample, ...] = ()
+    #: how the forwards ran ("eager", "static" or "cuda-graphs", as a sweep's steps) and the
+    #: captures that failed and were timed eagerly instead
+    steps: str = "eager"
+    failed_captures: tuple[str, ...] = ()

@@ -43,6 +43,7 @@ def calibrate_hardware(
     progress: bool = True,
     seed: int = 0,
     threads: int | None = None,
+    graphs: bool | None = None,
 ) -> HardwareProfile:
     """Measure `device` (cpu, cuda, cuda:N, mps or auto) for `model` (a ModelShape or a model
     spec: demo, a built-in name, a config.json or directory) and return the profile. dtype: the
@@ -50,7 +51,10 @@ def calibrate_hardware(
     counts and rounds (seconds instead of about a minute; still usable). validate: compare with
     full-model forwards (models of at most SMALL_MODEL_PARAMS parameters). threads: torch CPU
     threads while measuring (default: 1 for a model under SMALL_MODEL_PARAMS parameters on the
-    CPU, as every command that runs a model, else torch's setting). progress: a bar on stderr."""
+    CPU, as every command that runs a model, else torch's setting). progress: a bar on stderr.
+    graphs: the forwards as the sweep runs its steps, `treeopt sweep --graphs/--no-graphs`
+    (None: captured on CUDA, eager elsewhere), the microbenchmarks captured with them on CUDA
+    (docs/performance-model.md#calibrating-for-captured-steps)."""
     shape = model if isinstance(model, ModelShape) else shape_of(model)
     if str(device).split(":")[0] not in ("auto", "cpu", "cuda", "mps"):
         raise UserError(f"--device: must be cpu or cuda (cuda:N), mps or auto, got '{device}'")
@@ -84,6 +88,7 @@ def calibrate_hardware(
         threads=threads,
         progress=progress,
         seed=seed,
+        graphs=graphs,
     )
     name = name or (f"{dev.type}-calibrated" if dev.type == "mps" else None)  # hwfit names cpu and cuda
     return fit_hardware_profile(measurements, shape, probe, name=name, notes=tuple(notes))
@@ -141,18 +146,22 @@ def calibrate_engine_terms(
     sizes=(0, 1, 2, 4, 8),
     repeats: int = 7,
     seed: int = 0,
+    graphs: bool | None = None,
 ) -> ProfileFit:
     """The engine terms of `profile` (a fixed cost per speculative step, a cost per verified
     token, the attention kernel's KV bandwidth) measured with treeopt's own decoder: tree steps of
     the loaded model and drafter `lm` (calibration.models.load_model) timed as the sweep times
-    them, then fitted to the microbenchmark profile (docs/performance-model.md#engine-terms-of-a-speculative-step)."""
+    them (`graphs` as the sweep takes it), then fitted to the microbenchmark profile
+    (docs/performance-model.md#engine-terms-of-a-speculative-step)."""
     depth = getattr(lm.heads, "num_heads", 1)
     proposal = make_tree([p for p in ENGINE_PROBE_TREE if len(p) <= depth], topk=10)
     sizes = tuple(n for n in sizes if n <= proposal.size)
     rows = []
     with torch.inference_mode():
         for batch in batches:
-            rows += measure_group(lm, proposal, sizes, batch, context, repeats=repeats, warmup=1, topk=10, seed=seed)
+            rows += measure_group(
+                lm, proposal, sizes, batch, context, repeats=repeats, warmup=1, topk=10, seed=seed, graphs=graphs
+            )
     table = pd.DataFrame(rows)
     heads_by_nodes = [proposal.prefix(n).depth for n in range(proposal.size + 1)]
     points = sweep_step_points(table, heads_by_nodes)

@@ -355,6 +355,13 @@ def _summary(table, headline: str) -> None:
     "engine terms to them [default: on for demo or a model directory, or with --random-weights; off for a "
     "built-in shape].",
 )
+@click.option(
+    "--graphs/--no-graphs",
+    default=None,
+    help="Time the forwards as `treeopt sweep` runs its steps: in static shapes, captured as CUDA graphs on CUDA "
+    "with the microbenchmarks [default: on CUDA, off elsewhere]; --no-graphs: eager, for a sweep run with "
+    "--no-graphs (docs/performance-model.md#calibrating-for-captured-steps).",
+)
 @random_weights_option()
 @click.option(
     "--drafter",
@@ -378,7 +385,19 @@ def _summary(table, headline: str) -> None:
     help="Profile JSON to write [default: hardware-DEVICE.json].",
 )
 def hw_calibrate(
-    device, model, dtype, threads, quick, name, no_validate, engine_terms, random_weights, drafter, num_heads, out
+    device,
+    model,
+    dtype,
+    threads,
+    quick,
+    name,
+    no_validate,
+    engine_terms,
+    graphs,
+    random_weights,
+    drafter,
+    num_heads,
+    out,
 ) -> None:
     """Measure this machine (bandwidth, GEMM efficiency by rows for the model's weight shapes,
     attention, elementwise work, per-kernel and per-forward framework overhead, and the engine
@@ -392,7 +411,15 @@ def hw_calibrate(
             "--engine-terms: needs a model to run (demo, a model directory or --random-weights), not a built-in shape"
         )
     prof = calibrate_hardware(
-        device, model, dtype=dtype, quick=quick, threads=threads, name=name, validate=not no_validate, progress=True
+        device,
+        model,
+        dtype=dtype,
+        quick=quick,
+        threads=threads,
+        name=name,
+        validate=not no_validate,
+        progress=True,
+        graphs=graphs,
     )
     if engine_terms if engine_terms is not None else loadable:
         if random is not None:
@@ -400,7 +427,7 @@ def hw_calibrate(
         else:
             lm = load_model(str(model), device=device, dtype=prof.calibration["dtype"])
         with torch_threads(lm.model, lm.device, threads):
-            fit = calibrate_engine_terms(lm, prof, repeats=5 if quick else 9)
+            fit = calibrate_engine_terms(lm, prof, repeats=5 if quick else 9, graphs=graphs)
         prof = fit.profile
         click.echo(
             "  engine terms from treeopt's decoder: "
