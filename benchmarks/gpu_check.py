@@ -692,7 +692,7 @@ def write_report(cfg: dict, summary: dict, cells: pd.DataFrame, gemm: pd.DataFra
     lines = [
         f"# Checking the latency model on {m['device_name']}",
         "",
-        f"Written by `python benchmarks/gpu_check.py {' '.join(summary['argv'])}` in {summary['seconds']:.0f} s "
+        f"Written by `{' '.join(['python benchmarks/gpu_check.py', *summary['argv']])}` in {summary['seconds']:.0f} s "
         "(docs/performance-model.md#checking-on-a-gpu).",
         "",
         f"- **Machine**: {m['device_name']}, device `{m['device']}`; torch {m['torch']}, {m['framework']}; "
