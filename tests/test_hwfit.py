@@ -3,6 +3,7 @@ given (hand-derived FLOPs and bytes), then one quick real calibration on CPU."""
 
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -427,6 +428,40 @@ def test_calibrate_hardware_records_how_its_forwards_ran(monkeypatch):
     built.clear()
     eager = calibrate_hardware("cpu", SHAPE, **kwargs)
     assert eager.calibration["steps"] == "eager" and built == []
+
+
+def test_a_replayed_benchmark_is_timed_per_call(monkeypatch):
+    """A captured microbenchmark replays `calls` calls per timed call: its sample is the time per
+    call (hand-divided: 8, 4 and 12 ms over 4 calls), and an ordinary function's is untouched."""
+    import calibration.hwbench as hwbench
+    from treeopt.timing import TimingStats
+
+    def replayed():
+        pass
+
+    replayed.calls = 4
+    stats = TimingStats(8e-3, 4e-3, 12e-3, (8e-3, 4e-3, 12e-3))
+    monkeypatch.setattr(hwbench, "measure_interleaved", lambda fns, **kw: [stats for _ in fns])
+    bench = hwbench._Bench()
+    bench.add("x", lambda st: st, replayed, inner=1)
+    bench.add("x", lambda st: st, lambda: None, inner=1)
+    per_call, plain = bench.run(rounds=3, seed=0, progress=False)["x"]
+    assert (per_call.median_s, per_call.p10_s, per_call.p90_s) == pytest.approx((2e-3, 1e-3, 3e-3))
+    assert per_call.samples == pytest.approx((2e-3, 1e-3, 3e-3)) and plain == stats
+
+
+def test_a_captured_gemm_benchmark_spills_the_l2(monkeypatch):
+    """Copies of a weight cycled through by a captured GEMM: at least twice the L2 (by hand, 60 MB
+    of L2: a 4096 x 4096 bf16 weight of 33.5 MB needs 4, a 32000 x 4096 one of 262 MB needs 1);
+    none beyond one off CUDA."""
+    import calibration.hwbench as hwbench
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda dev: SimpleNamespace(L2_cache_size=60_000_000))
+    cuda = torch.device("cuda")
+    assert hwbench._cache_spilling_copies(cuda, 4096 * 4096 * 2) == 4
+    assert hwbench._cache_spilling_copies(cuda, 32000 * 4096 * 2) == 1
+    assert hwbench._cache_spilling_copies(cuda, 60_000_000) == 2
+    assert hwbench._cache_spilling_copies(torch.device("cpu"), 4096 * 4096 * 2) == 1
 
 
 def test_fit_side_imports_no_torch_and_no_calibration():

@@ -182,10 +182,13 @@ def test_runner_reuses_a_step_per_shape_and_falls_back_when_capture_fails(tiny, 
         raise RuntimeError("operation not permitted when stream is capturing\nmore")
 
     monkeypatch.setattr(static_steps, "GraphStep", failing_capture)
+    monkeypatch.setattr(static_steps, "CAPTURE_FAILURES", [])
     runner = StepRunner(lm.model, force_gqa=static.force_gqa, graphs=True)
     static.runner = runner
     again, _ = static.verify_forward(*args)
     assert not runner.graphs and len(runner.notes) == 1 and "\n" not in runner.notes[0]
+    # the process-wide record a report of captured steps reads (benchmarks/gpu_check.py)
+    assert static_steps.CAPTURE_FAILURES == ["RuntimeError: operation not permitted when stream is capturing"]
     assert "operation not permitted" in capsys.readouterr().err
     torch.testing.assert_close(again, first, atol=0, rtol=0)
     ref_state = eager.prefill(ids, capacity=40)
