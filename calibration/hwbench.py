@@ -56,7 +56,15 @@ from calibration.heads import MedusaHeads
 from calibration.kv_cache import new_cache
 from calibration.model_calls import cache_kwargs, synchronizer
 from calibration.models import TORCH_DTYPES
-from calibration.static_steps import CAPTURE_FAILURES, GraphStep, StepRunner, graphs_enabled, step_mode, uses_static
+from calibration.static_steps import (
+    CAPTURE_FAILURES,
+    GraphStep,
+    StepRunner,
+    graphs_enabled,
+    record_capture_failure,
+    step_mode,
+    uses_static,
+)
 from treeopt.hwmeasurements import (
     AttentionSample,
     DeviceFacts,
@@ -305,8 +313,7 @@ def _timer(sync, capture: bool):
         try:
             return Replayed(fn, CAPTURED_CALLS, sync)
         except Exception as err:  # noqa: BLE001 - any capture failure falls back to eager timing
-            reason = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
-            CAPTURE_FAILURES.append(reason)
+            reason = record_capture_failure(err)
             print(f"note: CUDA graph capture of a microbenchmark failed ({reason}); timing it eagerly", file=sys.stderr)
             return eager(fn)
 

@@ -39,6 +39,7 @@ __all__ = [
     "StaticInputs",
     "StepRunner",
     "graphs_enabled",
+    "record_capture_failure",
     "static_window",
     "step_mode",
     "uses_static",
@@ -51,6 +52,13 @@ MAX_STEPS = 32
 #: the reason of every capture that failed in this process (each runner then ran eagerly): a
 #: report of captured steps reads it, so that eager steps are never shown as captured ones
 CAPTURE_FAILURES: list[str] = []
+
+
+def record_capture_failure(err: Exception) -> str:
+    """The one-line reason of a failed capture, recorded in CAPTURE_FAILURES."""
+    reason = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+    CAPTURE_FAILURES.append(reason)
+    return reason
 
 
 def uses_static(graphs: bool | None, device: torch.device) -> bool:
@@ -223,10 +231,8 @@ class StepRunner:
         try:
             return GraphStep(body)
         except Exception as err:  # noqa: BLE001 - any capture failure falls back to eager
-            reason = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
-            note = f"note: CUDA graph capture failed ({reason}); running steps eagerly"
+            note = f"note: CUDA graph capture failed ({record_capture_failure(err)}); running steps eagerly"
             self.notes.append(note)
-            CAPTURE_FAILURES.append(reason)
             print(note, file=sys.stderr)
             self.graphs = False
             return body

@@ -134,6 +134,20 @@ def test_the_eager_columns_are_the_eager_sweeps(report, cells, summary):
     assert "nothing is captured" in section and section.count("\n| ") == len(cells) + 1
 
 
+def test_the_anatomy_of_a_batch_1_step(report, summary):
+    """The plain step and the largest tree at batch 1 and the first context; the weights' floor
+    is the model's bytes over the calibrated streaming bandwidth, recomputed here; a CPU has no
+    device operations to count."""
+    rows = summary["anatomy"]
+    assert [(r["nodes"], r["batch"], r["context"]) for r in rows] == [(0, 1, 64), (64, 1, 64)]
+    width = {"bf16": 2, "fp16": 2, "fp32": 4}[summary["model"]["dtype"]]
+    bandwidth = load_hardware(str(report / "hardware.json")).bandwidth_bytes_per_s
+    for r in rows:
+        assert r["weights_ms"] == pytest.approx(summary["model"]["params"] * width / bandwidth * 1e3, rel=1e-9)
+        assert r["step_ms"] > 0 and r["forward_ms"] > 0 and "device_ops" not in r
+    assert "## Where a batch-1 step's time goes" in (report / "index.md").read_text()
+
+
 def test_a_check_without_the_eager_sweep_says_so(tmp_path):
     out = tmp_path / "report"
     argv = ["--quick", "--device", "cpu", "--batch", "1", "--context", "32", "--sizes", "0,4", "--no-eager"]

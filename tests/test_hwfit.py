@@ -450,6 +450,41 @@ def test_a_replayed_benchmark_is_timed_per_call(monkeypatch):
     assert per_call.samples == pytest.approx((2e-3, 1e-3, 3e-3)) and plain == stats
 
 
+def test_a_replayed_benchmark_says_how_many_calls_one_replay_makes(monkeypatch):
+    """`Replayed` on a CPU, the capture stood in by a plain call of the body: one call runs the
+    function CAPTURED_CALLS times, then waits once, and says so in `calls` (what `_Bench.run`
+    divides by; the capture itself is checked on CUDA in tests/test_cuda_steps.py)."""
+    import calibration.hwbench as hwbench
+
+    monkeypatch.setattr(hwbench, "GraphStep", lambda body: body)
+    made = []
+    replay = hwbench.Replayed(lambda: made.append("fn"), hwbench.CAPTURED_CALLS, lambda: made.append("sync"))
+    replay()
+    assert replay.calls == hwbench.CAPTURED_CALLS == 16
+    assert made == ["fn"] * 16 + ["sync"]
+
+
+def test_a_microbenchmark_that_cannot_be_captured_is_timed_eagerly(monkeypatch, capsys):
+    """Where capture fails, the benchmark runs once per call (no division by the replay's calls),
+    and the failure is recorded for the profile (`calibration.failed_captures`)."""
+    import calibration.hwbench as hwbench
+    import calibration.static_steps as static_steps
+
+    def failing(*args, **kwargs):
+        raise RuntimeError("operation not permitted when stream is capturing\nmore")
+
+    monkeypatch.setattr(hwbench, "Replayed", failing)
+    monkeypatch.setattr(static_steps, "CAPTURE_FAILURES", [])
+    monkeypatch.setattr(hwbench, "CAPTURE_FAILURES", static_steps.CAPTURE_FAILURES)
+    calls = []
+    _, timed = hwbench._timer(lambda: calls.append("sync"), capture=True)
+    fn = timed(lambda: calls.append("fn"))
+    fn()
+    assert calls == ["fn", "sync"] and not hasattr(fn, "calls") and timed.captured
+    assert static_steps.CAPTURE_FAILURES == ["RuntimeError: operation not permitted when stream is capturing"]
+    assert "timing it eagerly" in capsys.readouterr().err
+
+
 def test_a_captured_gemm_benchmark_spills_the_l2(monkeypatch):
     """Copies of a weight cycled through by a captured GEMM: at least twice the L2 (by hand, 60 MB
     of L2: a 4096 x 4096 bf16 weight of 33.5 MB needs 4, a 32000 x 4096 one of 262 MB needs 1);
