@@ -2295,6 +2295,31 @@ MUTANTS = (
         "the A100 takes the H100-SXM's 132 SMs",
         ("tests/test_gemm_shapes.py",),
     ),
+    # ---- whether runs' selections agree (treeopt/agreement.py)
+    Mutant(
+        "agreement-points-best-run",
+        "treeopt/agreement.py",
+        "points_ratio = float(run_ratios.min())",
+        "points_ratio = float(run_ratios.max())",
+        "the points reading takes the run where the picks look closest, not the farthest",
+        ("tests/test_agreement.py",),
+    ),
+    Mutant(
+        "agreement-intervals-one-sided",
+        "treeopt/agreement.py",
+        "if hi < 1 - tolerance or lo > 1 / (1 - tolerance):",
+        "if lo > 1 / (1 - tolerance):",
+        "a pick shown more than δ worse than the other counts as within δ",
+        ("tests/test_agreement.py",),
+    ),
+    Mutant(
+        "agreement-triple-ignores-pair",
+        "treeopt/agreement.py",
+        "ok = paired.reindex(three.index).fillna(False) & three[reading].fillna(False).astype(bool)",
+        "ok = three[reading].fillna(False).astype(bool)",
+        "the issue's check counts a cell whose loaded runs disagree",
+        ("tests/test_agreement.py",),
+    ),
 )
 
 
