@@ -10,7 +10,7 @@ both agree with the quiet run within the tolerance (`treeopt.agreement`; the che
 docs/statistics.md#choosing-a-tree-with-intervals). Runs alternate so that a slow drift of the
 machine lands on both kinds. A run already finished (listed in OUT/runs.json) is kept, so an
 interrupted study continues where it stopped; only the files the comparison reads are kept of
-each run (selection.json, sweep.csv, sweep.meta.json, sweep.samples.npz). About 90 s per run
+each run (selection.json, sweep.csv, sweep.meta.json, sweep.samples.npz). About 80 s per run
 on the 2-core development machine.
 """
 

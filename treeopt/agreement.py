@@ -107,7 +107,7 @@ def triple_agreement(folders) -> dict:
     """The check of two loaded runs against a quiet one: `folders` = [quiet, loaded A,
     loaded B]. `loaded_pair`: cells where A and B agree by the intervals reading; `points`,
     `intervals`, `pooled`: cells where, in addition, the three runs' picks agree by that
-    reading; `missed_points`: the cells counted in neither `points`; `cells`: how many."""
+    reading; `missed_points`: the cells not counted in `points`; `cells`: how many."""
     quiet, a, b = (Path(f) for f in folders)
     pair = compare_runs([a, b])
     three = compare_runs([quiet, a, b])
