@@ -47,8 +47,9 @@ def run_names(quiet: int, loaded: int) -> list[str]:
     return names
 
 
-def _one_run(out: Path, name: str) -> float:
-    """`treeopt run` into out/runs/name (beside a busy process for a loaded run); seconds taken."""
+def _one_run(out: Path, name: str) -> dict:
+    """`treeopt run` into out/runs/name (beside a busy process for a loaded run): the seconds it
+    took and the device its hardware calibration names (the CPU model decides the step costs)."""
     folder = out / "runs" / name
     hog = subprocess.Popen([sys.executable, "-c", BUSY_LOOP]) if name.startswith("loaded") else None
     start = time.perf_counter()
@@ -59,10 +60,11 @@ def _one_run(out: Path, name: str) -> float:
             hog.kill()
             hog.wait()
     seconds = time.perf_counter() - start
+    device = json.loads((folder / "hardware.json").read_text()).get("calibration", {}).get("device", "?")
     for path in folder.iterdir():  # keep what the comparison reads
         if path.name not in AGREEMENT_FILES:
             shutil.rmtree(path) if path.is_dir() else path.unlink()
-    return seconds
+    return {"seconds": round(seconds, 1), "device": device}
 
 
 def _table(rows, columns: list[str]) -> list[str]:
@@ -109,7 +111,9 @@ def write_index(out: Path, done: dict) -> str:
         "",
         f"`python benchmarks/selection_under_load.py` on the bundled demo: {len(quiet)} quiet and {len(loaded)} "
         "loaded `treeopt run`s with their defaults, alternating; a loaded run has one CPU-bound "
-        "process beside it. Seconds per run: "
+        "process beside it. Device: "
+        + ", ".join(sorted({done[n].get("device", "?") for n in done}))
+        + ". Seconds per run: "
         + ", ".join(f"{n} {done[n]['seconds']:.0f}" for n in quiet + loaded)
         + ".",
         "",
@@ -194,7 +198,7 @@ def main(argv=None) -> int:
         if name in done:
             continue
         print(f"== {name}", flush=True)
-        done[name] = {"seconds": round(_one_run(out, name), 1)}
+        done[name] = _one_run(out, name)
         record.write_text(json.dumps(done, indent=1) + "\n")
     print(write_index(out, done))
     return 0

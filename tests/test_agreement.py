@@ -114,8 +114,9 @@ def test_study_alternates_runs_and_reports_every_triple(tmp_path):
     speeds = {(1, 128): {0: 1, 1: 1.50, 4: 1.62}}
     for name, pick in (("quiet-1", 4), ("loaded-1", 4), ("loaded-2", 1)):
         write_run(tmp_path / "runs" / name, {(1, 128): pick}, speeds)
-    text = study.write_index(tmp_path, {n: {"seconds": 80.0} for n in ("quiet-1", "loaded-1", "loaded-2")})
+    text = study.write_index(tmp_path, {n: {"seconds": 80.0, "device": "Test CPU"} for n in ("quiet-1", "loaded-1", "loaded-2")})
     assert (tmp_path / "index.md").read_text() == text
+    assert "Device: Test CPU. Seconds per run: quiet-1 80, loaded-1 80, loaded-2 80." in text
     # one triple; the loaded runs ship 4 and 1 nodes, 1.50/1.62 = 0.926 apart: no cell agrees
     assert "| quiet-1 | loaded-1, loaded-2 | 0/1 | 0/1 | 0/1 | 0/1 | 1/128 |" in text
     assert "| 1 | 128 | 1, 4 | 0.926 | NO | 0.926 | 0.926, 0.926, 0.926 |" in text
