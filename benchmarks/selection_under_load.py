@@ -74,8 +74,9 @@ def _table(rows, columns: list[str]) -> list[str]:
 
 
 def load_effect(quiet: list[Path], loaded: list[Path]) -> list[str]:
-    """Lines comparing the kinds of run: step times (loaded mean over quiet mean, per sweep row)
-    and the median |log| difference of T(n)/T(0) between two runs of each kind and across kinds."""
+    """Lines comparing the runs: how often one run's interval of T(n)/T(0) holds the mean of all
+    runs, step times (loaded mean over quiet mean, per sweep row) and the median |log|
+    difference of T(n)/T(0) between two runs of each kind and across kinds."""
     read = [pd.read_csv(f / "sweep.csv").set_index(["batch", "context", "nodes"]) for f in quiet + loaded]
     steps = np.array([r["step_time_s"].to_numpy() for r in read])
     trees = read[0].index.get_level_values("nodes") > 0  # plain decoding's T(0)/T(0) is 1 in every run
@@ -91,7 +92,16 @@ def load_effect(quiet: list[Path], loaded: list[Path]) -> list[str]:
         ]
         return f"{np.median([np.abs(overhead[i] - overhead[j]) for i, j in pairs]):.3f}" if pairs else "--"
 
+    # does one run's interval hold what all the runs measured? (sizes no run flagged unreliable)
+    unreliable = np.array([r["unreliable"].to_numpy()[trees] for r in read]).any(axis=0)
+    level = json.loads((quiet[0] / "sweep.meta.json").read_text())["measurement"]["confidence"]
+    mean_overhead = np.exp(overhead).mean(axis=0)
+    lo = np.array([r["overhead_lo"].to_numpy()[trees] for r in read])
+    hi = np.array([r["overhead_hi"].to_numpy()[trees] for r in read])
+    held = ((lo <= mean_overhead) & (mean_overhead <= hi))[:, ~unreliable]
     return [
+        f"- One run's {level:.1%} interval of T(n)/T(0) holds the mean over all {len(read)} runs in "
+        f"{held.mean():.1%} of {held.size} (run, tree size) pairs (sizes no run flagged).",
         f"- Step times beside the busy process over quiet ones (mean over the runs of each kind, per "
         f"sweep row): median {np.median(ratio):.3f}, from {ratio.min():.3f} to {ratio.max():.3f}.",
         "- T(n)/T(0) of the trees, median |log ratio| between two runs: "
@@ -176,7 +186,12 @@ def write_index(out: Path, done: dict) -> str:
         for b, c in cells.index
     ]
     lines += _table(overall, list(overall[0]))
-    lines += ["", "## What the load changes", "", *load_effect([folder[n] for n in quiet], [folder[n] for n in loaded])]
+    lines += [
+        "",
+        "## What the load changes, and what one run's intervals hold",
+        "",
+        *load_effect([folder[n] for n in quiet], [folder[n] for n in loaded]),
+    ]
     text = "\n".join(lines) + "\n"
     (out / "index.md").write_text(text)
     return text

@@ -29,10 +29,16 @@ def write_run(folder, picks: dict, speedups: dict, *, noise=0.002, rounds=20, sa
     for (b, c), speed in speedups.items():
         times = np.array([1e-3 * TAU[n] / speed[n] for n in SIZES])
         groups[(b, c)] = (SIZES, times * np.exp(noise * rng.standard_normal((rounds, len(SIZES)))))
-        rows += [f"{b},{c},{n},{TAU[n]},0,{speed[n]},{t},{t / times[0]}" for n, t in zip(SIZES, times, strict=True)]
+        rows += [
+            f"{b},{c},{n},{TAU[n]},0,{speed[n]},{t},{t / times[0]},{0.95 * t / times[0]},{1.05 * t / times[0]},0"
+            for n, t in zip(SIZES, times, strict=True)
+        ]
     (folder / "sweep.csv").write_text(
-        "batch,context,nodes,tau,tau_se,speedup,step_time_s,overhead\n" + "\n".join(rows) + "\n"
+        "batch,context,nodes,tau,tau_se,speedup,step_time_s,overhead,overhead_lo,overhead_hi,unreliable\n"
+        + "\n".join(rows)
+        + "\n"
     )
+    (folder / "sweep.meta.json").write_text(json.dumps({"measurement": {"confidence": 0.95}}))
     if samples:
         write_round_samples(folder / "sweep.samples.npz", groups)
     return folder
@@ -114,7 +120,8 @@ def test_study_alternates_runs_and_reports_every_triple(tmp_path):
     speeds = {(1, 128): {0: 1, 1: 1.50, 4: 1.62}}
     for name, pick in (("quiet-1", 4), ("loaded-1", 4), ("loaded-2", 1)):
         write_run(tmp_path / "runs" / name, {(1, 128): pick}, speeds)
-    text = study.write_index(tmp_path, {n: {"seconds": 80.0, "device": "Test CPU"} for n in ("quiet-1", "loaded-1", "loaded-2")})
+    done = {n: {"seconds": 80.0, "device": "Test CPU"} for n in ("quiet-1", "loaded-1", "loaded-2")}
+    text = study.write_index(tmp_path, done)
     assert (tmp_path / "index.md").read_text() == text
     assert "Device: Test CPU. Seconds per run: quiet-1 80, loaded-1 80, loaded-2 80." in text
     # one triple; the loaded runs ship 4 and 1 nodes, 1.50/1.62 = 0.926 apart: no cell agrees
@@ -123,3 +130,25 @@ def test_study_alternates_runs_and_reports_every_triple(tmp_path):
     # the runs' step times are the same: the load changed nothing; one quiet run has no quiet pair
     assert "median 1.000, from 1.000 to 1.000." in text
     assert "two quiet ones --, two loaded ones 0.000, a quiet and a loaded one 0.000." in text
+
+
+def test_study_counts_the_intervals_that_hold_the_mean_of_all_runs(tmp_path):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    import selection_under_load as study
+
+    # T(n)/T(0) = τ(n)/speedup(n): 1.0 and 1.25 in two runs; a third run's trees cost 10% more
+    # (speedups / 1.1), so the mean of the three is 1.0333 and 1.2917. Each run's interval is
+    # its point ±5% (write_run): the first two hold the mean (0.95–1.05 and 1.1875–1.3125), the
+    # third (1.045–1.155 and 1.306–1.444) does not: 4 of the 6 (run, size) pairs.
+    even = {(1, 128): {0: 1, 1: 1.6, 4: 1.6}}
+    slow = {(1, 128): {0: 1, 1: 1.6 / 1.1, 4: 1.6 / 1.1}}
+    quiet = [write_run(tmp_path / "q1", {(1, 128): 1}, even), write_run(tmp_path / "q2", {(1, 128): 1}, even)]
+    loaded = [write_run(tmp_path / "l1", {(1, 128): 1}, slow)]
+    lines = study.load_effect(quiet, loaded)
+    assert lines[0].startswith("- One run's 95.0% interval of T(n)/T(0) holds the mean over all 3 runs in 66.7% of 6 ")
+    # the busy run's steps: T(0) as quiet, the trees 1.1x: median over the three rows 1.100
+    assert "median 1.100, from 1.000 to 1.100." in lines[1]
+    # trees 30% dearer in the busy run: the mean, 1.1 and 1.375, lies above both quiet intervals
+    # and below both of the busy run's (1.235–1.365, 1.544–1.706): none of the 6 holds it
+    slower = [write_run(tmp_path / "l2", {(1, 128): 1}, {(1, 128): {0: 1, 1: 1.6 / 1.3, 4: 1.6 / 1.3}})]
+    assert " in 0.0% of 6 " in study.load_effect(quiet, slower)[0]

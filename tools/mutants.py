@@ -2320,6 +2320,14 @@ MUTANTS = (
         "the issue's check counts a cell whose loaded runs disagree",
         ("tests/test_agreement.py",),
     ),
+    Mutant(
+        "study-interval-holds-one-sided",
+        "benchmarks/selection_under_load.py",
+        "held = ((lo <= mean_overhead) & (mean_overhead <= hi))[:, ~unreliable]",
+        "held = (lo <= mean_overhead)[:, ~unreliable]",
+        "a run's interval counted as holding the mean of all runs when the mean lies above it",
+        ("tests/test_agreement.py",),
+    ),
 )
 
 
