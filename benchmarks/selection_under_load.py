@@ -32,6 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from treeopt.agreement import AGREEMENT_FILES, compare_runs, triple_agreement  # noqa: E402
+from treeopt.selection import sweep_confidence  # noqa: E402
 
 BUSY_LOOP = "while True: pass"
 
@@ -94,7 +95,7 @@ def load_effect(quiet: list[Path], loaded: list[Path]) -> list[str]:
 
     # does one run's interval hold what all the runs measured? (sizes no run flagged unreliable)
     unreliable = np.array([r["unreliable"].to_numpy()[trees] for r in read]).any(axis=0)
-    level = json.loads((quiet[0] / "sweep.meta.json").read_text())["measurement"]["confidence"]
+    level = sweep_confidence(json.loads((quiet[0] / "sweep.meta.json").read_text()))
     mean_overhead = np.exp(overhead).mean(axis=0)
     lo = np.array([r["overhead_lo"].to_numpy()[trees] for r in read])
     hi = np.array([r["overhead_hi"].to_numpy()[trees] for r in read])
