@@ -55,6 +55,7 @@ ACCURACY_TESTS = ("tests/test_accuracy.py", "tests/test_build.py")
 ACCEPTANCE_TESTS = ("tests/test_acceptance.py",)
 ENGINE_TESTS = ("tests/test_engines.py",)
 MIX_TESTS = ("tests/test_mix.py",)
+SCHEDULE_TESTS = ("tests/test_schedules.py",)
 RELIABILITY_TESTS = ("tests/test_reliability.py",)
 STEP_TESTS = ("tests/test_step_engine.py",)
 DRAFTER_TESTS = ("tests/test_drafters.py",)
@@ -89,6 +90,47 @@ class Mutant:
 
 
 MUTANTS = (
+    # ---- per-batch schedules in the engines' forms (treeopt/schedules.py)
+    Mutant(
+        "schedule-gap-longer-neighbour",
+        "treeopt/schedules.py",
+        "lens.append(int(min(draft[i - 1], draft[i])))",
+        "lens.append(int(max(draft[i - 1], draft[i])))",
+        "a gap between measured batch sizes takes the longer neighbouring draft (claims more than the data)",
+        SCHEDULE_TESTS,
+    ),
+    Mutant(
+        "schedule-past-data-keeps-drafting",
+        "treeopt/schedules.py",
+        "        lens.append(0)\n",
+        "        lens.append(int(draft[-1]))\n",
+        "batch sizes above the largest measured one keep its draft length",
+        SCHEDULE_TESTS,
+    ),
+    Mutant(
+        "schedule-vllm-no-closing-zero",
+        "treeopt/schedules.py",
+        "    if table[-1][2] > 0:\n",
+        "    if False:\n",
+        "vLLM's table without the K = 0 range past the data (vLLM carries the last K forward)",
+        SCHEDULE_TESTS,
+    ),
+    Mutant(
+        "schedule-trtllm-longer-than-max",
+        "treeopt/schedules.py",
+        "schedule[int(end)] = int(min(k, first))",
+        "schedule[int(end)] = int(k)",
+        "a TensorRT-LLM value above max_draft_len (its validator refuses it)",
+        SCHEDULE_TESTS,
+    ),
+    Mutant(
+        "schedule-mix-longest-context",
+        "treeopt/schedules.py",
+        "out.append(BatchChoice(int(bs), int(k[b == bs].min())))",
+        "out.append(BatchChoice(int(bs), int(k[b == bs].max())))",
+        "a batch size takes the longest draft of its contexts",
+        SCHEDULE_TESTS,
+    ),
     # ---- prompt data through the chat template, counts from many processes
     Mutant(
         "data-context-includes-reply",
