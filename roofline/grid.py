@@ -24,6 +24,7 @@ from roofline.hardware import HardwareProfile
 from roofline.latency import fits_memory, step_time_s
 from roofline.ops import DraftWork
 from roofline.shapes import DraftHeadsShape, ModelShape
+from roofline.step_shape import StepShape
 from treeopt.errors import UserError
 from treeopt.stats import physical_speedup
 
@@ -161,6 +162,10 @@ class _GridAxes:
     def full(self) -> tuple[int, int, int]:
         return (self.b.shape[0], self.s.shape[1], self.n.shape[2])
 
+    def step(self, attention: str, draft_stages=None) -> StepShape:
+        """The grid's steps: every tree size's tokens (and candidates) over every cell."""
+        return StepShape(self.b, self.q, self.s, attention, self.cands, draft_stages)
+
 
 def _grid_axes(tau: np.ndarray, batches, contexts, verification: str, tree) -> _GridAxes:
     b = _positive_ints(batches, "--batch", 1)[:, None, None]
@@ -195,24 +200,12 @@ def _grid_drafter(heads_shape, tau: np.ndarray, heads_used, heads_in_baseline: b
     return replace(heads_shape, rows_per_sequence=rows[None, None], prefix_tokens_per_sequence=prefix_tokens)
 
 
-def _tree_step_times(shape, heads_shape, hw, axes: _GridAxes, heads_used, stages, attention: str) -> np.ndarray:
+def _tree_step_times(shape, heads_shape, hw, axes: _GridAxes, heads_used, step: StepShape) -> np.ndarray:
     """(B, S, N + 1) seconds of the step of every tree size, memory unchecked, each size with
     the heads it runs."""
 
     def price(heads):
-        t = step_time_s(
-            shape,
-            heads,
-            hw,
-            batch=axes.b,
-            tokens=axes.q,
-            context=axes.s,
-            attention=attention,
-            on_oom="ignore",
-            candidates=axes.cands,
-            draft_stages=stages,
-        )
-        return np.broadcast_to(t, axes.full)
+        return np.broadcast_to(step_time_s(shape, heads, hw, step, on_oom="ignore"), axes.full)
 
     if heads_used is None or heads_shape is None:
         return price(heads_shape)
@@ -227,18 +220,10 @@ def _tree_step_times(shape, heads_shape, hw, axes: _GridAxes, heads_used, stages
     return t_tree
 
 
-def _grid_fits(shape, heads_shape, base_heads, hw, axes: _GridAxes, attention: str) -> np.ndarray:
+def _grid_fits(shape, heads_shape, base_heads, hw, axes: _GridAxes, step: StepShape) -> np.ndarray:
     """(B, S, N + 1) whether each step fits in memory; n = 0 is plain decoding."""
-    b, s = axes.b, axes.s
-    fits = np.broadcast_to(
-        fits_memory(
-            shape, heads_shape, hw, batch=b, tokens=axes.q, context=s, attention=attention, candidates=axes.cands
-        ),
-        axes.full,
-    ).copy()
-    fits[:, :, :1] = np.broadcast_to(
-        fits_memory(shape, base_heads, hw, batch=b, tokens=1, context=s, attention=attention), fits[:, :, :1].shape
-    )
+    fits = np.broadcast_to(fits_memory(shape, heads_shape, hw, step), axes.full).copy()
+    fits[:, :, :1] = np.broadcast_to(fits_memory(shape, base_heads, hw, step.plain()), fits[:, :, :1].shape)
     return fits
 
 
@@ -269,13 +254,14 @@ def speedup_grid(
     axes = _grid_axes(tau, batches, contexts, verification, tree)
     stages = None if per_size.draft_stages is None else np.asarray(per_size.draft_stages, dtype=float)[None, None, :]
     heads_shape = _grid_drafter(heads_shape, tau, per_size.heads_used, heads_in_baseline)
-    t_tree = _tree_step_times(shape, heads_shape, hw, axes, per_size.heads_used, stages, attention)
+    grid_step = axes.step(attention, stages)
+    t_tree = _tree_step_times(shape, heads_shape, hw, axes, per_size.heads_used, grid_step)
     base_heads = heads_shape if heads_in_baseline else None
     b, s = axes.b, axes.s
-    t_plain = step_time_s(shape, base_heads, hw, batch=b, tokens=1, context=s, attention=attention, on_oom="ignore")
+    t_plain = step_time_s(shape, base_heads, hw, grid_step.plain(), on_oom="ignore")
     step = t_tree.copy()
     step[:, :, :1] = np.broadcast_to(t_plain, (b.shape[0], s.shape[1], 1))  # n = 0 is plain decoding
-    fits = _grid_fits(shape, heads_shape, base_heads, hw, axes, attention)
+    fits = _grid_fits(shape, heads_shape, base_heads, hw, axes, grid_step)
     step = np.where(fits, step, np.nan)
     overhead = step / step[:, :, :1]
     tau_full = np.broadcast_to(tau[None, None, :], step.shape)
@@ -345,13 +331,14 @@ def candidate_forms_grid(
             draft if candidate_draft is None else candidate_draft,
         ),
     }
-    t_plain = step_time_s(shape, None, hw, batch=b, tokens=1, context=s, attention=attention, on_oom="ignore")
-    fits_plain = fits_memory(shape, None, hw, batch=b, tokens=1, context=s, attention=attention)
+    plain = StepShape(b, 1, s, attention)
+    t_plain = step_time_s(shape, None, hw, plain, on_oom="ignore")
+    fits_plain = fits_memory(shape, None, hw, plain)
     frames = []
     for form, (q, c, heads) in forms.items():  # two forms
-        where = {"batch": b, "tokens": q, "context": s, "attention": attention, "candidates": None if c == 1 else c}
-        t = step_time_s(shape, heads, hw, **where, on_oom="ignore")
-        fits = fits_memory(shape, heads, hw, **where) & fits_plain
+        step = plain.with_tokens(q, None if c == 1 else c)
+        t = step_time_s(shape, heads, hw, step, on_oom="ignore")
+        fits = fits_memory(shape, heads, hw, step) & fits_plain
         t = np.where(fits, t, np.nan)
         frames.append(_form_frame(b, s, form, q, c, float(tau), t, t / t_plain, fits))
     out = pd.concat(frames, ignore_index=True)

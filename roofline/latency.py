@@ -33,6 +33,7 @@ import numpy as np
 from roofline.hardware import GIB, VERIFICATION_MODES, HardwareProfile
 from roofline.ops import DraftWork, Op, operators
 from roofline.shapes import DraftHeadsShape, ModelShape
+from roofline.step_shape import StepShape, step_of
 from treeopt.errors import UserError
 
 __all__ = [
@@ -124,28 +125,11 @@ def candidates_of(verification: str, tokens, candidates):
 
 
 def op_timings(
-    shape: ModelShape,
-    heads: DraftHeadsShape | None,
-    hw: HardwareProfile,
-    *,
-    batch,
-    tokens,
-    context,
-    attention: str = "fused",
-    candidates=None,
+    shape: ModelShape, heads: DraftHeadsShape | None, hw: HardwareProfile, step: StepShape | None = None, **where
 ) -> list[OpTiming]:
-    """Every operator of the forward pass with its compute, memory and overhead times.
-    candidates: None for tree verification, else candidate sequences per sequence."""
-    ops = operators(
-        shape,
-        heads,
-        batch=batch,
-        tokens=tokens,
-        context=context,
-        attention=attention,
-        kv_cache_update=hw.kv_cache_update,
-        candidates=candidates,
-    )
+    """Every operator of the forward pass of `step` (a `StepShape`, or its loose keywords
+    batch, tokens, context, attention, candidates) with its compute, memory and overhead times."""
+    ops = operators(shape, heads, step_of(step, where), kv_cache_update=hw.kv_cache_update)
     return [OpTiming(op, *_time_terms(op, shape.dtype, hw, heads)) for op in ops]
 
 
@@ -169,22 +153,16 @@ def gemm_timing(hw: HardwareProfile, *, dtype: str, dtype_bytes: int, rows, in_f
 
 
 def memory_required_bytes(
-    shape: ModelShape,
-    heads: DraftHeadsShape | None,
-    *,
-    batch,
-    tokens,
-    context,
-    attention: str = "fused",
-    candidates=None,
+    shape: ModelShape, heads: DraftHeadsShape | None, step: StepShape | None = None, **where
 ) -> np.ndarray:
-    """Weights + heads + KV cache + the largest transient activation, in bytes. Candidate
-    sequences share their sequence's cached keys (paged blocks), so only the unfused scores
-    grow with them."""
-    b = np.asarray(batch, dtype=float)
-    q = np.asarray(tokens, dtype=float)
-    s = np.asarray(context, dtype=float)
-    c = np.ones(()) if candidates is None else np.asarray(candidates, dtype=float)
+    """Weights + heads + KV cache + the largest transient activation of `step`, in bytes.
+    Candidate sequences share their sequence's cached keys (paged blocks), so only the
+    unfused scores grow with them."""
+    step = step_of(step, where)
+    b = np.asarray(step.batch_sequences, dtype=float)
+    q = np.asarray(step.tokens_per_sequence, dtype=float)
+    s = np.asarray(step.context_tokens, dtype=float)
+    c = np.ones(()) if step.candidates_per_sequence is None else np.asarray(step.candidates_per_sequence, dtype=float)
     beta = shape.dtype_bytes
     weights = float(shape.weight_bytes)
     if heads is not None and heads.num_heads > 0:
@@ -206,19 +184,13 @@ def memory_required_bytes(
         )
         logits = b * (q + head_rows * (heads.num_heads if heads is not None else 0)) * shape.vocab * beta
     mlp = b * q * shape.intermediate * beta * 2
-    scores = b * shape.heads * q * (s + q / c) * beta if attention == "unfused" else 0.0
+    scores = b * shape.heads * q * (s + q / c) * beta if step.attention == "unfused" else 0.0
     return weights + kv + np.maximum(np.maximum(logits, mlp), scores)
 
 
-def fits_memory(
-    shape, heads, hw: HardwareProfile, *, batch, tokens, context, attention="fused", candidates=None
-) -> np.ndarray:
-    return (
-        memory_required_bytes(
-            shape, heads, batch=batch, tokens=tokens, context=context, attention=attention, candidates=candidates
-        )
-        <= hw.capacity_bytes
-    )
+def fits_memory(shape, heads, hw: HardwareProfile, step: StepShape | None = None, **where) -> np.ndarray:
+    """Whether `step` fits in the profile's memory (broadcasting)."""
+    return memory_required_bytes(shape, heads, step_of(step, where)) <= hw.capacity_bytes
 
 
 @dataclass(frozen=True)
@@ -238,26 +210,15 @@ class StepTerms:
 
 
 def step_terms(
-    shape: ModelShape,
-    heads: DraftHeadsShape | None,
-    hw: HardwareProfile,
-    *,
-    batch,
-    tokens,
-    context,
-    attention: str = "fused",
-    candidates=None,
-    draft_stages=None,
+    shape: ModelShape, heads: DraftHeadsShape | None, hw: HardwareProfile, step: StepShape | None = None, **where
 ) -> StepTerms:
     """The terms of one decoding step (`step_time_s` without the memory check; arguments as
     there)."""
-    timings = op_timings(
-        shape, heads, hw, batch=batch, tokens=tokens, context=context, attention=attention, candidates=candidates
-    )
+    step = step_of(step, where)
     return StepTerms(
-        tuple(timings),
-        framework_overhead_s(shape, hw, batch=batch, tokens=tokens, context=context, candidates=candidates),
-        speculation_overhead_s(hw, batch=batch, tokens=tokens, draft_stages=stages_of(heads, draft_stages)),
+        tuple(op_timings(shape, heads, hw, step)),
+        framework_overhead_s(shape, hw, step),
+        speculation_overhead_s(hw, step, draft_stages=stages_of(heads, step.draft_stages)),
     )
 
 
@@ -265,42 +226,27 @@ def step_time_s(
     shape: ModelShape,
     heads: DraftHeadsShape | None,
     hw: HardwareProfile,
+    step: StepShape | None = None,
     *,
-    batch,
-    tokens,
-    context,
-    attention: str = "fused",
     on_oom: str = "nan",
-    candidates=None,
-    draft_stages=None,
+    **where,
 ):
     """Predicted seconds of one decoding step (b sequences, q new tokens each, s cached): the
     forward pass plus, for q > 1, the profile's engine terms of a speculative step.
 
-    Vectorised: batch, tokens, context, candidates and draft_stages broadcast; returns a float
-    for scalar inputs, else an array. candidates: None (tree verification) or candidate
-    sequences per sequence. draft_stages: sequential draft stages the step runs (None: those of
-    a `DraftWork` drafter, else none). Configurations
-    beyond memory capacity: on_oom="nan" gives NaN, "raise" a UserError, "ignore" computes them
-    anyway.
+    step: a `roofline.step_shape.StepShape`, or its loose keywords (batch, tokens, context,
+    attention, candidates, draft_stages). Vectorised: its counts broadcast; returns a float for
+    scalar inputs, else an array. candidates: None (tree verification) or candidate sequences
+    per sequence. draft_stages: sequential draft stages the step runs (None: those of a
+    `DraftWork` drafter, else none). Configurations beyond memory capacity: on_oom="nan" gives
+    NaN, "raise" a UserError, "ignore" computes them anyway.
     """
     if on_oom not in ("nan", "raise", "ignore"):
         raise ValueError("on_oom must be 'nan', 'raise' or 'ignore'")
-    total = step_terms(
-        shape,
-        heads,
-        hw,
-        batch=batch,
-        tokens=tokens,
-        context=context,
-        attention=attention,
-        candidates=candidates,
-        draft_stages=draft_stages,
-    ).total_s
+    step = step_of(step, where)
+    total = step_terms(shape, heads, hw, step).total_s
     if on_oom != "ignore":
-        need = memory_required_bytes(
-            shape, heads, batch=batch, tokens=tokens, context=context, attention=attention, candidates=candidates
-        )
+        need = memory_required_bytes(shape, heads, step)
         bad = need > hw.capacity_bytes
         if np.any(bad):
             if on_oom == "raise":
@@ -314,14 +260,15 @@ def step_time_s(
     return float(total) if total.ndim == 0 else total
 
 
-def framework_overhead_s(shape: ModelShape, hw: HardwareProfile, *, batch, tokens, context, candidates=None):
+def framework_overhead_s(shape: ModelShape, hw: HardwareProfile, step: StepShape | None = None, **where):
     """Fixed and per-token framework costs of one forward pass (seconds, broadcasting). With
     candidates, each of the b c candidate sequences is a sequence of q / c tokens to the
     framework."""
-    b = np.asarray(batch, dtype=float)
-    q = np.asarray(tokens, dtype=float)
-    s = np.asarray(context, dtype=float)
-    c = np.ones(()) if candidates is None else np.asarray(candidates, dtype=float)
+    step = step_of(step, where)
+    b = np.asarray(step.batch_sequences, dtype=float)
+    q = np.asarray(step.tokens_per_sequence, dtype=float)
+    s = np.asarray(step.context_tokens, dtype=float)
+    c = np.ones(()) if step.candidates_per_sequence is None else np.asarray(step.candidates_per_sequence, dtype=float)
     # Per cached key: a tree step (q > 1) pays for its custom attention mask; plain decoding
     # (q = 1) takes the framework's ordinary causal path, with its own, smaller cost.
     per_key = np.where(q / c > 1, hw.context_overhead_s, hw.plain_context_overhead_s)
@@ -329,12 +276,16 @@ def framework_overhead_s(shape: ModelShape, hw: HardwareProfile, *, batch, token
     return hw.forward_overhead_s + shape.layers * per_layer
 
 
-def speculation_overhead_s(hw: HardwareProfile, *, batch, tokens, draft_stages=0):
+def speculation_overhead_s(hw: HardwareProfile, step: StepShape | None = None, *, draft_stages=None, **where):
     """The engine's costs of a step beyond its forward pass (seconds, broadcasting): a fixed
     cost per speculative step (q > 1), a cost per verified token (b q, plain decoding's one
-    included) and a cost per sequential draft stage (docs/performance-model.md#engine-terms-of-a-speculative-step)."""
-    b = np.asarray(batch, dtype=float)
-    q = np.asarray(tokens, dtype=float)
+    included) and a cost per sequential draft stage (docs/performance-model.md#engine-terms-of-a-speculative-step).
+    draft_stages: the stages to charge (default: the step's own, else none)."""
+    step = step_of(step, where)
+    b = np.asarray(step.batch_sequences, dtype=float)
+    q = np.asarray(step.tokens_per_sequence, dtype=float)
+    if draft_stages is None:
+        draft_stages = 0 if step.draft_stages is None else step.draft_stages
     stages = np.asarray(draft_stages, dtype=float)
     return np.where(q > 1, hw.spec_step_overhead_s, 0.0) + hw.verified_token_s * b * q + hw.draft_stage_s * stages
 
@@ -347,22 +298,10 @@ def stages_of(heads, draft_stages=None):
     return heads.stages_run if isinstance(heads, DraftWork) else 0
 
 
-def step_breakdown(
-    shape, heads, hw, *, batch, tokens, context, attention="fused", candidates=None, draft_stages=None
-) -> dict[str, float]:
+def step_breakdown(shape, heads, hw, step: StepShape | None = None, **where) -> dict[str, float]:
     """Seconds per step by operator name (count included) plus 'framework' (per-forward and
     per-layer fixed costs) and 'speculation' (the engine terms), for scalar inputs."""
-    terms = step_terms(
-        shape,
-        heads,
-        hw,
-        batch=batch,
-        tokens=tokens,
-        context=context,
-        attention=attention,
-        candidates=candidates,
-        draft_stages=draft_stages,
-    )
+    terms = step_terms(shape, heads, hw, step_of(step, where))
     out = {t.op.name: float(t.total_s) for t in terms.timings}
     out["framework"] = float(terms.framework_s)
     out["speculation"] = float(terms.speculation_s)

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from roofline.shapes import DraftHeadsShape, ModelShape
+from roofline.step_shape import StepShape, step_of
 from treeopt.drafter_cost import DraftCost
 from treeopt.errors import UserError
 
@@ -222,35 +223,36 @@ def check_candidates(tokens, candidates) -> np.ndarray:
 def operators(
     shape: ModelShape,
     heads: DraftHeadsShape | DraftWork | None = None,
+    step: StepShape | None = None,
     *,
-    batch,
-    tokens,
-    context,
-    attention: str = "fused",
     kv_cache_update: str = "append",
-    candidates=None,
+    **where,
 ) -> list[Op]:
-    """Every operator of one forward pass over `tokens` new tokens per sequence.
+    """Every operator of one forward pass over a step's new tokens.
 
-    batch (b >= 1), tokens (q >= 1), context (s >= 0, cached tokens before this step) may be
-    numpy arrays; they broadcast. heads=None or heads.num_heads == 0: no draft heads; a
-    `DraftWork`: a sequential drafter's stages (`draft_stage_ops`) and, for Hydra++, its prefix
-    layer once per step: one base decoder layer and its final norm over the tokens the previous
-    step accepted (`DraftWork.prefix_tokens_per_sequence`), attending to its own cache of the s
-    context entries (docs/performance-model.md#drafter-cost).
+    step: a `roofline.step_shape.StepShape` (or its loose keywords batch, tokens, context,
+    attention, candidates): batch (b >= 1), tokens (q >= 1), context (s >= 0, cached tokens
+    before this step) may be numpy arrays; they broadcast. heads=None or heads.num_heads == 0:
+    no draft heads; a `DraftWork`: a sequential drafter's stages (`draft_stage_ops`) and, for
+    Hydra++, its prefix layer once per step: one base decoder layer and its final norm over the
+    tokens the previous step accepted (`DraftWork.prefix_tokens_per_sequence`), attending to its
+    own cache of the s context entries (docs/performance-model.md#drafter-cost).
     kv_cache_update: "append" writes the q new K/V rows; "concat" (transformers'
     DynamicCache) reads the s cached rows and writes all s + q.
-    candidates: None (tree verification) or the c candidate sequences the q tokens of each
-    sequence are split into (batch expansion, 1 <= c <= q; broadcasts).
+    The step's candidates: None (tree verification) or the c candidate sequences the q tokens
+    of each sequence are split into (batch expansion, 1 <= c <= q; broadcasts).
     """
+    step = step_of(step, where)
+    attention = step.attention
     if attention not in ATTENTION_MODES:
         raise UserError(f"--attention: must be one of {', '.join(ATTENTION_MODES)}, got '{attention}'")
     if kv_cache_update not in ("append", "concat"):
         raise UserError(f"kv_cache_update: must be 'append' or 'concat', got '{kv_cache_update}'")
-    b = _check("--batch", batch, 1)
-    q = _check("--tokens", tokens, 1)
-    s = _check("--context", context, 0)
-    c = np.ones(()) if candidates is None else check_candidates(tokens, candidates)
+    b = _check("--batch", step.batch_sequences, 1)
+    q = _check("--tokens", step.tokens_per_sequence, 1)
+    s = _check("--context", step.context_tokens, 0)
+    candidates = step.candidates_per_sequence
+    c = np.ones(()) if candidates is None else check_candidates(step.tokens_per_sequence, candidates)
     return _forward_ops(shape, heads, b, q, s, c, attention, kv_cache_update)
 
 

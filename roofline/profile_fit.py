@@ -34,6 +34,7 @@ from roofline.engine_bench import read_step_tables
 from roofline.hardware import EfficiencyCurve, HardwareProfile
 from roofline.latency import step_time_s
 from roofline.shapes import DraftHeadsShape, ModelShape
+from roofline.step_shape import StepShape
 from treeopt.errors import UserError
 
 #: the longest decoding step a measurement file may hold: an hour (a larger number is a unit
@@ -299,18 +300,15 @@ def predict_step_s(
     for k in np.unique(counts):  # at most K + 1 distinct head counts
         rows = counts == k
         hk = replace(heads, num_heads=int(k)) if (heads is not None and k > 0) else None
-        out[rows] = step_time_s(
-            shape,
-            hk,
-            hw,
-            batch=points.batch[rows],
-            tokens=points.tokens[rows],
-            context=points.context[rows],
-            attention=attention,
-            on_oom="ignore",
-            candidates=points.candidates[rows],
-            draft_stages=points.draft_stages[rows],
+        step = StepShape(
+            points.batch[rows],
+            points.tokens[rows],
+            points.context[rows],
+            attention,
+            points.candidates[rows],
+            points.draft_stages[rows],
         )
+        out[rows] = step_time_s(shape, hk, hw, step, on_oom="ignore")
     return out
 
 

@@ -24,6 +24,7 @@ import pandas as pd
 from roofline.hardware import HardwareProfile
 from roofline.latency import memory_required_bytes, step_time_s
 from roofline.shapes import ModelShape
+from roofline.step_shape import StepShape
 from treeopt.chain import chain_tau
 from treeopt.errors import UserError
 from treeopt.tree import Tree
@@ -77,21 +78,16 @@ def draft_model_step_time_s(
     # why: the draft is autoregressive, each pass reads one more cached token than the last
     # (docs/performance-model.md#draft-model-steps)
     per_pass = (
-        np.atleast_1d(
-            step_time_s(
-                draft, None, hw, batch=batch, tokens=1, context=context + passes, attention=attention, on_oom="ignore"
-            )
-        )
+        np.atleast_1d(step_time_s(draft, None, hw, StepShape(batch, 1, context + passes, attention), on_oom="ignore"))
         if longest
         else np.zeros(0)
     )
     drafting = np.concatenate([[0.0], np.cumsum(per_pass)])[g]
-    verify = step_time_s(
-        target, None, hw, batch=batch, tokens=g + 1, context=context, attention=attention, on_oom="ignore"
+    verification = StepShape(batch, g + 1, context, attention)
+    verify = step_time_s(target, None, hw, verification, on_oom="ignore")
+    need = memory_required_bytes(target, None, verification) + memory_required_bytes(
+        draft, None, StepShape(batch, 1, context + g, attention)
     )
-    need = memory_required_bytes(
-        target, None, batch=batch, tokens=g + 1, context=context, attention=attention
-    ) + memory_required_bytes(draft, None, batch=batch, tokens=1, context=context + g, attention=attention)
     total = np.where(need <= hw.capacity_bytes, drafting + verify, np.nan)
     return float(total) if total.ndim == 0 else total
 
@@ -122,30 +118,15 @@ def draft_model_tree_step_time_s(
     runs = w > 0
     read_before = np.concatenate([np.zeros((len(w), 1), np.int64), np.cumsum(reads * runs, axis=1)[:, :-1]], axis=1)
     per_pass = step_time_s(
-        draft,
-        None,
-        hw,
-        batch=batch,
-        tokens=np.maximum(reads, 1),
-        context=context + read_before,
-        attention=attention,
-        on_oom="ignore",
+        draft, None, hw, StepShape(batch, np.maximum(reads, 1), context + read_before, attention), on_oom="ignore"
     )
     drafting = np.cumsum(np.where(runs, per_pass, 0.0), axis=1)[:, -1] if w.shape[1] else np.zeros(len(w))
     nodes = w.sum(1)
-    verify = step_time_s(
-        target, None, hw, batch=batch, tokens=nodes + 1, context=context, attention=attention, on_oom="ignore"
-    )
-    need = memory_required_bytes(
-        target, None, batch=batch, tokens=nodes + 1, context=context, attention=attention
-    ) + memory_required_bytes(
-        draft,
-        None,
-        batch=batch,
-        tokens=np.where(runs, reads, 1).max(1, initial=1),
-        context=context + (reads * runs).sum(1),
-        attention=attention,
-    )
+    verification = StepShape(batch, nodes + 1, context, attention)
+    verify = step_time_s(target, None, hw, verification, on_oom="ignore")
+    widest_reads = np.where(runs, reads, 1).max(1, initial=1)
+    widest_pass = StepShape(batch, widest_reads, context + (reads * runs).sum(1), attention)
+    need = memory_required_bytes(target, None, verification) + memory_required_bytes(draft, None, widest_pass)
     total = np.where(need <= hw.capacity_bytes, drafting + verify, np.nan)
     return float(total[0]) if widths.ndim == 1 else total
 
@@ -171,9 +152,7 @@ def _prefix_grid(target, draft, hw, widths: np.ndarray, tau: np.ndarray, batches
             step = draft_model_tree_step_time_s(
                 target, draft, hw, batch=int(b), level_widths=widths, context=int(s), attention=attention
             )
-            verify = step_time_s(
-                target, None, hw, batch=int(b), tokens=nodes + 1, context=int(s), attention=attention, on_oom="ignore"
-            )
+            verify = step_time_s(target, None, hw, StepShape(int(b), nodes + 1, int(s), attention), on_oom="ignore")
             plain = float(verify[0])
             frames.append(
                 pd.DataFrame(

@@ -277,6 +277,23 @@ MUTANTS = (
         "the fit squares every error, so one outlier row pulls every term",
         STEP_TESTS,
     ),
+    # ---- roofline/step_shape.py: the step the latency model prices
+    Mutant(
+        "step-plain-keeps-candidates",
+        "roofline/step_shape.py",
+        "replace(self, tokens_per_sequence=1, candidates_per_sequence=None, draft_stages=None)",
+        "replace(self, tokens_per_sequence=1)",
+        "plain decoding keeps the tree step's candidate sequences and draft stages",
+        ("tests/test_step_shape.py",),
+    ),
+    Mutant(
+        "step-loose-context-as-batch",
+        "roofline/step_shape.py",
+        '"context": "context_tokens",',
+        '"context": "batch_sequences",',
+        "the loose keyword context sets the batch",
+        ("tests/test_step_shape.py",),
+    ),
     # ---- roofline/ops.py: operator FLOPs, bytes and rows
     Mutant(
         "ops-att-rows-nkv",

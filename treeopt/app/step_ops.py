@@ -10,6 +10,7 @@ from roofline.hardware import HardwareProfile, load_hardware
 from roofline.latency import StepTerms, candidates_of, memory_required_bytes, step_terms
 from roofline.ops import DraftWork, drafter_work
 from roofline.shapes import DraftHeadsShape, ModelShape
+from roofline.step_shape import StepShape
 from treeopt.app.models import draft_cost_of, heads_of, shape_of
 from treeopt.drafter_cost import DraftCost
 from treeopt.errors import UserError
@@ -142,7 +143,7 @@ def step_operators(
     if step.candidates is not None and step.verification != "candidates":
         raise UserError("--candidates: only with --verification candidates")
     cands = candidates_of(step.verification, step.tokens, step.candidates)
-    where = {"batch": step.batch, "tokens": step.tokens, "context": step.context, "attention": step.attention}
-    terms = step_terms(shape, draft, hw, **where, candidates=cands, draft_stages=step.draft_stages)
-    need = float(memory_required_bytes(shape, draft, **where, candidates=cands))
+    priced = StepShape(step.batch, step.tokens, step.context, step.attention, cands, step.draft_stages)
+    terms = step_terms(shape, draft, hw, priced)
+    need = float(memory_required_bytes(shape, draft, priced))
     return StepOperators(shape, hw, draft, step, cands, terms, need)
