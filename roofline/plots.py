@@ -435,6 +435,16 @@ def plot_measured_speedup(sweep: pd.DataFrame, selection: dict, path) -> None:
     _save(fig, path, extra=_outside_artists(fig))
 
 
+def _dropped_predictions(rows: pd.DataFrame) -> np.ndarray:
+    """The tree sizes of `rows` (one cell's trees) whose predicted speedup is missing although
+    a step was predicted: the profile priced the tree step below the plain step
+    (`treeopt.stats.physical_speedup`), so the dashed line skips them."""
+    if "predicted_speedup" not in rows.columns or "predicted_overhead" not in rows.columns:
+        return np.zeros(0)
+    gone = rows["predicted_speedup"].isna() & rows["predicted_overhead"].notna()
+    return rows.loc[gone, "nodes"].to_numpy(dtype=float)
+
+
 def measured_speedup_figure(sweep: pd.DataFrame, selection: dict) -> Figure:
     """Measured speedup against tree size with its interval band, one panel per context and
     one colour per batch size, the pick of `selection` marked (a ring; a cross at 1 for no
@@ -460,6 +470,9 @@ def measured_speedup_figure(sweep: pd.DataFrame, selection: dict) -> Figure:
             if "unreliable" in g.columns and (g["unreliable"] > 0).any():
                 bad = g[g["unreliable"] > 0]
                 ax.scatter(bad["nodes"], bad["speedup"], marker="x", s=60, color="red", zorder=5)
+            dropped = _dropped_predictions(g)
+            if dropped.size:
+                ax.scatter(dropped, np.ones(dropped.size), marker="v", s=40, color=color, zorder=5)
             pick = picks.get((b, s))
             if pick is not None:
                 n = pick["nodes"]
@@ -487,9 +500,17 @@ def measured_speedup_figure(sweep: pd.DataFrame, selection: dict) -> Figure:
         Line2D([], [], marker="o", ls="", mfc="none", mec="0.3", ms=10),
         Line2D([], [], marker="X", ls="", color="0.3", ms=9),
         Line2D([], [], marker="x", ls="", color="red"),
+        Line2D([], [], marker="v", ls="", color="0.3"),
     ]
-    labels += ["predicted", "picked tree", "picked: no speculation (at the smallest size)", "unreliable (not selected)"]
+    labels += [
+        "predicted",
+        "picked tree",
+        "picked: no speculation (at the smallest size)",
+        "unreliable (not selected)",
+        "no prediction: the profile prices\nthe tree step below plain (at 1)",
+    ]
     level = selection.get("confidence", 0.95)
+    shipped = selection.get("interval_confidence", level)
     axes[-1].legend(
         handles,
         labels,
@@ -497,7 +518,8 @@ def measured_speedup_figure(sweep: pd.DataFrame, selection: dict) -> Figure:
         bbox_to_anchor=(1.02, 1.0),
         fontsize=8,
         frameon=False,
-        title=f"band: {level:.0%} interval",
+        title=f"band: each size's {level * 100:.4g}% interval"
+        + (f"\n(the report's shipped interval: {shipped * 100:.4g}%)" if shipped != level else ""),
         title_fontsize=8,
     )
     fig.suptitle("Measured speedup against tree size", fontsize=11, y=1.02)

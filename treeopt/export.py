@@ -13,6 +13,7 @@ from rich.text import Text
 from rich.tree import Tree as RichTree
 
 from treeopt.errors import UserError
+from treeopt.fileio import dumps
 from treeopt.tree import TREE_FORMAT, Tree, _node_str
 
 FORMATS = ("text", "python", "json", "trtllm", "vllm")
@@ -59,7 +60,7 @@ def format_tree(
 
 def compact_json(doc: dict) -> str:
     """A JSON object with one key per line and compact values: a 63-node list stays one line."""
-    body = ",\n".join(f" {json.dumps(k)}: {json.dumps(v)}" for k, v in doc.items())
+    body = ",\n".join(f" {json.dumps(k)}: {dumps(v)}" for k, v in doc.items())
     return "{\n" + body + "\n}\n"
 
 

@@ -15,6 +15,7 @@ import contextlib
 import errno
 import fcntl
 import json
+import math
 import os
 import shutil
 import sys
@@ -53,8 +54,27 @@ def write_text(path: str | os.PathLike, text: str) -> None:
         tmp.write_text(text, encoding="utf-8")
 
 
+def finite_json(obj):
+    """`obj` with every float that is not finite (NaN, an infinity) replaced by None, so that
+    it is valid JSON (RFC 8259 has no NaN; strict parsers refuse Python's `NaN` token). A value
+    that can be missing carries its reason in a field beside it (docs/formats.md#strict-json)."""
+    if isinstance(obj, dict):
+        return {k: finite_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite_json(v) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):  # numpy's float64 is a float too
+        return None
+    return obj
+
+
+def dumps(obj, indent: int | None = None, **kwargs) -> str:
+    """`json.dumps` of `finite_json(obj)` that refuses any non-finite number left: every JSON
+    document the project writes or prints goes through here (or `json_rows`)."""
+    return json.dumps(finite_json(obj), indent=indent, allow_nan=False, **kwargs)
+
+
 def write_json(path: str | os.PathLike, obj, indent: int | None = 1) -> None:
-    write_text(path, json.dumps(obj, indent=indent) + "\n")
+    write_text(path, dumps(obj, indent=indent) + "\n")
 
 
 def json_rows(obj, indent: int = 1) -> str:
@@ -62,7 +82,7 @@ def json_rows(obj, indent: int = 1) -> str:
     `json.dumps(indent=...)` would, but a row (a list holding no object and nested at most two
     deep, such as `[3249, 1071, 293]` or `[[0, 2], 293]`) on one line. Parses to the same value
     as `json.dumps`; a 14,000-prefix joint table takes 14,000 lines instead of 100,000."""
-    return _rows(obj, indent, 0) + "\n"
+    return _rows(finite_json(obj), indent, 0) + "\n"
 
 
 def _depth(value) -> int:
@@ -82,7 +102,7 @@ def _rows(value, indent: int, level: int) -> str:
     if isinstance(value, list) and value and _depth(value) > 2:
         items = [f"{inner}{_rows(v, indent, level + 1)}" for v in value]
         return "[\n" + ",\n".join(items) + f"\n{pad}]"
-    return json.dumps(value)
+    return json.dumps(value, allow_nan=False)
 
 
 def write_json_rows(path: str | os.PathLike, obj) -> None:

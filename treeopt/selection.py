@@ -26,6 +26,14 @@ import pandas as pd
 from treeopt.accuracy import AccuracyTable, load_accuracy
 from treeopt.errors import UserError
 from treeopt.fileio import atomic_path, read_json_input
+from treeopt.selection_notes import (
+    mark_clamp,
+    missing_prediction_reason,
+    percent,
+    plain_slow_only,
+    raw_overheads,
+    unreliable_lines,
+)
 from treeopt.stats import (
     CONFIDENCE,
     DEFAULT_TOLERANCE,
@@ -451,7 +459,10 @@ def _decide_measured_cell(
     step_speed = cell["speedup"].to_numpy(dtype=float)
     disagree = e2e & np.isfinite(step_lo) & ((speed < step_lo) | (speed > step_hi)) & (nodes > 0)
     k = decision.index
+    raw = raw_overheads(cell, got[1] if paired else None)
     return {
+        "overhead_measured": raw[k] if k else 1.0,
+        "plain_slower_nodes": nodes[(nodes > 0) & (raw < 1.0 - MONOTONE_SLACK) & ~reliable].tolist(),
         "nodes": int(nodes[k]),
         "reason": decision.reason,
         "best_nodes": int(nodes[decision.best]),
@@ -585,12 +596,15 @@ def _add_side_by_side(
     meas = pd.Series(measured.to_numpy(), index=key)
     meas_by = pd.Series(measured_by.to_numpy(), index=key)
     pred = pd.Series(predicted.to_numpy(), index=key) if predicted is not None else None
+    pred_overhead = pd.Series(_col(df, "predicted_overhead"), index=key)
     for cell in doc["cells"]:
         k = (cell["batch"], cell["context"], cell["nodes"])
         cell["measured_speedup"] = _round(meas.get(k, np.nan)) if cell["nodes"] else 1.0
         cell["measured_by"] = str(meas_by.get(k, "step latency"))
         if pred is not None:
             cell["predicted_speedup"] = _round(pred.get(k, np.nan)) if cell["nodes"] else 1.0
+            if cell["predicted_speedup"] is None:
+                cell["predicted_speedup_missing"] = missing_prediction_reason(pred_overhead.get(k, np.nan))
 
 
 def check_tolerance(tolerance) -> float:
@@ -619,8 +633,11 @@ def _add_decisions(doc: dict, decisions: pd.DataFrame, confidence: float = CONFI
             need = d["rounds_needed"]
             cell["rounds_needed"] = int(need) if math.isfinite(need) else None
         cell["best_nodes"] = d["best_nodes"]
+        mark_clamp(cell, d["overhead_measured"])
         if d["unreliable_nodes"]:
             cell["unreliable_nodes"] = d["unreliable_nodes"]
+        if d["plain_slower_nodes"]:
+            cell["plain_slower_nodes"] = d["plain_slower_nodes"]
         if d["disagree_nodes"]:
             cell["step_and_end_to_end_disagree"] = d["disagree_nodes"]
         where = {"batch": cell["batch"], "context": cell["context"]}
@@ -809,8 +826,11 @@ def format_selection(doc: dict) -> str:
         lines.append(
             f"  batch {c['batch']:4d}  context {c['context']:6d}: {what}  speedup {format_speedup(c['speedup'])}{extra}"
         )
-        if c.get("unreliable_nodes"):
-            lines.append(f"      unreliable (failed the sanity checks, not selected): nodes {c['unreliable_nodes']}")
+        if c.get("predicted_speedup_missing"):
+            lines.append(f"      no predicted speedup: {c['predicted_speedup_missing']}")
+        if c.get("measured_speedup_missing"):
+            lines.append(f"      speedup not measured: {c['measured_speedup_missing']}")
+        lines += [f"      {line}" for line in unreliable_lines(c)]
         if c.get("step_and_end_to_end_disagree"):
             lines.append(
                 "      step latency and end-to-end throughput disagree beyond the interval at nodes "
@@ -824,18 +844,28 @@ def noise_summary(doc: dict) -> list[str]:
     """Lines that say which cells the measurement could not decide or measured noisily."""
     out = []
     cells = ", ".join
-    if doc.get("undecided"):
+    slow_plain = {(c["batch"], c["context"]) for c in doc.get("cells", []) if plain_slow_only(c)}
+    noisy_undecided = [u for u in doc.get("undecided") or [] if (u["batch"], u["context"]) not in slow_plain]
+    if noisy_undecided:
         tolerance = doc.get("tolerance")
         within = f" within {tolerance:.0%}" if tolerance is not None else ""
         out.append(
             f"UNDECIDED: the measurement could not settle the answer{within} at "
-            + cells(f"batch {u['batch']} context {u['context']}" for u in doc["undecided"])
+            + cells(f"batch {u['batch']} context {u['context']}" for u in noisy_undecided)
             + " (shipped: the best estimate that beats the threshold at its lower bound, else no speculation); "
             "measure again on a quieter machine or with a larger --budget"
         )
+    if slow_plain:
+        out.append(
+            "PLAIN STEP SLOWER: at "
+            + cells(f"batch {b} context {s}" for b, s in sorted(slow_plain))
+            + " tree steps measured faster than plain decoding, so every tree there failed the sanity checks; "
+            "plain decoding is the slow step on this stack (not noise: a quieter machine will not change it)"
+        )
     if doc.get("noisy"):
         out.append(
-            f"NOISY: the chosen speedup's {doc.get('confidence', CONFIDENCE):.0%} interval is wider than "
+            f"NOISY: the chosen speedup's {percent(doc.get('interval_confidence', doc.get('confidence', CONFIDENCE)))}"
+            " interval is wider than "
             f"+-{NOISY_HALF_WIDTH:.0%} at " + cells(f"batch {u['batch']} context {u['context']}" for u in doc["noisy"])
         )
     return out

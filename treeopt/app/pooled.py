@@ -11,6 +11,7 @@ cell's own answer stands.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -22,7 +23,7 @@ from roofline.profile_fit import fit_profile, predict_step_s, sweep_step_points
 from roofline.shapes import DraftHeadsShape, ModelShape
 from treeopt.app.models import draft_cost_of, heads_of, heads_shape_of_drafter, shape_of
 from treeopt.errors import UserError
-from treeopt.selection import cell_draws
+from treeopt.selection import cell_draws, missing_prediction_reason
 from treeopt.stats import (
     CONFIDENCE,
     DEFAULT_TOLERANCE,
@@ -217,7 +218,11 @@ def _take_fit_decision(
         decided_by="pooled fit",
     )
     if "predicted_speedup" in cell:
-        cell["predicted_speedup"] = round(float(row["predicted_speedup"]), 6) if n else 1.0
+        predicted = float(row["predicted_speedup"]) if n else 1.0
+        cell["predicted_speedup"] = round(predicted, 6) if math.isfinite(predicted) else None
+        cell.pop("predicted_speedup_missing", None)
+        if cell["predicted_speedup"] is None:
+            cell["predicted_speedup_missing"] = missing_prediction_reason(row.get("predicted_overhead", np.nan))
     cell.pop("rounds_needed", None)
 
 

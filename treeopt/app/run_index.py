@@ -18,6 +18,7 @@ from treeopt.app.sweep import DEMO_VALIDATION
 from treeopt.app.validation import ValidationResult
 from treeopt.engines import export_for
 from treeopt.selection import format_speedup, noise_summary, rounds_needed_text
+from treeopt.selection_notes import unreliable_lines
 
 
 @dataclass(frozen=True)
@@ -117,6 +118,7 @@ def _selection_section(r: RunResults) -> list[str]:
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     L += [_selection_row(c) for c in selection["cells"]]
+    L += _cell_notes(selection["cells"])
     if "pooled_fit" in selection:
         L += ["", f"Pooled evidence: the {format_pooled(selection)} (`selection.json` `pooled_fit`)."]
     L += [
@@ -139,10 +141,32 @@ def _selection_row(c: dict) -> str:
     span = f"{c['speedup_lo']:.2f}–{c['speedup_hi']:.2f}" if c.get("speedup_lo") is not None and c["nodes"] else "--"
     return (
         f"| {c['batch']} | {c['context']} | {c['nodes'] or 'no speculation'} | "
-        f"{format_speedup(c['measured_speedup'])} | {span} | {c.get('rounds', '--')} | "
+        f"{_measured_text(c)} | {span} | {c.get('rounds', '--')} | "
         f"{_reason_text(c)} | {c.get('best_nodes', '--')} | {_fit_text(c)} | "
         f"{format_speedup(c.get('predicted_speedup'))} |"
     )
+
+
+def _cell_notes(cells: list[dict]) -> list[str]:
+    """Under the cell table, why a number reads `--` or `= τ`, and what the sanity checks
+    flagged, one line per cell (`treeopt.selection_notes`)."""
+    notes = []
+    for c in cells:
+        where = f"batch {c['batch']} context {c['context']}"
+        if c.get("measured_speedup_missing"):
+            notes.append(f"- {where}, measured speedup `= τ`: {c['measured_speedup_missing']}.")
+        if c.get("predicted_speedup_missing"):
+            notes.append(f"- {where}, predicted speedup `--` ({c['nodes']} nodes): {c['predicted_speedup_missing']}.")
+        notes += [f"- {where}: {line}." for line in unreliable_lines(c)]
+    return ["", "Notes on the table:", ""] + notes if notes else []
+
+
+def _measured_text(cell: dict) -> str:
+    """The measured speedup, or `= τ 1.95x` where the overhead was clamped at 1 (the speedup
+    shipped is tau, not a measurement)."""
+    if cell.get("measured_speedup_missing"):
+        return f"= τ {format_speedup(cell['tau'])}"
+    return format_speedup(cell["measured_speedup"])
 
 
 def _engine_lines(r: RunResults) -> list[str]:

@@ -3,8 +3,6 @@ analytical half (roofline/). numpy only: no torch is loaded."""
 
 from __future__ import annotations
 
-import json
-
 import click
 import numpy as np
 import pandas as pd
@@ -44,7 +42,7 @@ from treeopt.drafter_cost import DRAFTER_NAMES
 from treeopt.engines import ENGINE_NAMES, get_engine
 from treeopt.errors import UserError
 from treeopt.export import text_table
-from treeopt.fileio import atomic_folder, atomic_outputs, atomic_path
+from treeopt.fileio import atomic_folder, atomic_outputs, atomic_path, dumps
 from treeopt.mix import format_mix, parse_mix
 from treeopt.selection import best_per_cell
 
@@ -179,7 +177,7 @@ def hw_list(as_json: bool) -> None:
     """List the built-in hardware profiles."""
     profiles = builtin_hardware()
     if as_json:
-        click.echo(json.dumps([p.to_dict() for p in profiles.values()], indent=1))
+        click.echo(dumps([p.to_dict() for p in profiles.values()], indent=1))
         return
     aliases: dict[str, list[str]] = {}
     for a, n in hardware_aliases().items():
@@ -458,7 +456,7 @@ def roofline_ops(
             err=True,
         )
     if as_json:
-        click.echo(json.dumps(ops.rows(), indent=1))
+        click.echo(dumps(ops.rows(), indent=1))
         return
     _echo_operators(ops)
 
@@ -603,7 +601,7 @@ def roofline_speedup(
             prediction.grid.to_csv(files.path(out), index=False, float_format="%.6g")
         if select:
             doc = grid_selection(prediction, mix_doc)
-            files.path(select).write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+            files.path(select).write_text(dumps(doc, indent=1) + "\n", encoding="utf-8")
     _echo_speedup(prediction, label, mix_doc)
     for path, what in ((out, "grid"), (select, "selection")):
         if path:

@@ -3,8 +3,6 @@ and one tree for a traffic mix. Apart from the tree commands because it reads sw
 
 from __future__ import annotations
 
-import json
-
 import click
 
 from treeopt import api
@@ -13,6 +11,7 @@ from treeopt.cli.safety import check_outputs, input_files
 from treeopt.cli.tree_cmds import echo_notes, engine_serving_table, load_table, write_output
 from treeopt.engines import ENGINE_NAMES
 from treeopt.errors import UserError
+from treeopt.fileio import dumps
 from treeopt.selection import sweep_meta_path, sweep_samples_path
 
 
@@ -142,4 +141,4 @@ def select_cmd(
         click.echo(f"wrote {output}")
     else:  # stdout is the JSON alone, so that it can be piped; the summary goes to stderr
         click.echo(selection.summary(), err=True)
-        click.echo(json.dumps(doc, indent=1))
+        click.echo(dumps(doc, indent=1))

@@ -4,7 +4,6 @@ answers in milliseconds (`select` is in select_cmds)."""
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -20,7 +19,7 @@ from treeopt.engines import ENGINE_NAMES, check, get_engine
 from treeopt.errors import UserError
 from treeopt.export import FORMATS, compact_json, draw_tree, format_tree, text_table
 from treeopt.family_build import build_for_engine
-from treeopt.fileio import write_text
+from treeopt.fileio import dumps, write_text
 from treeopt.tree import Tree, load_tree, tree_buffers
 
 
@@ -330,7 +329,7 @@ def buffers_cmd(tree_spec, topk, as_json, output):
     tree = load_tree(tree_spec, topk=k, allow_empty=True)
     buf = tree_buffers(tree, k)
     if as_json:
-        text = json.dumps(buf.to_dict()) + "\n"
+        text = dumps(buf.to_dict()) + "\n"
     else:
         with np.printoptions(threshold=sys.maxsize, linewidth=200):
             text = (
@@ -380,7 +379,7 @@ def compare_cmd(tree_specs, accuracy_path, csv_model, nodes, engine, as_json):
         notes += _coverage_notes(tree, table)
     if as_json:
         doc = {"accuracy": table.provenance, "trees": rows, "notes": [x.removeprefix("note: ") for x in notes]}
-        click.echo(json.dumps(doc, indent=1))
+        click.echo(dumps(doc, indent=1))
         return
     cols = ["nodes", "depth", "leaves", "tau"] + (["tau_joint"] if table.joint is not None else [])
     if target is not None:
