@@ -59,6 +59,7 @@ SCHEDULE_TESTS = ("tests/test_schedules.py",)
 RELIABILITY_TESTS = ("tests/test_reliability.py",)
 STEP_TESTS = ("tests/test_step_engine.py",)
 DRAFTER_TESTS = ("tests/test_drafters.py",)
+ENGINE_ACCEPTANCE_TESTS = ("tests/test_engine_acceptance.py",)
 PREFIX_TESTS = ("tests/test_hydra_prefix.py",)
 DATA_TESTS = ("tests/test_data_formats.py",)
 API_TESTS = ("tests/test_python_api.py",)
@@ -2418,6 +2419,71 @@ MUTANTS = (
         "held = (lo <= mean_overhead)[:, ~unreliable]",
         "a run's interval counted as holding the mean of all runs when the mean lies above it",
         ("tests/test_agreement.py",),
+    ),
+    # ---- the engine's own acceptance (treeopt/engine_readers.py, treeopt/chain_counts.py)
+    Mutant(
+        "engine-reach-not-tail-sum",
+        "treeopt/chain_counts.py",
+        "reach = h[::-1].cumsum()[::-1]  # reach[j] = steps accepting >= j, reach[0] = N",
+        "reach = h.cumsum()  # reach[j] = steps accepting >= j, reach[0] = N",
+        "steps reaching position j counted from the wrong end of the histogram",
+        ENGINE_ACCEPTANCE_TESTS,
+    ),
+    Mutant(
+        "engine-tau-population-variance",
+        "treeopt/chain_counts.py",
+        "var = (capped**2 @ h / N - mean**2) * N / max(N - 1, 1)",
+        "var = (capped @ h / N - mean**2) * N / max(N - 1, 1)",
+        "the variance of min(L, k) from E[min(L, k)] instead of its square",
+        ENGINE_ACCEPTANCE_TESTS,
+    ),
+    Mutant(
+        "engine-extrapolate-point-upper",
+        "treeopt/chain_counts.py",
+        "more_high = high[-1] + reach_hi * np.cumsum(p_hi**i)",
+        "more_high = high[-1] + reach_hi * np.cumsum(p_hi * i)",
+        "the extrapolated upper bound grows linearly instead of geometrically",
+        ENGINE_ACCEPTANCE_TESTS,
+    ),
+    Mutant(
+        "engine-newcombe-swapped",
+        "treeopt/chain_counts.py",
+        "low = d - np.sqrt((p1 - a.low) ** 2 + (b.high - p2) ** 2)",
+        "low = d - np.sqrt((p1 - a.low) ** 2 + (p2 - b.low) ** 2)",
+        "Newcombe's lower bound takes the second proportion's lower half-width",
+        ENGINE_ACCEPTANCE_TESTS,
+    ),
+    Mutant(
+        "engine-no-bonferroni",
+        "treeopt/chain_counts.py",
+        "per = 1 - (1 - confidence) / max(compared, 1)",
+        "per = confidence",
+        "the confidence is not split over the positions compared",
+        ENGINE_ACCEPTANCE_TESTS,
+    ),
+    Mutant(
+        "engine-check-ignores-tolerance",
+        "treeopt/chain_counts.py",
+        "elif hi[j] < -tolerance:",
+        "elif hi[j] < 0:",
+        "a significant but negligible drop is called a collapse",
+        ENGINE_ACCEPTANCE_TESTS,
+    ),
+    Mutant(
+        "engine-histogram-from-reach",
+        "treeopt/engine_readers.py",
+        "hist = -np.diff(np.append(n, 0.0))",
+        "hist = -np.diff(n)",
+        "the steps that accepted every position are dropped from the histogram",
+        ENGINE_ACCEPTANCE_TESTS,
+    ),
+    Mutant(
+        "engine-restart-unnoticed",
+        "treeopt/engine_readers.py",
+        "if earlier.created is not None and later.created is not None and earlier.created != later.created:",
+        "if False:",
+        "a restart between two scrapes goes unnoticed when the counters happen to grow",
+        ENGINE_ACCEPTANCE_TESTS,
     ),
 )
 

@@ -33,6 +33,10 @@ from treeopt.accuracy import load_accuracy as load_accuracy
 from treeopt.app.models import heads_of, shape_of
 from treeopt.app.pooled import add_sweep_pooled_evidence, format_pooled, sweep_model
 from treeopt.app.prediction import Prediction, PredictionOptions, predict_speedup
+from treeopt.chain_counts import ChainAcceptance, ExpectationCheck, check_expectation, expected_counts
+from treeopt.chain_counts import chain_acceptance as _chain_acceptance
+from treeopt.chain_counts import chain_table as _chain_table
+from treeopt.engine_readers import EngineWindow, load_engine_window
 from treeopt.engines import EngineExport as EngineExport
 from treeopt.engines import check as _check
 from treeopt.engines import export_for, get_engine
@@ -463,3 +467,61 @@ def calibrate(loaded, prompts, *, steps: int = 32, topk: int = 10, batch_size: i
         {"steps": steps, "topk": topk, "batch_size": batch_size, **options}
     )
     return runner.calibrate(loaded, prompts, settings, **rest).table
+
+
+# ---------------------------------------------------------------------------------------------
+# The engine's own acceptance (docs/python.md#the-engines-own-acceptance)
+
+
+def engine_acceptance(files) -> EngineWindow:
+    """The window of an engine's acceptance output: one or two vLLM /metrics scrapes (the later
+    first; two make the window between them), or one per-request JSON / JSON-lines file of vLLM
+    (`metrics.speculative_decoding`) or SGLang (`meta_info`). docs/formats.md#engine-acceptance-counts."""
+    return load_engine_window([files] if isinstance(files, str | Path) else list(files))
+
+
+def chain_table(window: EngineWindow | str | Path | list) -> AccuracyTable:
+    """The chain accuracy table (treeopt.accuracy/v1, width 1, provenance naming the engine,
+    window and counts) of an engine window or of the files `engine_acceptance` reads."""
+    return _chain_table(window if isinstance(window, EngineWindow) else engine_acceptance(window))
+
+
+def chain_acceptance(window: EngineWindow, *, confidence: float = 0.95, extra: int | None = None) -> ChainAcceptance:
+    """Per-position conditional acceptance with Wilson intervals and tau of every chain length
+    with its interval, extrapolated (flagged) up to `extra` lengths past K [default K]."""
+    return _chain_acceptance(window.accepted_length_histogram, confidence=confidence, extra=extra)
+
+
+def _acceptance_counts(files) -> tuple[np.ndarray, np.ndarray]:
+    """(accepted, tries) per chain position of an accuracy table file or engine output."""
+    if isinstance(files, AccuracyTable):
+        return expected_counts(files)
+    if isinstance(files, EngineWindow):
+        c = chain_acceptance(files, extra=0)
+        return c.accepted, c.tries
+    files = [files] if isinstance(files, str | Path) else list(files)
+    if len(files) == 1 and _is_accuracy_file(files[0]):
+        return expected_counts(load_accuracy(files[0]))
+    c = chain_acceptance(engine_acceptance(files), extra=0)
+    return c.accepted, c.tries
+
+
+def _is_accuracy_file(path) -> bool:
+    text = str(path)
+    if text.lower().endswith(".csv"):
+        return True
+    try:
+        with open(path, encoding="utf-8-sig") as f:
+            head = f.read(4096).lstrip()
+    except (OSError, UnicodeDecodeError):
+        return False  # the engine reader says what is wrong, in one line
+    return head.startswith("[[") or (head.startswith("{") and "treeopt.accuracy/" in head)
+
+
+def check_acceptance(observed, expected, *, tolerance: float = 0.05, confidence: float = 0.95) -> ExpectationCheck:
+    """The engine's per-position acceptance (`observed`: engine output files, an EngineWindow, a
+    chain table file or an AccuracyTable) against `expected` (the same kinds: a calibration's or
+    an earlier window's table, or engine output of an earlier window): `.consistent` and `.line()` say the verdict."""
+    return check_expectation(
+        _acceptance_counts(observed), _acceptance_counts(expected), tolerance=tolerance, confidence=confidence
+    )

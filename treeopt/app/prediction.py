@@ -27,6 +27,7 @@ from roofline.ops import DraftWork, drafter_work
 from roofline.shapes import DraftHeadsShape, ModelShape
 from treeopt.accuracy import AccuracyTable, load_accuracy
 from treeopt.app.models import draft_cost_of, heads_of, shape_of
+from treeopt.chain_counts import describe_window, window_of_table
 from treeopt.drafter_cost import DraftCost
 from treeopt.engines import Engine, get_engine
 from treeopt.errors import UserError
@@ -255,4 +256,7 @@ def load_table(path, csv_model: str | None, model_name: str) -> tuple[AccuracyTa
     """The table and how to name it; a CSV of several models gives the rows named like the model."""
     table = load_accuracy(path, model=csv_model, default_model=None if csv_model else str(model_name).lower())
     rows = table.provenance.get("model")
+    window = window_of_table(table, str(path))
+    if window is not None:  # an engine's own counts: say which engine, window and counts
+        return table, f"`{path}` (engine-reported chain acceptance: {describe_window(window)})"
     return table, f"`{path}` (rows of {rows})" if rows and str(path).lower().endswith(".csv") else f"`{path}`"

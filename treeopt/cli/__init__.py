@@ -144,6 +144,10 @@ demo = _lazy_group(
         ),
         "report": ("treeopt.cli.roofline_cmds:report_cmd", "Write a predicted report: plots, grid, selection."),
         "calibrate": ("treeopt.cli.calibration_cmds:calibrate_cmd", "Measure per-rank accuracies of draft heads."),
+        "acceptance": (
+            "treeopt.cli.acceptance_cmds:acceptance_group",
+            "The engine's reported acceptance against what the drafter should do.",
+        ),
         "decode": ("treeopt.cli.decode_cmds:decode_cmd", "Generate with the reference tree decoder."),
         "sweep": ("treeopt.cli.run_cmds:sweep_cmd", "Measure step latency per tree size x batch x context."),
         "validate": ("treeopt.cli.run_cmds:validate_cmd", "Check predicted tau and step latency against measurements."),

@@ -22,6 +22,7 @@ from treeopt.accuracy import wilson_interval
 from treeopt.app.hwcalibrate import ENGINE_BATCHES, calibrate_engine_terms, calibrate_hardware, engine_bench_positions
 from treeopt.app.models import is_demo
 from treeopt.app.random_weights import check_random_bench, load_random, random_model
+from treeopt.cli.acceptance_cmds import engine_import
 from treeopt.cli.options import DRAFTER_OPTION, AtLeast, dtype_option, random_weights_option
 from treeopt.cli.safety import check_outputs, input_files
 from treeopt.errors import UserError
@@ -158,10 +159,12 @@ _RUN_OPTIONS = (
 @click.option("--no-joint", is_flag=True, help="Skip the joint rank-vector prefix counts.")
 @click.option(
     "--import",
-    "import_file",
-    default=None,
-    metavar="FILE.pt",
-    help="Instead of running, convert the output of Medusa's heads_accuracy.py.",
+    "import_files",
+    multiple=True,
+    metavar="FILE",
+    help="Instead of running, convert the output of Medusa's heads_accuracy.py (FILE.pt), or an engine's own "
+    "acceptance into a chain table: vLLM /metrics text (a second --import of an earlier scrape makes the "
+    "window between them), vLLM per-request JSON / JSON lines, SGLang meta_info records.",
 )
 @click.option(
     "--normalize",
@@ -197,7 +200,7 @@ def calibrate_cmd(
     dtype,
     threads,
     no_joint,
-    import_file,
+    import_files,
     normalize,
     quiet,
     output,
@@ -213,16 +216,21 @@ def calibrate_cmd(
       torchrun --nproc-per-node 8 -m treeopt calibrate --model ./vicuna-7b \\
           --data sharegpt.json --device cuda -o acc.json
       treeopt calibrate --import vicuna_heads_accuracy.pt -o acc.json
+      treeopt calibrate --import metrics_now.txt --import metrics_before.txt -o chain.json
     """
-    if import_file is None and ctx.get_parameter_source("normalize") == click.core.ParameterSource.COMMANDLINE:
-        raise UserError("--normalize: only meaningful with --import")
-    if import_file is not None:
+    medusa = len(import_files) == 1 and Path(import_files[0]).suffix.lower() in (".pt", ".pth")
+    if not medusa and ctx.get_parameter_source("normalize") == click.core.ParameterSource.COMMANDLINE:
+        raise UserError("--normalize: only meaningful with --import of Medusa's FILE.pt")
+    if import_files:
         given = [
             name for name in _RUN_OPTIONS if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE
         ]
         if given:
             raise UserError(f"--import: cannot be combined with --{given[0].replace('_', '-')}")
-        _import(import_file, normalize, output, quiet=quiet)
+        if medusa:
+            _import(import_files[0], normalize, output, quiet=quiet)
+        else:
+            engine_import(import_files, output, quiet=quiet)
         return
     settings = CalibrationSettings(
         steps=steps,
