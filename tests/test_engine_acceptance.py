@@ -284,3 +284,53 @@ def test_check_bad_input_is_exit_2(tmp_path, capsys):
         capsys,
     )
     assert code == 2 and "two different K" in err
+
+
+# ---------------------------------------------------------------------------------------------
+# Schedules for any drafter
+
+
+@pytest.mark.parametrize(
+    "imports",
+    [
+        ["vllm_eagle3_after.prom", "vllm_eagle3_before.prom"],
+        ["vllm_eagle3_requests.jsonl"],
+        ["sglang_mtp_requests.jsonl"],
+    ],
+)
+def test_one_command_from_engine_output_to_a_vllm_schedule(imports, tmp_path, capsys):
+    out = tmp_path / "chain.json"
+    args = ["acceptance", "schedule", *[a for x in imports for a in ("--import", f(x))]]
+    args += [
+        "--model",
+        "llama-3-8b",
+        "--hardware",
+        "h100-sxm",
+        "--context",
+        "2048",
+        "--batch",
+        "1,8,4096",
+        "-o",
+        str(out),
+    ]
+    text = run_ok(args, capsys)
+    assert "acceptance [95% Wilson]" in text and "0.700 [" in text
+    line = next(x for x in text.splitlines() if x.startswith("vLLM: --speculative-config"))
+    config = json.loads(line.split("'")[1])
+    ranges = config["num_speculative_tokens_per_batch_size"]
+    # vLLM's form: inclusive ranges from batch 1, contiguous, K within the served K = 3
+    assert ranges[0][0] == 1 and all(a[1] + 1 == b[0] for a, b in zip(ranges, ranges[1:], strict=False))
+    assert config["num_speculative_tokens"] == max(k for *_, k in ranges) <= 3
+    # at batch 1 a step is memory-bound: verifying 4 tokens costs about one, so the longest chain wins
+    assert ranges[0][2] == 3
+    assert load_accuracy(out).num_heads == 3
+
+
+def test_a_drafter_that_accepts_nothing_is_switched_off(tmp_path):
+    from treeopt.app.engine_schedule import chain_schedule
+
+    w = load_engine_window([f("vllm_eagle3_requests.jsonl")])
+    dead = api.chain_table(w.__class__(**{**w.__dict__, "accepted_length_histogram": (200, 0, 0, 0)}))
+    # tau = 1 at every K, and a step never costs less than plain decoding: no K beats K = 0
+    plan = chain_schedule("llama-3-8b", "h100-sxm", dead, batches=[1, 8, 64], contexts=[1024])
+    assert [c.draft_len for c in plan.choices] == [0, 0, 0] and plan.vllm is None and plan.switch_off_batch == 1

@@ -3,13 +3,17 @@ and `treeopt acceptance check` (observed against expected, exit 0 / 1 / 2)."""
 
 from __future__ import annotations
 
+import json
 import sys
 
 import click
 
 from treeopt import api
 from treeopt.acceptance import rank_vectors_path
-from treeopt.chain_counts import ChainAcceptance, ExpectationCheck, describe_window
+from treeopt.app.engine_schedule import chain_schedule
+from treeopt.chain_counts import ChainAcceptance, ExpectationCheck, describe_window, window_of_table
+from treeopt.cli.options import AtLeast, apply
+from treeopt.cli.roofline_cmds import ENGINE_COSTS_OPTION, GRID_OPTIONS, HARDWARE_OPTION, MODEL_OPTIONS
 from treeopt.cli.safety import check_outputs, input_files
 
 
@@ -111,3 +115,80 @@ def format_check(result: ExpectationCheck) -> str:
             f"{d[0]:+.3f} [{d[1]:+.3f}, {d[2]:+.3f}]  {p.verdict}"
         )
     return "\n".join(lines)
+
+
+@acceptance_group.command("schedule")
+@click.option(
+    "--import",
+    "import_files",
+    multiple=True,
+    required=True,
+    metavar="FILE",
+    help="The engine's acceptance: vLLM /metrics scrapes (the later first, then the earlier), a per-request "
+    "JSON/JSON-lines file of vLLM or SGLang, or a chain table from `treeopt calibrate --import`.",
+)
+@apply(MODEL_OPTIONS)
+@HARDWARE_OPTION
+@ENGINE_COSTS_OPTION
+@apply(GRID_OPTIONS)
+@click.option(
+    "--method",
+    default="eagle3",
+    show_default=True,
+    help="The vLLM speculative method the schedule line names (eagle3, mtp, ngram, ...).",
+)
+@click.option("--max-batch-size", type=AtLeast(1), default=None, help="The server's max_num_seqs.")
+@click.option("-o", "--output", default=None, metavar="FILE", help="Also write the chain table (JSON).")
+def schedule_cmd(
+    import_files, model, dtype, hardware, engine_costs, batches, contexts, method, max_batch_size, output
+) -> None:
+    """The best K per batch range and the switch-off point for the drafter the engine serves,
+    from its reported acceptance and the step costs of a GPU profile: the chain table with its
+    intervals, then vLLM's num_speculative_tokens_per_batch_size line and TensorRT-LLM's
+    draft_len_schedule.
+
+    \b
+    Example:
+      treeopt acceptance schedule --import now.prom --import before.prom \\
+          --model llama-3-8b --hardware h100-sxm --context 2048 --method eagle3
+    """
+    check_outputs([output], input_files(*import_files, hardware))
+    table, window = _chain_input(import_files)
+    if dtype is not None:
+        model = api.model_shape(model, dtype)
+    plan = chain_schedule(
+        model,
+        hardware,
+        table,
+        batches=batches,
+        contexts=contexts,
+        method=method,
+        engine_costs=engine_costs,
+        max_batch_size=max_batch_size,
+    )
+    if output is not None:
+        table.save(output)
+    if window is not None:
+        click.echo(f"imported {describe_window(window)}")
+        click.echo(format_chain(api.chain_acceptance(window)))
+    click.echo(plan.step_costs)
+    click.echo(
+        "best K per batch size (0: speculation off): "
+        + ", ".join(f"{c.batch_size}: {c.draft_len}" for c in plan.choices)
+    )
+    off = plan.switch_off_batch
+    click.echo(f"speculation off from batch {off} on" if off is not None else "speculation on at every batch size")
+    click.echo(f"vLLM: {plan.vllm_line}")
+    trt = "no schedule TensorRT-LLM takes" if plan.trtllm is None else json.dumps(plan.trtllm)
+    click.echo(f"TensorRT-LLM: {trt}")
+    if output is not None:
+        click.echo(f"wrote {output}")
+
+
+def _chain_input(files):
+    """(chain table, its engine window or None) of engine output or a chain table file."""
+    if len(files) == 1 and api._is_accuracy_file(files[0]):
+        table = api.load_accuracy(files[0])
+        return table, window_of_table(table, files[0])
+    window = api.engine_acceptance(files)
+    return api.chain_table(window), window
