@@ -334,3 +334,16 @@ def test_a_drafter_that_accepts_nothing_is_switched_off(tmp_path):
     # tau = 1 at every K, and a step never costs less than plain decoding: no K beats K = 0
     plan = chain_schedule("llama-3-8b", "h100-sxm", dead, batches=[1, 8, 64], contexts=[1024])
     assert [c.draft_len for c in plan.choices] == [0, 0, 0] and plan.vllm is None and plan.switch_off_batch == 1
+
+
+def test_a_chain_table_whose_provenance_disagrees_with_its_counts_is_refused(tmp_path):
+    from treeopt.chain_counts import window_of_table
+
+    table = api.chain_table(f("vllm_eagle3_requests.jsonl"))
+    doc = json.loads(json.dumps(table.to_dict()))  # a copy: to_dict shares the provenance
+    doc["provenance"]["engine_acceptance"]["accepted_length_histogram"] = [60, 56, 43, 41]
+    path = tmp_path / "edited.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(UserError, match="does not give the table's positions and hits"):
+        window_of_table(load_accuracy(path), str(path))
+    assert window_of_table(table, "t").num_drafts == 200

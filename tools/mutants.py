@@ -2485,6 +2485,38 @@ MUTANTS = (
         "a restart between two scrapes goes unnoticed when the counters happen to grow",
         ENGINE_ACCEPTANCE_TESTS,
     ),
+    Mutant(
+        "engine-schedule-switch-off-end",
+        "treeopt/app/engine_schedule.py",
+        "return self.ranges[-1][0]",
+        "return self.ranges[-1][1]",
+        "the switch-off point is the last batch size instead of the first that drafts nothing",
+        ENGINE_ACCEPTANCE_TESTS,
+    ),
+    Mutant(
+        "engine-sglang-k-off-by-one",
+        "treeopt/engine_readers.py",
+        "ks.setdefault(int(drafted // steps), i)",
+        "ks.setdefault(int(drafted // steps) + 1, i)",
+        "SGLang's K read as num_draft_tokens instead of num_draft_tokens - 1",
+        ENGINE_ACCEPTANCE_TESTS,
+    ),
+    Mutant(
+        "engine-vllm-short-drafts-kept",
+        "treeopt/engine_readers.py",
+        'total += _dense(by_length.get(str(K), []), K, f"{where}: acceptance_histogram_by_draft_length[{K}]")',
+        'total += _dense(r.get("acceptance_histogram"), K, where)',
+        "steps whose drafts were shorter than K counted as if K tokens were tried",
+        ENGINE_ACCEPTANCE_TESTS,
+    ),
+    Mutant(
+        "engine-provenance-unchecked",
+        "treeopt/chain_counts.py",
+        "    if heads > len(c.tries) or not (",
+        "    if False and not (",
+        "a chain table whose stored window disagrees with its counts is trusted",
+        ENGINE_ACCEPTANCE_TESTS,
+    ),
 )
 
 

@@ -127,7 +127,18 @@ def window_of_table(table: AccuracyTable, source: str) -> EngineWindow | None:
     prov = table.provenance or {}
     if "engine_acceptance" not in prov:
         return None
-    return EngineWindow.from_dict(prov["engine_acceptance"], source)
+    window = EngineWindow.from_dict(prov["engine_acceptance"], source)
+    c = chain_acceptance(window.accepted_length_histogram, extra=0)
+    heads = table.num_heads
+    # the stored histogram is the table's provenance only if it gives the table's own counts
+    if heads > len(c.tries) or not (
+        np.allclose(c.tries[:heads], table.positions) and np.allclose(c.accepted[:heads], table.hits[:, 0])
+    ):
+        raise UserError(
+            f"{source}: provenance.engine_acceptance.accepted_length_histogram does not give the table's "
+            "positions and hits (edited by hand?)"
+        )
+    return window
 
 
 def describe_window(window: EngineWindow) -> str:
