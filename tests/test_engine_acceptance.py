@@ -347,3 +347,10 @@ def test_a_chain_table_whose_provenance_disagrees_with_its_counts_is_refused(tmp
     with pytest.raises(UserError, match="does not give the table's positions and hits"):
         window_of_table(load_accuracy(path), str(path))
     assert window_of_table(table, "t").num_drafts == 200
+
+
+def test_one_indented_response_is_read_as_one_record(tmp_path):
+    rec = json.loads((DATA / "vllm_eagle3_requests.jsonl").read_text().splitlines()[1])
+    rec["metrics"]["speculative_decoding"]["acceptance_histogram_by_draft_length"]["3"] = [10, 10, 10, 10]
+    w = load_engine_window([_write(tmp_path, "one.json", json.dumps(rec, indent=2))])
+    assert w.accepted_length_histogram == (10, 10, 10, 10) and w.window["requests"] == 1

@@ -293,6 +293,10 @@ def _records(text: str, source: str) -> list:
     if stripped[0] == "[" or "\n" not in stripped:
         doc = parse_json_input(stripped, source)
         return doc if isinstance(doc, list) else [doc]
+    try:  # one indented JSON response, else JSON lines
+        return [parse_json_input(stripped, source)]
+    except UserError:
+        pass
     return [
         parse_json_input(line, f"{source}: line {i}") for i, line in enumerate(text.splitlines(), 1) if line.strip()
     ]
