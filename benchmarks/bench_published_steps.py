@@ -191,7 +191,9 @@ def preset_rows(tables) -> dict[str, pd.DataFrame]:
     appf = by_id["medusa-appF"]
     held_f = appf[appf["group"] == "Vicuna-33B"]
     table1 = by_id["medusa-table1"].assign(group=lambda d: "Table 1 " + d["group"])
+    sdb = by_id["specdecode-bench"]
     return {
+        "vllm": sdb[sdb["batch"].isin([2, 4, 128])].reset_index(drop=True),
         "ibm-tgis": ibm[ibm["context"] > ibm["context"].min()].reset_index(drop=True),
         "hf-eager": pd.concat([held_f.assign(group="App. F Vicuna-33B"), table1], ignore_index=True),
     }
@@ -200,7 +202,11 @@ def preset_rows(tables) -> dict[str, pd.DataFrame]:
 def presets(tables) -> list[tuple]:
     """(c): each measured preset on its held-out rows, beside the ideal engine on the same rows."""
     hardware = {t.id: t.hardware for t in tables}
-    where = {"ibm-tgis": hardware["ibm-table1"], "hf-eager": hardware["medusa-appF"]}
+    where = {
+        "ibm-tgis": hardware["ibm-table1"],
+        "hf-eager": hardware["medusa-appF"],
+        "vllm": hardware["specdecode-bench"],
+    }
     known = load_presets()
     results = []
     print("\n== engine presets on held-out rows (roofline/data/engine_presets.json)")

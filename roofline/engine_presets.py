@@ -18,7 +18,7 @@ numpy-free and torch-free, like the rest of `roofline`.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
@@ -30,6 +30,7 @@ __all__ = [
     "FAMILIES",
     "ENGINE_FAMILY",
     "PRESET_FIELDS",
+    "DRAFTER_KINDS",
     "EnginePreset",
     "StepCosts",
     "load_presets",
@@ -55,6 +56,9 @@ PRESET_FIELDS = (
     "draft_stage_s",
     "attention_kv_efficiency",
 )
+
+#: drafter kinds a preset prices per drafted depth (docs/performance-model.md#engine-presets)
+DRAFTER_KINDS = ("eagle", "eagle3", "mtp", "draft-model", "medusa", "hydra", "mlp-speculator", "ngram")
 
 #: tree-constraint engine (docs/engines.md) -> the family whose step costs it pays. The Medusa and
 #: Hydra authors' code and treeopt's reference decoder run Hugging Face models eagerly.
@@ -95,6 +99,14 @@ class EnginePreset:
     fit_rows: str = ""
     held_out: str = ""
     not_known: tuple[str, ...] = ()
+    drafting: dict = field(default_factory=dict)
+    drafting_ranges: dict = field(default_factory=dict)
+    carried_from: str | None = None
+
+    @property
+    def priced(self) -> bool:
+        """Whether the preset sets terms of its own or carried from the closest family."""
+        return self.measured or self.carried_from is not None
 
     @property
     def short(self) -> str:
@@ -136,6 +148,9 @@ def load_presets(path=DATA_FILE) -> dict[str, EnginePreset]:
             fit_rows=raw.get("fit_rows", ""),
             held_out=raw.get("held_out", ""),
             not_known=tuple(raw.get("not_known", [])),
+            drafting={k: float(v["value"]) for k, v in raw.get("drafting", {}).items()},
+            drafting_ranges={k: tuple(float(x) for x in v["range"]) for k, v in raw.get("drafting", {}).items()},
+            carried_from=raw.get("carried_from"),
         )
     return out
 
@@ -152,14 +167,21 @@ def engine_family(engine: str | None) -> str:
     return ENGINE_FAMILY[engine]
 
 
-def apply_preset(profile: HardwareProfile, family: str) -> HardwareProfile:
-    """`profile` with `family`'s terms: the fields of `PRESET_FIELDS` the preset fitted, the rest
-    of them at their ideal values (those of the built-in profiles); roofs and efficiencies as they
-    were. An unmeasured family (and "ideal") gives the ideal terms."""
+def apply_preset(profile: HardwareProfile, family: str, drafter: str | None = None) -> HardwareProfile:
+    """`profile` with `family`'s terms: the fields of `PRESET_FIELDS` the preset fitted (or carried
+    from the closest family), the rest of them at their ideal values (those of the built-in
+    profiles); roofs and efficiencies as they were. An unmeasured family (and "ideal") gives the
+    ideal terms. drafter: the drafter kind (`DRAFTER_KINDS`) whose cost per drafted depth sets
+    draft_stage_s (None: the preset's own, that of the drafter it was fitted on)."""
     preset = load_presets()[engine_family(family)]
     ideal = {k: (None if k == "attention_kv_efficiency" else 0.0) for k in PRESET_FIELDS}
     changes = {**ideal, **preset.terms}
-    if preset.measured:
+    if drafter is not None:
+        if drafter not in DRAFTER_KINDS:
+            raise UserError(f"drafter kind: {drafter!r} is not one of {', '.join(DRAFTER_KINDS)}")
+        if drafter in preset.drafting:
+            changes["draft_stage_s"] = preset.drafting[drafter]
+    if preset.priced:
         changes["source"] = (
             f"{profile.source}; engine terms: the {preset.family} preset (roofline/data/engine_presets.json)"
         )
@@ -185,11 +207,14 @@ class StepCosts:
     line: str
 
 
-def step_costs(profile: HardwareProfile, *, engine: str | None = None, family: str | None = None) -> StepCosts:
+def step_costs(
+    profile: HardwareProfile, *, engine: str | None = None, family: str | None = None, drafter: str | None = None
+) -> StepCosts:
     """The profile a prediction uses and the line naming its step costs. `family` (--engine-costs)
     wins over `engine`'s family; neither: the ideal engine. A built-in profile takes the family's
     preset; any other profile (calibrated, fitted, a file) keeps its own terms, and the line says
-    the preset was not applied when one was asked for."""
+    the preset was not applied when one was asked for. drafter: the drafter kind whose cost per
+    drafted depth the preset charges (`apply_preset`)."""
     asked = family if family is not None else (engine_family(engine) if engine is not None else None)
     if builtin_hardware().get(profile.name) != profile:
         own = (
@@ -209,10 +234,15 @@ def step_costs(profile: HardwareProfile, *, engine: str | None = None, family: s
         line = "step costs: ideal engine (no cost beyond the forward pass)"
     elif preset.measured:
         line = f"step costs: {name} preset ({preset.source_text()})"
+    elif preset.carried_from:
+        line = (
+            f"step costs: {name} preset, the {preset.carried_from} preset's terms with wider ranges "
+            f"(no published step of {name}; {preset.source_text()})"
+        )
     else:
         who = engine if engine is not None and family is None else name
         line = f"step costs: ideal engine (no published measurement of {who})"
-    return StepCosts(apply_preset(profile, name), name, line)
+    return StepCosts(apply_preset(profile, name, drafter), name, line)
 
 
 def calibrated_line(profile_name: str, engine: str | None) -> str:

@@ -4,7 +4,8 @@
 roofline/data/published_speculative_steps.json holds the papers' numbers as printed, each table
 with its citation, setup, units and an uncertainty note: IBM's Table 1 (Wertheimer et al. 2024,
 arXiv 2404.19124), Medusa's Table 1 and Appendix F (Cai et al. 2024, arXiv 2401.10774) and
-Hydra's Appendix D and Section 6.2 (Ankner et al. 2024, arXiv 2402.05109). `published_tables()`
+Hydra's Appendix D and Section 6.2 (Ankner et al. 2024, arXiv 2402.05109), and SpecDecode-Bench's
+cost model of vLLM's steps (Liu et al. 2026, arXiv 2601.11580). `published_tables()`
 turns every table that gives step times, or ratios of step times, into rows of the step table
 of docs/performance-model.md#fitting-a-profile-to-measured-steps (batch, context, tokens,
 candidates, draft_stages, step_ms), with the measured T(n)/T(0) of each row beside it. Hydra's
@@ -32,6 +33,7 @@ __all__ = [
     "ROW_COLUMNS",
     "Citation",
     "PublishedTable",
+    "cost_model_step_rows",
     "ibm_step_rows",
     "medusa_step_rows",
     "published_tables",
@@ -173,7 +175,57 @@ def medusa_step_rows(table: dict) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=list(ROW_COLUMNS))
 
 
-_ROWS = {"ibm_candidates": ibm_step_rows, "step_overhead": medusa_step_rows, "step_throughput": medusa_step_rows}
+def cost_model_step_rows(table: dict) -> pd.DataFrame:
+    """A published cost model of an engine's steps (SpecDecode-Bench's `Llama8BH100`, Liu et al.
+    2026) evaluated as its simulator evaluates it, one group per (batch, context): the plain step
+
+        T(0) = kv_s x b s + batched_token_s x b + fixed_s + overhead_per_step_s
+
+    and the speculative step of k draft tokens (tokens k + 1, drafted in k draft forwards)
+
+        T(k) = kv_s x b s + batched_token_s x b (k + 1) + fixed_s
+               + draft_kv_s x b s + draft_token_s x (k + 1) + draft_fixed_s + overhead_per_step_s
+
+    (b s: the batch's KV tokens; the draft's token term counts one request's k + 1 tokens, the
+    simulator's largest request). tokens_per_step is NaN: a cost model gives no acceptance."""
+    c = {k: float(v) for k, v in table["coefficients"].items()}
+    setup = table["setup"]
+    k = int(setup["draft_tokens"])
+    rows = []
+    for batch in setup["batches"]:
+        for context in setup["contexts"]:
+            kv = float(batch) * float(context)
+            plain_s = c["forward_kv_s"] * kv + c["forward_batched_token_s"] * batch + c["forward_fixed_s"]
+            plain_s += c["overhead_per_step_s"]
+            spec_s = c["forward_kv_s"] * kv + c["forward_batched_token_s"] * batch * (k + 1) + c["forward_fixed_s"]
+            spec_s += c["draft_kv_s"] * kv + c["draft_token_s"] * (k + 1) + c["draft_fixed_s"]
+            spec_s += c["overhead_per_step_s"]
+            for tokens, stages, step_s in ((1, 0, plain_s), (k + 1, k, spec_s)):
+                rows.append(
+                    {
+                        "group": f"batch {batch}, context {context}",
+                        "shape": setup["shape"],
+                        "batch": int(batch),
+                        "context": int(context),
+                        "tokens": tokens,
+                        "candidates": 1,
+                        "draft_stages": stages,
+                        "draft_heads": 0,
+                        "step_ms": 1e3 * step_s,
+                        "ratio": step_s / plain_s,
+                        "tokens_per_step": np.nan if tokens > 1 else 1.0,
+                        "ms_per_token": np.nan if tokens > 1 else 1e3 * step_s,
+                    }
+                )
+    return pd.DataFrame(rows, columns=list(ROW_COLUMNS))
+
+
+_ROWS = {
+    "ibm_candidates": ibm_step_rows,
+    "step_overhead": medusa_step_rows,
+    "step_throughput": medusa_step_rows,
+    "cost_model": cost_model_step_rows,
+}
 _NO_ROWS = {
     "draft_overhead": "drafting costs per step only: no tree-step time, so no step ratio",
     "speedup_only": "wall-clock speedups only, without tokens per step per batch: no step ratio",

@@ -137,6 +137,13 @@ def _engine_sentence(hw: HardwareProfile, family: str | None = None) -> str:
     """Which serving engine the profile describes (docs/performance-model.md#which-engine-a-profile-describes);
     `family`: the engine preset whose terms a built-in profile carries (docs/performance-model.md#engine-presets)."""
     preset = load_presets().get(family) if family else None
+    if preset is not None and preset.carried_from:
+        return (
+            f"this built-in profile carries the {preset.family} engine preset ({preset.title}): no published step "
+            f"of it was found, so it carries the {preset.carried_from} preset's terms with wider ranges "
+            f"({preset.source_text()}); the GPU's roofs are the datasheet's. The terms and their ranges are in "
+            "roofline/data/engine_presets.json."
+        )
     if preset is not None and preset.measured:
         return (
             f"this built-in profile carries the {preset.family} engine preset ({preset.title}): its cost per "

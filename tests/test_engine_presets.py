@@ -85,8 +85,16 @@ def test_measured_presets_carry_fitted_terms_with_ranges_and_sources():
         for k, v in p.terms.items():
             lo, hi = p.ranges[k]
             assert lo <= v <= hi, (name, k)
-    for name in ("ideal", "trtllm", "vllm", "sglang"):
-        assert not presets[name].measured and presets[name].terms == {}
+    assert not presets["ideal"].measured and presets["ideal"].terms == {}
+    # vLLM: fitted on SpecDecode-Bench's cost model; TensorRT-LLM and SGLang publish no step of their
+    # own and carry vLLM's terms with wider ranges (docs/performance-model.md#engine-presets)
+    vllm = presets["vllm"]
+    assert vllm.measured and vllm.sources and vllm.fit_rows and vllm.held_out
+    for name in ("trtllm", "sglang"):
+        p = presets[name]
+        assert not p.measured and p.carried_from == "vllm" and p.terms == vllm.terms
+        for k, v in p.terms.items():
+            assert p.ranges[k][0] <= vllm.ranges[k][0] <= v <= vllm.ranges[k][1] <= p.ranges[k][1], (name, k)
     # the IBM engine pays a fixed cost per speculative step of a few ms (the paper's 4-token step is
     # 1.31 plain steps)
     assert 2e-3 < presets["ibm-tgis"].terms["spec_step_overhead_s"] < 5e-3
@@ -101,8 +109,7 @@ def test_a_preset_changes_only_the_engine_terms_of_a_builtin_profile():
     assert priced.peak_flops == base.peak_flops and priced.bandwidth_bytes_per_s == base.bandwidth_bytes_per_s
     assert priced.eta_memory == base.eta_memory and priced.gemm_efficiency == base.gemm_efficiency
     assert builtin_base(priced) == base
-    # an unmeasured family is the ideal engine: the built-in profile itself
-    assert apply_preset(base, "vllm") == base
+    # the ideal engine is the built-in profile itself (vllm was one until it was fitted)
     assert apply_preset(base, "ideal") == base
 
 
@@ -143,10 +150,11 @@ def test_roofline_speedup_names_the_preset_that_priced_it(capsys):
     assert ibm.split("batch")[-1] != plain.split("batch")[-1]
 
 
-def test_an_unmeasured_engine_says_so_in_one_line(capsys):
-    output = run(capsys, *SPEEDUP, "--engine", "vllm")
+def test_an_engine_without_its_own_measurement_says_whose_terms_it_carries(capsys):
+    output = run(capsys, *SPEEDUP, "--engine", "sglang")
     lines = [line for line in output.splitlines() if line.startswith("step costs:")]
-    assert lines == ["step costs: ideal engine (no published measurement of vllm)"]
+    assert len(lines) == 1
+    assert lines[0].startswith("step costs: sglang preset, the vllm preset's terms with wider ranges")
 
 
 def test_report_records_the_preset(tmp_path, capsys):
@@ -167,10 +175,13 @@ def test_hw_list_and_published_show_the_presets(capsys):
     assert "Engine presets (value, range)" in listed
     rows = {line.split()[0]: line for line in listed.splitlines() if line.split()[:1] and line.split()[0] in FAMILIES}
     assert set(rows) == set(FAMILIES)
-    assert rows["ibm-tgis"].split()[1] == "yes" and rows["vllm"].split()[1] == "no"
+    assert rows["ibm-tgis"].split()[1] == "yes" and rows["vllm"].split()[1] == "yes"
+    assert rows["sglang"].split()[1] == "carried" and rows["trtllm"].split()[1] == "carried"
+    assert rows["ideal"].split()[1] == "no"
+    assert "drafting per depth by drafter kind (vllm): eagle 749 us" in listed
     published = run(capsys, "hw", "published")
     assert "== engine presets: published speculative steps" in published
-    assert "vllm: no published measurement; ideal terms." in published
+    assert "sglang: no published measurement; the vllm preset's terms, ranges widened." in published
 
 
 def test_run_index_names_the_calibrated_profile():
@@ -217,3 +228,69 @@ def test_preset_ratio_on_held_out_rows_is_the_hand_computed_one():
     got = _ideal_ms(rows, apply_preset(base, "hf-eager"))
     assert got[1] / got[0] == pytest.approx(hand, rel=1e-9)
     assert np.isfinite(hand) and hand > 1.0
+
+
+# SpecDecode-Bench's cost model of vLLM 0.10.1 (Liu et al. 2026, arXiv 2601.11580;
+# SpecDecode-Bench/simulator predictor.py, class Llama8BH100), typed here from the source, not read
+# from the project's data: Llama-3.1-8B, one H100, EAGLE chain of k = 3
+SDB_FORWARD = (39.2645679e-9, 21.0103129e-6, 5.88590713e-3)  # per KV token in the batch, per batched token, fixed
+SDB_DRAFT = (2.37768493e-9, 0.841429603e-6, 2.13526175e-3)  # per KV token, per request token, fixed
+SDB_OVERHEAD = 1.20683946e-3  # per step, plain or speculative
+
+
+def _sdb_ratio(b: int, s: int, k: int = 3) -> float:
+    kv = b * s
+    plain = SDB_FORWARD[0] * kv + SDB_FORWARD[1] * b + SDB_FORWARD[2] + SDB_OVERHEAD
+    spec = SDB_FORWARD[0] * kv + SDB_FORWARD[1] * b * (k + 1) + SDB_FORWARD[2] + SDB_OVERHEAD
+    spec += SDB_DRAFT[0] * kv + SDB_DRAFT[1] * (k + 1) + SDB_DRAFT[2]
+    return spec / plain
+
+
+def _treeopt_ratio(engine: str, b: int, s: int, k: int = 3) -> float:
+    from roofline.latency import step_time_s
+    from roofline.step_shape import StepShape
+
+    hw = step_costs(load_hardware("h100-sxm"), engine=engine, drafter="eagle").profile
+    shape = model_shape("llama-3-8b")
+    plain = step_time_s(shape, None, hw, StepShape(b, 1, s))
+    return step_time_s(shape, None, hw, StepShape(b, k + 1, s, draft_stages=k)) / plain
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang", "trtllm"])
+def test_whole_speculative_step_matches_specdecode_bench_within_ten_percent(engine):
+    cells = [(b, s) for b in (1, 2, 4, 8, 16, 32, 64, 128) for s in (512, 2048)]
+    errors = np.array([_treeopt_ratio(engine, b, s) / _sdb_ratio(b, s) - 1 for b, s in cells])
+    assert np.median(np.abs(errors)) <= 0.10
+    # the batches the preset was not fitted on (2, 4, 128) within 15%
+    held = np.array([e for (b, _), e in zip(cells, errors, strict=True) if b in (2, 4, 128)])
+    assert np.median(np.abs(held)) <= 0.15
+    # the ideal engine misses by about a fifth (the issue's -21% median): the preset is what fixes it
+    ideal = np.array([_treeopt_ratio("ideal", b, s) / _sdb_ratio(b, s) - 1 for b, s in cells])
+    assert np.median(ideal) < -0.15
+
+
+def test_on_off_calls_agree_with_specdecode_bench():
+    # speculation pays when the tokens per step beat the step's cost ratio; at tau of an EAGLE chain
+    # (1.3-2.5 tokens per step) the preset makes the same call as the published cost model
+    calls = [
+        (tau > _treeopt_ratio("vllm", b, s), tau > _sdb_ratio(b, s))
+        for tau in (1.3, 1.4, 1.5, 1.7, 2.0, 2.5)
+        for b in (1, 8, 32, 64, 128)
+        for s in (512, 2048)
+    ]
+    assert np.mean([a == b for a, b in calls]) >= 0.9
+
+
+def test_drafter_kind_sets_the_cost_per_drafted_depth():
+    base = load_hardware("h100-sxm")
+    presets = load_presets()
+    eagle = presets["vllm"].drafting["eagle"]
+    assert 0.5e-3 < eagle < 1.0e-3  # SpecDecode-Bench's 2.135 ms EAGLE drafting over k = 3 depths, about 0.71 ms
+    assert apply_preset(base, "vllm", "eagle").draft_stage_s == eagle
+    assert apply_preset(base, "vllm", "eagle3").draft_stage_s == eagle  # carried, with a wider range
+    lo, hi = presets["vllm"].drafting_ranges["eagle3"]
+    assert lo < presets["vllm"].drafting_ranges["eagle"][0] and hi > presets["vllm"].drafting_ranges["eagle"][1]
+    for priced_as_operators in ("medusa", "hydra", "mlp-speculator", "draft-model", "ngram"):
+        assert apply_preset(base, "vllm", priced_as_operators).draft_stage_s == 0.0
+    with pytest.raises(Exception, match="drafter kind"):
+        apply_preset(base, "vllm", "lookahead")

@@ -125,7 +125,7 @@ def test_every_shape_used_is_built_in(tables):
     shapes = set()
     for table in tables.values():
         shapes |= set(table.steps["shape"])
-    assert shapes == {"llama-2-7b", "llama-2-13b", "llama-33b", "mistral-7b"}
+    assert shapes == {"llama-2-7b", "llama-2-13b", "llama-33b", "mistral-7b", "llama-3-8b"}
     assert shapes <= set(builtin_shapes())
 
 
@@ -146,3 +146,17 @@ def test_step_points_carry_the_rows(tables):
     assert len(points) == 42
     assert points.tokens[3] == 16 and points.candidates[3] == 4
     assert points.step_s[3] == pytest.approx(0.014685, rel=1e-9)
+
+
+def test_specdecode_bench_rows_are_its_cost_model_by_hand(tables):
+    # Liu et al. 2026 (arXiv 2601.11580), SpecDecode-Bench/simulator predictor.py Llama8BH100 at batch 8,
+    # 2048 tokens per request (KV 16384), k = 3: plain 39.26 ns x 16384 + 21.01 us x 8 + 5.886 ms + 1.207 ms
+    rows = tables["specdecode-bench"].steps
+    cell = rows[(rows["batch"] == 8) & (rows["context"] == 2048)].sort_values("tokens")
+    plain = 3.92645679e-08 * 16384 + 2.10103129e-05 * 8 + 5.88590713e-03 + 1.20683946e-03
+    spec = 3.92645679e-08 * 16384 + 2.10103129e-05 * 32 + 5.88590713e-03 + 1.20683946e-03
+    spec += 2.37768493e-09 * 16384 + 8.41429603e-07 * 4 + 2.13526175e-03
+    assert list(cell["tokens"]) == [1, 4] and list(cell["draft_stages"]) == [0, 3]
+    assert cell["step_ms"].tolist() == pytest.approx([1e3 * plain, 1e3 * spec], rel=1e-12)
+    assert cell["ratio"].iloc[1] == pytest.approx(spec / plain, rel=1e-12)
+    assert len(rows) == 2 * 8 * 2  # plain and speculative, 8 batches, 2 contexts

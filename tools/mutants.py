@@ -278,6 +278,31 @@ MUTANTS = (
         "the fit squares every error, so one outlier row pulls every term",
         STEP_TESTS,
     ),
+    # ---- engine presets: SpecDecode-Bench's cost model and the drafter kinds
+    Mutant(
+        "preset-drafter-kind-ignored",
+        "roofline/engine_presets.py",
+        'changes["draft_stage_s"] = preset.drafting[drafter]',
+        "pass",
+        "every drafter kind pays EAGLE's cost per drafted depth",
+        ("tests/test_engine_presets.py",),
+    ),
+    Mutant(
+        "sdb-batched-tokens-per-sequence",
+        "roofline/published_steps.py",
+        'c["forward_batched_token_s"] * batch * (k + 1)',
+        'c["forward_batched_token_s"] * (k + 1)',
+        "SpecDecode-Bench's verification forward counts one sequence's tokens, not the batch's",
+        ("tests/test_published_steps.py",),
+    ),
+    Mutant(
+        "sdb-no-overhead-on-plain",
+        "roofline/published_steps.py",
+        '            plain_s += c["overhead_per_step_s"]\n',
+        "",
+        "the plain step leaves out SpecDecode-Bench's per-step overhead",
+        ("tests/test_published_steps.py",),
+    ),
     # ---- roofline/step_shape.py: the step the latency model prices
     Mutant(
         "step-plain-keeps-candidates",

@@ -217,12 +217,13 @@ _PRESET_COLUMNS = {
     "layer_overhead_s": "per layer",
     "spec_step_overhead_s": "per spec. step",
     "verified_token_s": "per verified token",
+    "draft_stage_s": "per drafted depth",
 }
 
 
 def _preset_value(preset, field: str) -> str:
     if field not in preset.terms:
-        return "-" if not preset.measured else "(ideal)"
+        return "-" if not preset.priced else "(ideal)"
     lo, hi = preset.ranges[field]
     return f"{_ms(preset.terms[field])} ({_ms(lo)}-{_ms(hi)})"
 
@@ -235,16 +236,23 @@ def _echo_presets() -> None:
     """The engine presets (docs/performance-model.md#engine-presets): what `--engine` (or
     `--engine-costs`) sets on a built-in profile."""
     rows = [
-        [p.family, "yes" if p.measured else "no"] + [_preset_value(p, f) for f in _PRESET_COLUMNS]
+        [p.family, "yes" if p.measured else f"carried ({p.carried_from})" if p.carried_from else "no"]
+        + [_preset_value(p, f) for f in _PRESET_COLUMNS]
         for p in load_presets().values()
     ]
     headers = ["<family", "<measured"] + [f"<{c}" for c in _PRESET_COLUMNS.values()]
     click.echo("")
     click.echo(text_table(headers, rows, title="Engine presets (value, range)"), nl=False)
+    for p in load_presets().values():
+        if p.drafting:
+            kinds = ", ".join(f"{k} {_ms(v)}" for k, v in p.drafting.items())
+            click.echo(f"drafting per depth by drafter kind ({p.family}): {kinds}")
     click.echo(
-        "A preset sets these terms on a built-in profile (the cost per draft stage and attention's KV bandwidth "
-        "stay ideal: no published step constrains them); the roofs stay the GPU's. (ideal): not identifiable from "
-        "the published steps; unmeasured families keep the ideal terms. --engine picks its family's preset "
+        "A preset sets these terms on a built-in profile (attention's KV bandwidth stays ideal: no published step "
+        "constrains it); the roofs stay the GPU's. per drafted depth: the fitted drafter's (EAGLE for vllm); "
+        "--drafter picks its kind's cost (0 where the roofline prices the drafter as operators). (ideal): not "
+        "identifiable from the published steps; carried: no published step of that engine, the closest family's "
+        "terms with ranges widened 2x; unmeasured families keep the ideal terms. --engine picks its family's preset "
         "(medusa, hydra, treeopt: hf-eager; trtllm; vllm*; sglang*), --engine-costs any family; a profile file "
         "keeps its own terms. Sources: `treeopt hw published`; held-out errors: benchmarks/bench_published_steps.py; "
         "docs/performance-model.md#engine-presets."
@@ -366,6 +374,9 @@ def _echo_preset_sources() -> None:
     click.echo("== engine presets: published speculative steps (roofline/data/published_speculative_steps.json)")
     for p in load_presets().values():
         if p.family == "ideal":
+            continue
+        if p.carried_from:
+            click.echo(f"{p.family}: no published measurement; the {p.carried_from} preset's terms, ranges widened.")
             continue
         if not p.measured:
             click.echo(f"{p.family}: no published measurement; ideal terms. {p.not_known[0]}")
