@@ -255,6 +255,8 @@ class HardwareProfile:
     verified_token_s: float = 0.0
     draft_stage_s: float = 0.0
     attention_kv_efficiency: EfficiencyCurve | None = None
+    interconnect_bytes_per_s: float = 32e9
+    collective_latency_s: float = 10e-6
     capacity_sold_gb: float | None = None
     description: str = ""
     source: str = ""
@@ -268,7 +270,7 @@ class HardwareProfile:
         for dt, value in self.peak_flops.items():
             if not _positive(value):
                 raise UserError(f"hardware {self.name}: peak_flops['{dt}'] must be a positive number")
-        for key in ("bandwidth_bytes_per_s", "capacity_bytes", "eta_compute", "eta_memory"):
+        for key in ("bandwidth_bytes_per_s", "capacity_bytes", "eta_compute", "eta_memory", "interconnect_bytes_per_s"):
             if not _positive(getattr(self, key)):
                 raise UserError(f"hardware {self.name}: '{key}' must be a positive number")
         for key in (
@@ -283,6 +285,7 @@ class HardwareProfile:
             "spec_step_overhead_s",
             "verified_token_s",
             "draft_stage_s",
+            "collective_latency_s",
         ):
             value = getattr(self, key)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not np.isfinite(value) or value < 0:
@@ -576,6 +579,23 @@ _BUILTIN = {
             knee=_MI300X,
         ),
     ]
+}
+# GPU-to-GPU bandwidth per GPU and direction, which a ring all-reduce runs at
+# (docs/performance-model.md#tensor-parallelism): NVLink from the vendors' datasheets (A100 SXM
+# 600 GB/s, H100/H200 SXM 900 GB/s, B200 1.8 TB/s, bidirectional; MI300X 7 Infinity Fabric links of
+# 128 GB/s); PCIe boards at their PCIe link (Gen4 x16 64 GB/s, Gen5 x16 128 GB/s, bidirectional).
+# The latency per collective is not a published figure: 10 us, the default of every profile.
+_INTERCONNECT_GBPS = {
+    "a100-40gb-sxm": 300,
+    "a100-80gb-sxm": 300,
+    "h100-sxm": 450,
+    "h200": 450,
+    "b200": 900,
+    "mi300x": 448,
+    "h100-pcie": 64,
+}
+_BUILTIN = {
+    name: hw.with_(interconnect_bytes_per_s=_INTERCONNECT_GBPS.get(name, 32) * GB) for name, hw in _BUILTIN.items()
 }
 _ALIASES = {
     "a100": "a100-80gb-sxm",

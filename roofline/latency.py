@@ -26,12 +26,12 @@ configurations that do not fit are flagged (NaN times by default, or an error).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from roofline.hardware import GIB, VERIFICATION_MODES, HardwareProfile
-from roofline.ops import DraftWork, Op, operators
+from roofline.ops import DraftWork, Op, kv_split, operators
 from roofline.shapes import DraftHeadsShape, ModelShape
 from roofline.step_shape import StepShape, step_of
 from treeopt.errors import UserError
@@ -83,6 +83,11 @@ class OpTiming:
 
 
 def _time_terms(op: Op, dtype: str, hw: HardwareProfile, heads=None):
+    if op.kind == "collective":
+        # a ring all-reduce: its bytes over the GPU-to-GPU link, plus a fixed latency per collective
+        # that does not shrink with batch (docs/performance-model.md#tensor-parallelism)
+        memory = op.bytes / hw.interconnect_bytes_per_s
+        return np.zeros_like(memory), memory, np.full_like(memory, hw.collective_latency_s)
     peak = hw.peak(dtype)
     if op.kind == "gemm":
         rate_c = peak * hw.eta_compute * hw.weight_gemm_efficiency(op.rows, op.in_features, op.out_features, dtype)
@@ -159,6 +164,13 @@ def memory_required_bytes(
     Candidate sequences share their sequence's cached keys (paged blocks), so only the
     unfused scores grow with them."""
     step = step_of(step, where)
+    gpus = step.tensor_parallel_gpus
+    if gpus > 1:
+        # one GPU's share: weights and activations split, the KV cache as far as its heads go
+        # (docs/performance-model.md#tensor-parallelism)
+        one = memory_required_bytes(shape, heads, replace(step, tensor_parallel_gpus=1))
+        kv = _kv_bytes(shape, heads, step)
+        return (one - kv) / gpus + kv / kv_split(shape, gpus)
     b = np.asarray(step.batch_sequences, dtype=float)
     q = np.asarray(step.tokens_per_sequence, dtype=float)
     s = np.asarray(step.context_tokens, dtype=float)
@@ -186,6 +198,16 @@ def memory_required_bytes(
     mlp = b * q * shape.intermediate * beta * 2
     scores = b * shape.heads * q * (s + q / c) * beta if step.attention == "unfused" else 0.0
     return weights + kv + np.maximum(np.maximum(logits, mlp), scores)
+
+
+def _kv_bytes(shape: ModelShape, heads, step: StepShape) -> np.ndarray:
+    """The KV cache of `memory_required_bytes` (the model's, and a Hydra++ prefix layer's)."""
+    b = np.asarray(step.batch_sequences, dtype=float)
+    tokens = np.asarray(step.context_tokens, dtype=float) + np.asarray(step.tokens_per_sequence, dtype=float)
+    per_token = shape.kv_bytes_per_token
+    if isinstance(heads, DraftWork) and heads.cost.prefix_layer:
+        per_token = per_token + shape.with_layers(1).kv_bytes_per_token
+    return b * tokens * per_token
 
 
 def fits_memory(shape, heads, hw: HardwareProfile, step: StepShape | None = None, **where) -> np.ndarray:

@@ -28,7 +28,7 @@ reads them again.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -47,6 +47,10 @@ __all__ = [
     "DraftWork",
     "draft_stage_ops",
     "drafter_work",
+    "split_over_gpus",
+    "kv_split",
+    "SPLIT_OPS",
+    "KV_OPS",
 ]
 
 ATTENTION_MODES = ("fused", "unfused")
@@ -253,7 +257,47 @@ def operators(
     s = _check("--context", step.context_tokens, 0)
     candidates = step.candidates_per_sequence
     c = np.ones(()) if candidates is None else check_candidates(step.tokens_per_sequence, candidates)
-    return _forward_ops(shape, heads, b, q, s, c, attention, kv_cache_update)
+    ops = _forward_ops(shape, heads, b, q, s, c, attention, kv_cache_update)
+    n = step.tensor_parallel_gpus
+    return ops if n == 1 else split_over_gpus(ops, shape, n, np.broadcast_arrays(b, q, s)[0] * q)
+
+
+#: operators whose work Megatron-style tensor parallelism splits over the GPUs: heads, MLP
+#: columns and rows, experts, the vocabulary (docs/performance-model.md#tensor-parallelism)
+SPLIT_OPS = frozenset(
+    {"q_proj", "o_proj", "rotary", "softmax", "gate", "up", "act", "down", "lm_head", "embedding"}
+    | {"experts", "expert_act", "shared_gate_up", "shared_act", "shared_down"}
+)
+#: operators over the KV heads: split as far as there are KV heads (one latent is not split)
+KV_OPS = frozenset({"k_proj", "v_proj", "kv_cache", "qk", "pv"})
+
+
+def kv_split(shape: ModelShape, gpus: int) -> int:
+    """How many ways the KV cache splits over `gpus`: by KV heads, at most their number; a
+    multi-head latent is replicated on every GPU."""
+    return 1 if shape.mla_kv_dim else min(gpus, shape.kv_heads)
+
+
+def split_over_gpus(ops: list[Op], shape: ModelShape, gpus: int, tokens) -> list[Op]:
+    """One GPU's share of a forward pass split over `gpus` (docs/performance-model.md#tensor-parallelism):
+    split operators' FLOPs and bytes over the GPUs, the KV heads' as far as they go, the rest
+    (norms, residuals, router, drafters) on every GPU; then the two all-reduces per layer (after
+    attention's output projection and after the MLP) of b q x hidden activations, a ring
+    all-reduce moving 2 (N - 1) / N of them per GPU."""
+    out = []
+    kv = float(kv_split(shape, gpus))
+    for op in ops:
+        if op.name in SPLIT_OPS:
+            out.append(replace(op, flops=op.flops / gpus, bytes=op.bytes / gpus))
+        elif op.name in KV_OPS:
+            # attention's query heads split over every GPU, its cached keys over the KV heads
+            out.append(replace(op, flops=op.flops / gpus, bytes=op.bytes / kv))
+        else:
+            out.append(op)
+    message = np.asarray(tokens, dtype=float) * shape.hidden * shape.dtype_bytes
+    moved = 2.0 * (gpus - 1) / gpus * message
+    out.append(Op("all_reduce", "collective", 2 * shape.layers, np.zeros_like(moved), moved, tokens + 0 * moved))
+    return out
 
 
 @dataclass
@@ -368,12 +412,39 @@ def _layer_ops(p: _Pass, shape: ModelShape, attention: str, kv_cache_update: str
     p.linear("o_proj", L, nh * d, h)
     p.add("attn_residual", "vector", L, bq * h, 3 * bq * h, bq)
     p.rmsnorm("mlp_norm", L)
-    p.linear("gate", L, h, i)
-    p.linear("up", L, h, i)
-    # SiLU(gate) * up: read two, write one; ~5 FLOP per element
-    p.add("act", "vector", L, 5 * bq * i, 3 * bq * i, bq)
-    p.linear("down", L, i, h)
+    dense = L - shape.moe_layers
+    if dense:
+        p.linear("gate", dense, h, i)
+        p.linear("up", dense, h, i)
+        # SiLU(gate) * up: read two, write one; ~5 FLOP per element
+        p.add("act", "vector", dense, 5 * bq * i, 3 * bq * i, bq)
+        p.linear("down", dense, i, h)
+    if shape.moe_layers:
+        _moe_ops(p, shape, shape.moe_layers)
     p.add("mlp_residual", "vector", L, bq * h, 3 * bq * h, bq)
+
+
+def _moe_ops(p: _Pass, shape: ModelShape, count: int) -> None:
+    """A mixture-of-experts MLP (docs/performance-model.md#mixture-of-experts): the router, the
+    shared experts as a dense gated MLP, and the routed experts: every one of the b q tokens runs
+    k experts, and each distinct expert the step's tokens reach is read once. Expected distinct
+    experts: `ModelShape.expected_experts` of the b q routed tokens (a batch shares its experts)."""
+    bq, h = p.bq, float(shape.hidden)
+    ie, k = float(shape.expert_intermediate), float(shape.experts_per_token)
+    p.linear("router", count, h, float(shape.routed_experts))
+    if shape.shared_intermediate:
+        si = float(shape.shared_intermediate)
+        p.linear("shared_gate_up", count, h, 2 * si)
+        p.add("shared_act", "vector", count, 5 * bq * si, 3 * bq * si, bq)
+        p.linear("shared_down", count, si, h)
+    pairs = bq * k
+    experts = shape.expected_experts(bq)
+    # gate and up (h -> 2 ie) and down (ie -> h) per token-expert pair; weights once per distinct expert
+    flops = 2 * pairs * 3 * h * ie
+    moved = experts * 3 * h * ie + pairs * (2 * h + 3 * ie)
+    rows = pairs / np.maximum(experts, 1e-12)
+    p.add("experts", "gemm", count, flops, moved, rows, kernels=2.0, in_features=h, out_features=ie)
+    p.add("expert_act", "vector", count, 5 * pairs * ie, 3 * pairs * ie, pairs)
 
 
 def _attention_ops(p: _Pass, shape: ModelShape, attention: str) -> None:
@@ -387,6 +458,10 @@ def _attention_ops(p: _Pass, shape: ModelShape, attention: str) -> None:
     sm_flops = 5 * scores
     pv_flops = 2 * scores * d
     kv_read = seqs * nkv * att_keys * d
+    if shape.mla_kv_dim:
+        # why: multi-head latent attention reads one cached latent per key for all heads (DeepSeek-V2,
+        # arXiv 2405.04434; docs/performance-model.md#mixture-of-experts)
+        kv_read = seqs * att_keys * float(shape.mla_kv_dim)
     if attention == "unfused":
         p.add("qk", "attention", L, qk_flops, b * nh * q * d + kv_read + scores, att_rows)
         p.add("softmax", "vector", L, sm_flops, 2 * scores, att_rows)

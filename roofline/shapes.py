@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import numpy as np
+
 from treeopt.dtypes import DTYPE_BYTES, normalize_dtype
 from treeopt.errors import UserError
 from treeopt.fileio import read_json_input
@@ -52,6 +54,14 @@ class ModelShape:
     dtype: str = "bf16"
     dtype_bytes: int = 2
     source: str = ""
+    # mixture of experts (docs/performance-model.md#mixture-of-experts); routed_experts 0: dense
+    routed_experts: int = 0
+    experts_per_token: int = 0
+    expert_intermediate: int = 0
+    shared_intermediate: int = 0  # all shared experts together (n_shared x their intermediate)
+    dense_layers: int = 0  # layers that keep a dense MLP of `intermediate` (DeepSeek's first_k_dense_replace)
+    routing_skew: float = 1.0  # >= 1: tokens route as if over routed_experts / skew equally likely experts
+    mla_kv_dim: int = 0  # multi-head latent attention: cached latent + rotary key per token per layer
 
     def __post_init__(self):
         for key in ("layers", "hidden", "intermediate", "heads", "kv_heads", "head_dim", "vocab"):
@@ -62,6 +72,7 @@ class ModelShape:
             raise UserError(
                 f"model shape {self.name}: heads ({self.heads}) is not a multiple of kv_heads ({self.kv_heads})"
             )
+        self._check_experts()
         if self.dtype not in DTYPE_BYTES:
             raise UserError(f"model shape {self.name}: unknown dtype '{self.dtype}'")
         if self.dtype_bytes != DTYPE_BYTES[self.dtype]:
@@ -70,12 +81,57 @@ class ModelShape:
                 f"bytes, not {self.dtype_bytes}"
             )
 
+    def _check_experts(self) -> None:
+        for key in ("routed_experts", "experts_per_token", "expert_intermediate", "shared_intermediate"):
+            value = getattr(self, key)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise UserError(f"model shape {self.name}: '{key}' must be a non-negative integer, got {value!r}")
+        for key in ("dense_layers", "mla_kv_dim"):
+            if not isinstance(getattr(self, key), int) or getattr(self, key) < 0:
+                raise UserError(f"model shape {self.name}: '{key}' must be a non-negative integer")
+        if not self.routed_experts:
+            return
+        if not 1 <= self.experts_per_token <= self.routed_experts or self.expert_intermediate < 1:
+            raise UserError(
+                f"model shape {self.name}: a mixture of experts needs 1 <= experts per token "
+                f"({self.experts_per_token}) <= routed experts ({self.routed_experts}) and an expert intermediate size"
+            )
+        if self.dense_layers > self.layers:
+            raise UserError(f"model shape {self.name}: {self.dense_layers} dense layers of {self.layers}")
+        if not self.routing_skew >= 1.0 or self.routing_skew > self.routed_experts / self.experts_per_token:
+            raise UserError(
+                f"model shape {self.name}: routing skew must be in 1..routed experts / experts per token, "
+                f"got {self.routing_skew!r}"
+            )
+
+    @property
+    def is_moe(self) -> bool:
+        return self.routed_experts > 0
+
+    @property
+    def moe_layers(self) -> int:
+        """Layers whose MLP is the mixture of experts."""
+        return self.layers - self.dense_layers if self.is_moe else 0
+
+    def expected_experts(self, routed_tokens):
+        """Expected distinct routed experts T tokens read in one MoE layer: under uniform top-k
+        routing over E experts, E (1 - (1 - k/E)^T); with routing skew r, over E / r equally
+        likely experts (docs/performance-model.md#mixture-of-experts). Broadcasts over T."""
+        e = self.routed_experts / self.routing_skew
+        t = np.asarray(routed_tokens, dtype=float)
+        return e * (1.0 - (1.0 - self.experts_per_token / e) ** t)
+
+    @property
+    def expert_params(self) -> int:
+        """One routed expert's gated MLP (gate, up, down)."""
+        return 3 * self.hidden * self.expert_intermediate
+
     def with_dtype(self, dtype: str) -> ModelShape:
         dtype = normalize_dtype(dtype)
         return replace(self, dtype=dtype, dtype_bytes=DTYPE_BYTES[dtype])
 
     def with_layers(self, layers: int) -> ModelShape:
-        return replace(self, layers=int(layers))
+        return replace(self, layers=int(layers), dense_layers=min(self.dense_layers, int(layers)))
 
     # --- parameter and memory accounting -----------------------------------------------
     @property
@@ -88,6 +144,7 @@ class ModelShape:
 
     @property
     def layer_params(self) -> int:
+        """One decoder layer with a dense MLP."""
         h, i = self.hidden, self.intermediate
         attn = h * self.q_dim + 2 * h * self.kv_dim + self.q_dim * h
         mlp = 3 * h * i
@@ -95,10 +152,17 @@ class ModelShape:
         return attn + mlp + norms
 
     @property
+    def moe_mlp_params(self) -> int:
+        """One MoE layer's MLP: the router, every routed expert and the shared experts."""
+        h = self.hidden
+        return h * self.routed_experts + self.routed_experts * self.expert_params + 3 * h * self.shared_intermediate
+
+    @property
     def params(self) -> int:
         embed = self.vocab * self.hidden
         head = 0 if self.tied_embeddings else self.vocab * self.hidden
-        return self.layers * self.layer_params + embed + head + self.hidden
+        moe = self.moe_layers * (self.moe_mlp_params - 3 * self.hidden * self.intermediate)
+        return self.layers * self.layer_params + moe + embed + head + self.hidden
 
     @property
     def weight_bytes(self) -> int:
@@ -106,11 +170,21 @@ class ModelShape:
 
     @property
     def kv_bytes_per_token(self) -> int:
-        """KV-cache bytes for one token of one sequence, all layers (K and V)."""
+        """KV-cache bytes for one token of one sequence, all layers (K and V; multi-head latent
+        attention caches one latent and rotary key instead)."""
+        if self.mla_kv_dim:
+            return self.layers * self.mla_kv_dim * self.dtype_bytes
         return 2 * self.layers * self.kv_dim * self.dtype_bytes
 
     def describe(self) -> str:
         gqa = f", {self.kv_heads} KV heads" if self.kv_heads != self.heads else ""
+        if self.is_moe:
+            gqa += (
+                f", {self.routed_experts} experts (top-{self.experts_per_token}, intermediate "
+                f"{self.expert_intermediate}, shared {self.shared_intermediate}, {self.dense_layers} dense layers)"
+            )
+        if self.mla_kv_dim:
+            gqa += f", latent KV {self.mla_kv_dim}"
         return (
             f"{self.name}: {self.layers} layers, hidden {self.hidden}, intermediate "
             f"{self.intermediate}, {self.heads} heads x {self.head_dim}{gqa}, vocab {self.vocab}, "
@@ -241,6 +315,42 @@ _BUILTIN = {
         _s("qwen2-7b", 28, 3584, 18944, 28, 4, 152064, _HF + "Qwen/Qwen2-7B (GQA, 4 KV heads; q/k/v biases ignored)"),
     ]
 }
+_MOE_BUILTIN = [
+    replace(
+        _s("mixtral-8x7b", 32, 4096, 14336, 32, 8, 32000, _HF + "mistralai/Mixtral-8x7B-v0.1 (8 experts, top-2)"),
+        routed_experts=8,
+        experts_per_token=2,
+        expert_intermediate=14336,
+    ),
+    replace(
+        _s("qwen3-30b-a3b", 48, 2048, 6144, 32, 4, 151936, _HF + "Qwen/Qwen3-30B-A3B (128 experts, top-8)"),
+        routed_experts=128,
+        experts_per_token=8,
+        expert_intermediate=768,
+        dtype="bf16",
+    ),
+    replace(
+        _s(
+            "deepseek-v3",
+            61,
+            7168,
+            18432,
+            128,
+            128,
+            129280,
+            _HF + "deepseek-ai/DeepSeek-V3 (256 experts, top-8, 1 shared, 3 dense layers, MLA latent 512 + 64; "
+            "MLA's projections priced as multi-head attention's)",
+        ),
+        routed_experts=256,
+        experts_per_token=8,
+        expert_intermediate=2048,
+        shared_intermediate=2048,
+        dense_layers=3,
+        mla_kv_dim=576,
+        dtype="bf16",
+    ),
+]
+_BUILTIN.update({s.name: s for s in _MOE_BUILTIN})
 # Vicuna v1.3 (the Medusa paper's models) are LLaMA-1 fine-tunes with unchanged shapes.
 _ALIASES = {
     "vicuna-7b": "llama-7b",
@@ -278,10 +388,17 @@ _LLAMA_LIKE = {
     "DeepseekForCausalLM",
     "MiniCPMForCausalLM",
 }
+#: mixture-of-experts decoders read by `_moe_fields` (docs/performance-model.md#mixture-of-experts)
+_MOE = {
+    "MixtralForCausalLM",
+    "Qwen2MoeForCausalLM",
+    "Qwen3MoeForCausalLM",
+    "DeepseekV2ForCausalLM",
+    "DeepseekV3ForCausalLM",
+}
 _LLAMA_LIKE_TYPES = {a.removesuffix("ForCausalLM").lower() for a in _LLAMA_LIKE}
+_MOE_TYPES = {"mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3"}
 _NOT_LLAMA_HINT = {
-    "moe": "a mixture of experts",
-    "mixtral": "a mixture of experts",
     "gpt2": "not gated-MLP Llama-like",
     "mamba": "not a transformer",
     "rwkv": "not a transformer",
@@ -302,24 +419,23 @@ def shape_from_config(config: dict, *, name: str, source: str = "") -> ModelShap
     mtype = str(config.get("model_type", "")).lower()
     if archs:
         arch = archs[0]
-        if arch not in _LLAMA_LIKE:
+        if arch not in _LLAMA_LIKE and arch not in _MOE:
             why = next((v for k, v in _NOT_LLAMA_HINT.items() if k in arch.lower()), None)
             raise UserError(
                 f"{name}: architecture '{arch}' is not supported"
                 + (f" ({why})" if why else "")
                 + "; supported: Llama-like decoders such as LlamaForCausalLM, "
-                "MistralForCausalLM, Qwen2ForCausalLM"
+                "MistralForCausalLM, Qwen2ForCausalLM, and the mixtures of experts MixtralForCausalLM, "
+                "Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, DeepseekV2ForCausalLM, DeepseekV3ForCausalLM"
             )
     elif mtype:
-        if mtype not in _LLAMA_LIKE_TYPES:
+        if mtype not in _LLAMA_LIKE_TYPES and mtype not in _MOE_TYPES:
             raise UserError(
                 f"{name}: model_type '{mtype}' is not supported; supported: Llama-like "
                 "decoders (llama, mistral, qwen2, ...)"
             )
     else:
         raise UserError(f"{name}: missing key 'architectures' (and no 'model_type'): cannot tell the architecture")
-    if config.get("num_local_experts") or config.get("num_experts"):
-        raise UserError(f"{name}: mixture-of-experts models are not supported")
 
     def need(key: str) -> int:
         if key not in config or config[key] is None:
@@ -335,7 +451,16 @@ def shape_from_config(config: dict, *, name: str, source: str = "") -> ModelShap
     inter = need("intermediate_size")
     vocab = need("vocab_size")
     kv = need("num_key_value_heads") if config.get("num_key_value_heads") is not None else heads
-    if config.get("head_dim") is not None:
+    moe = _moe_fields(config, need)
+    if (archs and archs[0] in _MOE or mtype in _MOE_TYPES) and "routed_experts" not in moe:
+        raise UserError(
+            f"{name}: a mixture-of-experts architecture without its experts "
+            "(num_local_experts, num_experts or n_routed_experts)"
+        )
+    if config.get("kv_lora_rank") is not None:
+        # multi-head latent attention: heads of v_head_dim, one cached latent (DeepSeek-V2, arXiv 2405.04434)
+        head_dim = need("v_head_dim")
+    elif config.get("head_dim") is not None:
         head_dim = need("head_dim")
     else:
         if hidden % heads:
@@ -359,7 +484,32 @@ def shape_from_config(config: dict, *, name: str, source: str = "") -> ModelShap
         dtype=dtype,
         dtype_bytes=DTYPE_BYTES[dtype],
         source=source or name,
+        **moe,
     )
+
+
+def _moe_fields(config: dict, need) -> dict:
+    """The mixture-of-experts fields of a config.json (Mixtral, Qwen-MoE and DeepSeek key names;
+    {} for a dense model) and MLA's cached latent (docs/performance-model.md#mixture-of-experts)."""
+    out = {}
+    if config.get("kv_lora_rank") is not None:
+        out["mla_kv_dim"] = need("kv_lora_rank") + need("qk_rope_head_dim")
+    experts_key = next((k for k in ("n_routed_experts", "num_local_experts", "num_experts") if config.get(k)), None)
+    if experts_key is None:
+        return out
+    out["routed_experts"] = need(experts_key)
+    out["experts_per_token"] = need("num_experts_per_tok")
+    if config.get("moe_intermediate_size") is not None:
+        out["expert_intermediate"] = need("moe_intermediate_size")
+    else:  # Mixtral: every expert is the dense MLP's size
+        out["expert_intermediate"] = need("intermediate_size")
+    if config.get("n_shared_experts"):
+        out["shared_intermediate"] = need("n_shared_experts") * out["expert_intermediate"]
+    elif config.get("shared_expert_intermediate_size"):
+        out["shared_intermediate"] = need("shared_expert_intermediate_size")
+    dense = config.get("first_k_dense_replace") or len(config.get("mlp_only_layers") or [])
+    out["dense_layers"] = int(dense)
+    return out
 
 
 def model_shape(name_or_path, *, dtype: str | None = None, name: str | None = None) -> ModelShape:

@@ -5,7 +5,8 @@ ones (`context_tokens`): prefill is q = prompt length with s = 0, plain decoding
 verification q = n + 1. `candidates_per_sequence` (None: tree verification) splits each
 sequence's q tokens into c candidate sequences that each re-read the context
 (docs/performance-model.md#verification-modes); `draft_stages` counts the sequential draft
-stages the step runs (None: those its drafter runs). Every count may be a numpy array: they
+stages the step runs (None: those its drafter runs); `tensor_parallel_gpus` the GPUs the model is
+split over (docs/performance-model.md#tensor-parallelism). Every count may be a numpy array: they
 broadcast, so a whole grid of configurations is one step shape.
 
 One frozen value travels through `roofline.latency`, `roofline.ops` and `roofline.grid`
@@ -15,6 +16,8 @@ instead of loose arguments, so what a step is grows in one place.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+
+from treeopt.errors import UserError
 
 __all__ = ["StepShape", "LOOSE_STEP_KEYWORDS", "step_of"]
 
@@ -26,6 +29,7 @@ LOOSE_STEP_KEYWORDS = {
     "attention": "attention",
     "candidates": "candidates_per_sequence",
     "draft_stages": "draft_stages",
+    "tensor_parallel": "tensor_parallel_gpus",
 }
 
 
@@ -41,6 +45,12 @@ class StepShape:
     attention: str = "fused"
     candidates_per_sequence: object = None
     draft_stages: object = None
+    tensor_parallel_gpus: int = 1
+
+    def __post_init__(self):
+        n = self.tensor_parallel_gpus
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise UserError(f"--tensor-parallel: must be an integer >= 1, got {n!r}")
 
     @classmethod
     def of(cls, **where) -> StepShape:

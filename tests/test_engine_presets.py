@@ -294,3 +294,38 @@ def test_drafter_kind_sets_the_cost_per_drafted_depth():
         assert apply_preset(base, "vllm", priced_as_operators).draft_stage_s == 0.0
     with pytest.raises(Exception, match="drafter kind"):
         apply_preset(base, "vllm", "lookahead")
+
+
+def test_roofline_predict_takes_the_preset_and_the_drafter_kind(tmp_path, capsys):
+    # SpecDecode-Bench's held-out batches 2 and 128 at context 2048: plain and k = 3 EAGLE steps,
+    # step_ms from the coefficients typed above
+    rows = []
+    for b in (2, 128):
+        for tokens, stages in ((1, 0), (4, 3)):
+            kv = b * 2048
+            ms = SDB_FORWARD[0] * kv + SDB_FORWARD[1] * b * tokens + SDB_FORWARD[2] + SDB_OVERHEAD
+            if tokens > 1:
+                ms += SDB_DRAFT[0] * kv + SDB_DRAFT[1] * tokens + SDB_DRAFT[2]
+            rows.append(f"{b},2048,{tokens},1,{stages},{1e3 * ms:.6f}")
+    points = tmp_path / "p.csv"
+    points.write_text("batch,context,tokens,candidates,draft_stages,step_ms\n" + "\n".join(rows) + "\n")
+    common = ["roofline", "predict", "--model", "llama-3-8b", "--hardware", "h100-sxm", "--points", str(points)]
+    out = tmp_path / "o.csv"
+    text = run(capsys, *common, "--engine", "vllm", "--drafter", "eagle", "-o", str(out))
+    assert "step costs: vllm preset (Liu et al. 2026" in text
+    import pandas as pd
+
+    got = pd.read_csv(out)
+    assert np.all(np.abs(got["error"]) < 0.15)
+    # the ideal engine misses the speculative steps' drafting
+    ideal = tmp_path / "i.csv"
+    run(capsys, *common, "-o", str(ideal))
+    spec = pd.read_csv(ideal)["tokens"] > 1
+    drafting_s = 3 * load_presets()["vllm"].drafting["eagle"]
+    assert np.all(pd.read_csv(ideal)["error"][spec] < got["error"][spec] - 0.5 * drafting_s / 30e-3)
+    # Medusa's heads are priced as operators: no cost per drafted depth, the speculative steps as the ideal's
+    medusa = tmp_path / "m.csv"
+    run(capsys, *common, "--engine-costs", "vllm", "--drafter", "medusa", "-o", str(medusa))
+    medusa_ms = pd.read_csv(medusa)["predicted_step_ms"][spec]
+    eagle_ms = got["predicted_step_ms"][spec]
+    assert np.allclose(eagle_ms - medusa_ms, 1e3 * drafting_s, rtol=1e-3)

@@ -173,7 +173,8 @@ class PredictionOptions:
     sequential_draft: the drafter drafts depth by depth, one draft stage per level.
     engine_costs: the engine family whose preset prices the steps on a built-in profile
     (`roofline.engine_presets.FAMILIES`; default: the family of the prediction's engine, else the
-    ideal engine; docs/performance-model.md#engine-presets)."""
+    ideal engine; docs/performance-model.md#engine-presets). tensor_parallel: GPUs the model is
+    split over (docs/performance-model.md#tensor-parallelism)."""
 
     verification: str = "tree"
     attention: str = "fused"
@@ -182,6 +183,7 @@ class PredictionOptions:
     used_heads: bool = False
     sequential_draft: bool = False
     engine_costs: str | None = None
+    tensor_parallel: int = 1
 
 
 def predict_speedup(
@@ -206,10 +208,13 @@ def predict_speedup(
     check_grid_size(batches, contexts, max_nodes)
     shape = model if isinstance(model, ModelShape) else shape_of(model, dtype)
     spec = shape.name if isinstance(model, ModelShape) else model
-    costs = step_costs(load_hardware(hardware), engine=engine, family=options.engine_costs)
-    hw = costs.profile
     head_shape = heads_of(spec, shape, accuracy_heads=accuracy.num_heads, **(heads or {}))
     cost = draft_cost_of(spec, shape, **(drafter or {}))
+    # the preset charges a drafter kind's cost per drafted depth; without a drafter config, the
+    # depth-by-depth drafter it was fitted on (docs/performance-model.md#engine-presets)
+    kind = cost.drafter if cost is not None else None
+    costs = step_costs(load_hardware(hardware), engine=engine, family=options.engine_costs, drafter=kind)
+    hw = costs.profile
     head_shape = heads_with_cost(cost, head_shape)
     if head_shape.num_heads < 1:
         raise UserError("--num-heads: a speedup grid needs at least one draft head")
@@ -235,6 +240,7 @@ def predict_speedup(
             draft_stages=heads_used_by_prefix(tree) if options.sequential_draft and work is None else None,
             drafted=drafted,
         ),
+        tensor_parallel=options.tensor_parallel,
     )
     return Prediction(
         model=shape,

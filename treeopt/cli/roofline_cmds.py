@@ -7,7 +7,7 @@ import click
 import numpy as np
 import pandas as pd
 
-from roofline.engine_presets import FAMILIES, builtin_base, load_presets, step_costs
+from roofline.engine_presets import DRAFTER_KINDS, FAMILIES, builtin_base, load_presets, step_costs
 from roofline.grid import DEFAULT_BATCHES, DEFAULT_CONTEXTS
 from roofline.hardware import GIB, VERIFICATION_MODES, builtin_hardware, hardware_aliases, load_hardware
 from roofline.ops import DraftWork
@@ -536,6 +536,15 @@ def _echo_operators(ops: StepOperators) -> None:
 @ENGINE_OPTION
 @ENGINE_COSTS_OPTION
 @click.option(
+    "--tensor-parallel",
+    "tensor_parallel",
+    type=AtLeast(1),
+    default=1,
+    show_default=True,
+    help="GPUs the model is split over (tensor parallelism: weights and KV split, two all-reduces per layer; "
+    "docs/performance-model.md#tensor-parallelism).",
+)
+@click.option(
     "--select",
     "select",
     default=None,
@@ -570,6 +579,7 @@ def roofline_speedup(
     used_heads,
     engine,
     engine_costs,
+    tensor_parallel,
     verification,
     sequential_draft,
     out,
@@ -604,6 +614,7 @@ def roofline_speedup(
             used_heads=used_heads,
             sequential_draft=sequential_draft,
             engine_costs=engine_costs,
+            tensor_parallel=tensor_parallel,
         ),
     )
     mix_doc = mix_choice(prediction, mix)
@@ -937,12 +948,32 @@ def _status_text(result, name: str) -> str:
     type=click.Path(dir_okay=False),
     help="CSV to write: the rows with predicted_step_ms (and error, when step_ms is given).",
 )
-def roofline_predict(model, dtype, hardware, points_path, num_heads, head_layers, attention, out) -> None:
+@click.option(
+    "--engine",
+    type=click.Choice(ENGINE_NAMES),
+    default=None,
+    help="Price the steps with this engine's family preset on a built-in profile "
+    "(docs/performance-model.md#engine-presets).",
+)
+@ENGINE_COSTS_OPTION
+@click.option(
+    "--drafter",
+    "drafter_kind",
+    type=click.Choice(DRAFTER_KINDS),
+    default=None,
+    help="Drafter kind whose cost per drafted depth (draft_stages) the preset charges [default: the one it was "
+    "fitted on].",
+)
+def roofline_predict(
+    model, dtype, hardware, points_path, num_heads, head_layers, attention, out, engine, engine_costs, drafter_kind
+) -> None:
     """Predicted step_ms for every row of a step CSV (compare any prediction with any measurement)."""
     check_outputs([out], input_files(model, hardware, points_path))
     require_file(points_path, "--points")
     shape = shape_of(model, dtype)
-    hw = load_hardware(hardware)
+    costs = step_costs(load_hardware(hardware), engine=engine, family=engine_costs, drafter=drafter_kind)
+    hw = costs.profile
+    click.echo(costs.line)
     try:
         frame = pd.read_csv(points_path, comment="#", skipinitialspace=True)
     except FileNotFoundError:
