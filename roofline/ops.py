@@ -286,9 +286,13 @@ def split_over_gpus(ops: list[Op], shape: ModelShape, gpus: int, tokens) -> list
     all-reduce moving 2 (N - 1) / N of them per GPU."""
     out = []
     kv = float(kv_split(shape, gpus))
+    # MLA's projections belong to its heads, which split over every GPU; only the latent cache is replicated
+    kv_proj = float(gpus if shape.mla_kv_dim else kv)
     for op in ops:
         if op.name in SPLIT_OPS:
             out.append(replace(op, flops=op.flops / gpus, bytes=op.bytes / gpus))
+        elif op.name in ("k_proj", "v_proj"):
+            out.append(replace(op, flops=op.flops / gpus, bytes=op.bytes / kv_proj))
         elif op.name in KV_OPS:
             # attention's query heads split over every GPU, its cached keys over the KV heads
             out.append(replace(op, flops=op.flops / gpus, bytes=op.bytes / kv))

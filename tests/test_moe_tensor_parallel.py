@@ -146,3 +146,16 @@ def test_tensor_parallel_splits_weights_and_kv_per_gpu():
     hw = load_hardware("h100-sxm")
     assert np.isnan(step_time_s(shape, None, hw, one))
     assert np.isfinite(step_time_s(shape, None, hw, eight))
+
+
+def test_projections_split_by_heads_and_the_latent_cache_is_replicated():
+    def ops_of(shape, n):
+        return {o.name: o for o in operators(shape, None, StepShape(2, 1, 512, tensor_parallel_gpus=n))}
+
+    llama = model_shape("llama-3-70b")  # 8 KV heads: K/V projections split 8 ways at most
+    assert float(ops_of(llama, 16)["k_proj"].bytes) == pytest.approx(float(ops_of(llama, 1)["k_proj"].bytes) / 8)
+    assert float(ops_of(llama, 16)["q_proj"].bytes) == pytest.approx(float(ops_of(llama, 1)["q_proj"].bytes) / 16)
+    ds = model_shape("deepseek-v3")  # MLA: the heads' projections split 8 ways, the cached latent is read whole
+    one, eight = ops_of(ds, 1), ops_of(ds, 8)
+    assert float(eight["k_proj"].bytes) == pytest.approx(float(one["k_proj"].bytes) / 8)
+    assert float(eight["kv_cache"].bytes) == pytest.approx(float(one["kv_cache"].bytes))
