@@ -354,3 +354,12 @@ def test_one_indented_response_is_read_as_one_record(tmp_path):
     rec["metrics"]["speculative_decoding"]["acceptance_histogram_by_draft_length"]["3"] = [10, 10, 10, 10]
     w = load_engine_window([_write(tmp_path, "one.json", json.dumps(rec, indent=2))])
     assert w.accepted_length_histogram == (10, 10, 10, 10) and w.window["requests"] == 1
+
+
+def test_a_traffic_mix_gives_its_batch_sizes(capsys):
+    args = ["acceptance", "schedule", "--import", f("sglang_mtp_requests.jsonl"), "--model", "llama-3-8b"]
+    args += ["--hardware", "h100-sxm", "--context", "2048", "--mix", "1:0.7,256:0.3", "--method", "mtp"]
+    text = run_ok(args, capsys)
+    line = next(x for x in text.splitlines() if x.startswith("best K per batch size"))
+    assert [c.split(":")[0] for c in line.split("off): ", 1)[1].split(", ")] == ["1", "256"]
+    assert '"method": "mtp"' in text

@@ -14,6 +14,7 @@ import pandas as pd
 from treeopt.accuracy import AccuracyTable
 from treeopt.app.prediction import PredictionOptions, predict_speedup
 from treeopt.errors import UserError
+from treeopt.mix import TrafficMix, resolve_mix_contexts
 from treeopt.schedules import (
     BatchChoice,
     batch_ranges,
@@ -36,6 +37,7 @@ class ChainSchedule:
     trtllm: dict | None
     grid: pd.DataFrame
     step_costs: str
+    unfit_batches: tuple[int, ...] = ()  # batch sizes that fit no chain in memory: not scheduled
 
     @property
     def vllm_line(self) -> str:
@@ -59,10 +61,15 @@ def chain_schedule(
     method: str = "eagle3",
     engine_costs: str | None = None,
     max_batch_size: int | None = None,
+    mix: TrafficMix | None = None,
 ) -> ChainSchedule:
     """The best measured chain length per batch size: the greatest mean predicted speedup over
-    `contexts` (choices_for_mix), chains of 0..K where K is the table's measured length. The
-    drafter drafts one token per stage (a chain), priced as the table's heads."""
+    `contexts` (choices_for_mix), chains of 0..K where K is the table's measured length; with a
+    traffic `mix`, its batch sizes and contexts, each context weighted as the mix weighs it at
+    that batch size. The drafter drafts one token per stage (a chain), priced as the table's heads."""
+    if mix is not None:
+        mix = resolve_mix_contexts(mix, contexts)
+        batches, contexts = sorted(set(mix.batch)), sorted(set(mix.context))
     if table.width != 1:
         raise UserError("schedule: the accuracy table is not a chain (width 1); import the engine's output first")
     prediction = predict_speedup(
@@ -81,9 +88,18 @@ def chain_schedule(
     fits = np.isfinite(speedup)
     if not fits.any():
         raise UserError("schedule: no batch size fits in the GPU's memory with this model")
+    unfit = sorted(set(g["batch"].astype(int)) - set(g["batch"][fits].astype(int)))
     g = g[fits]
+    weight = None
+    if mix is not None:
+        weights = {(b, c): w for b, c, w in zip(mix.batch, mix.context, mix.weight, strict=True)}
+        weight = np.array([weights.get((int(b), int(c)), 0.0) for b, c in zip(g["batch"], g["context"], strict=True)])
     choices = choices_for_mix(
-        g["batch"].to_numpy(), g["context"].to_numpy(), g["nodes"].to_numpy(), speedup=g["speedup"].to_numpy()
+        g["batch"].to_numpy(),
+        g["context"].to_numpy(),
+        g["nodes"].to_numpy(),
+        speedup=g["speedup"].to_numpy(),
+        weight=weight,
     )
     ranges = batch_ranges(choices, max_batch_size)
     return ChainSchedule(
@@ -93,6 +109,7 @@ def chain_schedule(
         trtllm=_trtllm_or_none(choices, max_batch_size),
         grid=prediction.grid,
         step_costs=prediction.step_costs,
+        unfit_batches=tuple(unfit),
     )
 
 

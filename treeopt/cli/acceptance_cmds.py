@@ -15,6 +15,7 @@ from treeopt.chain_counts import ChainAcceptance, ExpectationCheck, describe_win
 from treeopt.cli.options import AtLeast, apply
 from treeopt.cli.roofline_cmds import ENGINE_COSTS_OPTION, GRID_OPTIONS, HARDWARE_OPTION, MODEL_OPTIONS
 from treeopt.cli.safety import check_outputs, input_files
+from treeopt.mix import parse_mix
 
 
 def format_chain(chain: ChainAcceptance) -> str:
@@ -138,9 +139,16 @@ def format_check(result: ExpectationCheck) -> str:
     help="The vLLM speculative method the schedule line names (eagle3, mtp, ngram, ...).",
 )
 @click.option("--max-batch-size", type=AtLeast(1), default=None, help="The server's max_num_seqs.")
+@click.option(
+    "--mix",
+    default=None,
+    metavar="SPEC|FILE.csv",
+    help="Traffic mix (BATCH[@CONTEXT]:WEIGHT,... or a CSV, as `treeopt select --mix`): schedule its batch sizes, "
+    "each weighing its contexts as the mix does (instead of --batch and equal --context weights).",
+)
 @click.option("-o", "--output", default=None, metavar="FILE", help="Also write the chain table (JSON).")
 def schedule_cmd(
-    import_files, model, dtype, hardware, engine_costs, batches, contexts, method, max_batch_size, output
+    import_files, model, dtype, hardware, engine_costs, batches, contexts, method, max_batch_size, mix, output
 ) -> None:
     """The best K per batch range and the switch-off point for the drafter the engine serves,
     from its reported acceptance and the step costs of a GPU profile: the chain table with its
@@ -165,6 +173,7 @@ def schedule_cmd(
         method=method,
         engine_costs=engine_costs,
         max_batch_size=max_batch_size,
+        mix=parse_mix(mix) if mix is not None else None,
     )
     if output is not None:
         table.save(output)
@@ -176,6 +185,10 @@ def schedule_cmd(
         "best K per batch size (0: speculation off): "
         + ", ".join(f"{c.batch_size}: {c.draft_len}" for c in plan.choices)
     )
+    if plan.unfit_batches:
+        click.echo(
+            f"note: batch {', '.join(map(str, plan.unfit_batches))} does not fit in memory: not scheduled", err=True
+        )
     off = plan.switch_off_batch
     click.echo(f"speculation off from batch {off} on" if off is not None else "speculation on at every batch size")
     click.echo(f"vLLM: {plan.vllm_line}")
