@@ -25,6 +25,7 @@ from roofline.hardware import HardwareProfile
 from roofline.latency import op_timings
 from roofline.shapes import DraftHeadsShape, ModelShape
 from treeopt.fileio import atomic_path
+from treeopt.selection_types import Selection
 
 __all__ = [
     "RooflineCase",
@@ -35,6 +36,7 @@ __all__ = [
     "speedup_curves_figure",
     "best_heatmaps",
     "best_heatmaps_figure",
+    "selection_heatmaps_figure",
     "measured_speedup_figure",
     "log2_axis",
     "plot_measured_speedup",
@@ -429,7 +431,21 @@ def best_heatmaps_figure(best: pd.DataFrame, *, title: str | None = None) -> Fig
     return fig
 
 
-def plot_measured_speedup(sweep: pd.DataFrame, selection: dict, path) -> None:
+def selection_heatmaps_figure(selection: Selection, *, title: str | None = None) -> Figure:
+    """`best_heatmaps_figure` of a selection: its chosen tree size and speedup per cell, the
+    cells where not even plain decoding fits marked."""
+    rows = [
+        {"batch": c.batch, "context": c.context, "nodes": c.nodes, "speedup": c.speedup, "fits_memory": True}
+        for c in selection.cells
+    ]
+    rows += [
+        {"batch": b, "context": s, "nodes": 0, "speedup": np.nan, "fits_memory": False}
+        for b, s in selection.out_of_memory
+    ]
+    return best_heatmaps_figure(pd.DataFrame(rows), title=title)
+
+
+def plot_measured_speedup(sweep: pd.DataFrame, selection: Selection, path) -> None:
     """`measured_speedup_figure`, saved as a PNG at `path`."""
     fig = measured_speedup_figure(sweep, selection)
     _save(fig, path, extra=_outside_artists(fig))
@@ -445,13 +461,13 @@ def _dropped_predictions(rows: pd.DataFrame) -> np.ndarray:
     return rows.loc[gone, "nodes"].to_numpy(dtype=float)
 
 
-def measured_speedup_figure(sweep: pd.DataFrame, selection: dict) -> Figure:
+def measured_speedup_figure(sweep: pd.DataFrame, selection: Selection) -> Figure:
     """Measured speedup against tree size with its interval band, one panel per context and
     one colour per batch size, the pick of `selection` marked (a ring; a cross at 1 for no
     speculation) and the predicted speedup dashed beside it."""
     contexts = sorted(sweep["context"].unique())
     batches = sorted(sweep["batch"].unique())
-    picks = {(c["batch"], c["context"]): c for c in selection.get("cells", [])}
+    picks = selection.chosen_nodes()
     fig = Figure(figsize=(5.4 * len(contexts) + 2.6, 4.6))
     axes = fig.subplots(1, len(contexts), squeeze=False, sharey=True)[0]
     cmap = matplotlib.colormaps["viridis"]
@@ -473,9 +489,8 @@ def measured_speedup_figure(sweep: pd.DataFrame, selection: dict) -> Figure:
             dropped = _dropped_predictions(g)
             if dropped.size:
                 ax.scatter(dropped, np.ones(dropped.size), marker="v", s=40, color=color, zorder=5)
-            pick = picks.get((b, s))
-            if pick is not None:
-                n = pick["nodes"]
+            n = picks.get((b, s))
+            if n is not None:
                 y = float(g.loc[g["nodes"] == n, "speedup"].iloc[0]) if n else 1.0
                 x = n if n else float(g["nodes"].min())
                 ax.scatter(
@@ -509,8 +524,9 @@ def measured_speedup_figure(sweep: pd.DataFrame, selection: dict) -> Figure:
         "unreliable (not selected)",
         "no prediction: the profile prices\nthe tree step below plain (at 1)",
     ]
-    level = selection.get("confidence", 0.95)
-    shipped = selection.get("interval_confidence", level)
+    rule = selection.rule
+    level = rule.confidence if rule.confidence is not None else 0.95
+    shipped = rule.interval_confidence if rule.interval_confidence is not None else level
     axes[-1].legend(
         handles,
         labels,

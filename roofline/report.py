@@ -32,8 +32,9 @@ from treeopt.drafter_cost import DraftCost
 from treeopt.engines import Engine, export_for
 from treeopt.errors import UserError
 from treeopt.family_build import drafted_sizes
-from treeopt.fileio import atomic_path, write_json, write_text
+from treeopt.fileio import atomic_path, write_text
 from treeopt.selection import best_per_cell, selection_from_grid
+from treeopt.selection_types import Selection, write_selection
 from treeopt.tree import Tree
 
 __all__ = ["ReportRequest", "ReportResults", "build_report", "compute_report", "write_report"]
@@ -240,7 +241,7 @@ class ReportResults:
     charges (`chart_heads`), the chart's `points` (`roofline.plots.roofline_points`) and each
     case's predicted step (`steps`); `decode_shares`: plain decoding's operators and their share
     of its operator time, largest first. With an accuracy table: `tau`, the speedup `grid`, its
-    `best` tree per cell and the `selection` document (`treeopt.selection/v1`)."""
+    `best` tree per cell and the `selection` (written as `treeopt.selection/v1`)."""
 
     title: str
     contexts: list[int]
@@ -253,7 +254,7 @@ class ReportResults:
     tau: np.ndarray | None = None
     grid: pd.DataFrame | None = None
     best: pd.DataFrame | None = None
-    selection: dict | None = None
+    selection: Selection | None = None
 
 
 def build_report(request: ReportRequest, out_dir) -> dict:
@@ -299,7 +300,11 @@ def compute_report(request: ReportRequest) -> ReportResults:
         r.proposal,
         r.hw.name,
         r.shape.name,
-        extra={"heads": r.heads.num_heads if r.heads else 0, "attention": r.attention, "verification": r.verification},
+        provenance={
+            "heads": r.heads.num_heads if r.heads else 0,
+            "attention": r.attention,
+            "verification": r.verification,
+        },
     )
     return replace(results, tau=tau, grid=grid, best=best_per_cell(grid), selection=selection)
 
@@ -392,7 +397,7 @@ def write_report(request: ReportRequest, results: ReportResults, out_dir) -> dic
 def _write_speedup_files(r: ReportRequest, res: ReportResults, out: Path) -> dict:
     with atomic_path(out / "grid.csv") as tmp:
         res.grid.to_csv(tmp, index=False, float_format="%.6g")
-    write_json(out / "selection.json", res.selection)
+    write_selection(out / "selection.json", res.selection)
     speedup_curves(
         res.grid,
         out / "speedup.png",

@@ -35,7 +35,9 @@ from treeopt.app.models import shape_of
 from treeopt.app.sweep import step_predictor
 from treeopt.cli import main
 from treeopt.errors import UserError
-from treeopt.forms import FORMS_FORMAT, choose_form
+from treeopt.forms import FORMS_FORMAT
+from treeopt.forms import choose_form as _choose_form
+from treeopt.selection_types import selection_from_json
 from treeopt.tau import TauCurve
 from treeopt.tree import load_tree, make_tree
 
@@ -53,6 +55,11 @@ def tiny(tmp_path_factory):
     drafter_tests.write_mlp(path / "mlp_speculator", n_predict=4, inner_dim=24)
     torch.set_num_threads(1)
     return path, load_model(str(path), device="cpu", dtype="float32")
+
+
+def choose_form(docs: dict, **kwargs) -> dict:
+    """`treeopt.forms.choose_form` on selection documents, as its JSON section."""
+    return _choose_form({k: selection_from_json(v) for k, v in docs.items()}, **kwargs).to_json()
 
 
 def medusa_trees():

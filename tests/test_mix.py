@@ -183,7 +183,7 @@ def test_missing_cell_lists_the_cells_there_are():
 def test_mix_section_holds_the_trees_choices():
     proposal = make_tree([[0], [1], [0, 0]])
     choice = choose_mix_tree(HAND, parse_mix("1:0.9,4:0.1"))
-    section = mix_section(choice, proposal, parse_mix("1:0.9,4:0.1"))
+    section = mix_section(choice, proposal, parse_mix("1:0.9,4:0.1")).to_json()
     assert section["nodes"] == 2 and section["medusa_choices"] == [[0], [1]]
     assert section["speculate_up_to_batch"] == 1 and section["off_from_batch"] == 4
     assert [c["mix_nodes"] for c in section["cells"]] == [2, 0]

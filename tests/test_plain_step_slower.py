@@ -46,7 +46,8 @@ def test_a_shipped_speedup_that_is_tau_is_not_called_measured():
     # 4 nodes measured at 0.995 of the plain step: its overhead is clamped at 1 and its
     # speedup is tau = 2.4 exactly, the largest; the measured ratio itself is 0.995
     df, samples = clamped_sweep([1.0, 0.995, 0.995])
-    doc = select(df, PROPOSAL, samples=samples)
+    chosen = select(df, PROPOSAL, samples=samples)
+    doc = chosen.to_json()
     (cell,) = doc["cells"]
     assert cell["nodes"] == 4 and cell["speedup"] == 2.4 == cell["tau"]
     assert cell["measured_speedup"] is None
@@ -54,15 +55,15 @@ def test_a_shipped_speedup_that_is_tau_is_not_called_measured():
     assert (
         "0.995" in cell["measured_speedup_missing"] and "plain step is the slow one" in cell["measured_speedup_missing"]
     )
-    assert "speedup not measured" in format_selection(doc)
-    report = "\n".join(_cell_notes(doc["cells"]))
+    assert "speedup not measured" in format_selection(chosen)
+    report = "\n".join(_cell_notes(chosen.cells))
     assert "batch 1 context 128, measured speedup `= τ`: T(n)/T(0) measured 0.995" in report
 
 
 def test_a_tree_measured_slower_than_plain_keeps_its_measured_speedup():
     # 4 nodes at 1.2 x plain: 2.4 / 1.2 = 2.0, measured
     df, samples = clamped_sweep([1.0, 1.1, 1.2])
-    (cell,) = select(df, PROPOSAL, samples=samples)["cells"]
+    (cell,) = select(df, PROPOSAL, samples=samples).to_json()["cells"]
     assert cell["nodes"] == 4 and abs(cell["measured_speedup"] - 2.0) < 1e-6
     assert "measured_speedup_missing" not in cell and "overhead_measured" not in cell
 
@@ -71,14 +72,14 @@ def test_plain_decoding_slower_than_every_tree_is_named_not_blamed_on_noise():
     # every tree step at 0.90-0.95 of the plain step in every round: all flagged by the sanity
     # checks; the cause is the plain step, which a quieter machine does not change
     df, samples = clamped_sweep([0.90, 0.92, 0.95])
-    doc = select(df, PROPOSAL, samples=samples)
-    (cell,) = doc["cells"]
+    chosen = select(df, PROPOSAL, samples=samples)
+    (cell,) = chosen.to_json()["cells"]
     assert cell["reason"] == "unreliable" and cell["nodes"] == 0
     assert cell["plain_slower_nodes"] == [1, 2, 4]
-    summary = "\n".join(noise_summary(doc))
+    summary = "\n".join(noise_summary(chosen))
     assert "PLAIN STEP SLOWER" in summary and "measure again on a quieter machine" not in summary
     assert "UNDECIDED" not in summary
-    console = format_selection(doc)
+    console = format_selection(chosen)
     assert "the plain step is the slow one on this stack" in console
     assert "unreliable (failed the sanity checks" not in console
-    assert "the plain step is the slow one on this stack" in "\n".join(_cell_notes(doc["cells"]))
+    assert "the plain step is the slow one on this stack" in "\n".join(_cell_notes(chosen.cells))

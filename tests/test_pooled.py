@@ -79,11 +79,11 @@ def synthetic_sweep(rng, rounds: int, noise: float, off_cell=None):
 def test_open_cells_are_decided_from_a_fit_that_describes_them():
     rng = np.random.default_rng(7)
     sweep, samples, proposal, shape, heads, hw, depth, truth = synthetic_sweep(rng, 6, 0.1, off_cell=(1, 128))
-    doc = select(sweep, proposal, samples=samples)
-    open_before = {(u["batch"], u["context"]) for u in doc["undecided"]}
+    chosen = select(sweep, proposal, samples=samples)
+    open_before = {(u["batch"], u["context"]) for u in chosen.to_json()["undecided"]}
     assert len(open_before) >= 2  # 6 noisy rounds leave cells open
     pooled = fit_pooled(shape, heads, hw, sweep, samples, depth, draws=8)
-    add_pooled_evidence(doc, sweep, samples, pooled, proposal)
+    doc = add_pooled_evidence(chosen, sweep, samples, pooled, proposal).to_json()
     cells = {(c["batch"], c["context"]): c for c in doc["cells"]}
     # the cell whose trees cost 30% more than the model says is found out, and keeps its answer
     assert cells[(1, 128)]["fit_consistent"] is False

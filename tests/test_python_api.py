@@ -146,7 +146,7 @@ def test_the_selection_of_a_prediction_is_the_argmax_of_its_grid():
     prediction = treeopt.predict("vicuna-7b", "a100-80gb-sxm", ACC, batches=[1, 4, 32], contexts=[512, 4096])
     selection = treeopt.select(prediction)
     grid = prediction.to_frame()
-    for cell in selection.cells:
+    for cell in selection.to_dict()["cells"]:
         rows = grid[(grid["batch"] == cell["batch"]) & (grid["context"] == cell["context"])]
         speed = rows["speedup"].to_numpy()
         best = int(rows["nodes"].to_numpy()[np.nanargmax(speed)])
@@ -157,7 +157,7 @@ def test_the_selection_of_a_prediction_is_the_argmax_of_its_grid():
 
 def test_a_prediction_for_vllm_picks_only_sizes_vllm_drafts():
     prediction = treeopt.predict("vicuna-7b", "h100-sxm", ACC, batches=[1, 8, 64], contexts=[1024], engine="vllm")
-    for cell in treeopt.select(prediction).cells:
+    for cell in treeopt.select(prediction).to_dict()["cells"]:
         if cell["nodes"]:
             assert treeopt.check(cell["medusa_choices"], "vllm").as_written, cell
 
@@ -261,7 +261,7 @@ def test_bad_input_raises_the_projects_error_with_the_clis_message(call, argv, c
 def test_plots_are_returned_not_saved_or_shown(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     prediction = treeopt.predict("vicuna-7b", "l4", ACC, batches=[1, 8], contexts=[512, 1024])
-    figures = [prediction.plot(), prediction.plot_best(), treeopt.select(prediction).plot()]
+    figures = [prediction.plot(), prediction.plot_best(), treeopt.plot_selection(treeopt.select(prediction))]
     sweep = treeopt.load_sweep(SWEEP)
     figures.append(sweep.plot())
     assert all(isinstance(f, Figure) for f in figures)

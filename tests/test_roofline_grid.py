@@ -177,7 +177,7 @@ def test_heads_in_baseline_changes_only_the_denominator():
 
 def test_selection_document(grid, proposal):
     tree, _ = proposal
-    doc = selection_from_grid(grid, tree, "a100-80gb-sxm", "vicuna-7b")
+    doc = selection_from_grid(grid, tree, "a100-80gb-sxm", "vicuna-7b").to_json()
     assert doc["format"] == "treeopt.selection/v1"
     assert (doc["hardware"], doc["model"]) == ("a100-80gb-sxm", "vicuna-7b")
     best = best_per_cell(grid)
@@ -189,7 +189,7 @@ def test_selection_document(grid, proposal):
         assert set(cell) >= {"batch", "context", "nodes", "speedup", "medusa_choices"}
         assert cell["medusa_choices"] == tree.prefix(cell["nodes"]).to_choices()
         assert len(cell["medusa_choices"]) == cell["nodes"]
-    none = selection_from_grid(speedup_grid(V7, HEADS, A100, [1.0, 1.0001], [64], [512]), tree, "h", "m")
+    none = selection_from_grid(speedup_grid(V7, HEADS, A100, [1.0, 1.0001], [64], [512]), tree, "h", "m").to_json()
     assert none["cells"][0]["nodes"] == 0 and none["cells"][0]["medusa_choices"] == []
 
 

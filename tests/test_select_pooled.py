@@ -28,7 +28,7 @@ def test_select_on_a_run_sweep_repeats_the_runs_pooled_evidence():
     # selection from the sweep file alone, finding the model and the run's hardware.json from the
     # metadata, must reach the same fit and the same per-cell verdicts.
     ran = json.loads((RUN / "selection.json").read_text())
-    again = treeopt.select(treeopt.load_sweep(RUN / "sweep.csv"), tolerance=ran["tolerance"]).doc
+    again = treeopt.select(treeopt.load_sweep(RUN / "sweep.csv"), tolerance=ran["tolerance"]).to_dict()
     # to 1e-4: the same MAP fit, but scipy builds stop its solver at points ~1e-5 apart
     assert again["pooled_fit"]["terms"] == pytest.approx(ran["pooled_fit"]["terms"], rel=1e-4)
     keys = ("batch", "context", "nodes", "fit_nodes", "fit_consistent")

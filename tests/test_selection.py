@@ -11,11 +11,19 @@ import pandas as pd
 import pytest
 
 from treeopt.errors import UserError
-from treeopt.selection import SWEEP_COLUMNS, add_intervals, measured_speedup, prediction_regret, read_sweep, select
+from treeopt.selection import SWEEP_COLUMNS, add_intervals, measured_speedup, prediction_regret, read_sweep
+from treeopt.selection import select as _select
 from treeopt.stats import same_round_ratios
 from treeopt.tree import make_tree
 
 PROPOSAL = make_tree([[0], [1], [0, 0], [2], [0, 1]])
+
+
+def select(*args, **kwargs) -> dict:
+    """The selection's `treeopt.selection/v1` document: what these tests read."""
+    return _select(*args, **kwargs).to_json()
+
+
 TAU = {0: 1.0, 1: 1.6, 2: 2.1, 4: 2.6}
 # (batch, context) -> {nodes: (measured speedup, predicted speedup)}
 CELLS = {

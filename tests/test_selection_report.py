@@ -51,10 +51,10 @@ def sweep_file(tmp_path):
 def test_mix_and_validation_show_the_selected_tree(tmp_path):
     sweep = treeopt.load_sweep(sweep_file(tmp_path))
     selection = treeopt.select(sweep, mix="1:0.5,2:0.5")
-    chosen = {(c["batch"], c["context"]): c["nodes"] for c in selection.cells}
+    chosen = selection.chosen_nodes()
     assert chosen == {(1, 64): 2, (2, 64): 4}
-    assert selection.cell(1, 64)["reason"] == "within-tolerance" and selection.cell(1, 64)["best_nodes"] == 4
-    mix = selection.mix
+    assert selection.cell(1, 64).reason == "within-tolerance" and selection.cell(1, 64).best_nodes == 4
+    mix = selection.to_dict()["mix"]
     assert {(c["batch"], c["context"]): c["best_nodes"] for c in mix["cells"]} == chosen
     assert [c["best_speedup"] for c in mix["cells"]] == [1.57, 1.5]
     regret = prediction_regret(sweep.frame, chosen=chosen).set_index(["batch", "context"])

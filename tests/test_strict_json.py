@@ -37,7 +37,8 @@ def test_a_prediction_the_profile_cannot_make_is_null_with_its_reason(tmp_path):
     row = (df["batch"] == 1) & (df["context"] == 128) & (df["nodes"] == 2)
     df.loc[row, "predicted_overhead"] = 0.9
     df.loc[row, "predicted_speedup"] = np.nan
-    doc = select(df, PROPOSAL)
+    chosen = select(df, PROPOSAL)
+    doc = chosen.to_json()
     write_json(tmp_path / "selection.json", doc)
     cell = by_cell(strict((tmp_path / "selection.json").read_text()))[(1, 128)]
     assert cell["nodes"] == 2 and cell["predicted_speedup"] is None
@@ -45,9 +46,9 @@ def test_a_prediction_the_profile_cannot_make_is_null_with_its_reason(tmp_path):
     assert "0.900" in cell["predicted_speedup_missing"]
     # a cell whose prediction exists carries no reason
     assert "predicted_speedup_missing" not in by_cell(doc)[(4, 128)]
-    console = format_selection(doc)
+    console = format_selection(chosen)
     assert "predicted --" in console and "no predicted speedup: the hardware profile predicts" in console
-    report = "\n".join(_cell_notes(doc["cells"]))
+    report = "\n".join(_cell_notes(chosen.cells))
     assert "batch 1 context 128, predicted speedup `--` (2 nodes): the hardware profile predicts" in report
 
 

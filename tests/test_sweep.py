@@ -27,6 +27,7 @@ from calibration.sweep import (
 )
 from treeopt.errors import UserError
 from treeopt.selection import format_selection, read_round_samples, read_sweep, select, sweep_samples_path
+from treeopt.selection_types import selection_from_json
 from treeopt.tau import TauCurve
 from treeopt.tree import make_tree
 
@@ -427,7 +428,7 @@ def test_burst_in_the_plain_step_is_never_selected_on(tiny, tmp_path, monkeypatc
     assert not left  # the disturbed rounds were measured again
     assert (df["remeasured"] == 1).all() and (df["unreliable"] == 0).all()
     back, meta = read_sweep(out)
-    doc = select(back, CHAIN, samples=read_round_samples(sweep_samples_path(out)))
+    doc = select(back, CHAIN, samples=read_round_samples(sweep_samples_path(out))).to_json()
     cell = doc["cells"][0]
     # the 3 disturbed rounds of 10 leave the answer open at 3% (a resample that draws half
     # of them makes every tree look free), but what ships is the true best
@@ -444,11 +445,11 @@ def test_impossible_cell_stays_flagged(tiny, tmp_path, monkeypatch):
     df = run_sweep(lm, TauCurve(CHAIN, CHAIN_TAU, None), settings, out, progress=False)
     # every tree looks 3x faster than plain: impossible twice, so marked, and never chosen
     assert df.loc[df["nodes"] > 0, "unreliable"].eq(1).all() and df.loc[df["nodes"] == 0, "unreliable"].eq(0).all()
-    doc = select(read_sweep(out)[0], CHAIN, samples=read_round_samples(sweep_samples_path(out)))
+    doc = select(read_sweep(out)[0], CHAIN, samples=read_round_samples(sweep_samples_path(out))).to_json()
     cell = doc["cells"][0]
     assert cell["nodes"] == 0 and cell["reason"] == "unreliable" and cell["unreliable_nodes"] == [1, 2, 3]
     assert doc["undecided"] == [{"batch": 1, "context": 8}]
-    assert "UNDECIDED" in format_selection(doc)
+    assert "UNDECIDED" in format_selection(selection_from_json(doc))
 
 
 def test_adaptive_rounds_until_decided(tiny, tmp_path, monkeypatch):
@@ -470,5 +471,5 @@ def test_adaptive_rounds_until_decided(tiny, tmp_path, monkeypatch):
     assert used >= 1 and df["samples"].iloc[0] == 5 * 2**used
     back, meta = read_sweep(out)
     assert meta["measurement"]["confidence"] == pytest.approx(1 - 0.05 / 4)
-    doc = select(back, make_tree([[0]]), samples=read_round_samples(sweep_samples_path(out)))
+    doc = select(back, make_tree([[0]]), samples=read_round_samples(sweep_samples_path(out))).to_json()
     assert doc["cells"][0]["nodes"] == 1 and doc["cells"][0]["reason"] == "best"

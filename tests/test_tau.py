@@ -13,11 +13,18 @@ from calibration.sweep import _derive
 from roofline.hardware import builtin_hardware
 from roofline.shapes import ModelShape, model_shape
 from treeopt.app.draft_model import gamma_prediction
-from treeopt.selection import select
+from treeopt.selection import select as _select
 from treeopt.tau import TauCurve
 from treeopt.tree import make_tree
 
 CHAIN = make_tree([[0], [0, 0]])
+
+
+def select(*args, **kwargs) -> dict:
+    """The selection's `treeopt.selection/v1` document: what these tests read."""
+    return _select(*args, **kwargs).to_json()
+
+
 INDEPENDENT = np.array([1.0, 1.5, 1.7])
 JOINT = np.array([1.0, 1.6, 2.2])
 WALKED = np.array([1.0, 1.7, 1.8])

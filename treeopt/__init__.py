@@ -51,6 +51,7 @@ PUBLIC_NAMES = (
     "load_tree",
     "make_tree",
     "model_shape",
+    "plot_selection",
     "predict",
     "predict_steps",
     "select",

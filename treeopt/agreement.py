@@ -15,7 +15,6 @@ different trees and still agree: near the knee several sizes are within δ of ea
 
 from __future__ import annotations
 
-import json
 from itertools import combinations
 from pathlib import Path
 
@@ -23,22 +22,21 @@ import numpy as np
 import pandas as pd
 
 from treeopt.errors import UserError
-from treeopt.selection import cell_draws, read_round_samples
+from treeopt.fileio import read_json_input
+from treeopt.selection_types import selection_from_json
 from treeopt.stats import CONFIDENCE, interval
+from treeopt.sweep_file import cell_draws, read_round_samples
 
 AGREEMENT_FILES = ("selection.json", "sweep.csv", "sweep.meta.json", "sweep.samples.npz")
 
 
 def _read_run(folder: Path) -> tuple[dict, pd.DataFrame, dict, float]:
     path = folder / "selection.json"
-    try:
-        doc = json.loads(path.read_text())
-        picks = {(int(c["batch"]), int(c["context"])): int(c["nodes"]) for c in doc["cells"]}
-        tolerance = float(doc.get("tolerance", 0.05))
-    except FileNotFoundError:
-        raise UserError(f"{path}: not found (give a folder `treeopt run` wrote)") from None
-    except (ValueError, KeyError, TypeError) as err:
-        raise UserError(f"{path}: not a selection ({err})") from None
+    if not path.is_file():
+        raise UserError(f"{path}: not found (give a folder `treeopt run` wrote)")
+    selection = selection_from_json(read_json_input(path, "a selection file"), str(path))
+    picks = selection.chosen_nodes()
+    tolerance = selection.rule.tolerance if selection.rule.tolerance is not None else 0.05
     csv = folder / "sweep.csv"
     if not csv.is_file():
         raise UserError(f"{csv}: not found (the selection was not made from a measured sweep)")

@@ -14,8 +14,7 @@ roofline and, on demand, the calibration package.
 
 from __future__ import annotations
 
-import copy
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -31,7 +30,7 @@ from treeopt import PUBLIC_NAMES
 from treeopt.accuracy import AccuracyTable
 from treeopt.accuracy import load_accuracy as load_accuracy
 from treeopt.app.models import heads_of, shape_of
-from treeopt.app.pooled import add_sweep_pooled_evidence, format_pooled, sweep_model
+from treeopt.app.pooled import add_sweep_pooled_evidence, sweep_model
 from treeopt.app.prediction import Prediction, PredictionOptions, predict_speedup
 from treeopt.chain_counts import ChainAcceptance, ExpectationCheck, check_expectation, expected_counts
 from treeopt.chain_counts import chain_acceptance as _chain_acceptance
@@ -41,10 +40,8 @@ from treeopt.engines import EngineExport as EngineExport
 from treeopt.engines import check as _check
 from treeopt.engines import export_for, get_engine
 from treeopt.errors import UserError
-from treeopt.fileio import write_json
-from treeopt.mix import choose_mix_tree, format_mix, mix_grid_from_sweep, mix_section, parse_mix
+from treeopt.mix import choose_mix_tree, mix_grid_from_sweep, mix_section, parse_mix
 from treeopt.selection import (
-    format_selection,
     proposal_from_meta,
     read_grid_with_proposal,
     read_round_samples,
@@ -54,6 +51,7 @@ from treeopt.selection import (
     sweep_samples_path,
 )
 from treeopt.selection import select as _select_sweep
+from treeopt.selection_types import Selection as Selection
 from treeopt.stats import DEFAULT_TOLERANCE
 from treeopt.tree import Tree, make_tree
 from treeopt.tree import load_tree as load_tree
@@ -237,7 +235,7 @@ class Sweep:
         from roofline.plots import measured_speedup_figure
 
         chosen = selection if selection is not None else select(self)
-        return measured_speedup_figure(self.frame, chosen.doc)
+        return measured_speedup_figure(self.frame, chosen)
 
 
 def load_sweep(path: str | Path) -> Sweep:
@@ -247,74 +245,12 @@ def load_sweep(path: str | Path) -> Sweep:
     return Sweep(str(path), frame, meta, samples, proposal_from_meta(meta, str(path)))
 
 
-@dataclass(frozen=True, eq=False)
-class Selection:
-    """The best tree per (batch, context): the `treeopt.selection/v1` document
-    (docs/formats.md) that `treeopt select` writes, with ways to read it."""
+def plot_selection(selection: Selection, *, title: str | None = None):
+    """The chosen tree size and its speedup over batch x context; a matplotlib Figure."""
+    # matplotlib is loaded when a figure is asked for, not with the library
+    from roofline.plots import selection_heatmaps_figure
 
-    doc: dict = field(repr=False)
-
-    @property
-    def cells(self) -> list[dict]:
-        return self.doc["cells"]
-
-    def to_dict(self) -> dict:
-        """The selection document (a copy); `save` writes it as JSON."""
-        return copy.deepcopy(self.doc)
-
-    def to_frame(self) -> pd.DataFrame:
-        """One row per cell: batch, context, nodes (0 = no speculation), speedup, tau, overhead,
-        and where known the interval, reason and engine line."""
-        keep = [
-            "batch",
-            "context",
-            "nodes",
-            "speedup",
-            "speedup_lo",
-            "speedup_hi",
-            "tau",
-            "overhead",
-            "reason",
-            "engine_line",
-        ]
-        frame = pd.DataFrame(self.cells)
-        return frame[[c for c in keep if c in frame.columns]]
-
-    def cell(self, batch: int, context: int) -> dict:
-        for cell in self.cells:
-            if cell["batch"] == batch and cell["context"] == context:
-                return cell
-        raise UserError(f"selection: no cell batch={batch}, context={context}")
-
-    def tree(self, batch: int, context: int) -> Tree:
-        """The chosen tree of one cell (empty: no speculation)."""
-        cell = self.cell(batch, context)
-        return make_tree(cell["medusa_choices"], allow_empty=True, source=f"cell batch={batch},context={context}")
-
-    @property
-    def mix(self) -> dict | None:
-        """The one tree for the traffic mix, when `select(..., mix=...)` was asked for it."""
-        return self.doc.get("mix")
-
-    def summary(self) -> str:
-        """The table `treeopt select` prints."""
-        text = format_selection(self.doc)
-        if "pooled_fit" in self.doc:
-            text += "\n" + format_pooled(self.doc)
-        return text + ("\n" + format_mix(self.doc["mix"]) if "mix" in self.doc else "")
-
-    def save(self, path: str | Path) -> None:
-        write_json(path, self.doc)
-
-    def plot(self, *, title: str | None = None):
-        """The chosen tree size and its speedup over batch x context; a matplotlib Figure."""
-        # matplotlib is loaded when a figure is asked for, not with the library
-        from roofline.plots import best_heatmaps_figure
-
-        rows = [{**c, "fits_memory": True} for c in self.cells] + [
-            {**c, "nodes": 0, "speedup": np.nan, "fits_memory": False} for c in self.doc.get("out_of_memory", [])
-        ]
-        return best_heatmaps_figure(pd.DataFrame(rows), title=title)
+    return selection_heatmaps_figure(selection, title=title)
 
 
 def select(
@@ -345,9 +281,9 @@ def select(
     On a sweep, `pooled` adds the evidence of one profile fitted to every cell, as `treeopt run`
     does (docs/statistics.md#pooled-evidence): `model` and `hardware` default to those the
     sweep's metadata names (a built-in profile, or the `hardware.json` of a run folder); where
-    they cannot be found, `selection.doc["pooled_fit"]["skipped"]` says what to give."""
+    they cannot be found, `selection.pooled.skipped` says what to give."""
     if isinstance(source, Sweep):
-        doc = _select_sweep(
+        chosen = _select_sweep(
             source.frame,
             source.proposal,
             by=by,
@@ -362,23 +298,23 @@ def select(
         measured = source.meta.get("verification", "tree")
         if verification not in (None, measured):
             raise UserError(f"--verification {verification}: {source.path} was measured with {measured} verification")
-        doc["verification"] = measured
+        chosen = replace(chosen, provenance=replace(chosen.provenance, verification=measured))
         if pooled and by == "measured":
             found = sweep_model(source.meta, source.path, model=model, hardware=hardware)
             rule = {"tolerance": tolerance, "confidence": sweep_confidence(source.meta), "threshold": threshold}
-            add_sweep_pooled_evidence(doc, source.frame, source.samples, source.proposal, found, rule=rule)
+            chosen = add_sweep_pooled_evidence(chosen, source.frame, source.samples, source.proposal, found, rule=rule)
         grid = mix_grid_from_sweep(source.frame, by) if mix is not None else None
     elif isinstance(source, Prediction):
-        extra = {"verification": verification or source.verification}
+        provenance = {"verification": verification or source.verification}
         if source.model is not None:
-            extra = {"heads": source.draft_heads, "attention": source.attention} | extra
-        doc = selection_from_grid(
+            provenance = {"heads": source.draft_heads, "attention": source.attention} | provenance
+        chosen = selection_from_grid(
             source.grid,
             source.proposal,
             source.hardware.name if source.hardware is not None else "",
             source.model.name if source.model is not None else "",
             threshold=threshold,
-            extra=extra,
+            provenance=provenance,
         )
         grid = source.grid
     else:
@@ -386,33 +322,35 @@ def select(
     table = _table(accuracy) if accuracy is not None else getattr(source, "accuracy", None)
     engine = engine or getattr(source, "engine", None)
     if engine is not None:
-        _add_engine_lines(doc, engine, table)
+        chosen = _with_engine_lines(chosen, engine, table)
     if mix is not None:
         traffic = parse_mix(str(mix))
-        chosen = {(c["batch"], c["context"]): c["nodes"] for c in doc["cells"]}
-        choice = choose_mix_tree(grid, traffic, threshold=threshold, source=source.source, chosen=chosen)
-        doc["mix"] = mix_section(choice, source.proposal, traffic, threshold)
-    return Selection(doc)
+        choice = choose_mix_tree(grid, traffic, threshold=threshold, source=source.source, chosen=chosen.chosen_nodes())
+        chosen = replace(chosen, mix=mix_section(choice, source.proposal, traffic, threshold))
+    return chosen
 
 
-def _add_engine_lines(doc: dict, engine: str, table: AccuracyTable | None) -> None:
+def _with_engine_lines(selection: Selection, engine: str, table: AccuracyTable | None) -> Selection:
     """Each selected cell's medusa_choices as the line `engine` takes (docs/engines.md#exports)."""
     target = get_engine(engine)
     acc = table.accuracy if table is not None else None
     heads = table.num_heads if table is not None else None
-    doc["engine"] = target.name
-    for cell in doc["cells"]:
-        if not cell["nodes"]:
-            cell["engine_line"] = None
+    cells = []
+    for cell in selection.cells:
+        if not cell.nodes:
+            cells.append(replace(cell, engine_line=None))
             continue
-        tree = make_tree(cell["medusa_choices"], source=f"cell batch={cell['batch']},context={cell['context']}")
+        tree = make_tree(
+            [list(p) for p in cell.medusa_choices], source=f"cell batch={cell.batch},context={cell.context}"
+        )
         drafted = _check(tree, target, heads=heads, accuracy=acc)
         if not drafted.as_written:
             raise UserError(
                 f"--engine {target.name}: {tree.name}: not drafted as written ({drafted.reason}); "
                 f"build the sweep or grid with --engine {target.name}"
             )
-        cell["engine_line"] = export_for(target, tree, heads=heads, accuracy=acc).line
+        cells.append(replace(cell, engine_line=export_for(target, tree, heads=heads, accuracy=acc).line))
+    return replace(selection, cells=tuple(cells), provenance=replace(selection.provenance, engine=target.name))
 
 
 # ---------------------------------------------------------------------------------------------

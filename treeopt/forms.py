@@ -13,53 +13,29 @@ from __future__ import annotations
 import math
 
 from treeopt.errors import UserError
+from treeopt.selection_types import FORMS_FORMAT, FormCell, FormOption, FormsChoice, Selection, SelectionCell
 
 __all__ = ["VERIFICATION_FORMS", "FORMS_FORMAT", "choose_form"]
 
 #: the verification forms, cheapest verification first: the tree reads each sequence's context
 #: once, candidate sequences once per candidate (docs/performance-model.md#verification-modes)
 VERIFICATION_FORMS = ("tree", "candidates")
-FORMS_FORMAT = "treeopt.forms/v1"
 
 
-def _interval(cell: dict, form: str) -> tuple[float, float, float]:
+def _interval(cell: SelectionCell) -> tuple[float, float, float]:
     """(speedup, lower, upper) of a selection cell; a cell without an interval (a predicted
     selection) is its point speedup at both ends. No speculation is speedup 1."""
-    if not cell.get("nodes"):
+    if not cell.nodes:
         return 1.0, 1.0, 1.0
 
-    def number(name: str, default):
-        value = cell.get(name, default)
-        if value is None:
-            value = default
-        try:
-            value = float(value)
-        except (TypeError, ValueError):
-            raise UserError(
-                f"selection '{form}': cell batch {cell.get('batch')} context {cell.get('context')}: "
-                f"'{name}' is not a number ({value!r})"
-            ) from None
-        return value
+    def bound(value) -> float:
+        return cell.speedup if value is None or math.isnan(value) else value
 
-    speedup = number("speedup", math.nan)
-    return speedup, number("speedup_lo", speedup), number("speedup_hi", speedup)
+    return cell.speedup, bound(cell.speedup_lo), bound(cell.speedup_hi)
 
 
-def _cells(doc: dict, form: str) -> dict[tuple[int, int], dict]:
-    if not isinstance(doc, dict) or not isinstance(doc.get("cells"), list):
-        raise UserError(f"selection '{form}': not a treeopt.selection/v1 document (no 'cells' list)")
-    out = {}
-    for cell in doc["cells"]:
-        try:
-            key = (int(cell["batch"]), int(cell["context"]))
-        except (KeyError, TypeError, ValueError):
-            raise UserError(f"selection '{form}': a cell without an integer batch and context: {cell!r}") from None
-        out[key] = cell
-    return out
-
-
-def choose_form(selections: dict[str, dict], *, threshold: float = 1.0, order=None) -> dict:
-    """Per (batch, context) the verification form to serve with, from the selection documents
+def choose_form(selections: dict[str, Selection], *, threshold: float = 1.0, order=None) -> FormsChoice:
+    """Per (batch, context) the verification form to serve with, from the selections
     (`treeopt.selection.select`) of several forms measured on the same cells, keyed by form.
 
     Rule (docs/builders.md#choosing-the-verification-form): a form competes in a cell when it
@@ -71,9 +47,9 @@ def choose_form(selections: dict[str, dict], *, threshold: float = 1.0, order=No
     the verification forms (a draft model's "chain" before its "tree": every engine that serves
     a draft model verifies chains, fewer verify trees).
 
-    Returns {"format", "forms", "threshold", "cells": [{batch, context, form (None for no
-    speculation), nodes, speedup, speedup_lo, speedup_hi, medusa_choices, reason, by_form:
-    {form: {nodes, speedup, speedup_lo, speedup_hi}}}]}, cells sorted by (batch, context).
+    Returns the forms in preference order, the threshold and per cell (sorted by batch,
+    context) the form (None for no speculation), its tree and interval, why, and every form's
+    answer there.
     """
     if not selections:
         raise UserError("choose_form: no selections given")
@@ -82,7 +58,7 @@ def choose_form(selections: dict[str, dict], *, threshold: float = 1.0, order=No
     if unknown:
         raise UserError(f"choose_form: unknown form '{unknown[0]}' (one of {', '.join(order)})")
     forms = [f for f in order if f in selections]  # preferred (cheapest verification) first
-    cells = {form: _cells(selections[form], form) for form in forms}
+    cells = {form: {c.key: c for c in selections[form].cells} for form in forms}
     keys = set(cells[forms[0]])
     for form in forms[1:]:
         if set(cells[form]) != keys:
@@ -92,31 +68,18 @@ def choose_form(selections: dict[str, dict], *, threshold: float = 1.0, order=No
                 f"(batch {missing[0]} context {missing[1]} is in one only); measure both forms on the same cells"
             )
     out = [_choose_in_cell(key, {form: cells[form][key] for form in forms}, threshold) for key in sorted(keys)]
-    return {"format": FORMS_FORMAT, "forms": forms, "threshold": float(threshold), "cells": out}
+    return FormsChoice(tuple(forms), float(threshold), tuple(out))
 
 
-def _choose_in_cell(key: tuple[int, int], by_cell: dict[str, dict], threshold: float) -> dict:
+def _choose_in_cell(key: tuple[int, int], by_cell: dict[str, SelectionCell], threshold: float) -> FormCell:
     """One cell of `choose_form`: `by_cell` is each form's selection cell, in preference order."""
     forms = list(by_cell)
-    bounds = {form: _interval(by_cell[form], form) for form in forms}
-    competing = [f for f in forms if by_cell[f].get("nodes") and bounds[f][1] > threshold]
-    by_form = {
-        f: {"nodes": int(by_cell[f].get("nodes") or 0), "speedup": s, "speedup_lo": lo, "speedup_hi": hi}
-        for f, (s, lo, hi) in bounds.items()
-    }
-    row = {"batch": key[0], "context": key[1]}
+    bounds = {form: _interval(by_cell[form]) for form in forms}
+    competing = [f for f in forms if by_cell[f].nodes and bounds[f][1] > threshold]
+    by_form = {f: FormOption(int(by_cell[f].nodes), s, lo, hi) for f, (s, lo, hi) in bounds.items()}
     if not competing:
-        return {
-            **row,
-            "form": None,
-            "nodes": 0,
-            "speedup": 1.0,
-            "speedup_lo": 1.0,
-            "speedup_hi": 1.0,
-            "medusa_choices": [],
-            "reason": f"no speculation: no form's speedup lower bound exceeds {threshold:g}",
-            "by_form": by_form,
-        }
+        reason = f"no speculation: no form's speedup lower bound exceeds {threshold:g}"
+        return FormCell(*key, None, 0, 1.0, 1.0, 1.0, (), reason, by_form)
     best = max(competing, key=lambda f: bounds[f][1])  # the first (cheapest) on ties
     overlapping = [f for f in competing if bounds[f][2] >= bounds[best][1] and bounds[f][1] <= bounds[best][2]]
     winner = overlapping[0]  # competing is in cost order, and best overlaps itself
@@ -130,14 +93,5 @@ def _choose_in_cell(key: tuple[int, int], by_cell: dict[str, dict], threshold: f
     else:
         reason = f"interval overlaps that of {best} (the highest lower bound); cheaper verification"
     s, lo, hi = bounds[winner]
-    return {
-        **row,
-        "form": winner,
-        "nodes": int(by_cell[winner]["nodes"]),
-        "speedup": s,
-        "speedup_lo": lo,
-        "speedup_hi": hi,
-        "medusa_choices": by_cell[winner].get("medusa_choices", []),
-        "reason": reason,
-        "by_form": by_form,
-    }
+    chosen = by_cell[winner]
+    return FormCell(*key, winner, int(chosen.nodes), s, lo, hi, chosen.medusa_choices, reason, by_form)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +26,8 @@ import pandas as pd
 from treeopt.errors import UserError
 from treeopt.fileio import read_text_input
 from treeopt.selection import best_per_cell, measured_speedup
+from treeopt.selection_text import format_mix
+from treeopt.selection_types import MixCell, MixSection
 
 __all__ = [
     "ANY_CONTEXT",
@@ -52,21 +54,6 @@ class TrafficMix:
     context: tuple[int, ...]  # ANY_CONTEXT where the entry named no context
     weight: tuple[float, ...]
     source: str
-
-
-@dataclass(frozen=True)
-class MixCell:
-    """What one cell of the mix gets from the single tree against its own best tree."""
-
-    batch: int
-    context: int
-    weight: float
-    best_nodes: int
-    best_speedup: float
-    mix_nodes: int  # 0 where speculation is off at this batch
-    mix_speedup: float
-    plain_tokens_per_s: float
-    loss_fraction: float  # 1 - mix_speedup / best_speedup (negative: the mix tree does better there)
 
 
 @dataclass(frozen=True)
@@ -310,61 +297,29 @@ def choose_mix_tree(
     )
 
 
-def mix_section(choice: MixChoice, proposal, mix: TrafficMix, threshold: float = 1.0) -> dict:
-    """The selection document's `mix` section (docs/formats.md#selections-treeoptselectionv1)."""
+def mix_section(choice: MixChoice, proposal, mix: TrafficMix, threshold: float = 1.0) -> MixSection:
+    """The selection's `mix` section (docs/formats.md#selections-treeoptselectionv1), its
+    figures rounded as the document holds them."""
     if choice.nodes > proposal.size:
         raise UserError(f"mix: the table picks {choice.nodes} nodes but the proposal tree has {proposal.size}")
-    return {
-        "source": mix.source,
-        "nodes": choice.nodes,
-        "medusa_choices": proposal.prefix(choice.nodes).to_choices() if choice.nodes else [],
-        "speculate_up_to_batch": choice.speculate_up_to_batch,
-        "off_from_batch": choice.off_from_batch,
-        "threshold": threshold,
-        "expected_tokens_per_s": round(choice.expected_tokens_per_s, 6),
-        "per_cell_best_tokens_per_s": round(choice.per_cell_best_tokens_per_s, 6),
-        "plain_tokens_per_s": round(choice.plain_tokens_per_s, 6),
-        "cells": [
-            {
-                "batch": c.batch,
-                "context": c.context,
-                "weight": round(c.weight, 6),
-                "best_nodes": c.best_nodes,
-                "best_speedup": round(c.best_speedup, 6),
-                "mix_nodes": c.mix_nodes,
-                "mix_speedup": round(c.mix_speedup, 6),
-                "loss_fraction": round(c.loss_fraction, 6),
-            }
+    return MixSection(
+        source=mix.source,
+        nodes=choice.nodes,
+        medusa_choices=tuple(tuple(p) for p in proposal.prefix(choice.nodes).to_choices()) if choice.nodes else (),
+        speculate_up_to_batch=choice.speculate_up_to_batch,
+        off_from_batch=choice.off_from_batch,
+        threshold=threshold,
+        expected_tokens_per_s=round(choice.expected_tokens_per_s, 6),
+        per_cell_best_tokens_per_s=round(choice.per_cell_best_tokens_per_s, 6),
+        plain_tokens_per_s=round(choice.plain_tokens_per_s, 6),
+        cells=tuple(
+            replace(
+                c,
+                weight=round(c.weight, 6),
+                best_speedup=round(c.best_speedup, 6),
+                mix_speedup=round(c.mix_speedup, 6),
+                loss_fraction=round(c.loss_fraction, 6),
+            )
             for c in choice.cells
-        ],
-    }
-
-
-def format_mix(section: dict) -> str:
-    """The mix section for people: the tree, the cut-off, and what each cell loses."""
-    n = section["nodes"]
-    if n:
-        off = section["off_from_batch"]
-        head = (
-            f"one tree for the mix ({section['source']}): {n} nodes, speculation on up to batch "
-            f"{section['speculate_up_to_batch']}"
-            + (f", off from batch {off}" if off is not None else " (every batch of the mix)")
-        )
-    else:
-        head = f"one tree for the mix ({section['source']}): no speculation (no tree pays on this mix)"
-    ratio = section["expected_tokens_per_s"] / section["per_cell_best_tokens_per_s"]
-    lines = [
-        head,
-        f"  expected throughput {section['expected_tokens_per_s']:.4g} tokens/s = {ratio:.1%} of every cell "
-        f"with its own best tree ({section['per_cell_best_tokens_per_s']:.4g}); plain decoding "
-        f"{section['plain_tokens_per_s']:.4g}",
-    ]
-    for c in section["cells"]:
-        lines.append(
-            f"  batch {c['batch']:4d}  context {c['context']:6d}  weight {c['weight']:.3f}: best "
-            f"{c['best_nodes']:3d} nodes {c['best_speedup']:.2f}x, mix tree {c['mix_nodes']:3d} nodes "
-            f"{c['mix_speedup']:.2f}x (loses {c['loss_fraction']:.1%})"
-        )
-    if n:
-        lines.append(f"  medusa_choices = {section['medusa_choices']}")
-    return "\n".join(lines)
+        ),
+    )

@@ -9,48 +9,53 @@ speculation" (0 nodes, medusa_choices []) unless the best's lower bound beats th
 (docs/statistics.md#choosing-a-tree-with-intervals); by prediction, the argmax (the smallest
 size on ties).
 
-The sweep file is a CSV with the columns SWEEP_COLUMNS (see calibration/sweep.py for their
-meaning) and a `NAME.meta.json` beside it that holds the proposal tree: row `nodes = n`
-measures `proposal.prefix(n)`.
+The sweep file and its reader: `treeopt.sweep_file`; the `Selection` this module builds and
+its JSON: `treeopt.selection_types`; its text: `treeopt.selection_text`.
 """
 
 from __future__ import annotations
 
 import math
-import zipfile
-from pathlib import Path
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
 
 from treeopt.accuracy import AccuracyTable, load_accuracy
 from treeopt.errors import UserError
-from treeopt.fileio import atomic_path, read_json_input
-from treeopt.selection_notes import (
-    mark_clamp,
-    missing_prediction_reason,
-    percent,
-    plain_slow_only,
-    raw_overheads,
-    unreliable_lines,
+from treeopt.selection_notes import mark_clamp, missing_prediction_reason, raw_overheads
+from treeopt.selection_text import (
+    NOISY_HALF_WIDTH,
+    format_selection,
+    format_speedup,
+    noise_summary,
+    rounds_needed_text,
 )
-from treeopt.stats import (
-    CONFIDENCE,
-    DEFAULT_TOLERANCE,
-    MONOTONE_SLACK,
-    SpeedupDraws,
-    bootstrap_speedups,
-    decide_cell,
-    interval,
-    shipped_confidence,
+from treeopt.selection_types import SELECTION_FORMAT, Provenance, Selection, SelectionCell, SelectionRule
+from treeopt.stats import CONFIDENCE, DEFAULT_TOLERANCE, MONOTONE_SLACK, decide_cell, interval, shipped_confidence
+from treeopt.sweep_file import (
+    REQUIRED,
+    SWEEP_COLUMNS,
+    add_intervals,
+    cell_draws,
+    first_line,
+    proposal_from_meta,
+    read_round_samples,
+    read_sweep,
+    sweep_confidence,
+    sweep_meta_path,
+    sweep_samples_path,
+    write_round_samples,
 )
 from treeopt.tau import proposal_sequence
-from treeopt.tree import Tree, make_tree
+from treeopt.tree import Tree
 
+# the sweep file's and the selection text's names are re-exported: callers import them from here
 __all__ = [
     "SWEEP_COLUMNS",
     "REQUIRED",
     "SELECTION_FORMAT",
+    "Selection",
     "read_sweep",
     "select",
     "measured_speedup",
@@ -67,6 +72,7 @@ __all__ = [
     "read_grid_with_proposal",
     "measured_decisions",
     "noise_summary",
+    "rounds_needed_text",
     "sweep_samples_path",
     "read_round_samples",
     "write_round_samples",
@@ -74,279 +80,11 @@ __all__ = [
     "cell_draws",
 ]
 
-# Columns of a sweep CSV (calibration/sweep.py writes them; all numeric):
-#   batch, context, nodes          the configuration (nodes 0 = plain decoding)
-#   tau_independent, tau_joint,    expected tokens per step of proposal.prefix(nodes) under
-#   tau_walk                       independent heads, joint statistics, the walked rank vectors
-#   tau                            the one decisions use (`TauCurve.best`): tau_walk where the
-#                                  calibration kept rank vectors, else tau_joint, else
-#                                  tau_independent (docs/statistics.md#which-tau-is-used-when)
-#   step_time_s (+ p10, p90)       measured seconds of one decoding step (median of rounds)
-#   tau_se                         standard error of tau from the calibration
-#   samples, remeasured            timed rounds kept; 1 when the group was measured again
-#                                  after a failed sanity check
-#   overhead (+ _lo, _hi)          median over rounds of T(n) / T(0) (same-round ratio), with
-#                                  its bootstrap interval (treeopt.stats)
-#   speedup (+ _lo, _hi)           tau / overhead (measured), with its interval
-#   unreliable                     1: failed the sanity checks twice, never selected
-#   predicted_*                    the roofline's step time, overhead and speedup
-#   e2e_*                          real decoder on prompts: tokens/s, tokens per step, speedup
-SWEEP_COLUMNS = [
-    "batch",
-    "context",
-    "nodes",
-    "tau",
-    "tau_independent",
-    "tau_joint",
-    "tau_walk",
-    "tau_se",
-    "step_time_s",
-    "step_time_p10_s",
-    "step_time_p90_s",
-    "samples",
-    "remeasured",
-    "overhead",
-    "overhead_lo",
-    "overhead_hi",
-    "speedup",
-    "speedup_lo",
-    "speedup_hi",
-    "unreliable",
-    "predicted_step_time_s",
-    "predicted_overhead",
-    "predicted_speedup",
-    "e2e_tokens_per_s",
-    "e2e_tokens_per_step",
-    "e2e_speedup",
-]
-REQUIRED = ("batch", "context", "nodes", "speedup")
 #: the columns a predicted grid (`treeopt roofline speedup -o`) must hold to be selected from
 GRID_REQUIRED = ("batch", "context", "nodes", "tau", "overhead", "speedup")
 #: the grid columns left empty where a configuration is ruled out (docs/formats.md#grid-csv)
 GRID_OPTIONAL_EMPTY = ("overhead", "speedup")
-SELECTION_FORMAT = "treeopt.selection/v1"
-# A chosen tree whose speedup interval is wider than +-10% is reported as noisy: the
-# difference between neighbouring tree sizes is often smaller than that
-# (docs/statistics.md#choosing-a-tree-with-intervals).
-NOISY_HALF_WIDTH = 0.10
 SELECTION_SOURCE = {"measured": "measured sweep", "predicted": "roofline prediction (the sweep's predicted columns)"}
-
-
-def sweep_meta_path(csv_path) -> Path:
-    """`DIR/NAME.csv` -> `DIR/NAME.meta.json`."""
-    csv_path = Path(csv_path)
-    return csv_path.with_name(csv_path.stem + ".meta.json")
-
-
-def sweep_samples_path(csv_path) -> Path:
-    """`DIR/NAME.csv` -> `DIR/NAME.samples.npz` (the per-round step times)."""
-    csv_path = Path(csv_path)
-    return csv_path.with_name(csv_path.stem + ".samples.npz")
-
-
-def write_round_samples(path, groups: dict) -> None:
-    """Write {(batch, context): (sizes, (rounds, len(sizes)) seconds)} in long form: arrays
-    batch, context, nodes, round, seconds, one entry per sample
-    (docs/formats.md#sweep-csv-and-namemetajson-treeoptsweepv1)."""
-    cols = {k: [] for k in ("batch", "context", "nodes", "round", "seconds")}
-    for (b, s), (sizes, x) in sorted(groups.items()):
-        x = np.asarray(x, dtype=float)
-        rounds, n = x.shape
-        cols["batch"].append(np.full(x.size, b, np.int64))
-        cols["context"].append(np.full(x.size, s, np.int64))
-        cols["nodes"].append(np.tile(np.asarray(sizes, np.int64), rounds))
-        cols["round"].append(np.repeat(np.arange(rounds, dtype=np.int64), n))
-        cols["seconds"].append(x.ravel())
-    arrays = {
-        k: (np.concatenate(v) if v else np.zeros(0, np.float64 if k == "seconds" else np.int64))
-        for k, v in cols.items()
-    }
-    with atomic_path(Path(path)) as tmp:
-        with open(tmp, "wb") as fh:
-            np.savez_compressed(fh, **arrays)
-
-
-def read_round_samples(path) -> dict:
-    """The per-round samples of `write_round_samples` ({} when the file is not there);
-    UserError naming the file when it is unreadable."""
-    path = Path(path)
-    if not path.is_file():
-        return {}
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            b, s, n, r, sec = (z[k] for k in ("batch", "context", "nodes", "round", "seconds"))
-    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as err:
-        raise UserError(f"{path}: not a sweep samples file ({_first_line(err)})") from None
-    out = {}
-    for key in sorted(set(zip(b.tolist(), s.tolist(), strict=True))):
-        sel = (b == key[0]) & (s == key[1])
-        sizes = np.unique(n[sel])
-        rounds = int(r[sel].max()) + 1
-        x = np.full((rounds, sizes.size), np.nan)
-        x[r[sel], np.searchsorted(sizes, n[sel])] = sec[sel]
-        if np.isnan(x).any() or sizes[0] != 0:
-            raise UserError(f"{path}: batch {key[0]} context {key[1]}: incomplete rounds")
-        out[key] = ([int(v) for v in sizes], x)
-    return out
-
-
-def cell_draws(cell: pd.DataFrame, samples: np.ndarray) -> SpeedupDraws:
-    """Bootstrap draws of one (batch, context) cell: `cell` its rows sorted by nodes (columns
-    tau, tau_se), `samples` its (rounds, sizes) step times."""
-    se = cell["tau_se"].to_numpy(dtype=float) if "tau_se" in cell.columns else None
-    return bootstrap_speedups(samples, cell["tau"].to_numpy(dtype=float), se)
-
-
-def add_intervals(table: pd.DataFrame, samples: dict, confidence: float = CONFIDENCE) -> pd.DataFrame:
-    """`table` with overhead_lo/hi and speedup_lo/hi at `confidence` from the cells' per-round
-    samples (NaN where a cell has none)."""
-    t = table.copy()
-    for col in ("overhead_lo", "overhead_hi", "speedup_lo", "speedup_hi"):
-        t[col] = np.nan
-    for (b, s), idx in t.groupby(["batch", "context"]).groups.items():
-        got = samples.get((int(b), int(s)))
-        cell = t.loc[idx].sort_values("nodes")
-        if got is None or list(got[0]) != cell["nodes"].astype(int).tolist():
-            continue
-        draws = cell_draws(cell, got[1])
-        o_lo, o_hi = interval(draws.overhead, confidence)
-        s_lo, s_hi = interval(draws.speedup, confidence)
-        t.loc[cell.index, ["overhead_lo", "overhead_hi", "speedup_lo", "speedup_hi"]] = np.column_stack(
-            [o_lo, o_hi, s_lo, s_hi]
-        )
-    return t
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__
-
-
-def read_sweep(path) -> tuple[pd.DataFrame, dict]:
-    """A sweep CSV and its .meta.json (which holds the proposal tree), validated.
-
-    Returns (table, meta): the table has every column of SWEEP_COLUMNS (missing optional ones
-    as NaN), sorted by (batch, context, nodes); `table.attrs["source"]` is the file name. Bad
-    input raises UserError naming the file and the problem."""
-    path = Path(path)
-    df = _numeric_sweep_columns(_read_sweep_csv(path), path)
-    _check_sweep_cells(df, path)
-    meta_file = sweep_meta_path(path)
-    if not meta_file.is_file():
-        raise UserError(f"{path}: its metadata {meta_file.name} (with the proposal tree) is missing")
-    meta = read_json_input(meta_file, "a sweep metadata file")
-    if not isinstance(meta, dict) or "proposal" not in meta:
-        raise UserError(f"{meta_file}: no 'proposal' tree (not a treeopt sweep metadata file)")
-    proposal = proposal_from_meta(meta, str(meta_file))
-    _check_complete(df, meta, path)
-    biggest = int(df["nodes"].max())
-    if biggest > proposal.size:
-        raise UserError(
-            f"{path}: has rows for {biggest} nodes but the proposal tree in {meta_file.name} has {proposal.size}"
-        )
-    df = df.sort_values(["batch", "context", "nodes"], ignore_index=True)
-    df.attrs["source"] = str(path)
-    return df, meta
-
-
-def _read_sweep_csv(path: Path) -> pd.DataFrame:
-    """The sweep CSV as written: whole, with the REQUIRED columns and at least one row."""
-    if not path.is_file():
-        raise UserError(f"{path}: no such file")
-    try:
-        raw = path.read_bytes()
-        df = pd.read_csv(path)
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, OSError) as err:
-        raise UserError(f"{path}: not a sweep CSV ({_first_line(err)})") from None
-    if raw and not raw.endswith(b"\n"):
-        # treeopt writes every row whole; a last line without its end was cut (a copy or a
-        # disk that stopped midway), so its numbers cannot be trusted (docs/formats.md#output-safety)
-        raise UserError(
-            f"{path}: ends in the middle of a line (a cut or damaged file); measure it again "
-            "or resume it with `treeopt sweep --resume`"
-        )
-    missing = [c for c in REQUIRED if c not in df.columns]
-    if missing:
-        raise UserError(f"{path}: missing column '{missing[0]}' (not a treeopt sweep CSV)")
-    if df.empty:
-        raise UserError(f"{path}: no rows (an interrupted sweep? resume it with `treeopt sweep --resume`)")
-    return df
-
-
-def _numeric_sweep_columns(df: pd.DataFrame, path: Path) -> pd.DataFrame:
-    """Every column of SWEEP_COLUMNS as floats (missing ones NaN), batch, context and nodes as
-    integers; UserError naming the first row that is not."""
-    extra = [c for c in df.columns if c not in SWEEP_COLUMNS]
-    df = df.reindex(columns=SWEEP_COLUMNS + extra)
-    for col in SWEEP_COLUMNS:
-        values = pd.to_numeric(df[col], errors="coerce")
-        bad = values.isna() & df[col].notna()
-        if bad.any():
-            row = int(np.flatnonzero(bad.to_numpy())[0])
-            raise UserError(f"{path}: row {row + 2}: column '{col}' is not a number ({df[col].iloc[row]!r})")
-        df[col] = values.astype(float)
-    for col, minimum in (("batch", 1), ("context", 0), ("nodes", 0)):
-        v = df[col].to_numpy()
-        bad = ~np.isfinite(v) | (v != np.round(v)) | (v < minimum)
-        if bad.any():
-            row = int(np.flatnonzero(bad)[0])
-            raise UserError(f"{path}: row {row + 2}: '{col}' must be an integer >= {minimum}, got {v[row]:g}")
-        df[col] = v.astype(np.int64)
-    return df
-
-
-def _check_sweep_cells(df: pd.DataFrame, path: Path) -> None:
-    """UserError when a configuration appears twice or a (batch, context) lacks plain decoding."""
-    dup = df.duplicated(["batch", "context", "nodes"])
-    if dup.any():
-        r = df[dup].iloc[0]
-        raise UserError(f"{path}: batch {r['batch']} context {r['context']} nodes {r['nodes']} appears twice")
-    plain = set(map(tuple, df.loc[df["nodes"] == 0, ["batch", "context"]].to_numpy().tolist()))
-    for b, s in df[["batch", "context"]].drop_duplicates().itertuples(index=False):
-        if (b, s) not in plain:
-            raise UserError(
-                f"{path}: batch {b} context {s} has no row for 0 nodes (plain decoding, the baseline of every speedup)"
-            )
-
-
-def _check_complete(df: pd.DataFrame, meta: dict, path: Path) -> None:
-    """UserError when the metadata of `treeopt sweep` lists (batch, context) groups or tree
-    sizes the CSV lacks: an interrupted sweep, which `select` must not choose from."""
-    batches, contexts = meta.get("batches"), meta.get("contexts")
-    sizes = meta.get("measurement", {}).get("sizes") if isinstance(meta.get("measurement"), dict) else None
-    if not (isinstance(batches, list) and isinstance(contexts, list)):
-        return  # a sweep written by hand or by an older treeopt: nothing to compare with
-    have = {(int(b), int(c)): set(g["nodes"].tolist()) for (b, c), g in df.groupby(["batch", "context"])}
-    want = [(b, c) for b in batches for c in contexts]
-    missing = [g for g in want if g not in have]
-    if missing:
-        raise UserError(
-            f"{path}: incomplete sweep: {len(want) - len(missing)} of {len(want)} (batch, context) "
-            f"groups measured, batch {missing[0][0]} context {missing[0][1]} missing; finish it "
-            "with `treeopt sweep --resume`"
-        )
-    if isinstance(sizes, list):
-        for (b, c), nodes in have.items():
-            lacking = sorted(set(sizes) - nodes)
-            if lacking:
-                raise UserError(
-                    f"{path}: incomplete sweep: batch {b} context {c} has no row for "
-                    f"{lacking[0]} nodes; finish it with `treeopt sweep --resume`"
-                )
-
-
-def sweep_confidence(meta: dict) -> float:
-    """The confidence a sweep's intervals were measured at (its metadata; 95% for a sweep
-    written before sequential looks, or by hand)."""
-    got = meta.get("measurement", {}).get("confidence") if isinstance(meta.get("measurement"), dict) else None
-    return float(got) if isinstance(got, (int, float)) and 0.5 <= got < 1.0 else CONFIDENCE
-
-
-def proposal_from_meta(meta: dict, source: str) -> Tree:
-    """The proposal tree stored in a sweep's metadata (UserError naming `source` if invalid)."""
-    if not isinstance(meta, dict) or "proposal" not in meta:
-        raise UserError(f"{source}: no 'proposal' tree")
-    return make_tree(meta["proposal"], allow_empty=True, source=f"{source}: proposal")
 
 
 def _has(df: pd.DataFrame, col: str) -> bool:
@@ -495,8 +233,8 @@ def select(
     threads: int | None = None,
     tolerance: float = DEFAULT_TOLERANCE,
     confidence: float = CONFIDENCE,
-) -> dict:
-    """The `treeopt.selection/v1` document from a sweep table.
+) -> Selection:
+    """The selection from a sweep table.
 
     by="measured": the measured speedup (end to end where the sweep measured it, see
     `measured_speedup`), decided with its interval (`measured_decisions`): per (batch,
@@ -528,22 +266,19 @@ def select(
         rule = {"threshold": threshold, "tolerance": tolerance, "confidence": confidence}
         decisions = measured_decisions(df, measured, measured_by, samples=samples, **rule)
         grid = _decided_grid(grid, measured, measured_by, decisions)
-    doc = selection_from_grid(grid, proposal, hardware, model, threshold=threshold)
+    chosen = selection_from_grid(grid, proposal, hardware, model, threshold=threshold)
     uses_e2e = bool((measured_by == "end-to-end").any())
-    doc["source"] = SELECTION_SOURCE[by] + (" (end to end where measured)" if by == "measured" and uses_e2e else "")
-    doc["selected_by"] = by
-    doc["threshold"] = threshold
-    _add_side_by_side(doc, df, measured, measured_by, predicted)
+    provenance = replace(
+        chosen.provenance,
+        source=SELECTION_SOURCE[by] + (" (end to end where measured)" if by == "measured" and uses_e2e else ""),
+        selected_by=by,
+        threads=int(threads) if threads is not None else None,
+    )
+    cells = _side_by_side(chosen.cells, df, measured, measured_by, predicted)
+    rule = SelectionRule(threshold=threshold)
     if by == "measured":
-        _add_decisions(doc, decisions, confidence)
-        doc["tolerance"] = tolerance
-    if threads is not None:
-        doc["threads"] = int(threads)
-    for cell in doc["cells"]:
-        for name in ("speedup", "tau", "overhead", "speedup_lo", "speedup_hi"):  # strict JSON: no NaN
-            if isinstance(cell.get(name), float) and not math.isfinite(cell[name]):
-                cell[name] = None
-    return doc
+        cells, rule = _with_decisions(cells, decisions, threshold, tolerance, confidence)
+    return replace(chosen, provenance=provenance, cells=cells, rule=rule)
 
 
 def _predicted_grid(df: pd.DataFrame, grid: pd.DataFrame, predicted: pd.Series | None, source: str) -> pd.DataFrame:
@@ -587,24 +322,34 @@ def _decided_grid(
     return grid
 
 
-def _add_side_by_side(
-    doc: dict, df: pd.DataFrame, measured: pd.Series, measured_by: pd.Series, predicted: pd.Series | None
-) -> None:
-    """Every cell's measured speedup, what measured it and (with predictions) its predicted
-    speedup, of the chosen size."""
+def _side_by_side(
+    cells: tuple[SelectionCell, ...],
+    df: pd.DataFrame,
+    measured: pd.Series,
+    measured_by: pd.Series,
+    predicted: pd.Series | None,
+) -> tuple[SelectionCell, ...]:
+    """Every cell with its measured speedup, what measured it and (with predictions) its
+    predicted speedup, of the chosen size."""
     key = pd.MultiIndex.from_frame(df[["batch", "context", "nodes"]])
     meas = pd.Series(measured.to_numpy(), index=key)
     meas_by = pd.Series(measured_by.to_numpy(), index=key)
     pred = pd.Series(predicted.to_numpy(), index=key) if predicted is not None else None
     pred_overhead = pd.Series(_col(df, "predicted_overhead"), index=key)
-    for cell in doc["cells"]:
-        k = (cell["batch"], cell["context"], cell["nodes"])
-        cell["measured_speedup"] = _round(meas.get(k, np.nan)) if cell["nodes"] else 1.0
-        cell["measured_by"] = str(meas_by.get(k, "step latency"))
+    out = []
+    for cell in cells:
+        k = (cell.batch, cell.context, cell.nodes)
+        cell = replace(
+            cell,
+            measured_speedup=_round(meas.get(k, np.nan)) if cell.nodes else 1.0,
+            measured_by=str(meas_by.get(k, "step latency")),
+        )
         if pred is not None:
-            cell["predicted_speedup"] = _round(pred.get(k, np.nan)) if cell["nodes"] else 1.0
-            if cell["predicted_speedup"] is None:
-                cell["predicted_speedup_missing"] = missing_prediction_reason(pred_overhead.get(k, np.nan))
+            figure = _round(pred.get(k, np.nan)) if cell.nodes else 1.0
+            missing = None if math.isfinite(figure) else missing_prediction_reason(pred_overhead.get(k, np.nan))
+            cell = replace(cell, predicted_speedup=figure, predicted_speedup_missing=missing)
+        out.append(cell)
+    return tuple(out)
 
 
 def check_tolerance(tolerance) -> float:
@@ -618,42 +363,48 @@ def check_tolerance(tolerance) -> float:
     return value
 
 
-def _add_decisions(doc: dict, decisions: pd.DataFrame, confidence: float = CONFIDENCE) -> None:
-    """Copy each cell's interval, rounds and reason into the document, and say at the top
-    which cells are undecided or too noisy to trust."""
+def _with_decisions(
+    cells: tuple[SelectionCell, ...], decisions: pd.DataFrame, threshold: float, tolerance: float, confidence: float
+) -> tuple[tuple[SelectionCell, ...], SelectionRule]:
+    """Each cell with its interval, rounds and reason, and the rule that says which cells are
+    undecided or too noisy to trust."""
     by_key = {(r["batch"], r["context"]): r for r in decisions.to_dict("records")}
-    undecided, noisy = [], []
-    for cell in doc["cells"]:
-        d = by_key[(cell["batch"], cell["context"])]
-        cell["speedup_lo"] = _round(d["speedup_lo"])
-        cell["speedup_hi"] = _round(d["speedup_hi"])
-        cell["rounds"] = d["rounds"]
-        cell["reason"] = d["reason"]
-        if not d["settled"]:
-            need = d["rounds_needed"]
-            cell["rounds_needed"] = int(need) if math.isfinite(need) else None
-        cell["best_nodes"] = d["best_nodes"]
-        mark_clamp(cell, d["overhead_measured"])
-        if d["unreliable_nodes"]:
-            cell["unreliable_nodes"] = d["unreliable_nodes"]
-        if d["plain_slower_nodes"]:
-            cell["plain_slower_nodes"] = d["plain_slower_nodes"]
-        if d["disagree_nodes"]:
-            cell["step_and_end_to_end_disagree"] = d["disagree_nodes"]
-        where = {"batch": cell["batch"], "context": cell["context"]}
+    undecided, noisy, out = [], [], []
+    for cell in cells:
+        d = by_key[cell.key]
+        need = d["rounds_needed"]
+        cell = replace(
+            cell,
+            speedup_lo=_round(d["speedup_lo"]),
+            speedup_hi=_round(d["speedup_hi"]),
+            rounds=d["rounds"],
+            reason=d["reason"],
+            rounds_needed=None if d["settled"] else (float(int(need)) if math.isfinite(need) else math.inf),
+            best_nodes=d["best_nodes"],
+            unreliable_nodes=tuple(d["unreliable_nodes"]),
+            plain_slower_nodes=tuple(d["plain_slower_nodes"]),
+            step_and_end_to_end_disagree=tuple(d["disagree_nodes"]),
+        )
+        cell = mark_clamp(cell, d["overhead_measured"])
+        out.append(cell)
         if d["reason"] in ("undecided", "unreliable"):
-            undecided.append(where)
+            undecided.append(cell.key)
         elif (
-            cell["nodes"]
+            cell.nodes
             and np.isfinite(d["speedup_hi"])
-            and (d["speedup_hi"] - d["speedup_lo"]) / 2 > NOISY_HALF_WIDTH * cell["speedup"]
+            and (d["speedup_hi"] - d["speedup_lo"]) / 2 > NOISY_HALF_WIDTH * cell.speedup
         ):
-            noisy.append(where)
-    doc["confidence"] = confidence
+            noisy.append(cell.key)
     sizes = max((len(d["sizes"]) for d in decisions.to_dict("records")), default=2)
-    doc["interval_confidence"] = shipped_confidence(confidence, sizes - 1)
-    doc["undecided"] = undecided
-    doc["noisy"] = noisy
+    rule = SelectionRule(
+        threshold=threshold,
+        confidence=confidence,
+        interval_confidence=shipped_confidence(confidence, sizes - 1),
+        undecided=tuple(undecided),
+        noisy=tuple(noisy),
+        tolerance=tolerance,
+    )
+    return tuple(out), rule
 
 
 def best_per_cell(grid: pd.DataFrame, *, threshold: float = 1.0) -> pd.DataFrame:
@@ -715,11 +466,12 @@ def selection_from_grid(
     model_name: str,
     *,
     threshold: float = 1.0,
-    extra: dict | None = None,
-) -> dict:
-    """The `treeopt.selection/v1` document: per (batch, context) the best tree size and its
+    provenance: dict | None = None,
+) -> Selection:
+    """The selection of a grid: per (batch, context) the best tree size and its
     medusa_choices (proposal_tree.prefix(nodes)); nodes 0 and [] for no speculation. Cells
-    where not even plain decoding fits in memory are listed under "out_of_memory" instead."""
+    where not even plain decoding fits in memory are listed under `out_of_memory` instead.
+    `provenance`: further fields of `Provenance` (heads, attention, verification)."""
     best = best_per_cell(grid_df, threshold=threshold)
     size = getattr(proposal_tree, "size", None)
     if size is None:
@@ -727,38 +479,28 @@ def selection_from_grid(
     cells, oom = [], []
     for row in best.itertuples(index=False):
         if not row.fits_memory:
-            oom.append({"batch": int(row.batch), "context": int(row.context)})
+            oom.append((int(row.batch), int(row.context)))
             continue
         nodes = int(row.nodes)
         if nodes > size:
             raise UserError(f"selection: the grid picks {nodes} nodes but the proposal tree has {size}")
         choices = proposal_tree.prefix(nodes).to_choices() if nodes else []
         cells.append(
-            {
-                "batch": int(row.batch),
-                "context": int(row.context),
-                "nodes": nodes,
-                "speedup": round(float(row.speedup), 6),
-                "tau": round(float(row.tau), 6),
-                "overhead": round(float(row.overhead), 6),
-                "medusa_choices": choices,
-            }
+            SelectionCell(
+                batch=int(row.batch),
+                context=int(row.context),
+                nodes=nodes,
+                speedup=round(float(row.speedup), 6),
+                tau=round(float(row.tau), 6),
+                overhead=round(float(row.overhead), 6),
+                medusa_choices=tuple(tuple(p) for p in choices),
+            )
         )
-    doc = {
-        "format": SELECTION_FORMAT,
-        "hardware": hardware_name,
-        "model": model_name,
-        "source": "roofline prediction",
-        "cells": cells,
-    }
-    if oom:
-        doc["out_of_memory"] = oom
-    if extra:
-        doc.update(extra)
-    return doc
+    origin = Provenance(hardware=hardware_name, model=model_name, source="roofline prediction", **(provenance or {}))
+    return Selection(origin, tuple(cells), tuple(oom))
 
 
-def selection_from_grid_file(grid_file, accuracy, *, csv_model: str | None = None, threshold: float = 1.0) -> dict:
+def selection_from_grid_file(grid_file, accuracy, *, csv_model: str | None = None, threshold: float = 1.0) -> Selection:
     """The selection from a predicted grid CSV (`treeopt roofline speedup -o`) and the accuracy
     table whose greedy proposal sequence it was computed for."""
     grid, proposal = read_grid_with_proposal(grid_file, accuracy, csv_model=csv_model)
@@ -773,7 +515,7 @@ def read_grid_with_proposal(grid_file, accuracy, *, csv_model: str | None = None
     try:
         grid = pd.read_csv(grid_file)
     except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as err:
-        raise UserError(f"{grid_file}: cannot read ({_first_line(err)})") from None
+        raise UserError(f"{grid_file}: cannot read ({first_line(err)})") from None
     for col in GRID_REQUIRED:
         if col not in grid.columns:
             raise UserError(f"{grid_file}: missing column '{col}' (not a treeopt grid CSV)")
@@ -795,93 +537,10 @@ def read_grid_with_proposal(grid_file, accuracy, *, csv_model: str | None = None
     return grid, proposal_sequence(table, int(grid["nodes"].max()), method="greedy")
 
 
-def format_speedup(v) -> str:
-    """A speedup for people: "1.23x", or "--" where the selection JSON has null (NaN)."""
-    return "--" if v is None or not np.isfinite(v) else f"{v:.2f}x"
-
-
-def format_selection(doc: dict) -> str:
-    """The console summary; says plainly which cells are undecided or noisy."""
-    lines = [f"best tree per (batch, context) -- {doc.get('source', '')}"]
-    for c in doc["cells"]:
-        what = "no speculation" if c["nodes"] == 0 else f"{c['nodes']:3d} nodes"
-        extra = ""
-        if c.get("speedup_lo") is not None and c["nodes"]:
-            extra += f" [{c['speedup_lo']:.2f}, {c['speedup_hi']:.2f}]"
-        if "measured_speedup" in c and "predicted_speedup" in c:
-            extra += (
-                f"  (measured {format_speedup(c['measured_speedup'])}, "
-                f"predicted {format_speedup(c['predicted_speedup'])})"
-            )
-        if "reason" in c:
-            extra += f"  {c['reason']}" + (f", {c['rounds']} rounds" if c.get("rounds") else "")
-            if c["reason"] == "undecided":
-                extra += f" ({rounds_needed_text(c)})"
-            if c.get("decided_by"):
-                extra += f", decided by the {c['decided_by']}"
-            if "fit_nodes" in c:
-                extra += f"; pooled fit: {c['fit_nodes']} nodes" + (
-                    "" if c["fit_consistent"] else " (the fit does not describe this cell)"
-                )
-        lines.append(
-            f"  batch {c['batch']:4d}  context {c['context']:6d}: {what}  speedup {format_speedup(c['speedup'])}{extra}"
-        )
-        if c.get("predicted_speedup_missing"):
-            lines.append(f"      no predicted speedup: {c['predicted_speedup_missing']}")
-        if c.get("measured_speedup_missing"):
-            lines.append(f"      speedup not measured: {c['measured_speedup_missing']}")
-        lines += [f"      {line}" for line in unreliable_lines(c)]
-        if c.get("step_and_end_to_end_disagree"):
-            lines.append(
-                "      step latency and end-to-end throughput disagree beyond the interval at nodes "
-                f"{c['step_and_end_to_end_disagree']}: selected on end-to-end"
-            )
-    lines += noise_summary(doc)
-    return "\n".join(lines)
-
-
-def noise_summary(doc: dict) -> list[str]:
-    """Lines that say which cells the measurement could not decide or measured noisily."""
-    out = []
-    cells = ", ".join
-    slow_plain = {(c["batch"], c["context"]) for c in doc.get("cells", []) if plain_slow_only(c)}
-    noisy_undecided = [u for u in doc.get("undecided") or [] if (u["batch"], u["context"]) not in slow_plain]
-    if noisy_undecided:
-        tolerance = doc.get("tolerance")
-        within = f" within {tolerance:.0%}" if tolerance is not None else ""
-        out.append(
-            f"UNDECIDED: the measurement could not settle the answer{within} at "
-            + cells(f"batch {u['batch']} context {u['context']}" for u in noisy_undecided)
-            + " (shipped: the best estimate that beats the threshold at its lower bound, else no speculation); "
-            "measure again on a quieter machine or with a larger --budget"
-        )
-    if slow_plain:
-        out.append(
-            "PLAIN STEP SLOWER: at "
-            + cells(f"batch {b} context {s}" for b, s in sorted(slow_plain))
-            + " tree steps measured faster than plain decoding, so every tree there failed the sanity checks; "
-            "plain decoding is the slow step on this stack (not noise: a quieter machine will not change it)"
-        )
-    if doc.get("noisy"):
-        out.append(
-            f"NOISY: the chosen speedup's {percent(doc.get('interval_confidence', doc.get('confidence', CONFIDENCE)))}"
-            " interval is wider than "
-            f"+-{NOISY_HALF_WIDTH:.0%} at " + cells(f"batch {u['batch']} context {u['context']}" for u in doc["noisy"])
-        )
-    return out
-
-
-def rounds_needed_text(cell: dict) -> str:
-    """How many rounds the observed noise would need to settle an undecided cell, in words."""
-    need = cell.get("rounds_needed")
-    if need is None:
-        return "no number of rounds would settle it at this tolerance"
-    return f"about {need} rounds would settle it"
-
-
-def _round(x) -> float | None:
+def _round(x) -> float:
+    """A figure as the selection stores it: 6 decimals (NaN stays NaN, written as null)."""
     x = float(x)
-    return round(x, 6) if math.isfinite(x) else None
+    return round(x, 6) if math.isfinite(x) else math.nan
 
 
 def _pick(nodes: np.ndarray, speed: np.ndarray, threshold: float = 1.0) -> int:

@@ -6,11 +6,16 @@ plain step was measured slower than the tree step, sizes the sanity checks flagg
 from __future__ import annotations
 
 import math
+from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
 from treeopt.stats import same_round_ratios
+
+if TYPE_CHECKING:  # the selection types print their text with this module
+    from treeopt.selection_types import SelectionCell
 
 
 def missing_prediction_reason(predicted_overhead) -> str:
@@ -38,17 +43,20 @@ def raw_overheads(cell: pd.DataFrame, samples: np.ndarray | None) -> np.ndarray:
     return step / step[0] if step.size else step
 
 
-def mark_clamp(cell: dict, overhead_measured: float) -> None:
+def mark_clamp(cell: SelectionCell, overhead_measured: float) -> SelectionCell:
     """A shipped tree measured no slower than plain decoding (T(n)/T(0) < 1) has its overhead
     clamped at 1, so its speedup is tau: a bound, not a measurement. The cell then says so:
     `measured_speedup` null, `measured_speedup_missing` why, `overhead_measured` the ratio
     measured (docs/statistics.md#when-the-plain-step-is-the-slow-one)."""
     raw = float(overhead_measured)
-    if not cell["nodes"] or cell.get("measured_by") == "end-to-end" or not raw < 1.0:
-        return
-    cell["overhead_measured"] = round(raw, 6)
-    cell["measured_speedup"] = None
-    cell["measured_speedup_missing"] = clamp_reason(raw, cell["tau"])
+    if not cell.nodes or cell.measured_by == "end-to-end" or not raw < 1.0:
+        return cell
+    return replace(
+        cell,
+        overhead_measured=round(raw, 6),
+        measured_speedup=math.nan,
+        measured_speedup_missing=clamp_reason(raw, cell.tau),
+    )
 
 
 def clamp_reason(overhead_measured: float, tau: float) -> str:
@@ -60,12 +68,12 @@ def clamp_reason(overhead_measured: float, tau: float) -> str:
     )
 
 
-def unreliable_lines(cell: dict) -> list[str]:
+def unreliable_lines(cell: SelectionCell) -> list[str]:
     """What the sanity checks flagged in a cell, in words: sizes measured faster than plain
     decoding beyond the noise are the plain step being slow on this stack (a quieter machine
     does not change that), the others disturbed measurements."""
-    slower = cell.get("plain_slower_nodes") or []
-    other = [n for n in cell.get("unreliable_nodes") or [] if n not in slower]
+    slower = list(cell.plain_slower_nodes)
+    other = [n for n in cell.unreliable_nodes if n not in slower]
     out = []
     if slower:
         out.append(
@@ -78,14 +86,10 @@ def unreliable_lines(cell: dict) -> list[str]:
     return out
 
 
-def plain_slow_only(cell: dict) -> bool:
+def plain_slow_only(cell: SelectionCell) -> bool:
     """An unreliable cell whose every flagged tree was measured faster than plain decoding."""
-    flagged = cell.get("unreliable_nodes") or []
-    return (
-        cell.get("reason") == "unreliable"
-        and bool(flagged)
-        and set(flagged) <= set(cell.get("plain_slower_nodes") or [])
-    )
+    flagged = cell.unreliable_nodes
+    return cell.reason == "unreliable" and bool(flagged) and set(flagged) <= set(cell.plain_slower_nodes)
 
 
 def percent(level: float) -> str:

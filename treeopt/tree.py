@@ -209,7 +209,9 @@ def load_tree(spec: str, *, topk=None, num_heads=None, allow_empty=False) -> Tre
     )
 
 
-# The document `treeopt select` writes (treeopt/selection.py; docs/formats.md#selections-treeoptselectionv1).
+# The document `treeopt select` writes (treeopt/selection_types.py; docs/formats.md#selections-treeoptselectionv1).
+# Read here as JSON, not as a `Selection`: the tree sits below the selection types, which build
+# their trees with it.
 _SELECTION_FORMAT = "treeopt.selection/v1"
 
 

@@ -5,7 +5,6 @@ size, measured speedup per batch, the best tree of each (docs/decoder.md#drafter
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +15,8 @@ from treeopt.acceptance import load_rank_vectors
 from treeopt.accuracy import load_accuracy
 from treeopt.errors import UserError
 from treeopt.fileio import atomic_path, write_text
-from treeopt.selection import format_speedup
+from treeopt.selection_text import format_speedup
+from treeopt.selection_types import FormCell, FormsChoice, Selection, SelectionCell, read_selection
 from treeopt.tau import TauCurve, load_tau_curves, tau_curves
 from treeopt.tree import load_tree
 
@@ -29,12 +29,12 @@ _NAMES = {
 }
 
 
-def _read_run(kind: str, run: Path, max_nodes: int) -> tuple[TauCurve, dict, pd.DataFrame]:
+def _read_run(kind: str, run: Path, max_nodes: int) -> tuple[TauCurve, Selection, pd.DataFrame]:
     for name in ("accuracy.json", "selection.json", "sweep.csv"):
         if not (run / name).is_file():
             raise UserError(f"{kind}={run}: not a finished `treeopt run` folder (no {name})")
     tau = _run_tau(run, max_nodes)
-    selection = json.loads((run / "selection.json").read_text(encoding="utf-8"))
+    selection = read_selection(run / "selection.json")
     return tau, selection, pd.read_csv(run / "sweep.csv")
 
 
@@ -72,15 +72,20 @@ def _overheads(sweep: pd.DataFrame, batch: int, context: int) -> dict[int, float
     return {int(n): float(o) for n, o in zip(rows["nodes"], rows["overhead"], strict=True)}
 
 
-def _served(cell: dict, forms: dict | None) -> str:
+def _shipped_speedup(cell: SelectionCell | FormCell) -> float:
+    measured = getattr(cell, "measured_speedup", None)
+    return cell.speedup if measured is None else measured
+
+
+def _served(cell: SelectionCell | FormCell, forms: FormsChoice | None) -> str:
     """A selection cell as "8 nodes, 1.50x", or with its form ("chain: gamma 1, 1.26x")."""
-    if not cell["nodes"]:
+    if not cell.nodes:
         return "none"
-    speedup = format_speedup(cell.get("measured_speedup", cell["speedup"]))
-    if not forms:
-        return f"{cell['nodes']} node{'s' if cell['nodes'] != 1 else ''}, {speedup}"
-    label = forms.get("labels", {}).get(cell["form"], {}).get(str(cell["nodes"]), f"{cell['nodes']} nodes")
-    return f"{cell['form']}: {label}, {speedup}"
+    speedup = format_speedup(_shipped_speedup(cell))
+    if forms is None:
+        return f"{cell.nodes} node{'s' if cell.nodes != 1 else ''}, {speedup}"
+    label = ((forms.labels or {}).get(cell.form) or {}).get(str(cell.nodes), f"{cell.nodes} nodes")
+    return f"{cell.form}: {label}, {speedup}"
 
 
 def compare_drafters(runs: dict[str, Path], out_dir, *, sizes=SIZES, command: str = "") -> dict:
@@ -176,9 +181,9 @@ def _measured_lines(data: dict) -> list[str]:
     ]
     cells = {}
     for kind, (_, selection, _) in data.items():
-        forms = selection.get("forms")
-        for c in forms["cells"] if forms else selection.get("cells", []):
-            cells.setdefault((int(c["batch"]), int(c["context"])), {})[kind] = _served(c, forms)
+        forms = selection.forms
+        for c in forms.cells if forms is not None else selection.cells:
+            cells.setdefault((c.batch, c.context), {})[kind] = _served(c, forms)
     L += ["| batch | context | " + " | ".join(_NAMES.get(k, k) for k in data) + " |", "|---|---|" + "---|" * len(data)]
     for b, ctx in sorted(cells):
         row = []
@@ -212,16 +217,16 @@ def _step_cost_lines(data: dict) -> list[str]:
 def _best_tree_lines(data: dict) -> list[str]:
     L = ["", "## The best tree of each", ""]
     for kind, (_, selection, _) in data.items():
-        picks = [c for c in selection.get("cells", []) if c["nodes"]]
+        picks = [c for c in selection.cells if c.nodes]
         if not picks:
             L.append(f"- {_NAMES.get(kind, kind)}: no tree beats plain decoding in any cell.")
             continue
-        best = max(picks, key=lambda c: c.get("measured_speedup", c["speedup"]))
+        best = max(picks, key=_shipped_speedup)
         L.append(
-            f"- {_NAMES.get(kind, kind)}: batch {best['batch']}, context {best['context']}, {best['nodes']} "
-            f"node{'s' if best['nodes'] != 1 else ''}, τ {best['tau']:.3f}, "
-            f"{format_speedup(best.get('measured_speedup', best['speedup']))}: "
-            f"`medusa_choices = {best['medusa_choices']}`"
+            f"- {_NAMES.get(kind, kind)}: batch {best.batch}, context {best.context}, {best.nodes} "
+            f"node{'s' if best.nodes != 1 else ''}, τ {best.tau:.3f}, "
+            f"{format_speedup(_shipped_speedup(best))}: "
+            f"`medusa_choices = {[list(p) for p in best.medusa_choices]}`"
         )
     return L
 

@@ -4,9 +4,12 @@ and the selection document (docs/formats.md#selections-treeoptselectionv1)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from treeopt.app.prediction import Prediction
 from treeopt.mix import ANY_CONTEXT, TrafficMix, choose_mix_tree, mix_section
 from treeopt.selection import selection_from_grid
+from treeopt.selection_types import MixSection, Selection
 
 __all__ = ["grid_selection", "mix_choice", "with_mix_cells"]
 
@@ -19,7 +22,7 @@ def with_mix_cells(batches, contexts, mix: TrafficMix | None):
     return sorted(set(batches) | set(mix.batch)), sorted(set(contexts) | {c for c in mix.context if c != ANY_CONTEXT})
 
 
-def mix_choice(prediction: Prediction, mix: TrafficMix | None) -> dict | None:
+def mix_choice(prediction: Prediction, mix: TrafficMix | None) -> MixSection | None:
     """The selection's "mix" section: the one tree of the proposal chosen for `mix` on the
     predicted grid (None without a mix)."""
     if mix is None:
@@ -27,18 +30,19 @@ def mix_choice(prediction: Prediction, mix: TrafficMix | None) -> dict | None:
     return mix_section(choose_mix_tree(prediction.grid, mix, source="the grid"), prediction.proposal, mix)
 
 
-def grid_selection(prediction: Prediction, mix_doc: dict | None) -> dict:
-    """The `treeopt.selection/v1` document of a predicted grid, with the heads, attention and
-    verification it was priced with and the mix section when there is one."""
-    extra = {
+def grid_selection(prediction: Prediction, mix: MixSection | None) -> Selection:
+    """The selection of a predicted grid, with the heads, attention and verification it was
+    priced with and the mix section when there is one."""
+    provenance = {
         "heads": prediction.draft_heads,
         "attention": prediction.attention,
         "verification": prediction.verification,
     }
-    return selection_from_grid(
+    chosen = selection_from_grid(
         prediction.grid,
         prediction.proposal,
         prediction.hardware.name,
         prediction.model.name,
-        extra=extra | ({"mix": mix_doc} if mix_doc else {}),
+        provenance=provenance,
     )
+    return replace(chosen, mix=mix)

@@ -23,7 +23,8 @@ from roofline.profile_fit import fit_profile, predict_step_s, sweep_step_points
 from roofline.shapes import DraftHeadsShape, ModelShape
 from treeopt.app.models import draft_cost_of, heads_of, heads_shape_of_drafter, shape_of
 from treeopt.errors import UserError
-from treeopt.selection import cell_draws, missing_prediction_reason
+from treeopt.selection_notes import missing_prediction_reason
+from treeopt.selection_types import PooledEvidence, Selection, SelectionCell
 from treeopt.stats import (
     CONFIDENCE,
     DEFAULT_TOLERANCE,
@@ -33,6 +34,7 @@ from treeopt.stats import (
     interval,
     shipped_confidence,
 )
+from treeopt.sweep_file import cell_draws
 from treeopt.tree import Tree
 
 #: bootstrap refits of the pooled profile: each costs one least-squares fit (about 0.5 s for the
@@ -110,7 +112,7 @@ def fit_pooled(
 
 
 def add_pooled_evidence(
-    doc: dict,
+    selection: Selection,
     sweep: pd.DataFrame,
     samples: dict,
     pooled: PooledFit,
@@ -119,47 +121,45 @@ def add_pooled_evidence(
     tolerance: float = DEFAULT_TOLERANCE,
     confidence: float = CONFIDENCE,
     threshold: float = 1.0,
-) -> None:
-    """Add the pooled fit's pick and its consistency to every measured cell of the selection
-    `doc`, and decide from the fit the undecided cells whose measurement is consistent with it
+) -> Selection:
+    """`selection` with the pooled fit's pick and its consistency in every measured cell, and
+    the undecided cells whose measurement is consistent with the fit decided from it
     (`decided_by: "pooled fit"`); a cell the fit does not describe keeps its own answer
     (`fit_consistent: false`)."""
     table = sweep.sort_values(["batch", "context", "nodes"], ignore_index=True)
     rng = np.random.default_rng(1)
     rule = {"tolerance": tolerance, "confidence": confidence, "threshold": threshold}
-    decided = 0
-    consistent_cells = 0
-    for cell in doc["cells"]:
-        key = (cell["batch"], cell["context"])
+    decided, consistent_cells, cells = [], 0, []
+    for cell in selection.cells:
+        key = cell.key
         rows = table[(table["batch"] == key[0]) & (table["context"] == key[1])]
         got = samples.get(key)
         sizes = rows["nodes"].astype(int).tolist()
-        if (
-            got is None
-            or list(got[0]) != sizes
-            or key not in pooled.overhead_draws
-            or cell.get("measured_by") == "end-to-end"
-        ):
+        if got is None or list(got[0]) != sizes or key not in pooled.overhead_draws or cell.measured_by == "end-to-end":
+            cells.append(cell)
             continue
         measured = cell_draws(rows, got[1])
         by_fit, consistent = _fit_decision(
             rows, measured, pooled.overhead_point[key], pooled.overhead_draws[key], rng, **rule
         )
         consistent_cells += consistent
-        cell["fit_nodes"] = sizes[by_fit.index]
-        cell["fit_consistent"] = consistent
-        if cell.get("reason") == "undecided" and consistent and by_fit.settled:
-            _take_fit_decision(cell, rows, by_fit, measured, proposal, confidence)
-            doc["undecided"] = [u for u in doc.get("undecided", []) if (u["batch"], u["context"]) != key]
-            decided += 1
-    doc["pooled_fit"] = {
-        "terms": {k: float(v) for k, v in pooled.terms.items()},
-        "term_intervals": {k: list(v) for k, v in pooled.term_intervals.items()},
-        "term_status": dict(pooled.status),
-        "draws": pooled.draws,
-        "consistent_cells": int(consistent_cells),
-        "decided_cells": decided,
-    }
+        cell = replace(cell, fit_nodes=sizes[by_fit.index], fit_consistent=consistent)
+        if cell.reason == "undecided" and consistent and by_fit.settled:
+            cell = _take_fit_decision(cell, rows, by_fit, measured, proposal, confidence)
+            decided.append(key)
+        cells.append(cell)
+    undecided = selection.rule.undecided
+    if undecided is not None:
+        undecided = tuple(u for u in undecided if u not in decided)
+    evidence = PooledEvidence(
+        terms={k: float(v) for k, v in pooled.terms.items()},
+        term_intervals={k: tuple(v) for k, v in pooled.term_intervals.items()},
+        term_status=dict(pooled.status),
+        draws=pooled.draws,
+        consistent_cells=int(consistent_cells),
+        decided_cells=len(decided),
+    )
+    return replace(selection, cells=tuple(cells), rule=replace(selection.rule, undecided=undecided), pooled=evidence)
 
 
 def _fit_decision(
@@ -197,54 +197,37 @@ def _fit_decision(
 
 
 def _take_fit_decision(
-    cell: dict, rows: pd.DataFrame, by_fit, measured: SpeedupDraws, proposal: Tree, confidence: float
-) -> None:
-    """The undecided selection `cell` takes the size the fit settles on, with the cell's own
+    cell: SelectionCell, rows: pd.DataFrame, by_fit, measured: SpeedupDraws, proposal: Tree, confidence: float
+) -> SelectionCell:
+    """The undecided selection `cell` with the size the fit settles on, and the cell's own
     measured numbers and interval for it (`decided_by: "pooled fit"`)."""
     i = by_fit.index
     n = int(rows["nodes"].iloc[i])
     own_lo, own_hi = interval(measured.speedup, shipped_confidence(confidence, len(rows) - 1))
     row = rows.iloc[i]
-    cell.update(
+
+    def figure(value) -> float:
+        return round(float(value), 6) if n else 1.0
+
+    taken = replace(
+        cell,
         nodes=n,
-        medusa_choices=proposal.prefix(n).to_choices() if n else [],
-        speedup=round(float(row["speedup"]), 6) if n else 1.0,
-        measured_speedup=round(float(row["speedup"]), 6) if n else 1.0,
-        tau=round(float(row["tau"]), 6) if n else 1.0,
-        overhead=round(float(row["overhead"]), 6) if n else 1.0,
-        speedup_lo=round(float(own_lo[i]), 6) if n else 1.0,
-        speedup_hi=round(float(own_hi[i]), 6) if n else 1.0,
+        medusa_choices=tuple(tuple(p) for p in proposal.prefix(n).to_choices()) if n else (),
+        speedup=figure(row["speedup"]),
+        measured_speedup=figure(row["speedup"]),
+        tau=figure(row["tau"]),
+        overhead=figure(row["overhead"]),
+        speedup_lo=figure(own_lo[i]),
+        speedup_hi=figure(own_hi[i]),
         reason=by_fit.reason,
         decided_by="pooled fit",
+        rounds_needed=None,
     )
-    if "predicted_speedup" in cell:
-        predicted = float(row["predicted_speedup"]) if n else 1.0
-        cell["predicted_speedup"] = round(predicted, 6) if math.isfinite(predicted) else None
-        cell.pop("predicted_speedup_missing", None)
-        if cell["predicted_speedup"] is None:
-            cell["predicted_speedup_missing"] = missing_prediction_reason(row.get("predicted_overhead", np.nan))
-    cell.pop("rounds_needed", None)
-
-
-def format_pooled(doc: dict) -> str:
-    """One line: the pooled fit's terms and what it decided."""
-    pooled = doc.get("pooled_fit")
-    if not pooled:
-        return ""
-    if "skipped" in pooled:
-        return f"no profile fitted on every cell: {pooled['skipped']}"
-    status = pooled.get("term_status") or {}
-    terms = ", ".join(
-        f"{k} {v:.3g}" + (f" ({status[k]})" if status.get(k) in ("at bound", "prior") else "")
-        for k, v in pooled["terms"].items()
-    )
-    cells = [c for c in doc["cells"] if "fit_nodes" in c]
-    same = sum(c["fit_nodes"] == c["nodes"] for c in cells)
-    return (
-        f"profile fitted on every cell ({terms}; {pooled['draws']} refits over resampled rounds): consistent "
-        f"with {pooled['consistent_cells']} of {len(cells)} cells, picks the selected tree in {same}, decided "
-        f"{pooled['decided_cells']} undecided cell(s)"
-    )
+    if cell.predicted_speedup is not None:
+        predicted = round(float(row["predicted_speedup"]), 6) if n else 1.0
+        missing = None if math.isfinite(predicted) else missing_prediction_reason(row.get("predicted_overhead", np.nan))
+        taken = replace(taken, predicted_speedup=predicted, predicted_speedup_missing=missing)
+    return taken
 
 
 def pooled_from_sweep(lm, proposal: Tree, hardware: HardwareProfile, sweep: pd.DataFrame, samples: dict) -> PooledFit:
@@ -325,14 +308,13 @@ def sweep_model(meta: dict, sweep_path, *, model=None, hardware=None) -> SweepMo
 
 
 def add_sweep_pooled_evidence(
-    doc: dict, sweep: pd.DataFrame, samples: dict, proposal: Tree, found: SweepModel, *, rule: dict
-) -> None:
+    selection: Selection, sweep: pd.DataFrame, samples: dict, proposal: Tree, found: SweepModel, *, rule: dict
+) -> Selection:
     """The pooled evidence of `treeopt run` for a sweep file (`select --sweep`): fit, check and
     decide as `add_pooled_evidence`; `rule` holds tolerance, confidence and threshold. Where
-    the fit cannot be made, `doc["pooled_fit"]` says why."""
+    the fit cannot be made, its `pooled.skipped` says why."""
     if found.missing is not None or not samples:
-        doc["pooled_fit"] = {"skipped": found.missing or "the sweep has no per-round samples"}
-        return
+        return replace(selection, pooled=PooledEvidence(skipped=found.missing or "the sweep has no per-round samples"))
     depth = [proposal.prefix(n).depth for n in range(proposal.size + 1)]
     pooled = fit_pooled(found.shape, found.heads, found.hardware, sweep, samples, depth)
-    add_pooled_evidence(doc, sweep, samples, pooled, proposal, **rule)
+    return add_pooled_evidence(selection, sweep, samples, pooled, proposal, **rule)

@@ -173,13 +173,14 @@ def _run_main_job(job: Job) -> dict:
     with _timed(timings, "sweep_s"):
         measured = measure_sweep(job, proposal, bench, hw)
     log_batch_transfer(job, proposal, bench, hw, measured)
-    selection = select_trees(job, proposal, bench, hw, measured, mix)
-    timings.update(selection.timings_s)
+    selected = select_trees(job, proposal, bench, hw, measured, mix)
+    selection = selected.selection
+    timings.update(selected.timings_s)
     with _timed(timings, "validate_s"):
         result = validate_held_out(job, proposal, bench, measured, selection)
     timings["total_s"] = time.perf_counter() - t_start
     regime = f"{bench.dtype}, {bench.threads} torch thread(s)"
-    report = RunResults(s, proposal, hw.name, selection.doc, result, timings, regime, lm.heads.kind == "draft-model")
+    report = RunResults(s, proposal, hw.name, selection, result, timings, regime, lm.heads.kind == "draft-model")
     write_text(out / "index.md", run_index_markdown(report))
     job.log(f"report: {out / 'index.md'} ({timings['total_s']:.0f} s)")
-    return {"selection": selection.doc, "validation": result, "timings": timings}
+    return {"selection": selection, "validation": result, "timings": timings}

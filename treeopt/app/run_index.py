@@ -11,26 +11,26 @@ import pandas as pd
 
 from roofline.engine_presets import calibrated_line
 from treeopt.app.models import is_demo
-from treeopt.app.pooled import format_pooled
 from treeopt.app.stages.job import RunSettings
 from treeopt.app.stages.proposal import Proposal
 from treeopt.app.sweep import DEMO_VALIDATION
 from treeopt.app.validation import ValidationResult
 from treeopt.engines import export_for
-from treeopt.selection import format_speedup, noise_summary, rounds_needed_text
 from treeopt.selection_notes import unreliable_lines
+from treeopt.selection_text import format_pooled, format_speedup, noise_summary, rounds_needed_text
+from treeopt.selection_types import FormsChoice, MixSection, Selection, SelectionCell
 
 
 @dataclass(frozen=True)
 class RunResults:
     """What `index.md` reports: the run's `settings`, its `proposal`, the name of the machine's
-    profile, the `selection.json` document, the validation, the seconds each stage took, the
+    profile, the selection (`selection.json`), the validation, the seconds each stage took, the
     regime it measured in ("float32, 1 torch thread(s)") and whether the drafter is a draft model."""
 
     settings: RunSettings
     proposal: Proposal
     hardware_name: str
-    selection: dict
+    selection: Selection
     validation: ValidationResult
     timings_s: dict
     regime: str = ""
@@ -100,15 +100,16 @@ def _proposal_section(r: RunResults) -> list[str]:
 
 
 def _selection_section(r: RunResults) -> list[str]:
-    selection = r.selection
+    selection, rule = r.selection, r.selection.rule
+    confidence = rule.confidence if rule.confidence is not None else 0.95
     L = [
         "## 3. Selection: the best tree per batch size on this machine",
         "",
         "By measured speedup τ·T(0)/T(n) (bootstrap over paired rounds, τ's calibration error included; "
-        f"comparisons at {_percent(selection.get('confidence', 0.95))}, each shipped tree's own interval at "
-        f"{_percent(selection.get('interval_confidence', selection.get('confidence', 0.95)))}, spent over the "
+        f"comparisons at {_percent(confidence)}, each shipped tree's own interval at "
+        f"{_percent(rule.interval_confidence or confidence)}, spent over the "
         "tree sizes so that it holds whichever is picked): the smallest tree within "
-        f"{selection.get('tolerance', 0):.0%} of the best point estimate at the lower bound of their paired ratio, "
+        f"{rule.tolerance or 0:.0%} of the best point estimate at the lower bound of their paired ratio, "
         "shipped only where its own lower bound is above 1; `undecided` "
         "where another tree may still be better by more than that (`selection.json`; `sweep.csv` and "
         "`sweep.samples.npz` hold every measurement):",
@@ -117,9 +118,9 @@ def _selection_section(r: RunResults) -> list[str]:
         "| pooled fit's pick | predicted speedup |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    L += [_selection_row(c) for c in selection["cells"]]
-    L += _cell_notes(selection["cells"])
-    if "pooled_fit" in selection:
+    L += [_selection_row(c) for c in selection.cells]
+    L += _cell_notes(selection.cells)
+    if selection.pooled is not None:
         L += ["", f"Pooled evidence: the {format_pooled(selection)} (`selection.json` `pooled_fit`)."]
     L += [
         "",
@@ -130,43 +131,48 @@ def _selection_section(r: RunResults) -> list[str]:
     ]
     if r.proposal.engine is not None:
         L += _engine_lines(r)
-    if "forms" in selection:
-        L += ["", _forms_markdown(selection["forms"])]
-    if "mix" in selection:
-        L += ["", _mix_markdown(selection["mix"])]
+    if selection.forms is not None:
+        L += ["", _forms_markdown(selection.forms)]
+    if selection.mix is not None:
+        L += ["", _mix_markdown(selection.mix)]
     return L
 
 
-def _selection_row(c: dict) -> str:
-    span = f"{c['speedup_lo']:.2f}–{c['speedup_hi']:.2f}" if c.get("speedup_lo") is not None and c["nodes"] else "--"
+def _selection_row(c: SelectionCell) -> str:
+    has_span = c.speedup_lo is not None and np.isfinite(c.speedup_lo) and c.nodes
+    span = f"{c.speedup_lo:.2f}–{c.speedup_hi:.2f}" if has_span else "--"
     return (
-        f"| {c['batch']} | {c['context']} | {c['nodes'] or 'no speculation'} | "
-        f"{_measured_text(c)} | {span} | {c.get('rounds', '--')} | "
-        f"{_reason_text(c)} | {c.get('best_nodes', '--')} | {_fit_text(c)} | "
-        f"{format_speedup(c.get('predicted_speedup'))} |"
+        f"| {c.batch} | {c.context} | {c.nodes or 'no speculation'} | "
+        f"{_measured_text(c)} | {span} | {_or_dashes(c.rounds)} | "
+        f"{_reason_text(c)} | {_or_dashes(c.best_nodes)} | {_fit_text(c)} | "
+        f"{format_speedup(c.predicted_speedup)} |"
     )
 
 
-def _cell_notes(cells: list[dict]) -> list[str]:
+def _cell_notes(cells) -> list[str]:
     """Under the cell table, why a number reads `--` or `= τ`, and what the sanity checks
     flagged, one line per cell (`treeopt.selection_notes`)."""
     notes = []
     for c in cells:
-        where = f"batch {c['batch']} context {c['context']}"
-        if c.get("measured_speedup_missing"):
-            notes.append(f"- {where}, measured speedup `= τ`: {c['measured_speedup_missing']}.")
-        if c.get("predicted_speedup_missing"):
-            notes.append(f"- {where}, predicted speedup `--` ({c['nodes']} nodes): {c['predicted_speedup_missing']}.")
+        where = f"batch {c.batch} context {c.context}"
+        if c.measured_speedup_missing:
+            notes.append(f"- {where}, measured speedup `= τ`: {c.measured_speedup_missing}.")
+        if c.predicted_speedup_missing:
+            notes.append(f"- {where}, predicted speedup `--` ({c.nodes} nodes): {c.predicted_speedup_missing}.")
         notes += [f"- {where}: {line}." for line in unreliable_lines(c)]
     return ["", "Notes on the table:", ""] + notes if notes else []
 
 
-def _measured_text(cell: dict) -> str:
+def _measured_text(cell: SelectionCell) -> str:
     """The measured speedup, or `= τ 1.95x` where the overhead was clamped at 1 (the speedup
     shipped is tau, not a measurement)."""
-    if cell.get("measured_speedup_missing"):
-        return f"= τ {format_speedup(cell['tau'])}"
-    return format_speedup(cell["measured_speedup"])
+    if cell.measured_speedup_missing:
+        return f"= τ {format_speedup(cell.tau)}"
+    return format_speedup(cell.measured_speedup)
+
+
+def _or_dashes(value) -> str:
+    return "--" if value is None else str(value)
 
 
 def _engine_lines(r: RunResults) -> list[str]:
@@ -180,15 +186,15 @@ def _engine_lines(r: RunResults) -> list[str]:
         "| batch | context | line |",
         "|---|---|---|",
     ]
-    for c in r.selection["cells"]:
+    for c in r.selection.cells:
         line = (
             "no speculation"
-            if not c["nodes"]
+            if not c.nodes
             else "`"
-            + export_for(target, proposal.prefix(c["nodes"]), heads=table.num_heads, accuracy=table.accuracy).line
+            + export_for(target, proposal.prefix(c.nodes), heads=table.num_heads, accuracy=table.accuracy).line
             + "`"
         )
-        L.append(f"| {c['batch']} | {c['context']} | {line} |")
+        L.append(f"| {c.batch} | {c.context} | {line} |")
     return L
 
 
@@ -255,34 +261,34 @@ def _prediction_section(r: RunResults) -> list[str]:
     return L
 
 
-def _mix_markdown(mix: dict) -> str:
+def _mix_markdown(mix: MixSection) -> str:
     """The traffic-mix tree and what it loses, cell by cell, against each cell's own best
     (docs/builders.md#one-tree-for-a-traffic-mix)."""
-    n = mix["nodes"]
+    n = mix.nodes
     if n:
-        off = mix["off_from_batch"]
-        where = f"speculation on up to batch {mix['speculate_up_to_batch']}" + (
+        off = mix.off_from_batch
+        where = f"speculation on up to batch {mix.speculate_up_to_batch}" + (
             f", off from batch {off}" if off is not None else " (every batch of the mix)"
         )
-        what = f"**{n} nodes**, {where}: `medusa_choices = {mix['medusa_choices']}`"
+        what = f"**{n} nodes**, {where}: `medusa_choices = {[list(p) for p in mix.medusa_choices]}`"
     else:
         what = "**no speculation**: no tree pays on this mix"
-    ratio = mix["expected_tokens_per_s"] / mix["per_cell_best_tokens_per_s"]
+    ratio = mix.expected_tokens_per_s / mix.per_cell_best_tokens_per_s
     L = [
         "### One tree for the traffic mix",
         "",
-        f"For the mix `{mix['source']}`, the one static tree of largest expected throughput is {what}. "
-        f"Expected {mix['expected_tokens_per_s']:.4g} tokens/s, {ratio:.1%} of every cell with its own best "
-        f"tree ({mix['per_cell_best_tokens_per_s']:.4g}); plain decoding {mix['plain_tokens_per_s']:.4g}.",
+        f"For the mix `{mix.source}`, the one static tree of largest expected throughput is {what}. "
+        f"Expected {mix.expected_tokens_per_s:.4g} tokens/s, {ratio:.1%} of every cell with its own best "
+        f"tree ({mix.per_cell_best_tokens_per_s:.4g}); plain decoding {mix.plain_tokens_per_s:.4g}.",
         "",
         "| batch | context | weight | best nodes | best speedup | mix tree nodes | mix tree speedup | loss |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for c in mix["cells"]:
+    for c in mix.cells:
         L.append(
-            f"| {c['batch']} | {c['context']} | {c['weight']:.3f} | {c['best_nodes'] or 'none'} | "
-            f"{format_speedup(c['best_speedup'])} | {c['mix_nodes'] or 'off'} | "
-            f"{format_speedup(c['mix_speedup'])} | {c['loss_fraction']:.1%} |"
+            f"| {c.batch} | {c.context} | {c.weight:.3f} | {c.best_nodes or 'none'} | "
+            f"{format_speedup(c.best_speedup)} | {c.mix_nodes or 'off'} | "
+            f"{format_speedup(c.mix_speedup)} | {c.loss_fraction:.1%} |"
         )
     return "\n".join(L)
 
@@ -295,17 +301,17 @@ _FORM_TITLES = {
 }
 
 
-def _forms_markdown(forms: dict) -> str:
+def _forms_markdown(forms: FormsChoice) -> str:
     """Per cell the form to serve with and each form's measured best
     (docs/builders.md#choosing-the-verification-form)."""
-    labels = {name: {int(n): v for n, v in d.items()} for name, d in forms.get("labels", {}).items()}
+    labels = {name: {int(n): v for n, v in (d or {}).items()} for name, d in (forms.labels or {}).items()}
 
     def size(form: str, nodes: int) -> str:
         if not nodes:
             return "no speculation"
         return labels.get(form, {}).get(nodes) or f"{nodes} node{'s' if nodes != 1 else ''}"
 
-    names = forms["forms"]
+    names = list(forms.forms)
     L = [
         "### Which form",
         "",
@@ -317,18 +323,18 @@ def _forms_markdown(forms: dict) -> str:
         "| batch | context | serve | speedup | interval | reason | " + " | ".join(f"best {f}" for f in names) + " |",
         "|---|---|---|---|---|---|" + "---|" * len(names),
     ]
-    for c in forms["cells"]:
-        chosen = f"{c['form']}: {size(c['form'], c['nodes'])}" if c["form"] else "no speculation"
-        span = f"{c['speedup_lo']:.2f}–{c['speedup_hi']:.2f}" if c["form"] else "--"
+    for c in forms.cells:
+        chosen = f"{c.form}: {size(c.form, c.nodes)}" if c.form else "no speculation"
+        span = f"{c.speedup_lo:.2f}–{c.speedup_hi:.2f}" if c.form else "--"
         each = [
-            f"{size(f, c['by_form'][f]['nodes'])}, {format_speedup(c['by_form'][f]['speedup'])}"
-            if c["by_form"][f]["nodes"]
+            f"{size(f, c.by_form[f].nodes)}, {format_speedup(c.by_form[f].speedup)}"
+            if c.by_form[f].nodes
             else "no speculation"
             for f in names
         ]
         L.append(
-            f"| {c['batch']} | {c['context']} | {chosen} | {format_speedup(c['speedup'])} | {span} | "
-            f"{c['reason']} | " + " | ".join(each) + " |"
+            f"| {c.batch} | {c.context} | {chosen} | {format_speedup(c.speedup)} | {span} | "
+            f"{c.reason} | " + " | ".join(each) + " |"
         )
     return "\n".join(L)
 
@@ -352,19 +358,19 @@ def _percent(confidence: float) -> str:
     return f"{confidence * 100:.4g}%"
 
 
-def _reason_text(cell: dict) -> str:
-    reason = cell.get("reason", "--")
+def _reason_text(cell: SelectionCell) -> str:
+    reason = cell.reason if cell.reason is not None else "--"
     if reason == "undecided":
         return f"undecided: {rounds_needed_text(cell)}"
-    if cell.get("decided_by"):
-        return f"{reason}, decided by the {cell['decided_by']}"
+    if cell.decided_by:
+        return f"{reason}, decided by the {cell.decided_by}"
     return reason
 
 
-def _fit_text(cell: dict) -> str:
-    if "fit_nodes" not in cell:
+def _fit_text(cell: SelectionCell) -> str:
+    if cell.fit_nodes is None:
         return "--"
-    return f"{cell['fit_nodes']}" + ("" if cell["fit_consistent"] else " (the fit does not describe this cell)")
+    return f"{cell.fit_nodes}" + ("" if cell.fit_consistent else " (the fit does not describe this cell)")
 
 
 #: the `treeopt run` option of each setting that one sets (the others follow from these)

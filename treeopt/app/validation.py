@@ -26,6 +26,7 @@ from treeopt.errors import UserError
 from treeopt.export import text_table
 from treeopt.fileio import atomic_path
 from treeopt.selection import prediction_regret, read_sweep
+from treeopt.selection_types import Selection
 from treeopt.tau import TauCurve
 from treeopt.tree import Tree
 
@@ -81,7 +82,7 @@ def validate(
     sweep_df=None,
     out_dir=None,
     progress: bool = True,
-    selection: dict | None = None,
+    selection: Selection | None = None,
 ) -> ValidationResult:
     """Measured tokens per step of the decoder on held-out prompts against every tau, and
     (given a sweep with predictions) the roofline's step-latency ratios and picks against the
@@ -110,7 +111,7 @@ def validate(
         and sweep_df["predicted_overhead"].notna().any()
     ):
         latency = latency_errors(sweep_df)
-        chosen = {(c["batch"], c["context"]): c["nodes"] for c in selection["cells"]} if selection else None
+        chosen = selection.chosen_nodes() if selection is not None else None
         regret = prediction_regret(sweep_df, chosen=chosen)
     result = ValidationResult(acceptance, latency, regret)
     if out_dir is not None:

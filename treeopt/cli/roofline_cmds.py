@@ -45,6 +45,7 @@ from treeopt.export import text_table
 from treeopt.fileio import atomic_folder, atomic_outputs, atomic_path, dumps
 from treeopt.mix import format_mix, parse_mix
 from treeopt.selection import best_per_cell
+from treeopt.selection_types import MixSection, selection_to_json
 
 
 def _drafter_dir(heads_dir: str | None, drafter_config: str | None) -> str | None:
@@ -622,7 +623,7 @@ def roofline_speedup(
         if out:
             prediction.grid.to_csv(files.path(out), index=False, float_format="%.6g")
         if select:
-            doc = grid_selection(prediction, mix_doc)
+            doc = selection_to_json(grid_selection(prediction, mix_doc))
             files.path(select).write_text(dumps(doc, indent=1) + "\n", encoding="utf-8")
     _echo_speedup(prediction, label, mix_doc)
     for path, what in ((out, "grid"), (select, "selection")):
@@ -631,7 +632,7 @@ def roofline_speedup(
     _echo_knee_note(prediction.hardware)
 
 
-def _echo_speedup(prediction, label: str, mix_doc: dict | None) -> None:
+def _echo_speedup(prediction, label: str, mix_doc: MixSection | None) -> None:
     tau, hw, best = prediction.tau, prediction.hardware, best_per_cell(prediction.grid)
     click.echo(f"{prediction.model.describe()}; {prediction.drafter}; hardware {hw.name}; accuracy {label}")
     click.echo(prediction.step_costs)

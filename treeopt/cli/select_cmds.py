@@ -13,6 +13,7 @@ from treeopt.engines import ENGINE_NAMES
 from treeopt.errors import UserError
 from treeopt.fileio import dumps
 from treeopt.selection import sweep_meta_path, sweep_samples_path
+from treeopt.selection_text import selection_summary
 
 
 @click.command("select")
@@ -133,12 +134,11 @@ def select_cmd(
         model=model,
         hardware=hardware,
     )
-    doc = selection.doc
     echo_notes(notes)
     if output:
         write_output(output, lambda: selection.save(output))
-        click.echo(selection.summary())
+        click.echo(selection_summary(selection))
         click.echo(f"wrote {output}")
     else:  # stdout is the JSON alone, so that it can be piped; the summary goes to stderr
-        click.echo(selection.summary(), err=True)
-        click.echo(dumps(doc, indent=1))
+        click.echo(selection_summary(selection), err=True)
+        click.echo(dumps(selection.to_json(), indent=1))

@@ -4,7 +4,7 @@ the selection stage."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -19,9 +19,10 @@ from treeopt.app.stages.sweep import sweep_settings
 from treeopt.app.sweep import sweep
 from treeopt.candidates import candidate_proposal
 from treeopt.export import format_tree
-from treeopt.fileio import write_json, write_text
+from treeopt.fileio import write_text
 from treeopt.forms import choose_form
 from treeopt.selection import read_round_samples, select, sweep_samples_path
+from treeopt.selection_types import FormsChoice, Selection, write_selection
 from treeopt.tau import TauCurve, tau_curves
 
 
@@ -79,7 +80,7 @@ def other_forms(lm, table: AccuracyTable, acc_file, s: RunSettings) -> list[Othe
     ]
 
 
-def _measure_form(job: Job, bench: Bench, table: AccuracyTable, form: OtherForm, hw: HardwareProfile) -> dict:
+def _measure_form(job: Job, bench: Bench, table: AccuracyTable, form: OtherForm, hw: HardwareProfile) -> Selection:
     """Sweep `form` like the proposal trees (`sweep-NAME.csv`, `selection-NAME.json`,
     `proposal-NAME.json`); returns its selection."""
     s, out = job.settings, job.out
@@ -111,9 +112,9 @@ def _measure_form(job: Job, bench: Bench, table: AccuracyTable, form: OtherForm,
         tolerance=s.tolerance,
         confidence=settings.confidence,
     )
-    chosen["verification"] = form.verification
-    chosen["labels"] = {str(n): label for n, label in form.labels.items()}
-    write_json(out / f"selection-{form.name}.json", chosen)
+    labels = {str(n): label for n, label in form.labels.items()}
+    chosen = replace(chosen, provenance=replace(chosen.provenance, verification=form.verification, labels=labels))
+    write_selection(out / f"selection-{form.name}.json", chosen)
     write_text(
         out / f"proposal-{form.name}.json",
         format_tree(form.tau.proposal, "json", tau=float(form.tau.best[-1]), method=form.name),
@@ -122,11 +123,10 @@ def _measure_form(job: Job, bench: Bench, table: AccuracyTable, form: OtherForm,
 
 
 def measure_other_forms(
-    job: Job, bench: Bench, table: AccuracyTable, forms: list[OtherForm], selection: dict, hw: HardwareProfile
-) -> dict:
+    job: Job, bench: Bench, table: AccuracyTable, forms: list[OtherForm], selection: Selection, hw: HardwareProfile
+) -> FormsChoice:
     """Sweep every form of `forms` (`_measure_form`) and choose, per cell, between them and the
     trees' selection (`treeopt.forms.choose_form`, in the drafter's `FORM_ORDER`)."""
     chosen = {f.name: _measure_form(job, bench, table, f, hw) for f in forms}
-    doc = choose_form({"tree": selection, **chosen}, order=FORM_ORDER[bench.lm.heads.kind])
-    doc["labels"] = {name: sel["labels"] for name, sel in chosen.items()}
-    return doc
+    choice = choose_form({"tree": selection, **chosen}, order=FORM_ORDER[bench.lm.heads.kind])
+    return replace(choice, labels={name: sel.provenance.labels for name, sel in chosen.items()})

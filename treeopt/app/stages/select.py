@@ -5,40 +5,41 @@ cell, the drafter's own forms where it has them, and one tree for the traffic mi
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from roofline.hardware import HardwareProfile
 from roofline.plots import plot_measured_speedup
-from treeopt.app.pooled import add_pooled_evidence, format_pooled, pooled_from_sweep
+from treeopt.app.pooled import add_pooled_evidence, pooled_from_sweep
 from treeopt.app.stages.calibrate import accuracy_path
 from treeopt.app.stages.forms import measure_other_forms, other_forms
 from treeopt.app.stages.hardware import Bench
 from treeopt.app.stages.job import Job
 from treeopt.app.stages.proposal import Proposal
 from treeopt.app.stages.sweep import MeasuredSweep
-from treeopt.fileio import write_json
 from treeopt.mix import TrafficMix, choose_mix_tree, format_mix, mix_grid_from_sweep, mix_section
-from treeopt.selection import format_selection, read_round_samples, select, sweep_samples_path
+from treeopt.selection import read_round_samples, select, sweep_samples_path
+from treeopt.selection_text import format_pooled, format_selection
+from treeopt.selection_types import Selection, write_selection
 
 
 @dataclass(frozen=True)
-class Selection:
-    """The run's `selection.json` document (`treeopt.selection/v1`, with `pooled_fit`, `forms`
-    and `mix` where the run has them) and the seconds its slower steps took (`pooled_fit_s`,
-    `forms_s`)."""
+class SelectedTrees:
+    """The run's selection (`selection.json`: with the pooled fit, the drafter's other forms
+    and the mix where the run has them) and the seconds its slower steps took
+    (`pooled_fit_s`, `forms_s`)."""
 
-    doc: dict
+    selection: Selection
     timings_s: dict
 
 
 def select_trees(
     job: Job, proposal: Proposal, bench: Bench, hw: HardwareProfile, measured: MeasuredSweep, mix: TrafficMix | None
-) -> Selection:
+) -> SelectedTrees:
     """Choose the tree per cell, then add what the run has beside it; writes `selection.json`
     and the measured-speedup plot."""
     s, timings = job.settings, {}
     round_samples = read_round_samples(sweep_samples_path(measured.csv))
-    doc = select(
+    chosen = select(
         measured.table,
         proposal.tree,
         by="measured",
@@ -51,31 +52,34 @@ def select_trees(
     )
     if bench.lm.heads.kind != "draft-model" and round_samples:
         t0 = time.perf_counter()
-        _add_pooled(job, proposal, bench, hw, measured, round_samples, doc)
+        chosen = _with_pooled(job, proposal, bench, hw, measured, round_samples, chosen)
         timings["pooled_fit_s"] = time.perf_counter() - t0
-    doc["dtype"] = bench.dtype
+    chosen = replace(chosen, provenance=replace(chosen.provenance, dtype=bench.dtype))
     forms = other_forms(bench.lm, proposal.table, accuracy_path(job), s)
     if forms:
         t0 = time.perf_counter()
-        doc["forms"] = measure_other_forms(job, bench, proposal.table, forms, doc, hw)
+        chosen = replace(chosen, forms=measure_other_forms(job, bench, proposal.table, forms, chosen, hw))
         timings["forms_s"] = time.perf_counter() - t0
     if mix is not None:
-        chosen = {(c["batch"], c["context"]): c["nodes"] for c in doc["cells"]}
-        choice = choose_mix_tree(mix_grid_from_sweep(measured.table), mix, source=str(measured.csv), chosen=chosen)
-        doc["mix"] = mix_section(choice, proposal.tree, mix)
-    plot_measured_speedup(measured.table, doc, job.out / "measured_speedup.png")
-    write_json(job.out / "selection.json", doc)
-    job.log(format_selection(doc))
-    if mix is not None:
-        job.log(format_mix(doc["mix"]))
-    return Selection(doc, timings)
+        choice = choose_mix_tree(
+            mix_grid_from_sweep(measured.table), mix, source=str(measured.csv), chosen=chosen.chosen_nodes()
+        )
+        chosen = replace(chosen, mix=mix_section(choice, proposal.tree, mix))
+    plot_measured_speedup(measured.table, chosen, job.out / "measured_speedup.png")
+    write_selection(job.out / "selection.json", chosen)
+    job.log(format_selection(chosen))
+    if chosen.mix is not None:
+        job.log(format_mix(chosen.mix))
+    return SelectedTrees(chosen, timings)
 
 
-def _add_pooled(job: Job, proposal: Proposal, bench: Bench, hw, measured: MeasuredSweep, round_samples, doc) -> None:
+def _with_pooled(
+    job: Job, proposal: Proposal, bench: Bench, hw, measured: MeasuredSweep, round_samples, chosen: Selection
+) -> Selection:
     """The evidence of one profile fitted to every cell (docs/statistics.md#pooled-evidence)."""
     pooled = pooled_from_sweep(bench.lm, proposal.tree, hw, measured.table, round_samples)
-    add_pooled_evidence(
-        doc,
+    chosen = add_pooled_evidence(
+        chosen,
         measured.table,
         round_samples,
         pooled,
@@ -83,4 +87,5 @@ def _add_pooled(job: Job, proposal: Proposal, bench: Bench, hw, measured: Measur
         tolerance=job.settings.tolerance,
         confidence=measured.settings.confidence,
     )
-    job.log(f"[pooled] {format_pooled(doc)}")
+    job.log(f"[pooled] {format_pooled(chosen)}")
+    return chosen

@@ -7,9 +7,9 @@ from __future__ import annotations
 from treeopt.app.stages.hardware import Bench
 from treeopt.app.stages.job import Job
 from treeopt.app.stages.proposal import Proposal
-from treeopt.app.stages.select import Selection
 from treeopt.app.stages.sweep import MeasuredSweep
 from treeopt.app.validation import ValidationDecoding, ValidationResult, format_validation, validate
+from treeopt.selection_types import Selection
 
 
 def validate_held_out(
@@ -17,7 +17,7 @@ def validate_held_out(
 ) -> ValidationResult:
     """Validate every drafted size of the run's validation sizes that the proposal has."""
     s, lm, tau, out, progress = job.settings, bench.lm, proposal.tau, job.out, job.progress
-    sweep_df, selection = measured.table, chosen.doc
+    sweep_df = measured.table
     val_sizes = tuple(n for n in proposal.drafted(s.validation_sizes) if 0 < n <= proposal.tree.size)
     job.log(f"[validate] decoder on {s.validation_data}, tree sizes {list(val_sizes)}")
     result = validate(
@@ -29,7 +29,7 @@ def validate_held_out(
         sweep_df=sweep_df,
         out_dir=out,
         progress=progress,
-        selection=selection,
+        selection=chosen,
     )
     job.log(format_validation(result))
     return result
