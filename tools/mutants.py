@@ -72,6 +72,8 @@ FORM_TESTS = ("tests/test_candidates_verification.py",)
 TREE_ACCEPT_TESTS = ("tests/test_draft_tree_acceptance.py",)
 TREE_COST_TESTS = ("tests/test_draft_tree_cost.py",)
 TREE_VALIDATION_TESTS = ("tests/test_draft_tree_validation.py",)
+RULE_TESTS = ("tests/test_decision_rules.py",)
+TIEBREAK_TESTS = ("tests/test_typical_tiebreak.py",)
 SAMPLED_VALIDATION_TESTS = (
     "tests/test_bad_inputs.py::test_bad_input[validate-temperature-mismatch]",
     "tests/test_bad_inputs.py::test_bad_input[validate-temperature-mismatch-sidecar]",
@@ -91,6 +93,71 @@ class Mutant:
 
 
 MUTANTS = (
+    # ---- rules that decide something, against values from outside the code (tests/test_decision_rules.py)
+    Mutant(
+        "rules-equivalence-bound-one-sided",
+        "treeopt/stats.py",
+        "return np.quantile(ratio, (1.0 - confidence) / 2, axis=0)",
+        "return np.quantile(ratio, 1.0 - confidence, axis=0)",
+        "the equivalence bound at the 90% interval's end while selection.json says 95%",
+        RULE_TESTS,
+    ),
+    Mutant(
+        "rules-interval-whole-alpha-each-end",
+        "treeopt/stats.py",
+        "lo, hi = np.quantile(draws, [alpha / 2, 1 - alpha / 2], axis=0)",
+        "lo, hi = np.quantile(draws, [alpha, 1 - alpha], axis=0)",
+        "a 95% interval that is a 90% one (the whole error rate cut from each end)",
+        RULE_TESTS,
+    ),
+    Mutant(
+        "rules-sequential-level-not-spent",
+        "treeopt/stats.py",
+        "return 1.0 - (1.0 - confidence) / max(int(looks), 1)",
+        "return confidence",
+        "each look (or size) at the final confidence: the shipped interval holds less often than it says",
+        RULE_TESTS,
+    ),
+    Mutant(
+        "rules-engine-beats-engine-costs",
+        "roofline/engine_presets.py",
+        "asked = family if family is not None else (engine_family(engine) if engine is not None else None)",
+        "asked = engine_family(engine) if engine is not None else family",
+        "--engine's family wins over --engine-costs, against the docstring",
+        RULE_TESTS,
+    ),
+    Mutant(
+        "rules-builtin-by-name-only",
+        "roofline/engine_presets.py",
+        "if builtin_hardware().get(profile.name) != profile:",
+        "if profile.name not in builtin_hardware():",
+        "a profile file that keeps a built-in's name has its measured terms replaced by the preset",
+        RULE_TESTS,
+    ),
+    Mutant(
+        "rules-best-gamma-ignores-memory",
+        "roofline/speculative.py",
+        'ok = grid[grid["fits_memory"]]',
+        "ok = grid",
+        "best_gamma picks a gamma or tree that does not fit in memory",
+        RULE_TESTS,
+    ),
+    Mutant(
+        "rules-typical-first-longest",
+        "calibration/verification.py",
+        "    return path_ll.argmax(-1), n_keep",
+        "    return lengths.argmax(-1), n_keep",
+        "typical acceptance keeps the first longest path, not the most likely as Medusa's reference code",
+        TIEBREAK_TESTS,
+    ),
+    Mutant(
+        "rules-typical-root-counted",
+        "calibration/verification.py",
+        "counted[..., 0] = False",
+        "counted[..., 0] = counted[..., 0]",
+        "the root's own probability counts in a path's likelihood",
+        TIEBREAK_TESTS,
+    ),
     # ---- per-batch schedules in the engines' forms (treeopt/schedules.py)
     Mutant(
         "schedule-gap-longer-neighbour",
