@@ -4,7 +4,8 @@
     python tools/mutants.py --only PATTERN   # mutants whose id, file or description contains PATTERN
     python tools/mutants.py --skip PATTERN   # all but those
     python tools/mutants.py --list           # print the list and check every snippet, run nothing
-    python tools/mutants.py --sample 12 --seed S   # 12 mutants drawn with seed S (what CI runs)
+    python tools/mutants.py --slice I        # slice I of the rotation (what CI runs: I = the commit count)
+    python tools/mutants.py --sample 12 --seed S   # 12 mutants drawn with seed S
 
 Run it with the project's interpreter from anywhere; it finds the repository from its own path.
 Each mutant replaces one exact snippet of one file by a wrong variant (a dropped term, a wrong
@@ -2671,6 +2672,21 @@ def select(mutants, only: list[str], skip: list[str]) -> list[Mutant]:
     return [m for m in chosen if not any(_matches(m, p) for p in skip)]
 
 
+#: CI plants the list in this many slices, one slice per commit (slice = `git rev-list --count
+#: HEAD` mod ROTATION_COMMITS), so that any ROTATION_COMMITS consecutive commits plant every
+#: listed mutant at least once (docs/architecture.md#planted-bugs)
+ROTATION_COMMITS = 25
+
+
+def rotation_slice(mutants, index: int, commits: int = ROTATION_COMMITS) -> list[Mutant]:
+    """Slice `index` (mod `commits`) of the rotation: mutant i of the list is in slice
+    i mod `commits`, so the slices partition the list, each holds at most
+    ceil(len / commits) mutants from all over it, and `commits` consecutive indices plant each
+    mutant exactly once (while the list is unchanged)."""
+    k = int(index) % commits
+    return [m for i, m in enumerate(mutants) if i % commits == k]
+
+
 def sample(mutants, n: int, seed: str) -> list[Mutant]:
     """n mutants drawn without replacement, the same n for the same seed and list, in list order.
     CI draws with the commit as the seed, so successive commits check different mutants and
@@ -2748,13 +2764,26 @@ def main(argv=None) -> int:
         help="leave out mutants matching PATTERN ('pending': those other branches will kill)",
     )
     ap.add_argument("--list", action="store_true", help="list the selected mutants, check their snippets, run nothing")
+    ap.add_argument(
+        "--slice",
+        type=int,
+        default=None,
+        metavar="I",
+        help=f"run slice I mod {ROTATION_COMMITS} of the rotation (CI: I = git rev-list --count HEAD)",
+    )
     ap.add_argument("--sample", type=int, default=0, metavar="N", help="run N mutants drawn with --seed (0: all)")
     ap.add_argument("--seed", default="0", help="seed of the --sample draw (any string; CI passes the commit)")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds per pytest run (a timeout kills)")
     ap.add_argument("--python", default=sys.executable, help="interpreter that runs pytest")
     args = ap.parse_args(argv)
 
-    mutants = select(MUTANTS, args.only, args.skip)
+    listed = MUTANTS
+    if args.slice is not None:  # the slice of the whole list, so that the rotation covers it
+        listed = rotation_slice(MUTANTS, args.slice)
+        print(
+            f"mutants: slice {args.slice % ROTATION_COMMITS} of {ROTATION_COMMITS} ({len(listed)} mutants)", flush=True
+        )
+    mutants = select(listed, args.only, args.skip)
     if args.sample > 0:
         mutants = sample(mutants, args.sample, args.seed)
         print(f"mutants: {len(mutants)} drawn with seed {args.seed!r}", flush=True)
