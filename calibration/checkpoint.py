@@ -21,6 +21,7 @@ import numpy as np
 from calibration.counts import CalibrationCounts
 from treeopt.errors import UserError
 from treeopt.fileio import read_json_input, write_json
+from treeopt.resume import differences_text
 
 __all__ = [
     "CHECKPOINT_FORMAT",
@@ -124,8 +125,7 @@ def load_checkpoint(path: Path, fingerprint: dict) -> CalibrationCounts:
         raise UserError(f"{path}: not a calibration checkpoint ({CHECKPOINT_FORMAT})")
     theirs = doc.get("fingerprint") or {}
     if theirs != fingerprint:
-        diff = sorted(k for k in set(theirs) | set(fingerprint) if theirs.get(k) != fingerprint.get(k))
-        detail = ", ".join(f"{k}: {theirs.get(k)!r} vs now {fingerprint.get(k)!r}" for k in diff[:3])
+        detail = differences_text(theirs, fingerprint) or "settings this treeopt no longer records"
         raise UserError(
             f"{path}: checkpoint was made with other inputs ({detail}); rerun without --resume to start over"
         )

@@ -39,6 +39,7 @@ from calibration.demo_files import DEMO_MODEL_DIR, DEMO_PROMPTS, DEMO_VALIDATION
 from calibration.heads import MedusaHeads
 from treeopt.errors import UserError, first_line
 from treeopt.fileio import atomic_path, read_json_input, write_json, write_text
+from treeopt.resume import differing_settings
 
 EOS = "<|endoftext|>"
 HELD_OUT_EVERY = 10  # a file is held out when crc32(relative path) % 10 == 0
@@ -160,12 +161,9 @@ def _check_work_dir(work_dir: Path, recipe: DemoRecipe, resume: bool) -> None:
     if resume and stamp.exists():
         theirs = read_json_input(stamp, "a demo recipe stamp")
         if theirs != asdict(recipe):
-            diff = sorted(
-                k for k in asdict(recipe) if not isinstance(theirs, dict) or theirs.get(k) != asdict(recipe)[k]
-            )
+            differ = ", ".join(differing_settings(theirs, asdict(recipe))[:3]) or "format"
             raise UserError(
-                f"{work_dir}: holds the work of another recipe or seed "
-                f"({', '.join(diff[:3]) or 'format'} differ); pass --fresh or another "
+                f"{work_dir}: holds the work of another recipe or seed ({differ} differ); pass --fresh or another "
                 "--work-dir"
             )
     elif resume and any((work_dir / name).exists() for name in _WORK_FILES):

@@ -17,6 +17,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from calibration.weights import check_state, torch_load
 from treeopt.errors import UserError, first_line
 from treeopt.fileio import atomic_path, read_json_input, write_json
 
@@ -97,16 +98,7 @@ class MedusaHeads(nn.ModuleList):
                 raise UserError(f"{path}: weights lack key '0.{num_layers}.weight' (head 0's projection)")
             vocab_size, hidden_size = proj.shape
         heads = cls(hidden_size, vocab_size, num_heads, num_layers)
-        expected = heads.state_dict()
-        missing = [k for k in expected if k not in state]
-        if missing:
-            raise UserError(f"{path}: weights lack key '{missing[0]}' ({len(missing)} missing)")
-        for key, value in expected.items():
-            if tuple(state[key].shape) != tuple(value.shape):
-                raise UserError(
-                    f"{path}: weight '{key}' has shape {tuple(state[key].shape)}, expected {tuple(value.shape)}"
-                )
-        heads.load_state_dict({k: state[k] for k in expected})
+        heads.load_state_dict(check_state(path, heads.state_dict(), state))
         heads.base_model_name_or_path = config.get("base_model_name_or_path", "")
         return heads.to(device=device, dtype=dtype).eval()
 
@@ -164,7 +156,7 @@ def _load_state_dict(path: Path) -> dict[str, torch.Tensor]:
             raise UserError(f"{path / WEIGHTS_SAFETENSORS}: cannot read ({first_line(err)})") from None
         return _without_model_prefix(path / WEIGHTS_SAFETENSORS, state)
     if (path / WEIGHTS_PT).is_file():
-        state = _torch_load(path / WEIGHTS_PT)
+        state = torch_load(path / WEIGHTS_PT)
         if not isinstance(state, dict):
             raise UserError(f"{path / WEIGHTS_PT}: expected a state dict, found {type(state).__name__}")
         return _without_model_prefix(path / WEIGHTS_PT, state)
@@ -197,13 +189,6 @@ def _without_model_prefix(file: Path, state: dict) -> dict:
     return {k.removeprefix(FULL_PREFIX): state[k] for k in prefixed}
 
 
-def _torch_load(file: Path):
-    try:
-        return torch.load(file, map_location="cpu", weights_only=True)
-    except Exception as err:  # noqa: BLE001 - torch.load raises many types for a corrupt pickle
-        raise UserError(f"{file}: cannot read ({first_line(err)})") from None
-
-
 def _full_checkpoint_heads(path: Path) -> dict[str, torch.Tensor] | None:
     """The heads of a Medusa-1.0 full checkpoint: the `medusa_head.` keys of the model's weight
     files (one file, or shards listed by an index JSON), with that prefix removed."""
@@ -231,7 +216,7 @@ def _full_checkpoint_heads(path: Path) -> dict[str, torch.Tensor] | None:
             except (SafetensorError, OSError) as err:
                 raise UserError(f"{file}: cannot read ({first_line(err)})") from None
         else:
-            loaded = _torch_load(file)
+            loaded = torch_load(file)
             if not isinstance(loaded, dict):
                 raise UserError(f"{file}: expected a state dict, found {type(loaded).__name__}")
             state.update({k: v for k, v in loaded.items() if k.startswith(FULL_PREFIX)})

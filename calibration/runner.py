@@ -66,7 +66,6 @@ import torch
 import transformers
 from tqdm import tqdm
 
-import treeopt
 from calibration.checkpoint import load_checkpoint, run_id, save_checkpoint
 from calibration.counts import CalibrationCounts
 from calibration.data import PromptSet, load_prompts
@@ -101,9 +100,12 @@ from treeopt.acceptance import (
 )
 from treeopt.accuracy import AccuracyTable, load_accuracy
 from treeopt.chain import alpha_path
+from treeopt.dtypes import torch_dtype_name
 from treeopt.errors import UserError
 from treeopt.fileio import atomic_outputs, check_writable, output_lock, refuse_overwriting_inputs
 from treeopt.layout import default_heads_dir
+from treeopt.resume import differences_text
+from treeopt.version import __version__
 
 
 class CalibrationInterrupted(KeyboardInterrupt):
@@ -173,7 +175,7 @@ def run_date() -> str:
 
 def tool_versions() -> dict:
     """The provenance fields naming the software that made a table."""
-    return {"tool_version": treeopt.__version__, "torch": torch.__version__, "transformers": transformers.__version__}
+    return {"tool_version": __version__, "torch": torch.__version__, "transformers": transformers.__version__}
 
 
 def _device_name(device: torch.device) -> str:
@@ -192,8 +194,7 @@ def _finished_output(output: Path, fingerprint: dict, total: int, *, refuse_othe
     if theirs is None:  # no sidecar: not from a calibration, nothing to compare
         return None
     if theirs != fingerprint:
-        diff = sorted(k for k in set(theirs) | set(fingerprint) if theirs.get(k) != fingerprint.get(k))
-        detail = ", ".join(f"{k}: {theirs.get(k)!r} vs now {fingerprint.get(k)!r}" for k in diff[:3])
+        detail = differences_text(theirs, fingerprint) or "settings this treeopt no longer records"
         if refuse_other:
             raise UserError(
                 f"{output}: already calibrated from other inputs ({detail}); rerun without --resume to replace it"
@@ -309,7 +310,7 @@ def _fingerprint(loaded, prompts: PromptSet, settings: CalibrationSettings, head
         "topk": settings.topk,
         "labels": settings.labels,
         "batch_size": settings.batch_size,
-        "dtype": str(loaded.dtype).replace("torch.", ""),
+        "dtype": torch_dtype_name(loaded.dtype),
         "joint": settings.joint,
         "seed": settings.seed,
     }
@@ -458,7 +459,7 @@ def _table(
         "date": run_date(),
         **tool_versions(),
         "device": _device_name(loaded.device),
-        "dtype": str(loaded.dtype).replace("torch.", ""),
+        "dtype": torch_dtype_name(loaded.dtype),
         **({"processes": processes.world_size} if processes.many else {}),
     }
     return AccuracyTable(

@@ -2,7 +2,7 @@
 size, batch size and context length on the machine at hand, next to the roofline prediction.
 
 For each (batch, context) group one KV cache of `context` random tokens per sequence is built
-(`step_bench`); then every tree size's step and the plain step are timed on it in interleaved
+(`calibration.step_bench`); then every tree size's step and the plain step are timed on it in interleaved
 rounds (`treeopt.timing.measure_interleaved`), so that a slowdown burst of this shared
 machine lands on a few samples of every configuration rather than on all samples of one;
 samples far above their median are re-measured.
@@ -27,7 +27,7 @@ exactly `context` cached tokens (checked after each group). Overhead T(n)/T(0) i
 over rounds of the per-round ratio: both were measured moments apart. Measured speedup =
 tau(n) / overhead.
 
-The CSV (columns `treeopt.selection.SWEEP_COLUMNS`) is rewritten atomically after every
+The CSV (columns `treeopt.sweep_file.SWEEP_COLUMNS`) is rewritten atomically after every
 group, with a `NAME.meta.json` beside it (the proposal tree, the measurement settings, the
 model), so an interrupted sweep resumes where it stopped (`resume=True`): groups already in
 the file are kept, missing ones measured. Resuming needs the same measurement settings (tree
@@ -38,15 +38,12 @@ prediction) are recomputed for every row from the call's tau curves and predicto
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import json
 import math
-import random
 import sys
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
@@ -55,25 +52,16 @@ import pandas as pd
 import torch
 from tqdm import tqdm
 
-from calibration.decoder import TreeDecoder
 from calibration.device_memory import check_bench_fits
-from calibration.greedy import plain_step_forward
-from calibration.kv_cache import new_cache
-from calibration.model_calls import model_forward_hidden, synchronizer, uses_gqa
-from calibration.speculative import SpeculativeDecoder, decoder_for
-from calibration.static_steps import StepRunner, graphs_enabled, step_mode, uses_static
+from calibration.end_to_end import left_padding, measure_end_to_end, prompt_batches, token_batches
+from calibration.static_steps import step_mode
+from calibration.step_bench import StepBench, check_form, effective_sizes, step_bench
+from treeopt.dtypes import torch_dtype_name
 from treeopt.errors import UserError
 from treeopt.fileio import atomic_outputs, atomic_path, write_json
 from treeopt.forms import VERIFICATION_FORMS
-from treeopt.selection import (
-    SWEEP_COLUMNS,
-    add_intervals,
-    check_tolerance,
-    read_round_samples,
-    sweep_meta_path,
-    sweep_samples_path,
-    write_round_samples,
-)
+from treeopt.resume import setting_differences
+from treeopt.selection import check_tolerance
 from treeopt.stats import (
     CONFIDENCE,
     DEFAULT_TOLERANCE,
@@ -84,6 +72,16 @@ from treeopt.stats import (
     interval,
     physical_speedup,
     sequential_confidence,
+)
+from treeopt.sweep_file import (
+    E2E_COLUMNS,
+    MEASURED_COLUMNS,
+    SWEEP_COLUMNS,
+    add_intervals,
+    read_round_samples,
+    sweep_meta_path,
+    sweep_samples_path,
+    write_round_samples,
 )
 from treeopt.tau import TauCurve
 from treeopt.timing import interleaved_rounds
@@ -108,16 +106,6 @@ __all__ = [
 ]
 
 SWEEP_FORMAT = "treeopt.sweep/v1"
-MEASURED_COLUMNS = [
-    "step_time_s",
-    "step_time_p10_s",
-    "step_time_p90_s",
-    "samples",
-    "remeasured",
-    "overhead",
-    "unreliable",
-]
-E2E_COLUMNS = ["e2e_tokens_per_s", "e2e_tokens_per_step", "e2e_speedup"]
 meta_path = sweep_meta_path
 
 
@@ -176,203 +164,6 @@ class SweepSettings:
         if factor & (factor - 1):
             raise UserError(f"sweep max_rounds_factor: must be a power of 2 (rounds double per look), got {factor}")
         object.__setattr__(self, "tolerance", check_tolerance(self.tolerance))
-
-
-def effective_sizes(sizes, proposal: Tree) -> list[int]:
-    """The tree sizes measured: 0 always, sizes beyond the proposal tree replaced by its size."""
-    return sorted({min(int(n), proposal.size) for n in sizes} | {0})
-
-
-# ---- one group: a cache and one closure per tree size ---------------------------------------
-
-
-@dataclass
-class StepBench:
-    """What `measure_group` times for one (batch, context): `fns[i]` runs one decoding step of
-    tree size `sizes[i]` (sizes[0] = 0, the plain step) on `cache` and crops it back.
-
-    cache:       `calibration.kv_cache.KVCache` holding `context` random tokens per sequence
-                 (`context_ids`), with room for the largest step.
-    valid:       (b, context) bool, all True (the cache slots each sequence sees).
-    positions:   (b,) int64, the root's position id (= context).
-    inputs:      size -> the token ids fed: (b, 1) for 0, (b, n + 1) tree tokens otherwise.
-    decoders:    size -> the TreeDecoder whose `verify_forward` is timed (sizes > 0), in the
-                 sweep's verification form.
-    runners:     size -> the `StepRunner` of the size's forward where it runs in static shapes
-                 (the plain step's and each decoder's).
-    """
-
-    sizes: list[int]
-    fns: list[Callable[[], None]]
-    cache: object
-    context_ids: torch.Tensor
-    valid: torch.Tensor
-    positions: torch.Tensor
-    inputs: dict = field(default_factory=dict)
-    decoders: dict = field(default_factory=dict)
-    runners: dict = field(default_factory=dict)
-
-    @property
-    def context(self) -> int:
-        return int(self.context_ids.shape[1])
-
-    def cached_tokens(self) -> int:
-        """Tokens in the cache, checked to be the same in every layer's keys and values."""
-        lengths = {t.shape[-2] for layer in self.cache.layers for t in (layer.keys, layer.values)}
-        if len(lengths) != 1:
-            raise RuntimeError(f"sweep: cache layers disagree on their length: {sorted(lengths)}")
-        return lengths.pop()
-
-
-def check_form(drafter, verification: str) -> None:
-    """UserError when `drafter` cannot be verified in the `verification` form: a draft model's
-    decoder (`SpeculativeDecoder`) verifies its chain, one candidate, as a tree only."""
-    if verification != "tree" and getattr(drafter, "kind", "") == "draft-model":
-        raise UserError(
-            f"--verification {verification}: a draft model drafts a chain, one candidate, verified "
-            "in the tree form (use --verification tree)"
-        )
-
-
-def step_bench(
-    lm,
-    proposal: Tree,
-    sizes,
-    batch: int,
-    context: int,
-    *,
-    topk: int = 10,
-    seed: int = 0,
-    verification: str = "tree",
-    graphs: bool | None = None,
-) -> StepBench:
-    """Build the cache of `context` random tokens for `batch` sequences and one closure per
-    tree size (0 first) running exactly one decoding step's model work in the `verification`
-    form, then undoing its cache append. The closures wait for the device (`synchronizer`) on an accelerator.
-
-    `graphs` (docs/decoder.md#static-shape-steps): True (and None on CUDA), every step's
-    forward in static shapes over exactly the context and its new tokens (window = context +
-    q), captured once per (batch, context, size) and replayed on CUDA; else the eager forward
-    (the plain step through the library's 2D-mask path)."""
-    sizes = sorted(set(int(n) for n in sizes) | {0})
-    model, heads, device = lm.model, lm.heads, lm.device
-    vocab = heads.vocab_size
-    gen = torch.Generator().manual_seed(seed)
-    context_ids = torch.randint(0, vocab, (batch, context), generator=gen).to(device)
-    check_form(heads, verification)
-    if getattr(heads, "kind", "") == "draft-model":
-        return _draft_model_bench(lm, proposal, sizes, context_ids, graphs)
-    cache = new_cache(model, capacity=context + max(sizes) + 1)
-    with torch.inference_mode():
-        model_forward_hidden(
-            model,
-            context_ids,
-            attention_mask=torch.ones_like(context_ids),
-            position_ids=torch.arange(context, device=device).expand(batch, -1),
-            cache=cache,
-        )
-    valid = torch.ones(batch, context, dtype=torch.bool, device=device)
-    positions = torch.full((batch,), context, dtype=torch.long, device=device)
-    sync = synchronizer(device)
-    bench = StepBench(sizes, [], cache, context_ids, valid, positions)
-    for n in sizes:
-        if n == 0:
-            token = torch.randint(0, vocab, (batch, 1), generator=gen).to(device)
-            mask = torch.ones(batch, context + 1, dtype=torch.long, device=device)
-            pos = positions[:, None]
-            if uses_static(graphs, device):
-                # the plain step in static shapes: its forward and lm_head, as plain_step_forward
-                runner = bench.runners[0] = _plain_runner(model, device, graphs)
-                mask = torch.zeros((batch, 1, 1, context + 1), dtype=cache.buffer.dtype, device=device)
-
-                def plain(token=token, mask=mask, pos=pos, runner=runner):
-                    runner(cache, token, mask, pos)
-                    cache.crop(-1)
-                    sync()
-            else:
-
-                def plain(token=token, mask=mask, pos=pos):
-                    plain_step_forward(model, heads, cache, token, mask, pos, num_heads=0)
-                    cache.crop(-1)
-                    sync()
-
-            bench.inputs[0] = token
-            bench.fns.append(plain)
-        else:
-            decoder = TreeDecoder(
-                model,
-                heads,
-                proposal.prefix(n),
-                topk=topk,
-                timing=False,
-                verification=verification,
-                graphs=graphs,
-                bucket=1,
-            )
-            tokens = torch.randint(0, vocab, (batch, n + 1), generator=gen).to(device)
-
-            def tree_step(decoder=decoder, tokens=tokens):
-                decoder.verify_forward(cache, tokens, valid, positions)
-                cache.crop(-decoder.verify_appends)
-                sync()
-
-            bench.inputs[n] = tokens
-            bench.decoders[n] = decoder
-            if decoder.runner is not None:
-                bench.runners[n] = decoder.runner
-            bench.fns.append(tree_step)
-    return bench
-
-
-def _plain_runner(model, device, graphs: bool | None) -> StepRunner:
-    """The static-shape runner of the sweep's plain step (window = context + 1)."""
-    return StepRunner(
-        model,
-        force_gqa=torch.device(device).type == "cpu" and uses_gqa(model),
-        graphs=graphs_enabled(graphs, device),
-        bucket=1,
-    )
-
-
-def _draft_model_bench(
-    lm, proposal: Tree, sizes: list[int], context_ids: torch.Tensor, graphs: bool | None = None
-) -> StepBench:
-    """`step_bench` for a draft model: size n > 0 times `SpeculativeDecoder.step_work` (the
-    draft's passes over the tree, then the target's verification), size 0 plain decoding; both
-    models hold the `context` tokens in caches of their own. `graphs` False: the target's
-    verification runs eagerly too (the draft's passes always do)."""
-    batch, context = context_ids.shape
-    device = lm.device
-    sync = synchronizer(device)
-    decoders = {n: SpeculativeDecoder(lm.model, lm.heads, proposal.prefix(n), timing=False) for n in sizes}
-    if not uses_static(graphs, device):
-        for decoder in decoders.values():
-            decoder.td.runner = None  # the eager forward (TreeDecoder._forward)
-    state = decoders[0].prefill(context_ids, capacity=context + max(sizes) + 2)
-    ts = state.target
-    bench = StepBench(sizes, [], ts.cache, context_ids, ts.valid, ts.next_pos)
-    for n in sizes:
-        if n == 0:
-            token, pos = ts.root[:, None], ts.next_pos[:, None]
-            mask = torch.ones(batch, context + 1, dtype=torch.long, device=device)
-
-            def plain(token=token, mask=mask, pos=pos):
-                plain_step_forward(lm.model, lm.heads, ts.cache, token, mask, pos, num_heads=0)
-                ts.cache.crop(-1)
-                sync()
-
-            bench.inputs[0] = token
-            bench.fns.append(plain)
-        else:
-
-            def spec_step(decoder=decoders[n]):
-                decoder.step_work(state)
-                sync()
-
-            bench.inputs[n] = ts.root[:, None]
-            bench.decoders[n] = decoders[n].td
-            bench.fns.append(spec_step)
-    return bench
 
 
 @dataclass(frozen=True)
@@ -529,7 +320,7 @@ def _fingerprint(lm, proposal: Tree, sizes: list[int], settings: SweepSettings) 
             "model": lm.name,
             "weights": _weights(lm),
             "device": str(lm.device),
-            "dtype": str(lm.dtype).replace("torch.", ""),
+            "dtype": torch_dtype_name(lm.dtype),
             "threads": torch.get_num_threads(),
             "proposal": proposal.to_choices(),
             "verification": settings.verification,
@@ -554,17 +345,6 @@ def _weights(lm) -> str:
     return "checkpoint" if seed is None else f"random, seed {seed}"
 
 
-def _differences(old: dict, new: dict) -> list[str]:
-    out = []
-    for key, value in new.items():
-        if key == "measurement" and isinstance(old.get(key), dict):
-            out += [f"{k} {old[key].get(k)!r} -> {v!r}" for k, v in value.items() if old[key].get(k) != v]
-        elif old.get(key) != value:
-            shown = "a different tree" if key == "proposal" else f"{old.get(key)!r} -> {value!r}"
-            out.append(f"{key}: {shown}")
-    return out
-
-
 def _read_done(out_csv: Path, mpath: Path, fingerprint: dict, sizes: list[int]) -> tuple[pd.DataFrame, dict]:
     if not mpath.is_file():
         raise UserError(f"{out_csv}: no {mpath.name} beside it; cannot resume (remove the file or choose another -o)")
@@ -576,7 +356,7 @@ def _read_done(out_csv: Path, mpath: Path, fingerprint: dict, sizes: list[int]) 
         raise UserError(f"{mpath}: not a treeopt sweep metadata file; cannot resume")
     # a sweep written before the fields existed measured the tree form of a checkpoint
     # and ran its steps eagerly
-    diff = _differences({"verification": "tree", "weights": "checkpoint", "steps": "eager", **old}, fingerprint)
+    diff = setting_differences({"verification": "tree", "weights": "checkpoint", "steps": "eager", **old}, fingerprint)
     if diff:
         raise UserError(
             f"{out_csv}: was measured with other settings ({'; '.join(diff)}); cannot resume "
@@ -862,152 +642,3 @@ def run_sweep(
     if not todo:  # nothing measured: still refresh the derived columns in the file
         _write(table, out_csv)
     return table
-
-
-# ---- end to end -----------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def left_padding(tokenizer):
-    """Pad on the left for the duration (the decoder takes padding anywhere, but left is what
-    generation code expects), with a pad token (eos, or unk, when the tokenizer has none)."""
-    old_side, old_pad = tokenizer.padding_side, tokenizer.pad_token
-    if tokenizer.pad_token is None:
-        fallback = tokenizer.eos_token or tokenizer.unk_token
-        if fallback is None:
-            raise UserError("tokenizer: has no pad, eos or unk token to pad a batch of prompts with")
-        tokenizer.pad_token = fallback
-    tokenizer.padding_side = "left"
-    try:
-        yield tokenizer
-    finally:
-        tokenizer.padding_side = old_side
-        if old_pad is None:
-            tokenizer.pad_token = None
-
-
-def prompt_batches(tokenizer, prompts: list[str], batch: int, device) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Left-padded (input_ids, attention_mask) batches of exactly `batch` prompts: the
-    prompts in order, cycled when there are fewer than `batch` (the last incomplete batch is
-    dropped so every batch has the same size)."""
-    if not prompts:
-        raise UserError("prompts: none given")
-    count = max(1, len(prompts) // batch)
-    out = []
-    with left_padding(tokenizer):
-        for i in range(count):
-            chunk = [prompts[(i * batch + j) % len(prompts)] for j in range(batch)]
-            enc = tokenizer(chunk, return_tensors="pt", padding=True)
-            out.append((enc["input_ids"].to(device), enc["attention_mask"].to(device)))
-    return out
-
-
-def token_batches(token_lists: list[list[int]], batch: int, device) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """`prompt_batches` of prompts given as token ids of one length (a model without a
-    tokenizer: random weights, `calibration.random_model.random_token_ids`)."""
-    if not token_lists:
-        raise UserError("prompts: none given")
-    count = max(1, len(token_lists) // batch)
-    out = []
-    for i in range(count):
-        ids = torch.tensor([token_lists[(i * batch + j) % len(token_lists)] for j in range(batch)], dtype=torch.long)
-        out.append((ids.to(device), torch.ones_like(ids).to(device)))
-    return out
-
-
-def _decoder(lm, tree: Tree, topk: int, verification: str, graphs: bool | None = None):
-    """The reference decoder of `lm` over `tree` in the `verification` form, its steps run as
-    `graphs` says (docs/decoder.md#static-shape-steps)."""
-    if getattr(lm.heads, "kind", "") == "draft-model":
-        return decoder_for(lm.model, lm.heads, tree, topk=topk, timing=False)
-    return TreeDecoder(lm.model, lm.heads, tree, topk=topk, timing=False, verification=verification, graphs=graphs)
-
-
-def _decode_batches(decoders: dict, encoded, rng: random.Random, sync, max_new_tokens: int) -> list[dict]:
-    """Decode every batch of `encoded` with every size's decoder, in a fresh random order per
-    batch: per size (ascending), its nodes, e2e_tokens_per_s and e2e_tokens_per_step
-    (`measure_end_to_end`)."""
-    sizes = list(decoders)
-    emitted = dict.fromkeys(sizes, 0)
-    accepted = dict.fromkeys(sizes, 0)
-    pairs = dict.fromkeys(sizes, 0)
-    seconds = dict.fromkeys(sizes, 0.0)
-    for ids, mask in encoded:
-        order = list(sizes)
-        rng.shuffle(order)
-        for n in order:
-            sync()
-            t0 = time.perf_counter()
-            result = decoders[n].generate(ids, mask, max_new_tokens=max_new_tokens)
-            sync()
-            seconds[n] += time.perf_counter() - t0
-            emitted[n] += sum(len(t) for t in result.tokens)
-            active = result.accepted > 0
-            accepted[n] += int(result.accepted[active].sum())
-            pairs[n] += int(active.sum())
-    return [
-        {
-            "nodes": n,
-            "e2e_tokens_per_s": emitted[n] / seconds[n],
-            "e2e_tokens_per_step": accepted[n] / pairs[n] if pairs[n] else float("nan"),
-        }
-        for n in sizes
-    ]
-
-
-def measure_end_to_end(
-    lm,
-    proposal: Tree,
-    sizes,
-    batches,
-    prompts: list[str] | list[list[int]],
-    *,
-    max_new_tokens: int,
-    topk: int = 10,
-    warmup: bool = True,
-    seed: int = 0,
-    progress: bool = True,
-    verification: str = "tree",
-    graphs: bool | None = None,
-) -> pd.DataFrame:
-    """The real greedy decoder on `prompts` (texts; token ids of one length for a model
-    without a tokenizer), per (batch, tree size): rows batch, nodes,
-    e2e_tokens_per_s, e2e_tokens_per_step, e2e_speedup.
-
-    Every batch of prompts is decoded with every tree size in a fresh random order
-    (interleaved, like the step sweep), after one untimed warm-up generation per size.
-    e2e_tokens_per_s: all new tokens (the prefill's first one included) over the wall time of
-    `generate` (prefill included); no eos stop, so every size emits the same number of tokens
-    and the ratio to plain decoding (e2e_speedup) is the throughput gain.
-    e2e_tokens_per_step: tokens per decoding step per sequence, over the (sequence, step)
-    pairs, = accepted nodes + 1 (the first token comes from the prefill, not from a step); the
-    measured counterpart of tau. The decoder verifies in the `verification` form.
-    """
-    if max_new_tokens < 1:
-        raise UserError(f"--max-new-tokens: must be >= 1, got {max_new_tokens}")
-    check_form(lm.heads, verification)
-    sizes = effective_sizes(sizes, proposal)
-    batches = sorted({int(b) for b in batches})
-    rng = random.Random(seed)
-    sync = synchronizer(lm.device)
-    rows = []
-    bar = tqdm(total=len(batches) * len(sizes), desc="end-to-end", unit="cfg", disable=not progress, file=sys.stderr)
-    try:
-        for b in batches:
-            if lm.tokenizer is None:
-                encoded = token_batches(prompts, b, lm.device)
-            else:
-                encoded = prompt_batches(lm.tokenizer, prompts, b, lm.device)
-            decoders = {n: _decoder(lm, proposal.prefix(n), topk, verification, graphs) for n in sizes}
-            if warmup:
-                for n in sizes:
-                    decoders[n].generate(*encoded[0], max_new_tokens=min(2, max_new_tokens))
-            for row in _decode_batches(decoders, encoded, rng, sync, max_new_tokens):
-                rows.append({"batch": b, **row})
-                bar.update(1)
-    finally:
-        bar.close()
-    df = pd.DataFrame(rows, columns=["batch", "nodes", "e2e_tokens_per_s", "e2e_tokens_per_step"])
-    base = df[df["nodes"] == 0].set_index("batch")["e2e_tokens_per_s"]
-    df["e2e_speedup"] = df["e2e_tokens_per_s"] / df["batch"].map(base)
-    return df

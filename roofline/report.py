@@ -26,7 +26,6 @@ from roofline.plots import (
 )
 from roofline.published import knee_summary
 from roofline.shapes import DraftHeadsShape, ModelShape
-from treeopt import __version__
 from treeopt.accuracy import AccuracyTable
 from treeopt.drafter_cost import DraftCost
 from treeopt.engines import Engine, export_for
@@ -36,6 +35,7 @@ from treeopt.fileio import atomic_path, write_text
 from treeopt.selection import best_per_cell, selection_from_grid
 from treeopt.selection_types import Selection, write_selection
 from treeopt.tree import Tree
+from treeopt.version import __version__
 
 __all__ = ["ReportRequest", "ReportResults", "build_report", "compute_report", "write_report"]
 

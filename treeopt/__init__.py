@@ -15,47 +15,8 @@ every `treeopt.<module>` import under it) stays cheap and loads no torch.
 
 from importlib import import_module
 
-__version__ = "0.1.0"
-
-PUBLIC_NAMES = (
-    "AccuracyTable",
-    "EngineCheck",
-    "EngineExport",
-    "HardwareProfile",
-    "ModelShape",
-    "Prediction",
-    "PredictionOptions",
-    "ProfileFit",
-    "Selection",
-    "Sweep",
-    "Tree",
-    "UserError",
-    "build_tree",
-    "calibrate",
-    "chain_acceptance",
-    "chain_table",
-    "check",
-    "check_acceptance",
-    "engine_acceptance",
-    "engine_for_table",
-    "expected_tokens",
-    "export_tree",
-    "fit_profile",
-    "hardware_profiles",
-    "load_accuracy",
-    "load_grid",
-    "load_hardware",
-    "load_model",
-    "load_prompts",
-    "load_sweep",
-    "load_tree",
-    "make_tree",
-    "model_shape",
-    "plot_selection",
-    "predict",
-    "predict_steps",
-    "select",
-)
+from treeopt.public_names import PUBLIC_NAMES
+from treeopt.version import __version__
 
 __all__ = ["__version__", *PUBLIC_NAMES]
 

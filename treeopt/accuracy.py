@@ -19,11 +19,11 @@ from statistics import NormalDist
 
 import numpy as np
 
-from treeopt import __version__
 from treeopt.errors import UserError
 from treeopt.fileio import parse_json_input, read_text_input, write_json_rows
 from treeopt.layout import DRAFTER_SUBDIRS
 from treeopt.tree import Tree, _node_str
+from treeopt.version import __version__
 
 ACCURACY_FORMAT = "treeopt.accuracy/v1"
 # Float slack for "hits <= positions" and "row sums <= 1" on tables derived from rounded

@@ -26,7 +26,6 @@ from roofline.hardware import HardwareProfile, builtin_hardware, load_hardware
 from roofline.profile_fit import ProfileFit, predict_step_s, read_step_points, step_points_frame
 from roofline.profile_fit import fit_profile as _fit_profile
 from roofline.shapes import ModelShape
-from treeopt import PUBLIC_NAMES
 from treeopt.accuracy import AccuracyTable
 from treeopt.accuracy import load_accuracy as load_accuracy
 from treeopt.app.models import heads_of, shape_of
@@ -41,6 +40,7 @@ from treeopt.engines import check as _check
 from treeopt.engines import export_for, get_engine
 from treeopt.errors import UserError
 from treeopt.mix import choose_mix_tree, mix_grid_from_sweep, mix_section, parse_mix
+from treeopt.public_names import PUBLIC_NAMES
 from treeopt.selection import (
     proposal_from_meta,
     read_grid_with_proposal,

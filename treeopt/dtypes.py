@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from treeopt.errors import UserError
 
-__all__ = ["DTYPE_ALIASES", "DTYPE_BYTES", "TORCH_NAMES", "dtype_bytes", "normalize_dtype"]
+__all__ = ["DTYPE_ALIASES", "DTYPE_BYTES", "TORCH_NAMES", "dtype_bytes", "normalize_dtype", "torch_dtype_name"]
 
 #: canonical name -> bytes per element
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
@@ -46,3 +46,9 @@ def normalize_dtype(name, *, what: str = "dtype", choices=tuple(DTYPE_BYTES)) ->
 def dtype_bytes(name) -> int:
     """Bytes per element of a dtype given by any accepted spelling."""
     return DTYPE_BYTES[normalize_dtype(name)]
+
+
+def torch_dtype_name(dtype) -> str:
+    """The name files record for a torch dtype (or its name): torch's own without the prefix,
+    "bfloat16" for `torch.bfloat16` (a spelling `normalize_dtype` accepts)."""
+    return str(dtype).strip().removeprefix("torch.")

@@ -20,6 +20,8 @@ from treeopt.tree import Tree, make_tree
 
 __all__ = [
     "SWEEP_COLUMNS",
+    "MEASURED_COLUMNS",
+    "E2E_COLUMNS",
     "REQUIRED",
     "read_sweep",
     "sweep_meta_path",
@@ -50,34 +52,20 @@ __all__ = [
 #   unreliable                     1: failed the sanity checks twice, never selected
 #   predicted_*                    the roofline's step time, overhead and speedup
 #   e2e_*                          real decoder on prompts: tokens/s, tokens per step, speedup
-SWEEP_COLUMNS = [
-    "batch",
-    "context",
-    "nodes",
-    "tau",
-    "tau_independent",
-    "tau_joint",
-    "tau_walk",
-    "tau_se",
-    "step_time_s",
-    "step_time_p10_s",
-    "step_time_p90_s",
-    "samples",
-    "remeasured",
-    "overhead",
-    "overhead_lo",
-    "overhead_hi",
-    "speedup",
-    "speedup_lo",
-    "speedup_hi",
-    "unreliable",
-    "predicted_step_time_s",
-    "predicted_overhead",
-    "predicted_speedup",
-    "e2e_tokens_per_s",
-    "e2e_tokens_per_step",
-    "e2e_speedup",
-]
+KEY_COLUMNS = ["batch", "context", "nodes"]
+TAU_COLUMNS = ["tau", "tau_independent", "tau_joint", "tau_walk", "tau_se"]
+#: what the timed rounds of one size give (calibration/sweep.py writes them per row)
+STEP_COLUMNS = ["step_time_s", "step_time_p10_s", "step_time_p90_s", "samples", "remeasured", "overhead"]
+SPEEDUP_COLUMNS = ["overhead_lo", "overhead_hi", "speedup", "speedup_lo", "speedup_hi"]
+FLAG_COLUMNS = ["unreliable"]
+PREDICTED_COLUMNS = ["predicted_step_time_s", "predicted_overhead", "predicted_speedup"]
+E2E_COLUMNS = ["e2e_tokens_per_s", "e2e_tokens_per_step", "e2e_speedup"]
+#: the columns a measurement writes for each size
+MEASURED_COLUMNS = STEP_COLUMNS + FLAG_COLUMNS
+#: every column, in the order a sweep CSV holds them
+SWEEP_COLUMNS = (
+    KEY_COLUMNS + TAU_COLUMNS + STEP_COLUMNS + SPEEDUP_COLUMNS + FLAG_COLUMNS + PREDICTED_COLUMNS + E2E_COLUMNS
+)
 REQUIRED = ("batch", "context", "nodes", "speedup")
 
 

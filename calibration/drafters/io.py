@@ -9,10 +9,12 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
+from calibration.weights import check_state, torch_load
 from treeopt.errors import UserError, first_line
 from treeopt.fileio import read_json_input
 
 CONFIG_NAME = "config.json"
+__all__ = ["CONFIG_NAME", "read_config", "config_int", "load_state", "check_state", "torch_load"]
 
 
 def read_config(path: Path, what: str, directory: str = "drafter") -> tuple[dict, Path]:
@@ -33,13 +35,6 @@ def config_int(config: dict, config_file: Path, key: str, *, minimum: int, defau
     return value
 
 
-def torch_load(file: Path):
-    try:
-        return torch.load(file, map_location="cpu", weights_only=True)
-    except Exception as err:  # noqa: BLE001 - torch.load raises many types for a corrupt pickle
-        raise UserError(f"{file}: cannot read ({first_line(err)})") from None
-
-
 def load_state(path: Path, *names: str) -> dict[str, torch.Tensor]:
     """The state dict in the first of `names` (safetensors or a torch pickle) under `path`."""
     for name in names:
@@ -56,16 +51,3 @@ def load_state(path: Path, *names: str) -> dict[str, torch.Tensor]:
             raise UserError(f"{file}: expected a state dict, found {type(state).__name__}")
         return state
     raise UserError(f"{path}: no weights file (looked for {', '.join(names)})")
-
-
-def check_state(path: Path, expected: dict[str, torch.Tensor], state: dict[str, torch.Tensor]) -> dict:
-    """`state` cut to the keys of `expected`, after checking every key is there with its shape."""
-    missing = [k for k in expected if k not in state]
-    if missing:
-        raise UserError(f"{path}: weights lack key '{missing[0]}' ({len(missing)} missing)")
-    for key, value in expected.items():
-        if tuple(state[key].shape) != tuple(value.shape):
-            raise UserError(
-                f"{path}: weight '{key}' has shape {tuple(state[key].shape)}, expected {tuple(value.shape)}"
-            )
-    return {k: state[k] for k in expected}

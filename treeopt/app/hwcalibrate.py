@@ -21,6 +21,7 @@ from roofline.hwfit import fit_hardware_profile
 from roofline.profile_fit import ProfileFit, fit_profile, sweep_step_points
 from roofline.shapes import ModelShape, normalize_dtype
 from treeopt.app.models import heads_shape_of_drafter, shape_of
+from treeopt.dtypes import torch_dtype_name
 from treeopt.errors import UserError
 from treeopt.hwmeasurements import ModelDims
 from treeopt.tree import make_tree
@@ -165,7 +166,7 @@ def calibrate_engine_terms(
     table = pd.DataFrame(rows)
     heads_by_nodes = [proposal.prefix(n).depth for n in range(proposal.size + 1)]
     points = sweep_step_points(table, heads_by_nodes)
-    shape = shape_of(lm.name, dtype=str(lm.dtype).replace("torch.", ""))
+    shape = shape_of(lm.name, dtype=torch_dtype_name(lm.dtype))
     heads = heads_shape_of_drafter(lm.heads)
     # only the engine terms are free: the microbenchmarks measured everything else directly
     return fit_profile(

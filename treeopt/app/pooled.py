@@ -22,6 +22,7 @@ from roofline.hardware import HardwareProfile, builtin_hardware, hardware_aliase
 from roofline.profile_fit import fit_profile, predict_step_s, sweep_step_points
 from roofline.shapes import DraftHeadsShape, ModelShape
 from treeopt.app.models import draft_cost_of, heads_of, heads_shape_of_drafter, shape_of
+from treeopt.dtypes import torch_dtype_name
 from treeopt.errors import UserError
 from treeopt.selection_notes import missing_prediction_reason
 from treeopt.selection_types import PooledEvidence, Selection, SelectionCell
@@ -233,7 +234,7 @@ def _take_fit_decision(
 def pooled_from_sweep(lm, proposal: Tree, hardware: HardwareProfile, sweep: pd.DataFrame, samples: dict) -> PooledFit:
     """`fit_pooled` for the loaded model and its draft heads (the heads a tree of n nodes runs:
     those its depth reaches, as `treeopt.app.sweep.fit_from_sweep` counts them)."""
-    shape = shape_of(lm.name, dtype=str(lm.dtype).replace("torch.", ""))
+    shape = shape_of(lm.name, dtype=torch_dtype_name(lm.dtype))
     heads = heads_shape_of_drafter(lm.heads)
     depth = [proposal.prefix(n).depth for n in range(proposal.size + 1)]
     return fit_pooled(shape, heads, hardware, sweep, samples, depth)

@@ -30,6 +30,7 @@ from treeopt.app.sweep import DEMO_VALIDATION
 from treeopt.errors import UserError
 from treeopt.fileio import atomic_outputs, output_lock, write_json, write_text
 from treeopt.mix import parse_mix
+from treeopt.resume import differences_text
 
 
 def _read_state(out: Path, log=None) -> dict:
@@ -59,6 +60,8 @@ def _stage(out: Path, name: str, settings: dict, log) -> bool:
     done = state.get(name) == settings
     if done:
         log(f"[{name}] done earlier with the same settings: kept")
+    elif name in state:
+        log(f"[{name}] done earlier with other settings ({differences_text(state[name], settings)}): again")
     return done
 
 

@@ -20,6 +20,7 @@ from roofline.speculative import draft_model_tree_step_time_s, level_widths_by_p
 from treeopt.acceptance import load_rank_vectors
 from treeopt.app.models import draft_cost_of_drafter, draft_shape_of, heads_shape_of_drafter, shape_of
 from treeopt.candidates import candidate_tokens
+from treeopt.dtypes import torch_dtype_name
 from treeopt.errors import UserError
 from treeopt.fileio import atomic_path, write_text
 from treeopt.selection import SWEEP_COLUMNS
@@ -60,7 +61,7 @@ def step_predictor(lm, proposal: Tree, hardware: HardwareProfile, *, verificatio
     padded, as the decoder runs them: docs/decoder.md#candidate-sequence-verification); the
     drafting is the tree form's."""
     check_form(lm.heads, verification)
-    shape = shape_of(lm.name, dtype=str(lm.dtype).replace("torch.", ""))
+    shape = shape_of(lm.name, dtype=torch_dtype_name(lm.dtype))
     heads = lm.heads
     if getattr(heads, "kind", "") == "draft-model":
         draft = draft_shape_of(heads, dtype=shape.dtype)
@@ -193,7 +194,7 @@ def fit_from_sweep(lm, proposal: Tree, hardware: HardwareProfile, df: pd.DataFra
     """Fit the profile's engine terms to the batch-1 rows of the sweep just measured, predict
     the other batch sizes (docs/performance-model.md#fitting-a-profile-to-measured-steps), and
     write `fitted_hardware.json` and `fit_transfer.csv` into out_dir."""
-    shape = shape_of(lm.name, dtype=str(lm.dtype).replace("torch.", ""))
+    shape = shape_of(lm.name, dtype=torch_dtype_name(lm.dtype))
     heads = heads_shape_of_drafter(lm.heads)
     depth = [proposal.prefix(n).depth for n in range(proposal.size + 1)]
     result = batch_transfer(shape, heads, hardware, df, depth)

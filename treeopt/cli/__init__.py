@@ -14,8 +14,8 @@ import sys
 
 import click
 
-from treeopt import __version__
 from treeopt.errors import UserError
+from treeopt.version import __version__
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -70,9 +70,9 @@ hw = _lazy_group(
     "hw",
     "Hardware profiles: the built-in datasheet table and calibrated profiles.",
     {
-        "list": ("treeopt.cli.roofline_cmds:hw_list", "List the built-in hardware profiles."),
+        "list": ("treeopt.cli.hw_cmds:hw_list", "List the built-in hardware profiles."),
         "published": (
-            "treeopt.cli.roofline_cmds:hw_published",
+            "treeopt.cli.hw_cmds:hw_published",
             "Published step times of optimised engines beside the built-in profiles' predictions.",
         ),
         "calibrate": (
@@ -80,7 +80,7 @@ hw = _lazy_group(
             "Measure this machine and write a hardware profile.",
         ),
         "fit": (
-            "treeopt.cli.roofline_cmds:hw_fit",
+            "treeopt.cli.hw_cmds:hw_fit",
             "Fit a profile's engine terms to measured step times of any engine.",
         ),
     },

@@ -16,7 +16,7 @@ from treeopt.accuracy import load_accuracy
 from treeopt.app.models import draft_cost_of, shape_of
 from treeopt.candidates import candidate_rank_paths, merged_candidate_tree, speculator_draft_rows
 from treeopt.cli.options import AtLeast, IntList, apply
-from treeopt.cli.roofline_cmds import DRAFTER_OPTIONS, GRID_OPTIONS, HARDWARE_OPTION, MODEL_OPTIONS
+from treeopt.cli.roofline_options import DRAFTER_OPTIONS, GRID_OPTIONS, HARDWARE_OPTION, MODEL_OPTIONS
 from treeopt.cli.safety import check_outputs, input_files
 from treeopt.errors import UserError
 from treeopt.export import text_table

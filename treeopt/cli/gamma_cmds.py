@@ -9,7 +9,7 @@ import click
 
 from treeopt.app.gamma import DEFAULT_TREE_NODES, GammaPrediction, predict_gamma
 from treeopt.cli.options import AtLeast, FiniteAtLeast, apply
-from treeopt.cli.roofline_cmds import GRID_OPTIONS, HARDWARE_OPTION, MODEL_OPTIONS
+from treeopt.cli.roofline_options import GRID_OPTIONS, HARDWARE_OPTION, MODEL_OPTIONS
 from treeopt.cli.safety import check_outputs, input_files
 from treeopt.export import text_table
 from treeopt.fileio import atomic_path

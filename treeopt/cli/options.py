@@ -9,6 +9,8 @@ from pathlib import Path
 
 import click
 
+from treeopt.stats import DEFAULT_TOLERANCE, MIN_ROUNDS
+
 #: the largest integer any option takes: counts and sizes become numpy int64 arrays, and a
 #: product of two of them must not overflow silently
 MAX_INT = 2**62
@@ -63,10 +65,6 @@ TOPK = AtLeast(1, maximum=2**31)
 
 def repeats_option(default: int = 10):
     """--repeats of a sweep: paired rounds per configuration, at least treeopt.stats.MIN_ROUNDS."""
-    # why here: treeopt.stats brings scipy, which the tree-only commands sharing this module
-    # must not pay for at start-up
-    from treeopt.stats import MIN_ROUNDS
-
     why = "with fewer paired rounds, a 95% interval of the median covers the truth far less often than it says"
     return click.option(
         "--repeats",
@@ -94,9 +92,6 @@ def budget_option():
 
 def tolerance_option():
     """--tolerance: the equivalence margin of a measured selection (treeopt.stats)."""
-    # why here: as in repeats_option
-    from treeopt.stats import DEFAULT_TOLERANCE
-
     return click.option(
         "--tolerance",
         type=FiniteAtLeast(0),

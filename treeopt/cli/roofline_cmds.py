@@ -1,28 +1,19 @@
-"""`treeopt hw list|published|fit`, `treeopt roofline ops|speedup|predict`, `treeopt report`: the
-analytical half (roofline/). numpy only: no torch is loaded."""
+"""`treeopt roofline ops|speedup|predict`, `treeopt report`: the analytical half (roofline/);
+the `treeopt hw` commands are in `treeopt/cli/hw_cmds.py`, the options they share in
+`treeopt/cli/roofline_options.py`. numpy only: no torch is loaded."""
 
 from __future__ import annotations
 
 import click
-import numpy as np
 import pandas as pd
 
-from roofline.engine_presets import DRAFTER_KINDS, FAMILIES, builtin_base, load_presets, step_costs
-from roofline.grid import DEFAULT_BATCHES, DEFAULT_CONTEXTS
-from roofline.hardware import GIB, VERIFICATION_MODES, builtin_hardware, hardware_aliases, load_hardware
+from roofline.engine_presets import DRAFTER_KINDS, builtin_base, step_costs
+from roofline.hardware import GIB, builtin_hardware, load_hardware
 from roofline.ops import DraftWork
-from roofline.profile_fit import error_summary, term_text
+from roofline.profile_fit import error_summary
 from roofline.published import (
-    KNEE_TOLERANCE,
-    PUBLISHED_STEPS,
-    compare_steps,
-    knee_checks,
     knee_note,
-    knee_ratios,
-    knee_summary,
-    knee_verdict,
 )
-from roofline.published_gemms import FITTED_CURVES, GEMM_SOURCES, GEMM_TOLERANCE, gemm_bands, published_gemms
 from roofline.report import ReportRequest, build_report
 from treeopt import api
 from treeopt.app.grid_outputs import grid_selection, mix_choice, with_mix_cells
@@ -36,9 +27,20 @@ from treeopt.app.prediction import (
     predict_speedup,
 )
 from treeopt.app.step_ops import StepConfig, StepOperators, step_operators
-from treeopt.cli.options import OLD_HEADS_OPTION, AtLeast, HeadsCount, IntList, apply, command_line
+from treeopt.cli.options import OLD_HEADS_OPTION, AtLeast, IntList, apply, command_line
+from treeopt.cli.roofline_options import (
+    DRAFTER_OPTIONS,
+    ENGINE_COSTS_OPTION,
+    ENGINE_OPTION,
+    GRID_OPTIONS,
+    HARDWARE_OPTION,
+    HEADS_OPTIONS,
+    MODEL_OPTIONS,
+    SEQUENTIAL_DRAFT_OPTION,
+    VERIFICATION_OPTION,
+    drafter_dir,
+)
 from treeopt.cli.safety import check_outputs, input_files, require_file
-from treeopt.drafter_cost import DRAFTER_NAMES
 from treeopt.engines import ENGINE_NAMES, get_engine
 from treeopt.errors import UserError
 from treeopt.export import text_table
@@ -46,349 +48,6 @@ from treeopt.fileio import atomic_folder, atomic_outputs, atomic_path, dumps
 from treeopt.mix import format_mix, parse_mix
 from treeopt.selection import best_per_cell
 from treeopt.selection_types import MixSection, selection_to_json
-
-
-def _drafter_dir(heads_dir: str | None, drafter_config: str | None) -> str | None:
-    """The drafter directory of --heads or --drafter-config (the same thing, named as other
-    commands name it, or as a config file)."""
-    if heads_dir is not None and drafter_config is not None:
-        raise UserError("--heads: give the drafter as --heads DIR or --drafter-config PATH, not both")
-    return heads_dir if heads_dir is not None else drafter_config
-
-
-MODEL_OPTIONS = [
-    click.option(
-        "--model",
-        "model",
-        required=True,
-        metavar="NAME|CONFIG|DIR|demo",
-        help="Built-in shape (llama-7b, vicuna-7b, llama-3-8b, mistral-7b, ...), a config.json, "
-        "a model directory, or demo.",
-    ),
-    click.option(
-        "--dtype", default=None, metavar="DTYPE", help="Compute dtype (fp32, bf16, fp16) [default: the model's]."
-    ),
-]
-HARDWARE_OPTION = click.option(
-    "--hardware",
-    "hardware",
-    required=True,
-    metavar="NAME|PROFILE.json",
-    help="Built-in profile (see `treeopt hw list`) or a profile JSON from `treeopt hw calibrate`.",
-)
-
-
-HEADS_OPTIONS = [
-    click.option(
-        "--heads",
-        "heads_dir",
-        type=HeadsCount(directory=True),
-        default=None,
-        metavar="DIR",
-        help="Drafter directory (Medusa heads, Hydra heads or an MLP speculator), as on every command: the "
-        "cost shape the roofline charges (as --drafter-config) [default: the Medusa heads next to the model].",
-    ),
-    click.option(
-        "--num-heads",
-        "num_heads",
-        type=AtLeast(0),
-        default=None,
-        metavar="K",
-        help="Number of draft heads K [default: the accuracy table's, else the Medusa heads config "
-        "next to the model, else 5]; 0 = none.",
-    ),
-    click.option("--head-layers", type=AtLeast(0), default=None, help="ResBlocks per head [default: 1]."),
-    click.option(
-        "--head-tokens",
-        type=AtLeast(1),
-        default=None,
-        help="Tokens per sequence the heads run on [default: all q, as Medusa's code; a decoder "
-        "that runs them on the accepted token only: 1].",
-    ),
-]
-ENGINE_OPTION = click.option(
-    "--engine",
-    type=click.Choice(ENGINE_NAMES),
-    default=None,
-    help="Trees only from this engine's family, priced with its engine family's step costs on a built-in "
-    "profile (docs/performance-model.md#engine-presets); the report shows the line it takes.",
-)
-ENGINE_COSTS_OPTION = click.option(
-    "--engine-costs",
-    "engine_costs",
-    type=click.Choice(FAMILIES),
-    default=None,
-    help="Price the steps with this engine family's preset (`treeopt hw list`) on a built-in profile "
-    "[default: --engine's family, else ideal]. ibm-tgis has no tree engine: costs only.",
-)
-VERIFICATION_OPTION = click.option(
-    "--verification",
-    type=click.Choice(VERIFICATION_MODES),
-    default="tree",
-    show_default=True,
-    help="tree: the tree's tokens under a tree mask, one read of the context; candidates: its root-to-leaf "
-    "paths as separate sequences that each re-read the context (engines without tree attention).",
-)
-SEQUENTIAL_DRAFT_OPTION = click.option(
-    "--sequential-draft",
-    is_flag=True,
-    help="The drafter drafts depth by depth: a tree pays the profile's draft_stage_s once per level of depth.",
-)
-DRAFTER_OPTIONS = [
-    click.option(
-        "--drafter",
-        type=click.Choice(DRAFTER_NAMES),
-        default=None,
-        help="Drafter kind: its directory next to the model gives its cost shape [default: Medusa heads "
-        "from the heads options].",
-    ),
-    click.option(
-        "--drafter-config",
-        default=None,
-        metavar="PATH",
-        help="A drafter's config.json (or its directory; Medusa, Hydra or MLP speculator): the cost "
-        "shape the roofline charges (docs/performance-model.md#drafter-cost).",
-    ),
-]
-
-
-GRID_OPTIONS = [
-    click.option(
-        "--batch",
-        "batches",
-        type=IntList(1),
-        default=",".join(map(str, DEFAULT_BATCHES)),
-        show_default=True,
-        help="Comma-separated batch sizes.",
-    ),
-    click.option(
-        "--context",
-        "contexts",
-        type=IntList(0),
-        default=",".join(map(str, DEFAULT_CONTEXTS)),
-        show_default=True,
-        help="Comma-separated context lengths.",
-    ),
-]
-
-
-@click.command("list")
-@click.option("--json", "as_json", is_flag=True, help="Print the profiles as JSON.")
-def hw_list(as_json: bool) -> None:
-    """List the built-in hardware profiles."""
-    profiles = builtin_hardware()
-    if as_json:
-        click.echo(dumps([p.to_dict() for p in profiles.values()], indent=1))
-        return
-    aliases: dict[str, list[str]] = {}
-    for a, n in hardware_aliases().items():
-        aliases.setdefault(n, []).append(a)
-    rows = []
-    for name, p in profiles.items():
-        fp32 = p.peak_flops.get("fp32")
-        fp8 = p.peak_flops.get("fp8")
-        al = f" (alias {', '.join(aliases[name])})" if name in aliases else ""
-        rows.append(
-            [
-                name,
-                f"{p.peak('bf16') / 1e12:.4g}",
-                f"{fp8 / 1e12:.4g}" if fp8 else "-",
-                f"{fp32 / 1e12:.4g}" if fp32 else "-",
-                f"{p.bandwidth_bytes_per_s / 1e9:.0f}",
-                f"{p.capacity_gib:.0f}",
-                knee_summary(name),
-                p.description + al,
-            ]
-        )
-    headers = ["<name", "bf16 TFLOP/s", "fp8 TFLOP/s", "fp32 TFLOP/s", "GB/s", "GiB", "<knee", "<description"]
-    click.echo(text_table(headers, rows), nl=False)
-    p = next(iter(profiles.values()))
-    click.echo(
-        f"\nAll: eta_compute {p.eta_compute}, eta_memory {p.eta_memory}, {p.kernel_overhead_s * 1e6:g} us "
-        "per kernel, their die's row-dependent GEMM efficiency, no engine costs beyond the forward pass; memory "
-        'as sold ("80 GB" = 80 GiB). knee: how that row curve compares with public step times and GEMM timings '
-        "(`treeopt hw published`). Fit a profile to your engine's step times with `treeopt hw fit`, or "
-        "calibrate this machine with `treeopt hw calibrate`."
-    )
-    _echo_presets()
-
-
-_PRESET_COLUMNS = {
-    "forward_overhead_s": "per forward",
-    "layer_overhead_s": "per layer",
-    "spec_step_overhead_s": "per spec. step",
-    "verified_token_s": "per verified token",
-    "draft_stage_s": "per drafted depth",
-}
-
-
-def _preset_value(preset, field: str) -> str:
-    if field not in preset.terms:
-        return "-" if not preset.priced else "(ideal)"
-    lo, hi = preset.ranges[field]
-    return f"{_ms(preset.terms[field])} ({_ms(lo)}-{_ms(hi)})"
-
-
-def _ms(seconds: float) -> str:
-    return "0" if seconds == 0 else f"{seconds * 1e3:.3g} ms" if seconds >= 1e-3 else f"{seconds * 1e6:.3g} us"
-
-
-def _echo_presets() -> None:
-    """The engine presets (docs/performance-model.md#engine-presets): what `--engine` (or
-    `--engine-costs`) sets on a built-in profile."""
-    rows = [
-        [p.family, "yes" if p.measured else f"carried ({p.carried_from})" if p.carried_from else "no"]
-        + [_preset_value(p, f) for f in _PRESET_COLUMNS]
-        for p in load_presets().values()
-    ]
-    headers = ["<family", "<measured"] + [f"<{c}" for c in _PRESET_COLUMNS.values()]
-    click.echo("")
-    click.echo(text_table(headers, rows, title="Engine presets (value, range)"), nl=False)
-    for p in load_presets().values():
-        if p.drafting:
-            kinds = ", ".join(f"{k} {_ms(v)}" for k, v in p.drafting.items())
-            click.echo(f"drafting per depth by drafter kind ({p.family}): {kinds}")
-    click.echo(
-        "A preset sets these terms on a built-in profile (attention's KV bandwidth stays ideal: no published step "
-        "constrains it); the roofs stay the GPU's. per drafted depth: the fitted drafter's (EAGLE for vllm); "
-        "--drafter picks its kind's cost (0 where the roofline prices the drafter as operators). (ideal): not "
-        "identifiable from the published steps; carried: no published step of that engine, the closest family's "
-        "terms with ranges widened 2x; unmeasured families keep the ideal terms. --engine picks its family's preset "
-        "(medusa, hydra, treeopt: hf-eager; trtllm; vllm*; sglang*), --engine-costs any family; a profile file "
-        "keeps its own terms. Sources: `treeopt hw published`; held-out errors: benchmarks/bench_published_steps.py; "
-        "docs/performance-model.md#engine-presets."
-    )
-
-
-def _echo_published_steps(name: str, sources: list) -> None:
-    rows = []
-    for c in compare_steps(name):
-        m = c.measurement
-        if m.source not in sources:
-            sources.append(m.source)
-        rows.append(
-            [
-                m.model,
-                m.dtype,
-                str(m.batch),
-                str(m.tokens),
-                str(m.context_tokens),
-                m.measured_as,
-                f"{m.step_ms:.3g}",
-                f"{c.predicted_ms:.3g}",
-                f"{c.error * 100:+.0f}%",
-                f"[{sources.index(m.source) + 1}]",
-            ]
-        )
-    if not rows:
-        return
-    headers = ["<model", "<dtype", "batch", "tokens", "cached", "<measured as", "ms", "predicted", "error", "source"]
-    click.echo(text_table(headers, rows, title=f"{name}: one forward pass"), nl=False)
-    knee_rows = [
-        [
-            f"T({k.tokens}) / T({k.reference_tokens})",
-            k.release,
-            k.model,
-            f"{k.measured_ratio:.3g}",
-            f"{k.predicted_ratio:.3g}",
-            f"{k.error * 100:+.0f}%",
-        ]
-        for k in knee_checks(name)
-    ]
-    headers = ["<ratio", "<release", "<model", "measured", "predicted", "error"]
-    click.echo(text_table(headers, knee_rows, title=f"{name}: knee in step times"), nl=False)
-    for r in knee_ratios(name):
-        of = f"{r.measurements} measurement" + ("s" if r.measurements > 1 else "")
-        state = "matches" if r.matches else "does not match"
-        click.echo(
-            f"T({r.tokens}) / T({r.reference_tokens}): median error {r.median_error * 100:+.0f}% over {of}, "
-            f"{state} (tolerance ±{KNEE_TOLERANCE[r.reference_tokens] * 100:.0f}%)"
-        )
-
-
-def _echo_published_gemms(name: str, sources: list) -> None:
-    bands = gemm_bands(name)
-    if not bands:
-        return
-    source = GEMM_SOURCES[name]
-    if source not in sources:
-        sources.append(source)
-    (reference_rows,) = {b.reference_rows for b in bands}
-    fitted = load_hardware(name).gemm_efficiency == FITTED_CURVES.get(name)
-    rows = [
-        [
-            f"{b.lo} < r <= {b.hi}",
-            str(b.row_counts),
-            f"{b.median_error * 100:+.0f}%",
-            f"{b.worst_error * 100:+.0f}%",
-            "fitted" if fitted else ("matches" if b.matches else "does not match"),
-        ]
-        for b in bands
-    ]
-    title = (
-        f"{name}: T(r) / T({reference_rows}) of Llama-2-7B's four weight GEMMs in fp16, predicted against measured "
-        f"[{sources.index(source) + 1}]"
-    )
-    headers = ["<rows", "row counts", "median error", "worst", "<state"]
-    click.echo(text_table(headers, rows, title=title), nl=False)
-    click.echo(
-        "its row curve was fitted to these timings: they show the fit, not a check"
-        if fitted
-        else f"a band matches when its median error is within ±{GEMM_TOLERANCE * 100:.0f}%"
-    )
-
-
-@click.command("published")
-@click.option(
-    "--hardware",
-    "hardware",
-    default=None,
-    metavar="NAME",
-    help="A built-in profile with published measurements [default: every one that has them].",
-)
-def hw_published(hardware) -> None:
-    """Public step times of optimised engines and GEMM timings beside what the built-in profiles
-    predict."""
-    names = sorted({m.hardware for m in PUBLISHED_STEPS} | {g.hardware for g in published_gemms()})
-    if hardware is not None:
-        # built-in names only: a profile file is the user's own, whatever name it carries
-        name = hardware_aliases().get(hardware.lower(), hardware.lower())
-        if name not in names:
-            raise UserError(
-                f"--hardware: no published measurements for {hardware} (there are some for {', '.join(names)})"
-            )
-        names = [name]
-    sources = []
-    for name in names:
-        click.echo(f"== {name}: knee {knee_verdict(name)}")
-        _echo_published_steps(name, sources)
-        _echo_published_gemms(name, sources)
-        click.echo("")
-    if hardware is None:
-        _echo_preset_sources()
-    for i, source in enumerate(sources, 1):
-        click.echo(f"[{i}] {source}")
-
-
-def _echo_preset_sources() -> None:
-    """Which published speculative steps each engine preset was fitted on and which were held out."""
-    click.echo("== engine presets: published speculative steps (roofline/data/published_speculative_steps.json)")
-    for p in load_presets().values():
-        if p.family == "ideal":
-            continue
-        if p.carried_from:
-            click.echo(f"{p.family}: no published measurement; the {p.carried_from} preset's terms, ranges widened.")
-            continue
-        if not p.measured:
-            click.echo(f"{p.family}: no published measurement; ideal terms. {p.not_known[0]}")
-            continue
-        click.echo(f"{p.family}: {p.source_text()}")
-        click.echo(f"  fitted on {p.fit_rows}; held out: {p.held_out}")
-    click.echo(
-        "Held-out T(n)/T(0) errors of each preset beside the ideal engine: python benchmarks/bench_published_steps.py "
-        "(docs/performance-model.md#engine-presets)."
-    )
-    click.echo("")
 
 
 @click.command("ops")
@@ -458,7 +117,7 @@ def roofline_ops(
         StepConfig(batch, tokens, context, attention, verification, candidates, draft_stages),
         dtype=dtype,
         heads={"num_heads": num_heads, "num_layers": head_layers, "tokens_per_sequence": head_tokens},
-        drafter={"drafter": drafter, "drafter_config": _drafter_dir(heads_dir, drafter_config)},
+        drafter={"drafter": drafter, "drafter_config": drafter_dir(heads_dir, drafter_config)},
         draft_rows=draft_rows,
     )
     if not ops.fits:
@@ -606,7 +265,7 @@ def roofline_speedup(
         max_nodes=max_nodes,
         engine=engine,
         heads={"num_heads": num_heads, "num_layers": head_layers, "tokens_per_sequence": head_tokens},
-        drafter={"drafter": drafter, "drafter_config": _drafter_dir(heads_dir, drafter_config)},
+        drafter={"drafter": drafter, "drafter_config": drafter_dir(heads_dir, drafter_config)},
         options=PredictionOptions(
             verification=verification,
             attention=attention,
@@ -736,7 +395,7 @@ def report_cmd(
         accuracy_heads=table.num_heads if table is not None else None,
         tokens_per_sequence=head_tokens,
     )
-    cost = draft_cost_of(model, shape, drafter=drafter, drafter_config=_drafter_dir(heads_dir, drafter_config))
+    cost = draft_cost_of(model, shape, drafter=drafter, drafter_config=drafter_dir(heads_dir, drafter_config))
     heads = heads_with_cost(cost, heads)
     if table is not None and heads.num_heads < 1:
         raise UserError("--num-heads: a speedup report needs at least one draft head")
@@ -777,146 +436,6 @@ def report_cmd(
     click.echo(costs.line)
     click.echo(f"wrote {out}/index.md with " + ", ".join(v for k, v in summary["files"].items() if k != "index"))
     _echo_knee_note(hw)
-
-
-@click.command("fit")
-@apply(MODEL_OPTIONS)
-@click.option(
-    "--hardware",
-    "hardware",
-    required=True,
-    metavar="NAME|PROFILE.json",
-    help="The base profile whose roofs are kept: the GPU's built-in name, or a profile JSON.",
-)
-@click.option(
-    "--measurements",
-    required=True,
-    multiple=True,
-    metavar="FILE",
-    help="Measured step times, repeatable (the steps are joined): a CSV with columns batch, context, tokens, "
-    "step_ms [, candidates, draft_stages] (docs/performance-model.md#fitting-a-profile-to-measured-steps), or an "
-    "engine's benchmark output: SGLang bench_one_batch JSONL, vLLM latency JSON, trtllm-bench report JSON "
-    "(docs/performance-model.md#engine-benchmark-files).",
-)
-@click.option(
-    "--batch",
-    type=AtLeast(1),
-    default=None,
-    metavar="B",
-    help="Sequences decoding together, for a file that does not record it (vLLM latency JSON: the run's "
-    "--batch-size; trtllm-bench throughput report).",
-)
-@click.option(
-    "--input-len",
-    "input_len",
-    type=AtLeast(0),
-    default=None,
-    metavar="S",
-    help="Prompt tokens per sequence, for a vLLM latency JSON (the run's --input-len).",
-)
-@click.option(
-    "--output-len",
-    "output_len",
-    type=AtLeast(1),
-    default=None,
-    metavar="N",
-    help="Generated tokens per sequence, for a vLLM latency JSON (the run's --output-len).",
-)
-@click.option(
-    "--tokens",
-    type=AtLeast(1),
-    default=None,
-    metavar="Q",
-    help="Tokens verified per sequence per step, root included, for a speculative trtllm-bench report "
-    "(draft tokens + 1), which does not record it. Files that record it, or are plain decoding, need none "
-    "[default: 1 = plain decoding].",
-)
-@OLD_HEADS_OPTION
-@click.option(
-    "--num-heads",
-    "num_heads",
-    type=AtLeast(0),
-    default=0,
-    show_default=True,
-    metavar="K",
-    help="Draft heads whose operators the prediction of a speculative step includes (0: the drafting "
-    "cost is left to the fitted engine terms). Use the same value wherever the profile is used.",
-)
-@click.option("--head-layers", type=AtLeast(0), default=None, help="ResBlocks per head [default: 1].")
-@click.option("--attention", type=click.Choice(["fused", "unfused"]), default="fused", show_default=True)
-@click.option("--name", default=None, help="Profile name [default: BASE-fitted].")
-@click.option("-o", "--out", "out", required=True, type=click.Path(dir_okay=False), help="Profile JSON to write.")
-def hw_fit(
-    model,
-    dtype,
-    hardware,
-    measurements,
-    batch,
-    input_len,
-    output_len,
-    tokens,
-    num_heads,
-    head_layers,
-    attention,
-    name,
-    out,
-) -> None:
-    """Fit a hardware profile's engine terms to measured step times of any engine."""
-    check_outputs([out], input_files(model, hardware, *measurements))
-    for path in measurements:
-        require_file(path, "--measurements")
-    result = api.fit_profile(
-        model,
-        hardware,
-        list(measurements),
-        heads=num_heads,
-        head_layers=head_layers,
-        attention=attention,
-        name=name,
-        dtype=dtype,
-        batch=batch,
-        input_len=input_len,
-        output_len=output_len,
-        tokens=tokens,
-    )
-    points, fit = result.points, result.profile.calibration["fit"]
-    result.profile.save(out)
-    click.echo(f"fitted {len(points)} steps of {fit['model']} over {fit['base']}; free terms: {', '.join(result.free)}")
-    rows = []
-    for k, v in result.values().items():
-        lo, hi = result.intervals[k]
-        span = f"{lo * 1e3:.3g}-{hi * 1e3:.3g} ms" if k.endswith("_s") else f"{lo:.3g}-{hi:.3g}"
-        rows.append([k, _term_text(k, v), span, _status_text(result, k)])
-    click.echo(text_table(["<term", "<value", "<95% interval", "<status"], rows), nl=False)
-    click.echo(
-        "determined: the rows narrowed the prior to under half its width; prior: they did not (or cannot see "
-        "the term: not fitted); at bound: held at the edge of its physical range"
-    )
-    click.echo(f"in-sample: {error_summary(result.in_sample_error)}")
-    if result.loo_error is not None:
-        click.echo(f"leave-one-out: {error_summary(result.loo_error)}")
-        worst = int(np.argmax(np.abs(result.loo_error)))
-        click.echo(
-            f"worst row (leave-one-out): batch {int(points.batch[worst])}, "
-            f"context {int(points.context[worst])}, tokens {int(points.tokens[worst])}: "
-            f"{result.loo_error[worst] * 100:+.1f}%"
-        )
-    click.echo(f"wrote profile {out} (use it as --hardware {out})")
-
-
-def _term_text(name: str, value: float) -> str:
-    return term_text(name, value)
-
-
-def _status_text(result, name: str) -> str:
-    """A term's status, with which bound holds it or that it was not fitted."""
-    status, prior = result.status[name], result.priors[name]
-    if status == "at bound":
-        edge = prior.lower if result.values()[name] <= prior.lower else prior.upper
-        return f"at bound ({'lower' if edge == prior.lower else 'upper'}, {_term_text(name, edge)})"
-    if name not in result.free:
-        return f"{status} (not fitted)"
-    return status
 
 
 @click.command("predict")

@@ -8,6 +8,7 @@ from pathlib import Path
 from calibration.models import ModelSource, resolve_device, resolve_dtype
 from calibration.runner import CalibrationSettings, run_calibration
 from treeopt.app.stages.job import Job
+from treeopt.dtypes import torch_dtype_name
 
 STAGE = "calibrate"
 
@@ -16,7 +17,7 @@ def run_dtype(dtype: str, device: str) -> str:
     """The dtype every stage of the main job runs in, by torch's name ("bfloat16", ...): `dtype`
     as `calibration.models.resolve_dtype` resolves it on `device`, so that "auto" follows the
     one rule of every command; fixed once, so that the stages cannot differ."""
-    return str(resolve_dtype(dtype, resolve_device(device))).removeprefix("torch.")
+    return torch_dtype_name(resolve_dtype(dtype, resolve_device(device)))
 
 
 def accuracy_path(job: Job) -> Path:

@@ -14,6 +14,7 @@ from roofline.shapes import ModelShape
 from treeopt.app.hwcalibrate import calibrate_hardware
 from treeopt.app.models import shape_of
 from treeopt.app.stages.job import Job
+from treeopt.dtypes import torch_dtype_name
 
 STAGE = "hardware"
 
@@ -37,7 +38,7 @@ def set_up_bench(job: Job, lm) -> Bench:
         threads = job.settings.threads or default_threads(lm.model, lm.device) or torch.get_num_threads()
         torch.set_num_threads(threads)
     job.log(f"[setup] {lm.device}, {str(lm.dtype).replace('torch.', '')}, {threads} torch thread(s)")
-    dtype_name = str(lm.dtype).replace("torch.", "")
+    dtype_name = torch_dtype_name(lm.dtype)
     return Bench(lm, dtype_name, threads, shape_of(job.settings.model, dtype=dtype_name))
 
 
