@@ -77,3 +77,27 @@ def test_best_gamma_never_picks_a_row_that_does_not_fit_in_memory():
     )
     (row,) = best_gamma(grid).itertuples(index=False)
     assert (row.gamma, row.speedup) == (2, 1.4)
+
+
+def test_the_framework_cost_of_candidate_sequences_by_hand():
+    # docs/performance-model.md#verification-modes: b c candidate sequences of q / c tokens each;
+    # every sequence's context is read per candidate, and a candidate row of one token takes the
+    # plain (causal) path. Terms chosen so that each rule moves the answer.
+    from roofline.latency import framework_overhead_s
+    from roofline.shapes import model_shape
+    from roofline.step_shape import StepShape
+
+    hw = load_hardware("h100-sxm").with_(
+        forward_overhead_s=1e-3,
+        layer_overhead_s=1e-5,
+        token_overhead_s=1e-6,
+        context_overhead_s=1e-8,
+        plain_context_overhead_s=2e-9,
+    )
+    shape = model_shape("vicuna-7b")  # 32 layers
+    # b 2, q 8 as 4 candidates of 2 tokens, s 1000: per layer 1e-5 + 1e-6 * 16 + 1e-8 * 2 * 4 * 1000
+    rows = framework_overhead_s(shape, hw, StepShape(2, 8, 1000, candidates_per_sequence=4))
+    assert rows == pytest.approx(1e-3 + 32 * (1e-5 + 16e-6 + 8e-5))
+    # 8 candidates of one token each: the plain path's cost per key, 2e-9 * 2 * 8 * 1000
+    single = framework_overhead_s(shape, hw, StepShape(2, 8, 1000, candidates_per_sequence=8))
+    assert single == pytest.approx(1e-3 + 32 * (1e-5 + 16e-6 + 3.2e-5))

@@ -144,6 +144,22 @@ MUTANTS = (
         RULE_TESTS,
     ),
     Mutant(
+        "rules-candidates-context-once",
+        "roofline/latency.py",
+        "per_key * b * c * s",
+        "per_key * b * s",
+        "candidate sequences pay the framework's per-key cost once per sequence, not per candidate",
+        RULE_TESTS,
+    ),
+    Mutant(
+        "rules-candidates-row-length",
+        "roofline/latency.py",
+        "per_key = np.where(q / c > 1, hw.context_overhead_s, hw.plain_context_overhead_s)",
+        "per_key = np.where(q > 1, hw.context_overhead_s, hw.plain_context_overhead_s)",
+        "one-token candidate rows pay the tree step's per-key cost, not the plain path's",
+        RULE_TESTS,
+    ),
+    Mutant(
         "rules-typical-first-longest",
         "calibration/verification.py",
         "    return path_ll.argmax(-1), n_keep",
