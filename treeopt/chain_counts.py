@@ -12,10 +12,10 @@ from statistics import NormalDist
 
 import numpy as np
 
-from treeopt import __version__
 from treeopt.accuracy import AccuracyTable, wilson_interval
 from treeopt.engine_readers import EngineWindow
 from treeopt.errors import UserError
+from treeopt.version import __version__
 
 #: Chain lengths past the served K are extrapolated at most this many times K further.
 EXTRAPOLATE_FACTOR = 1
