@@ -6,7 +6,8 @@ tables in treeopt's step columns (batch, context, tokens, step_ms) for
 `roofline.profile_fit.step_points_frame`. Formats, and where their layout was read:
 
 - **step CSV**: treeopt's own table (docs/performance-model.md#fitting-a-profile-to-measured-steps).
-- **SGLang** `python -m sglang.bench_one_batch --result-filename R.jsonl`: one JSON object per
+- **SGLang** `python -m sglang.benchmark.one_batch --result-filename R.jsonl` (SGLang 0.5.23; formerly
+  `python -m sglang.bench_one_batch`): one JSON object per
   line with run_name, batch_size, input_len, output_len, prefill_latency, prefill_throughput,
   median_decode_latency, median_decode_throughput, total_latency, overall_throughput (times in
   seconds). Layout read from sgl-project/sglang python/sglang/bench_one_batch.py @ 0094415050
@@ -25,7 +26,8 @@ tables in treeopt's step columns (batch, context, tokens, step_ms) for
   user (`RunOptions`). With SAVE_TO_PYTORCH_BENCHMARK_FORMAT set, vLLM also writes
   L.pytorch.json: a list of records {benchmark: {name: "vLLM benchmark", extra_info: {args}},
   model, metric: {name: "latency", benchmark_values, extra_info}}, whose args hold batch_size,
-  input_len, output_len, n, use_beam_search and speculative_config (vllm/benchmarks/lib/utils.py
+  input_len, output_len, n, use_beam_search and speculative_config or its shorthands spec_method,
+  spec_model, spec_tokens (a run started with any of them is speculative; vllm/benchmarks/lib/utils.py
   @ 07bf28ea9e, `convert_to_pytorch_benchmark_format`); that file describes itself. One run of
   output length N takes a prefill and N - 1 decode steps, so the latency L (the median of
   `latencies`) holds the prefill. Runs of the same batch and input length at two or more output
@@ -72,7 +74,7 @@ __all__ = ["RunOptions", "detect_format", "read_step_tables", "FORMATS"]
 #: format name -> what a message calls it
 FORMATS = {
     "csv": "step CSV",
-    "sglang": "SGLang bench_one_batch results",
+    "sglang": "SGLang one-batch benchmark results (sglang.benchmark.one_batch)",
     "vllm-latency": "vLLM latency JSON",
     "vllm-pytorch": "vLLM latency JSON (PyTorch benchmark format)",
     "trtllm": "trtllm-bench report",
@@ -134,7 +136,7 @@ def detect_format(path, text: str) -> tuple[str, object]:
         if all("batch_size" in r for r in data):
             return "sglang", data
     raise UserError(
-        f"{name}: not a known benchmark format (step CSV, SGLang bench_one_batch JSONL, vLLM latency JSON, "
+        f"{name}: not a known benchmark format (step CSV, SGLang sglang.benchmark.one_batch JSONL, vLLM latency JSON, "
         "trtllm-bench report JSON)"
     )
 
@@ -218,7 +220,9 @@ def _integer(name: str, where: str, record: dict, key: str, floor: int = 1) -> i
 
 def _sglang_table(name: str, records: list, run: RunOptions) -> pd.DataFrame:
     if run.tokens is not None and run.tokens != 1:
-        raise UserError(f"{name}: SGLang bench_one_batch decodes without speculation (tokens = 1)", param="tokens")
+        raise UserError(
+            f"{name}: SGLang's one-batch benchmark decodes without speculation (tokens = 1)", param="tokens"
+        )
     rows = []
     for number, record in enumerate(records, 1):
         where = f"record {number}: "
@@ -262,6 +266,12 @@ def _vllm_run(name: str, data: dict, run: RunOptions, used: set) -> _VllmRun:
     return _VllmRun(name, int(run.batch), int(run.input_len), int(run.output_len), latency)
 
 
+# why: vLLM starts speculation from --speculative-config or from its shorthands --spec-method,
+# --spec-model and --spec-tokens (dests spec_method, spec_model, spec_tokens; vllm/engine/arg_utils.py,
+# vLLM 0.33.0), and the PyTorch-format file records whichever the user gave
+VLLM_SPECULATIVE_ARGS = ("speculative_config", "spec_method", "spec_model", "spec_tokens")
+
+
 def _vllm_pytorch_run(name: str, records: list, run: RunOptions) -> _VllmRun:
     latency_records = [r for r in records if isinstance(r.get("metric"), dict) and r["metric"].get("name") == "latency"]
     if not latency_records:
@@ -278,9 +288,11 @@ def _vllm_pytorch_run(name: str, records: list, run: RunOptions) -> _VllmRun:
     output_len = _integer(name, where, args, "output_len")
     if args.get("use_beam_search"):
         raise UserError(f"{name}: a beam-search run (args.use_beam_search) is not one decoding step per token")
-    if args.get("speculative_config") not in (None, "", {}, "None"):
+    spec = [key for key in VLLM_SPECULATIVE_ARGS if args.get(key) not in (None, "", {}, "None")]
+    if spec:
         raise UserError(
-            f"{name}: a speculative run (args.speculative_config): the file does not record accepted tokens per step"
+            f"{name}: a speculative run (args.{', args.'.join(spec)}): "
+            "the file does not record accepted tokens per step"
         )
     if run.tokens is not None and run.tokens != 1:
         raise UserError(

@@ -23,6 +23,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from roofline.hardware import HardwareProfile, builtin_hardware
+from treeopt.engine_data import get_engine
 from treeopt.errors import UserError
 
 __all__ = [
@@ -68,8 +69,10 @@ ENGINE_FAMILY = {
     "treeopt": "hf-eager",
     "trtllm": "trtllm",
     "vllm": "vllm",
-    "vllm-medusa": "vllm",
-    "vllm-mlp-speculator": "vllm",
+    "trtllm-draft-model": "trtllm",
+    "vllm@0.20": "vllm",
+    "vllm-medusa@0.32": "vllm",
+    "vllm-mlp-speculator@0.10": "vllm",
     "vllm-draft-model": "vllm",
     "sglang": "sglang",
     "sglang-standalone": "sglang",
@@ -162,6 +165,8 @@ def engine_family(engine: str | None) -> str:
         return "ideal"
     if engine in FAMILIES:
         return engine
+    if engine not in ENGINE_FAMILY and "@" in engine:
+        engine = get_engine(engine).name  # a release alias (vllm@0.33 is vllm), or its one-line refusal
     if engine not in ENGINE_FAMILY:
         raise UserError(f"--engine: {engine!r} has no engine family (known: {', '.join(ENGINE_FAMILY)})")
     return ENGINE_FAMILY[engine]

@@ -135,7 +135,7 @@ def test_the_report_regenerate_command_repeats_every_option(tmp_path, monkeypatc
         "16",
         "--used-heads",
         "--engine",
-        "vllm",
+        "vllm@0.20",
         "--note",
         "it's $HOME; `x`",
         "--note",

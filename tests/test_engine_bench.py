@@ -105,6 +105,20 @@ def test_vllm_speculative_runs_are_refused(tmp_path):
         read_step_tables(path)
 
 
+def test_vllm_runs_started_with_the_spec_shorthands_are_speculative(tmp_path):
+    # vLLM 0.33's `--spec-method eagle3 --spec-model M --spec-tokens 3` land in the args as
+    # spec_method, spec_model, spec_tokens (vllm/engine/arg_utils.py), with speculative_config None
+    for key, value in (("spec_method", "eagle3"), ("spec_model", "org/eagle3"), ("spec_tokens", 3)):
+        record = json.loads(VLLM_PT_32.read_text())
+        args = record[0]["benchmark"]["extra_info"]["args"]
+        args["speculative_config"] = None
+        args[key] = value
+        path = tmp_path / f"{key}.pytorch.json"
+        path.write_text(json.dumps(record))
+        with pytest.raises(UserError, match=f"speculative run \\(args.{key}\\)"):
+            read_step_tables(path)
+
+
 def test_trtllm_plain_report_is_one_row_of_median_tpot():
     report = json.loads(TRT.read_text())
     info = report["request_info"]

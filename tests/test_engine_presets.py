@@ -29,7 +29,7 @@ from roofline.profile_fit import predict_step_s
 from roofline.published_steps import published_tables, step_points
 from roofline.shapes import draft_heads_shape, model_shape
 from treeopt.cli import main
-from treeopt.engines import ENGINE_NAMES
+from treeopt.engines import ENGINES
 
 ROOT = Path(__file__).resolve().parents[1]
 ACC = str(ROOT / "treeopt" / "data" / "medusa_train_accuracy.csv")
@@ -114,12 +114,13 @@ def test_a_preset_changes_only_the_engine_terms_of_a_builtin_profile():
 
 
 def test_engines_map_to_their_families_as_documented():
-    assert set(ENGINE_FAMILY) == set(ENGINE_NAMES)
+    assert set(ENGINE_FAMILY) == set(ENGINES)  # every engine entry; aliases resolve to one
+    assert engine_family("vllm@0.33") == "vllm" and engine_family("sglang@0.5.23") == "sglang"
     assert engine_family("medusa") == "hf-eager"
     assert engine_family("hydra") == "hf-eager"
     assert engine_family("treeopt") == "hf-eager"
     assert engine_family("trtllm") == "trtllm"
-    for e in ("vllm", "vllm-medusa", "vllm-mlp-speculator", "vllm-draft-model"):
+    for e in ("vllm", "vllm@0.20", "vllm-medusa@0.32", "vllm-mlp-speculator@0.10", "vllm-draft-model"):
         assert engine_family(e) == "vllm"
     assert engine_family("sglang-standalone") == "sglang"
     assert engine_family(None) == "ideal"

@@ -252,15 +252,21 @@ def test_sglang_builds_on_the_demo_table_are_sibling_closed_at_every_size(capsys
 
 
 def test_engine_lines_follow_the_drafter_the_table_was_measured_from(capsys):
-    # The demo table was measured from Medusa heads: vLLM serves them as a top-1 chain
-    # (method "medusa"), SGLang not at all.
-    main(["build", "--accuracy", DEMO, "--nodes", "3", "--engine", "vllm", "--format", "engine"])
+    # The demo table was measured from Medusa heads: vLLM <= 0.32 serves them as a top-1 chain
+    # (method "medusa"), the newest vLLM (0.33) and SGLang not at all.
+    with pytest.raises(SystemExit) as exit_:
+        main(["build", "--accuracy", DEMO, "--nodes", "3", "--engine", "vllm", "--format", "engine"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "<= 0.32 served Medusa heads as a top-1 chain" in err
+    main(["build", "--accuracy", DEMO, "--nodes", "3", "--engine", "vllm@0.20", "--format", "engine"])
     out = capsys.readouterr()
-    assert json.loads(out.out.strip().removeprefix("--speculative-config '").removesuffix("'")) == {
+    line = out.out.strip().splitlines()[0]
+    assert json.loads(line.removeprefix("--speculative-config '").removesuffix("'")) == {
         "method": "medusa",
         "num_speculative_tokens": 3,
     }
-    assert "note: --engine vllm: vLLM serves Medusa heads as a top-1 chain" in out.err
+    assert "note: --engine vllm@0.20: vLLM <= 0.32 serves Medusa heads as a top-1 chain" in out.err
     with pytest.raises(SystemExit) as exit_:
         main(["build", "--accuracy", DEMO, "--nodes", "8", "--engine", "sglang"])
     assert exit_.value.code == 2
@@ -283,10 +289,13 @@ def test_sglang_tau_is_taken_from_the_real_table():
 @pytest.mark.parametrize(
     ("engine", "drafter", "target", "says"),
     [
-        ("vllm", "medusa", "vllm-medusa", "top-1 chain"),
-        ("vllm", "mlp-speculator", "vllm-mlp-speculator", "top-1 chain"),
-        ("vllm", "mlp_speculator", "vllm-mlp-speculator", "top-1 chain"),
+        ("vllm", "medusa", None, "ask for --engine vllm-medusa@0.32"),
+        ("vllm", "mlp-speculator", None, "ask for --engine vllm-mlp-speculator@0.10"),
+        ("vllm", "mlp_speculator", None, "0.11-0.32 fail at engine start"),
         ("vllm", "draft-model", "vllm-draft-model", "top-1 chain"),
+        ("vllm@0.20", "medusa", "vllm-medusa@0.32", "top-1 chain"),
+        ("trtllm", "draft-model", "trtllm-draft-model", "Draft_Target"),
+        ("trtllm", "hydra", None, "no hydra drafter"),
         ("vllm", "hydra", None, "no Hydra drafter"),
         ("sglang", "medusa", None, "no medusa drafter"),
         ("sglang", "hydra", None, "no hydra drafter"),
@@ -302,7 +311,7 @@ def test_engine_for_drafter_names_what_the_engine_can_serve(engine, drafter, tar
 
 
 def test_engine_for_drafter_keeps_engines_that_serve_the_drafter():
-    assert engine_for_drafter("vllm-medusa", "medusa") == ("vllm-medusa", None)
+    assert engine_for_drafter("vllm-medusa@0.32", "medusa") == ("vllm-medusa@0.32", None)
     assert engine_for_drafter("trtllm", "medusa") == ("trtllm", None)
     assert engine_for_drafter("sglang-standalone", "draft_model") == ("sglang-standalone", None)
     with pytest.raises(UserError, match="drafter: 'eagle' is not one of"):
@@ -310,7 +319,7 @@ def test_engine_for_drafter_keeps_engines_that_serve_the_drafter():
 
 
 def test_chain_engines_export_their_vllm_method():
-    for name, method in (("vllm-mlp-speculator", "mlp_speculator"), ("vllm-draft-model", "draft_model")):
+    for name, method in (("vllm-mlp-speculator@0.10", "mlp_speculator"), ("vllm-draft-model", "draft_model")):
         line = export_for(get_engine(name), make_tree([[0], [0, 0]])).line
         assert json.loads(shlex.split(line)[1]) == {"method": method, "num_speculative_tokens": 2}
 

@@ -21,6 +21,7 @@ from treeopt.build import tau_curve
 from treeopt.cli import main
 from treeopt.engines import (
     ENGINE_NAMES,
+    RETIRED,
     check,
     child_counts,
     export_for,
@@ -169,7 +170,7 @@ def test_optimal_within_static_families_matches_brute_force(seed, n):
 def test_vllm_best_uniform_tree_matches_brute_force(seed, n):
     acc = random_acc(seed, 3, 4)
     trees = [t for t in all_trees(3, 4, n) if is_uniform(t)]
-    built = build_for_engine(table_of(acc), n, "optimal", get_engine("vllm"))
+    built = build_for_engine(table_of(acc), n, "optimal", get_engine("vllm@0.20"))
     assert is_uniform(built.paths)
     assert tau(built.paths, acc) == pytest.approx(max(tau(t, acc) for t in trees))
 
@@ -241,7 +242,7 @@ def test_vllm_gets_a_nested_sequence_of_uniform_trees():
     whole levels: the prefixes that end a step are uniform trees, nested, each of the size the
     child counts imply, and the grid never picks a size in between."""
     table = load_accuracy(DEMO)
-    engine = get_engine("vllm")
+    engine = get_engine("vllm@0.20")
     seq = engine_proposal(table, 40, engine, method="greedy")
     drafted = drafted_sizes(seq, engine)
     sizes = np.flatnonzero(drafted)
@@ -279,7 +280,7 @@ def test_check_agrees_with_the_independent_rules_on_every_small_tree():
         for paths in all_trees(3, 3, n):
             tree = Tree(paths)
             assert check(tree, get_engine("sglang"), accuracy=acc).as_written == (set(paths) in drafts)
-            assert check(tree, get_engine("vllm")).as_written == is_uniform(paths)
+            assert check(tree, get_engine("vllm@0.20")).as_written == is_uniform(paths)
             assert check(tree, get_engine("hydra")).as_written == is_grounded(paths)
             # the C++ runtime drafts any tree of ranks <= 15 as written; the family is narrower
             assert check(tree, get_engine("trtllm"), heads=3).as_written
@@ -289,7 +290,7 @@ def test_check_agrees_with_the_independent_rules_on_every_small_tree():
 def test_vllm_drafts_the_reference_tree_as_30_drafts():
     # mc_sim_7b_63: 10, 20, 27, 6 nodes per level -> 10, 2, 1, 0 children per node (by hand):
     # 10 + 20 then nothing below the level whose count is 0.
-    drafted = check(load_tree("mc_sim_7b_63"), get_engine("vllm"))
+    drafted = check(load_tree("mc_sim_7b_63"), get_engine("vllm@0.20"))
     assert not drafted.as_written
     assert drafted.drafted.size == 30 and set(drafted.drafted.paths) == {(i,) for i in range(10)} | {
         (i, j) for i in range(10) for j in range(2)
@@ -346,7 +347,7 @@ def test_sglang_check_needs_the_accuracy_table():
 
 
 def test_vllm_medusa_path_drafts_a_chain():
-    d = check(make_tree([[0], [1], [0, 0]]), get_engine("vllm-medusa"), heads=4)
+    d = check(make_tree([[0], [1], [0, 0]]), get_engine("vllm-medusa@0.32"), heads=4)
     assert set(d.drafted.paths) == {(0,), (0, 0), (0, 0, 0)}
 
 
@@ -403,12 +404,12 @@ def test_exports_parse_back_to_the_intended_tree(source, n, method):
     table = load_accuracy(source, model="vicuna-7b" if source.endswith(".csv") else None)
     if method == "joint" and table.joint is None:
         pytest.skip("no joint statistics in the CSV")
-    for name in ("medusa", "trtllm", "vllm", "sglang", "treeopt", "hydra"):
+    for name in ("medusa", "trtllm", "vllm@0.20", "sglang", "treeopt", "hydra"):
         engine = get_engine(name)
         tree = build_for_engine(table, n, method, engine)
         want = set(tree.paths)
         out = export_for(engine, tree, heads=table.num_heads, accuracy=table.accuracy)
-        if name == "vllm":
+        if name == "vllm@0.20":
             config, choices, drafted = vllm_parse(out.line)
             assert config["method"] == "eagle" and config["num_speculative_tokens"] == n == len(choices)
             assert drafted == want
@@ -433,7 +434,7 @@ def test_trtllm_max_draft_len_avoids_the_packed_mask_overrun():
 
 
 def test_vllm_medusa_export_is_a_chain_length():
-    line = export_for(get_engine("vllm-medusa"), make_tree([[0], [0, 0]])).line
+    line = export_for(get_engine("vllm-medusa@0.32"), make_tree([[0], [0, 0]])).line
     assert json.loads(shlex.split(line)[1]) == {"method": "medusa", "num_speculative_tokens": 2}
 
 
@@ -445,7 +446,7 @@ def test_sglang_export_refuses_a_tree_it_cannot_draft():
 
 def test_every_engine_has_a_name_and_tree_verification():
     assert set(ENGINE_NAMES) >= {"medusa", "trtllm", "vllm", "sglang", "treeopt", "hydra"}
-    assert {get_engine(n).verification for n in ENGINE_NAMES} == {"tree"}
+    assert {get_engine(n).verification for n in ENGINE_NAMES if n not in RETIRED} == {"tree"}
     with pytest.raises(UserError, match="--engine: 'tgi' is not one of"):
         get_engine("tgi")
 
@@ -475,23 +476,33 @@ def test_cli_build_for_vllm_ends_with_a_config_that_vllm_drafts_as_written(capsy
         "--method",
         "optimal",
         "--engine",
-        "vllm",
+        "vllm@0.20",
         "--format",
         "engine",
     ).out
-    config, choices, drafted = vllm_parse(out.strip())
+    config, choices, drafted = vllm_parse(out.strip().splitlines()[0])
     assert config["num_speculative_tokens"] == 12 and drafted == {tuple(c) for c in choices}
 
 
 def test_cli_check_reports_what_vllm_drafts_of_the_reference_tree(capsys):
-    out = cli(capsys, "check", "mc_sim_7b_63", "--engine", "vllm", "--json").out
+    out = cli(capsys, "check", "mc_sim_7b_63", "--engine", "vllm@0.20", "--json").out
     doc = json.loads(out)
     assert doc["as_written"] is False and doc["drafted_nodes"] == 30 and doc["nodes"] == 63
 
 
 def test_cli_compare_marks_trees_the_engine_does_not_draft(capsys):
     out = cli(
-        capsys, "compare", "--accuracy", DEMO, "--nodes", 16, "--engine", "vllm", "mc_sim_7b_63", "optimal", "--json"
+        capsys,
+        "compare",
+        "--accuracy",
+        DEMO,
+        "--nodes",
+        16,
+        "--engine",
+        "vllm@0.20",
+        "mc_sim_7b_63",
+        "optimal",
+        "--json",
     ).out
     rows = {r["tree"]: r for r in json.loads(out)["trees"]}
     assert rows["mc_sim_7b_63"]["as_written"] == "no" and rows["optimal"]["as_written"] == "yes"
@@ -500,7 +511,7 @@ def test_cli_compare_marks_trees_the_engine_does_not_draft(capsys):
 
 def test_cli_engine_errors_are_one_line(capsys):
     with pytest.raises(SystemExit) as exc:
-        cli(capsys, "build", "--accuracy", DEMO, "--nodes", 4, "--engine", "vllm", "--max-depth", 2)
+        cli(capsys, "build", "--accuracy", DEMO, "--nodes", 4, "--engine", "vllm@0.20", "--max-depth", 2)
     assert exc.value.code == 2
     assert "leave out --max-depth" in capsys.readouterr().err
 

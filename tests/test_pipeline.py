@@ -315,14 +315,14 @@ def test_run_for_vllm_with_medusa_heads_measures_and_picks_only_the_chains_vllm_
 
     from treeopt.engines import check, get_engine
 
-    # The demo's drafter is Medusa heads, which vLLM serves only through its Medusa proposer, as a
-    # top-1 chain of num_speculative_tokens (docs/engines.md#drafters-and-engines): the run says
-    # so and measures, picks and pastes only such chains.
-    settings = replace(SMALL, sizes=(0, 1, 2, 3, 4, 8), max_nodes=8, engine="vllm")
+    # The demo's drafter is Medusa heads, which vLLM <= 0.32 serves only through its Medusa
+    # proposer, as a top-1 chain of num_speculative_tokens (docs/engines.md#drafters-and-engines):
+    # the run says so and measures, picks and pastes only such chains.
+    settings = replace(SMALL, sizes=(0, 1, 2, 3, 4, 8), max_nodes=8, engine="vllm@0.20")
     logs = []
     run_main_job(tmp_path / "r", settings, log=logs.append, progress=False)
-    assert any("vLLM serves Medusa heads as a top-1 chain" in m for m in logs)
-    chain = get_engine("vllm-medusa")
+    assert any("vLLM <= 0.32 serves Medusa heads as a top-1 chain" in m for m in logs)
+    chain = get_engine("vllm-medusa@0.32")
     proposal = make_tree(json.loads((tmp_path / "r" / "proposal_tree.json").read_text())["medusa_choices"])
     assert proposal.paths == tuple((0,) * d for d in range(1, proposal.size + 1))
     measured = sorted(int(n) for n in pd.read_csv(tmp_path / "r" / "sweep.csv")["nodes"].unique())

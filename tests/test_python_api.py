@@ -78,10 +78,10 @@ def test_the_readmes_python_example_runs_and_says_true(tmp_path, monkeypatch):
     (block,) = re.findall(r"```python\n(.*?)```", readme, re.S)
     space: dict = {}
     exec(compile(block, "README.md", "exec"), space)  # noqa: S102 - the README's own example
-    assert "tau 2.2752" in block and round(treeopt.expected_tokens(space["tree"], space["table"]), 4) == 2.2752
-    assert "# 30: what vLLM drafts" in block
-    assert treeopt.check("mc_sim_7b_63", "vllm", accuracy=space["table"]).drafted.size == 30
-    assert space["selection"].cells and space["prediction"].engine == "vllm"
+    assert "tau 2.4188" in block and round(treeopt.expected_tokens(space["tree"], space["table"]), 4) == 2.4188
+    assert "# 30: what vLLM <= 0.20 drafted" in block
+    assert treeopt.check("mc_sim_7b_63", "vllm@0.20", accuracy=space["table"]).drafted.size == 30
+    assert space["selection"].cells and space["prediction"].engine == "trtllm"
 
 
 @pytest.mark.parametrize("package", [treeopt, roofline, calibration], ids=lambda p: p.__name__)
@@ -156,10 +156,12 @@ def test_the_selection_of_a_prediction_is_the_argmax_of_its_grid():
 
 
 def test_a_prediction_for_vllm_picks_only_sizes_vllm_drafts():
-    prediction = treeopt.predict("vicuna-7b", "h100-sxm", ACC, batches=[1, 8, 64], contexts=[1024], engine="vllm")
+    # the table's Medusa heads: vLLM <= 0.32 serves them as a top-1 chain
+    prediction = treeopt.predict("vicuna-7b", "h100-sxm", ACC, batches=[1, 8, 64], contexts=[1024], engine="vllm@0.20")
+    assert prediction.engine == "vllm-medusa@0.32"
     for cell in treeopt.select(prediction).to_dict()["cells"]:
         if cell["nodes"]:
-            assert treeopt.check(cell["medusa_choices"], "vllm").as_written, cell
+            assert treeopt.check(cell["medusa_choices"], "vllm-medusa@0.32").as_written, cell
 
 
 # ---------------------------------------------------------------------------------------------
@@ -238,8 +240,8 @@ def test_fit_profile_from_a_frame_equals_the_fit_from_its_csv(tmp_path, cli):
 @pytest.mark.parametrize(
     "call,argv",
     [
-        (lambda: treeopt.build_tree(ACC, 8, engine="vllm", max_children=2),
-         ["build", "--accuracy", ACC, "--nodes", 8, "--engine", "vllm", "--max-children", 2]),
+        (lambda: treeopt.build_tree(ACC, 8, engine="vllm@0.20", max_children=2),
+         ["build", "--accuracy", ACC, "--nodes", 8, "--engine", "vllm@0.20", "--max-children", 2]),
         (lambda: treeopt.predict("vicuna-7b", "no-such-gpu", ACC),
          ["roofline", "speedup", "--model", "vicuna-7b", "--hardware", "no-such-gpu", "--accuracy", ACC]),
         (lambda: treeopt.load_accuracy("missing.json"), ["build", "--accuracy", "missing.json", "--nodes", 4]),

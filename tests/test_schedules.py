@@ -178,3 +178,32 @@ def test_sglang_plan_best_for_the_mix_and_per_batch():
 def test_sglang_plan_refuses_a_mix_cell_without_speedups():
     with pytest.raises(UserError, match="batch 64, context 512"):
         sglang_plan({(1, 512): {(3, 1, 4): 1.5}}, {(1, 512): 1.0, (64, 512): 1.0})
+
+
+def test_a_selection_of_chains_gives_each_engine_its_table():
+    from treeopt.engine_data import get_engine
+    from treeopt.schedules import format_schedule, selection_schedule
+
+    # cells: batch 1 chose 3 at context 128 and 2 at 512 -> 2; batch 4: 1 and 1 -> 1; batch 16: 0
+    cells = [
+        {"batch": b, "context": c, "nodes": n}
+        for b, c, n in ((1, 128, 3), (1, 512, 2), (4, 128, 1), (4, 512, 1), (16, 128, 0), (16, 512, 0))
+    ]
+    vllm = selection_schedule(cells, get_engine("vllm-draft-model"))
+    # ranges by hand: 1:2, gap 2-3 min(2,1)=1, 4:1, gap 5-15 min(1,0)=0, 16:0
+    assert vllm["ranges"] == [[1, 1, 2], [2, 4, 1], [5, 16, 0]]
+    assert vllm["config"] == {
+        "method": "draft_model",
+        "num_speculative_tokens": 2,
+        "num_speculative_tokens_per_batch_size": [[1, 1, 2], [2, 4, 1], [5, 16, 0]],
+    }
+    trt = selection_schedule(cells, get_engine("trtllm-draft-model"))
+    assert trt["config"] == {
+        "decoding_type": "Draft_Target",
+        "max_draft_len": 2,
+        "draft_len_schedule": {1: 2, 4: 1},
+        "speculative_model": "<draft model>",
+    }
+    assert "1-1: 2, 2-4: 1, 5-16: 0" in format_schedule(vllm)
+    medusa = selection_schedule(cells, get_engine("trtllm"))
+    assert "config" not in medusa and "legacy TensorRT backend" in medusa["note"]

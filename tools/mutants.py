@@ -175,6 +175,30 @@ MUTANTS = (
         "the root's own probability counts in a path's likelihood",
         TIEBREAK_TESTS,
     ),
+    Mutant(
+        "engine-bench-vllm-spec-shorthands",
+        "roofline/engine_bench.py",
+        'VLLM_SPECULATIVE_ARGS = ("speculative_config", "spec_method", "spec_model", "spec_tokens")',
+        'VLLM_SPECULATIVE_ARGS = ("speculative_config",)',
+        "a vLLM latency run started with --spec-method/--spec-model/--spec-tokens read as plain decoding",
+        ("tests/test_engine_bench.py",),
+    ),
+    Mutant(
+        "engine-newest-vllm-tree",
+        "treeopt/engines.py",
+        '        if kind == "vllm-tree":\n',
+        '        if kind in ("vllm", "vllm-tree"):\n',
+        "the newest vLLM's line carries speculative_token_tree (0.33's SpeculativeConfig refuses the key)",
+        ("tests/test_engine_releases.py",),
+    ),
+    Mutant(
+        "engine-trtllm-draft-model-as-medusa",
+        "treeopt/engine_data.py",
+        'return _differs(asked, "trtllm-draft-model", "TensorRT-LLM runs a separate draft model as Draft_Target")',
+        "return asked, None",
+        "a draft-model table with --engine trtllm gets a Medusa config",
+        ("tests/test_engine_releases.py",),
+    ),
     # ---- per-batch schedules in the engines' forms (treeopt/schedules.py)
     Mutant(
         "schedule-gap-longer-neighbour",
@@ -1422,10 +1446,10 @@ MUTANTS = (
     ),
     Mutant(
         "engine-for-drafter-medusa-vllm",
-        "treeopt/engines.py",
-        '    "medusa": ("vllm-medusa",',
-        '    "medusa": ("vllm",',
-        "vLLM offered its EAGLE tree for Medusa heads it serves only as a chain",
+        "treeopt/engine_data.py",
+        '        return _differs(asked, "vllm-medusa@0.32", ENGINES["vllm-medusa@0.32"].note)',
+        '        return _differs(asked, "vllm@0.20", ENGINES["vllm-medusa@0.32"].note)',
+        "vLLM <= 0.20 offered its EAGLE tree for Medusa heads it serves only as a chain",
         ("tests/test_engine_runtimes.py",),
     ),
     Mutant(
@@ -2267,10 +2291,10 @@ MUTANTS = (
     Mutant(
         "api-check-taus-swapped",
         "treeopt/tree_api.py",
-        '            "tau": _expected_tokens(tree, table, strict=False),\n'
-        '            "tau_drafted": _expected_tokens(result.drafted, table, strict=False),',
-        '            "tau": _expected_tokens(result.drafted, table, strict=False),\n'
-        '            "tau_drafted": _expected_tokens(tree, table, strict=False),',
+        "        tau=_expected_tokens(tree, table, strict=False),\n"
+        "        tau_drafted=_expected_tokens(result.drafted, table, strict=False),",
+        "        tau=_expected_tokens(result.drafted, table, strict=False),\n"
+        "        tau_drafted=_expected_tokens(tree, table, strict=False),",
         "treeopt.check reports tau as drafted for the tree as written",
         API_TESTS,
     ),
@@ -2410,8 +2434,8 @@ MUTANTS = (
     Mutant(
         "engine-presets-vllm-medusa-as-hf-eager",
         "roofline/engine_presets.py",
-        '    "vllm-medusa": "vllm",',
-        '    "vllm-medusa": "hf-eager",',
+        '    "vllm-medusa@0.32": "vllm",',
+        '    "vllm-medusa@0.32": "hf-eager",',
         "vLLM's Medusa path is priced as the Medusa authors' eager code (its heads' name, not its engine)",
         ("tests/test_engine_presets.py",),
     ),

@@ -25,15 +25,28 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from treeopt.engine_data import (
+    ENGINE_NAMES,
+    ENGINES,
+    GROUNDED_ALL_DEPTHS,
+    RETIRED,
+    TRTLLM_EXACT_DEPTH,
+    Engine,
+    engine_for_drafter,
+    get_engine,
+)
 from treeopt.errors import UserError
 from treeopt.layout import DRAFTER_KINDS
 from treeopt.tree import Tree, _node_str
 
 __all__ = [
     "Engine",
-    "EngineDraft",
+    "EngineCheck",
     "ENGINES",
     "ENGINE_NAMES",
+    "RETIRED",
+    "GROUNDED_ALL_DEPTHS",
+    "TRTLLM_EXACT_DEPTH",
     "get_engine",
     "check",
     "uniform_tree",
@@ -51,146 +64,19 @@ __all__ = [
     "DRAFTER_KINDS",
 ]
 
-GROUNDED_ALL_DEPTHS = 1 << 30  # left-closed at every depth
-
 # TensorRT-LLM's C++ runtime keys each node by its ranks packed in 4-bit chunks
 # (cpp/tensorrt_llm/runtime/utils/speculativeChoicesUtils.cpp, computePrefix, NVIDIA/TensorRT-LLM
 # @ b4f2086ddd2206a1f8b5f3d40885d7ce7d0c73fa; docs/engines.md#tensorrt-llm).
 TRTLLM_PREFIX_CHUNK_BITS = 4  # PREFIX_CHUNK_SIZE_BITS
 TRTLLM_PREFIX_MAX_VALUE = 16  # PREFIX_MAX_VALUE: a larger rank fails a TLLM_CHECK (abort)
 TRTLLM_PREFIX_MAX_DEPTH = 16  # sizeof(uint64_t) * 8 / PREFIX_CHUNK_SIZE_BITS: deeper aborts
-TRTLLM_EXACT_DEPTH = 9  # a node finds its parent by the parent's key; keys of <= 8 ranks fit int32
 
 
 @dataclass(frozen=True)
-class Engine:
-    """One engine code path and the family of trees it drafts as written.
-
-    rank_limit: ranks must be < this (None: only the accuracy table's width bounds them).
-    depth_limit: depth must be <= this besides the number of draft heads (None: heads only).
-    left_closed_depth: at depths 1..left_closed_depth the children of a node are ranks 0..c-1.
-    grounded: the children of a node that have children of their own are ranks 0..e-1.
-    max_children: uniform family only: the most children per node (1 for top-1 chains).
-    """
-
-    name: str
-    title: str
-    family: str  # "static", "uniform" or "beam"
-    export_kind: str
-    rank_limit: int | None = None
-    depth_limit: int | None = None
-    left_closed_depth: int = 0
-    grounded: bool = False
-    max_children: int | None = None
-    verification: str = "tree"
-    method_name: str = ""  # vLLM's --speculative-config "method"
-
-    def depth_bound(self, heads: int | None) -> int | None:
-        """The deepest level a tree may use with `heads` draft heads."""
-        bounds = [b for b in (self.depth_limit, heads) if b is not None]
-        return min(bounds) if bounds else None
-
-    def width_bound(self, width: int | None) -> int | None:
-        """The ranks a tree may use (< this) with an accuracy table `width` ranks wide."""
-        bounds = [b for b in (self.rank_limit, self.max_children, width) if b is not None]
-        return min(bounds) if bounds else None
-
-
-ENGINES: dict[str, Engine] = {
-    e.name: e
-    for e in (
-        # why (docs/engines.md#medusa-reference-code): TOPK = 10 indexes the candidates by rank
-        Engine("medusa", "Medusa reference code (medusa_choices, TOPK = 10)", "static", "medusa", rank_limit=10),
-        # why (docs/engines.md#tensorrt-llm): the C++ runtime's prefix keys are exact for ranks
-        # <= 15 and depths <= 9; its Python runtime's buffers agree only with depth-1 ranks 0..k-1
-        Engine(
-            "trtllm",
-            "TensorRT-LLM Medusa (--medusa_choices, LLM API speculative_config)",
-            "static",
-            "trtllm",
-            rank_limit=16,
-            depth_limit=TRTLLM_EXACT_DEPTH,
-            left_closed_depth=1,
-        ),
-        # why (docs/engines.md#vllm): the EAGLE proposer's speculative_token_tree
-        Engine(
-            "vllm",
-            "vLLM EAGLE-family proposer (--speculative-config speculative_token_tree)",
-            "uniform",
-            "vllm",
-            method_name="eagle",
-        ),
-        # why (docs/engines.md#vllm): its Medusa, MLP-speculator and draft-model paths draft the
-        # top-1 chain only
-        Engine(
-            "vllm-medusa",
-            "vLLM Medusa proposer (top-1 chain, num_speculative_tokens)",
-            "uniform",
-            "vllm",
-            max_children=1,
-            method_name="medusa",
-        ),
-        Engine(
-            "vllm-mlp-speculator",
-            "vLLM MLP-speculator proposer (top-1 chain, num_speculative_tokens)",
-            "uniform",
-            "vllm",
-            max_children=1,
-            method_name="mlp_speculator",
-        ),
-        Engine(
-            "vllm-draft-model",
-            "vLLM draft-model proposer (top-1 chain, num_speculative_tokens)",
-            "uniform",
-            "vllm",
-            max_children=1,
-            method_name="draft_model",
-        ),
-        # why (docs/engines.md#sglang): no static tree, three flags
-        Engine(
-            "sglang",
-            "SGLang EAGLE (--speculative-num-steps/-eagle-topk/-num-draft-tokens)",
-            "beam",
-            "sglang",
-            method_name="EAGLE",
-        ),
-        # why (docs/engines.md#sglang): a separate draft model runs the same beam rule
-        Engine(
-            "sglang-standalone",
-            "SGLang STANDALONE draft model (--speculative-num-steps/-eagle-topk/-num-draft-tokens)",
-            "beam",
-            "sglang",
-            method_name="STANDALONE",
-        ),
-        Engine("treeopt", "treeopt's reference decoder (any tree within heads and topk)", "static", "python"),
-        # why (docs/engines.md#hydra): grounded heads expand only the first children of a node
-        Engine(
-            "hydra",
-            "Hydra grounded (sequentially dependent) heads",
-            "static",
-            "python",
-            left_closed_depth=GROUNDED_ALL_DEPTHS,
-            grounded=True,
-        ),
-    )
-}
-ENGINE_NAMES = tuple(ENGINES)
-
-
-def get_engine(name: str, *, topk: int | None = None) -> Engine:
-    """The engine named `name`; `topk` bounds the ranks of treeopt's own decoder."""
-    if name not in ENGINES:
-        raise UserError(f"--engine: {name!r} is not one of {', '.join(ENGINE_NAMES)}")
-    engine = ENGINES[name]
-    if name == "treeopt" and topk is not None:
-        engine = Engine(**{**engine.__dict__, "rank_limit": int(topk)})
-    return engine
-
-
-@dataclass(frozen=True)
-class EngineDraft:
+class EngineCheck:
     """What `engine` does with `tree`: drafts it as written, or drafts `drafted` instead (or
-    refuses it: `refused`), for the reason given."""
+    refuses it: `refused`), for the reason given; tau of both when an accuracy table was given
+    (`treeopt.check`)."""
 
     engine: str
     tree: Tree
@@ -198,8 +84,26 @@ class EngineDraft:
     as_written: bool
     refused: bool
     reason: str
-    triple: tuple[int, int, int] | None = None  # SGLang: (steps, topk, num_draft_tokens)
+    tau: float | None = None
+    tau_drafted: float | None = None
+    sglang_flags: tuple[int, int, int] | None = None  # SGLang: (steps, topk, num_draft_tokens)
     runtimes: tuple[str, ...] = ()  # one line per runtime of the engine (TensorRT-LLM: C++, Python)
+
+    def to_dict(self) -> dict:
+        return {
+            "tree": self.tree.name,
+            "engine": self.engine,
+            "as_written": self.as_written,
+            "refused": self.refused,
+            "reason": "; ".join(self.runtimes) if self.runtimes else self.reason,  # one line, as JSON readers expect
+            "nodes": self.tree.size,
+            "drafted_nodes": self.drafted.size,
+            "drafted": self.drafted.to_choices(),
+            "tau": self.tau,
+            "tau_drafted": self.tau_drafted,
+            "sglang_flags": list(self.sglang_flags) if self.sglang_flags else None,
+            "runtimes": list(self.runtimes),
+        }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -327,7 +231,7 @@ def _prune(tree: Tree, bad) -> Tree:
     return Tree(tuple(sorted(keep, key=order.__getitem__)), name=f"{tree.name} as drafted")
 
 
-def check(tree: Tree, engine: Engine, *, heads: int | None = None, accuracy=None) -> EngineDraft:
+def check(tree: Tree, engine: Engine, *, heads: int | None = None, accuracy=None) -> EngineCheck:
     """Whether `engine` drafts `tree` as written and, if not, what it drafts instead (the rules
     of docs/engines.md). `heads`: the draft heads the engine runs; `accuracy`: the (heads,
     width) per-rank table, needed for SGLang, which scores its candidates each step."""
@@ -470,7 +374,7 @@ def _trtllm_python_line(tree: Tree) -> str:
     )
 
 
-def _check_trtllm(tree: Tree, engine: Engine, heads: int | None) -> EngineDraft:
+def _check_trtllm(tree: Tree, engine: Engine, heads: int | None) -> EngineCheck:
     """The C++ runtime decides what is drafted (the production path); the Python runtime gets
     its own line (docs/engines.md#tensorrt-llm)."""
     drafted, cpp, refused = trtllm_cpp_draft(tree, heads)
@@ -478,10 +382,10 @@ def _check_trtllm(tree: Tree, engine: Engine, heads: int | None) -> EngineDraft:
     as_written = not refused and drafted.size == tree.size
     drafted = tree if as_written else Tree(drafted.paths, name=f"{tree.name} as drafted")
     lines = (cpp, python)
-    return EngineDraft(engine.name, tree, drafted, as_written, refused, "\n  ".join(lines), runtimes=lines)
+    return EngineCheck(engine.name, tree, drafted, as_written, refused, "\n  ".join(lines), runtimes=lines)
 
 
-def _check_static(tree: Tree, engine: Engine, heads: int | None) -> EngineDraft:
+def _check_static(tree: Tree, engine: Engine, heads: int | None) -> EngineCheck:
     drafted, reasons, refused = tree, [], False
     for rule in (_depth_rule, _rank_rule, _left_closed_rule, _grounded_rule):
         drafted, reason, refuses = rule(tree, drafted, engine, heads)
@@ -489,7 +393,7 @@ def _check_static(tree: Tree, engine: Engine, heads: int | None) -> EngineDraft:
             reasons.append(reason)
         refused |= refuses
     as_written = not reasons
-    return EngineDraft(
+    return EngineCheck(
         engine.name,
         tree,
         tree if as_written else drafted,
@@ -581,7 +485,7 @@ def _ungrounded(tree: Tree) -> list[tuple[int, ...]]:
     return [p for p in tree.sorted_paths if p in parents and p[-1] > 0 and p[:-1] + (p[-1] - 1,) not in parents]
 
 
-def _check_uniform(tree: Tree, engine: Engine, heads: int | None) -> EngineDraft:
+def _check_uniform(tree: Tree, engine: Engine, heads: int | None) -> EngineCheck:
     counts = child_counts(tree)
     if engine.max_children == 1:
         # why (docs/engines.md#vllm): the Medusa path drafts a top-1 chain of
@@ -593,16 +497,21 @@ def _check_uniform(tree: Tree, engine: Engine, heads: int | None) -> EngineDraft
     as_written = set(drafted.paths) == set(tree.paths)
     if as_written:
         reason = f"drafted as written: children per level {', '.join(map(str, counts))}"
+    elif engine.max_children == 1:
+        reason = (
+            f"{engine.release} drafts a top-1 chain, one token per draft step: {drafted.size} drafts "
+            f"for {tree.size} slots (the chain of {tree.size} nodes is what it takes)"
+        )
     else:
         reason = (
             f"vLLM gives every node of a level the same number of children, the top ranks: "
             f"{', '.join(map(str, counts[:cut])) or 'none'} per level, {drafted.size} drafts "
             f"for {tree.size} slots (num_speculative_tokens)"
         )
-    return EngineDraft(engine.name, tree, tree if as_written else drafted, as_written, False, reason)
+    return EngineCheck(engine.name, tree, tree if as_written else drafted, as_written, False, reason)
 
 
-def _check_sglang(tree: Tree, accuracy, engine: Engine) -> EngineDraft:
+def _check_sglang(tree: Tree, accuracy, engine: Engine) -> EngineCheck:
     if accuracy is None:
         raise UserError(
             f"--engine {engine.name}: needs --accuracy (SGLang picks its tree from the drafter's scores each step)"
@@ -611,7 +520,7 @@ def _check_sglang(tree: Tree, accuracy, engine: Engine) -> EngineDraft:
     triple = sglang_triple_for(tree, a) if tree.depth <= a.shape[0] else None
     if triple is not None:
         s, k, t = triple
-        return EngineDraft(
+        return EngineCheck(
             engine.name,
             tree,
             tree,
@@ -619,7 +528,7 @@ def _check_sglang(tree: Tree, accuracy, engine: Engine) -> EngineDraft:
             False,
             f"drafted as written by --speculative-num-steps {s} --speculative-eagle-topk {k} "
             f"--speculative-num-draft-tokens {t}",
-            triple,
+            sglang_flags=triple,
         )
     # The flags a user would derive from the tree: its depth, its widest fan-out, its size.
     steps = min(max(tree.depth, 1), a.shape[0])
@@ -628,7 +537,7 @@ def _check_sglang(tree: Tree, accuracy, engine: Engine) -> EngineDraft:
     tokens = min(tree.size, sglang_pool_size(steps, topk)) + 1
     drafted = sglang_tree(a, steps, topk, tokens)
     triple = (steps, topk, steps + 1 if topk == 1 else tokens)
-    return EngineDraft(
+    return EngineCheck(
         engine.name,
         tree,
         Tree(drafted.paths, name=f"{tree.name} as drafted"),
@@ -636,7 +545,7 @@ def _check_sglang(tree: Tree, accuracy, engine: Engine) -> EngineDraft:
         False,
         f"SGLang has no static tree; its flags for this tree's depth, fan-out and size "
         f"(steps {triple[0]}, topk {triple[1]}, draft tokens {triple[2]}) draft another one",
-        triple,
+        sglang_flags=triple,
     )
 
 
@@ -694,12 +603,17 @@ def export_for(engine: Engine, tree: Tree, *, heads: int | None = None, accuracy
         return EngineExport(
             engine.name, line, f"{line}\n{TRTLLM_LLM_API_BACKEND_NOTE}\nspeculative_config = {json.dumps(config)}\n"
         )
-    if kind == "vllm":
+    if kind in ("vllm", "vllm-tree"):
         config = {"method": engine.method_name, "num_speculative_tokens": tree.size}
-        if engine.max_children != 1:
+        if kind == "vllm-tree":
             config["speculative_token_tree"] = _tuple_list(tree)
         line = f"--speculative-config '{json.dumps(config)}'"
-        return EngineExport(engine.name, line, line + "\n")
+        return EngineExport(engine.name, line, _with_note(engine, line))
+    if kind == "trtllm-draft":
+        # why (docs/engines.md#tensorrt-llm): DraftTargetDecodingConfig needs the draft model's path
+        config = {"decoding_type": engine.method_name, "max_draft_len": tree.size, "speculative_model": "<draft model>"}
+        line = f"speculative_config = {json.dumps(config)}"
+        return EngineExport(engine.name, line, _with_note(engine, line))
     if kind == "sglang":
         if accuracy is None:
             raise UserError("--engine sglang: needs --accuracy to find the flags that draft this tree")
@@ -714,60 +628,13 @@ def export_for(engine: Engine, tree: Tree, *, heads: int | None = None, accuracy
     raise UserError(f"engine {engine.name}: unknown export {kind!r}")
 
 
+def _with_note(engine: Engine, line: str) -> str:
+    """The full text: the line, then what the release does with it as a comment."""
+    return f"{line}\n# {engine.note}\n" if engine.note else line + "\n"
+
+
 def sglang_flags(steps: int, topk: int, num_draft_tokens: int, *, algorithm: str = "EAGLE") -> str:
     return (
         f"--speculative-algorithm {algorithm} --speculative-num-steps {steps} "
         f"--speculative-eagle-topk {topk} --speculative-num-draft-tokens {num_draft_tokens}"
     )
-
-
-# ---------------------------------------------------------------------------------------------
-# Which engine line a drafter can use (docs/engines.md#drafters-and-engines)
-
-
-_VLLM_FOR = {
-    "medusa": ("vllm-medusa", 'vLLM serves Medusa heads as a top-1 chain (method "medusa"), not a tree'),
-    "mlp-speculator": (
-        "vllm-mlp-speculator",
-        'vLLM serves an MLP speculator as a top-1 chain (method "mlp_speculator")',
-    ),
-    "draft-model": (
-        "vllm-draft-model",
-        'vLLM reads speculative_token_tree on its EAGLE proposer; treeopt gives a draft model (method "draft_model") '
-        "a top-1 chain",
-    ),
-    "hydra": (
-        None,
-        "vLLM has no Hydra drafter (it serves eagle, eagle3, MTP, medusa, mlp_speculator, draft_model, ngram)",
-    ),
-}
-_SGLANG_SERVES = "it serves EAGLE/EAGLE3 drafters, NEXTN (MTP) layers, STANDALONE draft models and NGRAM"
-
-
-def engine_for_drafter(engine_name: str, drafter_kind: str) -> tuple[str | None, str | None]:
-    """The engine to emit for statistics from a `drafter_kind` drafter when `engine_name` was
-    asked for, and a one-line note when it differs; (None, note) when that engine cannot serve
-    the drafter at all, and treeopt emits no line for it (docs/engines.md#drafters-and-engines)."""
-    kind = str(drafter_kind).replace("_", "-")
-    if kind not in DRAFTER_KINDS:
-        raise UserError(f"drafter: {drafter_kind!r} is not one of {', '.join(DRAFTER_KINDS)}")
-    get_engine(engine_name)  # the error for an unknown engine
-    if engine_name.startswith("vllm"):
-        target, why = _VLLM_FOR[kind]
-        if target == engine_name:
-            return engine_name, None
-        what = f"treeopt emits --engine {target} instead" if target else "treeopt emits no vLLM line"
-        return target, f"--engine {engine_name}: {why}; {what}"
-    if engine_name.startswith("sglang"):
-        if kind == "draft-model":
-            if engine_name == "sglang-standalone":
-                return engine_name, None
-            return "sglang-standalone", (
-                f"--engine {engine_name}: SGLang runs a separate draft model as --speculative-algorithm STANDALONE "
-                "(the same tree rule); treeopt emits --engine sglang-standalone instead"
-            )
-        return (
-            None,
-            f"--engine {engine_name}: SGLang has no {kind} drafter ({_SGLANG_SERVES}); treeopt emits no SGLang line",
-        )
-    return engine_name, None

@@ -38,6 +38,8 @@ __all__ = [
     "trtllm_schedule_config",
     "SGLangPlan",
     "sglang_plan",
+    "selection_schedule",
+    "format_schedule",
 ]
 
 
@@ -293,3 +295,59 @@ def _best_triple(speedups: dict, weights: dict):
         if np.isfinite(value) and (best is None or value > best[1]):
             best = (tuple(int(x) for x in triple), value)
     return best
+
+
+def selection_schedule(cells, engine) -> dict:
+    """The per-batch schedule of a selection's cells for `engine` (a treeopt.engine_data.Engine),
+    paste-ready (docs/engines.md#schedules): `ranges`, the engine's `config` and `line`, or a
+    `note` saying why that engine takes none. `cells`: dicts with batch, context and nodes (the
+    chosen chain's draft length; 0 = speculation off). The engine's table has no context axis, so
+    a batch size gets the shortest draft its contexts chose (`choices_for_mix`)."""
+    if engine.schedule not in ("vllm", "trtllm") or engine.max_children != 1:
+        return {"engine": engine.name, "note": _NO_SCHEDULE.get(engine.name.split("@")[0], _NO_SCHEDULE[""])}
+    rows = [(int(c["batch"]), int(c["context"]), int(c["nodes"] or 0)) for c in cells]
+    if not rows:
+        raise UserError("schedule: the selection has no cells")
+    b, c, k = (np.array(col) for col in zip(*rows))
+    choices = choices_for_mix(b, c, k)
+    doc = {
+        "engine": engine.name,
+        "choices": [[x.batch_size, x.draft_len] for x in choices],
+        "ranges": [list(r) for r in batch_ranges(choices)],
+        "contexts": sorted({int(x) for x in c}),
+    }
+    if engine.schedule == "vllm":
+        config = vllm_schedule_config(choices, engine.method_name)
+        doc["config"] = config
+        doc["line"] = vllm_schedule_line(config)
+    else:
+        # why (docs/engines.md#tensorrt-llm): Draft_Target refuses a config without its model's path
+        extra = {"speculative_model": "<draft model>"} if engine.method_name == "Draft_Target" else {}
+        config = trtllm_schedule_config(choices, decoding_type=engine.method_name, **extra)
+        doc["config"] = config
+        doc["line"] = (
+            f"speculative_config = {json.dumps(config)}" if config else "# no batch size drafts: no speculative_config"
+        )
+    return doc
+
+
+_NO_SCHEDULE = {
+    "trtllm": (
+        "TensorRT-LLM's Medusa runs on the legacy TensorRT backend, which reads no draft_len_schedule (the PyTorch "
+        "backend's drafters do); the tree per batch is each cell's line"
+    ),
+    "vllm": "vLLM <= 0.20's tree proposer takes no per-batch table; the tree per batch is each cell's line",
+    "sglang": "SGLang runs one (steps, topk, draft tokens) per server: see the mix's triple (sglang_plan)",
+    "": "this engine takes no per-batch schedule; the tree per batch is each cell's line",
+}
+
+
+def format_schedule(section: dict) -> str:
+    """The schedule section of a selection as the lines `treeopt select` prints."""
+    if "note" in section:
+        return f"per-batch schedule ({section['engine']}): none; {section['note']}"
+    ranges = ", ".join(f"{s}-{e}: {k}" for s, e, k in section["ranges"])
+    return (
+        f"per-batch schedule for {section['engine']} (batch sizes: draft length; the shortest draft of contexts "
+        f"{', '.join(map(str, section['contexts']))}; docs/engines.md#schedules): {ranges}\n{section['line']}"
+    )

@@ -5,19 +5,19 @@ milliseconds without loading pandas, scipy or torch (docs/architecture.md#code-s
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import replace
 from pathlib import Path
 
 from treeopt.accuracy import AccuracyTable, load_accuracy
 from treeopt.accuracy import expected_tokens as _expected_tokens
 from treeopt.build import build_tree as _build_tree
-from treeopt.engines import EngineDraft, EngineExport, engine_for_drafter, export_for, get_engine
+from treeopt.engines import EngineCheck, EngineExport, engine_for_drafter, export_for, get_engine
 from treeopt.engines import check as _check
 from treeopt.errors import UserError
 from treeopt.family_build import build_for_engine
 from treeopt.tree import Tree, load_tree, make_tree
 
-__all__ = ["EngineCheck", "build_tree", "check", "engine_for_table", "expected_tokens", "export_tree"]
+__all__ = ["EngineCheck", "build_tree", "check", "engine_for_table", "expected_tokens", "export_tree", "serving_engine"]
 
 
 def _table(accuracy) -> AccuracyTable:
@@ -40,6 +40,20 @@ def engine_for_table(engine: str, table: AccuracyTable | None, *, note=None) -> 
     target, why = engine_for_drafter(engine, kind)
     if why is not None and note is not None:
         note(why)
+    return target
+
+
+def serving_engine(engine: str, table: AccuracyTable | None, *, note=None) -> str:
+    """`engine_for_table`, with an engine that cannot serve the table's drafter at all refused in
+    one line: the one rule build, check, export, speedup, report and run share
+    (docs/engines.md#drafters-and-engines)."""
+    lines: list[str] = []
+    target = engine_for_table(engine, table, note=lines.append)
+    if target is None:
+        raise UserError(lines[0])
+    if note is not None:
+        for line in lines:
+            note(line)
     return target
 
 
@@ -66,7 +80,7 @@ def build_tree(
         return _build_tree(table, nodes, method, max_depth=max_depth, max_children=max_children)
     if max_depth is not None or max_children is not None:
         raise UserError("--engine: the engine's family sets the limits; leave out --max-depth/--max-children")
-    return build_for_engine(table, nodes, method, get_engine(engine), heads=heads)
+    return build_for_engine(table, nodes, method, get_engine(serving_engine(engine, table)), heads=heads)
 
 
 def expected_tokens(tree: Tree | str | list, accuracy: AccuracyTable | str | Path, *, joint: bool = False) -> float:
@@ -74,39 +88,6 @@ def expected_tokens(tree: Tree | str | list, accuracy: AccuracyTable | str | Pat
     Nodes the table did not measure (deeper than its heads, ranks past its width) count as never
     accepted."""
     return _expected_tokens(_tree(tree), _table(accuracy), joint=joint, strict=False)
-
-
-@dataclass(frozen=True)
-class EngineCheck:
-    """What an engine does with a tree: `as_written`, or `drafted` instead (`refused` when it
-    will not take it), the `reason`, and tau of both when an accuracy table was given."""
-
-    engine: str
-    tree: Tree
-    drafted: Tree
-    as_written: bool
-    refused: bool
-    reason: str
-    tau: float | None = None
-    tau_drafted: float | None = None
-    sglang_flags: tuple[int, int, int] | None = None  # SGLang: (steps, topk, num_draft_tokens)
-    runtimes: tuple[str, ...] = ()  # one line per runtime of the engine (TensorRT-LLM: C++, Python)
-
-    def to_dict(self) -> dict:
-        return {
-            "tree": self.tree.name,
-            "engine": self.engine,
-            "as_written": self.as_written,
-            "refused": self.refused,
-            "reason": "; ".join(self.runtimes) if self.runtimes else self.reason,  # one line, as JSON readers expect
-            "nodes": self.tree.size,
-            "drafted_nodes": self.drafted.size,
-            "drafted": self.drafted.to_choices(),
-            "tau": self.tau,
-            "tau_drafted": self.tau_drafted,
-            "sglang_flags": list(self.sglang_flags) if self.sglang_flags else None,
-            "runtimes": list(self.runtimes),
-        }
 
 
 def check(
@@ -124,23 +105,13 @@ def check(
     table = _table(accuracy) if accuracy is not None else None
     target = get_engine(engine, topk=topk)
     heads = heads or (table.num_heads if table is not None else None)
-    result: EngineDraft = _check(tree, target, heads=heads, accuracy=table.accuracy if table is not None else None)
-    taus = {}
-    if table is not None:
-        taus = {
-            "tau": _expected_tokens(tree, table, strict=False),
-            "tau_drafted": _expected_tokens(result.drafted, table, strict=False),
-        }
-    return EngineCheck(
-        target.name,
-        tree,
-        result.drafted,
-        result.as_written,
-        result.refused,
-        result.reason,
-        sglang_flags=result.triple,
-        runtimes=result.runtimes,
-        **taus,
+    result = _check(tree, target, heads=heads, accuracy=table.accuracy if table is not None else None)
+    if table is None:
+        return result
+    return replace(
+        result,
+        tau=_expected_tokens(tree, table, strict=False),
+        tau_drafted=_expected_tokens(result.drafted, table, strict=False),
     )
 
 

@@ -35,6 +35,7 @@ from treeopt.family_build import drafted_sizes, engine_proposal
 from treeopt.selection import best_per_cell
 from treeopt.tau import first_heads, proposal_sequence, tau_curves
 from treeopt.tree import Tree
+from treeopt.tree_api import serving_engine
 
 #: peak memory per (batch, context, nodes) cell of a predicted grid, with the best tree per
 #: cell and the selection: 1.07 KB measured with tracemalloc (llama-7b, 16 x 16 and 64 x 64 x 65
@@ -219,7 +220,7 @@ def predict_speedup(
     if head_shape.num_heads < 1:
         raise UserError("--num-heads: a speedup grid needs at least one draft head")
     depth = min(head_shape.num_heads, cost.stages) if cost is not None else head_shape.num_heads
-    target = get_engine(engine) if engine else None
+    target = get_engine(serving_engine(engine, accuracy)) if engine else None
     tree, tau = greedy_proposal(accuracy, max_nodes, depth, options.joint, target)
     work = sequential_work(cost, tree)
     # sizes the engine would not draft as written are never picked (vLLM's uniform trees)

@@ -266,7 +266,7 @@ def _echo_preset_sources() -> None:
     metavar="FILE",
     help="Measured step times, repeatable (the steps are joined): a CSV with columns batch, context, tokens, "
     "step_ms [, candidates, draft_stages] (docs/performance-model.md#fitting-a-profile-to-measured-steps), or an "
-    "engine's benchmark output: SGLang bench_one_batch JSONL, vLLM latency JSON, trtllm-bench report JSON "
+    "engine's benchmark output: SGLang sglang.benchmark.one_batch JSONL, vLLM latency JSON, trtllm-bench report JSON "
     "(docs/performance-model.md#engine-benchmark-files).",
 )
 @click.option(

@@ -490,6 +490,8 @@ def check_cmd(tree_spec, engine, accuracy_path, csv_model, engine_heads, topk, a
         else "does NOT draft it as written"
     )
     lines = [f"{tree.name}: {tree.size} nodes; {target.title} {verdict}", f"  {result.reason}"]
+    if target.note:  # what this release does with the line (docs/engines.md#releases)
+        lines.append(f"  {target.note}")
     if not result.as_written:
         lines.append(f"  drafted instead: {result.drafted.size} nodes {result.drafted.to_choices()}")
     if table is not None:
