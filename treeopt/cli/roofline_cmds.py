@@ -48,6 +48,7 @@ from treeopt.fileio import atomic_folder, atomic_outputs, atomic_path, dumps
 from treeopt.mix import format_mix, parse_mix
 from treeopt.selection import best_per_cell
 from treeopt.selection_types import MixSection, selection_to_json
+from treeopt.tree_api import serving_engine
 
 
 @click.command("ops")
@@ -402,6 +403,8 @@ def report_cmd(
     if plot_context is not None and plot_context not in contexts:
         raise UserError(f"--plot-context: {plot_context} is not one of the --context values")
     proposal = tau = None
+    if engine and table is not None:  # the one drafter rule (docs/engines.md#drafters-and-engines)
+        engine = serving_engine(engine, table, note=lambda line: click.echo(f"note: {line}", err=True))
     if table is not None:
         depth = min(heads.num_heads, cost.stages) if cost is not None else heads.num_heads
         proposal, tau = greedy_proposal(table, max_nodes, depth, joint, get_engine(engine) if engine else None)
