@@ -48,7 +48,7 @@ from pathlib import Path
 
 from calibration.demo_files import DEMO_PROMPTS, DEMO_VALIDATION_PROMPTS
 from treeopt.errors import UserError
-from treeopt.fileio import read_json_input, read_text_input
+from treeopt.fileio import DuplicateKey, check_input_file, loads_strict, read_json_input, read_text_input
 
 #: the bundled prompt sets, by the name `--data` takes for them
 DEMO_SOURCES = {"demo": DEMO_PROMPTS, "demo-validation": DEMO_VALIDATION_PROMPTS}
@@ -160,6 +160,12 @@ class Conversation:
         return out
 
 
+#: the most text read as prompts from plain text files: it is tokenised whole, and tokens take
+#: tens of times the text's size in memory (a 1 GB file took 20.8 GB); 64 MiB is some 16
+#: million tokens, far more than a calibration counts
+MAX_TEXT_BYTES = 64 << 20
+
+
 def _content(value, where: str, field: str) -> str:
     """A turn's text: a string, or OpenAI's list of content parts (their ``text`` joined)."""
     if isinstance(value, list) and all(isinstance(p, dict) for p in value):
@@ -187,7 +193,21 @@ def _chat_turns(value, where: str, field: str) -> list[tuple[str, str]]:
 
 
 def conversation_from_record(record, where: str) -> Conversation:
-    """The `Conversation` of one prompt record (a JSON object or string; module doc)."""
+    """The `Conversation` of one prompt record (a JSON object or string; module doc); UserError
+    for a turn holding a lone surrogate (a JSON escape such as \\ud800, half a character), which
+    no tokenizer encodes."""
+    conversation = _conversation(record, where)
+    for role, text in conversation.turns:
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as err:
+            raise UserError(
+                f"{where}: the {role} text holds a lone surrogate (\\u{ord(text[err.start]):04x}), which is no text"
+            ) from None
+    return conversation
+
+
+def _conversation(record, where: str) -> Conversation:
     if isinstance(record, str):
         return Conversation((("user", record),), "string")
     if not isinstance(record, dict):
@@ -233,6 +253,7 @@ def _prompt_from_record(record, where: str) -> str:
 def read_jsonl_records(path: str | Path) -> list[tuple[object, str]]:
     """The records of a JSON-lines file with where each is (``file:line``), blank lines skipped."""
     path = Path(path)
+    check_input_file(path, "a JSON-lines file of prompts")
     try:
         raw = path.read_bytes()
     except OSError as err:
@@ -247,9 +268,13 @@ def read_jsonl_records(path: str | Path) -> list[tuple[object, str]]:
         if not text:
             continue
         try:
-            record = json.loads(text)
+            record = loads_strict(text)
         except json.JSONDecodeError as err:
             raise UserError(f"{path}:{lineno}: not valid JSON ({err.msg})") from None
+        except RecursionError:
+            raise UserError(f"{path}:{lineno}: JSON nested too deeply to read") from None
+        except DuplicateKey as err:
+            raise UserError(f"{path}:{lineno}: the key {str(err)[:60]!r} is given twice in one object") from None
         if isinstance(record, str):  # a bare string is not a JSON-lines record
             raise UserError(f"{path}:{lineno}: expected a JSON object, found str")
         records.append((record, f"{path}:{lineno}"))
@@ -300,7 +325,7 @@ def check_prompt_source(data: str | Path, option: str = "--data") -> None:
         records = read_records(path)
         if not any(conversation_from_record(r, where).contexts() for r, where in records):
             raise UserError(f"{path}: no prompts")
-    elif not read_text_input(path, "a text file").strip():
+    elif not read_text_input(path, "a text file of prompts", MAX_TEXT_BYTES).strip():
         raise UserError(f"{path}: no prompts")
 
 
@@ -404,7 +429,8 @@ def load_prompts(
         sha = _sha256_file(path)
     else:
         kind = "text"
-        prompts = chunk_ids(_encode(tokenizer, read_text_input(path, "a text file")), prompt_tokens, prefix)
+        text = read_text_input(path, "a text file of prompts", MAX_TEXT_BYTES)
+        prompts = chunk_ids(_encode(tokenizer, text), prompt_tokens, prefix)
         sha = _sha256_file(path)
 
     if max_prompts is not None:
@@ -437,6 +463,9 @@ def _directory_prompts(path: Path, tokenizer, prompt_tokens: int, max_prompts: i
         and p.suffix.lower() in TEXT_SUFFIXES
         and not any(part.startswith(".") for part in p.relative_to(path).parts)
     )
+    total = sum(f.stat().st_size for f in files)
+    if total > MAX_TEXT_BYTES:
+        raise UserError(f"{path}: its text files hold {total} bytes, more than prompts may be ({MAX_TEXT_BYTES})")
     digest = hashlib.sha256()
     prompts: list[tuple[int, ...]] = []
     skipped: list[str] = []

@@ -11,8 +11,9 @@ for calibration and validation, so the main job never trains.
 
 Where training writes (`train_demo`): only under its output folder OUT and its work folder
 (default OUT/.work). The model and tokenizer go to OUT, the heads to OUT/heads, the prompts to
-OUT/data, except when OUT is the bundled calibration/demo_model: then the prompts replace the
-bundled ones that ``--data demo`` reads (calibration/data). The work folder keeps the
+OUT/data; nothing is written inside the installed package (`treeopt.fileio.refuse_unsafe_output`:
+copy OUT over calibration/demo_model by hand to replace the bundled model and the prompts
+``--data demo`` reads). The work folder keeps the
 tokenizer, the tokenised corpus and the checkpoints, tied to the recipe by ``recipe.json``: a
 resume with another recipe or seed is refused, never mixed (docs/formats.md#output-safety).
 """
@@ -35,7 +36,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 from transformers.utils import logging as hf_logging
 
-from calibration.demo_files import DEMO_MODEL_DIR, DEMO_PROMPTS, DEMO_VALIDATION_PROMPTS
+from calibration.demo_files import DEMO_PROMPTS, DEMO_VALIDATION_PROMPTS
 from calibration.heads import MedusaHeads
 from treeopt.errors import UserError, first_line
 from treeopt.fileio import atomic_path, read_json_input, write_json, write_text
@@ -175,8 +176,6 @@ def _check_work_dir(work_dir: Path, recipe: DemoRecipe, resume: bool) -> None:
 
 def _prompt_files(out_dir: Path) -> tuple[Path, Path]:
     """Where the calibration and validation prompts go (module doc)."""
-    if out_dir.resolve() == DEMO_MODEL_DIR.resolve():
-        return DEMO_PROMPTS, DEMO_VALIDATION_PROMPTS
     return out_dir / "data" / DEMO_PROMPTS.name, out_dir / "data" / DEMO_VALIDATION_PROMPTS.name
 
 

@@ -26,6 +26,7 @@ from calibration.drafters import (
     find_drafter_dir,
     load_drafter,
 )
+from calibration.model_checks import check_config, check_loading_info, quiet_load_report
 from treeopt.dtypes import TORCH_NAMES, normalize_dtype
 from treeopt.errors import UserError, first_line
 from treeopt.layout import default_heads_dir
@@ -165,6 +166,7 @@ def _model_dir(model: str) -> Path:
     model_dir = Path(model)
     if not (model_dir / "config.json").is_file():
         raise UserError(f"--model: {model} is not a model directory (no config.json)")
+    check_config(model_dir)
     return model_dir
 
 
@@ -193,14 +195,16 @@ def _load_base(model_dir: Path, torch_dtype: torch.dtype, device_map, offload_di
             # refuses a pytorch_model.bin; the refusal is told on its own in one line
             # (docs/formats.md#output-safety), the warning only adds lines
             warnings.filterwarnings("ignore", message="Detected pickle protocol", category=UserWarning)
-            base = AutoModelForCausalLM.from_pretrained(
-                str(model_dir), dtype=torch_dtype, attn_implementation="sdpa", **sharded
-            )
+            with quiet_load_report():
+                base, info = AutoModelForCausalLM.from_pretrained(
+                    str(model_dir), dtype=torch_dtype, attn_implementation="sdpa", output_loading_info=True, **sharded
+                )
         tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     except ImportError as err:  # transformers needs accelerate for a device map
         raise UserError(f"--device-map: {first_line(err)} (pip install 'treeopt[scale]')") from None
     except Exception as err:  # noqa: BLE001 - a damaged model file surfaces as any of torch's or safetensors' errors
         raise UserError(f"--model: cannot load {model_dir}: {first_line(err)}") from None
+    check_loading_info(model_dir, info)
     return base, tokenizer
 
 

@@ -103,6 +103,7 @@ from treeopt.chain import alpha_path
 from treeopt.dtypes import torch_dtype_name
 from treeopt.errors import UserError
 from treeopt.fileio import atomic_outputs, check_writable, output_lock, refuse_overwriting_inputs
+from treeopt.input_paths import input_files
 from treeopt.layout import default_heads_dir
 from treeopt.resume import differences_text
 from treeopt.version import __version__
@@ -559,11 +560,12 @@ def _check_outputs(source: ModelSource, data: str, output, checkpoint: Path | No
     own_checkpoint = None if checkpoint is None else rank_checkpoint_path(checkpoint, processes)
     outputs = [] if output is None or not processes.is_main else [output, rank_vectors_path(output)]
     outputs += [own_checkpoint] if own_checkpoint is not None else []
-    inputs = [p for p in (source.model, source.heads, data) if p is not None and Path(p).is_file()]
-    refuse_overwriting_inputs(outputs, inputs)
+    check_writable(outputs)
+    # a model folder counts with its weights and configuration; `demo` names no file here, and
+    # what it resolves to lies inside the package, which `check_writable` refuses
+    refuse_overwriting_inputs(outputs, input_files(source.model, source.heads, data))
     if output is not None and checkpoint is not None:
         refuse_overwriting_inputs([own_checkpoint], [output, rank_vectors_path(output)])
-    check_writable(outputs)
 
 
 def _run_prompts(data: str, loaded, settings: CalibrationSettings, prompt_tokens: int, chat_template: bool, warn: bool):
@@ -698,9 +700,12 @@ def run_calibration(
     if checkpoint == "auto":
         checkpoint = Path(str(output) + ".partial") if output is not None else None
     _check_outputs(source, data, output, checkpoint, processes)
-    # process 0 owns the outputs; the others write only their own checkpoints
+    # process 0 owns the outputs; every process locks its own checkpoint (a --checkpoint shared
+    # by two calibrations would mix their counts)
     lock = output_lock(output) if output is not None and processes.is_main else contextlib.nullcontext()
-    with lock, process_group(processes, source.device):
+    own_checkpoint = None if checkpoint is None else rank_checkpoint_path(checkpoint, processes)
+    checkpoint_lock = contextlib.nullcontext() if own_checkpoint is None else output_lock(own_checkpoint)
+    with lock, checkpoint_lock, process_group(processes, source.device):
         loaded = source.load()
         prompts = _run_prompts(data, loaded, settings, prompt_tokens, chat_template, processes.is_main)
         with torch_threads(loaded.model, loaded.device, threads):

@@ -188,6 +188,11 @@ class GemmTiles:
             raise UserError(f"{source}: {err}") from None
 
 
+#: the most any fixed per-step cost of a profile may be: a whole decoding step of a 70B model on
+#: one CPU core takes tens of seconds, so a term above this is a unit error, not a measurement
+MAX_OVERHEAD_S = 60.0
+
+
 @dataclass(frozen=True)
 class HardwareProfile:
     """Roofs, efficiencies and overheads of one machine (and, for calibrated profiles, one
@@ -273,6 +278,11 @@ class HardwareProfile:
         for key in ("bandwidth_bytes_per_s", "capacity_bytes", "eta_compute", "eta_memory", "interconnect_bytes_per_s"):
             if not _positive(getattr(self, key)):
                 raise UserError(f"hardware {self.name}: '{key}' must be a positive number")
+        for key in ("eta_compute", "eta_memory"):  # attained fractions of a roof: never above it
+            if getattr(self, key) > 1:
+                raise UserError(
+                    f"hardware {self.name}: '{key}' is a fraction of the peak, at most 1, got {getattr(self, key)}"
+                )
         for key in (
             "kernel_overhead_s",
             "forward_overhead_s",
@@ -290,6 +300,10 @@ class HardwareProfile:
             value = getattr(self, key)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not np.isfinite(value) or value < 0:
                 raise UserError(f"hardware {self.name}: '{key}' must be a number >= 0")
+            if value > MAX_OVERHEAD_S:
+                raise UserError(
+                    f"hardware {self.name}: '{key}' is {value:g} s, more than any step takes ({MAX_OVERHEAD_S:g} s)"
+                )
         for key in ("vector_flops", "elementwise_bytes_per_s", "kv_update_bytes_per_s", "capacity_sold_gb"):
             value = getattr(self, key)
             if value is not None and not _positive(value):

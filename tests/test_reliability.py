@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -28,6 +29,7 @@ from calibration import demo, runner
 from calibration.counts import CalibrationCounts
 from calibration.data import load_prompts
 from calibration.demo import DemoRecipe
+from calibration.demo_files import DEMO_HEADS_DIR, DEMO_MODEL_DIR, DEMO_PROMPTS
 from calibration.models import ModelSource, load_model, tiny_model_for_tests
 from calibration.runner import (
     CalibrationInterrupted,
@@ -36,6 +38,7 @@ from calibration.runner import (
     deferred_interrupts,
     run_calibration,
 )
+from tests.test_reliability_cli import held_by_another_process, refused, refused_in_package
 from treeopt.acceptance import load_rank_vectors, rank_vectors_path
 from treeopt.accuracy import AccuracyTable, load_accuracy
 from treeopt.build import optimal_tree
@@ -224,9 +227,24 @@ def test_lock_of_a_killed_writer_is_free(tmp_path):
 
 
 def test_lock_is_per_output(tmp_path):
-    with output_lock(tmp_path / "a.json"), output_lock(tmp_path / "b.json"):
-        with pytest.raises(UserError, match="another treeopt process"), output_lock(tmp_path / "a.json"):
+    # another process holds a.json: b.json is free, a.json is not (the lock is re-entrant within
+    # one process since a command locks its outputs up front, so the holder is a second process)
+    holder = start_holder(tmp_path / "a.json")
+    try:
+        with output_lock(tmp_path / "b.json"):
+            with pytest.raises(UserError, match="another treeopt process"), output_lock(tmp_path / "a.json"):
+                pass
+    finally:
+        holder.communicate("done\n", timeout=60)
+
+
+def test_lock_is_reentrant_within_a_process_and_released_by_the_outer_holder(tmp_path):
+    output = tmp_path / "a.json"
+    with output_lock(output):
+        with output_lock(output):
             pass
+        assert lock_path(output).exists()  # the inner release keeps the outer lock
+    assert not lock_path(output).exists()
 
 
 # --------------------------------------------------------------------------------------------
@@ -451,7 +469,8 @@ def test_failed_table_write_keeps_the_checkpoint_and_resume_does_no_prompt_again
 
     with monkeypatch.context() as patch:
         patch.setattr(AccuracyTable, "save", disk_full)
-        with pytest.raises(OSError, match="No space left"):
+        # one line naming the table (issue 47), not the OSError's traceback
+        with pytest.raises(UserError, match=r"acc\.json: cannot write \(No space left"):
             run_calibration(on_cpu(tiny), str(prompts_file), output=out, **SMALL)
     left = snapshot(folder)
     ckpt = folder / "acc.json.partial"
@@ -715,3 +734,80 @@ def test_a_resumed_sweep_leaves_no_temporary(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "treeopt", "sweep", *args], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["sweep.csv", "sweep.meta.json", "sweep.samples.npz"]
+
+
+# --------------------------------------------------------------------------------------------
+# the commands that load torch: outputs inside the package, a shared checkpoint (issue 47)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        f"hw calibrate -o {REPO / 'roofline' / 'data' / 'engine_presets.json'}",
+        f"calibrate -o {DEMO_HEADS_DIR / 'config.json'}",
+        f"calibrate -o {DEMO_PROMPTS}",
+        f"demo train -o {DEMO_MODEL_DIR}",
+        f"demo train-drafters -o {DEMO_MODEL_DIR}",
+    ],
+    ids=["hw-calibrate", "calibrate-demo-heads", "calibrate-demo-prompts", "demo-train", "demo-train-drafters"],
+)
+def test_the_files_demo_resolves_to_are_never_outputs(tmp_path, monkeypatch, capsys, argv):
+    monkeypatch.chdir(tmp_path)
+    refused_in_package(argv, capsys)
+
+
+def test_a_shared_checkpoint_is_locked(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    with held_by_another_process(tmp_path / "shared.partial") as pid:
+        refused(
+            "calibrate --model demo --data demo --checkpoint shared.partial -o other.json",
+            capsys,
+            f"shared.partial: is being written by another treeopt process (pid {pid})",
+        )
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+# --------------------------------------------------------------------------------------------
+# a damaged model: refused in one line before (config) or right after (tensors) it loads
+
+
+def _damaged_copy(tiny: Path, tmp_path: Path, **config) -> Path:
+    model = tmp_path / "m"
+    shutil.copytree(tiny, model)
+    doc = json.loads((model / "config.json").read_text())
+    doc.update(config)
+    (model / "config.json").write_text(json.dumps(doc))  # NaN written as JSON's usual NaN token
+    return model
+
+
+@pytest.mark.parametrize(
+    "config, words",
+    [
+        ({"rms_norm_eps": float("nan")}, "config.json: rms_norm_eps: must be a finite number, got nan"),
+        ({"rms_norm_eps": 0.0}, "config.json: rms_norm_eps: must be in (0, 1), got 0.0"),
+        ({"num_hidden_layers": 0}, "config.json: num_hidden_layers: must be a whole number >= 1, got 0"),
+    ],
+    ids=["eps-nan", "eps-zero", "no-layers"],
+)
+def test_a_model_config_that_would_calibrate_a_wrong_table_is_refused(tiny, tmp_path, config, words):
+    model = _damaged_copy(tiny, tmp_path, **config)
+    with pytest.raises(UserError) as err:
+        load_model(str(model), device="cpu", dtype="float32")
+    assert str(err.value) == f"{model / 'config.json'}: {words.split('config.json: ', 1)[1]}"
+
+
+def test_a_checkpoint_lacking_a_tensor_is_refused_in_one_line(tiny, tmp_path, capsys):
+    """transformers would initialise the missing tensor at random and print a load report."""
+    from safetensors.torch import load_file, save_file
+
+    model = _damaged_copy(tiny, tmp_path)
+    weights = load_file(model / "model.safetensors")
+    missing = sorted(k for k in weights if ".layers.0." in k)[0]
+    del weights[missing]
+    weights["extra.weight"] = torch.zeros(2)
+    save_file(weights, model / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(UserError) as err:
+        load_model(str(model), device="cpu", dtype="float32")
+    assert str(err.value) == f"--model: {model}: the checkpoint lacks tensor {missing}"
+    captured = capsys.readouterr()
+    assert "LOAD REPORT" not in captured.err + captured.out  # transformers' report held back

@@ -41,6 +41,7 @@ import numpy as np
 from treeopt.accuracy import load_accuracy, rank_hits
 from treeopt.errors import UserError
 from treeopt.fileio import atomic_path
+from treeopt.npz_input import read_npz
 from treeopt.tree import Tree
 
 __all__ = [
@@ -293,17 +294,12 @@ def load_rank_vectors(accuracy_path, *, table=None) -> tuple[np.ndarray, np.ndar
     side = rank_vectors_path(accuracy_path)
     if not side.exists():
         return None
-    try:
-        with np.load(side, allow_pickle=False) as z:
-            missing = [k for k in ("ranks", "sequence", "width") if k not in z.files]
-            if missing:
-                raise UserError(f"{side}: not a rank-vector file (no '{missing[0]}' array)")
-            ranks, sequence, width = z["ranks"], z["sequence"], z["width"]
-            side_id = _text_member(z, "run_id", side)
-    except UserError:
-        raise
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile, KeyError) as err:
-        raise UserError(f"{side}: not a readable rank-vector file ({err})") from None
+    z = read_npz(side, "a rank-vector file")
+    missing = [k for k in ("ranks", "sequence", "width") if k not in z]
+    if missing:
+        raise UserError(f"{side}: not a rank-vector file (no '{missing[0]}' array)")
+    ranks, sequence, width = z["ranks"], z["sequence"], z["width"]
+    side_id = _text_member(z, "run_id", side)
     if ranks.ndim != 2 or ranks.shape[1] < 1 or ranks.dtype.kind not in "iu":
         raise UserError(f"{side}: 'ranks' must be an (N, K) integer array, got {ranks.dtype} {ranks.shape}")
     if sequence.shape != (ranks.shape[0],) or sequence.dtype.kind not in "iu":
@@ -323,7 +319,7 @@ def load_rank_vectors(accuracy_path, *, table=None) -> tuple[np.ndarray, np.ndar
 
 def _text_member(z, key: str, side: Path) -> str | None:
     """A string member of the archive (None when absent); UserError when it is not one."""
-    if key not in z.files:
+    if key not in z:
         return None
     value = z[key]
     if value.shape != () or value.dtype.kind != "U":
@@ -338,13 +334,7 @@ def rank_vectors_fingerprint(accuracy_path) -> dict | None:
     side = rank_vectors_path(accuracy_path)
     if not side.exists():
         return None
-    try:
-        with np.load(side, allow_pickle=False) as z:
-            text = _text_member(z, "fingerprint", side)
-    except UserError:
-        raise
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile, KeyError) as err:
-        raise UserError(f"{side}: not a readable rank-vector file ({err})") from None
+    text = _text_member(read_npz(side, "a rank-vector file"), "fingerprint", side)
     try:
         fingerprint = json.loads(text) if text is not None else None
     except json.JSONDecodeError:

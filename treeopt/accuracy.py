@@ -12,6 +12,7 @@ import csv
 import datetime
 import io
 import math
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -434,6 +435,8 @@ def load_accuracy(path, *, model: str | None = None, default_model: str | None =
     lists of R exact-rank accuracies), or a CSV of cumulative top-k accuracies per head (like
     treeopt/data/medusa_train_accuracy.csv; `model` picks the row set; without it, a CSV of
     several models takes the rows of `default_model` when it has them)."""
+    if not isinstance(path, (str, os.PathLike)):  # the project's error, not Path's TypeError
+        raise UserError(f"accuracy: expected a file path or an AccuracyTable, got {type(path).__name__}")
     p = Path(path)
     src = str(path)
     text = read_text_input(p, "an accuracy file")

@@ -53,6 +53,7 @@ from treeopt.selection import (
 from treeopt.selection import select as _select_sweep
 from treeopt.selection_types import Selection as Selection
 from treeopt.stats import DEFAULT_TOLERANCE
+from treeopt.sweep_file import check_samples_cells
 from treeopt.tree import Tree, make_tree
 from treeopt.tree import load_tree as load_tree
 from treeopt.tree_api import EngineCheck as EngineCheck
@@ -242,6 +243,7 @@ def load_sweep(path: str | Path) -> Sweep:
     """A sweep CSV with its `.meta.json` and round samples beside it, validated."""
     frame, meta = read_sweep(str(path))
     samples = read_round_samples(sweep_samples_path(path))
+    check_samples_cells(samples, frame, sweep_samples_path(path))
     return Sweep(str(path), frame, meta, samples, proposal_from_meta(meta, str(path)))
 
 

@@ -18,6 +18,7 @@ import json
 import math
 import os
 import shutil
+import stat
 import sys
 import tempfile
 from collections.abc import Iterable, Iterator
@@ -25,16 +26,94 @@ from pathlib import Path
 
 from treeopt.errors import UserError
 
+#: the installed packages: their folders hold data every run reads (reference trees, engine
+#: presets, the demo model and prompts), so no output is ever written inside them
+PACKAGE_NAMES = ("treeopt", "calibration", "roofline")
+
+#: the longest file name an output may have: its temporary ``.NAME.XXXXXXXX.tmp`` (`atomic_path`)
+#: must fit the 255 bytes Linux and macOS allow a name (NAME_MAX)
+MAX_NAME_BYTES = 255 - len("..XXXXXXXX.tmp")
+
+#: errors of a write that mean the disk or the file system refused it, not a bug: one line
+REFUSED_WRITES = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EIO, errno.ENAMETOOLONG)
+
+
+def package_folders() -> tuple[Path, ...]:
+    """The folders of the installed packages, resolved (they are installed side by side)."""
+    root = Path(__file__).resolve().parent.parent
+    return tuple(root / name for name in PACKAGE_NAMES)
+
+
+def _stat(path: Path, name: str) -> os.stat_result | None:
+    """os.stat of `path`, None when it does not exist (yet)."""
+    try:
+        return os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as err:  # a name too long, a loop of links
+        raise UserError(f"{name[:80]}: cannot be written ({err.strerror or err})") from None
+
+
+def refuse_unsafe_output(out: str | os.PathLike, *, folder: bool = False) -> None:
+    """UserError, one line naming `out`, when writing it would destroy something or cannot
+    work (docs/formats.md#output-safety): it is inside an installed package, it exists and is
+    not a regular file (a device such as /dev/full, a FIFO, a socket: the atomic rename would
+    replace the node), a file name ends in a slash (`-o newdir/`), or the name is longer than
+    a file system allows. `folder`: `out` is an output folder (a report), which may exist as
+    a directory but must not hold a package either."""
+    name = os.fspath(out)
+    path = Path(out)
+    if not folder and name.endswith(("/", os.sep)):
+        raise UserError(f"{name}: names a folder (ends in /); give a file name to write")
+    leaf = len(os.fsencode(path.name))
+    if leaf > MAX_NAME_BYTES:
+        raise UserError(f"{name[:60]}...: file name too long ({leaf} bytes; at most {MAX_NAME_BYTES})")
+    found = _stat(path, name)
+    if found is not None and folder and not stat.S_ISDIR(found.st_mode):
+        raise UserError(f"{name}: is not a directory; give a folder to write the outputs in")
+    if found is not None and not folder and not stat.S_ISREG(found.st_mode):
+        kind = (
+            "a directory; give a file name to write"
+            if stat.S_ISDIR(found.st_mode)
+            else ("not a regular file (a device, FIFO or socket), which writing would replace")
+        )
+        raise UserError(f"{name}: cannot write: is {kind}")
+    real = Path(os.path.realpath(path))
+    for package in package_folders():
+        if real == package or package in real.parents:
+            where = "is inside"
+        elif folder and real in package.parents:  # the folder is replaced whole (`atomic_folder`)
+            where = "holds"
+        else:
+            continue
+        raise UserError(
+            f"{name}: {where} the installed {package.name} package ({package}), whose files every "
+            "run reads; write outputs elsewhere"
+        )
+
+
+def _refused_write(path: Path, err: BaseException) -> BaseException:
+    """A disk that is full or read-only while writing `path` as one UserError line; any other
+    error as it is."""
+    if isinstance(err, OSError) and err.errno in REFUSED_WRITES:
+        return UserError(f"{os.fspath(path)}: cannot write ({err.strerror or err}); nothing was written")
+    return err
+
 
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path beside `path`; on success rename it onto `path`, else delete it.
 
-    For writers that want a filename (savefig, to_csv, torch.save).
+    For writers that want a filename (savefig, to_csv, torch.save). `path` must pass
+    `refuse_unsafe_output`; a full disk is one UserError line.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    refuse_unsafe_output(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as err:
+        raise _refused_write(path, err) from None
     os.close(fd)
     tmp = Path(tmp)
     # mkstemp makes the file 0600; give the final file the usual umask-based permissions.
@@ -44,9 +123,12 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     try:
         yield tmp
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
         tmp.unlink(missing_ok=True)
-        raise
+        refused = _refused_write(path, err)
+        if refused is err:
+            raise
+        raise refused from None
 
 
 def write_text(path: str | os.PathLike, text: str) -> None:
@@ -110,15 +192,47 @@ def write_json_rows(path: str | os.PathLike, obj) -> None:
     write_text(path, json_rows(obj))
 
 
-def read_text_input(path: str | os.PathLike, what: str) -> str:
+#: the largest input file read whole: 1 GiB (a ShareGPT dump is 0.7 GB); anything larger would
+#: take many times its size in memory before a single check could fail
+MAX_INPUT_BYTES = 1 << 30
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+def check_input_file(path: str | os.PathLike, what: str, max_bytes: int = MAX_INPUT_BYTES) -> int:
+    """The size of a user's input file, after checking it can be read whole without exhausting
+    the machine: UserError naming the path when it is missing, a directory, not a regular file
+    (a device such as /dev/zero or /dev/urandom never ends, a FIFO without a writer never
+    opens), or larger than `max_bytes`. `what` names the kind of file with its article."""
+    name = os.fspath(path)  # messages name the file as the user gave it
+    try:
+        found = os.stat(path)
+    except FileNotFoundError:
+        raise UserError(f"{name}: no such file (expected {what})") from None
+    except OSError as err:
+        raise UserError(f"{name}: cannot read ({err.strerror or err})") from None
+    if stat.S_ISDIR(found.st_mode):
+        raise UserError(f"{name}: is a directory, not {what}")
+    if not stat.S_ISREG(found.st_mode):
+        raise UserError(f"{name}: is not a regular file (a device, FIFO or socket), not {what}")
+    if found.st_size > max_bytes:
+        raise UserError(
+            f"{name}: {_size(found.st_size)}, more than {what} may be ({_size(max_bytes)}); give a smaller part of it"
+        )
+    return found.st_size
+
+
+def read_text_input(path: str | os.PathLike, what: str, max_bytes: int = MAX_INPUT_BYTES) -> str:
     """The text of a user's input file, UTF-8 (a leading byte-order mark, as spreadsheet
     exports write, is dropped). `what` names the kind of file with its article ("an accuracy
-    file"); UserError naming the path when it is missing, a directory, unreadable or not UTF-8.
+    file"); UserError naming the path when it is missing, a directory, not a regular file,
+    larger than `max_bytes` (`check_input_file`), unreadable or not UTF-8.
     """
-    name = os.fspath(path)  # messages name the file as the user gave it
+    name = os.fspath(path)
     path = Path(path)
-    if path.is_dir():
-        raise UserError(f"{name}: is a directory, not {what}")
+    check_input_file(path, what, max_bytes)
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
@@ -131,10 +245,32 @@ def read_text_input(path: str | os.PathLike, what: str) -> str:
         raise UserError(f"{name}: not a UTF-8 text file (byte {err.start})") from None
 
 
+class DuplicateKey(ValueError):
+    """A JSON object names one key twice: json.loads would keep the last value silently."""
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    doc = dict(pairs)
+    if len(doc) != len(pairs):
+        seen: set[str] = set()
+        key = next(k for k, _ in pairs if k in seen or seen.add(k))
+        raise DuplicateKey(key)
+    return doc
+
+
+def loads_strict(text: str) -> object:
+    """json.loads that refuses an object naming a key twice (`DuplicateKey`): which of two
+    values a reader keeps is not said by the JSON standard (RFC 8259, section 4)."""
+    return json.loads(text, object_pairs_hook=_unique_keys)
+
+
 def parse_json_input(text: str, source) -> object:
-    """`text` parsed as JSON; UserError naming `source` and the line of the first error."""
+    """`text` parsed as JSON; UserError naming `source` and the line of the first error, or
+    a key given twice in one object."""
     try:
-        return json.loads(text)
+        return loads_strict(text)
+    except DuplicateKey as err:
+        raise UserError(f"{source}: the key {str(err)[:60]!r} is given twice in one object") from None
     except json.JSONDecodeError as err:
         raise UserError(f"{source}: not valid JSON (line {err.lineno}: {err.msg})") from None
     except RecursionError:
@@ -200,8 +336,7 @@ def check_writable(outputs: Iterable) -> None:
             continue
         name = os.fspath(out)
         path = Path(out)
-        if path.is_dir():
-            raise UserError(f"{name}: is a directory; give a file name to write")
+        refuse_unsafe_output(out)
         ancestor = path.absolute().parent
         while not ancestor.exists() and not ancestor.is_symlink():
             ancestor = ancestor.parent
@@ -231,8 +366,12 @@ class AtomicOutputs:
         """A temporary path beside `final`, renamed onto it when the block ends without an
         exception. Outputs are renamed in the order their paths were asked for."""
         final = Path(final)
-        final.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=final.parent, prefix=f".{final.name}.", suffix=".tmp")
+        refuse_unsafe_output(final)
+        try:
+            final.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=final.parent, prefix=f".{final.name}.", suffix=".tmp")
+        except OSError as err:
+            raise _refused_write(final, err) from None
         os.close(fd)
         umask = os.umask(0)
         os.umask(umask)
@@ -270,14 +409,14 @@ def atomic_outputs() -> Iterator[AtomicOutputs]:
     outputs = AtomicOutputs()
     try:
         yield outputs
-    except BaseException:
-        outputs._discard()
-        raise
-    try:
         outputs._commit()
-    except BaseException:
+    except BaseException as err:
         outputs._discard()
-        raise
+        finals = [final for _, final in outputs._pending]
+        refused = _refused_write(finals[-1], err) if finals else err  # the main output: asked for last
+        if refused is err:
+            raise
+        raise refused from None
 
 
 def lock_path(output: str | os.PathLike) -> Path:
@@ -308,21 +447,47 @@ def _remove_stale(paths: Iterable[Path]) -> None:
             p.unlink(missing_ok=True)
 
 
-@contextlib.contextmanager
-def output_lock(output: str | os.PathLike, *, whole_folder: bool = False) -> Iterator[Path]:
-    """Hold an advisory exclusive lock on `output` for the block (fcntl.flock on
-    `lock_path(output)`, which holds the owner's pid). A second treeopt process that asks for
-    the same output fails at once: UserError "OUTPUT: is being written by another treeopt
-    process (pid N)". The lock file is removed on release while still held, so it never
-    outlives its writer; a process that opened it just before is told by the inode check
-    and takes the new one. The lock dies with its process (SIGKILL included): the
-    kernel releases a flock when the file is closed.
+#: the lock files this process holds (resolved path -> times taken): a lock is re-entrant
+#: within its process, so a command that locks its outputs up front (`treeopt.cli.safety`) runs
+#: library code that locks them again
+_HELD: dict[str, int] = {}
 
-    Once locked, the temporaries of an earlier writer killed mid-write (SIGKILL skips every
-    cleanup) are removed (`stale_temporaries`; `whole_folder` for a run folder), so a resumed
-    run leaves the folder as a clean one would."""
-    path = lock_path(output)
-    path.parent.mkdir(parents=True, exist_ok=True)
+
+def _lock_owner(fd: int) -> str:
+    return os.read(fd, 32).decode("ascii", "replace").strip() or "unknown"
+
+
+def _held_elsewhere(path: Path) -> str | None:
+    """The pid (as written) of another process holding the lock file `path`, else None."""
+    if not path.exists() or os.path.realpath(path) in _HELD:
+        return None
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        return _lock_owner(fd)
+    finally:
+        os.close(fd)  # closing releases a shared lock taken just to look
+    return None
+
+
+def refuse_inside_locked_folder(output: str | os.PathLike) -> None:
+    """UserError when a folder holding `output` is being written by another treeopt process
+    (`run -o R` locks R whole: `calibrate -o R/accuracy.json` beside it would break the run)."""
+    path = Path(os.path.abspath(output))
+    for folder in path.parents:
+        owner = _held_elsewhere(lock_path(folder)) if folder != folder.parent else None
+        if owner is not None:
+            raise UserError(
+                f"{os.fspath(output)}: is inside {folder}, which another treeopt process (pid {owner}) is writing"
+            )
+
+
+def _take_lock(path: Path, output) -> int:
+    """An open descriptor of the lock file `path`, exclusively locked by this process."""
     while True:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
@@ -332,7 +497,7 @@ def output_lock(output: str | os.PathLike, *, whole_folder: bool = False) -> Ite
                 os.close(fd)
                 raise UserError(f"{os.fspath(output)}: cannot lock ({err.strerror or err})") from None
             try:
-                owner = os.read(fd, 32).decode("ascii", "replace").strip() or "unknown"
+                owner = _lock_owner(fd)
             finally:
                 os.close(fd)
             raise UserError(f"{os.fspath(output)}: is being written by another treeopt process (pid {owner})") from None
@@ -341,14 +506,44 @@ def output_lock(output: str | os.PathLike, *, whole_folder: bool = False) -> Ite
         except FileNotFoundError:
             current = None
         if current is not None and current.st_ino == os.fstat(fd).st_ino:
-            break
+            return fd
         os.close(fd)  # the holder removed this file as we opened it: lock the new one
+
+
+@contextlib.contextmanager
+def output_lock(output: str | os.PathLike, *, whole_folder: bool = False) -> Iterator[Path]:
+    """Hold an advisory exclusive lock on `output` for the block (fcntl.flock on
+    `lock_path(output)`, which holds the owner's pid). A second treeopt process that asks for
+    the same output, or for one inside a folder locked whole, fails at once: UserError "OUTPUT:
+    is being written by another treeopt process (pid N)". Within one process the lock is
+    re-entrant. The lock file is removed on release while still held, so it never
+    outlives its writer; a process that opened it just before is told by the inode check
+    and takes the new one. The lock dies with its process (SIGKILL included): the
+    kernel releases a flock when the file is closed.
+
+    Once locked, the temporaries of an earlier writer killed mid-write (SIGKILL skips every
+    cleanup) are removed (`stale_temporaries`; `whole_folder` for a run folder), so a resumed
+    run leaves the folder as a clean one would."""
+    path = lock_path(output)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    key = os.path.realpath(path)
+    if key in _HELD:
+        _HELD[key] += 1
+        try:
+            yield path
+        finally:
+            _HELD[key] -= 1
+        return
+    refuse_inside_locked_folder(output)
+    fd = _take_lock(path, output)
+    _HELD[key] = 1
     try:
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
         _remove_stale(stale_temporaries(output, whole_folder=whole_folder))
         yield path
     finally:
+        del _HELD[key]
         path.unlink(missing_ok=True)
         os.close(fd)
 
@@ -360,13 +555,20 @@ def atomic_folder(final: str | os.PathLike) -> Iterator[Path]:
     an exception it is removed and `final` is left as it was. Replacing an existing folder takes
     two renames (the old folder aside, the new one in), then the old one is deleted."""
     final = Path(final)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.", suffix=".tmp"))
+    refuse_unsafe_output(final, folder=True)
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.", suffix=".tmp"))
+    except OSError as err:
+        raise _refused_write(final, err) from None
     try:
         yield tmp
-    except BaseException:
+    except BaseException as err:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        refused = _refused_write(final, err)
+        if refused is err:
+            raise
+        raise refused from None
     old = None
     if final.exists():
         old = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.", suffix=".old"))

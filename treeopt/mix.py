@@ -43,7 +43,7 @@ __all__ = [
 ]
 
 ANY_CONTEXT = -1  # a mix entry written without a context: the table's one context
-_INLINE = re.compile(r"^\s*(\d+)\s*(?:@\s*(\d+)\s*)?:\s*([^,:@]+?)\s*$")
+_INLINE = re.compile(r"^\s*(\d{1,18})\s*(?:@\s*(\d{1,18})\s*)?:\s*([^,:@]+?)\s*$")
 
 
 @dataclass(frozen=True)
@@ -69,6 +69,10 @@ class MixChoice:
     cells: tuple[MixCell, ...]
 
 
+#: the largest batch or context a mix names (2^31 tokens: beyond any model's context)
+MAX_CELL = 2**31
+
+
 def _bad(source: str, message: str) -> UserError:
     return UserError(f"{source}: {message}")
 
@@ -78,6 +82,8 @@ def _normalised(batch, context, weight, source: str) -> TrafficMix:
     df = df[df["weight"] > 0]
     if df.empty:
         raise _bad(source, "every weight is 0 (the mix needs at least one positive weight)")
+    # relative to the largest first: weights near the float maximum would sum to infinity
+    df["weight"] = df["weight"] / df["weight"].max()
     df = df.groupby(["batch", "context"], as_index=False, sort=True)["weight"].sum()
     w = df["weight"].to_numpy(dtype=float)
     return TrafficMix(
@@ -106,9 +112,11 @@ def _parse_inline(spec: str) -> TrafficMix:
 
 
 def _checked(batch, context, weight, source: str) -> TrafficMix:
-    for b, w in zip(batch, weight, strict=True):
+    for b, c, w in zip(batch, context, weight, strict=True):
         if b < 1:
             raise _bad(source, f"batch {b}: batch sizes must be >= 1")
+        if b > MAX_CELL or c > MAX_CELL:  # batch and context become int64 grid coordinates
+            raise _bad(source, f"batch {str(b)[:24]} context {str(c)[:24]}: at most {MAX_CELL} each")
         if not math.isfinite(w) or w < 0:
             raise _bad(source, f"batch {b}: weight {w:g} must be a finite number >= 0")
     return _normalised(batch, context, weight, source)
@@ -153,7 +161,11 @@ def parse_mix(spec: str) -> TrafficMix:
     spec `"1:0.5,8:0.3,32@2048:0.2"` (BATCH[@CONTEXT]:WEIGHT, comma-separated)."""
     spec = str(spec)
     path = Path(spec)
-    if path.is_file() or (path.suffix.lower() == ".csv"):
+    try:
+        is_file = path.is_file()
+    except OSError:  # longer than a file name may be: an inline spec
+        is_file = False
+    if is_file or (path.suffix.lower() == ".csv"):
         return _parse_csv(path)
     return _parse_inline(spec)
 

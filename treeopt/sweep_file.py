@@ -7,7 +7,7 @@ its columns: `calibration/sweep.py` writes them, `read_sweep` reads them.
 
 from __future__ import annotations
 
-import zipfile
+import math
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +15,7 @@ import pandas as pd
 
 from treeopt.errors import UserError
 from treeopt.fileio import atomic_path, read_json_input
+from treeopt.npz_input import read_npz
 from treeopt.stats import CONFIDENCE, SpeedupDraws, bootstrap_speedups, interval
 from treeopt.tree import Tree, make_tree
 
@@ -107,24 +108,40 @@ def read_round_samples(path) -> dict:
     """The per-round samples of `write_round_samples` ({} when the file is not there);
     UserError naming the file when it is unreadable."""
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         return {}
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            b, s, n, r, sec = (z[k] for k in ("batch", "context", "nodes", "round", "seconds"))
-    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as err:
-        raise UserError(f"{path}: not a sweep samples file ({first_line(err)})") from None
+    b, s, n, r, sec = _sample_columns(read_npz(path, "a sweep samples file"), path)
     out = {}
     for key in sorted(set(zip(b.tolist(), s.tolist(), strict=True))):
         sel = (b == key[0]) & (s == key[1])
         sizes = np.unique(n[sel])
         rounds = int(r[sel].max()) + 1
+        if rounds * sizes.size != int(sel.sum()):  # before allocating what the round index claims
+            raise UserError(f"{path}: batch {key[0]} context {key[1]}: incomplete rounds")
         x = np.full((rounds, sizes.size), np.nan)
         x[r[sel], np.searchsorted(sizes, n[sel])] = sec[sel]
         if np.isnan(x).any() or sizes[0] != 0:
             raise UserError(f"{path}: batch {key[0]} context {key[1]}: incomplete rounds")
         out[key] = ([int(v) for v in sizes], x)
     return out
+
+
+def _sample_columns(z: dict, path: Path) -> tuple[np.ndarray, ...]:
+    """The five columns of a samples file, checked: equally long, integers >= 0 (nodes, round,
+    batch and context), seconds finite and > 0."""
+    missing = [k for k in ("batch", "context", "nodes", "round", "seconds") if k not in z]
+    if missing:
+        raise UserError(f"{path}: not a sweep samples file (no '{missing[0]}' array)")
+    columns = [z[k] for k in ("batch", "context", "nodes", "round", "seconds")]
+    if len({c.shape for c in columns}) != 1 or columns[0].ndim != 1:
+        raise UserError(f"{path}: the arrays batch, context, nodes, round, seconds must be equally long vectors")
+    for k, c in zip(("batch", "context", "nodes", "round"), columns[:4], strict=True):
+        if c.dtype.kind not in "iu" or (c.size and c.min() < 0):
+            raise UserError(f"{path}: '{k}' must hold integers >= 0")
+    seconds = columns[4]
+    if seconds.dtype.kind != "f" or not np.all(np.isfinite(seconds) & (seconds > 0)):
+        raise UserError(f"{path}: 'seconds' must hold finite step times > 0")
+    return tuple(columns)
 
 
 def cell_draws(cell: pd.DataFrame, samples: np.ndarray) -> SpeedupDraws:
@@ -174,6 +191,7 @@ def read_sweep(path) -> tuple[pd.DataFrame, dict]:
     meta = read_json_input(meta_file, "a sweep metadata file")
     if not isinstance(meta, dict) or "proposal" not in meta:
         raise UserError(f"{meta_file}: no 'proposal' tree (not a treeopt sweep metadata file)")
+    _check_measurement(meta, meta_file)
     proposal = proposal_from_meta(meta, str(meta_file))
     _check_complete(df, meta, path)
     biggest = int(df["nodes"].max())
@@ -270,6 +288,42 @@ def _check_complete(df: pd.DataFrame, meta: dict, path: Path) -> None:
                     f"{path}: incomplete sweep: batch {b} context {c} has no row for "
                     f"{lacking[0]} nodes; finish it with `treeopt sweep --resume`"
                 )
+
+
+#: the metadata format this version reads and writes (docs/formats.md#sweep-csv-and-namemetajson-treeoptsweepv1)
+SWEEP_FORMAT = "treeopt.sweep/v1"
+
+
+def _check_measurement(meta: dict, meta_file: Path) -> None:
+    """UserError naming the field of a sweep's metadata that cannot be what a sweep wrote: a
+    format of another (newer) version, a confidence outside [0.5, 1), repeats below 1."""
+    fmt = meta.get("format", SWEEP_FORMAT)
+    if fmt != SWEEP_FORMAT:
+        raise UserError(f"{meta_file}: format {str(fmt)[:40]!r}, this treeopt reads {SWEEP_FORMAT} (from a newer one?)")
+    measurement = meta.get("measurement", {})
+    if not isinstance(measurement, dict):
+        raise UserError(f"{meta_file}: 'measurement' must be an object")
+    confidence = measurement.get("confidence")
+    if confidence is not None and not (_is_number(confidence) and 0.5 <= confidence < 1):
+        raise UserError(f"{meta_file}: measurement.confidence must be in [0.5, 1), got {confidence!r}")
+    repeats = measurement.get("repeats")
+    if repeats is not None and not (isinstance(repeats, int) and not isinstance(repeats, bool) and repeats >= 1):
+        raise UserError(f"{meta_file}: measurement.repeats must be a whole number >= 1, got {repeats!r}")
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def check_samples_cells(samples: dict, table: pd.DataFrame, path) -> None:
+    """UserError when the round samples beside a sweep hold a cell its CSV has not (a samples
+    file of another sweep) or other tree sizes than the CSV's rows of that cell."""
+    for (b, s), (sizes, _) in samples.items():
+        rows = table[(table["batch"] == b) & (table["context"] == s)]
+        if rows.empty:
+            raise UserError(f"{path}: has samples of batch {b} context {s}, a cell the sweep CSV has not")
+        if sorted(rows["nodes"].astype(int)) != list(sizes):
+            raise UserError(f"{path}: batch {b} context {s}: samples of other tree sizes than the sweep CSV's rows")
 
 
 def sweep_confidence(meta: dict) -> float:

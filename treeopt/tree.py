@@ -226,6 +226,9 @@ def selection_cell_choices(path, cell: str) -> list:
     doc = read_json_input(path, "a selection file")
     if not isinstance(doc, dict) or doc.get("format") != _SELECTION_FORMAT or not isinstance(doc.get("cells"), list):
         raise UserError(f"{spec}: {path} is not a {_SELECTION_FORMAT} document (from `treeopt select`)")
+    bad = next((i for i, c in enumerate(doc["cells"]) if not isinstance(c, dict)), None)
+    if bad is not None:
+        raise UserError(f"{spec}: cells[{bad}] is {type(doc['cells'][bad]).__name__}, expected an object")
     if cell.strip() == "mix":
         mix = doc.get("mix")
         if not isinstance(mix, dict) or "medusa_choices" not in mix:
@@ -237,7 +240,9 @@ def selection_cell_choices(path, cell: str) -> list:
     for part in cell.split(","):
         key, eq, value = part.partition("=")
         key = key.strip()
-        if not eq or key not in ("batch", "context") or not value.strip().isdigit():
+        digits = value.strip()
+        # str.isdigit also holds for '²' and other digits int() refuses: ASCII only, and short
+        if not eq or key not in ("batch", "context") or not (digits.isascii() and digits.isdigit()) or len(digits) > 18:
             raise UserError(f"{spec}: the cell must be 'batch=B,context=S' or 'mix', got {cell!r}")
         want[key] = int(value)
     if "batch" not in want:

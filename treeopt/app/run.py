@@ -87,7 +87,8 @@ def run_main_job(out_dir, settings: RunSettings | None = None, *, log=print, pro
     fresh = not out.exists()
     settings = _with_data(settings or RunSettings())
     try:
-        with output_lock(out / "run_state.json", whole_folder=True):  # a second run into the folder fails at once
+        # a second run into the folder, or any writer of a file inside it, fails at once
+        with output_lock(out), output_lock(out / "run_state.json", whole_folder=True):
             return _run_main_job(Job(settings, out, log, progress))
     except UserError:
         # bad input found before anything was written: leave no empty report folder behind

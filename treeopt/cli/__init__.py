@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import importlib
 import os
+import signal
 import sys
 
 import click
 
 from treeopt.errors import UserError
+from treeopt.fileio import REFUSED_WRITES
 from treeopt.version import __version__
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -184,6 +186,10 @@ def _bad_parameter(err: click.BadParameter) -> str:
     return f"{name}: {err.message}"
 
 
+#: 9999-12-31T23:59:59Z, the last second Python's datetime can hold (a run's date is one)
+LAST_EPOCH = 253402300799
+
+
 def _check_environment() -> None:
     """Refuse an environment that would fail deep inside a library import. numpy's f2py reads
     SOURCE_DATE_EPOCH with int() when scipy loads it, so a non-integer value would surface as a
@@ -193,22 +199,76 @@ def _check_environment() -> None:
     if epoch is None:
         return
     try:
-        int(epoch)
+        seconds = int(epoch)
     except ValueError:
         raise UserError(f"SOURCE_DATE_EPOCH: not a Unix time (a whole number of seconds): {epoch!r}") from None
+    if not 0 <= seconds <= LAST_EPOCH:
+        raise UserError(f"SOURCE_DATE_EPOCH: {epoch[:24]!r} is not a Unix time from 1970 to 9999")
+
+
+#: set when SIGTERM stopped the command (said as such, exit status 128 + 15)
+_TERMINATED: list[int] = []
+
+
+def _on_sigterm(signum, frame) -> None:
+    """SIGTERM (`kill`, a job scheduler, `timeout`) stops a command as Ctrl-C does, so that every
+    cleanup runs: a calibration saves its checkpoint, an atomic writer removes its temporaries.
+    It goes through the SIGINT handler in place, so a block that holds Ctrl-C back
+    (`calibration.runner.deferred_interrupts`) holds SIGTERM back too."""
+    _TERMINATED.append(signum)
+    handler = signal.getsignal(signal.SIGINT)
+    if callable(handler):
+        handler(signal.SIGINT, frame)
+    else:
+        raise KeyboardInterrupt
+
+
+def _install_sigterm() -> None:
+    if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:  # not when a host program chose one
+        try:
+            signal.signal(signal.SIGTERM, _on_sigterm)
+        except ValueError:  # not the main thread: the host program owns the signals
+            pass
+
+
+def _stopped() -> None:
+    """One line and the shell's exit status for a command stopped by Ctrl-C or SIGTERM."""
+    if _TERMINATED:
+        click.echo("treeopt: terminated (SIGTERM)", err=True)
+        sys.exit(128 + signal.SIGTERM)
+    click.echo("treeopt: interrupted", err=True)
+    sys.exit(130)
+
+
+def _stdout_to_devnull() -> None:
+    """Point stdout's descriptor at devnull, so that the interpreter's final flush of what
+    could not be written does not fail again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
+def _flush_stdout() -> None:
+    """Write out what the command printed while its errors can still be told (`> /dev/full`)."""
+    if sys.stdout is not None:
+        sys.stdout.flush()
 
 
 def main(argv: list[str] | None = None) -> None:
+    _TERMINATED.clear()
+    if sys.stdout is None:  # started with stdout closed (`treeopt ... >&-`): as a reader gone
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (stdout lives as long as the process)
     try:
+        _install_sigterm()
         _check_environment()
         cli.main(args=argv, prog_name="treeopt", standalone_mode=False)
+        _flush_stdout()
     except UserError as err:
         message = f"{_option_name(err.param)}: {err.detail}" if err.param else str(err)
         click.echo(f"treeopt: error: {message}", err=True)
         sys.exit(2)
     except (click.exceptions.Abort, KeyboardInterrupt):
-        click.echo("treeopt: interrupted", err=True)
-        sys.exit(130)
+        _stopped()
     except click.BadParameter as err:
         click.echo(f"treeopt: error: {_bad_parameter(err)}", err=True)
         sys.exit(2)
@@ -221,9 +281,14 @@ def main(argv: list[str] | None = None) -> None:
         click.echo(f"treeopt: error: {err.format_message()}", err=True)
         sys.exit(2 if err.exit_code in (1, 2) else err.exit_code)
     except (BrokenPipeError, ReaderGone):
-        # The reader went away (`treeopt hw list | head -1`): not an error. Point stdout's
-        # descriptor at devnull so that the interpreter's final flush does not fail again.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
+        # The reader went away (`treeopt hw list | head -1`): not an error.
+        _stdout_to_devnull()
         sys.exit(0)
+    except OSError as err:
+        if err.errno not in REFUSED_WRITES:
+            raise
+        # only files written in place fail this way: stdout (`> /dev/full`), as outputs are
+        # written atomically and refused in one line (`treeopt.fileio.atomic_path`)
+        _stdout_to_devnull()
+        click.echo(f"treeopt: error: {err.filename or 'stdout'}: cannot write ({err.strerror or err})", err=True)
+        sys.exit(2)

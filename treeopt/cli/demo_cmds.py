@@ -12,6 +12,7 @@ from calibration.demo_drafters import DrafterRecipe, train_drafters
 from calibration.demo_files import DEMO_MODEL_DIR
 from treeopt.app.compare_drafters import compare_drafters
 from treeopt.cli.options import AtLeast
+from treeopt.cli.safety import check_outputs, input_files
 from treeopt.errors import UserError
 
 
@@ -46,6 +47,7 @@ from treeopt.errors import UserError
 def demo_train_drafters(out_dir, model_dir, work_dir, steps, only, seed, fresh) -> None:
     """Train the demo's Hydra heads and MLP speculator on the demo model (a few minutes each
     on 2 CPU cores). The repository already ships the result; this is the recipe."""
+    check_outputs(folders=[out_dir, work_dir])
     recipe = DrafterRecipe(seed=seed)
     if steps:
         recipe = dataclasses.replace(recipe, steps=steps)
@@ -69,6 +71,7 @@ def demo_compare_drafters(runs, out_dir) -> None:
         if not sep or not kind or not path:
             raise UserError(f"RUNS: expected KIND=RUN_DIR (e.g. hydra=reports/run-hydra), got {item!r}")
         parsed[kind] = Path(path)
+    check_outputs(inputs=input_files(*parsed.values()), folders=[out_dir])
     command = "treeopt demo compare-drafters " + " ".join(runs) + f" -o {out_dir}"
     summary = compare_drafters(parsed, out_dir, command=command)
     click.echo(f"wrote {summary['index']}")

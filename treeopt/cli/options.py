@@ -62,13 +62,21 @@ class FiniteAtLeast(click.ParamType):
 #: --topk: candidates per head index a vocabulary (treeopt.tree.MAX_RANK)
 TOPK = AtLeast(1, maximum=2**31)
 
+#: the most draft heads any option takes: Medusa trains 5, published drafters at most 10; 64 is far
+#: beyond any and keeps a cost grid's size bounded
+MAX_HEADS = 64
+
+#: the most paired rounds a sweep takes per configuration: 10,000 rounds of a 1 ms step already
+#: take ten seconds per configuration
+MAX_ROUNDS = 10_000
+
 
 def repeats_option(default: int = 10):
     """--repeats of a sweep: paired rounds per configuration, at least treeopt.stats.MIN_ROUNDS."""
     why = "with fewer paired rounds, a 95% interval of the median covers the truth far less often than it says"
     return click.option(
         "--repeats",
-        type=AtLeast(MIN_ROUNDS, why=why),
+        type=AtLeast(MIN_ROUNDS, MAX_ROUNDS, why=why),
         default=default,
         show_default=True,
         help=f"Paired timed rounds per configuration (at least {MIN_ROUNDS}).",
@@ -200,7 +208,7 @@ RUN_MODEL_OPTIONS = [
     DRAFTER_OPTION,
     click.option(
         "--num-heads",
-        type=AtLeast(1),
+        type=AtLeast(1, MAX_HEADS),
         default=None,
         metavar="K",
         help="Use this many of the Medusa heads the weights hold [default: the heads config's medusa_num_heads].",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import click
 
 from treeopt import api
-from treeopt.cli.options import tolerance_option
+from treeopt.cli.options import FiniteAtLeast, tolerance_option
 from treeopt.cli.safety import check_outputs, input_files
 from treeopt.cli.tree_cmds import echo_notes, engine_serving_table, load_table, write_output
 from treeopt.engines import ENGINE_NAMES
@@ -38,7 +38,7 @@ from treeopt.selection_text import selection_summary
 )
 @click.option(
     "--threshold",
-    type=float,
+    type=FiniteAtLeast(0),
     default=1.0,
     show_default=True,
     help="A tree must beat this speedup, else no speculation.",
