@@ -152,6 +152,22 @@ MUTANTS = (
         RULE_TESTS,
     ),
     Mutant(
+        "rules-prior-measured-not-relative",
+        "roofline/profile_fit.py",
+        "            scale = spec.measured_scale * centre",
+        "            scale = spec.measured_scale * unit",
+        "a measured time term's prior is half a median step wide, not half its own value",
+        ("tests/test_prior_widths.py",),
+    ),
+    Mutant(
+        "rules-prior-time-not-in-steps",
+        "roofline/profile_fit.py",
+        "        unit = t_ref if name in TIME_TERMS else 1.0",
+        "        unit = 1.0",
+        "an unmeasured time term's prior is one second wide, not one median measured step",
+        ("tests/test_prior_widths.py",),
+    ),
+    Mutant(
         "rules-candidates-row-length",
         "roofline/latency.py",
         "per_key = np.where(q / c > 1, hw.context_overhead_s, hw.plain_context_overhead_s)",
