@@ -118,6 +118,11 @@ class TreeDecoder:
         bucket: int = DEFAULT_BUCKET,
     ):
         _check_arguments(model, heads, tree, topk, verification)
+        if hasattr(heads, "read_context"):
+            raise UserError(
+                f"--drafter {heads.kind}: the reference decoder does not draft with EAGLE drafts yet; "
+                "they are calibrated only (docs/decoder.md#eagle)"
+            )
         buf = tree_buffers(tree, topk)  # validates ranks < topk
         self.model, self.heads, self.tree, self.topk, self.timing = model, heads, tree, topk, timing
         self.device = model_device(model)

@@ -122,13 +122,24 @@ def label_ranks(model, heads, sequences, starts, *, pad_id: int = 0, chunk_eleme
     if len(seq) == 0:
         return ranks
     ids, mask, pos = pad_left(sequences, pad_id, device)
+    eagle = hasattr(heads, "read_context")
     # Sequences are right-aligned and no head has a label at the last two positions of any
     # sequence, so the last two columns need no hidden state.
-    hidden = decoder_body(model)(
-        input_ids=ids[:, :-2], attention_mask=mask[:, :-2], position_ids=pos[:, :-2], use_cache=False
-    ).last_hidden_state
+    body = decoder_body(model)(
+        input_ids=ids[:, :-2],
+        attention_mask=mask[:, :-2],
+        position_ids=pos[:, :-2],
+        use_cache=False,
+        output_hidden_states=eagle,
+    )
+    hidden = body.last_hidden_state
     # a model spread over devices (--device-map) ends on its last one, where the heads are
     device = hidden.device
+    if eagle:
+        # why: an EAGLE draft reads the base model's auxiliary layers from this same forward and
+        # the pairs before t through a cache of its own (docs/statistics.md#dependent-drafters)
+        hidden = heads.features([h.to(device) for h in body.hidden_states], hidden)
+        heads.read_context(hidden, ids[:, 1:-1].to(device), mask[:, :-2].to(device).bool(), pos[:, :-2].to(device))
     if getattr(heads, "prefix_layer", False):
         # why: Hydra++'s prefix layer reads the whole context causally; its output at t replaces
         # h_t (docs/statistics.md#dependent-drafters; docs/decoder.md#hydra)
@@ -141,7 +152,11 @@ def label_ranks(model, heads, sequences, starts, *, pad_id: int = 0, chunk_eleme
         chunk_elements = CHUNK_ELEMENTS["cpu" if device.type == "cpu" else "other"]
     rows_per_chunk = max(1, chunk_elements // vocab)
     if getattr(heads, "sequential", False):
-        _sequential_ranks(heads, hidden, ids, seq, col, has, ranks, rows_per_chunk)
+        try:
+            _sequential_ranks(heads, hidden, ids, seq, col, has, ranks, rows_per_chunk, pos.to(device))
+        finally:
+            if eagle:
+                heads.set_context(None)
         return ranks
     for k in range(num_heads):
         sel = np.nonzero(has[:, k])[0]
@@ -160,16 +175,20 @@ def label_ranks(model, heads, sequences, starts, *, pad_id: int = 0, chunk_eleme
     return ranks
 
 
-def _sequential_ranks(drafter, hidden, ids, seq, col, has, ranks, rows_per_chunk: int) -> None:
+def _sequential_ranks(drafter, hidden, ids, seq, col, has, ranks, rows_per_chunk: int, positions) -> None:
     """Fill `ranks` (N, K) for a drafter that reads the path: chunk by chunk of rows, depth by
     depth, each depth on the rows that have a label there (has[:, k] implies has[:, k - 1]),
-    the drafter's state advanced with the true token of the depth."""
+    the drafter's state advanced with the true token of the depth. A drafter with a context
+    of its own (EAGLE: `begin_at`) begins each row at its column, seeing the columns before."""
     device = hidden.device
     for start in range(0, len(seq), rows_per_chunk):
         stop = min(start + rows_per_chunk, len(seq))
         b = torch.from_numpy(seq[start:stop]).to(device)
         c = torch.from_numpy(col[start:stop]).to(device)
-        state = drafter.begin(hidden[b, c], ids[b, c + 1])  # the root: x_{t+1}
+        if hasattr(drafter, "begin_at"):
+            state = drafter.begin_at(hidden[b, c], ids[b, c + 1], b, c, positions[b, c])
+        else:
+            state = drafter.begin(hidden[b, c], ids[b, c + 1])  # the root: x_{t+1}
         alive = np.arange(stop - start)
         for k in range(has.shape[1]):
             keep = np.flatnonzero(has[start + alive, k])

@@ -314,8 +314,12 @@ def test_engine_for_drafter_keeps_engines_that_serve_the_drafter():
     assert engine_for_drafter("vllm-medusa@0.32", "medusa") == ("vllm-medusa@0.32", None)
     assert engine_for_drafter("trtllm", "medusa") == ("trtllm", None)
     assert engine_for_drafter("sglang-standalone", "draft_model") == ("sglang-standalone", None)
-    with pytest.raises(UserError, match="drafter: 'eagle' is not one of"):
-        engine_for_drafter("vllm", "eagle")
+    # vLLM's EAGLE proposer and SGLang's EAGLE worker serve EAGLE-3 and EAGLE-1/2 drafts
+    for kind in ("eagle3", "eagle"):
+        assert engine_for_drafter("vllm", kind) == ("vllm", None)
+        assert engine_for_drafter("sglang", kind) == ("sglang", None)
+    with pytest.raises(UserError, match="drafter: 'ngram' is not one of"):
+        engine_for_drafter("vllm", "ngram")
 
 
 def test_chain_engines_export_their_vllm_method():

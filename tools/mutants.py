@@ -62,6 +62,7 @@ STEP_TESTS = ("tests/test_step_engine.py",)
 DRAFTER_TESTS = ("tests/test_drafters.py",)
 ENGINE_ACCEPTANCE_TESTS = ("tests/test_engine_acceptance.py",)
 PREFIX_TESTS = ("tests/test_hydra_prefix.py",)
+EAGLE_TESTS = ("tests/test_eagle.py",)
 DATA_TESTS = ("tests/test_data_formats.py",)
 API_TESTS = ("tests/test_python_api.py",)
 DIST_TESTS = ("tests/test_distributed.py",)
@@ -1701,6 +1702,39 @@ MUTANTS = (
         "state = drafter.child_state(carry, k, logits.argmax(-1))",
         "calibration follows the drafter's own guesses, not the true path",
         DRAFTER_TESTS,
+    ),
+    # ---- EAGLE-3 and EAGLE-1/2 drafts
+    Mutant(
+        "eagle-wrong-aux-layer",
+        "calibration/drafters/eagle.py",
+        "return torch.cat([hidden_states[i] for i in self.aux_layer_ids], dim=-1)",
+        "return torch.cat([hidden_states[i + 1] for i in self.aux_layer_ids], dim=-1)",
+        "EAGLE-3 reads the output of each auxiliary layer, not its input (one layer off)",
+        ("tests/test_eagle.py::test_calibration_ranks_equal_slow_per_position_reference",),
+    ),
+    Mutant(
+        "eagle-d2t-ignored",
+        "calibration/drafters/eagle.py",
+        "full[..., self.draft_to_target] = draft",
+        "full[..., : self.draft_vocab_size] = draft",
+        "a reduced draft vocabulary's ids are taken for target ids (d2t ignored)",
+        EAGLE_TESTS,
+    ),
+    Mutant(
+        "eagle-later-depth-reuses-fc",
+        "calibration/drafters/eagle.py",
+        "out, _, positions, seq, ctx_end, path_k, path_v = carry",
+        "_, out, positions, seq, ctx_end, path_k, path_v = carry",
+        "later depths feed back the first depth's fc output instead of the draft's own output",
+        EAGLE_TESTS,
+    ),
+    Mutant(
+        "eagle-root-sees-its-own-pair",
+        "calibration/drafters/eagle.py",
+        "seen = valid[seq] & (slots[None] < ctx_end[:, None])",
+        "seen = valid[seq] & (slots[None] <= ctx_end[:, None])",
+        "a calibrated row's root also sees the context's copy of its own pair",
+        ("tests/test_eagle.py::test_calibration_ranks_equal_slow_per_position_reference",),
     ),
     # ---- Hydra++'s prefix layer: its forward, calibration, decoder cache and cost
     Mutant(

@@ -284,6 +284,8 @@ _VLLM_FOR = {  # drafter kind -> (entry of the newest vLLM, why)
     "mlp-speculator": (None, RETIRED["vllm-mlp-speculator"]),
     "draft-model": ("vllm-draft-model", 'vLLM runs a separate draft model as a top-1 chain (method "draft_model")'),
     "hydra": (None, f"vLLM has no Hydra drafter ({_NEWEST_VLLM})"),
+    "eagle3": ("vllm", None),  # vLLM's EAGLE proposer serves EAGLE-3 and EAGLE-1/2 drafts
+    "eagle": ("vllm", None),
 }
 _SGLANG_SERVES = "it serves EAGLE/EAGLE3 drafters, NEXTN (MTP) layers, STANDALONE draft models and NGRAM"
 
@@ -333,6 +335,8 @@ def _vllm_for(asked: str, kind: str) -> tuple[str | None, str | None]:
 
 
 def _sglang_for(asked: str, kind: str) -> tuple[str | None, str | None]:
+    if kind in ("eagle3", "eagle") and asked == "sglang":
+        return asked, None
     if kind == "draft-model":
         if asked == "sglang-standalone":
             return asked, None

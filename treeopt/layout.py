@@ -15,6 +15,8 @@ DRAFTER_SUBDIRS = {
     "hydra": ("hydra",),
     "mlp-speculator": ("mlp_speculator", "speculator"),
     "draft-model": ("draft", "draft_model"),
+    "eagle3": ("eagle3",),
+    "eagle": ("eagle",),
 }
 #: the kinds of drafter treeopt knows, as every package names them
 DRAFTER_KINDS = tuple(DRAFTER_SUBDIRS)

@@ -171,10 +171,11 @@ def dtype_option():
 #: options of every command that loads and runs a model (torch)
 DRAFTER_OPTION = click.option(
     "--drafter",
-    type=click.Choice(["medusa", "hydra", "mlp-speculator", "draft-model"]),
+    type=click.Choice(["medusa", "hydra", "mlp-speculator", "draft-model", "eagle3", "eagle"]),
     default=None,
     help="Drafter kind [default: read from the drafter's config.json; without --heads, MODEL's Medusa heads]; "
-    "hydra, mlp-speculator and draft-model come from MODEL/hydra, MODEL/mlp_speculator and MODEL/draft.",
+    "hydra, mlp-speculator, draft-model, eagle3 and eagle come from MODEL/hydra, MODEL/mlp_speculator, MODEL/draft, "
+    "MODEL/eagle3 and MODEL/eagle.",
 )
 
 #: what --random-weights does, said once for every command that takes it
