@@ -74,3 +74,22 @@ def test_a_number_past_pythons_digit_limit_is_named_as_such():
     with pytest.raises(UserError) as err:
         parse_json_input("[" + "9" * (digits + 1) + "]", "big.json")
     assert str(err.value) == f"big.json: not readable JSON (a number of more than {digits} digits)"
+
+
+def test_a_report_folder_gets_the_permissions_mkdir_gives(tmp_path):
+    """`report` and `validate` write their folder through atomic_folder: 0755 under umask 022,
+    as `treeopt run`'s folder (mkdir), not mkdtemp's 0700."""
+    import os
+    import stat
+
+    from treeopt.fileio import atomic_folder
+
+    old = os.umask(0o022)
+    try:
+        with atomic_folder(tmp_path / "report") as folder:
+            (folder / "index.md").write_text("x")
+        (tmp_path / "run").mkdir()
+    finally:
+        os.umask(old)
+    mode = stat.S_IMODE((tmp_path / "report").stat().st_mode)
+    assert mode == stat.S_IMODE((tmp_path / "run").stat().st_mode) == 0o755

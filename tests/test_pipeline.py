@@ -9,6 +9,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from tests.test_strict_json import strict as strict_json
 from treeopt.app.run import run_main_job
 from treeopt.app.stages import calibrate as stage
 from treeopt.app.stages.job import Job, RunSettings
@@ -31,8 +32,23 @@ SMALL = RunSettings(
 
 def test_run_main_job_writes_a_consistent_report_and_resumes(tmp_path):
     out = tmp_path / "run"
-    logs = []
-    result = run_main_job(out, SMALL, log=logs.append, progress=False)
+    logs, said = [], []
+    result = run_main_job(out, SMALL, log=logs.append, progress=False, say=said.append)
+    # results (the selection, the validation, the report's path) apart from the progress lines
+    assert said[-1].startswith("report: ") and any(line.startswith("best tree per") for line in said)
+    assert not any(line.startswith("report: ") or line.startswith("best tree per") for line in logs)
+    # every JSON file of the run is strict JSON; no calibration checkpoint is left behind
+    for path in out.rglob("*.json"):
+        strict_json(path.read_text())
+    assert not list(out.rglob("*.partial")), "a finished run keeps no calibration checkpoint"
+    # the report opens with the answer: per cell the line to paste, why and how sure
+    index = (out / "index.md").read_text()
+    assert index.index("## The answer: what to ship per batch size") < index.index("## 1. Head accuracies")
+    answer = _markdown_table(index, "| batch | context | ship | why | how sure |")
+    doc = json.loads((out / "selection.json").read_text())
+    assert [(r["batch"], r["context"]) for r in answer] == [(str(c["batch"]), str(c["context"])) for c in doc["cells"]]
+    for row, cell in zip(answer, doc["cells"], strict=True):
+        assert row["ship"] == (f"`medusa_choices = {cell['medusa_choices']}`" if cell["nodes"] else "no speculation")
 
     for name in (
         "accuracy.json",
@@ -350,3 +366,19 @@ def test_run_calibrates_on_the_first_max_prompts(tmp_path):
     assert [h["positions"] for h in table["heads"]] == [15, 12, 9, 6]
     assert stage.record(job, "float32")["max_prompts"] == 3
     assert "max_prompts" not in stage.record(replace(job, settings=replace(job.settings, max_prompts=None)), "float32")
+
+
+def test_run_prints_results_on_stdout_and_progress_on_stderr(tmp_path, monkeypatch, capsys):
+    """`treeopt run | tee results.txt` keeps the selection and the `report:` line; the stage
+    progress goes to stderr (the wiring of the CLI; the stages' own split is checked above)."""
+    import treeopt.cli.run_cmds as run_cmds
+
+    def fake_job(out, settings, *, log, say, **kwargs):
+        log("[calibrate] progress")
+        say(f"report: {out}/index.md (1 s)")
+
+    monkeypatch.setattr(run_cmds, "run_main_job", fake_job)
+    main(["run", "--output", str(tmp_path / "r")])
+    got = capsys.readouterr()
+    assert got.out.strip().splitlines()[-1].startswith("report: ") and "[calibrate]" not in got.out
+    assert "[calibrate] progress" in got.err and "report:" not in got.err

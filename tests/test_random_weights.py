@@ -235,3 +235,33 @@ def test_run_refuses_random_weights_in_one_line(tmp_path, capsys):
     err = _error_lines(capsys)
     assert len(err) == 1 and err[0].startswith("treeopt: error: --random-weights: run calibrates")
     assert not (tmp_path / "run").exists()
+
+
+def test_two_sweeps_in_one_folder_keep_their_own_fit_and_select_finds_the_profile(tiny, accuracy, tmp_path, capsys):
+    """`sweep -o NAME.csv --hardware FILE` names its fitted profile and transfer table from -o
+    (a second sweep in the folder no longer replaces the first one's), and records the profile
+    file so that `select`'s pooled fit finds it again by the name the sweep recorded."""
+    from dataclasses import replace as dc_replace
+
+    from roofline.hardware import builtin_hardware
+    from treeopt.app.pooled import sweep_model
+
+    profile = tmp_path / "profiles" / "box.json"
+    profile.parent.mkdir()
+    dc_replace(builtin_hardware()["a100-80gb-sxm"], name="my-box").save(profile)
+    argv = ["sweep", "--model", str(tiny), "--random-weights", "--accuracy", str(accuracy), "--hardware", str(profile)]
+    argv += ["--sizes", "0,1", "--batch", "1,2", "--context", "8", "--repeats", "5", "--budget", "0"]
+    argv += ["--device", "cpu", "--dtype", "float32"]
+    for name in ("a", "b"):
+        main([*argv, "-o", str(tmp_path / f"{name}.csv")])
+        assert f"wrote {tmp_path / f'{name}.fitted_hardware.json'}" in capsys.readouterr().out
+    for name in ("a", "b"):
+        for suffix in ("fitted_hardware.json", "fit_transfer.csv", "fit_transfer.md"):
+            assert (tmp_path / f"{name}.{suffix}").is_file()
+    assert not (tmp_path / "fitted_hardware.json").exists()
+    meta = json.loads((tmp_path / "a.meta.json").read_text())
+    assert meta["hardware"] == "my-box" and meta["hardware_file"] == "profiles/box.json"
+    assert sweep_model(meta, tmp_path / "a.csv", model="llama-7b").hardware.name == "my-box"
+    # a sweep measured without --hardware: said so, never Python's None
+    missing = sweep_model({"model": "llama-7b"}, tmp_path / "a.csv").missing
+    assert "None" not in missing and "names no hardware profile" in missing

@@ -117,9 +117,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     os.close(fd)
     tmp = Path(tmp)
     # mkstemp makes the file 0600; give the final file the usual umask-based permissions.
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)
+    os.chmod(tmp, 0o666 & ~_umask())
     try:
         yield tmp
         os.replace(tmp, path)
@@ -129,6 +127,13 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         if refused is err:
             raise
         raise refused from None
+
+
+def _umask() -> int:
+    """The process's umask (reading it means setting it; it is set straight back)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask
 
 
 def write_text(path: str | os.PathLike, text: str) -> None:
@@ -561,6 +566,9 @@ def atomic_folder(final: str | os.PathLike) -> Iterator[Path]:
         tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.", suffix=".tmp"))
     except OSError as err:
         raise _refused_write(final, err) from None
+    # mkdtemp makes the folder 0700; the report gets the permissions mkdir would give it (0755
+    # under the usual umask), as `treeopt run`'s folder has
+    os.chmod(tmp, 0o777 & ~_umask())
     try:
         yield tmp
     except BaseException as err:

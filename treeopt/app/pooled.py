@@ -253,18 +253,20 @@ class SweepModel:
 
 
 def _sweep_hardware(meta: dict, sweep_path: Path, hardware) -> HardwareProfile | None:
-    """`hardware` when given; else the sweep's: a built-in name, or the profile file
-    `treeopt run` writes beside its sweep (`hardware.json`) when it carries that name."""
+    """`hardware` when given; else the sweep's: a built-in name, the profile file the sweep
+    recorded (`hardware_file`, relative to its folder), or the profile file `treeopt run` writes
+    beside its sweep (`hardware.json`), each when it carries the name the sweep recorded."""
     if hardware is not None:
         return load_hardware(hardware)
     name = str(meta.get("hardware") or "")
     if name.lower() in builtin_hardware() or name.lower() in hardware_aliases():
         return load_hardware(name)
-    beside = sweep_path.parent / "hardware.json"
-    if beside.is_file():
-        profile = load_hardware(beside)
-        if profile.name == name:
-            return profile
+    recorded = [sweep_path.parent / str(meta["hardware_file"])] if meta.get("hardware_file") else []
+    for candidate in recorded + [sweep_path.parent / "hardware.json"]:
+        if name and candidate.is_file():
+            profile = load_hardware(candidate)
+            if profile.name == name:
+                return profile
     return None
 
 
@@ -297,10 +299,12 @@ def sweep_model(meta: dict, sweep_path, *, model=None, hardware=None) -> SweepMo
             raise
         return SweepModel(missing=f"its model {spec!r} is neither built in nor found here: give --model")
     profile = _sweep_hardware(meta, sweep_path, hardware)
+    if profile is None and not meta.get("hardware"):
+        return SweepModel(missing="the sweep names no hardware profile (measured without --hardware): give --hardware")
     if profile is None:
         return SweepModel(
-            missing=f"its hardware {meta.get('hardware')!r} is neither built in nor the hardware.json "
-            "beside it: give --hardware"
+            missing=f"its hardware {meta['hardware']!r} is neither built in, nor the profile file it recorded, nor "
+            "the hardware.json beside it: give --hardware"
         )
     heads = _sweep_drafter(meta, spec, shape)
     if isinstance(heads, str):

@@ -78,18 +78,18 @@ def _mark(out: Path, name: str, settings: dict, writing: dict | None = None) -> 
         write_json(outputs.path(out / "run_state.json"), state)
 
 
-def run_main_job(out_dir, settings: RunSettings | None = None, *, log=print, progress: bool = True) -> dict:
+def run_main_job(out_dir, settings: RunSettings | None = None, *, log=print, progress: bool = True, say=None) -> dict:
     """calibrate -> proposal trees -> hardware profile -> prediction -> sweep -> selection ->
     validation -> report, all into `out_dir`. Each stage's result is kept; a rerun (after an
     interruption) skips the stages already done with the same settings. `settings`: None for
-    the defaults, the demo's run."""
+    the defaults, the demo's run. `log` takes the progress lines, `say` the results (None: `log`)."""
     out = Path(out_dir)
     fresh = not out.exists()
     settings = _with_data(settings or RunSettings())
     try:
         # a second run into the folder, or any writer of a file inside it, fails at once
         with output_lock(out), output_lock(out / "run_state.json", whole_folder=True):
-            return _run_main_job(Job(settings, out, log, progress))
+            return _run_main_job(Job(settings, out, log, progress, say))
     except UserError:
         # bad input found before anything was written: leave no empty report folder behind
         if fresh and out.is_dir() and not any(out.iterdir()):
@@ -165,6 +165,7 @@ def _run_main_job(job: Job) -> dict:
     dtype = calibrate.run_dtype(s.dtype, s.device)  # the dtype every later stage runs in
     with _timed(timings, "calibrate_s"):
         acc_file = _calibrated(job, dtype)
+    calibrate.check_heads_match(acc_file, s.heads)
     lm = load_model(s.model, s.heads, device=s.device, dtype=dtype, num_heads=s.num_heads, drafter=s.drafter)
     proposal = build_proposal(job, acc_file)
     bench = hardware.set_up_bench(job, lm)
@@ -186,5 +187,5 @@ def _run_main_job(job: Job) -> dict:
     regime = f"{bench.dtype}, {bench.threads} torch thread(s)"
     report = RunResults(s, proposal, hw.name, selection, result, timings, regime, lm.heads.kind == "draft-model")
     write_text(out / "index.md", run_index_markdown(report))
-    job.log(f"report: {out / 'index.md'} ({timings['total_s']:.0f} s)")
+    job.result(f"report: {out / 'index.md'} ({timings['total_s']:.0f} s)")
     return {"selection": selection, "validation": result, "timings": timings}

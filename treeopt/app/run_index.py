@@ -11,6 +11,7 @@ import pandas as pd
 
 from roofline.engine_presets import calibrated_line
 from treeopt.app.models import is_demo
+from treeopt.app.run_answer import answer_section
 from treeopt.app.stages.job import RunSettings
 from treeopt.app.stages.proposal import Proposal
 from treeopt.app.sweep import DEMO_VALIDATION
@@ -39,7 +40,9 @@ class RunResults:
 
 def run_index_markdown(r: RunResults) -> str:
     """The whole `index.md` of a run."""
-    L = _header(r) + _accuracy_section(r) + _proposal_section(r) + _selection_section(r)
+    table = r.proposal.table
+    answer = answer_section(r.selection, r.proposal.engine, heads=table.num_heads, accuracy=table.accuracy)
+    L = _header(r) + answer + _accuracy_section(r) + _proposal_section(r) + _selection_section(r)
     L += _validation_section(r.validation) + _prediction_section(r)
     return "\n".join(L)
 
@@ -245,7 +248,27 @@ def _validation_section(result: ValidationResult) -> list[str]:
             _md_table(result.regret),
             "",
         ]
+        L += _above_one_note(result.regret)
     return L
+
+
+def _above_one_note(regret: pd.DataFrame) -> list[str]:
+    """Where the tree chosen by prediction measured faster than the shipped one, say why that
+    is no contradiction: the selection ships the smallest tree within --tolerance of the best
+    at the lower bound of their paired ratio, not the largest point estimate."""
+    if "fraction_of_selected" not in regret.columns:
+        return []
+    above = regret[regret["fraction_of_selected"] > 1.0]
+    if above.empty:
+        return []
+    where = ", ".join(f"batch {b} context {c}" for b, c in above[["batch", "context"]].itertuples(index=False))
+    return [
+        f"A fraction above 1 ({where}): the tree chosen by prediction measured faster than the shipped one. "
+        "The selection ships the smallest tree as good as the best within the tolerance at the lower bound of "
+        "their paired ratio (the `reason` column of section 3), so a larger tree may measure a little faster "
+        "at its point estimate without being shown faster by more than the tolerance.",
+        "",
+    ]
 
 
 def _prediction_section(r: RunResults) -> list[str]:

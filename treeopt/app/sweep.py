@@ -3,6 +3,7 @@ prediction for the same step, and the end-to-end throughput beside both."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pandas as pd
@@ -118,16 +119,20 @@ def sweep(
     resume: bool | str = False,
     progress: bool = True,
     accuracy_path=None,
+    hardware_file=None,
 ) -> pd.DataFrame:
     """`calibration.sweep.run_sweep` with the roofline's prediction of every step when a
     hardware profile (name, file or profile) is given, and tau's standard error from the
     calibration (`curve_stderr`). The prediction is of the verification form the sweep
-    measures (`settings.verification`)."""
+    measures (`settings.verification`). `hardware_file`: the profile file it was read from,
+    recorded relative to the sweep's folder so that `select` finds the profile again."""
     predictor, meta = None, {"accuracy": table.provenance}
     if hardware is not None:
         hw = hardware if isinstance(hardware, HardwareProfile) else load_hardware(hardware)
         predictor = step_predictor(lm, tau.proposal, hw, verification=settings.verification)
         meta["hardware"] = hw.name
+        if hardware_file is not None and Path(hardware_file).is_file():
+            meta["hardware_file"] = os.path.relpath(Path(hardware_file).resolve(), Path(output).resolve().parent)
     return run_sweep(
         lm,
         tau,
@@ -190,19 +195,29 @@ def format_sweep(df: pd.DataFrame) -> str:
     return view.to_string(index=False, float_format=lambda v: f"{v:.3f}")
 
 
-def fit_from_sweep(lm, proposal: Tree, hardware: HardwareProfile, df: pd.DataFrame, out_dir) -> BatchTransfer:
+def fit_files(out_dir, prefix: str = "") -> tuple[Path, Path, Path]:
+    """The profile fitted on batch 1 and its transfer table (CSV, markdown) in `out_dir`, their
+    names led by `prefix`: `treeopt sweep -o NAME.csv` writes NAME.fitted_hardware.json, ..., so
+    that two sweeps in one folder keep their own; a run folder holds one sweep (no prefix)."""
+    out = Path(out_dir)
+    return out / f"{prefix}fitted_hardware.json", out / f"{prefix}fit_transfer.csv", out / f"{prefix}fit_transfer.md"
+
+
+def fit_from_sweep(
+    lm, proposal: Tree, hardware: HardwareProfile, df: pd.DataFrame, out_dir, prefix: str = ""
+) -> BatchTransfer:
     """Fit the profile's engine terms to the batch-1 rows of the sweep just measured, predict
     the other batch sizes (docs/performance-model.md#fitting-a-profile-to-measured-steps), and
-    write `fitted_hardware.json` and `fit_transfer.csv` into out_dir."""
+    write the `fit_files(out_dir, prefix)`."""
     shape = shape_of(lm.name, dtype=torch_dtype_name(lm.dtype))
     heads = heads_shape_of_drafter(lm.heads)
     depth = [proposal.prefix(n).depth for n in range(proposal.size + 1)]
     result = batch_transfer(shape, heads, hardware, df, depth)
-    out = Path(out_dir)
-    result.fit.profile.save(out / "fitted_hardware.json")
-    with atomic_path(out / "fit_transfer.csv") as tmp:
+    profile_file, transfer_csv, transfer_md = fit_files(out_dir, prefix)
+    result.fit.profile.save(profile_file)
+    with atomic_path(transfer_csv) as tmp:
         result.cells.to_csv(tmp, index=False, float_format="%.6g")
-    write_text(out / "fit_transfer.md", format_transfer(result) + "\n")
+    write_text(transfer_md, format_transfer(result) + "\n")
     return result
 
 

@@ -22,6 +22,7 @@ from treeopt.app.run import run_main_job
 from treeopt.app.stages.job import RunSettings
 from treeopt.app.sweep import (
     add_end_to_end,
+    fit_files,
     fit_from_sweep,
     format_sweep,
     format_transfer,
@@ -264,10 +265,11 @@ def sweep_cmd(
         raise UserError("--data: with --random-weights the end-to-end prompts are random token ids")
     data = held_out_data(data, model) if end_to_end and not random_weights else data
     fits = hardware is not None and 1 in batches and len(batches) > 1 and verification == "tree"
-    folder = Path(output).parent
+    # the fit's files are named from -o (NAME.fitted_hardware.json, ...): a second sweep in the
+    # same folder keeps its own instead of replacing the first one's
+    fitted = fit_files(Path(output).parent, f"{Path(output).stem}.")
     check_outputs(
-        [output, sweep_meta_path(output), sweep_samples_path(output)]
-        + ([folder / "fitted_hardware.json", folder / "fit_transfer.csv", folder / "fit_transfer.md"] if fits else []),
+        [output, sweep_meta_path(output), sweep_samples_path(output)] + (list(fitted) if fits else []),
         input_files(accuracy, hardware, model, heads, data if end_to_end else None),
     )
     check_sweep_size(batches, contexts, sizes)
@@ -298,15 +300,25 @@ def sweep_cmd(
         check_drafter_depth(lm, tau.proposal, accuracy)
         check_form(lm.heads, verification)
         with torch_threads(lm.model, lm.device, threads):
-            df = sweep(lm, table, tau, settings, output, hardware=profile, resume=resume, accuracy_path=accuracy)
+            df = sweep(
+                lm,
+                table,
+                tau,
+                settings,
+                output,
+                hardware=profile,
+                resume=resume,
+                accuracy_path=accuracy,
+                hardware_file=hardware,
+            )
             if end_to_end:
                 df = add_end_to_end(lm, tau.proposal, df, settings, data, max_new_tokens, output)
     click.echo(format_sweep(df))
     click.echo(f"wrote {output}")
     if fits:
         # the engine terms of this machine's decoder, fitted on batch 1 and judged on the rest
-        fit = fit_from_sweep(lm, tau.proposal, profile, df, Path(output).parent)
-        click.echo(f"{format_transfer(fit)}; wrote {Path(output).parent / 'fitted_hardware.json'}")
+        fit = fit_from_sweep(lm, tau.proposal, profile, df, Path(output).parent, f"{Path(output).stem}.")
+        click.echo(f"{format_transfer(fit)}; wrote {fitted[0]}, {fitted[1]}, {fitted[2]}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -575,7 +587,8 @@ def run_cmd(
         mix=mix,
         output=output,
     )
-    run_main_job(output, settings, log=lambda m: click.echo(m, err=True))
+    # results (the selection, the validation, the report's path) on stdout, progress on stderr
+    run_main_job(output, settings, log=lambda m: click.echo(m, err=True), say=click.echo)
 
 
 def check_drafter_depth(lm, proposal, accuracy) -> None:

@@ -7,8 +7,10 @@ from pathlib import Path
 
 from calibration.models import ModelSource, resolve_device, resolve_dtype
 from calibration.runner import CalibrationSettings, run_calibration
+from treeopt.accuracy import load_accuracy
 from treeopt.app.stages.job import Job
 from treeopt.dtypes import torch_dtype_name
+from treeopt.errors import UserError
 
 STAGE = "calibrate"
 
@@ -59,5 +61,34 @@ def calibrate(job: Job, dtype: str) -> Path:
         progress=progress,
         threads=s.threads,
     )
+    # the run keeps accuracy.json as its record of the stage (a rerun reuses the table, never the
+    # counts), so the checkpoint of counts that calibration keeps after a --max-prompts subset is
+    # not left in a finished run folder (docs/architecture.md#the-run-report)
+    Path(str(acc_file) + ".partial").unlink(missing_ok=True)
     job.log(f"[calibrate] {s.model} on {s.data}: {s.steps} greedy tokens per prompt, top-{s.topk} -> {acc_file.name}")
     return acc_file
+
+
+#: below this top-1 accuracy at every head, the heads never predict the model's next token:
+#: chance on a 32,000-token vocabulary is 3e-5, while heads trained for the model reach 0.29-0.50
+#: (the demo's four heads, reports/demo-cpu/index.md)
+NEVER_MATCHES_TOP1 = 1e-3
+
+
+def check_heads_match(acc_file: Path, heads: str | None) -> None:
+    """Stop the run (UserError, exit status 2) when the calibrated drafter never predicted the
+    model's next token: then no tree speeds the model up (tau = 1 for every tree), and the
+    sweep and validation would spend minutes measuring nothing. The usual cause is heads
+    trained for another model (docs/architecture.md#heads-that-never-match). accuracy.json is kept."""
+    table = load_accuracy(acc_file)
+    top1 = table.accuracy[:, 0]
+    if top1.size == 0 or float(top1.max()) >= NEVER_MATCHES_TOP1:
+        return
+    drafter = f"--heads {heads}" if heads else "the model's drafter"
+    raise UserError(
+        f"{acc_file}: {drafter} never predicted the model's next token (top-1 accuracy "
+        f"{float(top1.max()):.3f} at every one of {top1.size} heads over {int(table.positions[0])} positions, so "
+        "tau = 1 for every tree and no tree can speed this model up); the usual cause is heads trained for another "
+        "model, tokenizer or checkpoint revision: check --heads against --model. Stopped before the sweep and "
+        "validation; the calibration is kept in accuracy.json"
+    )

@@ -46,9 +46,16 @@ class RunSettings:
 @dataclass(frozen=True)
 class Job:
     """One run of the main job: `settings` (the demo's prompts already filled in), the folder
-    `out` every stage writes into, `log` for its progress lines and `progress` for its bars."""
+    `out` every stage writes into, `log` for its progress lines, `progress` for its bars, and
+    `say` for its results (the selection, the validation, the report's path; None: `log`), which
+    the CLI prints on stdout while progress goes to stderr."""
 
     settings: RunSettings
     out: Path
     log: Callable[[str], None]
     progress: bool = True
+    say: Callable[[str], None] | None = None
+
+    def result(self, line: str) -> None:
+        """A result line: stdout in the CLI (`say`), else the log."""
+        (self.say or self.log)(line)

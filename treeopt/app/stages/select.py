@@ -67,9 +67,9 @@ def select_trees(
         chosen = replace(chosen, mix=mix_section(choice, proposal.tree, mix))
     plot_measured_speedup(measured.table, chosen, job.out / "measured_speedup.png")
     write_selection(job.out / "selection.json", chosen)
-    job.log(format_selection(chosen))
+    job.result(format_selection(chosen))
     if chosen.mix is not None:
-        job.log(format_mix(chosen.mix))
+        job.result(format_mix(chosen.mix))
     return SelectedTrees(chosen, timings)
 
 

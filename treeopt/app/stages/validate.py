@@ -31,5 +31,5 @@ def validate_held_out(
         progress=progress,
         selection=chosen,
     )
-    job.log(format_validation(result))
+    job.result(format_validation(result))
     return result
