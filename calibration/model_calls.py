@@ -144,13 +144,41 @@ def run_heads(heads, hidden: torch.Tensor, num: int) -> torch.Tensor:
     return torch.stack([heads[k](hidden) for k in range(num)])
 
 
-def check_full_attention(model) -> None:
-    types = getattr(text_config(model), "layer_types", None) or []
+def attention_refusal(config) -> str | None:
+    """Why the reference tree decoder cannot decode a model of this transformers `config`, or
+    None: it masks every layer with one tree mask, so every layer must attend to the whole
+    sequence (a sliding-window layer, as Gemma-2's every other layer, would need its own mask)."""
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    types = getattr(config, "layer_types", None) or []
     other = sorted({t for t in types if t != "full_attention"})
     if other:
-        raise UserError(
-            f"model: layer types {other} are not supported by the reference tree decoder (full attention only)"
-        )
+        return f"layer types {other} are not supported by the reference tree decoder (full attention only)"
+    return None
+
+
+def check_full_attention(model) -> None:
+    why = attention_refusal(model.config)
+    if why:
+        raise UserError(f"model: {why}")
+
+
+#: the attention implementations tried in order: sdpa (what the decoder's timings assume,
+#: docs/decoder.md#gqa-and-sdpa), else eager, which every transformers model has (Gemma-2
+#: refuses sdpa in the transformers versions treeopt supports)
+ATTENTION_IMPLEMENTATIONS = ("sdpa", "eager")
+
+
+def with_supported_attention(build):
+    """`build(attn_implementation=...)` with the first implementation of
+    ATTENTION_IMPLEMENTATIONS the model accepts; transformers refuses one it does not support
+    with a ValueError naming the attention implementation."""
+    for name in ATTENTION_IMPLEMENTATIONS[:-1]:
+        try:
+            return build(attn_implementation=name)
+        except ValueError as err:
+            if "attention implementation" not in str(err) and "attn_implementation" not in str(err):
+                raise
+    return build(attn_implementation=ATTENTION_IMPLEMENTATIONS[-1])
 
 
 def additive_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

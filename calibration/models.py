@@ -3,13 +3,16 @@ bundled demo, or a user's local checkpoint."""
 
 from __future__ import annotations
 
+import json
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import transformers
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import (
+    AutoConfig,
     AutoModelForCausalLM,
     AutoTokenizer,
     LlamaConfig,
@@ -26,6 +29,7 @@ from calibration.drafters import (
     find_drafter_dir,
     load_drafter,
 )
+from calibration.model_calls import attention_refusal, with_supported_attention
 from calibration.model_checks import check_config, check_loading_info, quiet_load_report
 from treeopt.dtypes import TORCH_NAMES, normalize_dtype
 from treeopt.errors import UserError, first_line
@@ -196,8 +200,10 @@ def _load_base(model_dir: Path, torch_dtype: torch.dtype, device_map, offload_di
             # (docs/formats.md#output-safety), the warning only adds lines
             warnings.filterwarnings("ignore", message="Detected pickle protocol", category=UserWarning)
             with quiet_load_report():
-                base, info = AutoModelForCausalLM.from_pretrained(
-                    str(model_dir), dtype=torch_dtype, attn_implementation="sdpa", output_loading_info=True, **sharded
+                base, info = with_supported_attention(
+                    lambda **attn: AutoModelForCausalLM.from_pretrained(
+                        str(model_dir), dtype=torch_dtype, output_loading_info=True, **attn, **sharded
+                    )
                 )
         tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     except ImportError as err:  # transformers needs accelerate for a device map
@@ -303,3 +309,36 @@ def tiny_model_for_tests(
             p.normal_(0, 0.3)
     medusa.save_pretrained(path / "heads", base_model_name_or_path=str(path), dtype=torch.float32)
     return path
+
+
+def check_decodable(model: str) -> None:
+    """Refuse, before anything loads, a model the reference tree decoder cannot run: an
+    architecture whose code is not in transformers (it would need trust_remote_code, which
+    treeopt never runs), or one whose layers do not all attend to the whole sequence
+    (`attention_refusal`). The roofline may still price it (`treeopt roofline speedup`)."""
+    if model == "demo":
+        return
+    file = _model_dir(model) / "config.json"
+    try:
+        doc = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as err:
+        raise UserError(f"--model: cannot read {file}: {first_line(err)}") from None
+    if not isinstance(doc, dict):
+        raise UserError(f"--model: {file} is not a transformers config.json (not an object)")
+    arch = (doc.get("architectures") or [""])[0]
+    if arch and not hasattr(transformers, arch):
+        raise UserError(
+            f"--model {model}: architecture '{arch}' is not in transformers {transformers.__version__} (its code ships "
+            "with the checkpoint and needs trust_remote_code, which treeopt does not run): the reference decoder "
+            "cannot load it; the roofline still prices it (treeopt roofline speedup / report)"
+        )
+    try:
+        config = AutoConfig.for_model(**doc)
+    except (ValueError, KeyError, TypeError) as err:
+        raise UserError(f"--model: {file}: {first_line(err)}") from None
+    why = attention_refusal(config)
+    if why:
+        raise UserError(
+            f"--model {model}: {why}; the roofline still prices it (treeopt roofline speedup / report), "
+            "treeopt run cannot measure it"
+        )

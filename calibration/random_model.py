@@ -24,6 +24,7 @@ from transformers.utils import logging as hf_logging
 
 from calibration.device_memory import available_bytes
 from calibration.drafters import HydraHeads, MedusaDrafter, MLPSpeculator
+from calibration.model_calls import with_supported_attention
 from calibration.models import LoadedModel, resolve_device, resolve_dtype
 from treeopt.dtypes import normalize_dtype
 from treeopt.errors import UserError
@@ -96,7 +97,7 @@ def read_model_config(path) -> object:
 
 def _base(config) -> torch.nn.Module:
     """The causal LM of `config`, built where the caller's device context says."""
-    return AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
+    return with_supported_attention(lambda **attn: AutoModelForCausalLM.from_config(config, **attn))
 
 
 def _drafter(spec: RandomModel) -> torch.nn.Module:
@@ -168,6 +169,10 @@ def _materialise(module: torch.nn.Module, device: torch.device, dtype: torch.dty
         for sub in module.modules():
             own = dict(sub.named_buffers(recurse=False))
             if not own:
+                continue
+            if hasattr(sub, "scalar_embed_scale") and set(own) == {"embed_scale"}:
+                # Gemma's scaled embedding keeps its scale (sqrt(hidden)) as a buffer too
+                sub.embed_scale = torch.tensor(float(sub.scalar_embed_scale), device=device)
                 continue
             if not hasattr(sub, "inv_freq"):
                 raise UserError(f"--random-weights: {type(sub).__name__} keeps buffers a random model cannot set")

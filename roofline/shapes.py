@@ -15,7 +15,7 @@ import numpy as np
 
 from treeopt.dtypes import DTYPE_BYTES, normalize_dtype
 from treeopt.errors import UserError
-from treeopt.fileio import read_json_input
+from treeopt.fileio import portable_path, read_json_input
 from treeopt.layout import default_heads_dir
 
 __all__ = [
@@ -543,7 +543,7 @@ def model_shape(name_or_path, *, dtype: str | None = None, name: str | None = No
             raise UserError(
                 f"--model: unknown model '{spec}' (built-in: {names}, or a path to config.json / a model directory)"
             )
-        shape = shape_from_config(_read_json(file), name=name or str(spec), source=str(file))
+        shape = shape_from_config(_read_json(file), name=name or str(spec), source=portable_path(file))
     if dtype is not None:
         shape = shape.with_dtype(dtype)
     return shape

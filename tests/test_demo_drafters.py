@@ -120,8 +120,8 @@ def _run(out, drafter):
 def test_run_with_hydra_and_the_side_by_side_report(tmp_path, capsys):
     assert _run(tmp_path / "hydra", "hydra") == 0
     assert _run(tmp_path / "medusa", "medusa") == 0
-    err = capsys.readouterr().err
-    assert "100.00% of generated tokens identical" in err  # lossless with either drafter
+    out = capsys.readouterr().out  # the validation is a result: stdout
+    assert "100.00% of generated tokens identical" in out  # lossless with either drafter
     prediction = (tmp_path / "hydra" / "prediction" / "index.md").read_text()
     assert "**Drafter**: hydra: 4 heads" in prediction and "sequential, depth by depth" in prediction
     # Hydra's own code drafts a node's children as ranks 0..c-1 and expands only the first e of

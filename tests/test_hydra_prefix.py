@@ -661,7 +661,7 @@ def test_cli_run_with_a_prefix_checkpoint(tiny, tmp_path, capsys):
         )
         raise SystemExit(0)
     assert (exc.value.code or 0) == 0
-    assert "100.00% of generated tokens identical" in capsys.readouterr().err
+    assert "100.00% of generated tokens identical" in capsys.readouterr().out  # a result: stdout
     prediction = (tmp_path / "run" / "prediction" / "index.md").read_text()
     assert "4 heads x 3 layer(s) + a prefix decoder layer" in prediction
 

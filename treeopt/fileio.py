@@ -136,6 +136,21 @@ def _umask() -> int:
     return umask
 
 
+#: the folder holding the treeopt, calibration and roofline packages (a checkout or site-packages)
+_INSTALL_ROOT = Path(__file__).resolve().parent.parent
+
+
+def portable_path(path: str | os.PathLike) -> str:
+    """A path as outputs record it: relative to the working directory when under it, else to
+    the installation when under it (the bundled demo: `calibration/demo_model/config.json`), else
+    as given, so that a report committed from one machine does not carry that machine's folders."""
+    resolved = Path(path).resolve()
+    for root in (Path.cwd().resolve(), _INSTALL_ROOT):
+        if resolved.is_relative_to(root):
+            return resolved.relative_to(root).as_posix()
+    return os.fspath(path)
+
+
 def write_text(path: str | os.PathLike, text: str) -> None:
     with atomic_path(path) as tmp:
         tmp.write_text(text, encoding="utf-8")

@@ -33,6 +33,24 @@ def shape_of(spec, dtype: str | None = None) -> ModelShape:
     return model_shape(model_location(spec), dtype=dtype, name=DEMO if is_demo(spec) else None)
 
 
+def serving_dtype(spec, dtype: str | None) -> tuple[str | None, str | None]:
+    """The dtype to price a model in, and a note when it is not the one its config declares.
+    `dtype` given: that one. Else the config's, except float32, which `save_pretrained` writes
+    for a model trained or loaded in fp32 and which no engine serves a 7B-class model in
+    (vLLM, SGLang and TensorRT-LLM default to the checkpoint's half precision, and fp32 doubles
+    every weight byte a step reads): bfloat16 then, said in the note
+    (docs/performance-model.md#which-dtype-is-priced)."""
+    if dtype is not None:
+        return dtype, None
+    shape = shape_of(spec)
+    if shape.dtype != "fp32":
+        return None, None
+    return "bf16", (
+        f"--model {spec}: its config declares float32 (what save_pretrained writes for an fp32 model); priced in "
+        "bfloat16, the dtype it would be served in (--dtype fp32 to price fp32)"
+    )
+
+
 def heads_of(spec, shape: ModelShape, **kwargs) -> DraftHeadsShape:
     """`roofline.shapes.resolve_heads` for a model spec (the heads directory next to it)."""
     return resolve_heads(model_location(spec), shape, **kwargs)

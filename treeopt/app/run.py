@@ -14,10 +14,10 @@ from pathlib import Path
 
 from calibration.data import check_prompt_source
 from calibration.drafters import detect_kind
-from calibration.models import load_model
+from calibration.models import check_decodable, load_model
 from roofline.engine_presets import calibrated_line
 from roofline.hardware import load_hardware
-from treeopt.app.models import is_demo
+from treeopt.app.models import is_demo, shape_of
 from treeopt.app.run_index import RunResults, run_index_markdown
 from treeopt.app.stages import calibrate, hardware
 from treeopt.app.stages.job import Job, RunSettings
@@ -159,6 +159,10 @@ def _run_main_job(job: Job) -> dict:
     check_prompt_source(s.data, "--data")
     check_prompt_source(s.validation_data, "--validation-data")  # now, not at stage 7 after hours of work
     check_engine_serves_drafter(s, _drafter_kind(s))
+    # the roofline must price the model and the decoder must run it: both said before the
+    # calibration, not after it (docs/architecture.md#the-run-report)
+    check_decodable(s.model)
+    shape_of(s.model)
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
     timings = {}

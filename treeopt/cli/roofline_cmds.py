@@ -17,7 +17,7 @@ from roofline.published import (
 from roofline.report import ReportRequest, build_report
 from treeopt import api
 from treeopt.app.grid_outputs import grid_selection, mix_choice, with_mix_cells
-from treeopt.app.models import draft_cost_of, heads_of, shape_of
+from treeopt.app.models import draft_cost_of, heads_of, serving_dtype, shape_of
 from treeopt.app.prediction import (
     PredictionOptions,
     check_grid_size,
@@ -41,6 +41,7 @@ from treeopt.cli.roofline_options import (
     drafter_dir,
 )
 from treeopt.cli.safety import check_outputs, input_files, require_file
+from treeopt.cli.tree_cmds import echo_notes
 from treeopt.engines import ENGINE_NAMES, get_engine
 from treeopt.errors import UserError
 from treeopt.export import text_table
@@ -256,6 +257,8 @@ def roofline_speedup(
     batches, contexts = with_mix_cells(batches, contexts, mix)
     check_grid_size(batches, contexts, max_nodes)
     table, label = load_table(accuracy, csv_model, model)
+    dtype, dtype_note = serving_dtype(model, dtype)
+    echo_notes([dtype_note] if dtype_note else [])
     prediction = predict_speedup(
         model,
         hardware,
@@ -382,6 +385,9 @@ def report_cmd(
     grid.csv, selection.json and an index.md stating inputs and assumptions."""
     check_outputs(inputs=input_files(model, hardware, accuracy), folders=[out])
     check_grid_size(batches, contexts, max_nodes)
+    dtype, dtype_note = serving_dtype(model, dtype)
+    echo_notes([dtype_note] if dtype_note else [])
+    notes = (*notes, dtype_note) if dtype_note else notes
     shape = shape_of(model, dtype)
     costs = step_costs(load_hardware(hardware), engine=engine, family=engine_costs)
     hw = costs.profile
