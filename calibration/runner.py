@@ -266,6 +266,21 @@ class _Shard:
     processes: Processes
 
 
+def steps_too_few(steps: int, depth: int, kind: str) -> str:
+    """The refusal of greedy labels too few for a drafter of `depth` levels, in its own terms:
+    every head (or draft position of a draft model) needs a label one token further on."""
+    if kind == "draft-model":
+        return (
+            f"--steps: a draft model drafting up to {depth} tokens needs at least {depth + 1} generated tokens per "
+            f"prompt, so that every draft position has a greedy label, got {steps} (raise --steps, or draft fewer "
+            "tokens with --num-heads)"
+        )
+    return (
+        f"--steps: must be at least {depth + 1} (heads + 1) with greedy labels so that every head has a label, "
+        f"got {steps}"
+    )
+
+
 def _check_settings(settings: CalibrationSettings, loaded, prompts: PromptSet) -> int:
     """UserError for settings this model and these prompts cannot be calibrated with; else
     the number of prompts the run covers."""
@@ -273,10 +288,7 @@ def _check_settings(settings: CalibrationSettings, loaded, prompts: PromptSet) -
     if settings.labels not in LABEL_MODES:
         raise UserError(f"--labels: must be one of {', '.join(LABEL_MODES)}, got {settings.labels!r}")
     if settings.labels == "greedy" and settings.steps < num_heads + 1:
-        raise UserError(
-            f"--steps: must be at least {num_heads + 1} (heads + 1) with greedy "
-            f"labels so that every head has a label, got {settings.steps}"
-        )
+        raise UserError(steps_too_few(settings.steps, num_heads, loaded.heads.kind))
     if not 1 <= settings.topk <= vocab:
         raise UserError(f"--topk: must be between 1 and the vocabulary size {vocab}, got {settings.topk}")
     for option, value in (("batch-size", settings.batch_size), ("checkpoint-every", settings.checkpoint_every)):

@@ -92,3 +92,19 @@ def test_run_refuses_gpt_neox_before_calibrating(tmp_path, monkeypatch, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "GPTNeoXForCausalLM" in err[0] and "not supported" in err[0]
     assert not (tmp_path / "r").exists()
+
+
+def test_a_draft_models_steps_are_refused_before_loading_in_its_own_terms(tmp_path, monkeypatch, capsys):
+    """The demo's draft model drafts up to 16 tokens: greedy labels for every draft position
+    need 17 generated tokens per prompt; --steps 16 is refused before the model loads."""
+
+    def no_calibration(*args, **kwargs):
+        raise AssertionError("loaded and calibrated before refusing --steps")
+
+    monkeypatch.setattr(stage, "calibrate", no_calibration)
+    with pytest.raises(SystemExit) as exit_:
+        main(["run", "--drafter", "draft-model", "--steps", "16", "-o", str(tmp_path / "r")])
+    assert exit_.value.code == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "a draft model drafting up to 16 tokens needs at least 17" in line and "(heads + 1)" not in line
+    assert not (tmp_path / "r").exists()

@@ -5,6 +5,7 @@ the device in its dtype after the weights and the cache are checked to fit."""
 from __future__ import annotations
 
 import json
+import re
 import resource
 import time
 
@@ -265,3 +266,14 @@ def test_two_sweeps_in_one_folder_keep_their_own_fit_and_select_finds_the_profil
     # a sweep measured without --hardware: said so, never Python's None
     missing = sweep_model({"model": "llama-7b"}, tmp_path / "a.csv").missing
     assert "None" not in missing and "names no hardware profile" in missing
+
+
+def test_hw_calibrate_says_how_long_the_engine_terms_take_and_how_far_they_got(tiny, tmp_path, capsys):
+    """The engine-term steps of a large model take minutes on a CPU after the microbenchmarks:
+    an estimate before the first step, then a line per batch size, on stderr."""
+    argv = ["hw", "calibrate", "--model", str(tiny), "--random-weights", "--quick", "--num-heads", "2"]
+    main([*argv, "--device", "cpu", "--dtype", "float32", "-o", str(tmp_path / "hw.json")])
+    err = capsys.readouterr().err
+    lines = [line.strip() for line in err.splitlines() if line.strip().startswith("engine terms:")]
+    assert re.match(r"engine terms: \d+ tree steps of .* about \d+ (s|min) by the profile just measured", lines[0])
+    assert lines[-1].startswith("engine terms: batch 2 done (2/2, ")

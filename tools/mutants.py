@@ -1664,6 +1664,14 @@ MUTANTS = (
         ("tests/test_report_paths.py",),
     ),
     Mutant(
+        "draft-model-steps-off-by-one",
+        "treeopt/app/run.py",
+        'if _drafter_kind(s) == "draft-model" and s.steps < (s.num_heads or DEFAULT_MAX_DEPTH) + 1:',
+        'if _drafter_kind(s) == "draft-model" and s.steps < (s.num_heads or DEFAULT_MAX_DEPTH):',
+        "a draft model's --steps one short of a label for every draft position is loaded and calibrated",
+        ("tests/test_architectures_in_step.py::test_a_draft_models_steps_are_refused_before_loading_in_its_own_terms",),
+    ),
+    Mutant(
         "fileio-rows-one-level-deep",
         "treeopt/fileio.py",
         "if isinstance(value, list) and value and _depth(value) > 2:",

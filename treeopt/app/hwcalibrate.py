@@ -8,6 +8,7 @@ forwards.
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 
 import pandas as pd
@@ -18,7 +19,7 @@ from calibration.models import SMALL_MODEL_PARAMS, TORCH_DTYPES, resolve_device,
 from calibration.sweep import measure_group
 from roofline.hardware import HardwareProfile
 from roofline.hwfit import fit_hardware_profile
-from roofline.profile_fit import ProfileFit, fit_profile, sweep_step_points
+from roofline.profile_fit import ProfileFit, fit_profile, predict_step_s, sweep_step_points
 from roofline.shapes import ModelShape, normalize_dtype
 from treeopt.app.models import heads_shape_of_drafter, shape_of
 from treeopt.dtypes import torch_dtype_name
@@ -148,26 +149,38 @@ def calibrate_engine_terms(
     repeats: int = 7,
     seed: int = 0,
     graphs: bool | None = None,
+    log=None,
 ) -> ProfileFit:
     """The engine terms of `profile` (a fixed cost per speculative step, a cost per verified
     token, the attention kernel's KV bandwidth) measured with treeopt's own decoder: tree steps of
     the loaded model and drafter `lm` (calibration.models.load_model) timed as the sweep times
     them (`graphs` as the sweep takes it), then fitted to the microbenchmark profile
-    (docs/performance-model.md#engine-terms-of-a-speculative-step)."""
+    (docs/performance-model.md#engine-terms-of-a-speculative-step). `log`: where to say, before
+    the first step, how long the steps should take by `profile` and, after each batch size, how
+    far it got (a 7B model on a CPU takes minutes here)."""
     depth = getattr(lm.heads, "num_heads", 1)
     proposal = make_tree([p for p in ENGINE_PROBE_TREE if len(p) <= depth], topk=10)
     sizes = tuple(n for n in sizes if n <= proposal.size)
+    heads_by_nodes = [proposal.prefix(n).depth for n in range(proposal.size + 1)]
+    shape = shape_of(lm.name, dtype=torch_dtype_name(lm.dtype))
+    heads = heads_shape_of_drafter(lm.heads)
+    say = log or (lambda line: None)
+    planned = engine_terms_estimate_s(shape, heads, profile, batches, context, sizes, heads_by_nodes, repeats)
+    say(
+        f"  engine terms: {len(batches) * len(sizes) * (repeats + 1)} tree steps of {lm.name} (batch "
+        f"{', '.join(map(str, batches))}, context {context}, trees of {', '.join(map(str, sizes))} nodes), "
+        f"about {_duration(planned)} by the profile just measured"
+    )
     rows = []
+    t0 = time.perf_counter()
     with torch.inference_mode():
-        for batch in batches:
+        for i, batch in enumerate(batches, 1):
             rows += measure_group(
                 lm, proposal, sizes, batch, context, repeats=repeats, warmup=1, topk=10, seed=seed, graphs=graphs
             )
+            say(f"  engine terms: batch {batch} done ({i}/{len(batches)}, {_duration(time.perf_counter() - t0)})")
     table = pd.DataFrame(rows)
-    heads_by_nodes = [proposal.prefix(n).depth for n in range(proposal.size + 1)]
     points = sweep_step_points(table, heads_by_nodes)
-    shape = shape_of(lm.name, dtype=torch_dtype_name(lm.dtype))
-    heads = heads_shape_of_drafter(lm.heads)
     # only the engine terms are free: the microbenchmarks measured everything else directly
     return fit_profile(
         shape,
@@ -178,6 +191,20 @@ def calibrate_engine_terms(
         terms=ENGINE_TERMS,
         source=f"treeopt's decoder on {lm.name}{_weights_note(lm)}: {len(points)} tree steps",
     )
+
+
+def engine_terms_estimate_s(shape, heads, profile, batches, context, sizes, heads_by_nodes, repeats) -> float:
+    """Seconds the engine-term steps should take by `profile`: each size of each batch timed
+    `repeats` times after one warm-up step, each step priced by the roofline."""
+    plan = pd.DataFrame(
+        [{"batch": b, "context": context, "nodes": n, "step_time_s": 0.0} for b in batches for n in sizes]
+    )
+    step_s = predict_step_s(shape, heads, profile, sweep_step_points(plan, heads_by_nodes))
+    return float(step_s.sum()) * (repeats + 1)
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
 
 
 def _weights_note(lm) -> str:

@@ -13,8 +13,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from calibration.data import check_prompt_source
-from calibration.drafters import detect_kind
+from calibration.drafters import DEFAULT_MAX_DEPTH, detect_kind
 from calibration.models import check_decodable, load_model
+from calibration.runner import steps_too_few
 from roofline.engine_presets import calibrated_line
 from roofline.hardware import load_hardware
 from treeopt.app.models import is_demo, shape_of
@@ -159,6 +160,8 @@ def _run_main_job(job: Job) -> dict:
     check_prompt_source(s.data, "--data")
     check_prompt_source(s.validation_data, "--validation-data")  # now, not at stage 7 after hours of work
     check_engine_serves_drafter(s, _drafter_kind(s))
+    if _drafter_kind(s) == "draft-model" and s.steps < (s.num_heads or DEFAULT_MAX_DEPTH) + 1:
+        raise UserError(steps_too_few(s.steps, s.num_heads or DEFAULT_MAX_DEPTH, "draft-model"))
     # the roofline must price the model and the decoder must run it: both said before the
     # calibration, not after it (docs/architecture.md#the-run-report)
     check_decodable(s.model)

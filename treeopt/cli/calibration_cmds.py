@@ -435,7 +435,9 @@ def hw_calibrate(
         else:
             lm = load_model(str(model), device=device, dtype=prof.calibration["dtype"])
         with torch_threads(lm.model, lm.device, threads):
-            fit = calibrate_engine_terms(lm, prof, repeats=5 if quick else 9, graphs=graphs)
+            fit = calibrate_engine_terms(
+                lm, prof, repeats=5 if quick else 9, graphs=graphs, log=lambda line: click.echo(line, err=True)
+            )
         prof = fit.profile
         click.echo(
             "  engine terms from treeopt's decoder: "
