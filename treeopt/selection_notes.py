@@ -39,8 +39,10 @@ def raw_overheads(cell: pd.DataFrame, samples: np.ndarray | None) -> np.ndarray:
     `samples`, else the ratio of the median step times (NaN where the sweep has none)."""
     if samples is not None:
         return np.median(same_round_ratios(samples), axis=0)
-    step = cell["step_time_s"].to_numpy(dtype=float) if "step_time_s" in cell.columns else np.zeros(0)
-    return step / step[0] if step.size else step
+    if "step_time_s" not in cell.columns or len(cell) == 0:
+        return np.full(len(cell), np.nan)
+    step = cell["step_time_s"].to_numpy(dtype=float)
+    return step / step[0]
 
 
 def mark_clamp(cell: SelectionCell, overhead_measured: float) -> SelectionCell:
