@@ -76,7 +76,10 @@ class DecodeState:
               the heads draft the next step from it (Hydra++: the prefix layer's output there).
     rows:     (b,) int64, each active sequence's index in the caller's batch.
     draft_cache: Hydra++'s prefix-layer `KVCache` (one layer), slot for slot as `cache` (the
-              same `valid`); None for other drafters.
+              same `valid`); an EAGLE draft's cache of pairs (`calibration.eagle_decoding`);
+              None for other drafters.
+    draft_valid: (b, C) bool, the EAGLE draft's valid slots (a prompt's first token has no
+              pair); None for other drafters.
     """
 
     cache: KVCache
@@ -86,6 +89,7 @@ class DecodeState:
     hidden: torch.Tensor
     rows: torch.Tensor
     draft_cache: KVCache | None = None
+    draft_valid: torch.Tensor | None = None
 
 
 class PhaseClock:

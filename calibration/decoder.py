@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from calibration.decode_loop import DecodeResult, DecodeState, PhaseClock, emit_roots, eos_set, generation_loop
+from calibration.eagle_decoding import append_pairs, draft_context, prefill_pairs
 from calibration.kv_cache import KVCache, new_cache
 from calibration.model_calls import (
     additive_mask,
@@ -43,6 +44,7 @@ from calibration.model_calls import (
     force_sdpa_gqa,
     lm_head,
     model_device,
+    model_forward_features,
     model_forward_hidden,
     prompt_mask,
     uses_gqa,
@@ -118,11 +120,6 @@ class TreeDecoder:
         bucket: int = DEFAULT_BUCKET,
     ):
         _check_arguments(model, heads, tree, topk, verification)
-        if hasattr(heads, "read_context"):
-            raise UserError(
-                f"--drafter {heads.kind}: the reference decoder does not draft with EAGLE drafts yet; "
-                "they are calibrated only (docs/decoder.md#eagle)"
-            )
         buf = tree_buffers(tree, topk)  # validates ranks < topk
         self.model, self.heads, self.tree, self.topk, self.timing = model, heads, tree, topk, timing
         self.device = model_device(model)
@@ -131,9 +128,11 @@ class TreeDecoder:
         self.buffers = buf
         self.force_gqa = self.device.type == "cpu" and uses_gqa(model)
         self.verification = verification
-        self.steps = step_mode(graphs, self.device)
+        # an EAGLE draft reads the auxiliary layers the static step does not return: eager
+        self.eagle = hasattr(heads, "read_context")
+        self.steps = "eager" if self.eagle else step_mode(graphs, self.device)
         self.runner = None
-        if uses_static(graphs, self.device):
+        if uses_static(graphs, self.device) and not self.eagle:
             capture = graphs_enabled(graphs, self.device)
             self.runner = StepRunner(model, force_gqa=self.force_gqa, graphs=capture, bucket=bucket)
         form = TreeVerifier if verification == "tree" else CandidateVerifier
@@ -153,7 +152,14 @@ class TreeDecoder:
 
     def _forward(self, cache, tokens, mask, positions) -> tuple[torch.Tensor, torch.Tensor]:
         """(base logits (b, q, V), last hidden states (b, q, h)) of tokens (b, q) appended to
-        `cache` (in static shapes unless `graphs` is False)."""
+        `cache` (in static shapes unless `graphs` is False); an EAGLE draft's features (b, q, F)
+        in place of the hidden states."""
+        if self.eagle:
+            with force_sdpa_gqa(self.force_gqa):
+                last, features = model_forward_features(
+                    self.model, self.heads, tokens, attention_mask=mask, position_ids=positions, cache=cache
+                )
+            return lm_head(self.model, last), features
         if self.runner is not None:
             return self.runner(cache, tokens, mask, positions)
         with force_sdpa_gqa(self.force_gqa):
@@ -190,13 +196,22 @@ class TreeDecoder:
         cache = new_cache(self.model, capacity)
         mask = additive_mask(prompt_mask(valid), self.dtype)[:, None]
         with force_sdpa_gqa(self.force_gqa):
-            hidden = model_forward_hidden(
-                self.model, input_ids, attention_mask=mask, position_ids=positions, cache=cache
-            )
+            if self.eagle:
+                hidden, features = model_forward_features(
+                    self.model, self.heads, input_ids, attention_mask=mask, position_ids=positions, cache=cache
+                )
+            else:
+                hidden = model_forward_hidden(
+                    self.model, input_ids, attention_mask=mask, position_ids=positions, cache=cache
+                )
         last = length - 1 - valid.flip(-1).long().argmax(-1)  # index of each row's last real token
         rows = torch.arange(b, device=self.device)
         h_last = hidden[rows, last]  # (b, h)
-        draft_cache, draft_hidden = None, h_last
+        draft_cache, draft_hidden, draft_valid = None, h_last, None
+        if self.eagle:
+            # why: the draft keeps a cache of its own pairs, slot for slot (docs/decoder.md#eagle)
+            draft_cache, draft_valid = prefill_pairs(self.heads, features, input_ids, valid, positions, capacity)
+            draft_hidden = features[rows, last]
         if self.prefix_layer:
             # why: Hydra++'s prefix layer reads the whole prompt into a cache of its own
             # (docs/decoder.md#hydra)
@@ -210,6 +225,7 @@ class TreeDecoder:
             hidden=draft_hidden,
             rows=rows,
             draft_cache=draft_cache,
+            draft_valid=draft_valid,
         )
 
     def draft(self, state: DecodeState, clock: PhaseClock | None = None) -> torch.Tensor:
@@ -218,6 +234,8 @@ class TreeDecoder:
         work, timed with the verification; laying out the tree is the draft phase."""
         clock = clock or PhaseClock(False, self.device)
         with clock("verify"):
+            if self.eagle:
+                self.heads.set_context(draft_context(state.draft_cache, state.draft_valid, state.next_pos - 1))
             proposal = self.drafting.propose(state.hidden, state.root)
         with clock("draft"):
             return self.drafting.tree_tokens(state.root, proposal)
@@ -322,6 +340,8 @@ class TreeDecoder:
         # the verifier kept the batch's longest path: its length, read off the cache rather than
         # synchronising on n_keep.max() a second time
         kept = self._iota(state.cache.length - start)[None] < n_keep[:, None]
+        if self.eagle:
+            self._append_eagle_pairs(state, path_hidden, tokens.gather(1, accepted.path[:, : kept.shape[1]]), kept)
         state.hidden = self._drafting_hidden(state, path_hidden, kept, n_keep)
         state.valid = torch.cat([state.valid, kept], dim=1)
         state.next_pos = state.next_pos + n_keep
@@ -337,12 +357,22 @@ class TreeDecoder:
             self._range = torch.arange(2 * n, device=self.device)
         return self._range[:n]
 
+    def _append_eagle_pairs(self, state: DecodeState, path_features, path_tokens, kept) -> None:
+        """An EAGLE draft's pairs of the kept tokens (b, K) into its cache, each kept token with
+        the feature of the token before it (the previous root's producer for the root), at that
+        feature's position; `state` still as before the step's update (docs/decoder.md#eagle)."""
+        keep = kept.shape[1]
+        features = torch.cat([state.hidden[:, None], path_features[:, : keep - 1]], dim=1)
+        positions = state.next_pos[:, None] - 1 + self._iota(keep)[None]
+        append_pairs(self.heads, state.draft_cache, state.draft_valid, features, path_tokens, kept, positions)
+        state.draft_valid = torch.cat([state.draft_valid, kept], dim=1)
+
     def _drafting_hidden(self, state: DecodeState, path_hidden, kept, n_keep) -> torch.Tensor:
         """The hidden state the next step drafts from (b, h), given the hidden states along the
         accepted path (b, D + 1, h), the kept slots (b, K) and the kept counts (b,); `state`
         still as before the step's update."""
         bi = self._iota(n_keep.shape[0])
-        if state.draft_cache is None:
+        if state.draft_cache is None or self.eagle:
             return path_hidden[bi, n_keep - 1]  # the last accepted token drafts next
         # Hydra++: the prefix layer reads the kept tokens' hidden states into its cache, slot for
         # slot as the target's; its output at the last one drafts next (docs/decoder.md#hydra).
@@ -368,6 +398,8 @@ class TreeDecoder:
         for cache in caches:
             cache.batch_select_indices(idx)
         state.valid, state.next_pos = state.valid[idx], state.next_pos[idx]
+        if state.draft_valid is not None:
+            state.draft_valid = state.draft_valid[idx]
         state.root, state.hidden = state.root[idx], state.hidden[idx]
         used = state.valid.any(0)
         if not bool(used.all()):
@@ -375,6 +407,8 @@ class TreeDecoder:
             for cache in caches:
                 cache.keep_slots(0, cols[None].expand(idx.numel(), -1))
             state.valid = state.valid[:, cols]
+            if state.draft_valid is not None:
+                state.draft_valid = state.draft_valid[:, cols]
 
     # ---- the loop --------------------------------------------------------------------------
 

@@ -30,6 +30,7 @@ __all__ = [
     "force_sdpa_gqa",
     "lm_head",
     "model_device",
+    "model_forward_features",
     "model_forward_hidden",
     "prompt_mask",
     "run_heads",
@@ -131,6 +132,21 @@ def model_forward_hidden(model, input_ids, *, attention_mask, position_ids, cach
         **cache_kwargs(body, cache),
     )
     return out.last_hidden_state
+
+
+def model_forward_features(model, heads, input_ids, *, attention_mask, position_ids, cache):
+    """(last hidden states, the EAGLE draft's features) of one forward of the base model, as
+    `model_forward_hidden`, with every layer's input kept for the draft's auxiliary layers."""
+    body = model.get_decoder()
+    out = body(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        use_cache=cache is not None,
+        output_hidden_states=True,
+        **cache_kwargs(body, cache),
+    )
+    return out.last_hidden_state, heads.features(out.hidden_states, out.last_hidden_state)
 
 
 def lm_head(model, hidden: torch.Tensor) -> torch.Tensor:

@@ -195,8 +195,10 @@ def _grid_drafter(heads_shape, tau: np.ndarray, heads_used, heads_in_baseline: b
     rows = np.asarray(heads_shape.rows_per_sequence, dtype=float)
     if rows.ndim != 2 or rows.shape[0] != tau.size:
         raise UserError(f"draft rows: expected ({tau.size}, stages) rows per tree size, got {rows.shape}")
-    # Hydra++'s prefix layer reads the tokens the step before accepted: τ in the steady state
-    prefix_tokens = tau[None, None, :] if heads_shape.cost.prefix_layer else heads_shape.prefix_tokens_per_sequence
+    # Hydra++'s prefix layer and an EAGLE draft's cache read the tokens the step before
+    # accepted: τ in the steady state
+    reads_accepted = heads_shape.cost.prefix_layer or heads_shape.cost.own_cache
+    prefix_tokens = tau[None, None, :] if reads_accepted else heads_shape.prefix_tokens_per_sequence
     return replace(heads_shape, rows_per_sequence=rows[None, None], prefix_tokens_per_sequence=prefix_tokens)
 
 

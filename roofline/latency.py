@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from roofline.hardware import GIB, VERIFICATION_MODES, HardwareProfile
-from roofline.ops import DraftWork, Op, kv_split, operators
+from roofline.ops import EAGLE_DEPTH, DraftWork, Op, eagle_layer_shape, kv_split, operators
 from roofline.shapes import DraftHeadsShape, ModelShape
 from roofline.step_shape import StepShape, step_of
 from treeopt.errors import UserError
@@ -110,11 +110,12 @@ def _time_terms(op: Op, dtype: str, hw: HardwareProfile, heads=None):
     overhead = np.full_like(compute, 1.0) * op.kernels * hw.kernel_overhead_s
     if op.name == "draft_heads" and heads is not None:
         overhead = overhead + heads.num_heads * hw.head_overhead_s
-    elif op.name.startswith("draft_stage_"):
+    elif op.name.startswith("draft_stage_") or (op.name.startswith(EAGLE_DEPTH) and op.name.endswith(".embedding")):
         # a stage is one call of one head module, as each Medusa head is
         # (docs/performance-model.md#drafter-cost); the engine's own per-stage cost is draft_stage_s
         overhead = overhead + (np.asarray(op.kernels) > 0) * hw.head_overhead_s
-    if op.kind == "attention" and op.kernels > 0 and hw.attention_block_overhead_s:
+    # an EAGLE depth's attention has kernels per grid cell (0 where the depth does not run)
+    if op.kind == "attention" and np.any(np.asarray(op.kernels) > 0) and hw.attention_block_overhead_s:
         overhead = overhead + op.blocks * hw.attention_block_overhead_s
     return compute, memory, overhead
 
@@ -186,6 +187,9 @@ def memory_required_bytes(
         one_layer = shape.with_layers(1)
         weights += (one_layer.layer_params + shape.hidden) * beta
         kv = kv + b * (s + q) * one_layer.kv_bytes_per_token
+    if isinstance(heads, DraftWork) and heads.cost.own_cache:
+        # an EAGLE draft's own cache of the context (docs/performance-model.md#drafter-cost)
+        kv = kv + b * (s + q) * eagle_layer_shape(heads.cost, shape.dtype).kv_bytes_per_token
     if isinstance(heads, DraftWork):
         # one stage's logits live at a time: the widest stage's rows
         draft_logits = np.asarray(heads.rows_per_sequence, dtype=float).max(axis=-1) * heads.cost.vocab_size
@@ -201,12 +205,15 @@ def memory_required_bytes(
 
 
 def _kv_bytes(shape: ModelShape, heads, step: StepShape) -> np.ndarray:
-    """The KV cache of `memory_required_bytes` (the model's, and a Hydra++ prefix layer's)."""
+    """The KV cache of `memory_required_bytes` (the model's, and a Hydra++ prefix layer's or an
+    EAGLE draft's)."""
     b = np.asarray(step.batch_sequences, dtype=float)
     tokens = np.asarray(step.context_tokens, dtype=float) + np.asarray(step.tokens_per_sequence, dtype=float)
     per_token = shape.kv_bytes_per_token
     if isinstance(heads, DraftWork) and heads.cost.prefix_layer:
         per_token = per_token + shape.with_layers(1).kv_bytes_per_token
+    if isinstance(heads, DraftWork) and heads.cost.own_cache:
+        per_token = per_token + eagle_layer_shape(heads.cost, shape.dtype).kv_bytes_per_token
     return b * tokens * per_token
 
 

@@ -46,6 +46,8 @@ __all__ = [
     "ATTENTION_MODES",
     "DraftWork",
     "draft_stage_ops",
+    "EAGLE_DEPTH",
+    "eagle_layer_shape",
     "drafter_work",
     "split_over_gpus",
     "kv_split",
@@ -394,17 +396,19 @@ def _forward_ops(shape, heads, b, q, s, c, attention: str, kv_cache_update: str)
     return p.ops
 
 
-def _layer_ops(p: _Pass, shape: ModelShape, attention: str, kv_cache_update: str) -> None:
-    """The operators of every decoder layer (count = layers)."""
+def _layer_ops(p: _Pass, shape: ModelShape, attention: str, kv_cache_update: str, qkv_in: float = 0.0) -> None:
+    """The operators of every decoder layer (count = layers); `qkv_in`: the width q, k and v
+    read when it is not the hidden size (EAGLE-3's 2·hidden)."""
     b, q, s, bq, zeros = p.b, p.q, p.s, p.bq, p.zeros
     h, i = float(shape.hidden), float(shape.intermediate)
+    qkv_in = qkv_in or h
     nh, nkv, d = float(shape.heads), float(shape.kv_heads), float(shape.head_dim)
     L = shape.layers
     keys = s + q
     p.rmsnorm("attn_norm", L)
-    p.linear("q_proj", L, h, nh * d)
-    p.linear("k_proj", L, h, nkv * d)
-    p.linear("v_proj", L, h, nkv * d)
+    p.linear("q_proj", L, qkv_in, nh * d)
+    p.linear("k_proj", L, qkv_in, nkv * d)
+    p.linear("v_proj", L, qkv_in, nkv * d)
     # rotary on q and k: read, write, and the cos/sin tables of the positions one attending
     # sequence covers (k of them); ~3 FLOP per element
     p.add("rotary", "vector", L, 3 * bq * (nh + nkv) * d, 2 * bq * (nh + nkv) * d + 2 * p.k * d, bq)
@@ -477,8 +481,92 @@ def _attention_ops(p: _Pass, shape: ModelShape, attention: str) -> None:
         p.add("pv", "attention", L, pv_flops, kv_read + b * nh * q * d, att_rows, kernels=0.0)
 
 
+#: the prefix of an EAGLE depth's operators; its ".embedding" gather marks the depth's one
+#: module call (`roofline.latency` charges head_overhead_s there, as once per Hydra stage)
+EAGLE_DEPTH = "eagle_depth_"
+
+
+def eagle_layer_shape(cost: DraftCost, dtype: str) -> ModelShape:
+    """An EAGLE draft's decoder layer as a one-layer model shape (its own width and vocabulary)."""
+    return ModelShape(
+        f"{cost.drafter} draft",
+        1,
+        cost.hidden_size,
+        cost.inner_size,
+        cost.attention_heads,
+        cost.kv_heads,
+        cost.head_dim,
+        cost.vocab_size,
+    ).with_dtype(dtype)
+
+
+def _eagle_pass(p: _Pass, cost: DraftCost, draft: ModelShape, rows, context, fc_in: float, attention, kv_update):
+    """One EAGLE layer over `rows` tokens per sequence seeing `context` keys before them: fc
+    (fc_in wide; 0: none), the layer with EAGLE-3's 2·hidden-wide q, k, v, and for a depth the
+    norm and lm_head (`rows` > 0 only: a depth the tree does not reach costs nothing)."""
+    sub = _new_pass(draft, p.b, rows + p.zeros, context + p.zeros, np.ones(()))
+    h = float(cost.hidden_size)
+    eagle3 = cost.drafter == "eagle3"
+    sub.add("embedding", "vector", 1, sub.zeros, 2 * sub.bq * h, sub.bq)
+    if fc_in:
+        sub.linear("fc", 1, fc_in, h)
+    if eagle3:
+        sub.rmsnorm("embed_norm", 1)
+    _layer_ops(sub, draft, attention, kv_update, qkv_in=2 * h if eagle3 else h)
+    return sub
+
+
+def _eagle_ops(p: _Pass, shape: ModelShape, heads: DraftWork, attention: str, kv_cache_update: str) -> None:
+    """An EAGLE draft's work in a step (docs/performance-model.md#drafter-cost): depth d, one
+    layer over its rows seeing the draft's cache of the context and the d path entries, then
+    the lm_head (EAGLE-3: a norm and the draft vocabulary; EAGLE-1/2: the base lm_head); EAGLE-3's
+    fc at the first depth only, EAGLE-1/2's at every depth; and once per step the pairs of the
+    tokens the step before accepted (`DraftWork.prefix_tokens_per_sequence`) into that cache."""
+    cost = heads.cost
+    draft = eagle_layer_shape(cost, shape.dtype)
+    h = float(cost.hidden_size)
+    eagle3 = cost.drafter == "eagle3"
+    aux = float(cost.aux_layers * cost.target_hidden)
+    rows_all = np.asarray(heads.rows_per_sequence, dtype=float)
+    for d in range(cost.stages):
+        rows = rows_all[..., d] if d < rows_all.shape[-1] else np.zeros(())
+        fc_in = (aux if d == 0 else 0.0) if eagle3 else 2 * h
+        sub = _eagle_pass(p, cost, draft, rows, p.s + d, fc_in, attention, kv_cache_update)
+        if eagle3:
+            sub.rmsnorm("final_norm", 1)
+        sub.linear("lm_head", 1, h, float(cost.vocab_size))
+        runs = (p.b * rows + p.zeros > 0).astype(float)
+        p.ops.extend(_scaled(o, f"{EAGLE_DEPTH}{d + 1}.", runs) for o in sub.ops)
+    tokens = np.asarray(heads.prefix_tokens_per_sequence, dtype=float)
+    if np.any(~np.isfinite(tokens)) or np.any(tokens < 1):
+        raise UserError(f"EAGLE draft: accepted tokens per sequence must be >= 1, got {tokens!r}")
+    sub = _eagle_pass(p, cost, draft, tokens, p.s, aux if eagle3 else 2 * h, attention, kv_cache_update)
+    p.ops.extend(_scaled(o, "draft_context.", 1.0) for o in sub.ops)
+
+
+def _scaled(o: Op, prefix: str, runs) -> Op:
+    """`o` renamed, its work times `runs` (0 where the stage does not run)."""
+    kernels = o.kernels * runs
+    return Op(
+        prefix + o.name,
+        o.kind,
+        o.count,
+        o.flops * runs,
+        o.bytes * runs,
+        o.rows * runs,
+        float(kernels) if np.ndim(kernels) == 0 else kernels,
+        o.blocks * runs if np.ndim(o.blocks) else o.blocks,
+        o.keys,
+        o.in_features,
+        o.out_features,
+    )
+
+
 def _sequential_drafter_ops(p: _Pass, shape: ModelShape, heads: DraftWork, attention: str, kv_cache_update: str):
     """A sequential drafter's stages and, for Hydra++, its prefix layer."""
+    if heads.cost.own_cache:
+        _eagle_ops(p, shape, heads, attention, kv_cache_update)
+        return
     b, s, zeros = p.b, p.s, p.zeros
     for op in draft_stage_ops(heads, b):
         p.add(op.name, op.kind, op.count, op.flops, op.bytes, op.rows, op.kernels)

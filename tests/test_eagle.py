@@ -423,10 +423,170 @@ def test_cli_calibrate_takes_an_eagle3_draft(tiny, tmp_path):
     assert np.all(table.positions > 0)
 
 
-def test_the_decoder_refuses_an_eagle_draft_it_cannot_draft_with_yet(tiny):
+TREES = [
+    [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0], [0, 1, 0], [0, 0, 0, 0]],
+    [[0], [2], [0, 0], [2, 1], [2, 1, 3], [0, 0, 0]],  # gaps in the ranks
+    [[0], [0, 0], [0, 0, 0]],  # a chain
+]
+
+
+def prompts(lengths, seed):
+    g = torch.Generator().manual_seed(seed)
+    width = max(lengths)
+    ids = torch.zeros((len(lengths), width), dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, n in enumerate(lengths):
+        ids[i, width - n :] = torch.randint(3, VOCAB, (n,), generator=g)
+        mask[i, width - n :] = 1
+    return ids, mask
+
+
+@pytest.mark.parametrize("lengths", [(7,), (5, 9, 3)])
+def test_greedy_decoding_with_an_eagle3_draft_is_lossless(tiny, lengths):
+    from calibration.decoder import TreeDecoder
+    from calibration.greedy import greedy_decode
+    from treeopt.tree import make_tree
+
+    ids, mask = prompts(lengths, seed=len(lengths))
+    lm = load_model(str(tiny), device="cpu", dtype="float32", drafter="eagle3")
+    reference = greedy_decode(lm.model, ids, mask, max_new_tokens=20)
+    for paths in TREES:
+        result = TreeDecoder(lm.model, lm.heads, make_tree(paths), topk=4, timing=False).generate(
+            ids, mask, max_new_tokens=20
+        )
+        assert result.tokens == reference, paths
+
+
+def test_the_draft_cache_holds_every_pair_of_the_sequence_so_far(tiny):
+    """After the prefill and each step, with ragged acceptance and holes, each sequence's valid
+    draft slots equal the draft run once over the pairs of its whole sequence so far, and the
+    tree drafted next equals a per-node reference run on that sequence."""
     from calibration.decoder import TreeDecoder
     from treeopt.tree import make_tree
 
     lm = load_model(str(tiny), device="cpu", dtype="float32", drafter="eagle3")
-    with pytest.raises(UserError, match="does not draft with EAGLE drafts yet"):
-        TreeDecoder(lm.model, lm.heads, make_tree([[0]]), topk=4)
+    sd = load_drafter_sd(tiny / "eagle3")
+    tree = make_tree(TREES[0])
+    decoder = TreeDecoder(lm.model, lm.heads, tree, topk=4, timing=False)
+    ids, mask = prompts((6, 9), seed=11)
+    emitted = [ids[i][mask[i].bool()].tolist() for i in range(2)]
+    with torch.no_grad():
+        state = decoder.prefill(ids, mask, capacity=64)
+        for step in range(5):
+            roots = state.root.tolist()
+            tokens = decoder.draft(state)
+            for b in range(2):
+                seq = emitted[b]
+                states = lm.model.model(input_ids=torch.tensor([seq]), output_hidden_states=True).hidden_states
+                features = torch.cat([states[1][0], states[2][0], states[4][0]], -1)
+                # the cache: keys of the pairs (feature_i, x_{i+1}) at positions i, valid slots in order
+                _, key, _ = lm.heads.context_pass(
+                    features[None, :-1],
+                    torch.tensor([seq[1:]]),
+                    torch.ones((1, len(seq) - 1), dtype=torch.bool),
+                    torch.arange(len(seq) - 1)[None],
+                )
+                got = state.draft_cache.layers[0].keys[b][:, state.draft_valid[b]]
+                torch.testing.assert_close(got, key[0], rtol=1e-4, atol=1e-5)
+                # the tree: each node the rank-th token of the reference chain along its path
+                for i, path in enumerate(tree.sorted_paths):
+                    node_path = [tokens[b, 1 + tree.sorted_paths.index(path[:j])].item() for j in range(1, len(path))]
+                    logits = reference_eagle3(
+                        sd, sd["embed_tokens.weight"], features, seq + [roots[b]], node_path, heads=4, kv=2, hd=6
+                    )[-1]
+                    assert tokens[b, i + 1].item() == logits.topk(path[-1] + 1).indices[-1].item(), (step, b, path)
+            new, n_keep = decoder.step(state)
+            for b in range(2):
+                emitted[b] += [roots[b]] + new[b, : n_keep[b] - 1].tolist()
+
+
+# ---- the roofline's price of a draft -----------------------------------------------------------
+
+
+def _gemm_flops(ops, prefix):
+    return sum(float(np.sum(o.flops)) for o in ops if o.name.startswith(prefix) and o.kind == "gemm")
+
+
+@pytest.mark.parametrize("kind", ["eagle3", "eagle"])
+def test_roofline_prices_each_depth_as_one_layer_at_the_drafts_width(kind):
+    from roofline.ops import DraftWork, operators
+    from roofline.shapes import ModelShape
+    from treeopt.drafter_cost import eagle_cost
+
+    target_h, vocab = 256, 1000
+    h, heads, kv, hd, inter, draft_vocab = 128, 2, 1, 64, 352, 300
+    shape = ModelShape("base", 4, target_h if kind == "eagle3" else h, 704, 4, 4, 64, vocab)
+    layer = {
+        "hidden_size": h,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv,
+        "head_dim": hd,
+        "intermediate_size": inter,
+    }
+    cost = eagle_cost(
+        kind, layer, target_hidden=shape.hidden, vocab_size=vocab, draft_vocab=draft_vocab, aux_layers=3, depth=3
+    )
+    rows, batch, accepted = [1.0, 3.0, 0.0], 2, 2.5
+    ops = operators(shape, DraftWork(cost, np.array(rows), accepted), batch=batch, tokens=4, context=100)
+    # by hand: per row, q/k/v over 2h (EAGLE-3) or h after fc (EAGLE-1/2), o, the gated MLP,
+    # the lm_head (draft vocabulary or the base's); EAGLE-3's fc over 3 target widths at the
+    # first depth only, EAGLE-1/2's fc over 2h at every depth
+    qkv_in = 2 * h if kind == "eagle3" else h
+    layer_flops = 2 * (qkv_in * (heads + 2 * kv) * hd + heads * hd * h + 3 * h * inter)
+    head = 2 * h * (draft_vocab if kind == "eagle3" else vocab)
+    fc = [2 * 3 * target_h * h, 0, 0] if kind == "eagle3" else [2 * 2 * h * h] * 3
+    want = sum(batch * r * (layer_flops + head + fc[d]) for d, r in enumerate(rows))
+    assert _gemm_flops(ops, "eagle_depth_") == pytest.approx(want)
+    assert _gemm_flops(ops, "eagle_depth_3.") == 0  # a depth the tree does not reach costs nothing
+    context_fc = 2 * 3 * target_h * h if kind == "eagle3" else 2 * 2 * h * h
+    assert _gemm_flops(ops, "draft_context.") == pytest.approx(batch * accepted * (layer_flops + context_fc))
+
+
+def test_roofline_params_of_a_loaded_draft_are_its_weights(tmp_path):
+    from treeopt.app.models import draft_cost_of_drafter
+
+    write_eagle3(tmp_path / "d", layout="speculators", h=24, target_h=40, draft_vocab=40)
+    config, lm_head, embed = base_parts(40)
+    drafter = load_drafter(tmp_path / "d", base_config=config, lm_head_weight=lm_head, input_embeddings=embed)
+    weights = sum(p.numel() for n, p in drafter.named_parameters() if not n.startswith("embed_tokens"))
+    assert draft_cost_of_drafter(drafter).params == weights
+    write_eagle1(tmp_path / "e", h=40)
+    drafter = load_drafter(
+        tmp_path / "e", kind="eagle", base_config=config, lm_head_weight=lm_head, input_embeddings=embed
+    )
+    shared = ("embed_tokens", "lm_head")  # the base model's
+    weights = sum(p.numel() for n, p in drafter.named_parameters() if not n.startswith(shared))
+    assert draft_cost_of_drafter(drafter).params == weights
+
+
+# ---- exports ----------------------------------------------------------------------------------
+
+
+def test_vllm_and_sglang_lines_name_the_eagle_draft():
+    import json
+    import shlex
+
+    from treeopt.accuracy import AccuracyTable
+    from treeopt.engines import eagle_draft, export_for, get_engine
+    from treeopt.tree import make_tree
+
+    hits = np.array([[60.0, 20.0, 5.0], [40.0, 15.0, 5.0]])
+    for kind, algorithm in (("eagle3", "EAGLE3"), ("eagle", "EAGLE")):
+        table = AccuracyTable(
+            hits=hits,
+            positions=np.full(2, 100.0),
+            joint=None,
+            provenance={"source": "treeopt calibrate", "heads": f"{kind}:/models/draft"},
+        )
+        assert eagle_draft(table) == (kind, "/models/draft")
+        tree = make_tree([[0], [0, 0]])
+        line = export_for(get_engine("vllm"), tree, drafter=eagle_draft(table)).line
+        config = json.loads(shlex.split(line)[1])
+        # vLLM's SpeculativeConfig: the method names the draft's kind, "model" its path
+        assert config["method"] == kind and config["model"] == "/models/draft"
+        assert config["num_speculative_tokens"] == 2
+        line = export_for(get_engine("sglang"), tree, accuracy=table.accuracy, drafter=eagle_draft(table)).line
+        assert line.startswith(f"--speculative-algorithm {algorithm} --speculative-num-steps 2 ")
+        assert line.endswith("--speculative-draft-model-path /models/draft")
+    medusa = AccuracyTable(hits=hits, positions=np.full(2, 100.0), joint=None, provenance={"heads": "x"})
+    assert eagle_draft(medusa) is None

@@ -514,16 +514,16 @@ MUTANTS = (
     Mutant(
         "ops-kproj-nh",
         "roofline/ops.py",
-        'linear("k_proj", L, h, nkv * d)',
-        'linear("k_proj", L, h, nh * d)',
+        'linear("k_proj", L, qkv_in, nkv * d)',
+        'linear("k_proj", L, qkv_in, nh * d)',
         "k_proj with n_h output heads under GQA",
         OPS_TESTS,
     ),
     Mutant(
         "ops-vproj-nh",
         "roofline/ops.py",
-        'linear("v_proj", L, h, nkv * d)',
-        'linear("v_proj", L, h, nh * d)',
+        'linear("v_proj", L, qkv_in, nkv * d)',
+        'linear("v_proj", L, qkv_in, nh * d)',
         "v_proj with n_h output heads under GQA",
         OPS_TESTS,
     ),
@@ -667,7 +667,7 @@ MUTANTS = (
     Mutant(
         "lat-blocks-on-fused-pv",
         "roofline/latency.py",
-        'if op.kind == "attention" and op.kernels > 0 and hw.attention_block_overhead_s:',
+        'if op.kind == "attention" and np.any(np.asarray(op.kernels) > 0) and hw.attention_block_overhead_s:',
         'if op.kind == "attention" and hw.attention_block_overhead_s:',
         "attention block overhead also on the kernel-less fused PV",
         LATENCY_TESTS,
@@ -1784,6 +1784,22 @@ MUTANTS = (
         "a calibrated row's root also sees the context's copy of its own pair",
         ("tests/test_eagle.py::test_calibration_ranks_equal_slow_per_position_reference",),
     ),
+    Mutant(
+        "eagle-decoder-pairs-own-feature",
+        "calibration/decoder.py",
+        "features = torch.cat([state.hidden[:, None], path_features[:, : keep - 1]], dim=1)",
+        "features = path_features[:, :keep]",
+        "the decoder pairs each kept token with its own feature, not the one before it",
+        ("tests/test_eagle.py::test_the_draft_cache_holds_every_pair_of_the_sequence_so_far",),
+    ),
+    Mutant(
+        "eagle-cost-fc-every-depth",
+        "roofline/ops.py",
+        "fc_in = (aux if d == 0 else 0.0) if eagle3 else 2 * h",
+        "fc_in = aux if eagle3 else 2 * h",
+        "the roofline charges EAGLE-3's fc at every depth, not the first only",
+        ("tests/test_eagle.py::test_roofline_prices_each_depth_as_one_layer_at_the_drafts_width",),
+    ),
     # ---- Hydra++'s prefix layer: its forward, calibration, decoder cache and cost
     Mutant(
         "prefix-not-causal",
@@ -1892,8 +1908,8 @@ MUTANTS = (
     Mutant(
         "prefix-grid-tau",
         "roofline/grid.py",
-        "prefix_tokens = tau[None, None, :] if heads_shape.cost.prefix_layer",
-        "prefix_tokens = 1.0 + 0 * tau[None, None, :] if heads_shape.cost.prefix_layer",
+        "prefix_tokens = tau[None, None, :] if reads_accepted",
+        "prefix_tokens = 1.0 + 0 * tau[None, None, :] if reads_accepted",
         "the grid charges the prefix layer one token, not tau",
         PREFIX_TESTS,
     ),

@@ -37,7 +37,7 @@ from treeopt.chain_counts import chain_table as _chain_table
 from treeopt.engine_readers import EngineWindow, load_engine_window
 from treeopt.engines import EngineExport as EngineExport
 from treeopt.engines import check as _check
-from treeopt.engines import export_for, get_engine
+from treeopt.engines import eagle_draft, export_for, get_engine
 from treeopt.errors import UserError
 from treeopt.mix import choose_mix_tree, mix_grid_from_sweep, mix_section, parse_mix
 from treeopt.public_names import PUBLIC_NAMES
@@ -351,7 +351,11 @@ def _with_engine_lines(selection: Selection, engine: str, table: AccuracyTable |
                 f"--engine {target.name}: {tree.name}: not drafted as written ({drafted.reason}); "
                 f"build the sweep or grid with --engine {target.name}"
             )
-        cells.append(replace(cell, engine_line=export_for(target, tree, heads=heads, accuracy=acc).line))
+        cells.append(
+            replace(
+                cell, engine_line=export_for(target, tree, heads=heads, accuracy=acc, drafter=eagle_draft(table)).line
+            )
+        )
     return replace(selection, cells=tuple(cells), provenance=replace(selection.provenance, engine=target.name))
 
 

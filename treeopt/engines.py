@@ -56,6 +56,7 @@ __all__ = [
     "sglang_tree",
     "sglang_pool_size",
     "sglang_triple_for",
+    "eagle_draft",
     "export_for",
     "EngineExport",
     "trtllm_cpp_draft",
@@ -583,10 +584,13 @@ TRTLLM_LLM_API_BACKEND_NOTE = (
 )
 
 
-def export_for(engine: Engine, tree: Tree, *, heads: int | None = None, accuracy=None) -> EngineExport:
+def export_for(
+    engine: Engine, tree: Tree, *, heads: int | None = None, accuracy=None, drafter: tuple[str, str] | None = None
+) -> EngineExport:
     """What `engine` takes for `tree` (docs/engines.md#exports). `heads`: the draft heads of the
     checkpoint (TensorRT-LLM's num_medusa_heads; default the tree's depth); `accuracy`: needed
-    for SGLang, whose flags are found by matching its draft to the tree."""
+    for SGLang, whose flags are found by matching its draft to the tree; `drafter`: an EAGLE
+    draft's (kind, directory) (`eagle_draft` of the table), named in vLLM's and SGLang's lines."""
     choices = tree.to_choices()
     kind = engine.export_kind
     if kind in ("medusa", "python"):
@@ -605,6 +609,9 @@ def export_for(engine: Engine, tree: Tree, *, heads: int | None = None, accuracy
         )
     if kind in ("vllm", "vllm-tree"):
         config = {"method": engine.method_name, "num_speculative_tokens": tree.size}
+        if drafter is not None and engine.method_name in ("eagle", "eagle3"):
+            # vLLM names the draft's method and path (docs/engines.md#eagle-drafts)
+            config = {"method": drafter[0], "model": drafter[1], "num_speculative_tokens": tree.size}
         if kind == "vllm-tree":
             config["speculative_token_tree"] = _tuple_list(tree)
         line = f"--speculative-config '{json.dumps(config)}'"
@@ -624,6 +631,9 @@ def export_for(engine: Engine, tree: Tree, *, heads: int | None = None, accuracy
                 "--speculative-eagle-topk (build it with --engine sglang)"
             )
         line = sglang_flags(*triple, algorithm=engine.method_name)
+        if drafter is not None and engine.method_name == "EAGLE":
+            algorithm = "EAGLE3" if drafter[0] == "eagle3" else "EAGLE"
+            line = sglang_flags(*triple, algorithm=algorithm) + f" --speculative-draft-model-path {drafter[1]}"
         return EngineExport(engine.name, line, line + "\n")
     raise UserError(f"engine {engine.name}: unknown export {kind!r}")
 
@@ -631,6 +641,16 @@ def export_for(engine: Engine, tree: Tree, *, heads: int | None = None, accuracy
 def _with_note(engine: Engine, line: str) -> str:
     """The full text: the line, then what the release does with it as a comment."""
     return f"{line}\n# {engine.note}\n" if engine.note else line + "\n"
+
+
+def eagle_draft(table) -> tuple[str, str] | None:
+    """(kind, the draft's directory) of an accuracy table calibrated with an EAGLE draft
+    (`treeopt calibrate` records it as "eagle3:DIR" or "eagle:DIR"), else None."""
+    kind = getattr(table, "drafter", None)
+    if kind not in ("eagle3", "eagle"):
+        return None
+    heads = str((table.provenance or {}).get("heads") or "")
+    return kind, heads.split(":", 1)[1] if ":" in heads else heads
 
 
 def sglang_flags(steps: int, topk: int, num_draft_tokens: int, *, algorithm: str = "EAGLE") -> str:

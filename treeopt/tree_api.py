@@ -11,7 +11,7 @@ from pathlib import Path
 from treeopt.accuracy import AccuracyTable, load_accuracy
 from treeopt.accuracy import expected_tokens as _expected_tokens
 from treeopt.build import build_tree as _build_tree
-from treeopt.engines import EngineCheck, EngineExport, engine_for_drafter, export_for, get_engine
+from treeopt.engines import EngineCheck, EngineExport, eagle_draft, engine_for_drafter, export_for, get_engine
 from treeopt.engines import check as _check
 from treeopt.errors import UserError
 from treeopt.family_build import build_for_engine
@@ -138,4 +138,4 @@ def export_tree(
             f"--engine {target.name}: {tree.name}: not drafted as written ({drafted.reason}); "
             f"build it with --engine {target.name}"
         )
-    return export_for(target, tree, heads=heads, accuracy=acc)
+    return export_for(target, tree, heads=heads, accuracy=acc, drafter=eagle_draft(table))

@@ -134,7 +134,10 @@ class EagleDrafter(nn.Module, Drafter):
         full[..., self.draft_to_target] = draft
         return full
 
-    def _layer(self, h, tokens, positions, past_k, past_v, mask):
+    def pair_forward(self, h, tokens, positions, past_k, past_v, mask):
+        """The layer on pairs (h (N, q, .), tokens (N, q)) at `positions` (N, q), seeing the
+        keys/values `past_k`/`past_v` (N, kv, P, d) and each other under `mask` (N, q, P + q):
+        (pre-norm outputs, new keys, new values)."""
         emb = self.embed_tokens(tokens)
         cos_sin = self.rotary_emb(emb, positions)
         if self.shape.eagle3:
@@ -149,8 +152,9 @@ class EagleDrafter(nn.Module, Drafter):
     # ---- the draft's cache of the context ---------------------------------------------------
 
     def set_context(self, context) -> None:
-        """`context`: (keys, values (B, kv, C, d), valid (B, C) bool, next positions (B,)) of
-        the draft's cache, or None (no context)."""
+        """`context`: (keys, values (B, kv, C, d), valid (B, C) bool, positions) of the draft's
+        cache, or None (no context); positions: each root pair's (B,) for `begin` (the
+        decoder), the pairs' (B, C) for `begin_at` (the calibration, which gives its own)."""
         self._context = context
 
     def context_pass(self, feature, next_tokens, valid, positions):
@@ -162,7 +166,7 @@ class EagleDrafter(nn.Module, Drafter):
         mask = (causal[None] & valid[:, None, :]) | torch.eye(t, dtype=torch.bool, device=valid.device)[None]
         kv, d = self.shape.num_key_value_heads, self.shape.head_dim
         empty = feature.new_zeros((b, kv, 0, d))
-        return self._layer(self.first_state(feature), next_tokens, positions, empty, empty, mask)
+        return self.pair_forward(self.first_state(feature), next_tokens, positions, empty, empty, mask)
 
     def read_context(self, feature, next_tokens, valid, positions) -> None:
         """The context of a teacher-forced calibration: the draft's keys of every pair; a row
@@ -203,7 +207,7 @@ class EagleDrafter(nn.Module, Drafter):
         own = torch.ones((n, d + 1), dtype=torch.bool, device=tokens.device)
         mask = torch.cat([seen, own], dim=1)[:, None]  # (n, 1, C + d + 1)
         past_k, past_v = torch.cat([ctx_k, path_k], 2), torch.cat([ctx_v, path_v], 2)
-        out, key, value = self._layer(h[:, None], tokens[:, None], positions[:, None], past_k, past_v, mask)
+        out, key, value = self.pair_forward(h[:, None], tokens[:, None], positions[:, None], past_k, past_v, mask)
         out = out[:, 0]
         carry = (out, h, positions, seq, ctx_end, torch.cat([path_k, key], 2), torch.cat([path_v, value], 2))
         return self.logits(out), carry

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from calibration.demo_files import DEMO_MODEL_DIR
 from roofline.shapes import DraftHeadsShape, ModelShape, model_shape, resolve_heads, shape_from_config
-from treeopt.drafter_cost import DraftCost, read_draft_cost
+from treeopt.drafter_cost import EAGLE_KINDS, DraftCost, eagle_cost, read_draft_cost
 from treeopt.errors import UserError
 from treeopt.layout import DRAFTER_SUBDIRS
 
@@ -72,6 +72,23 @@ def heads_shape_of_drafter(drafter) -> DraftHeadsShape:
 def draft_cost_of_drafter(drafter) -> DraftCost:
     """The roofline's `DraftCost` of a loaded drafter (calibration.drafters), as the reference
     decoder runs it: the heads (stages) it was loaded with."""
+    if getattr(drafter, "kind", "") in EAGLE_KINDS:
+        shape = drafter.shape
+        return eagle_cost(
+            drafter.kind,
+            {
+                "hidden_size": shape.hidden_size,
+                "num_attention_heads": shape.num_attention_heads,
+                "num_key_value_heads": shape.num_key_value_heads,
+                "head_dim": shape.head_dim,
+                "intermediate_size": shape.intermediate_size,
+            },
+            target_hidden=int(drafter.hidden_size),
+            vocab_size=int(drafter.vocab_size),
+            draft_vocab=int(drafter.draft_vocab_size),
+            aux_layers=len(drafter.aux_layer_ids),
+            depth=int(drafter.num_heads),
+        )
     inner = getattr(drafter, "inner_dim", drafter.hidden_size)
     topk = tuple(int(k) for k in getattr(drafter, "top_k_tokens_per_head", ()))
     # a drafter without a kind is a set of Medusa heads (calibration.heads.MedusaHeads)

@@ -16,7 +16,7 @@ from treeopt.app.stages.job import RunSettings
 from treeopt.app.stages.proposal import Proposal
 from treeopt.app.sweep import DEMO_VALIDATION
 from treeopt.app.validation import ValidationResult
-from treeopt.engines import export_for
+from treeopt.engines import eagle_draft, export_for
 from treeopt.selection_notes import unreliable_lines
 from treeopt.selection_text import format_pooled, format_speedup, noise_summary, rounds_needed_text
 from treeopt.selection_types import FormsChoice, MixSection, Selection, SelectionCell
@@ -194,7 +194,13 @@ def _engine_lines(r: RunResults) -> list[str]:
             "no speculation"
             if not c.nodes
             else "`"
-            + export_for(target, proposal.prefix(c.nodes), heads=table.num_heads, accuracy=table.accuracy).line
+            + export_for(
+                target,
+                proposal.prefix(c.nodes),
+                heads=table.num_heads,
+                accuracy=table.accuracy,
+                drafter=eagle_draft(table),
+            ).line
             + "`"
         )
         L.append(f"| {c.batch} | {c.context} | {line} |")

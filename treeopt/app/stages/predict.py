@@ -15,7 +15,13 @@ from treeopt.app.stages.hardware import Bench
 from treeopt.app.stages.job import Job
 from treeopt.app.stages.proposal import Proposal
 
-_DRAFT_UNITS = {"medusa": "Medusa heads", "hydra": "Hydra heads", "mlp-speculator": "MLP speculator stages"}
+_DRAFT_UNITS = {
+    "medusa": "Medusa heads",
+    "hydra": "Hydra heads",
+    "mlp-speculator": "MLP speculator stages",
+    "eagle3": "EAGLE-3 draft depths",
+    "eagle": "EAGLE draft depths",
+}
 
 
 def predict(job: Job, proposal: Proposal, bench: Bench, hw: HardwareProfile) -> Path:
