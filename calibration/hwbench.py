@@ -39,7 +39,6 @@ host sync. The draft heads stay eager, as the decoder runs them
 from __future__ import annotations
 
 import os
-import platform
 import sys
 import time
 from datetime import datetime, timezone
@@ -52,6 +51,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.activations import ACT2FN
 from transformers.models.llama.modeling_llama import LlamaRMSNorm, apply_rotary_pos_emb
 
+from calibration.device_info import capacity_bytes, device_name, loadavg
 from calibration.heads import MedusaHeads
 from calibration.kv_cache import new_cache
 from calibration.model_calls import cache_kwargs, synchronizer
@@ -253,7 +253,7 @@ def _measure(
 ) -> HardwareMeasurements:
     t_start = time.perf_counter()
     torch.manual_seed(seed)
-    load_before = _loadavg()
+    load_before = loadavg()
     rounds = 5 if quick else 11
     bench = _Bench()
     failures_before = len(CAPTURE_FAILURES)
@@ -264,13 +264,13 @@ def _measure(
     facts = DeviceFacts(
         name=device_name(dev),
         kind=dev.type,
-        capacity_bytes=_capacity_bytes(dev),
+        capacity_bytes=capacity_bytes(dev),
         threads=None if dev.type != "cpu" else int(torch.get_num_threads()),
         cpu_count=os.cpu_count() or 1,
         torch_version=torch.__version__,
         framework=f"transformers {transformers.__version__}",
         load_average_before=load_before,
-        load_average_after=_loadavg(),
+        load_average_after=loadavg(),
     )
     return HardwareMeasurements(
         device=facts,
@@ -672,37 +672,3 @@ def _forward_fn(model, dev, *, batch: int, tokens: int, context: int, vocab: int
         sync()
 
     return run
-
-
-def _capacity_bytes(dev) -> float:
-    if dev.type == "cuda":
-        return float(torch.cuda.get_device_properties(dev).total_memory)
-    try:
-        return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
-    except (ValueError, OSError, AttributeError):
-        return 16e9
-
-
-def device_name(dev) -> str:
-    """What a report calls the device: the GPU's name, or the CPU's model and its logical CPUs."""
-    if dev.type == "cuda":
-        return torch.cuda.get_device_name(dev)
-    if dev.type == "mps":
-        return f"Apple GPU (MPS) on {platform.machine()}"
-    name = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    name = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    return f"{name} ({os.cpu_count()} logical CPUs)"
-
-
-def _loadavg() -> tuple[float, ...] | None:
-    try:
-        return tuple(round(x, 2) for x in os.getloadavg())
-    except (OSError, AttributeError):
-        return None

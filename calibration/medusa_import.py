@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from calibration.runner import run_date, tool_versions
+from calibration.provenance import run_date, tool_versions
 from treeopt.accuracy import AccuracyTable, joint_counts_from_ranks, rank_hits
 from treeopt.errors import UserError, first_line
 

@@ -51,25 +51,20 @@ variable is set; it is the only field that varies between runs on different days
 from __future__ import annotations
 
 import contextlib
-import datetime as _dt
-import os
-import signal
 import sys
-import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 import numpy as np
 import torch
-import transformers
 from tqdm import tqdm
 
 from calibration.checkpoint import load_checkpoint, run_id, save_checkpoint
 from calibration.counts import CalibrationCounts
 from calibration.data import PromptSet, load_prompts
 from calibration.demo_files import DEMO_HEADS_DIR
+from calibration.device_info import table_device_name
 from calibration.distributed import (
     SINGLE,
     Processes,
@@ -83,6 +78,7 @@ from calibration.distributed import (
     shard_fingerprint,
 )
 from calibration.drafters.draft_model import ALPHA_MAX_PROMPTS, chain_acceptance
+from calibration.interrupts import CalibrationInterrupted, deferred_interrupts
 from calibration.labels import (
     LABEL_MODES,
     greedy_continuations,
@@ -91,6 +87,7 @@ from calibration.labels import (
     pad_token_id,
 )
 from calibration.models import ModelSource
+from calibration.provenance import run_date, tool_versions
 from calibration.threads import torch_threads
 from treeopt.acceptance import (
     load_rank_vectors,
@@ -106,16 +103,6 @@ from treeopt.fileio import atomic_outputs, check_writable, output_lock, refuse_o
 from treeopt.input_paths import input_files
 from treeopt.layout import default_heads_dir
 from treeopt.resume import differences_text
-from treeopt.version import __version__
-
-
-class CalibrationInterrupted(KeyboardInterrupt):
-    """Ctrl-C during a run; the counts so far are in `checkpoint` (None if nothing was done)."""
-
-    def __init__(self, checkpoint: Path | None, prompts_done: int):
-        super().__init__(f"interrupted after {prompts_done} prompts")
-        self.checkpoint = checkpoint
-        self.prompts_done = prompts_done
 
 
 @dataclass(frozen=True)
@@ -133,56 +120,6 @@ class CalibrationResult:
     sequence: np.ndarray | None = None  # (N,) int32 prompt index (file order) of each row
     fingerprint: dict | None = None  # the inputs (as in the checkpoint)
     already_complete: bool = False  # resumed on an output already complete: nothing was run
-
-
-@contextlib.contextmanager
-def deferred_interrupts() -> Iterator[None]:
-    """Hold Ctrl-C (SIGINT) back for the block and deliver it when the block ends.
-
-    For the few statements that must happen together (a batch's counts and the progress
-    marker): an interrupt between them would save hits without the prompts that produced them,
-    and a resumed run would count the batch twice
-    (docs/formats.md#calibration-checkpoint-treeoptcalibration-checkpointv1).
-    Outside the main thread Python raises no KeyboardInterrupt, so there is nothing to hold.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    received: list[int] = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    if received:
-        if callable(previous):
-            previous(signal.SIGINT, None)
-        elif previous == signal.SIG_DFL:
-            raise KeyboardInterrupt
-
-
-def run_date() -> str:
-    """YYYY-MM-DD of the run in UTC, or of SOURCE_DATE_EPOCH when set."""
-    epoch = os.environ.get("SOURCE_DATE_EPOCH")
-    if epoch:
-        try:
-            when = _dt.datetime.fromtimestamp(int(epoch), _dt.timezone.utc)
-        except (ValueError, OverflowError, OSError):
-            raise UserError(f"SOURCE_DATE_EPOCH: not a Unix time: {epoch!r}") from None
-    else:
-        when = _dt.datetime.now(_dt.timezone.utc)
-    return when.date().isoformat()
-
-
-def tool_versions() -> dict:
-    """The provenance fields naming the software that made a table."""
-    return {"tool_version": __version__, "torch": torch.__version__, "transformers": transformers.__version__}
-
-
-def _device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return f"cuda ({torch.cuda.get_device_name(device)})"
-    return str(device)
 
 
 def _finished_output(output: Path, fingerprint: dict, total: int, *, refuse_other: bool) -> CalibrationResult | None:
@@ -471,7 +408,7 @@ def _table(
         "rank_ties": "rank = number of logits strictly greater than the label's",
         "date": run_date(),
         **tool_versions(),
-        "device": _device_name(loaded.device),
+        "device": table_device_name(loaded.device),
         "dtype": torch_dtype_name(loaded.dtype),
         **({"processes": processes.world_size} if processes.many else {}),
     }

@@ -214,7 +214,7 @@ def _on_sigterm(signum, frame) -> None:
     """SIGTERM (`kill`, a job scheduler, `timeout`) stops a command as Ctrl-C does, so that every
     cleanup runs: a calibration saves its checkpoint, an atomic writer removes its temporaries.
     It goes through the SIGINT handler in place, so a block that holds Ctrl-C back
-    (`calibration.runner.deferred_interrupts`) holds SIGTERM back too."""
+    (`calibration.interrupts.deferred_interrupts`) holds SIGTERM back too."""
     _TERMINATED.append(signum)
     handler = signal.getsignal(signal.SIGINT)
     if callable(handler):
