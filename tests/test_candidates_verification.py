@@ -501,7 +501,7 @@ def test_sweep_cli_measures_the_candidate_form(tiny, tmp_path, capsys):
         main([*common, "--resume"])  # the tree form (the default) cannot continue it
     assert exc.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "verification: 'candidates' -> 'tree'" in err[0]
+    assert len(err) == 1 and "verification: 'candidates' vs now 'tree'" in err[0]
 
 
 def test_a_draft_model_is_verified_in_the_tree_form_only():
