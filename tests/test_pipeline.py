@@ -286,12 +286,23 @@ def test_run_on_a_model_of_ones_own_needs_its_own_prompts(capsys, tmp_path):
 
 
 def test_a_second_run_into_the_same_folder_fails_at_once(capsys, tmp_path):
-    from treeopt.fileio import output_lock
+    import os
 
     out = tmp_path / "r"
-    with output_lock(out / "run_state.json"):  # as a first `treeopt run -o r` holds it
+    # a first `treeopt run -o r`, in another process (a process's own lock is re-entrant)
+    hold = "import sys, time\nfrom treeopt.fileio import output_lock\nwith output_lock(sys.argv[1]):\n"
+    hold += "    print('held', flush=True)\n    time.sleep(300)\n"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    first = subprocess.Popen(
+        [sys.executable, "-c", hold, str(out / "run_state.json")], stdout=subprocess.PIPE, text=True, env=env
+    )
+    try:
+        assert first.stdout.readline().strip() == "held"
         with pytest.raises(SystemExit) as exit_info:
             main(["run", "-o", str(out)])
+    finally:
+        first.kill()
+        first.wait()
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "is being written by another treeopt process" in err[0]

@@ -2823,12 +2823,14 @@ MUTANTS = (
         ("tests/test_reliability_cli.py::test_nothing_is_written_inside_the_installed_packages",),
     ),
     Mutant(
-        "guard-device-replaced",
+        "guard-special-file-replaced",
         "treeopt/fileio.py",
         "    if found is not None and not folder and not stat.S_ISREG(found.st_mode):",
         "    if found is not None and not folder and stat.S_ISDIR(found.st_mode):",
-        "-o /dev/full replaces the device node with a file",
-        ("tests/test_reliability_cli.py::test_a_device_as_output_is_refused_and_stays_a_device",),
+        # killed on a FIFO the test makes: planted against /dev/full, the mutant would replace
+        # the machine's own device node, for every later test and process
+        "-o naming a FIFO (or a device) replaces it with a file",
+        ("tests/test_reliability_cli.py::test_a_fifo_as_output_is_refused_without_opening_it",),
     ),
     Mutant(
         "guard-trailing-slash",
