@@ -140,8 +140,9 @@ class DraftCost:
         )
 
 
-def _eagle_kind(config: dict) -> str | None:
-    """As `calibration.drafters.eagle.eagle_kind` reads it (docs/formats.md#eagle-drafts)."""
+def eagle_kind(config: dict) -> str | None:
+    """ "eagle3" or "eagle" when a config.json declares an EAGLE draft, else None: the one rule the
+    loader and the pricing share (docs/formats.md#eagle-drafts)."""
     declared = config.get("speculators_model_type")
     if declared in EAGLE_KINDS:
         return declared
@@ -204,7 +205,7 @@ def _eagle_cost_from_config(config: dict, kind: str, hidden_size, vocab_size, so
 
 def drafter_kind(config: dict) -> str | None:
     """The drafter kind a config.json declares, or None."""
-    eagle = _eagle_kind(config)
+    eagle = eagle_kind(config)
     if eagle is not None:
         return eagle
     if "hydra_num_heads" in config:
@@ -302,6 +303,7 @@ def read_draft_cost(path, *, hidden_size: int | None = None, vocab_size: int | N
 __all__ = [
     "DRAFTER_NAMES",
     "EAGLE_KINDS",
+    "eagle_kind",
     "DraftCost",
     "draft_cost_from_config",
     "drafter_kind",

@@ -35,27 +35,14 @@ from transformers.models.llama.modeling_llama import LlamaRMSNorm
 from calibration.drafters.base import Drafter, DraftState
 from calibration.drafters.eagle_layer import EagleLayer, EagleShape, check_aux_layers, read_shape, rotary_for
 from calibration.drafters.io import check_state, load_state, read_config
+from treeopt.drafter_cost import EAGLE_KINDS, eagle_kind
 from treeopt.errors import UserError
 
 WEIGHTS = ("model.safetensors", "pytorch_model.bin")
 #: the deepest depth an EAGLE draft drafts by default (SGLang's and vLLM's EAGLE-3 examples
 #: draft 3-7 steps; the authors' tree is 6 deep)
 DEFAULT_MAX_DEPTH = 8
-KINDS = ("eagle3", "eagle")
-
-
-def eagle_kind(config: dict) -> str | None:
-    """ "eagle3" or "eagle" when a config.json declares an EAGLE draft, else None."""
-    declared = config.get("speculators_model_type")
-    if declared in KINDS:
-        return declared
-    architectures = config.get("architectures")
-    names = [str(a).lower() for a in architectures] if isinstance(architectures, list) else []
-    if any("eagle3" in a for a in names) or "draft_vocab_size" in config:
-        return "eagle3"
-    if any("eagle" in a for a in names):
-        return "eagle"
-    return None
+KINDS = EAGLE_KINDS
 
 
 def _normalise_keys(state: dict) -> dict:
