@@ -1,6 +1,6 @@
-"""The demo's dependent drafters: a Hydra head set and an MLP speculator trained on the bundled
-demo model, so that `treeopt run --drafter hydra|mlp-speculator` runs end to end with no
-downloads (docs/decoder.md#drafters).
+"""The demo's dependent drafters: a Hydra head set, an MLP speculator and an EAGLE-3 draft
+(`calibration.demo_eagle`) trained on the bundled demo model, so that `treeopt run --drafter
+hydra|mlp-speculator|eagle3` runs end to end with no downloads (docs/decoder.md#drafters).
 
 The recipe (`treeopt demo train-drafters`): the frozen demo model reads windows of the
 stdlib's train files (the split of `calibration.demo`, encoded with the demo's own tokenizer);
@@ -39,6 +39,7 @@ from calibration.demo import (
     save_training_checkpoint,
     stdlib_files,
 )
+from calibration.demo_eagle import train_eagle3
 from calibration.demo_files import DEMO_MODEL_DIR
 from calibration.drafters.hydra import HydraHeads
 from calibration.drafters.mlp_speculator import MLPSpeculator
@@ -61,6 +62,11 @@ class DrafterRecipe:
     batch_size: int = 8
     seq_len: int = 160
     seed: int = 0
+    # the EAGLE-3 draft (calibration.demo_eagle): depths trained, draft vocabulary, windows
+    eagle3_depths: int = 3
+    eagle3_draft_vocab: int = 1024
+    eagle3_batch_size: int = 2
+    eagle3_seq_len: int = 64
 
 
 def _log(msg: str) -> None:
@@ -205,7 +211,7 @@ def train_drafters(
     model_dir=None,
     work_dir=None,
     resume: bool = True,
-    which=("hydra", "mlp-speculator"),
+    which=("hydra", "mlp-speculator", "eagle3"),
 ) -> dict:
     """Train the demo's Hydra heads and MLP speculator on the demo model in `model_dir`
     (default: `out_dir`) and write them to out_dir/hydra and out_dir/mlp_speculator.
@@ -232,8 +238,18 @@ def train_drafters(
         summary["hydra"] = _train_hydra(model, tokens, recipe, out_dir, work_dir, resume)
     if "mlp-speculator" in which:
         summary["mlp_speculator"] = _train_speculator(model, tokens, recipe, out_dir, work_dir, resume)
+    if "eagle3" in which:
+        summary["eagle3"] = train_eagle3(model, tokens, recipe, out_dir, work_dir, resume, _log)
     summary["train_seconds"] = round(time.time() - t_start)
-    write_json(out_dir / "drafters_training.json", summary)
+    previous = out_dir / "drafters_training.json"
+    if previous.is_file() and set(which) != {"hydra", "mlp-speculator", "eagle3"}:
+        # a drafter trained alone keeps the others' logs beside its own
+        kept = read_json_input(previous, "a drafters training summary")
+        if isinstance(kept, dict):
+            for kind in which:  # its seconds beside its log; the others' total stays theirs
+                summary[kind.replace("-", "_")]["train_seconds"] = summary["train_seconds"]
+            summary = {**kept, **summary, "train_seconds": kept.get("train_seconds", summary["train_seconds"])}
+    write_json(previous, summary)
     _log(f"done: drafters in {out_dir}")
     return summary
 

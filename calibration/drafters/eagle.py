@@ -29,6 +29,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from safetensors.torch import save_file
 from torch import nn
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
@@ -37,6 +38,7 @@ from calibration.drafters.eagle_layer import EagleLayer, EagleShape, check_aux_l
 from calibration.drafters.io import check_state, load_state, read_config
 from treeopt.drafter_cost import EAGLE_KINDS, eagle_kind
 from treeopt.errors import UserError
+from treeopt.fileio import atomic_path, write_json
 
 WEIGHTS = ("model.safetensors", "pytorch_model.bin")
 #: the deepest depth an EAGLE draft drafts by default (SGLang's and vLLM's EAGLE-3 examples
@@ -268,6 +270,50 @@ class EagleDrafter(nn.Module, Drafter):
         return drafter.to(device=device, dtype=dtype).eval()
 
 
+def save_eagle3(drafter: EagleDrafter, path, *, dtype=torch.bfloat16, with_embedding: bool = False) -> None:
+    """An EAGLE-3 draft in the speculators/vLLM layout (config.json + model.safetensors, keys
+    ``layers.0.*``, ``fc``, ``norm``, ``lm_head``, ``d2t``, ``t2d``); the embedding only when
+    `with_embedding` (else the base model's is shared, vLLM's rule)."""
+    shape = drafter.shape
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    state = {
+        k: (v.detach().to("cpu", dtype) if v.is_floating_point() else v.detach().cpu()).contiguous()
+        for k, v in drafter.state_dict().items()
+        if not k.startswith("rotary_emb.") and (with_embedding or k != "embed_tokens.weight")
+    }
+    t2d = torch.zeros(drafter.vocab_size, dtype=torch.bool)
+    t2d[drafter.draft_to_target.cpu()] = True
+    state["t2d"] = t2d
+    with atomic_path(path / WEIGHTS[0]) as tmp:
+        save_file(state, str(tmp))
+    layer = {
+        "model_type": "llama",
+        "hidden_size": shape.hidden_size,
+        "intermediate_size": shape.intermediate_size,
+        "num_attention_heads": shape.num_attention_heads,
+        "num_key_value_heads": shape.num_key_value_heads,
+        "head_dim": shape.head_dim,
+        "num_hidden_layers": 1,
+        "rms_norm_eps": shape.rms_norm_eps,
+        "hidden_act": shape.hidden_act,
+        "vocab_size": drafter.vocab_size,
+        **shape.rope,
+    }
+    write_json(
+        path / "config.json",
+        {
+            "architectures": ["Eagle3Speculator"],
+            "speculators_model_type": "eagle3",
+            "transformer_layer_config": layer,
+            "draft_vocab_size": drafter.draft_vocab_size,
+            "norm_before_residual": shape.norm_before_residual,
+            "target_hidden_size": drafter.hidden_size,
+            "eagle_aux_hidden_state_layer_ids": list(drafter.aux_layer_ids),
+        },
+    )
+
+
 def _check_sizes(shape: EagleShape, config_file, vocab: int, target_hidden: int) -> None:
     """One line for a draft made for another base model, before any module is built."""
     declared = shape.target_hidden_size or shape.hidden_size
@@ -284,4 +330,4 @@ def _check_sizes(shape: EagleShape, config_file, vocab: int, target_hidden: int)
         )
 
 
-__all__ = ["DEFAULT_MAX_DEPTH", "EagleDrafter", "KINDS", "eagle_kind"]
+__all__ = ["DEFAULT_MAX_DEPTH", "EagleDrafter", "KINDS", "eagle_kind", "save_eagle3"]

@@ -26,6 +26,8 @@ _NAMES = {
     "hydra": "Hydra heads",
     "mlp-speculator": "MLP speculator",
     "draft-model": "Draft model",
+    "eagle3": "EAGLE-3 draft",
+    "eagle": "EAGLE draft",
 }
 
 

@@ -24,7 +24,7 @@ from treeopt.errors import UserError
     type=click.Path(file_okay=False),
     default="demo_drafters",
     show_default=True,
-    help="Where the drafters go (OUT/hydra, OUT/mlp_speculator); a folder in the current directory by "
+    help="Where the drafters go (OUT/hydra, OUT/mlp_speculator, OUT/eagle3); a folder in the current directory by "
     "default: the installed package is never written (copy the result over calibration/demo_model to "
     "replace the bundled drafters).",
 )
@@ -41,12 +41,14 @@ from treeopt.errors import UserError
     help="Checkpoints and the tokenised corpus [default: OUT/.work].",
 )
 @click.option("--steps", type=AtLeast(1), default=None, help="Training steps per drafter.")
-@click.option("--only", type=click.Choice(["hydra", "mlp-speculator"]), default=None, help="Train one drafter.")
+@click.option(
+    "--only", type=click.Choice(["hydra", "mlp-speculator", "eagle3"]), default=None, help="Train one drafter."
+)
 @click.option("--seed", type=AtLeast(0), default=0, show_default=True)
 @click.option("--fresh", is_flag=True, help="Ignore checkpoints in --work-dir and start over.")
 def demo_train_drafters(out_dir, model_dir, work_dir, steps, only, seed, fresh) -> None:
-    """Train the demo's Hydra heads and MLP speculator on the demo model (a few minutes each
-    on 2 CPU cores). The repository already ships the result; this is the recipe."""
+    """Train the demo's Hydra heads, MLP speculator and EAGLE-3 draft on the demo model (a few
+    minutes each on 2 CPU cores). The repository already ships the result; this is the recipe."""
     check_outputs(folders=[out_dir, work_dir])
     recipe = DrafterRecipe(seed=seed)
     if steps:
@@ -54,7 +56,7 @@ def demo_train_drafters(out_dir, model_dir, work_dir, steps, only, seed, fresh) 
     out = Path(out_dir)
     if model_dir is None:
         model_dir = out if (out / "config.json").is_file() else DEMO_MODEL_DIR
-    which = (only,) if only else ("hydra", "mlp-speculator")
+    which = (only,) if only else ("hydra", "mlp-speculator", "eagle3")
     train_drafters(out, recipe, model_dir=model_dir, work_dir=work_dir, resume=not fresh, which=which)
     click.echo(f"drafters in {out}: " + ", ".join(which))
 
