@@ -161,7 +161,7 @@ def test_run_with_the_demos_eagle3_draft_end_to_end(tmp_path, capsys):
 
     out = tmp_path / "eagle3"
     assert _run(out, "eagle3", "--num-heads", "4") == 0  # 4 depths: the 8 steps label them all
-    assert "100.00% of generated tokens identical" in capsys.readouterr().err  # lossless
+    assert "100.00% of generated tokens identical" in capsys.readouterr().out  # lossless: the validation is a result
     for name in ("accuracy.json", "proposal_tree.json", "sweep.csv", "selection.json", "prediction/index.md"):
         assert (out / name).is_file(), name
     assert load_accuracy(out / "accuracy.json").drafter == "eagle3"

@@ -43,7 +43,7 @@ def _cell_extra(c: SelectionCell) -> str:
     if c.reason is not None:
         extra += f"  {c.reason}" + (f", {c.rounds} rounds" if c.rounds else "")
         if c.reason == "undecided":
-            extra += f" ({rounds_needed_text(c)})"
+            extra += f" ({rounds_needed_text(c.rounds_needed)})"
         if c.decided_by:
             extra += f", decided by the {c.decided_by}"
         if c.fit_nodes is not None:
@@ -109,9 +109,9 @@ def noise_summary(sel: Selection) -> list[str]:
     return out
 
 
-def rounds_needed_text(cell: SelectionCell) -> str:
-    """How many rounds the observed noise would need to settle an undecided cell, in words."""
-    need = cell.rounds_needed
+def rounds_needed_text(need: float | None) -> str:
+    """How many rounds the observed noise would need to settle an undecided cell, in words
+    (`need` is a cell's rounds_needed: inf or None where no number would)."""
     if need is None or not np.isfinite(need):
         return "no number of rounds would settle it at this tolerance"
     return f"about {int(need)} rounds would settle it"

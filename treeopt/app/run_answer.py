@@ -84,7 +84,8 @@ def _why_text(base: dict, cell: dict, selection: dict) -> str:
     if reason == "no speculation":
         return "no tree beats plain decoding at its lower bound"
     if reason == "undecided":
-        return f"undecided: another size may still be better by more than {tolerance:.0%} ({rounds_needed_text(base)})"
+        settle = rounds_needed_text(base.get("rounds_needed"))
+        return f"undecided: another size may still be better by more than {tolerance:.0%} ({settle})"
     if reason == "unreliable":
         return "every tree failed the sanity checks (see the notes under the selection table)"
     return reason or "--"

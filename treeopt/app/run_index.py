@@ -390,7 +390,7 @@ def _percent(confidence: float) -> str:
 def _reason_text(cell: SelectionCell) -> str:
     reason = cell.reason if cell.reason is not None else "--"
     if reason == "undecided":
-        return f"undecided: {rounds_needed_text(cell)}"
+        return f"undecided: {rounds_needed_text(cell.rounds_needed)}"
     if cell.decided_by:
         return f"{reason}, decided by the {cell.decided_by}"
     return reason
