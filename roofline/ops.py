@@ -42,6 +42,7 @@ __all__ = [
     "operators",
     "check_candidates",
     "LAYER_OPS",
+    "MLA_LAYER_OPS",
     "STEP_OPS",
     "ATTENTION_MODES",
     "DraftWork",
@@ -75,6 +76,8 @@ LAYER_OPS = (
     "down",
     "mlp_residual",
 )
+#: a multi-head latent attention layer's operators beside LAYER_OPS (`_mla_projection_ops`)
+MLA_LAYER_OPS = ("q_a_proj", "q_a_norm", "kv_a_proj", "kv_a_norm")
 STEP_OPS = ("embedding", "final_norm", "lm_head", "draft_heads")
 
 
@@ -406,16 +409,19 @@ def _layer_ops(p: _Pass, shape: ModelShape, attention: str, kv_cache_update: str
     L = shape.layers
     keys = s + q
     p.rmsnorm("attn_norm", L)
-    p.linear("q_proj", L, qkv_in, nh * d)
-    p.linear("k_proj", L, qkv_in, nkv * d)
-    p.linear("v_proj", L, qkv_in, nkv * d)
-    # rotary on q and k: read, write, and the cos/sin tables of the positions one attending
-    # sequence covers (k of them); ~3 FLOP per element
-    p.add("rotary", "vector", L, 3 * bq * (nh + nkv) * d, 2 * bq * (nh + nkv) * d + 2 * p.k * d, bq)
-    if kv_cache_update == "append":
-        p.add("kv_cache", "vector", L, zeros, 2 * (2 * bq * nkv * d), bq)  # read new K,V; write them
+    if shape.mla_kv_dim:
+        _mla_projection_ops(p, shape, kv_cache_update)
     else:
-        p.add("kv_cache", "vector", L, zeros, 2 * (b * s * nkv * d + bq * nkv * d + b * keys * nkv * d), bq)
+        p.linear("q_proj", L, qkv_in, nh * d)
+        p.linear("k_proj", L, qkv_in, nkv * d)
+        p.linear("v_proj", L, qkv_in, nkv * d)
+        # rotary on q and k: read, write, and the cos/sin tables of the positions one attending
+        # sequence covers (k of them); ~3 FLOP per element
+        p.add("rotary", "vector", L, 3 * bq * (nh + nkv) * d, 2 * bq * (nh + nkv) * d + 2 * p.k * d, bq)
+        if kv_cache_update == "append":
+            p.add("kv_cache", "vector", L, zeros, 2 * (2 * bq * nkv * d), bq)  # read new K,V; write them
+        else:
+            p.add("kv_cache", "vector", L, zeros, 2 * (b * s * nkv * d + bq * nkv * d + b * keys * nkv * d), bq)
     _attention_ops(p, shape, attention)
     p.linear("o_proj", L, nh * d, h)
     p.add("attn_residual", "vector", L, bq * h, 3 * bq * h, bq)
@@ -430,6 +436,34 @@ def _layer_ops(p: _Pass, shape: ModelShape, attention: str, kv_cache_update: str
     if shape.moe_layers:
         _moe_ops(p, shape, shape.moe_layers)
     p.add("mlp_residual", "vector", L, bq * h, 3 * bq * h, bq)
+
+
+def _mla_projection_ops(p: _Pass, shape: ModelShape, kv_cache_update: str) -> None:
+    """Multi-head latent attention's projections as engines run them in decode, with the
+    latent's up-projections absorbed (DeepSeek-V2, arXiv 2405.04434 section 2.1.2): `q_a_proj`
+    (hidden -> query rank; with its norm) and `q_proj` (rank -> every head's query, or hidden ->
+    it without a rank), `kv_a_proj` (hidden -> latent + rotary key: the one thing cached),
+    `k_proj` (each head's non-rotary query into the latent: the keys' up-projection, absorbed)
+    and `v_proj` (attention's latent output up to each head's value). Every weight is read once
+    per step; attention itself works in the latent (`_attention_ops`)."""
+    bq, zeros, L = p.bq, p.zeros, shape.layers
+    h, nh, d = float(shape.hidden), float(shape.heads), float(shape.head_dim)
+    rank, rope, nope = float(shape.mla_q_rank), float(shape.mla_rope_dim), float(shape.mla_nope_dim)
+    latent, cached = float(shape.mla_latent), float(shape.mla_kv_dim)
+    if rank:
+        p.linear("q_a_proj", L, h, rank)
+        p.add("q_a_norm", "vector", L, 4 * bq * rank, 2 * bq * rank + rank, bq)
+    p.linear("q_proj", L, rank or h, nh * (nope + rope))
+    p.linear("kv_a_proj", L, h, cached)
+    p.add("kv_a_norm", "vector", L, 4 * bq * latent, 2 * bq * latent + latent, bq)
+    # per head: a (nope x latent) and a (latent x value) matrix, applied to every token row
+    p.add("k_proj", "gemm", L, 2 * bq * nh * nope * latent, nh * nope * latent + bq * nh * (nope + latent), bq)
+    p.add("v_proj", "gemm", L, 2 * bq * nh * latent * d, nh * latent * d + bq * nh * (latent + d), bq)
+    p.add("rotary", "vector", L, 3 * bq * (nh + 1) * rope, 2 * bq * (nh + 1) * rope + 2 * p.k * rope, bq)
+    if kv_cache_update == "append":
+        p.add("kv_cache", "vector", L, zeros, 2 * bq * cached, bq)  # read the new latent; write it
+    else:
+        p.add("kv_cache", "vector", L, zeros, (p.b * p.s + bq + p.b * (p.s + p.q)) * cached, bq)
 
 
 def _moe_ops(p: _Pass, shape: ModelShape, count: int) -> None:
@@ -466,19 +500,26 @@ def _attention_ops(p: _Pass, shape: ModelShape, attention: str) -> None:
     sm_flops = 5 * scores
     pv_flops = 2 * scores * d
     kv_read = seqs * nkv * att_keys * d
+    q_in = out = b * nh * q * d
     if shape.mla_kv_dim:
-        # why: multi-head latent attention reads one cached latent per key for all heads (DeepSeek-V2,
-        # arXiv 2405.04434; docs/performance-model.md#mixture-of-experts)
-        kv_read = seqs * att_keys * float(shape.mla_kv_dim)
+        # why: multi-head latent attention works in the latent: every head's query (non-rotary
+        # part absorbed into the latent, plus the rotary part) against one cached latent and
+        # rotary key per key, read once for all heads; the output is in the latent too
+        # (DeepSeek-V2, arXiv 2405.04434; docs/performance-model.md#mixture-of-experts)
+        cached, latent = float(shape.mla_kv_dim), float(shape.mla_latent)
+        att_rows = k * nh
+        qk_flops, pv_flops = 2 * scores * cached, 2 * scores * latent
+        kv_read = seqs * att_keys * cached
+        q_in, out = b * nh * q * cached, b * nh * q * latent
     if attention == "unfused":
-        p.add("qk", "attention", L, qk_flops, b * nh * q * d + kv_read + scores, att_rows)
+        p.add("qk", "attention", L, qk_flops, q_in + kv_read + scores, att_rows)
         p.add("softmax", "vector", L, sm_flops, 2 * scores, att_rows)
-        p.add("pv", "attention", L, pv_flops, scores + kv_read + b * nh * q * d, att_rows)
+        p.add("pv", "attention", L, pv_flops, scores + kv_read + out, att_rows)
     else:
         # one kernel: Q and K in, scores on chip; softmax on chip; V in, output out
-        p.add("qk", "attention", L, qk_flops, b * nh * q * d + kv_read, att_rows, kernels=1.0)
+        p.add("qk", "attention", L, qk_flops, q_in + kv_read, att_rows, kernels=1.0)
         p.add("softmax", "vector", L, sm_flops, zeros, att_rows, kernels=0.0)
-        p.add("pv", "attention", L, pv_flops, kv_read + b * nh * q * d, att_rows, kernels=0.0)
+        p.add("pv", "attention", L, pv_flops, kv_read + out, att_rows, kernels=0.0)
 
 
 #: the prefix of an EAGLE depth's operators; its ".embedding" gather marks the depth's one
@@ -594,7 +635,7 @@ def _sequential_drafter_ops(p: _Pass, shape: ModelShape, heads: DraftWork, atten
             o.out_features,
         )
         for o in layer
-        if o.name in LAYER_OPS or o.name == "final_norm"
+        if o.name in LAYER_OPS or o.name in MLA_LAYER_OPS or o.name == "final_norm"
     )
 
 

@@ -62,6 +62,12 @@ class ModelShape:
     dense_layers: int = 0  # layers that keep a dense MLP of `intermediate` (DeepSeek's first_k_dense_replace)
     routing_skew: float = 1.0  # >= 1: tokens route as if over routed_experts / skew equally likely experts
     mla_kv_dim: int = 0  # multi-head latent attention: cached latent + rotary key per token per layer
+    # MLA's projections (DeepSeek-V2, arXiv 2405.04434 section 2.1): the query's low rank (0: one
+    # h x heads projection), the rotary and non-rotary parts of a query/key head; the values'
+    # head is head_dim and the latent is mla_kv_dim - mla_rope_dim
+    mla_q_rank: int = 0
+    mla_rope_dim: int = 0
+    mla_nope_dim: int = 0
 
     def __post_init__(self):
         for key in ("layers", "hidden", "intermediate", "heads", "kv_heads", "head_dim", "vocab"):
@@ -86,9 +92,14 @@ class ModelShape:
             value = getattr(self, key)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise UserError(f"model shape {self.name}: '{key}' must be a non-negative integer, got {value!r}")
-        for key in ("dense_layers", "mla_kv_dim"):
+        for key in ("dense_layers", "mla_kv_dim", "mla_q_rank", "mla_rope_dim", "mla_nope_dim"):
             if not isinstance(getattr(self, key), int) or getattr(self, key) < 0:
                 raise UserError(f"model shape {self.name}: '{key}' must be a non-negative integer")
+        if self.mla_kv_dim and not (0 < self.mla_rope_dim < self.mla_kv_dim and self.mla_nope_dim > 0):
+            raise UserError(
+                f"model shape {self.name}: multi-head latent attention needs 0 < mla_rope_dim < mla_kv_dim "
+                f"({self.mla_rope_dim}, {self.mla_kv_dim}) and mla_nope_dim > 0 ({self.mla_nope_dim})"
+            )
         if not self.routed_experts:
             return
         if not 1 <= self.experts_per_token <= self.routed_experts or self.expert_intermediate < 1:
@@ -143,10 +154,31 @@ class ModelShape:
         return self.kv_heads * self.head_dim
 
     @property
+    def mla_latent(self) -> int:
+        """MLA's compressed key-value latent per token (kv_lora_rank), without the rotary key."""
+        return self.mla_kv_dim - self.mla_rope_dim
+
+    @property
+    def attention_params(self) -> int:
+        """One layer's attention projections. MLA (DeepSeek-V2, arXiv 2405.04434 eq. 9-14): the
+        query through its low rank (with its norm) or directly, the latent and rotary key from
+        the hidden state (with the latent's norm), the latent up to every head's non-rotary key
+        and value, and the output projection."""
+        h, nh = self.hidden, self.heads
+        if not self.mla_kv_dim:
+            return h * self.q_dim + 2 * h * self.kv_dim + self.q_dim * h
+        qk_head = self.mla_nope_dim + self.mla_rope_dim
+        qr = self.mla_q_rank
+        query = h * qr + qr + qr * nh * qk_head if qr else h * nh * qk_head
+        latent = h * self.mla_kv_dim + self.mla_latent
+        up = self.mla_latent * nh * (self.mla_nope_dim + self.head_dim)
+        return query + latent + up + nh * self.head_dim * h
+
+    @property
     def layer_params(self) -> int:
         """One decoder layer with a dense MLP."""
         h, i = self.hidden, self.intermediate
-        attn = h * self.q_dim + 2 * h * self.kv_dim + self.q_dim * h
+        attn = self.attention_params
         mlp = 3 * h * i
         norms = 2 * h
         return attn + mlp + norms
@@ -338,8 +370,8 @@ _MOE_BUILTIN = [
             128,
             128,
             129280,
-            _HF + "deepseek-ai/DeepSeek-V3 (256 experts, top-8, 1 shared, 3 dense layers, MLA latent 512 + 64; "
-            "MLA's projections priced as multi-head attention's)",
+            _HF + "deepseek-ai/DeepSeek-V3 (256 experts, top-8, 1 shared, 3 dense layers, MLA: query rank 1536, "
+            "latent 512 + rotary key 64, non-rotary 128)",
         ),
         routed_experts=256,
         experts_per_token=8,
@@ -347,6 +379,9 @@ _MOE_BUILTIN = [
         shared_intermediate=2048,
         dense_layers=3,
         mla_kv_dim=576,
+        mla_q_rank=1536,
+        mla_rope_dim=64,
+        mla_nope_dim=128,
         dtype="bf16",
     ),
 ]
@@ -494,6 +529,9 @@ def _moe_fields(config: dict, need) -> dict:
     out = {}
     if config.get("kv_lora_rank") is not None:
         out["mla_kv_dim"] = need("kv_lora_rank") + need("qk_rope_head_dim")
+        out["mla_rope_dim"] = need("qk_rope_head_dim")
+        out["mla_nope_dim"] = need("qk_nope_head_dim")
+        out["mla_q_rank"] = need("q_lora_rank") if config.get("q_lora_rank") is not None else 0
     experts_key = next((k for k in ("n_routed_experts", "num_local_experts", "num_experts") if config.get(k)), None)
     if experts_key is None:
         return out

@@ -83,7 +83,7 @@ def test_moe_configs_in_the_three_published_layouts(tmp_path):
         "num_attention_heads": 128, "num_key_value_heads": 128, "intermediate_size": 18432, "vocab_size": 129280,
         "n_routed_experts": 256, "num_experts_per_tok": 8, "moe_intermediate_size": 2048, "n_shared_experts": 1,
         "first_k_dense_replace": 3, "kv_lora_rank": 512, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128,
-        "v_head_dim": 128, "torch_dtype": "bfloat16",
+        "v_head_dim": 128, "q_lora_rank": 1536, "torch_dtype": "bfloat16",
     }  # fmt: skip
     d = model_shape(_write(tmp_path, deepseek))
     assert (d.routed_experts, d.shared_intermediate, d.dense_layers, d.mla_kv_dim) == (256, 2048, 3, 576)
@@ -159,3 +159,41 @@ def test_projections_split_by_heads_and_the_latent_cache_is_replicated():
     one, eight = ops_of(ds, 1), ops_of(ds, 8)
     assert float(eight["k_proj"].bytes) == pytest.approx(float(one["k_proj"].bytes) / 8)
     assert float(eight["kv_cache"].bytes) == pytest.approx(float(one["kv_cache"].bytes))
+
+
+def test_mla_models_have_their_published_parameter_counts(tmp_path):
+    """DeepSeek-V3 (technical report, arXiv 2412.19437: 671 B without its 14 B multi-token
+    prediction module) and DeepSeek-V2-Lite (model card: 15.7 B, no query rank), from their
+    config.json keys: MLA's low-rank projections, not multi-head attention's (which gave 688 B)."""
+    from roofline.shapes import model_shape as from_config
+
+    v3 = model_shape("deepseek-v3")
+    assert v3.params == pytest.approx(671e9, rel=5e-4)
+    lite = {
+        "architectures": ["DeepseekV2ForCausalLM"], "hidden_size": 2048, "num_hidden_layers": 27,
+        "num_attention_heads": 16, "num_key_value_heads": 16, "intermediate_size": 10944, "vocab_size": 102400,
+        "n_routed_experts": 64, "num_experts_per_tok": 6, "moe_intermediate_size": 1408, "n_shared_experts": 2,
+        "first_k_dense_replace": 1, "kv_lora_rank": 512, "q_lora_rank": None, "qk_rope_head_dim": 64,
+        "qk_nope_head_dim": 128, "v_head_dim": 128, "torch_dtype": "bfloat16",
+    }  # fmt: skip
+    shape = from_config(_write(tmp_path, lite))
+    assert shape.mla_q_rank == 0
+    assert shape.params == pytest.approx(15.7e9, abs=0.05e9)
+
+
+def test_mla_attention_works_in_the_latent():
+    """Absorbed MLA by hand (DeepSeek-V2, arXiv 2405.04434 section 2.1.2) for DeepSeek-V3 at batch
+    1, 1 token, 1000 cached: the scores over 512 + 64 dimensions, the output over 512, per head
+    and key, one 576-value latent read per key for all 128 heads; the projections' weights once."""
+    ds = model_shape("deepseek-v3")
+    ops = {o.name: o for o in operators(ds, None, StepShape(1, 1, 1000))}
+    keys = 1001
+    assert float(ops["qk"].flops) == pytest.approx(2 * 128 * keys * 576)
+    assert float(ops["pv"].flops) == pytest.approx(2 * 128 * keys * 512)
+    assert float(ops["qk"].bytes) == pytest.approx(2 * (128 * 576 + keys * 576))
+    weights = {"q_a_proj": 7168 * 1536, "q_proj": 1536 * 128 * 192, "kv_a_proj": 7168 * 576,
+               "k_proj": 128 * 128 * 512, "v_proj": 128 * 512 * 128, "o_proj": 128 * 128 * 7168}  # fmt: skip
+    for name, elements in weights.items():
+        # weights dominate a one-token step: within the row's activations of the weights
+        assert elements * 2 <= float(ops[name].bytes) <= elements * 2 * 1.01, name
+    assert float(ops["kv_cache"].bytes) == pytest.approx(2 * 2 * 576)  # the new latent read and written
