@@ -22,7 +22,11 @@ A benchmark, not a test: no GPU and no download; it reads roofline/data/publishe
 (c) the engine presets (roofline/data/engine_presets.json, docs/performance-model.md#engine-presets),
     judged on the published rows their derivation (tools/fit_engine_presets.py) did not fit on: the
     ibm-tgis preset, fitted on IBM's prompt 64, on IBM's prompt 2048; the hf-eager preset, fitted
-    on Medusa Appendix F's 7B and 13B models, on Appendix F's Vicuna-33B and the whole of Table 1.
+    on Medusa Appendix F's 7B and 13B models, on Appendix F's Vicuna-33B and the whole of Table 1;
+    the vllm preset, fitted on SpecDecode-Bench's cost model at batches 1, 8, 16, 32 and 64, on its
+    batches 2, 4 and 128 and, independently of that cost model, on vLLM issue #20780's EAGLE and
+    EAGLE-3 chains of 2 to 7 tokens at batch 1 (another vLLM release, another measurement), where
+    the picked count is the chain length with the least measured ms per token.
     The ideal engine's errors on the same rows are printed beside them.
 
 The targets (docs/performance-model.md#published-speculative-steps): built-in median |error|
@@ -77,8 +81,9 @@ def predict(rows: pd.DataFrame, hw_by_shape) -> pd.DataFrame:
 
 def group_summary(pred: pd.DataFrame) -> pd.DataFrame:
     """Per group: median and worst |T(n)/T(0) error| over its speculative rows and, with two or
-    more speculative rows, the measured best candidate count, the predicted pick and the picked
-    one's measured excess cost per token."""
+    more speculative rows, the measured best candidate count (a chain's draft length where only
+    that varies; 0: plain decoding), the predicted pick and the picked one's measured excess
+    cost per token."""
     rows = []
     for group, g in pred.groupby("group", sort=False):
         spec = g[g["tokens"] > 1]
@@ -88,9 +93,11 @@ def group_summary(pred: pd.DataFrame) -> pd.DataFrame:
             measured = g["ratio"] / g["tokens_per_step"]  # ms per token in units of T(0)
             predicted = g["predicted_ratio"] / g["tokens_per_step"]
             best, pick = measured.idxmin(), predicted.idxmin()
+            # what the group varies: IBM's candidate count, or a chain's draft length
+            size = "candidates" if spec["candidates"].nunique() > 1 else "draft_stages"
             row.update(
-                best=int(g.loc[best, "candidates"] if g.loc[best, "tokens"] > 1 else 0),
-                picked=int(g.loc[pick, "candidates"] if g.loc[pick, "tokens"] > 1 else 0),
+                best=int(g.loc[best, size] if g.loc[best, "tokens"] > 1 else 0),
+                picked=int(g.loc[pick, size] if g.loc[pick, "tokens"] > 1 else 0),
                 pick_excess=float(measured[pick] / measured[best] - 1.0),
             )
         rows.append(row)
@@ -194,6 +201,8 @@ def preset_rows(tables) -> dict[str, pd.DataFrame]:
     sdb = by_id["specdecode-bench"]
     return {
         "vllm": sdb[sdb["batch"].isin([2, 4, 128])].reset_index(drop=True),
+        # independent of the cost model the preset was fitted to: another vLLM, another measurement
+        "vllm on vllm-issue-20780": by_id["vllm-issue-20780"],
         "ibm-tgis": ibm[ibm["context"] > ibm["context"].min()].reset_index(drop=True),
         "hf-eager": pd.concat([held_f.assign(group="App. F Vicuna-33B"), table1], ignore_index=True),
     }
@@ -206,13 +215,15 @@ def presets(tables) -> list[tuple]:
         "ibm-tgis": hardware["ibm-table1"],
         "hf-eager": hardware["medusa-appF"],
         "vllm": hardware["specdecode-bench"],
+        "vllm on vllm-issue-20780": hardware["vllm-issue-20780"],
     }
     known = load_presets()
     results = []
     print("\n== engine presets on held-out rows (roofline/data/engine_presets.json)")
-    for family, held in preset_rows(tables).items():
+    for label, held in preset_rows(tables).items():
+        family = label.split(" on ")[0]
         preset = known[family]
-        base = load_hardware(where[family])
+        base = load_hardware(where[label])
         print(f"\n  {family}: fitted on {preset.fit_rows}; held out: {preset.held_out}")
         print("    terms: " + ", ".join(f"{k}={v:.4g}" for k, v in preset.terms.items()))
         priced = apply_preset(base, family)
@@ -223,12 +234,12 @@ def presets(tables) -> list[tuple]:
             + (f", picked count's excess worst {ideal['pick_worst'] * 100:.1f}%" if "pick_worst" in ideal else "")
         )
         results.append(
-            (f"engine preset {family}: median |T(n)/T(0) error|, held out", got["median"], PRESET_RATIO, "", True)
+            (f"engine preset {label}: median |T(n)/T(0) error|, held out", got["median"], PRESET_RATIO, "", True)
         )
         if "pick_worst" in got:
             results.append(
                 (
-                    f"engine preset {family}: picked count's excess cost (worst held-out group)",
+                    f"engine preset {label}: picked count's excess cost (worst held-out group)",
                     got["pick_worst"],
                     PRESET_PICK,
                     "",

@@ -5,7 +5,8 @@ roofline/data/published_speculative_steps.json holds the papers' numbers as prin
 with its citation, setup, units and an uncertainty note: IBM's Table 1 (Wertheimer et al. 2024,
 arXiv 2404.19124), Medusa's Table 1 and Appendix F (Cai et al. 2024, arXiv 2401.10774) and
 Hydra's Appendix D and Section 6.2 (Ankner et al. 2024, arXiv 2402.05109), and SpecDecode-Bench's
-cost model of vLLM's steps (Liu et al. 2026, arXiv 2601.11580). `published_tables()`
+cost model of vLLM's steps (Liu et al. 2026, arXiv 2601.11580), and vLLM issue #20780's EAGLE and
+EAGLE-3 chains at batch 1 (acceptance length and time per output token). `published_tables()`
 turns every table that gives step times, or ratios of step times, into rows of the step table
 of docs/performance-model.md#fitting-a-profile-to-measured-steps (batch, context, tokens,
 candidates, draft_stages, step_ms), with the measured T(n)/T(0) of each row beside it. Hydra's
@@ -34,6 +35,7 @@ __all__ = [
     "Citation",
     "PublishedTable",
     "cost_model_step_rows",
+    "engine_chain_rows",
     "ibm_step_rows",
     "medusa_step_rows",
     "published_tables",
@@ -220,11 +222,35 @@ def cost_model_step_rows(table: dict) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=list(ROW_COLUMNS))
 
 
+def engine_chain_rows(table: dict) -> pd.DataFrame:
+    """An engine's chains measured at one batch size, one group per drafter: the plain step and
+    a chain of K draft tokens for each K (tokens K + 1, K draft forwards). The source prints the
+    acceptance length L(K) (tokens per step, the bonus included) and the time per output token,
+    so with T(0) = the vanilla TPOT (one token per plain step)
+
+        T(K) / T(0) = L(K) x TPOT(K) / TPOT(vanilla)
+
+    (a step of T(K) yields L(K) tokens). step_ms is that ratio times the vanilla TPOT."""
+    setup, plain_ms = table["setup"], float(table["vanilla_tpot_ms"])
+    rows = []
+    for drafter, data in table["drafters"].items():
+        base = {"group": f"{drafter}, batch {setup['batch']}", "shape": setup["shape"], "batch": int(setup["batch"])}
+        base |= {"context": int(setup["context"]), "candidates": 1, "draft_heads": 0}
+        rows.append(base | {"tokens": 1, "draft_stages": 0, "step_ms": plain_ms, "ratio": 1.0})
+        rows[-1] |= {"tokens_per_step": 1.0, "ms_per_token": plain_ms}
+        for k, length, tpot in zip(table["draft_tokens"], data["acceptance_length"], data["tpot_ms"], strict=True):
+            step_ms = float(length) * float(tpot)
+            rows.append(base | {"tokens": int(k) + 1, "draft_stages": int(k), "step_ms": step_ms})
+            rows[-1] |= {"ratio": step_ms / plain_ms, "tokens_per_step": float(length), "ms_per_token": float(tpot)}
+    return pd.DataFrame(rows, columns=list(ROW_COLUMNS))
+
+
 _ROWS = {
     "ibm_candidates": ibm_step_rows,
     "step_overhead": medusa_step_rows,
     "step_throughput": medusa_step_rows,
     "cost_model": cost_model_step_rows,
+    "engine_chain_tpot": engine_chain_rows,
 }
 _NO_ROWS = {
     "draft_overhead": "drafting costs per step only: no tree-step time, so no step ratio",
