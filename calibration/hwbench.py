@@ -80,7 +80,7 @@ from treeopt.hwmeasurements import (
     StreamSample,
     WeightShape,
 )
-from treeopt.timing import TimingStats, calls_per_sample, measure_interleaved
+from treeopt.timing import TimingStats, duration_text, measure_interleaved, sample_size
 
 __all__ = [
     "ATTN_QUERIES",
@@ -152,10 +152,15 @@ class _Bench:
         """Every entry's sample: its function's TimingStats per call (a replayed graph of
         several calls counts as that many)."""
         fns = [fn for _, _, fn, _ in self.entries]
-        inners = [
-            inner if inner is not None else calls_per_sample(fn, 2e-3, time.perf_counter)
-            for _, _, fn, inner in self.entries
-        ]
+        # sizing each entry calls it at least once: that is the warm-up, and it prices a round
+        sized = [_sized(fn, inner) for _, _, fn, inner in self.entries]
+        inners = [inner for inner, _ in sized]
+        if progress:
+            tqdm.write(
+                f"  {len(fns)} configurations x {rounds} rounds: about "
+                f"{duration_text(rounds * round_seconds(sized))} (priced by one sample of each)",
+                file=sys.stderr,
+            )
         with tqdm(
             total=rounds,
             desc=f"hw calibrate: {len(fns)} configurations",
@@ -163,11 +168,27 @@ class _Bench:
             file=sys.stderr,
             disable=not progress,
         ) as bar:
-            stats = measure_interleaved(fns, rounds=rounds, warmup=1, inner=inners, seed=seed, after_round=bar.update)
+            stats = measure_interleaved(fns, rounds=rounds, warmup=0, inner=inners, seed=seed, after_round=bar.update)
         groups: dict[str, list] = {}
         for (group, make_sample, fn, _), st in zip(self.entries, stats):
             groups.setdefault(group, []).append(make_sample(per_call(st, getattr(fn, "calls", 1))))
         return {group: tuple(samples) for group, samples in groups.items()}
+
+
+def _sized(fn, inner: int | None) -> tuple[int, float]:
+    """(calls per sample, seconds per call) of an entry: sized to about 2 ms a sample, or its
+    fixed count priced by one call."""
+    if inner is None:
+        return sample_size(fn, 2e-3, time.perf_counter)
+    t0 = time.perf_counter()
+    fn()
+    return int(inner), time.perf_counter() - t0
+
+
+def round_seconds(sized) -> float:
+    """Seconds one interleaved round takes: every entry's calls per sample times its seconds
+    per call."""
+    return float(sum(inner * per_call_s for inner, per_call_s in sized))
 
 
 def per_call(stats: TimingStats, calls: int) -> TimingStats:

@@ -274,6 +274,8 @@ def test_hw_calibrate_says_how_long_the_engine_terms_take_and_how_far_they_got(t
     argv = ["hw", "calibrate", "--model", str(tiny), "--random-weights", "--quick", "--num-heads", "2"]
     main([*argv, "--device", "cpu", "--dtype", "float32", "-o", str(tmp_path / "hw.json")])
     err = capsys.readouterr().err
+    # the microbenchmarks first say how long their rounds will take (5 rounds with --quick)
+    assert re.search(r"\d+ configurations x 5 rounds: about \d+ (s|min) \(priced by one sample of each\)", err)
     lines = [line.strip() for line in err.splitlines() if line.strip().startswith("engine terms:")]
     assert re.match(r"engine terms: \d+ tree steps of .* about \d+ (s|min) by the profile just measured", lines[0])
     assert lines[-1].startswith("engine terms: batch 2 done (2/2, ")

@@ -2,7 +2,7 @@
 
 import pytest
 
-from treeopt.timing import TimingStats, measure, measure_interleaved
+from treeopt.timing import TimingStats, duration_text, measure, measure_interleaved, sample_size
 
 
 class FakeClock:
@@ -72,3 +72,19 @@ def test_measure_interleaved_shuffles_and_times_each():
 def test_measure_rejects_no_repeats():
     with pytest.raises(ValueError):
         measure(lambda: None, repeats=0)
+
+
+def test_sample_size_prices_a_sample_before_any_round():
+    # 0.3 ms a call, 2 ms a sample: 1 call (0.3 ms), then 1 x 2 / 0.3 x 1.2 = 8 calls (2.4 ms >= 2 ms)
+    clock = FakeClock([3e-4])
+    inner, per_call = sample_size(clock.fn, 2e-3, clock)
+    assert inner == 8 and per_call == pytest.approx(3e-4)
+    assert clock.calls == 1 + 8
+    slow = FakeClock([0.5])  # a forward of a large model: one call is a sample
+    assert sample_size(slow.fn, 2e-3, slow) == (1, pytest.approx(0.5))
+
+
+def test_duration_text_rounds_as_an_estimate():
+    assert [duration_text(s) for s in (0.2, 40.4, 119, 150, 600, 5399, 5400, 9000)] == [
+        "1 s", "40 s", "119 s", "2 min", "10 min", "90 min", "1.5 h", "2.5 h",
+    ]  # fmt: skip

@@ -18,7 +18,15 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-__all__ = ["TimingStats", "calls_per_sample", "measure", "measure_interleaved", "interleaved_rounds"]
+__all__ = [
+    "TimingStats",
+    "calls_per_sample",
+    "measure",
+    "measure_interleaved",
+    "interleaved_rounds",
+    "sample_size",
+    "duration_text",
+]
 
 
 @dataclass(frozen=True)
@@ -72,8 +80,23 @@ def _stats(samples: list[float], remeasured: int) -> TimingStats:
     )
 
 
+def duration_text(seconds: float) -> str:
+    """'40 s', '3 min', '1.5 h': an estimate's precision, not a measurement's."""
+    if seconds < 120:
+        return f"{max(1, round(seconds))} s"
+    if seconds < 90 * 60:
+        return f"{round(seconds / 60)} min"
+    return f"{seconds / 3600:.1f} h"
+
+
 def calls_per_sample(fn: Callable[[], object], target_s: float, clock) -> int:
     """Calls per sample so that one sample lasts about `target_s` (for microsecond functions)."""
+    return sample_size(fn, target_s, clock)[0]
+
+
+def sample_size(fn: Callable[[], object], target_s: float, clock) -> tuple[int, float]:
+    """`calls_per_sample` and the seconds per call its last, longest loop took: what a sample
+    of this function will cost, known before any round is run."""
     inner = 1
     while True:
         t0 = clock()
@@ -81,7 +104,7 @@ def calls_per_sample(fn: Callable[[], object], target_s: float, clock) -> int:
             fn()
         dt = clock() - t0
         if dt >= target_s or inner >= 1 << 20:
-            return inner
+            return inner, dt / inner
         inner = max(inner * 2, int(inner * target_s / max(dt, 1e-9) * 1.2))
 
 

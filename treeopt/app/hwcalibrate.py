@@ -25,6 +25,7 @@ from treeopt.app.models import heads_shape_of_drafter, shape_of
 from treeopt.dtypes import torch_dtype_name
 from treeopt.errors import UserError
 from treeopt.hwmeasurements import ModelDims
+from treeopt.timing import duration_text
 from treeopt.tree import make_tree
 
 __all__ = ["calibrate_hardware", "calibrate_engine_terms", "engine_bench_positions", "framework_probe"]
@@ -169,7 +170,7 @@ def calibrate_engine_terms(
     say(
         f"  engine terms: {len(batches) * len(sizes) * (repeats + 1)} tree steps of {lm.name} (batch "
         f"{', '.join(map(str, batches))}, context {context}, trees of {', '.join(map(str, sizes))} nodes), "
-        f"about {_duration(planned)} by the profile just measured"
+        f"about {duration_text(planned)} by the profile just measured"
     )
     rows = []
     t0 = time.perf_counter()
@@ -178,7 +179,7 @@ def calibrate_engine_terms(
             rows += measure_group(
                 lm, proposal, sizes, batch, context, repeats=repeats, warmup=1, topk=10, seed=seed, graphs=graphs
             )
-            say(f"  engine terms: batch {batch} done ({i}/{len(batches)}, {_duration(time.perf_counter() - t0)})")
+            say(f"  engine terms: batch {batch} done ({i}/{len(batches)}, {duration_text(time.perf_counter() - t0)})")
     table = pd.DataFrame(rows)
     points = sweep_step_points(table, heads_by_nodes)
     # only the engine terms are free: the microbenchmarks measured everything else directly
@@ -201,10 +202,6 @@ def engine_terms_estimate_s(shape, heads, profile, batches, context, sizes, head
     )
     step_s = predict_step_s(shape, heads, profile, sweep_step_points(plan, heads_by_nodes))
     return float(step_s.sum()) * (repeats + 1)
-
-
-def _duration(seconds: float) -> str:
-    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
 
 
 def _weights_note(lm) -> str:
