@@ -189,6 +189,17 @@ def _log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+def after_drafter_step(name: str, step: int, losses, t0: float, log: list, recipe, ckpt: Path, drafter, opt, say=_log):
+    """A drafter's training step done: every 20 steps (and the last) its per-depth losses into
+    `log` and said; every 50 (and the last) a checkpoint a resumed run continues from."""
+    if step % 20 == 0 or step == recipe.steps:
+        entry = {"step": step, "losses": [round(v, 4) for v in losses.tolist()], "seconds": round(time.time() - t0, 1)}
+        log.append(entry)
+        say(f"{name} {step}/{recipe.steps} losses={entry['losses']}")
+    if step % 50 == 0 or step == recipe.steps:
+        save_training_checkpoint(ckpt, recipe, drafter=drafter.state_dict(), opt=opt.state_dict(), step=step, log=log)
+
+
 def train_demo(out_dir, recipe: DemoRecipe = DemoRecipe(), *, work_dir=None, resume: bool = True) -> dict:
     """Train the demo model into `out_dir` (base model + tokenizer, heads in out_dir/heads,
     prompts as the module doc says). Checkpoints go to `work_dir` (default out_dir/.work)

@@ -33,10 +33,10 @@ from transformers.utils import logging as hf_logging
 from calibration.demo import (
     _batch,
     _lr,
+    after_drafter_step,
     is_held_out,
     load_training_checkpoint,
     read_source,
-    save_training_checkpoint,
     stdlib_files,
 )
 from calibration.demo_eagle import train_eagle3
@@ -145,18 +145,7 @@ def _train(
         loss.backward()
         opt.step()
         step += 1
-        if step % 20 == 0 or step == recipe.steps:
-            entry = {
-                "step": step,
-                "losses": [round(v, 4) for v in losses.tolist()],
-                "seconds": round(time.time() - t0, 1),
-            }
-            log.append(entry)
-            _log(f"{name} {step}/{recipe.steps} losses={entry['losses']}")
-        if step % 50 == 0 or step == recipe.steps:
-            save_training_checkpoint(
-                ckpt, recipe, drafter=drafter.state_dict(), opt=opt.state_dict(), step=step, log=log
-            )
+        after_drafter_step(name, step, losses, t0, log, recipe, ckpt, drafter, opt, say=_log)
     drafter.eval()
     return log
 

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from calibration.demo import _batch, _lr, load_training_checkpoint, save_training_checkpoint
+from calibration.demo import _batch, _lr, after_drafter_step, load_training_checkpoint
 from calibration.drafters.eagle import EagleDrafter, save_eagle3
 from calibration.drafters.eagle_layer import EagleShape
 
@@ -128,18 +128,7 @@ def train_eagle3(model, tokens: np.ndarray, recipe, out_dir, work_dir, resume: b
         (weights * losses).sum().backward()
         opt.step()
         step += 1
-        if step % 20 == 0 or step == recipe.steps:
-            entry = {
-                "step": step,
-                "losses": [round(v, 4) for v in losses.tolist()],
-                "seconds": round(time.time() - t0, 1),
-            }
-            entries.append(entry)
-            log(f"eagle3 {step}/{recipe.steps} losses={entry['losses']}")
-        if step % 50 == 0 or step == recipe.steps:
-            save_training_checkpoint(
-                ckpt, recipe, drafter=draft.state_dict(), opt=opt.state_dict(), step=step, log=entries
-            )
+        after_drafter_step("eagle3", step, losses, t0, entries, recipe, ckpt, draft, opt, say=log)
     draft.eval()
     save_eagle3(draft, out_dir / EAGLE3_DIR)
     trained = sum(p.numel() for p in params)
