@@ -178,7 +178,7 @@ def test_the_committed_side_by_side_tau_is_of_the_trees_each_run_measured():
 
     reports = Path(__file__).resolve().parent.parent / "reports" / "drafters-demo"
     side = pd.read_csv(reports / "tau.csv").set_index("nodes")
-    for kind in ("medusa", "hydra", "mlp-speculator", "draft-model"):
+    for kind in ("medusa", "hydra", "mlp-speculator", "draft-model", "eagle3"):
         sweep = pd.read_csv(reports / f"run-{kind}" / "sweep.csv").drop_duplicates("nodes").set_index("nodes")
         sizes = [n for n in side.index if n in sweep.index]
         assert len(sizes) >= 6, kind

@@ -361,7 +361,7 @@ def test_check_json_reports_each_runtime_on_its_own(tmp_path):
 @pytest.mark.parametrize(
     ("run", "kind"),
     [("run-medusa", "medusa"), ("run-hydra", "hydra"), ("run-mlp-speculator", "mlp-speculator"),
-     ("run-draft-model", "draft-model")],
+     ("run-draft-model", "draft-model"), ("run-eagle3", "eagle3")],
 )  # fmt: skip
 def test_a_calibrated_table_names_the_drafter_it_was_measured_from(run, kind):
     # the committed runs of reports/drafters-demo, one per drafter kind (their folder names)
