@@ -261,7 +261,9 @@ class HardwareProfile:
     draft_stage_s: float = 0.0
     attention_kv_efficiency: EfficiencyCurve | None = None
     interconnect_bytes_per_s: float = 32e9
-    collective_latency_s: float = 10e-6
+    # one small all-reduce inside a captured step with the engines' own kernels: 3-8 us on 2-8
+    # H100s (docs/performance-model.md#tensor-parallelism: TensorRT-LLM's, vLLM's, SGLang's)
+    collective_latency_s: float = 5e-6
     capacity_sold_gb: float | None = None
     description: str = ""
     source: str = ""
