@@ -27,6 +27,12 @@ A benchmark, not a test: no GPU and no download; it reads roofline/data/publishe
     batches 2, 4 and 128 and, independently of that cost model, on vLLM issue #20780's EAGLE and
     EAGLE-3 chains of 2 to 7 tokens at batch 1 (another vLLM release, another measurement), where
     the picked count is the chain length with the least measured ms per token.
+
+(d) the sglang preset (vllm's terms, carried) on EAGLE-3's Table 3: SGLang v0.4.4's speedups of
+    EAGLE and EAGLE-3 chains of 3 at batches 2-64 on an H100, printed without tokens per step.
+    With tau the same at every batch, speedup(b) = speedup(2) x T(3)/T(0) at 2 / T(3)/T(0) at b:
+    the preset's step ratios predict every batch from batch 2's speedup, and whether speculation
+    still pays (speedup > 1) at each batch.
     The ideal engine's errors on the same rows are printed beside them.
 
 The targets (docs/performance-model.md#published-speculative-steps): built-in median |error|
@@ -249,6 +255,57 @@ def presets(tables) -> list[tuple]:
     return results
 
 
+def batch_growth(tables) -> list[tuple]:
+    """(d): the sglang preset against a table of speedups per batch without tokens per step
+    (EAGLE-3's Table 3): with tau the same at every batch, speedup(b) = speedup(2) x
+    ratio(2) / ratio(b), so the preset's step ratios predict every batch from batch 2's speedup
+    alone; judged on batches 4-64 and on whether speculation pays (speedup > 1) at each."""
+    from roofline.engine_presets import step_costs
+    from roofline.latency import step_time_s
+    from roofline.step_shape import StepShape
+
+    results = []
+    for table in tables:
+        if table.kind != "speedup_by_batch":
+            continue
+        raw = table.setup
+        k, context, shape = int(raw["draft_tokens"]), int(raw["context"]), model_shape(raw["shape"])
+        batches = np.array(_raw_table(table.id)["batches"])
+        print(f"\n== sglang preset on {table.id}'s speedups per batch ({table.citation})")
+        for drafter, measured in _raw_table(table.id)["speedup"].items():
+            hw = step_costs(load_hardware(table.hardware), engine="sglang", drafter=drafter).profile
+            ratio = np.array(
+                [
+                    step_time_s(shape, None, hw, StepShape(int(b), k + 1, context, draft_stages=k))
+                    / step_time_s(shape, None, hw, StepShape(int(b), 1, context))
+                    for b in batches
+                ]
+            )
+            measured = np.array(measured, dtype=float)
+            predicted = measured[0] * ratio[0] / ratio
+            err = predicted[1:] / measured[1:] - 1
+            calls = (predicted > 1) == (measured > 1)
+            print(f"  {drafter}: batch    " + " ".join(f"{b:5d}" for b in batches))
+            print("    measured       " + " ".join(f"{v:5.2f}" for v in measured))
+            print("    predicted      " + " ".join(f"{v:5.2f}" for v in predicted))
+            print(
+                f"    median |error| {np.median(np.abs(err)) * 100:.1f}%, worst {np.max(np.abs(err)) * 100:.1f}% "
+                f"over batches {batches[1]}-{batches[-1]}; speculation on/off called as measured at "
+                f"{int(calls.sum())} of {len(calls)} batch sizes"
+            )
+            name = f"engine preset sglang on {table.id} {drafter}: median |speedup error|, batches 4-64"
+            results.append((name, float(np.median(np.abs(err))), PRESET_RATIO, "", True))
+    return results
+
+
+def _raw_table(table_id: str) -> dict:
+    import json
+
+    from roofline.published_steps import DATA_FILE
+
+    return next(t for t in json.loads(DATA_FILE.read_text(encoding="utf-8"))["tables"] if t["id"] == table_id)
+
+
 def main() -> list[tuple]:
     tables = published_tables()
     results = []
@@ -264,6 +321,7 @@ def main() -> list[tuple]:
         else:
             results += medusa(table, tables)
     results += presets(tables)
+    results += batch_growth(tables)
     print()
     for name, value, target, _unit, _lower in results:
         print(f"{'PASS' if value <= target else 'FAIL'}  {name}: {value * 100:.1f}% (target <= {target * 100:.0f}%)")

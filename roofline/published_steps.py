@@ -255,6 +255,8 @@ _ROWS = {
 _NO_ROWS = {
     "draft_overhead": "drafting costs per step only: no tree-step time, so no step ratio",
     "speedup_only": "wall-clock speedups only, without tokens per step per batch: no step ratio",
+    "speedup_by_batch": "speedups per batch size without tokens per step: no step ratio, but (tau constant) "
+    "how the step ratio grows with batch (benchmarks/bench_published_steps.py)",
 }
 
 
