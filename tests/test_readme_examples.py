@@ -76,3 +76,31 @@ def test_readme_example_prints_what_the_readme_shows(command, shown, tmp_path, m
     assert status == (2 if EXIT_NOTE in shown else 0), err
     missing = [line for line in expected if line not in printed]
     assert not missing, f"{command}: the README shows lines it no longer prints:\n" + "\n".join(missing)
+
+
+def _readme_demo_rows() -> list[list[str]]:
+    """The rows of the README's table of the committed demo run ("What the main job finds")."""
+    section = README.split("### What the main job finds on the demo", 1)[1].split("\n## ", 1)[0]
+    rows = [line.strip("|").split("|") for line in section.splitlines() if re.match(r"^\| \d+ \| \d+ \|", line)]
+    return [[cell.strip() for cell in row] for row in rows]
+
+
+def test_the_readme_demo_table_is_the_committed_runs_selection():
+    """Every number of the README's demo table is reports/demo-cpu/selection.json's, rounded as
+    shown, and the interval's level is the one the selection states: a README regenerated from
+    one run, not a copy of an older one."""
+    import json
+
+    selection = json.loads((ROOT / "reports" / "demo-cpu" / "selection.json").read_text(encoding="utf-8"))
+    level = f"{100 * selection['interval_confidence']:.1f}% interval"
+    assert level in README.split("### What the main job finds on the demo", 1)[1].split("\n## ", 1)[0]
+    cells = {(c["batch"], c["context"]): c for c in selection["cells"]}
+    rows = _readme_demo_rows()
+    assert len(rows) == len(cells)
+    for batch, context, tree, speedup, rounds, predicted in rows:
+        c = cells[(int(batch), int(context))]
+        nodes = int(c["nodes"])
+        assert tree == ("no speculation" if nodes == 0 else f"{nodes} node" + ("s" if nodes != 1 else ""))
+        shown = f"{c['speedup']:.2f}× ({c['speedup_lo']:.2f}–{c['speedup_hi']:.2f})"
+        assert speedup == shown, (batch, context)
+        assert int(rounds) == c["rounds"] and predicted == f"{c['predicted_speedup']:.2f}×"
