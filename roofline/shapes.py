@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from treeopt.drafter_cost import MAX_HEAD_LAYERS, MAX_HEADS
 from treeopt.dtypes import DTYPE_BYTES, normalize_dtype
 from treeopt.errors import UserError
 from treeopt.fileio import portable_path, read_json_input
@@ -249,10 +250,12 @@ class DraftHeadsShape:
         t = self.tokens_per_sequence
         if t is not None and (not isinstance(t, int) or isinstance(t, bool) or t < 1):
             raise UserError(f"draft heads: 'tokens_per_sequence' must be a positive integer or None, got {t!r}")
-        for key in ("num_heads", "num_layers"):
+        for key, most in (("num_heads", MAX_HEADS), ("num_layers", MAX_HEAD_LAYERS)):
             value = getattr(self, key)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise UserError(f"draft heads: '{key}' must be a non-negative integer, got {value!r}")
+            if value > most:
+                raise UserError(f"draft heads: '{key}' is {str(value)[:24]}, beyond any drafter's (at most {most})")
         for key in ("hidden", "vocab"):
             value = getattr(self, key)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:

@@ -294,6 +294,37 @@ def test_sigterm_stops_as_ctrl_c_does_with_a_word(tmp_path):
     assert list(tmp_path.iterdir()) == []  # the temporary removed, as after Ctrl-C
 
 
+#: What pip's console script does (`from MODULE import FUNCTION; sys.exit(FUNCTION())`, with the
+#: target read from pyproject.toml), with a real SIGINT sent to the process at the moment the
+#: command line starts importing click: Ctrl-C in its first ~0.3 s, made deterministic.
+CTRL_C_WHILE_STARTING = textwrap.dedent("""
+    import importlib, os, signal, sys, tomllib
+
+    target = tomllib.load(open(sys.argv[1], "rb"))["project"]["scripts"]["treeopt"]
+    module, function = target.split(":")
+
+    class CtrlCOnClick:
+        def find_spec(self, name, path=None, target=None):
+            if name == "click":
+                sys.meta_path.remove(self)
+                os.kill(os.getpid(), signal.SIGINT)
+            return None
+
+    sys.meta_path.insert(0, CtrlCOnClick())
+    sys.argv = ["treeopt", "build", "--help"]
+    sys.exit(getattr(importlib.import_module(module), function)())
+""")
+
+
+def test_ctrl_c_while_the_console_script_imports_is_one_line(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    run = [sys.executable, "-c", CTRL_C_WHILE_STARTING, str(REPO / "pyproject.toml")]
+    out = subprocess.run(run, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    assert (out.returncode, out.stderr, out.stdout) == (130, "treeopt: interrupted\n", "")
+    python_m = [sys.executable, "-m", "treeopt", "build", "--help"]  # the same entry as `python -m treeopt`
+    assert subprocess.run(python_m, capture_output=True, env=env, cwd=tmp_path, timeout=120).returncode == 0
+
+
 def test_stdout_full_or_closed(work):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     argv = [sys.executable, "-m", "treeopt", "build", "--accuracy", "acc.json", "--nodes", "4"]
@@ -457,6 +488,27 @@ def test_duplicate_json_keys_are_refused_not_silently_kept_last(work, capsys):
 )
 def test_implausible_options_are_one_line(work, capsys, argv, words):
     refused(argv.format(long="x" * 300), capsys, words)
+
+
+@pytest.mark.parametrize(
+    "option, words",
+    [
+        ("--num-heads 1000000", "--num-heads: must be at most 64"),
+        ("--head-layers 100000", "--head-layers: must be at most 64"),
+    ],
+)
+def test_draft_heads_beyond_any_drafter_are_one_line(work, capsys, option, words):
+    """A million heads priced every speculative step at hours and wrote the profile, exit 0."""
+    (work / "steps.csv").write_text("batch,context,tokens,step_ms\n1,128,1,10\n4,512,1,12\n8,1024,1,15\n")
+    before = snapshot(work)
+    refused(f"hw fit --model llama-7b --hardware a100 --measurements steps.csv {option} -o fit.json", capsys, words)
+    refused(f"roofline speedup --model llama-7b --hardware a100 --accuracy acc.json --batch 1 {option}", capsys, words)
+    assert snapshot(work) == before
+    from roofline.shapes import DraftHeadsShape
+
+    with pytest.raises(UserError, match="'num_heads' is 1000000, beyond any drafter's"):
+        DraftHeadsShape(1_000_000, 1, 4096, 32000)  # the library refuses what the API passes on too
+    DraftHeadsShape(64, 64, 4096, 32000)  # the largest accepted
 
 
 def test_mix_weights_near_the_float_maximum_stay_finite():

@@ -35,6 +35,13 @@ DRAFTER_NAMES = ("medusa", "hydra", "mlp-speculator", "eagle3", "eagle")
 EAGLE_KINDS = ("eagle3", "eagle")
 #: depths an EAGLE draft is charged for by default (calibration.drafters.eagle's default)
 EAGLE_DEFAULT_DEPTH = 8
+
+#: the most draft heads anything takes: Medusa trains 5, published drafters at most 10; 64 is far
+#: beyond any and keeps a cost grid's size bounded (a million heads priced a step of hours)
+MAX_HEADS = 64
+#: the most ResBlocks per head: Medusa's heads have 1 (Cai et al. 2024, arXiv:2401.10774, sec. 2.1.1);
+#: 64 is far beyond any drafter's
+MAX_HEAD_LAYERS = 64
 MLP_SPECULATOR_TYPE = "mlp_speculator"
 HYDRA_ARCHS = ("mlp", "prefix-mlp")
 

@@ -25,6 +25,7 @@ from treeopt.app.random_weights import check_random_bench, load_random, random_m
 from treeopt.cli.acceptance_cmds import engine_import
 from treeopt.cli.options import DRAFTER_OPTION, AtLeast, dtype_option, random_weights_option
 from treeopt.cli.safety import check_outputs, input_files
+from treeopt.drafter_cost import MAX_HEADS
 from treeopt.errors import UserError
 from treeopt.export import text_table
 from treeopt.layout import default_heads_dir
@@ -71,7 +72,7 @@ _RUN_OPTIONS = (
 @DRAFTER_OPTION
 @click.option(
     "--num-heads",
-    type=AtLeast(1),
+    type=AtLeast(1, MAX_HEADS),
     default=None,
     metavar="K",
     help="Use this many of the Medusa heads the weights hold [default: the heads config's medusa_num_heads].",
@@ -379,7 +380,7 @@ def _summary(table, headline: str) -> None:
 )
 @click.option(
     "--num-heads",
-    type=AtLeast(1),
+    type=AtLeast(1, MAX_HEADS),
     default=None,
     metavar="K",
     help=f"With --random-weights: the random drafter's heads [default: {RANDOM_DRAFT_HEADS}].",

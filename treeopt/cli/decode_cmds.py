@@ -21,6 +21,7 @@ from calibration.static_steps import uses_static
 from calibration.threads import torch_threads
 from treeopt.app.random_weights import check_random_bench, load_random, random_model
 from treeopt.cli.options import DRAFTER_OPTION, TOPK, AtLeast, FiniteAtLeast, dtype_option, random_weights_option
+from treeopt.drafter_cost import MAX_HEADS
 from treeopt.errors import UserError
 from treeopt.tree import load_tree
 
@@ -49,7 +50,7 @@ def _note(msg: str) -> None:
 @click.option(
     "--num-heads",
     metavar="K",
-    type=AtLeast(1),
+    type=AtLeast(1, MAX_HEADS),
     default=None,
     help="Use this many of the Medusa heads the weights hold [default: the heads config's medusa_num_heads].",
 )

@@ -26,6 +26,7 @@ from treeopt.cli.roofline_options import (
     MODEL_OPTIONS,
 )
 from treeopt.cli.safety import check_outputs, input_files, require_file
+from treeopt.drafter_cost import MAX_HEAD_LAYERS, MAX_HEADS
 from treeopt.errors import UserError
 from treeopt.export import text_table
 from treeopt.fileio import dumps
@@ -306,14 +307,14 @@ def _echo_preset_sources() -> None:
 @click.option(
     "--num-heads",
     "num_heads",
-    type=AtLeast(0),
+    type=AtLeast(0, MAX_HEADS),
     default=0,
     show_default=True,
     metavar="K",
     help="Draft heads whose operators the prediction of a speculative step includes (0: the drafting "
     "cost is left to the fitted engine terms). Use the same value wherever the profile is used.",
 )
-@click.option("--head-layers", type=AtLeast(0), default=None, help="ResBlocks per head [default: 1].")
+@click.option("--head-layers", type=AtLeast(0, MAX_HEAD_LAYERS), default=None, help="ResBlocks per head [default: 1].")
 @click.option("--attention", type=click.Choice(["fused", "unfused"]), default="fused", show_default=True)
 @click.option("--name", default=None, help="Profile name [default: BASE-fitted].")
 @click.option("-o", "--out", "out", required=True, type=click.Path(dir_okay=False), help="Profile JSON to write.")

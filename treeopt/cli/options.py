@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 
+from treeopt.drafter_cost import MAX_HEADS
 from treeopt.stats import DEFAULT_TOLERANCE, MIN_ROUNDS
 
 #: the largest integer any option takes: counts and sizes become numpy int64 arrays, and a
@@ -62,9 +63,6 @@ class FiniteAtLeast(click.ParamType):
 #: --topk: candidates per head index a vocabulary (treeopt.tree.MAX_RANK)
 TOPK = AtLeast(1, maximum=2**31)
 
-#: the most draft heads any option takes: Medusa trains 5, published drafters at most 10; 64 is far
-#: beyond any and keeps a cost grid's size bounded
-MAX_HEADS = 64
 
 #: the most paired rounds a sweep takes per configuration: 10,000 rounds of a 1 ms step already
 #: take ten seconds per configuration

@@ -42,6 +42,7 @@ from treeopt.cli.roofline_options import (
 )
 from treeopt.cli.safety import check_outputs, input_files, require_file
 from treeopt.cli.tree_cmds import echo_notes
+from treeopt.drafter_cost import MAX_HEAD_LAYERS, MAX_HEADS
 from treeopt.engines import ENGINE_NAMES, get_engine
 from treeopt.errors import UserError
 from treeopt.export import text_table
@@ -461,13 +462,13 @@ def report_cmd(
 @click.option(
     "--num-heads",
     "num_heads",
-    type=AtLeast(0),
+    type=AtLeast(0, MAX_HEADS),
     default=0,
     show_default=True,
     metavar="K",
     help="Draft heads a speculative step runs (the value the profile was fitted with).",
 )
-@click.option("--head-layers", type=AtLeast(0), default=None, help="ResBlocks per head [default: 1].")
+@click.option("--head-layers", type=AtLeast(0, MAX_HEAD_LAYERS), default=None, help="ResBlocks per head [default: 1].")
 @click.option("--attention", type=click.Choice(["fused", "unfused"]), default="fused", show_default=True)
 @click.option(
     "-o",

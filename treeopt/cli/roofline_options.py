@@ -9,7 +9,7 @@ from roofline.engine_presets import FAMILIES
 from roofline.grid import DEFAULT_BATCHES, DEFAULT_CONTEXTS
 from roofline.hardware import VERIFICATION_MODES
 from treeopt.cli.options import AtLeast, HeadsCount, IntList
-from treeopt.drafter_cost import DRAFTER_NAMES
+from treeopt.drafter_cost import DRAFTER_NAMES, MAX_HEAD_LAYERS, MAX_HEADS
 from treeopt.engines import ENGINE_NAMES
 from treeopt.errors import UserError
 
@@ -57,13 +57,15 @@ HEADS_OPTIONS = [
     click.option(
         "--num-heads",
         "num_heads",
-        type=AtLeast(0),
+        type=AtLeast(0, MAX_HEADS),
         default=None,
         metavar="K",
         help="Number of draft heads K [default: the accuracy table's, else the Medusa heads config "
         "next to the model, else 5]; 0 = none.",
     ),
-    click.option("--head-layers", type=AtLeast(0), default=None, help="ResBlocks per head [default: 1]."),
+    click.option(
+        "--head-layers", type=AtLeast(0, MAX_HEAD_LAYERS), default=None, help="ResBlocks per head [default: 1]."
+    ),
     click.option(
         "--head-tokens",
         type=AtLeast(1),

@@ -15,6 +15,7 @@ from treeopt.accuracy import expected_tokens, load_accuracy, node_values, unmeas
 from treeopt.build import METHODS, build_tree
 from treeopt.cli.options import OLD_HEADS_OPTION, TOPK, AtLeast
 from treeopt.cli.safety import check_outputs, input_files
+from treeopt.drafter_cost import MAX_HEADS
 from treeopt.engines import ENGINE_NAMES, check, get_engine
 from treeopt.errors import UserError
 from treeopt.export import FORMATS, compact_json, draw_tree, format_tree, text_table
@@ -175,7 +176,7 @@ def _display_name(name: str, width: int = 28) -> str:
     "--num-heads",
     "engine_heads",
     metavar="K",
-    type=AtLeast(1),
+    type=AtLeast(1, MAX_HEADS),
     default=None,
     help="With --engine: the draft heads the engine runs [default: the table's].",
 )
@@ -274,7 +275,7 @@ def _export_given_tree(tree_spec, accuracy_path, csv_model, nodes, fmt, output):
 @click.option("--accuracy", "accuracy_path", metavar="FILE", help="Accuracy table for node values and tau.")
 @click.option("--csv-model", metavar="NAME", help="Row set of a multi-model CSV.")
 @click.option("--topk", metavar="K", type=TOPK, help="Check ranks against this candidate width.")
-@click.option("--num-heads", metavar="K", type=AtLeast(1), help="Check depth against this number of heads.")
+@click.option("--num-heads", metavar="K", type=AtLeast(1, MAX_HEADS), help="Check depth against this number of heads.")
 @click.option("--json", "as_json", is_flag=True, help="Statistics as JSON.")
 def show_cmd(tree_spec, accuracy_path, csv_model, topk, num_heads, as_json):
     """Draw TREE (a reference name such as mc_sim_7b_63, a JSON file, or a list literal) with
@@ -452,7 +453,7 @@ def _compare_row(tree: Tree, table, target) -> dict:
     "--num-heads",
     "engine_heads",
     metavar="K",
-    type=AtLeast(1),
+    type=AtLeast(1, MAX_HEADS),
     default=None,
     help="Draft heads the engine runs [default: the table's, else unbounded].",
 )
