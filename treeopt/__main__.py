@@ -12,6 +12,7 @@ import sys
 
 def main() -> None:
     try:
+        # here, not at the top, so that a Ctrl-C during these imports meets the handler below
         from treeopt.cli import main as command_line
     except KeyboardInterrupt:  # pressed while the command line imports
         print("treeopt: interrupted", file=sys.stderr)
