@@ -49,6 +49,7 @@ from calibration.model_calls import (
     prompt_mask,
     uses_gqa,
 )
+from calibration.split_attention import attention_path, split_block
 from calibration.static_steps import DEFAULT_BUCKET, StepRunner, graphs_enabled, static_window, step_mode, uses_static
 from calibration.tree_drafting import MedusaDrafting, SequentialDrafting
 from calibration.verification import GREEDY, AcceptanceRule, Accepted, CandidateVerifier, TreeVerifier, Verified
@@ -105,6 +106,11 @@ class TreeDecoder:
     on CUDA, with True, and with None (the default) on CUDA only; else the eager forward over
     the filled slots only.
     `bucket`: the static attention window's granularity in slots.
+    `attention`: how the verification forward attends (docs/decoder.md#split-verification-attention):
+    "split" (the cached prefix without a per-query mask, the step's block under its tree mask,
+    merged by log-sum-exp) or "masked" (one sdpa call under the whole mask); None: split on
+    CUDA, masked elsewhere. `self.attention` is the path that runs ("masked" where the model
+    does not attend through sdpa).
     """
 
     def __init__(
@@ -118,8 +124,10 @@ class TreeDecoder:
         verification: str = "tree",
         graphs: bool | None = None,
         bucket: int = DEFAULT_BUCKET,
+        attention: str | None = None,
     ):
         _check_arguments(model, heads, tree, topk, verification)
+        attention = attention_path(model, attention, model_device(model))
         buf = tree_buffers(tree, topk)  # validates ranks < topk
         self.model, self.heads, self.tree, self.topk, self.timing = model, heads, tree, topk, timing
         self.device = model_device(model)
@@ -131,10 +139,12 @@ class TreeDecoder:
         # an EAGLE draft reads the auxiliary layers the static step does not return: eager
         self.eagle = hasattr(heads, "read_context")
         self.steps = "eager" if self.eagle else step_mode(graphs, self.device)
+        self.attention = attention
+        self.split = self.attention == "split"
         self.runner = None
         if uses_static(graphs, self.device) and not self.eagle:
             capture = graphs_enabled(graphs, self.device)
-            self.runner = StepRunner(model, force_gqa=self.force_gqa, graphs=capture, bucket=bucket)
+            self.runner = StepRunner(model, force_gqa=self.force_gqa, graphs=capture, bucket=bucket, split=self.split)
         form = TreeVerifier if verification == "tree" else CandidateVerifier
         self.verifier = form(buf, self._forward, self.dtype, self.device)
         self._range = torch.arange(self.q, device=self.device)  # `_iota`'s source
@@ -155,14 +165,14 @@ class TreeDecoder:
         `cache` (in static shapes unless `graphs` is False); an EAGLE draft's features (b, q, F)
         in place of the hidden states."""
         if self.eagle:
-            with force_sdpa_gqa(self.force_gqa):
+            with force_sdpa_gqa(self.force_gqa), split_block(self.model, None, self.split):
                 last, features = model_forward_features(
                     self.model, self.heads, tokens, attention_mask=mask, position_ids=positions, cache=cache
                 )
             return lm_head(self.model, last), features
         if self.runner is not None:
             return self.runner(cache, tokens, mask, positions)
-        with force_sdpa_gqa(self.force_gqa):
+        with force_sdpa_gqa(self.force_gqa), split_block(self.model, None, self.split):
             hidden = model_forward_hidden(self.model, tokens, attention_mask=mask, position_ids=positions, cache=cache)
         return lm_head(self.model, hidden), hidden
 

@@ -211,9 +211,10 @@ class SpeculativeDecoder:
     empty tree is plain decoding). Temperature 0: greedy, lossless; > 0: rejection sampling,
     the target's distribution (module doc)."""
 
-    def __init__(self, target, drafter, tree: Tree, *, timing: bool = True):
+    def __init__(self, target, drafter, tree: Tree, *, timing: bool = True, attention: str | None = None):
         topk = 1 + max((p[-1] for p in tree.paths), default=0)
-        self.td = TreeDecoder(target, drafter, tree, topk=topk, timing=timing)
+        # `attention`: the target's verification attention (`TreeDecoder`'s)
+        self.td = TreeDecoder(target, drafter, tree, topk=topk, timing=timing, attention=attention)
         self.drafter, self.tree, self.timing = drafter, tree, timing
         self.device, self.q = self.td.device, self.td.q
         self.draft_model = drafter.model

@@ -30,6 +30,7 @@ import torch
 
 from calibration.kv_cache import KVCache
 from calibration.model_calls import force_sdpa_gqa, lm_head, model_forward_hidden
+from calibration.split_attention import split_block
 
 __all__ = [
     "CAPTURE_FAILURES",
@@ -160,10 +161,13 @@ class StepRunner:
     window is exactly filled + q, as the sweep's fixed cells want). On CUDA the returned
     tensors are the graph's outputs, valid until the next call of the same shape.
     `staging_s` lists the seconds each call spent copying its inputs in (decoder work, not
-    model work)."""
+    model work). `split`: attend through the prefix/block split (`calibration.split_attention`),
+    else the masked sdpa path."""
 
-    def __init__(self, model, *, force_gqa: bool = False, graphs: bool = False, bucket: int = DEFAULT_BUCKET):
-        self.model, self.force_gqa, self.bucket = model, force_gqa, int(bucket)
+    def __init__(
+        self, model, *, force_gqa: bool = False, graphs: bool = False, bucket: int = DEFAULT_BUCKET, split: bool = False
+    ):
+        self.model, self.force_gqa, self.bucket, self.split = model, force_gqa, int(bucket), bool(split)
         self.graphs = bool(graphs)
         self.notes: list[str] = []
         self.staging_s: list[float] = []
@@ -174,7 +178,7 @@ class StepRunner:
         b, q = tokens.shape
         if not isinstance(cache, KVCache) or cache.buffer is None:
             # another Cache class, or nothing cached yet (the eager forward allocates the buffer)
-            with force_sdpa_gqa(self.force_gqa):
+            with force_sdpa_gqa(self.force_gqa), split_block(self.model, None, self.split):
                 hidden = model_forward_hidden(
                     self.model, tokens, attention_mask=mask, position_ids=positions, cache=cache
                 )
@@ -208,7 +212,11 @@ class StepRunner:
             cache = step.cache
             cache.static_write = (inputs.write, window)
             try:
-                with torch.inference_mode(), force_sdpa_gqa(self.force_gqa):
+                with (
+                    torch.inference_mode(),
+                    force_sdpa_gqa(self.force_gqa),
+                    split_block(self.model, inputs.write, self.split),
+                ):
                     hidden = model_forward_hidden(
                         self.model,
                         inputs.tokens,

@@ -87,6 +87,7 @@ def step_bench(
     seed: int = 0,
     verification: str = "tree",
     graphs: bool | None = None,
+    attention: str | None = None,
 ) -> StepBench:
     """Build the cache of `context` random tokens for `batch` sequences and one closure per
     tree size (0 first) running exactly one decoding step's model work in the `verification`
@@ -95,7 +96,8 @@ def step_bench(
     `graphs` (docs/decoder.md#static-shape-steps): True (and None on CUDA), every step's
     forward in static shapes over exactly the context and its new tokens (window = context +
     q), captured once per (batch, context, size) and replayed on CUDA; else the eager forward
-    (the plain step through the library's 2D-mask path)."""
+    (the plain step through the library's 2D-mask path). `attention`: the verification
+    attention (`TreeDecoder`'s; docs/decoder.md#split-verification-attention)."""
     sizes = sorted(set(int(n) for n in sizes) | {0})
     model, heads, device = lm.model, lm.heads, lm.device
     vocab = heads.vocab_size
@@ -103,7 +105,7 @@ def step_bench(
     context_ids = torch.randint(0, vocab, (batch, context), generator=gen).to(device)
     check_form(heads, verification)
     if getattr(heads, "kind", "") == "draft-model":
-        return _draft_model_bench(lm, proposal, sizes, context_ids, graphs)
+        return _draft_model_bench(lm, proposal, sizes, context_ids, graphs, attention)
     cache = new_cache(model, capacity=context + max(sizes) + 1)
     with torch.inference_mode():
         model_forward_hidden(
@@ -117,53 +119,53 @@ def step_bench(
     positions = torch.full((batch,), context, dtype=torch.long, device=device)
     sync = synchronizer(device)
     bench = StepBench(sizes, [], cache, context_ids, valid, positions)
+    options = {"topk": topk, "verification": verification, "graphs": graphs, "attention": attention}
     for n in sizes:
         if n == 0:
-            token = torch.randint(0, vocab, (batch, 1), generator=gen).to(device)
-            mask = torch.ones(batch, context + 1, dtype=torch.long, device=device)
-            pos = positions[:, None]
-            if uses_static(graphs, device):
-                # the plain step in static shapes: its forward and lm_head, as plain_step_forward
-                runner = bench.runners[0] = _plain_runner(model, device, graphs)
-                mask = torch.zeros((batch, 1, 1, context + 1), dtype=cache.buffer.dtype, device=device)
+            _add_plain_step(bench, model, heads, torch.randint(0, vocab, (batch, 1), generator=gen), graphs, sync)
+            continue
+        decoder = TreeDecoder(model, heads, proposal.prefix(n), timing=False, bucket=1, **options)
+        tokens = torch.randint(0, vocab, (batch, n + 1), generator=gen).to(device)
 
-                def plain(token=token, mask=mask, pos=pos, runner=runner):
-                    runner(cache, token, mask, pos)
-                    cache.crop(-1)
-                    sync()
-            else:
+        def tree_step(decoder=decoder, tokens=tokens):
+            decoder.verify_forward(cache, tokens, valid, positions)
+            cache.crop(-decoder.verify_appends)
+            sync()
 
-                def plain(token=token, mask=mask, pos=pos):
-                    plain_step_forward(model, heads, cache, token, mask, pos, num_heads=0)
-                    cache.crop(-1)
-                    sync()
-
-            bench.inputs[0] = token
-            bench.fns.append(plain)
-        else:
-            decoder = TreeDecoder(
-                model,
-                heads,
-                proposal.prefix(n),
-                topk=topk,
-                timing=False,
-                verification=verification,
-                graphs=graphs,
-                bucket=1,
-            )
-            tokens = torch.randint(0, vocab, (batch, n + 1), generator=gen).to(device)
-
-            def tree_step(decoder=decoder, tokens=tokens):
-                decoder.verify_forward(cache, tokens, valid, positions)
-                cache.crop(-decoder.verify_appends)
-                sync()
-
-            bench.inputs[n] = tokens
-            bench.decoders[n] = decoder
-            if decoder.runner is not None:
-                bench.runners[n] = decoder.runner
-            bench.fns.append(tree_step)
+        bench.inputs[n] = tokens
+        bench.decoders[n] = decoder
+        if decoder.runner is not None:
+            bench.runners[n] = decoder.runner
+        bench.fns.append(tree_step)
     return bench
+
+
+def _add_plain_step(bench: StepBench, model, heads, token: torch.Tensor, graphs: bool | None, sync) -> None:
+    """The plain step (one token's forward and the lm_head on `bench`'s cache, cropped back)
+    as `bench`'s first closure: in static shapes where `graphs` says, else the library's
+    2D-mask path (`plain_step_forward`)."""
+    cache, device = bench.cache, bench.context_ids.device
+    batch, context = bench.context_ids.shape
+    token, pos = token.to(device), bench.positions[:, None]
+    mask = torch.ones(batch, context + 1, dtype=torch.long, device=device)
+    if uses_static(graphs, device):
+        # the plain step in static shapes: its forward and lm_head, as plain_step_forward
+        runner = bench.runners[0] = _plain_runner(model, device, graphs)
+        mask = torch.zeros((batch, 1, 1, context + 1), dtype=cache.buffer.dtype, device=device)
+
+        def plain():
+            runner(cache, token, mask, pos)
+            cache.crop(-1)
+            sync()
+    else:
+
+        def plain():
+            plain_step_forward(model, heads, cache, token, mask, pos, num_heads=0)
+            cache.crop(-1)
+            sync()
+
+    bench.inputs[0] = token
+    bench.fns.append(plain)
 
 
 def _plain_runner(model, device, graphs: bool | None) -> StepRunner:
@@ -177,7 +179,12 @@ def _plain_runner(model, device, graphs: bool | None) -> StepRunner:
 
 
 def _draft_model_bench(
-    lm, proposal: Tree, sizes: list[int], context_ids: torch.Tensor, graphs: bool | None = None
+    lm,
+    proposal: Tree,
+    sizes: list[int],
+    context_ids: torch.Tensor,
+    graphs: bool | None = None,
+    attention: str | None = None,
 ) -> StepBench:
     """`step_bench` for a draft model: size n > 0 times `SpeculativeDecoder.step_work` (the
     draft's passes over the tree, then the target's verification), size 0 plain decoding; both
@@ -186,7 +193,9 @@ def _draft_model_bench(
     batch, context = context_ids.shape
     device = lm.device
     sync = synchronizer(device)
-    decoders = {n: SpeculativeDecoder(lm.model, lm.heads, proposal.prefix(n), timing=False) for n in sizes}
+    decoders = {
+        n: SpeculativeDecoder(lm.model, lm.heads, proposal.prefix(n), timing=False, attention=attention) for n in sizes
+    }
     if not uses_static(graphs, device):
         for decoder in decoders.values():
             decoder.td.runner = None  # the eager forward (TreeDecoder._forward)

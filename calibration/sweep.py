@@ -54,6 +54,7 @@ from tqdm import tqdm
 
 from calibration.device_memory import check_bench_fits
 from calibration.end_to_end import left_padding, measure_end_to_end, prompt_batches, token_batches
+from calibration.split_attention import attention_path
 from calibration.static_steps import step_mode
 from calibration.step_bench import StepBench, check_form, effective_sizes, step_bench
 from treeopt.dtypes import torch_dtype_name
@@ -127,6 +128,15 @@ class SweepSettings:
     # captured as CUDA graphs on CUDA; None the same on CUDA, eager elsewhere; False the eager
     # forward (`--no-graphs`)
     graphs: bool | None = None
+    # the verification attention (docs/decoder.md#split-verification-attention): "split",
+    # "masked", None the device's default (`--attention`)
+    attention: str | None = None
+
+    @property
+    def step_options(self) -> dict:
+        """How the timed steps run: `step_bench`'s keywords."""
+        keys = ("topk", "seed", "verification", "graphs", "attention")
+        return {key: getattr(self, key) for key in keys}
 
     @property
     def looks(self) -> int:
@@ -214,11 +224,8 @@ def measure_group(
     *,
     repeats: int,
     warmup: int,
-    topk: int,
-    seed: int,
     budget: GroupBudget | None = None,
-    verification: str = "tree",
-    graphs: bool | None = None,
+    **step_options,
 ) -> list[dict]:
     """Time every size of `sizes` (0 added) for one (batch, context) in paired rounds: one
     row per size with the MEASURED_COLUMNS (and batch, context, nodes), sizes ascending, and
@@ -226,10 +233,10 @@ def measure_group(
 
     A group whose step time falls as the tree grows beyond the noise is measured again with
     fresh rounds (once); sizes still impossible then are marked `unreliable`. With a `budget`,
-    rounds are added until the cell is settled (`_settled`) or the budget is spent."""
-    bench = step_bench(
-        lm, proposal, sizes, batch, context, topk=topk, seed=seed, verification=verification, graphs=graphs
-    )
+    rounds are added until the cell is settled (`_settled`) or the budget is spent.
+    `step_options` (topk, seed, verification, graphs, attention) say how the steps run:
+    `step_bench`'s keywords."""
+    bench = step_bench(lm, proposal, sizes, batch, context, **step_options)
     gc_was_enabled = gc.isenabled()
     gc.disable()  # as timeit does: a collection would land on whichever sample is running
     try:
@@ -237,6 +244,8 @@ def measure_group(
             for fn in bench.fns:
                 for _ in range(warmup):
                     fn()
+
+            seed = step_options.get("seed", 0)
 
             def more(rounds: int, salt: int) -> np.ndarray:
                 return np.asarray(interleaved_rounds(bench.fns, rounds=rounds, seed=seed + salt), dtype=float)
@@ -325,6 +334,7 @@ def _fingerprint(lm, proposal: Tree, sizes: list[int], settings: SweepSettings) 
             "proposal": proposal.to_choices(),
             "verification": settings.verification,
             "steps": step_mode(settings.graphs, lm.device),
+            "attention": attention_path(lm.model, settings.attention, lm.device),
             "measurement": {
                 "sizes": sizes,
                 "repeats": settings.repeats,
@@ -355,8 +365,9 @@ def _read_done(out_csv: Path, mpath: Path, fingerprint: dict, sizes: list[int]) 
     if not isinstance(old, dict) or old.get("format") != SWEEP_FORMAT:
         raise UserError(f"{mpath}: not a treeopt sweep metadata file; cannot resume")
     # a sweep written before the fields existed measured the tree form of a checkpoint
-    # and ran its steps eagerly
-    diff = setting_differences({"verification": "tree", "weights": "checkpoint", "steps": "eager", **old}, fingerprint)
+    # and ran its steps eagerly through the masked attention
+    before = {"verification": "tree", "weights": "checkpoint", "steps": "eager", "attention": "masked"}
+    diff = setting_differences({**before, **old}, fingerprint)
     if diff:
         raise UserError(
             f"{out_csv}: was measured with other settings ({'; '.join(diff)}); cannot resume "
@@ -627,11 +638,8 @@ def run_sweep(
                 s,
                 repeats=settings.repeats,
                 warmup=settings.warmup,
-                topk=settings.topk,
-                seed=settings.seed,
                 budget=budget,
-                verification=settings.verification,
-                graphs=settings.graphs,
+                **settings.step_options,
             )
             sweep.add_group(b, s, rows)
             _release_group_memory(lm.device)

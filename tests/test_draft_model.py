@@ -279,10 +279,12 @@ def test_greedy_is_lossless(pair, tree):
     mask[2, :6] = 0
     for rows in (slice(0, 1), slice(0, 3)):
         ref = greedy_decode(target, ids[rows], mask[rows], max_new_tokens=24)
+        # the ragged batch verifies through the split attention (docs/decoder.md#split-verification-attention)
+        attention = "split" if rows.stop > 1 else None
         for draft in (close, small):
-            out = SpeculativeDecoder(target, DraftModel(draft), make_tree(tree)).generate(
-                ids[rows], mask[rows], max_new_tokens=24
-            )
+            decoder = SpeculativeDecoder(target, DraftModel(draft), make_tree(tree), attention=attention)
+            assert decoder.td.attention == (attention or "masked")
+            out = decoder.generate(ids[rows], mask[rows], max_new_tokens=24)
             assert out.tokens == ref
             assert out.emitted.sum(0).tolist() == [len(t) - 1 for t in ref]
     accepted = (

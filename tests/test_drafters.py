@@ -297,10 +297,14 @@ def test_greedy_tree_decoding_is_lossless_with_every_drafter(tiny, drafter, leng
         rows = [ids[i][mask[i].bool()].tolist() + reference[i] for i in range(len(lengths))]
         heads = OracleDrafter(oracle_table(rows), 4)
     longest = 0
+    # the ragged batch verifies through the split attention (docs/decoder.md#split-verification-attention)
+    attention = "split" if len(lengths) > 1 else None
     for paths in TREES:
         tree = make_tree(paths)
-        result = TreeDecoder(lm.model, heads, tree, topk=4, timing=False).generate(ids, mask, max_new_tokens=24)
+        decoder = TreeDecoder(lm.model, heads, tree, topk=4, timing=False, attention=attention)
+        result = decoder.generate(ids, mask, max_new_tokens=24)
         assert result.tokens == reference, (drafter, paths)
+        assert decoder.attention == (attention or "masked")
         longest = max(longest, int(result.accepted.max()))
     if drafter == "oracle":
         assert longest >= 4  # the oracle makes deep acceptance (and KV pruning) happen

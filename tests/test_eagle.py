@@ -450,11 +450,13 @@ def test_greedy_decoding_with_an_eagle3_draft_is_lossless(tiny, lengths):
     ids, mask = prompts(lengths, seed=len(lengths))
     lm = load_model(str(tiny), device="cpu", dtype="float32", drafter="eagle3")
     reference = greedy_decode(lm.model, ids, mask, max_new_tokens=20)
+    # the ragged batch verifies through the split attention (docs/decoder.md#split-verification-attention)
+    attention = "split" if len(lengths) > 1 else None
     for paths in TREES:
-        result = TreeDecoder(lm.model, lm.heads, make_tree(paths), topk=4, timing=False).generate(
-            ids, mask, max_new_tokens=20
-        )
+        decoder = TreeDecoder(lm.model, lm.heads, make_tree(paths), topk=4, timing=False, attention=attention)
+        result = decoder.generate(ids, mask, max_new_tokens=20)
         assert result.tokens == reference, paths
+        assert decoder.attention == (attention or "masked")
 
 
 def test_the_draft_cache_holds_every_pair_of_the_sequence_so_far(tiny):

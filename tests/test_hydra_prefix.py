@@ -338,10 +338,15 @@ def test_greedy_decoding_with_prefix_heads_is_lossless(tiny, lengths, verificati
     ids, mask = prompts(lengths, seed=len(lengths))
     lm = load_model(str(path), device="cpu", dtype="float32", drafter="hydra")
     reference = greedy_decode(lm.model, ids, mask, max_new_tokens=24)
+    # the ragged batch verifies through the split attention (docs/decoder.md#split-verification-attention)
+    attention = "split" if len(lengths) > 1 else None
     for paths in TREES:
-        decoder = TreeDecoder(lm.model, lm.heads, make_tree(paths), topk=4, timing=False, verification=verification)
+        decoder = TreeDecoder(
+            lm.model, lm.heads, make_tree(paths), topk=4, timing=False, verification=verification, attention=attention
+        )
         result = decoder.generate(ids, mask, max_new_tokens=24)
         assert result.tokens == reference, paths
+        assert decoder.attention == (attention or "masked")
 
 
 class OraclePrefixHeads(HydraHeads):

@@ -2561,6 +2561,57 @@ MUTANTS = (
         "the ideal terms are applied over the preset's fitted ones: every preset prices as the ideal engine",
         ("tests/test_engine_presets.py",),
     ),
+    # ---- split verification attention (docs/decoder.md#split-verification-attention)
+    Mutant(
+        "split-tree-mask-off-by-one-level",
+        "calibration/verification.py",
+        "self.tree_mask_add = additive_mask(t(buffers.attention_mask), dtype)[None, None]",
+        "self.tree_mask_add = additive_mask(\n"
+        "            t(buffers.attention_mask & (buffers.depth[:, None] != buffers.depth[None, :] + 1)), dtype\n"
+        "        )[None, None]",
+        "the tree mask off by one level: a node does not see its parent",
+        ("tests/test_split_attention.py",),
+    ),
+    Mutant(
+        "split-block-mask-one-slot-early",
+        "calibration/split_attention.py",
+        "self.prefix_mask, self.block_mask = mask[:, :, :1, :-q], mask[:, :, :, -q:]",
+        "self.prefix_mask, self.block_mask = mask[:, :, :1, :-q], mask[:, :, :, -q - 1 : -1]",
+        "the step block's mask read one slot early (each node's row shifted by one tree slot)",
+        ("tests/test_split_attention.py",),
+    ),
+    Mutant(
+        "split-window-block-mask-off-by-one",
+        "calibration/split_attention.py",
+        "self.block_mask = mask.index_select(-1, self.slots)",
+        "self.block_mask = mask.index_select(-1, self.slots - 1)",
+        "a static window's block mask read at the slots before the step's",
+        ("tests/test_split_attention.py",),
+    ),
+    Mutant(
+        "split-prefix-sees-the-root-slot",
+        "calibration/split_attention.py",
+        "mask[:, :, :1, :].index_fill(-1, self.slots, neg)",
+        "mask[:, :, :1, :].index_fill(-1, self.slots[1:], neg)",
+        "the prefix keeps the root's slot of a static window: every node attends the root twice",
+        ("tests/test_split_attention.py",),
+    ),
+    Mutant(
+        "split-merge-by-max",
+        "calibration/split_attention.py",
+        "lse = torch.logaddexp(lse_p, lse_b)",
+        "lse = torch.maximum(lse_p, lse_b)",
+        "the merge normalises by the larger part's sum only, not by both (log-sum-exp)",
+        ("tests/test_split_attention.py",),
+    ),
+    Mutant(
+        "split-gqa-rows-interleaved",
+        "calibration/split_attention.py",
+        "grouped = query.reshape(b, kv_heads, group * q, d)",
+        "grouped = query.transpose(1, 2).reshape(b, kv_heads, group * q, d)",
+        "the grouped query rows mix heads of different KV heads",
+        ("tests/test_split_attention.py",),
+    ),
     # ---- static-shape verification steps (docs/decoder.md#static-shape-steps)
     Mutant(
         "static-mask-hides-last-slot",

@@ -14,6 +14,7 @@ from calibration.demo import DemoRecipe, train_demo
 from calibration.demo_draft import DraftRecipe, train_demo_draft
 from calibration.demo_files import DEMO_MODEL_DIR
 from calibration.models import load_model
+from calibration.split_attention import ATTENTION_PATHS
 from calibration.sweep import SweepSettings, check_form
 from calibration.threads import torch_threads
 from roofline.hardware import load_hardware
@@ -227,6 +228,14 @@ def check_sweep_size(batches, contexts, sizes) -> None:
     "[default: on CUDA, off elsewhere]; --no-graphs: the eager forward, to compare. Recorded in the sweep's metadata; "
     "a resume keeps the mode (docs/decoder.md#static-shape-steps).",
 )
+@click.option(
+    "--attention",
+    type=click.Choice(ATTENTION_PATHS),
+    default=None,
+    help="How the verification forward attends: split (the cached prefix without a per-query mask, the tree "
+    "block under its mask, merged by log-sum-exp) or masked (one sdpa call under the whole mask) [default: split "
+    "on CUDA, masked elsewhere]. Recorded in the sweep's metadata (docs/decoder.md#split-verification-attention).",
+)
 @click.option("--resume", is_flag=True, help="Keep the (batch, context) groups already in OUTPUT.")
 @click.option("-o", "--output", required=True, metavar="FILE.csv")
 def sweep_cmd(
@@ -253,6 +262,7 @@ def sweep_cmd(
     max_new_tokens,
     topk,
     graphs,
+    attention,
     resume,
     output,
 ):
@@ -283,6 +293,7 @@ def sweep_cmd(
         verification=verification,
         tolerance=tolerance,
         graphs=graphs,
+        attention=attention,
     )
     table, tau = load_tau_curves(accuracy, max(sizes), method=method)
     profile = load_hardware(hardware) if hardware is not None else None
