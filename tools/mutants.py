@@ -570,8 +570,8 @@ MUTANTS = (
     Mutant(
         "ops-unfused-pv-no-scores",
         "roofline/ops.py",
-        "pv_flops, scores + kv_read + b * nh * q * d, att_rows)",
-        "pv_flops, kv_read + b * nh * q * d, att_rows)",
+        "pv_flops, scores + kv_read + out, att_rows)",
+        "pv_flops, kv_read + out, att_rows)",
         "unfused PV does not read the scores back",
         OPS_TESTS,
     ),
@@ -1884,8 +1884,8 @@ MUTANTS = (
     Mutant(
         "prefix-cost-no-norm",
         "roofline/ops.py",
-        'if o.name in LAYER_OPS or o.name == "final_norm"',
-        "if o.name in LAYER_OPS",
+        'if o.name in LAYER_OPS or o.name in MLA_LAYER_OPS or o.name == "final_norm"',
+        "if o.name in LAYER_OPS or o.name in MLA_LAYER_OPS",
         "the prefix layer's final norm is free",
         PREFIX_TESTS,
     ),
