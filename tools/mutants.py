@@ -3067,6 +3067,47 @@ MUTANTS = (
         "a checkpoint lacking a tensor is initialised at random and calibrated",
         ("tests/test_reliability.py::test_a_checkpoint_lacking_a_tensor_is_refused_in_one_line",),
     ),
+    # ---- multi-head latent attention, published step rows, all-reduce latency, timing estimates
+    Mutant(
+        "mla-value-up-projection-dropped",
+        "roofline/shapes.py",
+        "up = self.mla_latent * nh * (self.mla_nope_dim + self.head_dim)",
+        "up = self.mla_latent * nh * self.head_dim",
+        "MLA's latent up-projection without the keys' part: DeepSeek-V3 short of its published 671 B",
+        ("tests/test_moe_tensor_parallel.py",),
+    ),
+    Mutant(
+        "mla-scores-over-the-latent-only",
+        "roofline/ops.py",
+        "qk_flops, pv_flops = 2 * scores * cached, 2 * scores * latent",
+        "qk_flops, pv_flops = 2 * scores * latent, 2 * scores * latent",
+        "MLA's scores priced without the rotary key's 64 dimensions",
+        ("tests/test_moe_tensor_parallel.py",),
+    ),
+    Mutant(
+        "published-chain-step-without-acceptance",
+        "roofline/published_steps.py",
+        "step_ms = float(length) * float(tpot)",
+        "step_ms = float(tpot)",
+        "a chain's step time taken as its time per output token (tokens per step dropped)",
+        ("tests/test_engine_presets.py",),
+    ),
+    Mutant(
+        "sample-size-per-sample-not-per-call",
+        "treeopt/timing.py",
+        "return inner, dt / inner",
+        "return inner, dt",
+        "hw calibrate's estimate priced from a whole sample per call",
+        ("tests/test_timing.py",),
+    ),
+    Mutant(
+        "all-reduce-unsourced-latency",
+        "roofline/hardware.py",
+        "collective_latency_s: float = 5e-6",
+        "collective_latency_s: float = 10e-6",
+        "the all-reduce's fixed latency back at the unsourced 10 us",
+        ("tests/test_moe_tensor_parallel.py",),
+    ),
 )
 
 
