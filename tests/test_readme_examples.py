@@ -104,3 +104,39 @@ def test_the_readme_demo_table_is_the_committed_runs_selection():
         shown = f"{c['speedup']:.2f}× ({c['speedup_lo']:.2f}–{c['speedup_hi']:.2f})"
         assert speedup == shown, (batch, context)
         assert int(rounds) == c["rounds"] and predicted == f"{c['predicted_speedup']:.2f}×"
+
+
+def test_the_readme_demo_validation_numbers_are_the_committed_runs():
+    """The README's sentences on the demo's validation quote reports/demo-cpu's own tables:
+    tokens per step against the walked and joint statistics, agreement with plain decoding,
+    the roofline's step-latency ratio, the tree picked by prediction and the batch-1 fit."""
+    import math
+
+    section = README.split("### What the main job finds on the demo", 1)[1].split("\n## ", 1)[0]
+    text = " ".join(section.split())
+    run = ROOT / "reports" / "demo-cpu"
+    acc = pd.read_csv(run / "validation_acceptance.csv")
+    lat = pd.read_csv(run / "validation_latency.csv")["overhead_error"].abs()
+    sel = pd.read_csv(run / "validation_selection.csv")
+
+    def quoted(pattern: str) -> tuple[str, ...]:
+        found = re.search(pattern, text)
+        assert found, pattern
+        return found.groups()
+
+    assert quoted(r"within ([\d.]+)% of the calibration's statistics walked") == (
+        f"{100 * acc['error_walk'].abs().max():.1f}",
+    )
+    assert quoted(r"overrates big trees by up to ([\d.]+)%") == (f"{100 * acc['error_joint'].max():.1f}",)
+    assert quoted(r"([\d.]+)% of the generated tokens are identical") == (f"{100 * acc['agreement'].min():.1f}",)
+    assert quoted(r"within (\d+)% of measured \(median ([\d.]+)%\) over (\d+) configurations") == (
+        f"{math.ceil(100 * lat.max())}",
+        f"{100 * lat.median():.1f}",
+        f"{len(lat)}",
+    )
+    assert quoted(r"at least ([\d.]+)% of the measured speedup") == (
+        f"{100 * sel['fraction_of_selected'].min():.1f}",
+    )
+    transfer = " ".join((run / "fit_transfer.md").read_text(encoding="utf-8").split())
+    shown = quoted(r"predicts the other batches' T\(n\)/T\(0\) within a median ([\d.]+)% \(worst ([\d.]+)%\)")
+    assert f"off by a median {shown[0]}% (worst {shown[1]}%)" in transfer
