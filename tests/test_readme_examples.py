@@ -134,9 +134,7 @@ def test_the_readme_demo_validation_numbers_are_the_committed_runs():
         f"{100 * lat.median():.1f}",
         f"{len(lat)}",
     )
-    assert quoted(r"at least ([\d.]+)% of the measured speedup") == (
-        f"{100 * sel['fraction_of_selected'].min():.1f}",
-    )
+    assert quoted(r"at least ([\d.]+)% of the measured speedup") == (f"{100 * sel['fraction_of_selected'].min():.1f}",)
     transfer = " ".join((run / "fit_transfer.md").read_text(encoding="utf-8").split())
     shown = quoted(r"predicts the other batches' T\(n\)/T\(0\) within a median ([\d.]+)% \(worst ([\d.]+)%\)")
     assert f"off by a median {shown[0]}% (worst {shown[1]}%)" in transfer
