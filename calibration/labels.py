@@ -114,13 +114,52 @@ def label_ranks(model, heads, sequences, starts, *, pad_id: int = 0, chunk_eleme
         # why: a draft model reads the true prefix itself, in one teacher-forced pass of its own
         # (docs/statistics.md#draft-model-acceptance)
         return heads.label_ranks(sequences, starts, pad_id=pad_id)
-    device = next(model.parameters()).device
     lengths = [len(s) for s in sequences]
     num_heads = heads.num_heads
     seq, t, has = label_rows(lengths, starts, num_heads)
     ranks = np.full(has.shape, -1, np.int64)
     if len(seq) == 0:
         return ranks
+    hidden, ids, pos = drafter_inputs(model, heads, sequences, pad_id=pad_id)
+    device = hidden.device
+    eagle = hasattr(heads, "read_context")
+    width = ids.shape[1]
+    col = (width - np.asarray(lengths, np.int64))[seq] + t  # column of position t
+    vocab = heads.vocab_size
+    if chunk_elements is None:
+        chunk_elements = CHUNK_ELEMENTS["cpu" if device.type == "cpu" else "other"]
+    rows_per_chunk = max(1, chunk_elements // vocab)
+    if getattr(heads, "sequential", False):
+        try:
+            _sequential_ranks(heads, hidden, ids, seq, col, has, ranks, rows_per_chunk, pos)
+        finally:
+            if eagle:
+                heads.set_context(None)
+        return ranks
+    for k in range(num_heads):
+        sel = np.nonzero(has[:, k])[0]
+        if len(sel) == 0:
+            continue
+        b = torch.from_numpy(seq[sel]).to(device)
+        c = torch.from_numpy(col[sel]).to(device)
+        h = hidden[b, c]
+        labels = ids[b, c + k + 2]
+        out = torch.empty(len(sel), dtype=torch.int64, device=device)
+        for i in range(0, len(sel), rows_per_chunk):
+            logits = heads[k](h[i : i + rows_per_chunk])
+            lab = logits.gather(1, labels[i : i + rows_per_chunk, None])
+            out[i : i + rows_per_chunk] = (logits > lab).sum(-1)
+        ranks[sel, k] = out.cpu().numpy()
+    return ranks
+
+
+def drafter_inputs(model, heads, sequences, *, pad_id: int = 0):
+    """What the heads read at every column of the left-padded `sequences`: (hidden (b, W - 2,
+    h) on the heads' device, ids (b, W), positions (b, W - 2)), from one teacher-forced forward
+    of the decoder body. An EAGLE draft's features replace the hidden states and its context
+    (the pairs of every column) is set (`read_context`; the caller clears it); Hydra++'s
+    prefix layer's outputs replace them too."""
+    device = next(model.parameters()).device
     ids, mask, pos = pad_left(sequences, pad_id, device)
     eagle = hasattr(heads, "read_context")
     # Sequences are right-aligned and no head has a label at the last two positions of any
@@ -144,35 +183,7 @@ def label_ranks(model, heads, sequences, starts, *, pad_id: int = 0, chunk_eleme
         # why: Hydra++'s prefix layer reads the whole context causally; its output at t replaces
         # h_t (docs/statistics.md#dependent-drafters; docs/decoder.md#hydra)
         hidden = heads.context_states(hidden, mask[:, :-2].to(device).bool(), pos[:, :-2].to(device))
-    ids = ids.to(device)
-    width = ids.shape[1]
-    col = (width - np.asarray(lengths, np.int64))[seq] + t  # column of position t
-    vocab = heads.vocab_size
-    if chunk_elements is None:
-        chunk_elements = CHUNK_ELEMENTS["cpu" if device.type == "cpu" else "other"]
-    rows_per_chunk = max(1, chunk_elements // vocab)
-    if getattr(heads, "sequential", False):
-        try:
-            _sequential_ranks(heads, hidden, ids, seq, col, has, ranks, rows_per_chunk, pos.to(device))
-        finally:
-            if eagle:
-                heads.set_context(None)
-        return ranks
-    for k in range(num_heads):
-        sel = np.nonzero(has[:, k])[0]
-        if len(sel) == 0:
-            continue
-        b = torch.from_numpy(seq[sel]).to(device)
-        c = torch.from_numpy(col[sel]).to(device)
-        h = hidden[b, c]
-        labels = ids[b, c + k + 2]
-        out = torch.empty(len(sel), dtype=torch.int64, device=device)
-        for i in range(0, len(sel), rows_per_chunk):
-            logits = heads[k](h[i : i + rows_per_chunk])
-            lab = logits.gather(1, labels[i : i + rows_per_chunk, None])
-            out[i : i + rows_per_chunk] = (logits > lab).sum(-1)
-        ranks[sel, k] = out.cpu().numpy()
-    return ranks
+    return hidden, ids.to(device), pos[:, :-2].to(device)
 
 
 def _sequential_ranks(drafter, hidden, ids, seq, col, has, ranks, rows_per_chunk: int, positions) -> None:

@@ -63,6 +63,7 @@ DRAFTER_TESTS = ("tests/test_drafters.py",)
 ENGINE_ACCEPTANCE_TESTS = ("tests/test_engine_acceptance.py",)
 PREFIX_TESTS = ("tests/test_hydra_prefix.py",)
 EAGLE_TESTS = ("tests/test_eagle.py",)
+SGLANG_DYNAMIC_TESTS = ("tests/test_sglang_dynamic.py",)
 DATA_TESTS = ("tests/test_data_formats.py",)
 API_TESTS = ("tests/test_python_api.py",)
 DIST_TESTS = ("tests/test_distributed.py",)
@@ -1799,6 +1800,63 @@ MUTANTS = (
         "fc_in = aux if eagle3 else 2 * h",
         "the roofline charges EAGLE-3's fc at every depth, not the first only",
         ("tests/test_eagle.py::test_roofline_prices_each_depth_as_one_layer_at_the_drafts_width",),
+    ),
+    # ---- SGLang's dynamic EAGLE tree: pool, draft, tau from recorded pools, the decoder
+    Mutant(
+        "sglang-dynamic-scores-not-cumulative",
+        "calibration/sglang_drafting.py",
+        "expanded = (beam_score[:, :, None] * p.view(rows, topk, topk)).reshape(rows, topk * topk)",
+        "expanded = (0 * beam_score[:, :, None] + p.view(rows, topk, topk)).reshape(rows, topk * topk)",
+        "a later step scores a child by its own probability, not the product along its path",
+        SGLANG_DYNAMIC_TESTS,
+    ),
+    Mutant(
+        "sglang-dynamic-beam-state-wrong-parent",
+        "calibration/sglang_drafting.py",
+        "beam_rows = (row_base + best // topk).reshape(-1)",
+        "beam_rows = (row_base + best % topk).reshape(-1)",
+        "a beam drafts its children from another beam's state",
+        SGLANG_DYNAMIC_TESTS,
+    ),
+    Mutant(
+        "sglang-dynamic-path-any-parent",
+        "calibration/sglang_drafting.py",
+        "match = (pool.tokens[:, lo:hi] == labels[:, d, None]) & (pool.parent[:, lo:hi] == cur[:, None])",
+        "match = pool.tokens[:, lo:hi] == labels[:, d, None]",
+        "the recorded path takes the label's token under any beam, not under the path's own node",
+        SGLANG_DYNAMIC_TESTS,
+    ),
+    Mutant(
+        "sglang-dynamic-one-draft-too-many",
+        "treeopt/dynamic_tree.py",
+        "drafted = present & (higher < num_draft_tokens - 1)",
+        "drafted = present & (higher <= num_draft_tokens - 1)",
+        "tau counts num_draft_tokens drafted nodes, the root as one of them forgotten",
+        SGLANG_DYNAMIC_TESTS,
+    ),
+    Mutant(
+        "sglang-dynamic-accepts-past-a-gap",
+        "treeopt/dynamic_tree.py",
+        "return np.cumprod(drafted, axis=1).sum(1)",
+        "return drafted.sum(1)",
+        "a node counts as accepted although a node above it on the path was not drafted",
+        SGLANG_DYNAMIC_TESTS,
+    ),
+    Mutant(
+        "sglang-decoder-accepts-orphans",
+        "calibration/sglang_decoder.py",
+        "accepted = match & accepted.gather(1, self.parent)",
+        "accepted = match | accepted.gather(1, self.parent) & False",
+        "a node the base model agrees with is accepted under a rejected parent",
+        SGLANG_DYNAMIC_TESTS,
+    ),
+    Mutant(
+        "sglang-decoder-mask-parent-only",
+        "calibration/sglang_decoder.py",
+        "cur = parent.gather(1, cur)",
+        "cur = parent",
+        "a drafted node attends to its parent but not to the ancestors above it",
+        SGLANG_DYNAMIC_TESTS,
     ),
     # ---- Hydra++'s prefix layer: its forward, calibration, decoder cache and cost
     Mutant(

@@ -53,6 +53,7 @@ __all__ = [
     "save_rank_vectors",
     "simulate_tokens_per_step",
     "simulated_tau_curve",
+    "walked_tokens_per_step",
 ]
 
 #: the sidecar of ``acc.json`` is ``acc.ranks.npz``
@@ -184,8 +185,14 @@ def simulate_tokens_per_step(ranks, sequence_ids, tree: Tree, *, start_rows: int
     prefill token; their acceptance still sees the labels beyond).
     """
     ranks = _as_ranks(ranks)
-    starts, ends = _blocks(sequence_ids, ranks.shape[0], start_rows)
-    lengths = accepted_lengths(ranks, tree)
+    return walked_tokens_per_step(accepted_lengths(ranks, tree), sequence_ids, start_rows=start_rows)
+
+
+def walked_tokens_per_step(lengths, sequence_ids, *, start_rows: int | None = None) -> tuple[float, int]:
+    """`simulate_tokens_per_step`'s walk over given per-row step lengths (N,) (tokens a step
+    starting at that row produces, >= 1): (mean tokens per step, steps)."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    starts, ends = _blocks(sequence_ids, lengths.shape[0], start_rows)
     ptr, end = starts.copy(), ends
     tokens, steps = 0, 0
     while ptr.size:
