@@ -15,9 +15,11 @@ What is timed, in the model's compute dtype:
    weight copies as the model has (up to 512 MiB) so caches behave as in a forward pass;
    large row counts of large shapes on a column slice (compute bound, so time scales with the
    columns).
-5. scaled_dot_product_attention with a float 4D mask (as tree decoding passes) at q = 1..256
-   over 256 cached tokens, and one-token attention of 8 sequences; the KV-cache update of
-   the decoder's own cache (calibration.kv_cache.new_cache).
+5. The verification attention with the step's float 4D mask, through the path the sweep takes
+   by default on the device (calibration.split_attention), at q = 1..256 over 256 cached
+   tokens, and one-token attention of 8 sequences; on an accelerator also over batch x
+   context (calibration.attention_bench); the KV-cache update of the decoder's own cache
+   (calibration.kv_cache.new_cache).
 6. Forwards of a random transformers LlamaForCausalLM of the probe shape with 1..L layers
    over the decoder's cache, with a 4D mask and explicit position ids (how tree verification
    calls it) at several (layers, b, q, s), and the draft heads (MedusaHeads, the modules the
@@ -51,11 +53,13 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.activations import ACT2FN
 from transformers.models.llama.modeling_llama import LlamaRMSNorm, apply_rotary_pos_emb
 
+from calibration.attention_bench import ATTN_QUERIES, QUICK_ATTN_QUERIES, add_attention
 from calibration.device_info import capacity_bytes, device_name, loadavg
 from calibration.heads import MedusaHeads
 from calibration.kv_cache import new_cache
 from calibration.model_calls import cache_kwargs, synchronizer
 from calibration.models import TORCH_DTYPES
+from calibration.split_attention import default_attention
 from calibration.static_steps import (
     CAPTURE_FAILURES,
     GraphStep,
@@ -66,7 +70,6 @@ from calibration.static_steps import (
     uses_static,
 )
 from treeopt.hwmeasurements import (
-    AttentionSample,
     DeviceFacts,
     ElementwiseSample,
     ForwardSample,
@@ -96,9 +99,6 @@ __all__ = [
 
 GEMM_ROWS = (1, 2, 4, 8, 16, 32, 64, 96, 128, 192, 256, 512, 1024)
 QUICK_GEMM_ROWS = (1, 4, 16, 64, 256, 1024)
-ATTN_QUERIES = (1, 4, 16, 64, 256)
-QUICK_ATTN_QUERIES = (1, 16, 64)
-ATTN_CONTEXT_TOKENS = 256
 # weights cycled through by the GEMM measurements: enough to spill the caches a forward
 # spills (docs/performance-model.md#gemm-row-efficiency)
 GEMM_POOL_BYTES = 512 << 20
@@ -378,7 +378,9 @@ def _prepare(
     wshapes = weight_shapes(model)
     budget_flops = (20e-3 if quick else 40e-3) * pilot_flops
     _add_gemms(bench, timed, keep, dev, tdt, model, wshapes, budget_flops=budget_flops, quick=quick)
-    _add_attention(bench, timed, keep, dev, tdt, model, quick=quick)
+    # the verification attention the sweep's steps take by default on this device
+    attention = default_attention(dev)
+    add_attention(bench, timed, keep, dev, tdt, model, quick=quick, capacity=capacity_bytes(dev), path=attention)
 
     # the framework's forwards: few and more layers of the probe model
     probe_dims = probe or model
@@ -528,31 +530,6 @@ def _add_per_shape_gemms(bench, timed, keep, dev, tdt, wshapes, rows_list, *, bu
                 ),
                 timed(per_shape),
             )
-
-
-def _add_attention(bench, timed, keep, dev, tdt, dims: ModelDims, *, quick: bool) -> None:
-    """Attention with a 4D float mask, as tree verification calls it: q new tokens over 256
-    cached ones for one sequence, and one-token decoding of 8 sequences (whose per-sequence,
-    per-head blocks cost extra on a CPU)."""
-    queries = QUICK_ATTN_QUERIES if quick else ATTN_QUERIES
-    s_ctx = ATTN_CONTEXT_TOKENS
-    nh, nkv, d = dims.heads, dims.kv_heads, dims.head_dim
-    kwargs = {"enable_gqa": True} if nkv != nh else {}
-    for b_att, qn in [(1, qn) for qn in queries] + [(8, 1)]:
-        qt = torch.randn(b_att, nh, qn, d, device=dev, dtype=tdt)
-        kt = torch.randn(b_att, nkv, s_ctx + qn, d, device=dev, dtype=tdt)
-        vt = torch.randn(b_att, nkv, s_ctx + qn, d, device=dev, dtype=tdt)
-        mask = torch.zeros(b_att, 1, qn, s_ctx + qn, device=dev, dtype=tdt)
-        keep.append((qt, kt, vt, mask))
-        bench.add(
-            "attn",
-            lambda st, b_att=b_att, qn=qn: AttentionSample(b_att, qn, s_ctx, st.median_s),
-            timed(
-                lambda qt=qt, kt=kt, vt=vt, mask=mask: F.scaled_dot_product_attention(
-                    qt, kt, vt, attn_mask=mask, **kwargs
-                )
-            ),
-        )
 
 
 def _add_kv_update(bench, timed, keep, dev, tdt, dims: ModelDims, probe_model, *, quick: bool) -> None:

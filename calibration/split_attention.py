@@ -39,6 +39,7 @@ __all__ = [
     "ATTENTION_PATHS",
     "DEFAULT_ATTENTION",
     "default_attention",
+    "run_verification_attention",
     "SPLIT_IMPLEMENTATION",
     "attention_path",
     "attention_with_lse",
@@ -208,6 +209,19 @@ def split_attention_forward(module, query, key, value, attention_mask, dropout=0
     lse = torch.logaddexp(lse_p, lse_b)
     merged = out_p.float() * torch.exp(lse_p - lse)[..., None] + out_b * torch.exp(lse_b - lse)[..., None]
     return merged.to(query.dtype).transpose(1, 2).contiguous(), None
+
+
+def run_verification_attention(path: str, module, query, key, value, mask, scale: float) -> torch.Tensor:
+    """One layer's verification attention through `path` outside a model (the step's q tokens
+    the last q of the keys; `module` carries transformers' `num_key_value_groups`): what
+    `treeopt hw calibrate` times (calibration.attention_bench). Returns (b, q, H, d)."""
+    if path != "split":
+        return sdpa_attention_forward(module, query, key, value, mask, scaling=scale)[0]
+    previous, _ACTIVE[0] = _ACTIVE[0], _Block(None)
+    try:
+        return split_attention_forward(module, query, key, value, mask, scaling=scale)[0]
+    finally:
+        _ACTIVE[0] = previous
 
 
 AttentionInterface.register(SPLIT_IMPLEMENTATION, split_attention_forward)

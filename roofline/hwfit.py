@@ -314,12 +314,17 @@ def attention_efficiency(
     samples: tuple[AttentionSample, ...], shape: ModelShape, *, kernel_s: float, peak: float
 ) -> EfficiencyCurve:
     """Attained attention FLOP/s relative to the GEMM peak by query rows per KV head
-    (q x heads / kv_heads), from the one-sequence samples.
+    (q x heads / kv_heads).
 
     Taken at face value: attention's speed depends on the kernel's code path more than on a
     roof (on a CPU bf16 attention with one query row runs 3-4x slower than with three, and it
     computes in fp32, faster than a bf16 GEMM); its time then scales with the keys and the
-    batch like its FLOPs (docs/performance-model.md#hardware-calibration)."""
+    batch like its FLOPs (docs/performance-model.md#hardware-calibration). Where the samples
+    of a query count span several sizes (keys x sequences, the grid timed on an accelerator),
+    its rate is the slope of time over that size (`fit_line`): a small cell's time is mostly
+    latency, which the per-kernel cost already charges. Else the one-sequence sample's time."""
+    if len({(s.batch, s.context_tokens) for s in samples if s.query_rows == samples[0].query_rows}) > 2:
+        return _attention_efficiency_by_slope(samples, shape, peak)
     one = [s for s in samples if s.batch == 1]
     q = np.array([s.query_rows for s in one], dtype=float)
     t = np.array([s.time_s for s in one], dtype=float)
@@ -330,11 +335,25 @@ def attention_efficiency(
     return EfficiencyCurve(tuple(float(r) for r in rows), tuple(float(v) for v in attained))
 
 
+def _attention_efficiency_by_slope(samples, shape: ModelShape, peak: float) -> EfficiencyCurve:
+    """`attention_efficiency` from the grid: per query count q, seconds per key of one
+    sequence = 1 / rate of t = a + (b (s + q)) / rate; attained = 4 heads q d / (that x peak)."""
+    rows, values = [], []
+    for q in sorted({s.query_rows for s in samples}):
+        cells = [s for s in samples if s.query_rows == q]
+        keys = [s.batch * (s.context_tokens + q) for s in cells]
+        per_key_s = 1.0 / fit_line(keys, [s.time_s for s in cells]).bytes_per_s
+        flops_per_key = 4.0 * shape.heads * q * shape.head_dim
+        rows.append(float(q * shape.heads / shape.kv_heads))
+        values.append(float(np.clip(flops_per_key / (per_key_s * peak), 1e-4, 20.0)))
+    return EfficiencyCurve(tuple(rows), tuple(values))
+
+
 def attention_block_overhead_s(samples: tuple[AttentionSample, ...], shape: ModelShape) -> float:
     """Extra cost per (sequence x head) block of one-token attention for B > 1 sequences beyond
-    B x the one-sequence time: (t_B - B t_1) / (B heads), at least 0."""
+    B x the one-sequence time at the same context: (t_B - B t_1) / (B heads), at least 0."""
     one = next(s for s in samples if s.batch == 1 and s.query_rows == 1)
-    many = next(s for s in samples if s.batch > 1 and s.query_rows == 1)
+    many = next(s for s in samples if s.batch > 1 and s.query_rows == 1 and s.context_tokens == one.context_tokens)
     return max(0.0, (many.time_s - many.batch * one.time_s) / (many.batch * shape.heads))
 
 

@@ -174,6 +174,29 @@ def test_attention_efficiency_recovered_from_known_flops():
     np.testing.assert_allclose(curve.values, list(ATT_EFF.values()), rtol=1e-9)
 
 
+def test_attention_efficiency_from_a_batch_by_context_grid():
+    """An accelerator's grid (calibration.attention_bench): each cell's time a latency of 40 us
+    (far above the per-kernel cost, as a GPU's small attention calls are) plus the keys x
+    sequences at the known efficiency. The slope recovers the efficiency where the face value
+    of the small cell would read it several times too low; the CPU-sized samples alone keep
+    the face value."""
+    latency = 40e-6
+
+    def grid_s(batch, q, s):
+        return latency + 4.0 * batch * 8 * q * (s + q) * 16 / (PEAK * ATT_EFF[q])
+
+    cells = [(1, q, 256) for q in ATT_EFF] + [(8, 1, 256)]
+    cells += [(b, q, s) for q in ATT_EFF for b in (1, 8, 64) for s in (512, 2048, 8192)]
+    samples = tuple(AttentionSample(b, q, s, grid_s(b, q, s)) for b, q, s in cells)
+    curve = attention_efficiency(samples, SHAPE, kernel_s=KERNEL_S, peak=PEAK)
+    assert curve.rows == (4.0, 16.0, 64.0, 256.0)
+    np.testing.assert_allclose(curve.values, list(ATT_EFF.values()), rtol=1e-6)
+    small = tuple(s for s in samples if s.context_tokens == 256)
+    face = attention_efficiency(small, SHAPE, kernel_s=KERNEL_S, peak=PEAK).values
+    assert face[0] < 0.5 * ATT_EFF[1]  # one query row: the latency read as slowness
+    assert close(attention_block_overhead_s(samples, SHAPE), 0.0)  # the grid's b = 8 cells at 512 not mixed in
+
+
 def test_attention_block_overhead_recovered():
     block_s = 3e-7
     t1 = _attention_s(1, 1)
@@ -505,3 +528,21 @@ def test_fit_side_imports_no_torch_and_no_calibration():
         "bad = [m for m in ('torch', 'calibration') if m in sys.modules]; assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_attention_cells_span_batch_by_context_on_an_accelerator_only():
+    """A CPU times the sizes it always did; an accelerator adds the batch x context grid per
+    query count, without the cells whose keys and values pass an eighth of its memory: a
+    7B-like shape (32 KV heads of 128, bf16: 16 KiB per cached token) on an 8 GiB device
+    keeps b (s + q) <= 65,536 tokens."""
+    from calibration.attention_bench import attention_cells
+    from treeopt.hwmeasurements import ModelDims
+
+    dims = ModelDims("7b", 32, 4096, 11008, 32, 32, 128, 32000, "bf16", False, 13_476_000_000)
+    assert attention_cells("cpu", (1, 64), dims, 2, 1e12) == [(1, 1, 256), (1, 64, 256), (8, 1, 256)]
+    big = attention_cells("cuda", (1, 64), dims, 2, 1e12)
+    assert len(big) == 3 + 2 * 9 and (64, 64, 8192) in big
+    small = attention_cells("cuda", (1,), dims, 2, 8 * 2**30)
+    grid = small[2:]
+    assert all(b * (s + q) <= 65536 for b, q, s in grid)
+    assert (8, 1, 8192) not in grid and (64, 1, 512) in grid and (1, 1, 8192) in grid

@@ -170,3 +170,21 @@ def test_the_sweep_records_the_attention_and_a_resume_keeps_it(tiny, tmp_path):
     assert json.loads((tmp_path / "s.meta.json").read_text())["attention"] == "split"
     with pytest.raises(UserError, match="attention"):
         run_sweep(lm, tau, SweepSettings((0, 2), (1,), (5,), repeats=5, warmup=0), out, resume=True, progress=False)
+
+
+def test_the_calibrated_attention_call_is_the_decoders():
+    """`hw calibrate` times `run_verification_attention`: both paths give the definition's
+    attention (the step's q tokens last, causal among themselves)."""
+    from calibration.split_attention import run_verification_attention
+
+    g = torch.Generator().manual_seed(4)
+    b, heads, kv_heads, d, context, q = 2, 4, 2, 8, 11, 5
+    query = torch.randn(b, heads, q, d, generator=g)
+    key, value = (torch.randn(b, kv_heads, context + q, d, generator=g) for _ in range(2))
+    seen = torch.cat([torch.ones(q, context, dtype=torch.bool), torch.ones(q, q, dtype=torch.bool).tril()], -1)
+    mask = torch.where(seen, 0.0, NEG)[None, None].expand(b, 1, q, context + q)
+    want, _ = _definition(query, key, value, mask)
+    module = types.SimpleNamespace(num_key_value_groups=heads // kv_heads, is_causal=True)
+    for path in ("split", "masked"):
+        out = run_verification_attention(path, module, query, key, value, mask, d**-0.5)
+        torch.testing.assert_close(out.double(), want.transpose(1, 2), atol=1e-6, rtol=0)

@@ -2670,6 +2670,30 @@ MUTANTS = (
         "the grouped query rows mix heads of different KV heads",
         ("tests/test_split_attention.py",),
     ),
+    Mutant(
+        "attention-grid-read-at-face-value",
+        "roofline/hwfit.py",
+        "if len({(s.batch, s.context_tokens) for s in samples if s.query_rows == samples[0].query_rows}) > 2:",
+        "if False:",
+        "an accelerator's batch x context grid read at the small cell's face value (latency as slowness)",
+        ("tests/test_hwfit.py",),
+    ),
+    Mutant(
+        "attention-slope-over-one-sequence",
+        "roofline/hwfit.py",
+        "keys = [s.batch * (s.context_tokens + q) for s in cells]",
+        "keys = [s.context_tokens + q for s in cells]",
+        "the grid's slope over the keys of one sequence, not keys x sequences",
+        ("tests/test_hwfit.py",),
+    ),
+    Mutant(
+        "attention-cells-no-memory-cap",
+        "calibration/attention_bench.py",
+        "if b * (s + q) * per_token <= GPU_ATTN_MEMORY_SHARE * capacity_bytes:",
+        "if True:",
+        "the attention grid allocates cells past the device's memory",
+        ("tests/test_hwfit.py",),
+    ),
     # ---- static-shape verification steps (docs/decoder.md#static-shape-steps)
     Mutant(
         "static-mask-hides-last-slot",
