@@ -268,6 +268,7 @@ def select(
     pooled: bool = True,
     model: str | Path | None = None,
     hardware: str | Path | HardwareProfile | None = None,
+    fixed_rounds: bool = True,
 ) -> Selection:
     """The best tree per (batch, context) of a prediction or a measured sweep
     (docs/statistics.md for the measured rule); no tree unless it beats `threshold`. On a
@@ -283,7 +284,13 @@ def select(
     On a sweep, `pooled` adds the evidence of one profile fitted to every cell, as `treeopt run`
     does (docs/statistics.md#pooled-evidence): `model` and `hardware` default to those the
     sweep's metadata names (a built-in profile, or the `hardware.json` of a run folder); where
-    they cannot be found, `selection.pooled.skipped` says what to give."""
+    they cannot be found, `selection.pooled.skipped` says what to give.
+
+    `fixed_rounds` (a sweep's rounds are all there will be): a cell that neither its own rounds
+    nor the pooled fit settle ships the tree of best worst-case paired bound where a tree beats
+    `threshold` at its lower bound (reason "best bound", with the trees it is not shown to be
+    within `tolerance` of; docs/statistics.md#a-sweep-that-cannot-be-measured-again); False
+    leaves such cells "undecided"."""
     if isinstance(source, Sweep):
         chosen = _select_sweep(
             source.frame,
@@ -296,6 +303,7 @@ def select(
             threads=source.meta.get("threads"),
             tolerance=tolerance,
             confidence=sweep_confidence(source.meta),
+            fixed_rounds=fixed_rounds,
         )
         measured = source.meta.get("verification", "tree")
         if verification not in (None, measured):

@@ -26,6 +26,7 @@ from treeopt.errors import UserError
 from treeopt.selection_notes import mark_clamp, missing_prediction_reason, raw_overheads
 from treeopt.selection_text import (
     NOISY_HALF_WIDTH,
+    best_bound_text,
     format_selection,
     format_speedup,
     noise_summary,
@@ -73,6 +74,7 @@ __all__ = [
     "measured_decisions",
     "noise_summary",
     "rounds_needed_text",
+    "best_bound_text",
     "sweep_samples_path",
     "read_round_samples",
     "write_round_samples",
@@ -124,6 +126,7 @@ def measured_decisions(
     samples: dict | None = None,
     tolerance: float = DEFAULT_TOLERANCE,
     confidence: float = CONFIDENCE,
+    fixed_rounds: bool = False,
 ) -> pd.DataFrame:
     """Per (batch, context) the decision on measured speedups (`treeopt.stats.decide_cell`,
     docs/statistics.md#choosing-a-tree-with-intervals): columns batch, context, nodes,
@@ -141,7 +144,7 @@ def measured_decisions(
         cell = df.loc[idx].sort_values("nodes")
         speed = measured.loc[cell.index].to_numpy(dtype=float)
         e2e = (measured_by.loc[cell.index] == "end-to-end").to_numpy()
-        rule = {"threshold": threshold, "tolerance": tolerance, "confidence": confidence}
+        rule = {"threshold": threshold, "tolerance": tolerance, "confidence": confidence, "fixed_rounds": fixed_rounds}
         decided = _decide_measured_cell(cell, speed, e2e, samples.get((int(b), int(s))), **rule)
         rows.append({"batch": int(b), "context": int(s), **decided})
     return pd.DataFrame(rows)
@@ -168,6 +171,7 @@ def _decide_measured_cell(
     threshold: float,
     tolerance: float,
     confidence: float,
+    fixed_rounds: bool,
 ) -> dict:
     """One row of `measured_decisions` but batch and context: `cell` its sweep rows sorted by
     nodes, `speed` their measured speedups, `e2e` where the end-to-end speedup decides, `got`
@@ -193,6 +197,7 @@ def _decide_measured_cell(
         tolerance=tolerance,
         confidence=confidence,
         rounds=rounds,
+        fixed_rounds=fixed_rounds,
     )
     step_speed = cell["speedup"].to_numpy(dtype=float)
     disagree = e2e & np.isfinite(step_lo) & ((speed < step_lo) | (speed > step_hi)) & (nodes > 0)
@@ -213,6 +218,8 @@ def _decide_measured_cell(
         "rounds_needed": decision.rounds_needed,
         "unreliable_nodes": nodes[~reliable].tolist(),
         "disagree_nodes": nodes[disagree].tolist(),
+        "bound": decision.bound,
+        "open_nodes": nodes[list(decision.open_sizes)].tolist(),
     }
 
 
@@ -233,6 +240,7 @@ def select(
     threads: int | None = None,
     tolerance: float = DEFAULT_TOLERANCE,
     confidence: float = CONFIDENCE,
+    fixed_rounds: bool = False,
 ) -> Selection:
     """The selection from a sweep table.
 
@@ -245,7 +253,9 @@ def select(
     prediction stored in the sweep (for hardware you don't have), the argmax (the smallest size
     on ties). Every cell also carries `measured_speedup` and (where the sweep has predictions)
     `predicted_speedup` of the chosen size, side by side, and `measured_by`; measured
-    selections the interval, rounds and reason.
+    selections the interval, rounds and reason. `fixed_rounds`: the sweep is finished, so a
+    cell more rounds could settle is decided on the rounds there are where a tree beats the
+    threshold at its lower bound (reason "best bound", `treeopt.stats.decide_cell`).
     """
     source = source or sweep.attrs.get("source", "sweep")
     threshold, tolerance = _check_rule(by, threshold, tolerance)
@@ -264,7 +274,7 @@ def select(
         grid = _predicted_grid(df, grid, predicted, source)
     else:
         rule = {"threshold": threshold, "tolerance": tolerance, "confidence": confidence}
-        decisions = measured_decisions(df, measured, measured_by, samples=samples, **rule)
+        decisions = measured_decisions(df, measured, measured_by, samples=samples, fixed_rounds=fixed_rounds, **rule)
         grid = _decided_grid(grid, measured, measured_by, decisions)
     chosen = selection_from_grid(grid, proposal, hardware, model, threshold=threshold)
     uses_e2e = bool((measured_by == "end-to-end").any())
@@ -384,6 +394,8 @@ def _with_decisions(
             unreliable_nodes=tuple(d["unreliable_nodes"]),
             plain_slower_nodes=tuple(d["plain_slower_nodes"]),
             step_and_end_to_end_disagree=tuple(d["disagree_nodes"]),
+            bound=_round(d["bound"]) if math.isfinite(d["bound"]) else None,
+            open_nodes=tuple(d["open_nodes"]),
         )
         cell = mark_clamp(cell, d["overhead_measured"])
         out.append(cell)

@@ -3,6 +3,7 @@ phrases the reports share (docs/statistics.md#choosing-a-tree-with-intervals).""
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -18,6 +19,7 @@ __all__ = [
     "format_selection",
     "noise_summary",
     "rounds_needed_text",
+    "best_bound_text",
     "format_pooled",
     "format_mix",
     "selection_summary",
@@ -44,6 +46,8 @@ def _cell_extra(c: SelectionCell) -> str:
         extra += f"  {c.reason}" + (f", {c.rounds} rounds" if c.rounds else "")
         if c.reason == "undecided":
             extra += f" ({rounds_needed_text(c.rounds_needed)})"
+        if c.reason == "best bound":
+            extra += f" ({best_bound_text(c.bound, c.open_nodes)}; {rounds_needed_text(c.rounds_needed)})"
         if c.decided_by:
             extra += f", decided by the {c.decided_by}"
         if c.fit_nodes is not None:
@@ -93,6 +97,16 @@ def noise_summary(sel: Selection) -> list[str]:
             + " (shipped: the best estimate that beats the threshold at its lower bound, else no speculation); "
             "measure again on a quieter machine or with a larger --budget"
         )
+    fixed = [c.key for c in sel.cells if c.reason == "best bound"]
+    if fixed:
+        out.append(
+            "DECIDED ON FIXED ROUNDS: the rounds measured could not settle the answer"
+            + (f" within {rule.tolerance:.0%}" if rule.tolerance is not None else "")
+            + " at "
+            + cells(fixed)
+            + "; shipped there: the tree whose worst paired lower bound against every rival is the highest "
+            "(the trees it is not shown to be as good as are listed per cell); more rounds would settle it"
+        )
     if slow_plain:
         out.append(
             "PLAIN STEP SLOWER: at "
@@ -115,6 +129,17 @@ def rounds_needed_text(need: float | None) -> str:
     if need is None or not np.isfinite(need):
         return "no number of rounds would settle it at this tolerance"
     return f"about {int(need)} rounds would settle it"
+
+
+def best_bound_text(bound: float | None, open_nodes) -> str:
+    """What a cell decided on fixed rounds guarantees (its `bound` and `open_nodes`), in words:
+    no rival is more than 1 / bound - 1 faster at the comparisons' confidence, and which trees it
+    is not shown to be as good as."""
+    faster = 1.0 / bound - 1.0 if bound is not None and bound > 0 else math.nan
+    said = f"no tree more than {faster:.0%} faster" if math.isfinite(faster) else "no bound on the rivals"
+    if open_nodes:
+        said += ", not shown as good as " + ", ".join("no speculation" if n == 0 else f"{n} nodes" for n in open_nodes)
+    return said
 
 
 def format_pooled(sel: Selection) -> str:

@@ -93,6 +93,9 @@ class SelectionCell:
     (docs/statistics.md#choosing-a-tree-with-intervals); predicted_speedup_missing,
     measured_speedup_missing (with overhead_measured), plain_slower_nodes: why a figure is null
     and what the sanity checks flagged (docs/statistics.md#when-the-plain-step-is-the-slow-one);
+    bound, open_nodes: a cell decided on fixed rounds (reason "best bound": the shipped tree's
+    worst paired lower bound against every rival, and the rivals it is not shown to be within
+    the tolerance of; docs/statistics.md#a-sweep-that-cannot-be-measured-again);
     fit_nodes, fit_consistent,
     decided_by: the pooled fit's evidence (docs/statistics.md#pooled-evidence); engine_line:
     the line the selection's engine takes (None for no speculation)."""
@@ -119,6 +122,8 @@ class SelectionCell:
     unreliable_nodes: tuple[int, ...] = ()
     plain_slower_nodes: tuple[int, ...] = ()
     step_and_end_to_end_disagree: tuple[int, ...] = ()
+    bound: float | None = None
+    open_nodes: tuple[int, ...] = ()
     fit_nodes: int | None = None
     fit_consistent: bool | None = None
     decided_by: str | None = None
@@ -138,8 +143,9 @@ _CELL_NUMBERS = (
     "speedup_lo",
     "speedup_hi",
     "overhead_measured",
+    "bound",
 )
-_CELL_LISTS = ("unreliable_nodes", "plain_slower_nodes", "step_and_end_to_end_disagree")
+_CELL_LISTS = ("unreliable_nodes", "plain_slower_nodes", "step_and_end_to_end_disagree", "open_nodes")
 
 
 def _cell_to_json(cell: SelectionCell, engine: bool) -> dict:

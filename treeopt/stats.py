@@ -35,6 +35,7 @@ __all__ = [
     "MIN_ROUNDS",
     "CellDecision",
     "decide_cell",
+    "best_bound_decision",
     "ratio_lower_bounds",
     "sequential_confidence",
     "shipped_confidence",
@@ -56,7 +57,7 @@ DEFAULT_TOLERANCE = 0.05
 # Fewer paired rounds than this and the percentile interval of a median covers far below its
 # stated level (docs/statistics.md#measured-speedup-intervals).
 MIN_ROUNDS = 5
-REASONS = ("best", "within-tolerance", "undecided", "no speculation", "unreliable")
+REASONS = ("best", "within-tolerance", "best bound", "undecided", "no speculation", "unreliable")
 
 
 def physical_speedup(tau, overhead) -> np.ndarray:
@@ -145,13 +146,19 @@ class CellDecision:
     `reason` one of REASONS; `best` the index of the largest point speedup among reliable trees
     (0 when none); `settled` False when more rounds could change the answer by more than the
     tolerance; `rounds_needed` (settled cells: the rounds measured) how many rounds in all the
-    observed noise would need to settle it (inf: no number of rounds would, at this tolerance)."""
+    observed noise would need to settle it (inf: no number of rounds would, at this tolerance).
+    A cell decided on fixed rounds (reason "best bound", `decide_cell(fixed_rounds=True)`):
+    `bound` the shipped tree's worst paired lower bound of speedup(shipped) / speedup(rival)
+    over every rival, and `open_sizes` the rivals (indices) it is not shown to be within the
+    tolerance of; NaN and () elsewhere."""
 
     index: int
     reason: str
     best: int
     settled: bool = True
     rounds_needed: float = 0.0
+    bound: float = float("nan")
+    open_sizes: tuple[int, ...] = ()
 
 
 def ratio_lower_bounds(draws: np.ndarray, confidence: float = CONFIDENCE) -> np.ndarray:
@@ -174,6 +181,7 @@ def decide_cell(
     tolerance: float = DEFAULT_TOLERANCE,
     confidence: float = CONFIDENCE,
     rounds: int = 0,
+    fixed_rounds: bool = False,
 ) -> CellDecision:
     """The smallest tree as good as the best within `tolerance`, shipped only where it beats
     `threshold` at its lower bound (docs/statistics.md#choosing-a-tree-with-intervals).
@@ -190,7 +198,14 @@ def decide_cell(
     also as good as every tree that may pay (settled), "undecided" when one of them may still be
     better by more than the tolerance. Where no tree that beats the threshold is as good as the
     best, "undecided" with the one of largest point speedup (plain decoding where none beats
-    it); "unreliable" when every tree was flagged."""
+    it); "unreliable" when every tree was flagged.
+
+    `fixed_rounds`: the rounds measured are all there will be (a finished sweep), so a cell
+    that would stay undecided with a tree that beats the threshold at its lower bound ships the
+    tree of best worst-case bound instead (`best_bound_decision`, reason "best bound";
+    docs/statistics.md#a-sweep-that-cannot-be-measured-again); "undecided" stays only where no
+    tree beats the threshold at its lower bound. Its `rounds_needed` still says what more rounds
+    would settle."""
     speedup = np.asarray(speedup, dtype=float)
     size = speedup.size
     lo = np.where(np.isfinite(lo), lo, speedup)
@@ -232,7 +247,27 @@ def decide_cell(
         return CellDecision(chosen, "best" if chosen == best else "within-tolerance", best, True, float(rounds))
     answers = np.isin(np.arange(size), (0, chosen, best))
     more = _rounds_needed(point, low, rivals, answers, tolerance, rounds)
+    if fixed_rounds and (shippable & trees).any():
+        return best_bound_decision(low, rivals, shippable & trees, tolerance, best, more)
     return CellDecision(chosen, "undecided", best, False, more)
+
+
+def best_bound_decision(low, rivals, shippable, tolerance: float, best: int, rounds_needed: float) -> CellDecision:
+    """The fixed-round answer (docs/statistics.md#a-sweep-that-cannot-be-measured-again): of the
+    trees that can ship (`shippable`, bool over the sizes), the one whose worst paired lower bound
+    low[i, j] of speedup(i) / speedup(j) over every rival j (`rivals`: plain decoding and the
+    trees that may pay) is the highest, the smallest on ties. That bound is what the data
+    guarantee about it: at the comparisons' confidence no rival is more than 1 - bound faster,
+    and no other tree can be guaranteed more. The rivals it is not shown to be within
+    `tolerance` of are listed in `open_sizes`."""
+    low = np.asarray(low, dtype=float)
+    others = rivals[None, :] & ~np.eye(low.shape[0], dtype=bool)
+    worst = np.where(others, low, np.inf).min(axis=1)
+    chosen = int(np.argmax(np.where(shippable, worst, -np.inf)))  # first maximum: the smallest on ties
+    open_sizes = np.flatnonzero(others[chosen] & (low[chosen] < 1.0 - tolerance))
+    return CellDecision(
+        chosen, "best bound", best, False, rounds_needed, float(worst[chosen]), tuple(int(j) for j in open_sizes)
+    )
 
 
 def _rounds_needed(point, low, rivals, answers, tolerance: float, rounds: int) -> float:

@@ -124,7 +124,8 @@ def add_pooled_evidence(
     threshold: float = 1.0,
 ) -> Selection:
     """`selection` with the pooled fit's pick and its consistency in every measured cell, and
-    the undecided cells whose measurement is consistent with the fit decided from it
+    the undecided cells (and those decided on fixed rounds, reason "best bound") whose
+    measurement is consistent with the fit decided from it
     (`decided_by: "pooled fit"`); a cell the fit does not describe keeps its own answer
     (`fit_consistent: false`)."""
     table = sweep.sort_values(["batch", "context", "nodes"], ignore_index=True)
@@ -145,7 +146,8 @@ def add_pooled_evidence(
         )
         consistent_cells += consistent
         cell = replace(cell, fit_nodes=sizes[by_fit.index], fit_consistent=consistent)
-        if cell.reason == "undecided" and consistent and by_fit.settled:
+        # the fit settles what the cell's own rounds could not, before the fixed-round rule guesses
+        if cell.reason in ("undecided", "best bound") and consistent and by_fit.settled:
             cell = _take_fit_decision(cell, rows, by_fit, measured, proposal, confidence)
             decided.append(key)
         cells.append(cell)
@@ -223,6 +225,8 @@ def _take_fit_decision(
         reason=by_fit.reason,
         decided_by="pooled fit",
         rounds_needed=None,
+        bound=None,
+        open_nodes=(),
     )
     if cell.predicted_speedup is not None:
         predicted = round(float(row["predicted_speedup"]), 6) if n else 1.0

@@ -5,7 +5,7 @@ paste into an engine), why, and how sure the measurement is, before any of the e
 from __future__ import annotations
 
 from treeopt.engines import Engine, export_for, get_engine
-from treeopt.selection import format_speedup, rounds_needed_text
+from treeopt.selection import best_bound_text, format_speedup, rounds_needed_text
 from treeopt.tree import make_tree
 
 #: without --engine, a tree is pasted as the `medusa_choices` list: the form the Medusa
@@ -80,6 +80,12 @@ def _why_text(base: dict, cell: dict, selection: dict) -> str:
         return (
             f"the smallest tree within {tolerance:.0%} of the largest point speedup ({best} nodes): a larger tree "
             "may measure a little faster, but not by more than that at the lower bound of their paired ratio"
+        )
+    if reason == "best bound":
+        return (
+            "the sweep's rounds could not settle the answer; shipped: the tree whose worst paired lower bound "
+            f"against every rival is the highest ({best_bound_text(base.get('bound'), base.get('open_nodes', ()))}; "
+            f"{rounds_needed_text(base.get('rounds_needed'))})"
         )
     if reason == "no speculation":
         return "no tree beats plain decoding at its lower bound"

@@ -74,6 +74,15 @@ from treeopt.selection_text import selection_summary
     "rounds leave open, as `treeopt run` does (docs/statistics.md).",
 )
 @click.option(
+    "--fixed-rounds/--keep-undecided",
+    default=True,
+    show_default=True,
+    help="With --sweep: its rounds are all there will be, so a cell they cannot settle ships the tree "
+    "of best worst-case bound where a tree beats --threshold at its lower bound, listing the trees it "
+    "is not shown to be within --tolerance of (docs/statistics.md#a-sweep-that-cannot-be-measured-again); "
+    "--keep-undecided leaves such cells undecided.",
+)
+@click.option(
     "--model",
     default=None,
     metavar="NAME|CONFIG|DIR|demo",
@@ -99,6 +108,7 @@ def select_cmd(
     mix_spec,
     verification,
     pooled,
+    fixed_rounds,
     model,
     hardware,
     output,
@@ -133,6 +143,7 @@ def select_cmd(
         pooled=pooled and sweep_file is not None,
         model=model,
         hardware=hardware,
+        fixed_rounds=fixed_rounds,
     )
     echo_notes(notes)
     if output:

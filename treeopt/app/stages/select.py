@@ -49,6 +49,7 @@ def select_trees(
         threads=bench.threads,
         tolerance=s.tolerance,
         confidence=measured.settings.confidence,
+        fixed_rounds=True,  # the sweep is finished: its budget is spent
     )
     if bench.lm.heads.kind != "draft-model" and round_samples:
         t0 = time.perf_counter()
