@@ -60,7 +60,15 @@ def test_run_and_the_standalone_commands_pick_the_same_dtype():
 
 
 #: every command that runs a model, by its words after `treeopt`
-MODEL_COMMANDS = [("calibrate",), ("hw", "calibrate"), ("decode",), ("sweep",), ("validate",), ("run",)]
+MODEL_COMMANDS = [
+    ("calibrate",),
+    ("hw", "calibrate"),
+    ("decode",),
+    ("sweep",),
+    ("validate",),
+    ("run",),
+    ("sglang-tau",),
+]
 #: what their --dtype help says auto is, written by hand from the rule above
 AUTO_HELP = (
     "auto: bfloat16 on a CPU that multiplies it natively (avx512_bf16 or amx_bf16 in /proc/cpuinfo), "

@@ -277,3 +277,31 @@ def test_the_sglang_decoder_refuses_what_it_cannot_draft(demo_eagle3):
     decoder = SGLangTreeDecoder(lm.model, lm.heads, 2, 2, 4)
     with pytest.raises(UserError, match="greedily only"):
         decoder.generate(demo_prompts(1, seed=0), max_new_tokens=4, temperature=0.7)
+
+
+def test_the_command_predicts_what_the_decoder_measures_on_the_same_prompts(tmp_path, capsys):
+    """`treeopt sglang-tau` with the calibration prompts as held-out ones: the prediction is the
+    decoder's own measurement (the walk's contract), prompts of several lengths padded."""
+    import pandas as pd
+
+    from treeopt.cli import main
+
+    out = tmp_path / "tau.csv"
+    args = ["sglang-tau", "--drafter", "eagle3", "--steps", "3", "--topk", "2", "--draft-tokens", "3,6"]
+    args += ["--max-prompts", "4", "--prompt-tokens", "24", "--new-tokens", "12", "--dtype", "float32"]
+    main([*args, "--data", "demo", "--validate-data", "demo", "-o", str(out)])
+    rows = pd.read_csv(out)
+    assert rows["num_draft_tokens"].tolist() == [3, 6]
+    assert rows["tau_predicted"].to_numpy() == pytest.approx(rows["tau_measured"].to_numpy(), rel=1e-12)
+    assert "tau_measured" in capsys.readouterr().out
+
+
+def test_the_command_refuses_a_triple_sglang_cannot_draft_before_loading(tmp_path, capsys):
+    from treeopt.cli import main
+
+    out = tmp_path / "tau.csv"
+    with pytest.raises(SystemExit) as stop:
+        main(["sglang-tau", "--steps", "2", "--topk", "2", "--draft-tokens", "8", "-o", str(out)])
+    assert stop.value.code == 2
+    assert capsys.readouterr().err.strip() == "treeopt: error: --draft-tokens: 8 is outside 2..7 for 2 steps of topk 2"
+    assert not out.exists()

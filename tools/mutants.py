@@ -1858,6 +1858,14 @@ MUTANTS = (
         "a drafted node attends to its parent but not to the ancestors above it",
         SGLANG_DYNAMIC_TESTS,
     ),
+    Mutant(
+        "sglang-tau-walk-not-cut",
+        "treeopt/app/sglang_tau.py",
+        "scores, on_path, seq, settings.steps, settings.topk, n, start_rows=settings.new_tokens - 1",
+        "scores, on_path, seq, settings.steps, settings.topk, n, start_rows=None",
+        "treeopt sglang-tau walks steps past the generated tokens the decoder stops at",
+        ("tests/test_sglang_dynamic.py::test_the_command_predicts_what_the_decoder_measures_on_the_same_prompts",),
+    ),
     # ---- Hydra++'s prefix layer: its forward, calibration, decoder cache and cost
     Mutant(
         "prefix-not-causal",

@@ -154,6 +154,10 @@ demo = _lazy_group(
         "sweep": ("treeopt.cli.run_cmds:sweep_cmd", "Measure step latency per tree size x batch x context."),
         "validate": ("treeopt.cli.run_cmds:validate_cmd", "Check predicted tau and step latency against measurements."),
         "run": ("treeopt.cli.run_cmds:run_cmd", "The main job: calibrate, build, predict, sweep, select, validate."),
+        "sglang-tau": (
+            "treeopt.cli.sglang_cmds:sglang_tau_cmd",
+            "Tokens per step of SGLang's dynamic EAGLE tree, from the draft's own scores.",
+        ),
     },
 )
 @click.version_option(__version__, prog_name="treeopt")
