@@ -103,10 +103,21 @@ class SGLangDrafting:
 class SGLangTreeDecoder(TreeDecoder):
     """Greedy decoding with `model` and a sequential drafter (an EAGLE draft: SGLang's EAGLE
     worker) drafting SGLang's dynamic tree for (steps, topk, num_draft_tokens); num_draft_tokens
-    is forced to steps + 1 when topk is 1, as SGLang does. For `generate` (acceptance); not
-    for timing `verify_forward`."""
+    is forced to steps + 1 when topk is 1, as SGLang does. `attention` as `TreeDecoder`'s (the
+    split path takes each sequence's own tree block). For `generate` (acceptance); not for
+    timing `verify_forward`."""
 
-    def __init__(self, model, heads, steps: int, topk: int, num_draft_tokens: int, *, timing: bool = False):
+    def __init__(
+        self,
+        model,
+        heads,
+        steps: int,
+        topk: int,
+        num_draft_tokens: int,
+        *,
+        timing: bool = False,
+        attention: str | None = None,
+    ):
         check_triple(heads, steps, topk)
         n = forced_draft_tokens(steps, topk, num_draft_tokens)
         pool = sglang_pool_size(steps, topk)
@@ -117,6 +128,6 @@ class SGLangTreeDecoder(TreeDecoder):
         # why: a stand-in tree of n - 1 nodes sizes the step (q = n) and the cache's room; the
         # tree itself is drawn every step
         stand_in = make_tree([(r,) for r in range(n - 1)])
-        super().__init__(model, heads, stand_in, topk=n - 1, timing=timing, graphs=False)
+        super().__init__(model, heads, stand_in, topk=n - 1, timing=timing, graphs=False, attention=attention)
         self.verifier = DynamicTreeVerifier(self.q, steps, self._forward, self.dtype, self.device)
         self.drafting = SGLangDrafting(heads, steps, topk, n, self.verifier)

@@ -232,6 +232,10 @@ def test_predicted_tau_equals_the_decoder_drafting_sglangs_way(demo_eagle3):
         assert result.tokens == [r[:new_tokens] for r in reference], (steps, topk, n)
         assert predicted == pytest.approx(result.tokens_per_step, rel=1e-12), (steps, topk, n)
         assert result.tokens_per_step > 1.2  # the draft is accepted: the check is not vacuous
+    # the split verification attention takes each sequence's own tree block
+    split = SGLangTreeDecoder(lm.model, lm.heads, 4, 4, 8, attention="split")
+    assert split.attention == "split"
+    assert split.generate(prompts, max_new_tokens=new_tokens).tokens == [r[:new_tokens] for r in reference]
 
 
 def test_predicted_tau_holds_on_held_out_prompts_within_the_intervals(demo_eagle3):
