@@ -258,6 +258,38 @@ MUTANTS = (
         "a batch size takes the longest draft of its contexts",
         SCHEDULE_TESTS,
     ),
+    Mutant(
+        "schedule-mix-weights-ignored",
+        "treeopt/schedules.py",
+        "        rows = [r for r in rows if weights.get((r[0], r[1]), 0.0) > 0]\n",
+        "        pass\n",
+        "a schedule for a traffic mix is held back by contexts the mix never runs at that batch",
+        ("tests/test_selection_schedules.py",),
+    ),
+    Mutant(
+        "schedule-sglang-no-plain",
+        "treeopt/schedules.py",
+        "speedups[cell] = {SGLANG_PLAIN: 1.0} | {",
+        "speedups[cell] = {} | {",
+        "SGLang's per-range triple speculates where every triple is slower than plain decoding",
+        ("tests/test_selection_schedules.py",),
+    ),
+    Mutant(
+        "schedule-select-not-stored",
+        "treeopt/api.py",
+        "return with_schedule(chosen, target, grid=grid, proposal=proposal,",
+        "return chosen or with_schedule(chosen, target, grid=grid, proposal=proposal,",
+        "select --engine / roofline speedup --select --engine give no per-batch schedule",
+        ("tests/test_selection_schedules.py",),
+    ),
+    Mutant(
+        "schedule-not-in-answer",
+        "treeopt/app/run_answer.py",
+        'return L + [""] + schedule_lines(selection.get("schedule"))',
+        'return L + [""]',
+        "the run's answer section leaves out the engine's per-batch schedule",
+        ("tests/test_selection_schedules.py",),
+    ),
     # ---- prompt data through the chat template, counts from many processes
     Mutant(
         "data-context-includes-reply",

@@ -41,6 +41,7 @@ from treeopt.engines import eagle_draft, export_for, get_engine
 from treeopt.errors import UserError
 from treeopt.mix import choose_mix_tree, mix_grid_from_sweep, mix_section, parse_mix
 from treeopt.public_names import PUBLIC_NAMES
+from treeopt.schedules import with_schedule
 from treeopt.selection import (
     proposal_from_meta,
     read_grid_with_proposal,
@@ -313,7 +314,7 @@ def select(
             found = sweep_model(source.meta, source.path, model=model, hardware=hardware)
             rule = {"tolerance": tolerance, "confidence": sweep_confidence(source.meta), "threshold": threshold}
             chosen = add_sweep_pooled_evidence(chosen, source.frame, source.samples, source.proposal, found, rule=rule)
-        grid = mix_grid_from_sweep(source.frame, by) if mix is not None else None
+        grid = mix_grid_from_sweep(source.frame, by) if mix is not None or engine is not None else None
     elif isinstance(source, Prediction):
         provenance = {"verification": verification or source.verification}
         if source.model is not None:
@@ -331,13 +332,26 @@ def select(
         raise UserError(f"select: expected a Prediction or a Sweep, got {type(source).__name__}")
     table = _table(accuracy) if accuracy is not None else getattr(source, "accuracy", None)
     engine = engine or getattr(source, "engine", None)
-    if engine is not None:
-        chosen = _with_engine_lines(chosen, engine, table)
     if mix is not None:
         traffic = parse_mix(str(mix))
         choice = choose_mix_tree(grid, traffic, threshold=threshold, source=source.source, chosen=chosen.chosen_nodes())
         chosen = replace(chosen, mix=mix_section(choice, source.proposal, traffic, threshold))
+    if engine is not None:
+        chosen = with_engine(chosen, engine, table, grid=grid, proposal=source.proposal)
     return chosen
+
+
+def with_engine(
+    selection: Selection, engine: str, table: AccuracyTable | None, *, grid=None, proposal: Tree | None = None
+) -> Selection:
+    """`selection` with each cell's tree as the line `engine` takes (`engine_line`,
+    docs/engines.md#exports) and the engine's per-batch `schedule` (docs/engines.md#schedules):
+    for SGLang from the `grid` (batch, context, nodes, speedup) of the nested `proposal`, each
+    size as the flags that draft it; a mix section already in the selection gives the contexts."""
+    chosen = _with_engine_lines(selection, engine, table)
+    acc = table.accuracy if table is not None else None
+    target = get_engine(chosen.provenance.engine)
+    return with_schedule(chosen, target, grid=grid, proposal=proposal, accuracy=acc, drafter=eagle_draft(table))
 
 
 def _with_engine_lines(selection: Selection, engine: str, table: AccuracyTable | None) -> Selection:

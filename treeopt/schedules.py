@@ -22,10 +22,11 @@ enter a table with no context axis is `choices_for_mix` (docs/engines.md#context
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
+from treeopt.engines import export_for, sglang_triple_for
 from treeopt.errors import UserError
 
 __all__ = [
@@ -38,7 +39,10 @@ __all__ = [
     "trtllm_schedule_config",
     "SGLangPlan",
     "sglang_plan",
+    "SGLANG_PLAIN",
+    "sglang_options",
     "selection_schedule",
+    "with_schedule",
     "format_schedule",
 ]
 
@@ -297,27 +301,50 @@ def _best_triple(speedups: dict, weights: dict):
     return best
 
 
-def selection_schedule(cells, engine) -> dict:
+def _cell_rows(cells, weights) -> list[tuple[int, int, int]]:
+    """(batch, context, draft length) of each cell (a dict or a typed SelectionCell); with a
+    traffic mix's `weights` ({(batch, context): weight}), only the mix's cells of positive weight."""
+    rows = []
+    for c in cells:
+        get = c.get if isinstance(c, dict) else lambda k, c=c: getattr(c, k)
+        rows.append((int(get("batch")), int(get("context")), int(get("nodes") or 0)))
+    if weights is not None:
+        rows = [r for r in rows if weights.get((r[0], r[1]), 0.0) > 0]
+    if not rows:
+        raise UserError("schedule: the selection has no cells" + (" of the traffic mix" if weights else ""))
+    return rows
+
+
+def selection_schedule(cells, engine, *, weights=None, drafter=None, sglang=None) -> dict:
     """The per-batch schedule of a selection's cells for `engine` (a treeopt.engine_data.Engine),
     paste-ready (docs/engines.md#schedules): `ranges`, the engine's `config` and `line`, or a
-    `note` saying why that engine takes none. `cells`: dicts with batch, context and nodes (the
-    chosen chain's draft length; 0 = speculation off). The engine's table has no context axis, so
-    a batch size gets the shortest draft its contexts chose (`choices_for_mix`)."""
+    `note` saying why that engine takes none. `cells`: dicts or SelectionCells with batch, context
+    and nodes (the chosen chain's draft length; 0 = speculation off). The engine's table has no
+    context axis, so a batch size gets the shortest draft its contexts chose (`choices_for_mix`):
+    every context of the selection, or with a traffic mix's `weights` ({(batch, context):
+    weight}) the mix's contexts at that batch (docs/engines.md#context-in-a-schedule).
+    `drafter`: an EAGLE draft's (kind, directory), named in vLLM's config. `sglang`: for SGLang,
+    {(batch, context): {triple: (speedup, line)}} of the triples the selection's source measured or
+    predicted (`sglang_options`): the mix's best triple and one per batch range (`sglang_plan`)."""
+    family = engine.name.split("@")[0]
+    if engine.family == "beam" and sglang is not None:
+        return _sglang_section(cells, engine, weights, sglang)
     if engine.schedule not in ("vllm", "trtllm") or engine.max_children != 1:
-        return {"engine": engine.name, "note": _NO_SCHEDULE.get(engine.name.split("@")[0], _NO_SCHEDULE[""])}
-    rows = [(int(c["batch"]), int(c["context"]), int(c["nodes"] or 0)) for c in cells]
-    if not rows:
-        raise UserError("schedule: the selection has no cells")
-    b, c, k = (np.array(col) for col in zip(*rows))
+        return {"engine": engine.name, "note": _NO_SCHEDULE.get(family, _NO_SCHEDULE[""])}
+    b, c, k = (np.array(col) for col in zip(*_cell_rows(cells, weights)))
     choices = choices_for_mix(b, c, k)
     doc = {
         "engine": engine.name,
         "choices": [[x.batch_size, x.draft_len] for x in choices],
         "ranges": [list(r) for r in batch_ranges(choices)],
         "contexts": sorted({int(x) for x in c}),
+        "contexts_from": "mix" if weights is not None else "selection",
     }
     if engine.schedule == "vllm":
-        config = vllm_schedule_config(choices, engine.method_name)
+        method, model = engine.method_name, None
+        if drafter is not None and engine.method_name in ("eagle", "eagle3"):
+            method, model = drafter  # vLLM names the draft's method and path (docs/engines.md#eagle-drafts)
+        config = vllm_schedule_config(choices, method, model)
         doc["config"] = config
         doc["line"] = vllm_schedule_line(config)
     else:
@@ -329,6 +356,71 @@ def selection_schedule(cells, engine) -> dict:
             f"speculative_config = {json.dumps(config)}" if config else "# no batch size drafts: no speculative_config"
         )
     return doc
+
+
+#: SGLang without speculation, in every cell at speedup 1: the plan may say "run plain"
+SGLANG_PLAIN = (0, 0, 0)
+
+
+def _sglang_section(cells, engine, weights, sglang: dict) -> dict:
+    rows = _cell_rows(cells, weights)
+    mix = {(b, c): (weights[(b, c)] if weights is not None else 1.0) for b, c, _ in rows}
+    speedups, lines = {}, {SGLANG_PLAIN: "no speculation (run SGLang without --speculative-algorithm)"}
+    for cell in mix:
+        options = sglang.get(cell, {})
+        speedups[cell] = {SGLANG_PLAIN: 1.0} | {t: float(v[0]) for t, v in options.items()}
+        lines.update({t: v[1] for t, v in options.items()})
+    plan = sglang_plan(speedups, mix)
+    return {
+        "engine": engine.name,
+        "contexts": sorted({c for _, c in mix}),
+        "contexts_from": "mix" if weights is not None else "selection",
+        "triple": list(plan.triple),
+        "mean_speedup": round(plan.mean_speedup, 4),
+        "line": lines[plan.triple],
+        "per_range": [[s, e, list(t), lines[t]] for s, e, t in plan.per_range],
+    }
+
+
+def sglang_options(grid, triple_of) -> dict:
+    """{(batch, context): {triple: (speedup, line)}} of a grid's rows (batch, context, nodes,
+    speedup; NaN rows skipped) where `triple_of(nodes)` gives the (triple, line) SGLang drafts
+    that size with (None: no triple drafts it; two sizes never share one: the draft tokens differ)."""
+    out: dict = {}
+    known: dict = {}
+    for b, c, n, v in zip(grid["batch"], grid["context"], grid["nodes"], grid["speedup"]):
+        if not int(n) or not np.isfinite(float(v)):
+            continue
+        if int(n) not in known:
+            known[int(n)] = triple_of(int(n))
+        got = known[int(n)]
+        if got is None:
+            continue
+        out.setdefault((int(b), int(c)), {})[got[0]] = (float(v), got[1])
+    return out
+
+
+def with_schedule(selection, engine, *, grid=None, proposal=None, accuracy=None, drafter=None):
+    """`selection` (a typed Selection) with its `schedule` for `engine` (`selection_schedule`):
+    the traffic mix's contexts where the selection has a mix; for SGLang, the triples of the
+    `grid` (batch, context, nodes, speedup) rows, each size of `proposal` exported as SGLang's
+    flags against `accuracy` (without them: the note that SGLang needs them)."""
+    weights = None
+    if selection.mix is not None:
+        weights = {(c.batch, c.context): c.weight for c in selection.mix.cells}
+    sglang = None
+    if engine.family == "beam" and grid is not None and proposal is not None and accuracy is not None:
+
+        def triple_of(nodes: int):
+            tree = proposal.prefix(nodes)
+            triple = sglang_triple_for(tree, accuracy)
+            if triple is None:
+                return None
+            return triple, export_for(engine, tree, accuracy=accuracy, drafter=drafter).line
+
+        sglang = sglang_options(grid, triple_of)
+    section = selection_schedule(selection.cells, engine, weights=weights, drafter=drafter, sglang=sglang)
+    return replace(selection, schedule=section)
 
 
 _NO_SCHEDULE = {
@@ -343,11 +435,22 @@ _NO_SCHEDULE = {
 
 
 def format_schedule(section: dict) -> str:
-    """The schedule section of a selection as the lines `treeopt select` prints."""
+    """The schedule section of a selection as the lines `treeopt select` and `treeopt run` print."""
+    where = "the mix's contexts" if section.get("contexts_from") == "mix" else "contexts"
+    contexts = f"{where} {', '.join(map(str, section.get('contexts', [])))}"
     if "note" in section:
         return f"per-batch schedule ({section['engine']}): none; {section['note']}"
+    if "triple" in section:
+        lines = [
+            f"SGLang ({section['engine']}) runs one (steps, topk, draft tokens) per server; best for the traffic "
+            f"({contexts}, mean speedup {section['mean_speedup']:.2f}x; docs/engines.md#schedules):",
+            f"  {section['line']}",
+            "  a separate deployment per batch range would run:",
+        ]
+        lines += [f"    batch {s}-{e}: {line}" for s, e, _, line in section["per_range"]]
+        return "\n".join(lines)
     ranges = ", ".join(f"{s}-{e}: {k}" for s, e, k in section["ranges"])
     return (
-        f"per-batch schedule for {section['engine']} (batch sizes: draft length; the shortest draft of contexts "
-        f"{', '.join(map(str, section['contexts']))}; docs/engines.md#schedules): {ranges}\n{section['line']}"
+        f"per-batch schedule for {section['engine']} (batch sizes: draft length; the shortest draft of "
+        f"{contexts}; docs/engines.md#schedules): {ranges}\n{section['line']}"
     )

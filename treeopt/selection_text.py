@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from treeopt.schedules import format_schedule
 from treeopt.selection_notes import percent, plain_slow_only, unreliable_lines
 
 if TYPE_CHECKING:  # the types' `summary` prints with this module
@@ -194,8 +195,9 @@ def format_mix(section: MixSection) -> str:
 
 
 def selection_summary(sel: Selection) -> str:
-    """What `treeopt select` prints: the cells, the pooled fit, the mix."""
+    """What `treeopt select` prints: the cells, the pooled fit, the mix, the engine's schedule."""
     text = format_selection(sel)
     if sel.pooled is not None:
         text += "\n" + format_pooled(sel)
-    return text + ("\n" + format_mix(sel.mix) if sel.mix is not None else "")
+    text += "\n" + format_mix(sel.mix) if sel.mix is not None else ""
+    return text + ("\n" + format_schedule(sel.schedule) if sel.schedule is not None else "")

@@ -433,7 +433,8 @@ class Selection:
     """The best tree per (batch, context) and the evidence beside it
     (docs/formats.md#selections-treeoptselectionv1): `provenance`, `cells`, the cells where not
     even plain decoding fits (`out_of_memory`), the decision `rule`, and where the selection has
-    them the `pooled` fit, the drafter's other `forms` and the traffic `mix`. `extra` keeps the
+    them the `pooled` fit, the drafter's other `forms`, the traffic `mix` and the engine's per-batch
+    `schedule` (`treeopt.schedules.selection_schedule`'s section). `extra` keeps the
     keys of a document this treeopt does not know, written back unchanged."""
 
     provenance: Provenance
@@ -443,6 +444,7 @@ class Selection:
     pooled: PooledEvidence | None = None
     forms: FormsChoice | None = None
     mix: MixSection | None = None
+    schedule: dict | None = None
     extra: dict = field(default_factory=dict)
 
     def cell(self, batch: int, context: int) -> SelectionCell:
@@ -513,6 +515,7 @@ def selection_to_json(sel: Selection) -> dict:
         ("engine", p.engine),
         ("forms", None if sel.forms is None else sel.forms.to_json()),
         ("mix", None if sel.mix is None else sel.mix.to_json()),
+        ("schedule", sel.schedule),
     )
     doc.update((k, v) for k, v in optional if v is not None)
     doc.update(sel.extra)
@@ -543,6 +546,7 @@ _KNOWN = {
     "engine",
     "forms",
     "mix",
+    "schedule",
 }
 
 
@@ -592,8 +596,15 @@ def selection_from_json(doc, where: str = "selection") -> Selection:
         PooledEvidence.from_json(doc["pooled_fit"], where) if "pooled_fit" in doc else None,
         FormsChoice.from_json(doc["forms"], where) if "forms" in doc else None,
         MixSection.from_json(doc["mix"], where) if "mix" in doc else None,
+        _schedule_in(g("schedule"), where),
         {k: v for k, v in doc.items() if k not in _KNOWN},
     )
+
+
+def _schedule_in(raw, where: str) -> dict | None:
+    if raw is not None and (not isinstance(raw, dict) or not isinstance(raw.get("engine"), str)):
+        raise UserError(f"{where}: 'schedule' is not a schedule section (an object naming its engine)")
+    return raw
 
 
 def read_selection(path) -> Selection:

@@ -47,7 +47,34 @@ def answer_section(selection, engine: Engine | None, *, heads: int, accuracy=Non
         ship = _ship_text(c, engine, heads=heads, accuracy=accuracy)
         why, sure = _why_text(base, c, selection), _sure_text(c, base, selection)
         L.append(f"| {c['batch']} | {c['context']} | {ship} | {why} | {sure} |")
-    return L + [""]
+    return L + [""] + schedule_lines(selection.get("schedule"))
+
+
+def schedule_lines(section: dict | None) -> list[str]:
+    """The engine's per-batch schedule under the answer table (docs/engines.md#schedules): the
+    one line to paste for every batch size, or why the engine takes none."""
+    if section is None:
+        return []
+    if "note" in section:
+        return [f"Per-batch schedule: none for `{section['engine']}`: {section['note']}.", ""]
+    where = "the traffic mix's contexts" if section.get("contexts_from") == "mix" else "its contexts"
+    contexts = ", ".join(map(str, section["contexts"]))
+    if "triple" in section:
+        L = [
+            f"One SGLang server runs one (steps, topk, draft tokens): for the whole traffic ({where} {contexts}, "
+            f"mean speedup {section['mean_speedup']:.2f}x) `{section['line']}`; a separate deployment per batch "
+            "range would run:",
+            "",
+        ]
+        return L + [f"- batch {s}-{e}: `{line}`" for s, e, _, line in section["per_range"]] + [""]
+    ranges = ", ".join(f"{s}-{e}: {k}" for s, e, k in section["ranges"])
+    return [
+        f"Per-batch schedule for `{section['engine']}` (batch sizes: draft length {ranges}; each batch size "
+        f"drafts the shortest chain {where} ({contexts}) chose; docs/engines.md#schedules):",
+        "",
+        f"`{section['line']}`",
+        "",
+    ]
 
 
 def _ship_text(cell: dict, engine: Engine | None, *, heads: int, accuracy) -> str:

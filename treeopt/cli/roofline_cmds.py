@@ -48,6 +48,7 @@ from treeopt.errors import UserError
 from treeopt.export import text_table
 from treeopt.fileio import atomic_folder, atomic_outputs, atomic_path, dumps
 from treeopt.mix import format_mix, parse_mix
+from treeopt.schedules import format_schedule
 from treeopt.selection import best_per_cell
 from treeopt.selection_types import MixSection, selection_to_json
 from treeopt.tree_api import serving_engine
@@ -283,13 +284,18 @@ def roofline_speedup(
         ),
     )
     mix_doc = mix_choice(prediction, mix)
+    chosen = grid_selection(prediction, mix_doc) if select else None
+    if chosen is not None and prediction.engine is not None:  # as treeopt.select(prediction) gives it
+        chosen = api.with_engine(chosen, prediction.engine, table, grid=prediction.grid, proposal=prediction.proposal)
     with atomic_outputs() as files:  # the grid and the selection from it: both or neither
         if out:
             prediction.grid.to_csv(files.path(out), index=False, float_format="%.6g")
-        if select:
-            doc = selection_to_json(grid_selection(prediction, mix_doc))
-            files.path(select).write_text(dumps(doc, indent=1) + "\n", encoding="utf-8")
+        if chosen is not None:
+            files.path(select).write_text(dumps(selection_to_json(chosen), indent=1) + "\n", encoding="utf-8")
     _echo_speedup(prediction, label, mix_doc)
+    if chosen is not None and chosen.schedule is not None:
+        click.echo(_engine_cells(chosen))
+        click.echo(format_schedule(chosen.schedule))
     for path, what in ((out, "grid"), (select, "selection")):
         if path:
             click.echo(f"wrote {what} {path}")
@@ -321,6 +327,14 @@ def _echo_speedup(prediction, label: str, mix_doc: MixSection | None) -> None:
         click.echo(f"OOM: not even plain decoding fits in {hw.capacity_text()}", err=True)
     if mix_doc is not None:
         click.echo(format_mix(mix_doc))
+
+
+def _engine_cells(sel) -> str:
+    """Each cell's line for the selection's engine, one per line."""
+    lines = [f"{sel.provenance.engine} line per (batch, context):"]
+    for c in sel.cells:
+        lines.append(f"  batch {c.batch:4d}  context {c.context:6d}: {c.engine_line or 'no speculation'}")
+    return "\n".join(lines)
 
 
 def _echo_knee_note(hw) -> None:

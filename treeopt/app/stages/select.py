@@ -16,7 +16,9 @@ from treeopt.app.stages.hardware import Bench
 from treeopt.app.stages.job import Job
 from treeopt.app.stages.proposal import Proposal
 from treeopt.app.stages.sweep import MeasuredSweep
+from treeopt.engines import eagle_draft
 from treeopt.mix import TrafficMix, choose_mix_tree, format_mix, mix_grid_from_sweep, mix_section
+from treeopt.schedules import format_schedule, with_schedule
 from treeopt.selection import read_round_samples, select, sweep_samples_path
 from treeopt.selection_text import format_pooled, format_selection
 from treeopt.selection_types import Selection, write_selection
@@ -66,11 +68,23 @@ def select_trees(
             mix_grid_from_sweep(measured.table), mix, source=str(measured.csv), chosen=chosen.chosen_nodes()
         )
         chosen = replace(chosen, mix=mix_section(choice, proposal.tree, mix))
+    if proposal.engine is not None:  # the engine's per-batch schedule (docs/engines.md#schedules)
+        table = proposal.table
+        chosen = with_schedule(
+            chosen,
+            proposal.engine,
+            grid=mix_grid_from_sweep(measured.table),
+            proposal=proposal.tree,
+            accuracy=table.accuracy,
+            drafter=eagle_draft(table),
+        )
     plot_measured_speedup(measured.table, chosen, job.out / "measured_speedup.png")
     write_selection(job.out / "selection.json", chosen)
     job.result(format_selection(chosen))
     if chosen.mix is not None:
         job.result(format_mix(chosen.mix))
+    if chosen.schedule is not None:
+        job.result(format_schedule(chosen.schedule))
     return SelectedTrees(chosen, timings)
 
 
