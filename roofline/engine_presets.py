@@ -70,6 +70,8 @@ ENGINE_FAMILY = {
     "trtllm": "trtllm",
     "vllm": "vllm",
     "trtllm-draft-model": "trtllm",
+    "trtllm-eagle3": "trtllm",
+    "trtllm-eagle3-tree@1.3": "trtllm",
     "vllm@0.20": "vllm",
     "vllm-medusa@0.32": "vllm",
     "vllm-mlp-speculator@0.10": "vllm",

@@ -34,6 +34,7 @@ from treeopt.app.prediction import Prediction, PredictionOptions, predict_speedu
 from treeopt.chain_counts import ChainAcceptance, ExpectationCheck, check_expectation, expected_counts
 from treeopt.chain_counts import chain_acceptance as _chain_acceptance
 from treeopt.chain_counts import chain_table as _chain_table
+from treeopt.chain_or_tree import chain_or_tree
 from treeopt.engine_readers import EngineWindow, load_engine_window
 from treeopt.engines import EngineExport as EngineExport
 from treeopt.engines import check as _check
@@ -314,7 +315,7 @@ def select(
             found = sweep_model(source.meta, source.path, model=model, hardware=hardware)
             rule = {"tolerance": tolerance, "confidence": sweep_confidence(source.meta), "threshold": threshold}
             chosen = add_sweep_pooled_evidence(chosen, source.frame, source.samples, source.proposal, found, rule=rule)
-        grid = mix_grid_from_sweep(source.frame, by) if mix is not None or engine is not None else None
+        grid = mix_grid_from_sweep(source.frame, by)
     elif isinstance(source, Prediction):
         provenance = {"verification": verification or source.verification}
         if source.model is not None:
@@ -338,7 +339,8 @@ def select(
         chosen = replace(chosen, mix=mix_section(choice, source.proposal, traffic, threshold))
     if engine is not None:
         chosen = with_engine(chosen, engine, table, grid=grid, proposal=source.proposal)
-    return chosen
+    target = get_engine(chosen.provenance.engine) if chosen.provenance.engine else None
+    return replace(chosen, chain_or_tree=chain_or_tree(chosen, grid, source.proposal, target))
 
 
 def with_engine(

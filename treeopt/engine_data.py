@@ -78,6 +78,13 @@ class Engine:
 _VLLM_SPEC = "vllm/config/speculative.py (SpeculativeMethod, SpeculativeConfig extra='forbid')"
 _VLLM_033 = f"vLLM 0.33.0 wheel: {_VLLM_SPEC}, vllm/v1/spec_decode/dynamic/utils.py"
 _TRT_ARGS = "tensorrt_llm/llmapi/llm_args.py (NVIDIA/TensorRT-LLM @ fcd3f316; draft_len_schedule @ 011d0933)"
+# why (docs/engines.md#tensorrt-llm-eagle-3): EagleDecodingConfig.validate_eagle_config and
+# Eagle3DecodingConfig, read from the stored main-branch llm_args.py whose DecodingBaseConfig has
+# the smallest-key draft_len_schedule rule (the same version the schedule rule cites, after 011d0933)
+_TRT_EAGLE = (
+    "tensorrt_llm/llmapi/llm_args.py (NVIDIA/TensorRT-LLM main after 011d0933: EagleDecodingConfig."
+    "validate_eagle_config, check_eagle_choices, Eagle3DecodingConfig)"
+)
 _SGLANG = "sglang 0.5.23: python/sglang/srt/server_args.py, python/sglang/srt/speculative/eagle_utils.py"
 
 _SGLANG_NOTE = (
@@ -128,6 +135,36 @@ ENGINES: dict[str, Engine] = {
             note="TensorRT-LLM drafts a separate draft model as a chain of max_draft_len tokens (Draft_Target)",
             source=_TRT_ARGS,
             schedule="trtllm",
+        ),
+        # why (docs/engines.md#tensorrt-llm-eagle-3): a linear tree is max_draft_len tokens
+        Engine(
+            "trtllm-eagle3",
+            "TensorRT-LLM EAGLE-3 (Eagle3DecodingConfig, PyTorch backend, a chain of max_draft_len)",
+            "uniform",
+            "trtllm-eagle3",
+            max_children=1,
+            method_name="Eagle3",
+            release="TensorRT-LLM 1.x, PyTorch backend (main)",
+            note=(
+                "TensorRT-LLM drafts an EAGLE-3 draft as a chain of max_draft_len tokens (one-model "
+                "Eagle3DecodingConfig); its dynamic tree (use_dynamic_tree) picks its own nodes and is not exported"
+            ),
+            source=_TRT_EAGLE,
+            schedule="trtllm",
+        ),
+        # why (docs/engines.md#tensorrt-llm-eagle-3): eagle_choices, deprecated for removal in 1.4
+        Engine(
+            "trtllm-eagle3-tree@1.3",
+            "TensorRT-LLM <= 1.3 EAGLE-3 static tree (Eagle3DecodingConfig eagle_choices)",
+            "static",
+            "trtllm-eagle3-tree",
+            method_name="Eagle3",
+            release="TensorRT-LLM <= 1.3",
+            note=(
+                'TensorRT-LLM deprecated eagle_choices (the static tree) "and will be removed in release 1.4"; '
+                "it sets max_draft_len to the tree's depth and max_total_draft_tokens to its nodes"
+            ),
+            source=_TRT_EAGLE,
         ),
         # why (docs/engines.md#vllm): tree attention is gone since 0.21 (PR #42121)
         Engine(
@@ -305,15 +342,31 @@ def engine_for_drafter(engine_name: str, drafter_kind: str) -> tuple[str | None,
     if asked.startswith("sglang"):
         return _sglang_for(asked, kind)
     if asked.startswith("trtllm"):
-        if kind == "draft-model":
-            return _differs(asked, "trtllm-draft-model", "TensorRT-LLM runs a separate draft model as Draft_Target")
-        if kind != "medusa":
-            return None, f"--engine {asked}: TensorRT-LLM has no {kind} drafter; treeopt emits no TensorRT-LLM line"
-        if asked == "trtllm-draft-model":
-            return _differs(asked, "trtllm", "Medusa heads run as TensorRT-LLM's Medusa decoding")
+        return _trtllm_for(asked, kind)
     if asked == "medusa" and kind in ("draft-model", "mlp-speculator"):
         return None, f"--engine medusa: the Medusa code runs Medusa heads; a {kind} drafter has none"
     return asked, None
+
+
+def _trtllm_for(asked: str, kind: str) -> tuple[str | None, str | None]:
+    serves = {"draft-model": "trtllm-draft-model", "medusa": "trtllm", "eagle3": "trtllm-eagle3"}
+    if kind == "eagle3" and asked == "trtllm-eagle3-tree@1.3":
+        return asked, None
+    if kind not in serves:
+        why = (
+            "its PyTorch backend's EAGLE configs run EAGLE-3 drafts"
+            if kind == "eagle"
+            else f"TensorRT-LLM has no {kind} drafter"
+        )
+        return None, f"--engine {asked}: {why}; treeopt emits no TensorRT-LLM line"
+    if serves[kind] == asked:
+        return asked, None
+    why = {
+        "draft-model": "TensorRT-LLM runs a separate draft model as Draft_Target",
+        "medusa": "Medusa heads run as TensorRT-LLM's Medusa decoding",
+        "eagle3": "TensorRT-LLM runs an EAGLE-3 draft with Eagle3DecodingConfig",
+    }[kind]
+    return _differs(asked, serves[kind], why)
 
 
 def _differs(asked: str, target: str | None, why: str) -> tuple[str | None, str]:

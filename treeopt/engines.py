@@ -38,6 +38,7 @@ from treeopt.engine_data import (
 from treeopt.errors import UserError
 from treeopt.layout import DRAFTER_KINDS
 from treeopt.tree import Tree, _node_str
+from treeopt.trtllm_eagle import trtllm_eagle3_config
 
 __all__ = [
     "Engine",
@@ -621,6 +622,10 @@ def export_for(
         config = {"decoding_type": engine.method_name, "max_draft_len": tree.size, "speculative_model": "<draft model>"}
         line = f"speculative_config = {json.dumps(config)}"
         return EngineExport(engine.name, line, _with_note(engine, line))
+    if kind in ("trtllm-eagle3", "trtllm-eagle3-tree"):
+        config = trtllm_eagle3_config(tree, drafter)
+        line = f"speculative_config = {json.dumps(config)}"
+        return EngineExport(engine.name, line, _with_note(engine, line))
     if kind == "sglang":
         if accuracy is None:
             raise UserError("--engine sglang: needs --accuracy to find the flags that draft this tree")
@@ -634,7 +639,8 @@ def export_for(
         if drafter is not None and engine.method_name == "EAGLE":
             algorithm = "EAGLE3" if drafter[0] == "eagle3" else "EAGLE"
             line = sglang_flags(*triple, algorithm=algorithm) + f" --speculative-draft-model-path {drafter[1]}"
-        return EngineExport(engine.name, line, line + "\n")
+        # why (docs/engines.md#sglang-server-checks): SGLang refuses a tree (topk > 1) with some server flags
+        return EngineExport(engine.name, line, _with_note(engine, line) if triple[1] > 1 else line + "\n")
     raise UserError(f"engine {engine.name}: unknown export {kind!r}")
 
 

@@ -188,13 +188,19 @@ def resolve_mix_contexts(mix: TrafficMix, contexts) -> TrafficMix:
 def mix_grid_from_sweep(sweep: pd.DataFrame, by: str = "measured") -> pd.DataFrame:
     """The columns choose_mix_tree needs (batch, context, nodes, speedup, step_time_s) from a
     sweep table: measured speedups (end to end where measured) and measured step times, or the
-    roofline's predicted ones (by="predicted")."""
+    roofline's predicted ones (by="predicted"); and speedup_lo/hi, the sweep's interval where
+    the speedup is the step-latency one (NaN elsewhere; treeopt.chain_or_tree shows them)."""
+    nan = pd.Series(np.nan, index=sweep.index)
+    lo, hi = nan, nan
     if by == "predicted":
         speed = sweep["predicted_speedup"].astype(float).where(sweep["nodes"] != 0, 1.0)
         step = sweep["predicted_step_time_s"].astype(float)
     else:
-        speed, _ = measured_speedup(sweep)
+        speed, how = measured_speedup(sweep)
         step = sweep["step_time_s"].astype(float)
+        if "speedup_lo" in sweep.columns and "speedup_hi" in sweep.columns:
+            lo = sweep["speedup_lo"].astype(float).where(how == "step latency")
+            hi = sweep["speedup_hi"].astype(float).where(how == "step latency")
     return pd.DataFrame(
         {
             "batch": sweep["batch"].to_numpy(),
@@ -202,6 +208,8 @@ def mix_grid_from_sweep(sweep: pd.DataFrame, by: str = "measured") -> pd.DataFra
             "nodes": sweep["nodes"].to_numpy(),
             "speedup": speed.to_numpy(),
             "step_time_s": step.to_numpy(),
+            "speedup_lo": lo.to_numpy(),
+            "speedup_hi": hi.to_numpy(),
         }
     )
 

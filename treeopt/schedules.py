@@ -28,6 +28,7 @@ import numpy as np
 
 from treeopt.engines import export_for, sglang_triple_for
 from treeopt.errors import UserError
+from treeopt.trtllm_eagle import TRTLLM_EAGLE3_PLACEHOLDER
 
 __all__ = [
     "BatchChoice",
@@ -348,8 +349,12 @@ def selection_schedule(cells, engine, *, weights=None, drafter=None, sglang=None
         doc["config"] = config
         doc["line"] = vllm_schedule_line(config)
     else:
-        # why (docs/engines.md#tensorrt-llm): Draft_Target refuses a config without its model's path
+        # why (docs/engines.md#tensorrt-llm): Draft_Target and EAGLE configs refuse a config without
+        # the draft's path
         extra = {"speculative_model": "<draft model>"} if engine.method_name == "Draft_Target" else {}
+        if engine.method_name == "Eagle3":
+            model = drafter[1] if drafter is not None else TRTLLM_EAGLE3_PLACEHOLDER
+            extra = {"speculative_model_dir": model, "eagle3_one_model": True}
         config = trtllm_schedule_config(choices, decoding_type=engine.method_name, **extra)
         doc["config"] = config
         doc["line"] = (

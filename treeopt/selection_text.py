@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from treeopt.chain_or_tree import format_chain_or_tree
 from treeopt.schedules import format_schedule
 from treeopt.selection_notes import percent, plain_slow_only, unreliable_lines
 
@@ -200,4 +201,5 @@ def selection_summary(sel: Selection) -> str:
     if sel.pooled is not None:
         text += "\n" + format_pooled(sel)
     text += "\n" + format_mix(sel.mix) if sel.mix is not None else ""
+    text += "\n" + format_chain_or_tree(sel.chain_or_tree) if sel.chain_or_tree is not None else ""
     return text + ("\n" + format_schedule(sel.schedule) if sel.schedule is not None else "")

@@ -434,7 +434,8 @@ class Selection:
     (docs/formats.md#selections-treeoptselectionv1): `provenance`, `cells`, the cells where not
     even plain decoding fits (`out_of_memory`), the decision `rule`, and where the selection has
     them the `pooled` fit, the drafter's other `forms`, the traffic `mix` and the engine's per-batch
-    `schedule` (`treeopt.schedules.selection_schedule`'s section). `extra` keeps the
+    `schedule` (`treeopt.schedules.selection_schedule`'s section), and per cell whether a tree pays
+    over the best chain (`chain_or_tree`, `treeopt.chain_or_tree`). `extra` keeps the
     keys of a document this treeopt does not know, written back unchanged."""
 
     provenance: Provenance
@@ -445,6 +446,7 @@ class Selection:
     forms: FormsChoice | None = None
     mix: MixSection | None = None
     schedule: dict | None = None
+    chain_or_tree: dict | None = None
     extra: dict = field(default_factory=dict)
 
     def cell(self, batch: int, context: int) -> SelectionCell:
@@ -516,6 +518,7 @@ def selection_to_json(sel: Selection) -> dict:
         ("forms", None if sel.forms is None else sel.forms.to_json()),
         ("mix", None if sel.mix is None else sel.mix.to_json()),
         ("schedule", sel.schedule),
+        ("chain_or_tree", sel.chain_or_tree),
     )
     doc.update((k, v) for k, v in optional if v is not None)
     doc.update(sel.extra)
@@ -547,6 +550,7 @@ _KNOWN = {
     "forms",
     "mix",
     "schedule",
+    "chain_or_tree",
 }
 
 
@@ -597,6 +601,7 @@ def selection_from_json(doc, where: str = "selection") -> Selection:
         FormsChoice.from_json(doc["forms"], where) if "forms" in doc else None,
         MixSection.from_json(doc["mix"], where) if "mix" in doc else None,
         _schedule_in(g("schedule"), where),
+        _section_in(g("chain_or_tree"), "chain_or_tree", where),
         {k: v for k, v in doc.items() if k not in _KNOWN},
     )
 
@@ -604,6 +609,12 @@ def selection_from_json(doc, where: str = "selection") -> Selection:
 def _schedule_in(raw, where: str) -> dict | None:
     if raw is not None and (not isinstance(raw, dict) or not isinstance(raw.get("engine"), str)):
         raise UserError(f"{where}: 'schedule' is not a schedule section (an object naming its engine)")
+    return raw
+
+
+def _section_in(raw, name: str, where: str) -> dict | None:
+    if raw is not None and (not isinstance(raw, dict) or not isinstance(raw.get("cells"), list)):
+        raise UserError(f"{where}: '{name}' is not an object with a 'cells' list")
     return raw
 
 

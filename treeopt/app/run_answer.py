@@ -145,3 +145,27 @@ def _sure_text(cell: dict, base: dict, selection: dict) -> str:
     where = {"batch": cell["batch"], "context": cell["context"]}
     noisy = "; noisy (interval wider than ±10%)" if where in selection.get("noisy", []) else ""
     return f"{speed}{span}{rounds}{noisy}"
+
+
+def chain_or_tree_markdown(section: dict) -> list[str]:
+    """Per cell the best measured chain, the tree shipped and whether the tree pays
+    (`treeopt.chain_or_tree`, docs/engines.md#chain-or-tree)."""
+
+    def span(part: dict) -> str:
+        text = f"{part['nodes']} nodes, {format_speedup(part['speedup'])}"
+        if part.get("speedup_lo") is not None and part.get("speedup_hi") is not None:
+            text += f" ({part['speedup_lo']:.2f}–{part['speedup_hi']:.2f})"
+        return text
+
+    L = [
+        "",
+        f"Chain or tree: the best chain measured (chains of 1 to {section['chain_nodes_measured']} nodes, where the "
+        "proposal's next node branches) against the tree shipped; a tree pays where no chain came within the "
+        "selection's tolerance (docs/engines.md#chain-or-tree):",
+        "",
+        "| batch | context | best chain | tree shipped | tree pays |",
+        "|---|---|---|---|---|",
+    ]
+    for c in section["cells"]:
+        L.append(f"| {c['batch']} | {c['context']} | {span(c['chain'])} | {span(c['tree'])} | {c['tree_pays']} |")
+    return L

@@ -11,7 +11,7 @@ import pandas as pd
 
 from roofline.engine_presets import calibrated_line
 from treeopt.app.models import is_demo
-from treeopt.app.run_answer import answer_section
+from treeopt.app.run_answer import answer_section, chain_or_tree_markdown
 from treeopt.app.stages.job import RunSettings
 from treeopt.app.stages.proposal import Proposal
 from treeopt.app.sweep import DEMO_VALIDATION
@@ -134,6 +134,8 @@ def _selection_section(r: RunResults) -> list[str]:
     ]
     if r.proposal.engine is not None:
         L += _engine_lines(r)
+    if selection.chain_or_tree is not None:
+        L += chain_or_tree_markdown(selection.chain_or_tree)
     if selection.forms is not None:
         L += ["", _forms_markdown(selection.forms)]
     if selection.mix is not None:

@@ -16,6 +16,7 @@ from treeopt.app.stages.hardware import Bench
 from treeopt.app.stages.job import Job
 from treeopt.app.stages.proposal import Proposal
 from treeopt.app.stages.sweep import MeasuredSweep
+from treeopt.chain_or_tree import chain_or_tree, format_chain_or_tree
 from treeopt.engines import eagle_draft
 from treeopt.mix import TrafficMix, choose_mix_tree, format_mix, mix_grid_from_sweep, mix_section
 from treeopt.schedules import format_schedule, with_schedule
@@ -68,21 +69,25 @@ def select_trees(
             mix_grid_from_sweep(measured.table), mix, source=str(measured.csv), chosen=chosen.chosen_nodes()
         )
         chosen = replace(chosen, mix=mix_section(choice, proposal.tree, mix))
+    grid = mix_grid_from_sweep(measured.table)
     if proposal.engine is not None:  # the engine's per-batch schedule (docs/engines.md#schedules)
         table = proposal.table
         chosen = with_schedule(
             chosen,
             proposal.engine,
-            grid=mix_grid_from_sweep(measured.table),
+            grid=grid,
             proposal=proposal.tree,
             accuracy=table.accuracy,
             drafter=eagle_draft(table),
         )
+    chosen = replace(chosen, chain_or_tree=chain_or_tree(chosen, grid, proposal.tree, proposal.engine))
     plot_measured_speedup(measured.table, chosen, job.out / "measured_speedup.png")
     write_selection(job.out / "selection.json", chosen)
     job.result(format_selection(chosen))
     if chosen.mix is not None:
         job.result(format_mix(chosen.mix))
+    if chosen.chain_or_tree is not None:
+        job.result(format_chain_or_tree(chosen.chain_or_tree))
     if chosen.schedule is not None:
         job.result(format_schedule(chosen.schedule))
     return SelectedTrees(chosen, timings)
