@@ -362,6 +362,11 @@ def test_run_for_vllm_with_medusa_heads_measures_and_picks_only_the_chains_vllm_
     index = (tmp_path / "r" / "index.md").read_text()
     if any(c["nodes"] for c in cells):
         assert '"method": "medusa"' in index and "speculative_token_tree" not in index
+    # vLLM's Medusa proposer ignores the per-batch table (only ngram, eagle, eagle3, mtp,
+    # draft_model and dflash honour it): the run's answer says so under the table
+    schedule = json.loads((tmp_path / "r" / "selection.json").read_text())["schedule"]
+    assert schedule["engine"] == "vllm-medusa@0.32" and "config" not in schedule
+    assert "Per-batch schedule: none for `vllm-medusa@0.32`" in index and "does not honour" in index
 
 
 def test_the_committed_demo_report_shows_one_tree_per_cell():

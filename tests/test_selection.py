@@ -254,6 +254,8 @@ def test_select_cli(tmp_path, capsys):
     assert doc.pop("verification") == "tree"  # a sweep without the key was measured before candidates existed
     # no pooled fit: the sweep's model is not one treeopt can find
     assert doc.pop("pooled_fit") == {"skipped": "its model 'tiny' is neither built in nor found here: give --model"}
+    # the chain against the tree per cell (docs/engines.md#chain-or-tree): the proposal's chain is [0]
+    assert doc.pop("chain_or_tree")["chain_nodes_measured"] == 1
     assert doc == json.loads(json.dumps(select(read_sweep(path)[0], PROPOSAL, hardware="cpu", model="tiny")))
     assert [c["nodes"] for c in doc["cells"]] == [2, 0, 1, 1]
     assert doc["cells"][0]["medusa_choices"] == [[0], [1]]

@@ -434,6 +434,10 @@ _NO_SCHEDULE = {
         "backend's drafters do); the tree per batch is each cell's line"
     ),
     "vllm": "vLLM <= 0.20's tree proposer takes no per-batch table; the tree per batch is each cell's line",
+    "vllm-medusa": (
+        "vLLM's Medusa proposer does not honour num_speculative_tokens_per_batch_size (only ngram, eagle, eagle3, "
+        "mtp, draft_model and dflash do: vllm/config/vllm.py); the chain per batch is each cell's line"
+    ),
     "sglang": "SGLang runs one (steps, topk, draft tokens) per server: see the mix's triple (sglang_plan)",
     "": "this engine takes no per-batch schedule; the tree per batch is each cell's line",
 }
