@@ -55,6 +55,7 @@ from transformers.models.llama.modeling_llama import LlamaRMSNorm, apply_rotary_
 
 from calibration.attention_bench import ATTN_QUERIES, QUICK_ATTN_QUERIES, add_attention
 from calibration.device_info import capacity_bytes, device_name, loadavg
+from calibration.fused_projections import use_projections
 from calibration.heads import MedusaHeads
 from calibration.kv_cache import new_cache
 from calibration.model_calls import cache_kwargs, synchronizer
@@ -628,7 +629,9 @@ def _build_model(dev, tdt, dims: ModelDims, layers: int):
     cfg._attn_implementation = "sdpa"
     with torch.device(dev):
         model = LlamaForCausalLM(cfg)
-    return model.to(dtype=tdt).eval()
+    model = model.to(dtype=tdt).eval()
+    use_projections(model, None, dev)  # as the sweep's steps run the model on this device
+    return model
 
 
 def _forward_fn(model, dev, *, batch: int, tokens: int, context: int, vocab: int, sync, graphs=None):

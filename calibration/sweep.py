@@ -54,6 +54,7 @@ from tqdm import tqdm
 
 from calibration.device_memory import check_bench_fits
 from calibration.end_to_end import left_padding, measure_end_to_end, prompt_batches, token_batches
+from calibration.fused_projections import projection_mode, use_projections
 from calibration.split_attention import attention_path
 from calibration.static_steps import step_mode
 from calibration.step_bench import StepBench, check_form, effective_sizes, step_bench
@@ -131,6 +132,9 @@ class SweepSettings:
     # the verification attention (docs/decoder.md#split-verification-attention): "split",
     # "masked", None the device's default (`--attention`)
     attention: str | None = None
+    # the q/k/v and gate/up projections (docs/decoder.md#fused-projections): "fused",
+    # "separate", None the device's default (`--projections`)
+    projections: str | None = None
 
     @property
     def step_options(self) -> dict:
@@ -335,6 +339,7 @@ def _fingerprint(lm, proposal: Tree, sizes: list[int], settings: SweepSettings) 
             "verification": settings.verification,
             "steps": step_mode(settings.graphs, lm.device),
             "attention": attention_path(lm.model, settings.attention, lm.device),
+            "projections": projection_mode(lm.model),
             "measurement": {
                 "sizes": sizes,
                 "repeats": settings.repeats,
@@ -367,6 +372,7 @@ def _read_done(out_csv: Path, mpath: Path, fingerprint: dict, sizes: list[int]) 
     # a sweep written before the fields existed measured the tree form of a checkpoint
     # and ran its steps eagerly through the masked attention
     before = {"verification": "tree", "weights": "checkpoint", "steps": "eager", "attention": "masked"}
+    before["projections"] = "separate"
     diff = setting_differences({**before, **old}, fingerprint)
     if diff:
         raise UserError(
@@ -607,6 +613,7 @@ def run_sweep(
     proposal = tau.proposal
     sizes = _sweep_sizes(settings, proposal, progress)
     check_bench_fits(lm.model, settings.batches, settings.contexts, max(sizes) + 1, lm.device)
+    use_projections(lm.model, settings.projections, lm.device)  # the model's, for its forwards here
     fingerprint = _fingerprint(lm, proposal, sizes, settings)
     done, old = _earlier_groups(out_csv, fingerprint, sizes, resume, progress)
     round_samples = {} if old is None else read_round_samples(sweep_samples_path(out_csv))

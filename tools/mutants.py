@@ -2825,6 +2825,30 @@ MUTANTS = (
         "the attention grid allocates cells past the device's memory",
         ("tests/test_hwfit.py",),
     ),
+    Mutant(
+        "fused-stale-product",
+        "calibration/fused_projections.py",
+        "if fresh or x is not self._input:",
+        "if fresh:",
+        "a fused part called on another input returns its slice of the last input's product",
+        ("tests/test_fused_projections.py",),
+    ),
+    Mutant(
+        "fused-parts-all-at-zero",
+        "calibration/fused_projections.py",
+        "        start = end\n",
+        "",
+        "every part of a fused group returns the first projection's columns",
+        ("tests/test_fused_projections.py",),
+    ),
+    Mutant(
+        "fused-first-part-reuses",
+        "calibration/fused_projections.py",
+        "first=i == 0,",
+        "first=False,",
+        "the first part reuses a product of the same tensor changed in place since",
+        ("tests/test_fused_projections.py",),
+    ),
     # ---- static-shape verification steps (docs/decoder.md#static-shape-steps)
     Mutant(
         "static-mask-hides-last-slot",

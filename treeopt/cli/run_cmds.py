@@ -13,6 +13,7 @@ from calibration.data import check_prompt_source
 from calibration.demo import DemoRecipe, train_demo
 from calibration.demo_draft import DraftRecipe, train_demo_draft
 from calibration.demo_files import DEMO_MODEL_DIR
+from calibration.fused_projections import PROJECTION_MODES
 from calibration.models import load_model
 from calibration.split_attention import ATTENTION_PATHS
 from calibration.sweep import SweepSettings, check_form
@@ -236,6 +237,14 @@ def check_sweep_size(batches, contexts, sizes) -> None:
     "block under its mask, merged by log-sum-exp) or masked (one sdpa call under the whole mask) [default: split "
     "on CUDA, masked elsewhere]. Recorded in the sweep's metadata (docs/decoder.md#split-verification-attention).",
 )
+@click.option(
+    "--projections",
+    type=click.Choice(PROJECTION_MODES),
+    default=None,
+    help="The q/k/v and gate/up projections: fused (one GEMM each, built from the loaded weights, as engines run "
+    "them) or separate [default: fused on CUDA, separate elsewhere]. Recorded in the sweep's metadata "
+    "(docs/decoder.md#fused-projections).",
+)
 @click.option("--resume", is_flag=True, help="Keep the (batch, context) groups already in OUTPUT.")
 @click.option("-o", "--output", required=True, metavar="FILE.csv")
 def sweep_cmd(
@@ -263,6 +272,7 @@ def sweep_cmd(
     topk,
     graphs,
     attention,
+    projections,
     resume,
     output,
 ):
@@ -294,6 +304,7 @@ def sweep_cmd(
         tolerance=tolerance,
         graphs=graphs,
         attention=attention,
+        projections=projections,
     )
     table, tau = load_tau_curves(accuracy, max(sizes), method=method)
     profile = load_hardware(hardware) if hardware is not None else None
