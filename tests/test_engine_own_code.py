@@ -19,7 +19,7 @@ import pytest
 
 from treeopt.engine_data import get_engine
 from treeopt.engines import export_for
-from treeopt.schedules import BatchChoice, vllm_schedule_config
+from treeopt.schedules import BatchChoice, selection_schedule, vllm_schedule_config
 from treeopt.tree import make_tree
 
 vllm_config = pytest.importorskip("vllm.config")
@@ -53,6 +53,10 @@ def _lines():
             yield json.loads(shlex.split(export_for(engine, make_tree([[0] * d for d in range(1, n + 1)])).line)[1])
     for choices in ([(1, 4), (4, 3), (16, 1)], [(1, 2), (8, 0)], [(2, 3), (8, 3), (64, 1)]):
         yield vllm_schedule_config([BatchChoice(b, k) for b, k in choices], "draft_model")
+    # the schedules `select`/`run --engine` print: a selection's cells at two contexts
+    cells = [{"batch": b, "context": c, "nodes": k} for b, c, k in ((1, 128, 3), (1, 512, 2), (8, 128, 1), (8, 512, 1))]
+    for name in ("vllm", "vllm-draft-model"):
+        yield selection_schedule(cells, get_engine(name))["config"]
 
 
 def test_vllm_033_accepts_every_exported_line():
@@ -63,7 +67,7 @@ def test_vllm_033_accepts_every_exported_line():
         if "num_speculative_tokens_per_batch_size" in config:
             dynamic.validate_and_normalize_dynamic_sd_schedule(config["num_speculative_tokens_per_batch_size"])
         accepted += 1
-    assert accepted == 19
+    assert accepted == 21
 
 
 def test_vllm_033_refuses_what_treeopt_no_longer_exports():
