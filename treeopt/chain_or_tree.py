@@ -7,8 +7,9 @@ first N sizes are chains up to the first node that branches: those are the chain
 In a measured cell the selection already compared every size by the paired rule
 (docs/statistics.md#choosing-a-tree-with-intervals) and ships the smallest size within the
 tolerance of the best; the chains are the smallest sizes, so a shipped tree that is not a
-chain means no measured chain came within the tolerance: the tree pays. A shipped chain means
-it does not (by more than the tolerance); an undecided cell says so. A predicted cell compares
+chain means no measured chain was shown within the tolerance at the lower bound of its paired
+ratio: the tree pays by the selection's rule. A shipped chain means it does not (by more than
+the tolerance); an undecided cell says so. A predicted cell compares
 the point speedups.
 """
 
@@ -93,7 +94,9 @@ def _pays(cell, chain: dict, longest: int, engine) -> str:
         return "undecided"
     if cell.reason is None:  # predicted: the point speedups
         return "yes" if (cell.speedup or 0) > (chain["speedup"] or 0) else "no"
-    return "yes"
+    # why (docs/engines.md#chain-or-tree): the selection ships the smallest size shown within its
+    # tolerance of the best; a chain is smaller, so none was shown within it
+    return "yes: no measured chain is within the selection's tolerance of it at the paired lower bound"
 
 
 def _span(part: dict) -> str:
