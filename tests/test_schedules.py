@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 
+import numpy as np
 import pytest
 
 from treeopt.errors import UserError
@@ -205,5 +206,23 @@ def test_a_selection_of_chains_gives_each_engine_its_table():
         "speculative_model": "<draft model>",
     }
     assert "1-1: 2, 2-4: 1, 5-16: 0" in format_schedule(vllm)
+    # with the draft's directory known, both configs name it (vLLM's draft_model loads "model";
+    # TensorRT-LLM's Draft_Target refuses a config without speculative_model)
+    named = selection_schedule(cells, get_engine("vllm-draft-model"), draft_model="/models/llama-68m")
+    assert named["config"]["model"] == "/models/llama-68m"
+    named = selection_schedule(cells, get_engine("trtllm-draft-model"), draft_model="/models/llama-68m")
+    assert named["config"]["speculative_model"] == "/models/llama-68m"
     medusa = selection_schedule(cells, get_engine("trtllm"))
     assert "config" not in medusa and "legacy TensorRT backend" in medusa["note"]
+
+
+def test_a_draft_model_table_names_its_draft_directory():
+    from treeopt.accuracy import AccuracyTable
+    from treeopt.engines import draft_model_dir
+
+    def table(heads):
+        return AccuracyTable(np.full((2, 1), 0.5), np.array([10, 10]), provenance={"heads": heads})
+
+    assert draft_model_dir(table("draft-model:/models/llama-68m")) == "/models/llama-68m"
+    assert draft_model_dir(table("draft-model:demo")) is None  # the bundled demo draft: no engine serves it
+    assert draft_model_dir(table("hydra:/x")) is None

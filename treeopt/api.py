@@ -38,7 +38,7 @@ from treeopt.chain_or_tree import chain_or_tree
 from treeopt.engine_readers import EngineWindow, load_engine_window
 from treeopt.engines import EngineExport as EngineExport
 from treeopt.engines import check as _check
-from treeopt.engines import eagle_draft, export_for, get_engine
+from treeopt.engines import draft_model_dir, eagle_draft, export_for, get_engine
 from treeopt.errors import UserError
 from treeopt.mix import choose_mix_tree, mix_grid_from_sweep, mix_section, parse_mix
 from treeopt.public_names import PUBLIC_NAMES
@@ -353,7 +353,15 @@ def with_engine(
     chosen = _with_engine_lines(selection, engine, table)
     acc = table.accuracy if table is not None else None
     target = get_engine(chosen.provenance.engine)
-    return with_schedule(chosen, target, grid=grid, proposal=proposal, accuracy=acc, drafter=eagle_draft(table))
+    return with_schedule(
+        chosen,
+        target,
+        grid=grid,
+        proposal=proposal,
+        accuracy=acc,
+        drafter=eagle_draft(table),
+        draft_model=draft_model_dir(table) if table is not None else None,
+    )
 
 
 def _with_engine_lines(selection: Selection, engine: str, table: AccuracyTable | None) -> Selection:

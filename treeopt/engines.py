@@ -57,6 +57,7 @@ __all__ = [
     "sglang_tree",
     "sglang_pool_size",
     "sglang_triple_for",
+    "draft_model_dir",
     "eagle_draft",
     "export_for",
     "EngineExport",
@@ -657,6 +658,16 @@ def eagle_draft(table) -> tuple[str, str] | None:
         return None
     heads = str((table.provenance or {}).get("heads") or "")
     return kind, heads.split(":", 1)[1] if ":" in heads else heads
+
+
+def draft_model_dir(table) -> str | None:
+    """The draft model's directory of a table calibrated with `--drafter draft-model`
+    (`treeopt calibrate` records "draft-model:DIR"), for the engines' configs that name it; None
+    for another drafter and for the bundled demo draft ("demo"), which no engine serves."""
+    if getattr(table, "drafter", None) != "draft-model":
+        return None
+    spec = str((table.provenance or {}).get("heads") or "").split(":", 1)
+    return spec[1] if len(spec) == 2 and spec[1] not in ("", "demo") else None
 
 
 def sglang_flags(steps: int, topk: int, num_draft_tokens: int, *, algorithm: str = "EAGLE") -> str:

@@ -316,7 +316,7 @@ def _cell_rows(cells, weights) -> list[tuple[int, int, int]]:
     return rows
 
 
-def selection_schedule(cells, engine, *, weights=None, drafter=None, sglang=None) -> dict:
+def selection_schedule(cells, engine, *, weights=None, drafter=None, sglang=None, draft_model=None) -> dict:
     """The per-batch schedule of a selection's cells for `engine` (a treeopt.engine_data.Engine),
     paste-ready (docs/engines.md#schedules): `ranges`, the engine's `config` and `line`, or a
     `note` saying why that engine takes none. `cells`: dicts or SelectionCells with batch, context
@@ -324,7 +324,8 @@ def selection_schedule(cells, engine, *, weights=None, drafter=None, sglang=None
     context axis, so a batch size gets the shortest draft its contexts chose (`choices_for_mix`):
     every context of the selection, or with a traffic mix's `weights` ({(batch, context):
     weight}) the mix's contexts at that batch (docs/engines.md#context-in-a-schedule).
-    `drafter`: an EAGLE draft's (kind, directory), named in vLLM's config. `sglang`: for SGLang,
+    `drafter`: an EAGLE draft's (kind, directory), named in vLLM's config; `draft_model`: a draft
+    model's directory, named in vLLM's and TensorRT-LLM's draft-model configs. `sglang`: for SGLang,
     {(batch, context): {triple: (speedup, line)}} of the triples the selection's source measured or
     predicted (`sglang_options`): the mix's best triple and one per batch range (`sglang_plan`)."""
     family = engine.name.split("@")[0]
@@ -345,13 +346,15 @@ def selection_schedule(cells, engine, *, weights=None, drafter=None, sglang=None
         method, model = engine.method_name, None
         if drafter is not None and engine.method_name in ("eagle", "eagle3"):
             method, model = drafter  # vLLM names the draft's method and path (docs/engines.md#eagle-drafts)
+        elif engine.method_name == "draft_model":
+            model = draft_model  # the draft's path: vLLM loads it from "model"
         config = vllm_schedule_config(choices, method, model)
         doc["config"] = config
         doc["line"] = vllm_schedule_line(config)
     else:
         # why (docs/engines.md#tensorrt-llm): Draft_Target and EAGLE configs refuse a config without
         # the draft's path
-        extra = {"speculative_model": "<draft model>"} if engine.method_name == "Draft_Target" else {}
+        extra = {"speculative_model": draft_model or "<draft model>"} if engine.method_name == "Draft_Target" else {}
         if engine.method_name == "Eagle3":
             model = drafter[1] if drafter is not None else TRTLLM_EAGLE3_PLACEHOLDER
             extra = {"speculative_model_dir": model, "eagle3_one_model": True}
@@ -405,7 +408,7 @@ def sglang_options(grid, triple_of) -> dict:
     return out
 
 
-def with_schedule(selection, engine, *, grid=None, proposal=None, accuracy=None, drafter=None):
+def with_schedule(selection, engine, *, grid=None, proposal=None, accuracy=None, drafter=None, draft_model=None):
     """`selection` (a typed Selection) with its `schedule` for `engine` (`selection_schedule`):
     the traffic mix's contexts where the selection has a mix; for SGLang, the triples of the
     `grid` (batch, context, nodes, speedup) rows, each size of `proposal` exported as SGLang's
@@ -424,7 +427,9 @@ def with_schedule(selection, engine, *, grid=None, proposal=None, accuracy=None,
             return triple, export_for(engine, tree, accuracy=accuracy, drafter=drafter).line
 
         sglang = sglang_options(grid, triple_of)
-    section = selection_schedule(selection.cells, engine, weights=weights, drafter=drafter, sglang=sglang)
+    section = selection_schedule(
+        selection.cells, engine, weights=weights, drafter=drafter, sglang=sglang, draft_model=draft_model
+    )
     return replace(selection, schedule=section)
 
 

@@ -17,7 +17,7 @@ from treeopt.app.stages.job import Job
 from treeopt.app.stages.proposal import Proposal
 from treeopt.app.stages.sweep import MeasuredSweep
 from treeopt.chain_or_tree import chain_or_tree, format_chain_or_tree
-from treeopt.engines import eagle_draft
+from treeopt.engines import draft_model_dir, eagle_draft
 from treeopt.mix import TrafficMix, choose_mix_tree, format_mix, mix_grid_from_sweep, mix_section
 from treeopt.schedules import format_schedule, with_schedule
 from treeopt.selection import read_round_samples, select, sweep_samples_path
@@ -79,6 +79,7 @@ def select_trees(
             proposal=proposal.tree,
             accuracy=table.accuracy,
             drafter=eagle_draft(table),
+            draft_model=draft_model_dir(table),
         )
     chosen = replace(chosen, chain_or_tree=chain_or_tree(chosen, grid, proposal.tree, proposal.engine))
     plot_measured_speedup(measured.table, chosen, job.out / "measured_speedup.png")
