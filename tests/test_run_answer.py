@@ -83,3 +83,12 @@ def test_a_fraction_of_selected_above_one_is_explained_where_it_occurs():
     (note, _) = _above_one_note(regret)
     assert note.startswith("A fraction above 1 (batch 8 context 512)") and "smallest tree" in note
     assert _above_one_note(regret.assign(fraction_of_selected=[1.0, 0.97])) == []
+
+
+def test_a_cell_decided_on_fixed_rounds_says_its_bound_and_open_rivals():
+    # bound 0.8: no rival more than 1 / 0.8 - 1 = 25% faster; 4 nodes not shown as good
+    sel = dict(SELECTION, cells=[cell(2, 2, "best bound", bound=0.8, open_nodes=[4], rounds_needed=120, best_nodes=4)])
+    (r,) = rows(answer_section(sel, None, heads=4))
+    assert "worst paired lower bound against every rival is the highest" in r[3]
+    assert "no tree more than 25% faster, not shown as good as 4 nodes" in r[3]
+    assert "about 120 rounds would settle it" in r[3]

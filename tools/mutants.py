@@ -3329,6 +3329,14 @@ MUTANTS = (
         ("tests/test_fixed_rounds.py::test_select_decides_a_sweep_file_on_its_rounds_unless_told_to_keep_it_open",),
     ),
     Mutant(
+        "fixed-rounds-answer-unexplained",
+        "treeopt/app/run_answer.py",
+        '    if reason == "best bound":',
+        '    if reason == "best-bound":',
+        "a run's answer gives a fixed-round cell no reason, bound or open rival",
+        ("tests/test_run_answer.py",),
+    ),
+    Mutant(
         "model-config-nan",
         "calibration/model_checks.py",
         "        if not math.isfinite(value):",
