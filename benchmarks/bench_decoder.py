@@ -1,6 +1,7 @@
 """Speed of the reference tree decoder (issue 5). Run:
 
     python benchmarks/bench_decoder.py [--model demo|PATH] [--runs N] [--max-new-tokens N] [--threads N]
+        [--attention split|masked]
 
 Targets: the non-model work of a decoding step (draft = head top-k, candidate layout, mask and
 positions; update = acceptance, bonus, KV-cache update, bookkeeping) is at most 5% of the step
@@ -91,29 +92,36 @@ def _step_shares(res, staging) -> tuple[list, list, list]:
 
 
 def main(
-    model: str | None = None, runs: int = 3, max_new_tokens: int = 32, prompts: int = 2, threads: int | None = None
+    model: str | None = None,
+    runs: int = 3,
+    max_new_tokens: int = 32,
+    prompts: int = 2,
+    threads: int | None = None,
+    attention: str | None = None,
 ) -> list[tuple]:
     """The benchmark (module docstring) with `threads` torch CPU threads (None: the project's
-    default for the model, `calibration.threads.default_threads`)."""
+    default for the model, `calibration.threads.default_threads`), the decoders' verification
+    attention `attention` (None: the device's default; docs/decoder.md#split-verification-attention)."""
     with tempfile.TemporaryDirectory() as tmp:
         lm, label = _load(model, Path(tmp))
         with torch_threads(lm.model, lm.device, threads):
-            return _run(lm, label, runs, max_new_tokens, prompts)
+            return _run(lm, label, runs, max_new_tokens, prompts, attention)
 
 
-def _run(lm, label: str, runs: int, max_new_tokens: int, prompts: int) -> list[tuple]:
+def _run(lm, label: str, runs: int, max_new_tokens: int, prompts: int, attention: str | None) -> list[tuple]:
     tree = _tree(lm.heads.num_heads)
     decoders = {
-        "tree eager": TreeDecoder(lm.model, lm.heads, tree, graphs=False),
-        "tree static": TreeDecoder(lm.model, lm.heads, tree, graphs=True),
-        "empty tree": TreeDecoder(lm.model, lm.heads, tree.prefix(0)),
+        "tree eager": TreeDecoder(lm.model, lm.heads, tree, graphs=False, attention=attention),
+        "tree static": TreeDecoder(lm.model, lm.heads, tree, graphs=True, attention=attention),
+        "empty tree": TreeDecoder(lm.model, lm.heads, tree.prefix(0), attention=attention),
     }
     eos = lm.tokenizer.eos_token_id
     token_lists = _prompts(lm, prompts)
     print(
         f"model: {label}; tree: greedy {tree.size} nodes, depth {tree.depth}; "
         f"{len(token_lists)} prompts x {max_new_tokens} new tokens, batch 1, "
-        f"torch threads {torch.get_num_threads()}; static path: {decoders['tree static'].steps}"
+        f"torch threads {torch.get_num_threads()}; static path: {decoders['tree static'].steps}; "
+        f"attention: {decoders['tree eager'].attention}"
     )
 
     modes = ("tree eager", "tree static")
@@ -211,8 +219,9 @@ if __name__ == "__main__":
         help="torch CPU threads (default: the project's for the model, as `treeopt sweep` "
         "chooses them: 1 for a small model on a CPU, else torch's)",
     )
+    parser.add_argument("--attention", choices=("split", "masked"), default=None)
     args = parser.parse_args()
-    rows = main(args.model, args.runs, args.max_new_tokens, threads=args.threads)
+    rows = main(args.model, args.runs, args.max_new_tokens, threads=args.threads, attention=args.attention)
     bad = 0
     for name, value, target, unit, lower in rows:
         ok = value <= target if lower else value >= target
