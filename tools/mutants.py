@@ -277,8 +277,8 @@ MUTANTS = (
     Mutant(
         "schedule-select-not-stored",
         "treeopt/api.py",
-        "return with_schedule(chosen, target, grid=grid, proposal=proposal,",
-        "return chosen or with_schedule(chosen, target, grid=grid, proposal=proposal,",
+        "    return with_schedule(\n        chosen,\n        target,\n",
+        "    return chosen or with_schedule(\n        chosen,\n        target,\n",
         "select --engine / roofline speedup --select --engine give no per-batch schedule",
         ("tests/test_selection_schedules.py",),
     ),
