@@ -1,10 +1,11 @@
 """SGLang's own checks of a speculative server's flags, transcribed (docs/engines.md#sglang-server-checks).
 
 SGLang does not install on a CPU machine without CUDA in the suite's time, so its argument
-checks are transcribed from `_handle_eagle_family` in
-python/sglang/srt/arg_groups/speculative_hook.py (sgl-project/sglang main, 2026; the stored copy
-whose page-size rule names `_PAGE_TREE_SPEC_BACKENDS`) and `adaptive_unsupported_reason` in
-python/sglang/srt/speculative/adaptive_spec_params.py:
+checks are transcribed, as of release v0.5.23, from `_handle_eagle_family` in
+python/sglang/srt/arg_groups/speculative_hook.py (the version whose page-size rule names
+`_PAGE_TREE_SPEC_BACKENDS`; an earlier one, sgl-project/sglang d9ccf6a7, allows only flashinfer
+and fa3 there and has no rejection-sampling check) and `adaptive_unsupported_reason` in
+python/sglang/srt/speculative/adaptive_spec_params.py (sgl-project/sglang 13d3f642):
 
 - topk > 1 with the `trtllm_mha` attention backend: refused ("trtllm_mha backend only supports
   topk = 1 for speculative decoding");
