@@ -163,7 +163,10 @@ def _train_hydra(model, tokens: np.ndarray, recipe: DrafterRecipe, out_dir: Path
         "log": _train("hydra", hydra, params, model, tokens, recipe, work_dir / "hydra.pt", resume, 2),
         "parameters": sum(p.numel() for p in hydra.parameters()),
     }
-    hydra.save_pretrained(out_dir / HYDRA_DIR, base_model_name_or_path="demo", dtype=torch.bfloat16)
+    # its input embeddings are the base model's, frozen: the loader takes them from there
+    hydra.save_pretrained(
+        out_dir / HYDRA_DIR, base_model_name_or_path="demo", dtype=torch.bfloat16, input_embeddings=False
+    )
     return summary
 
 

@@ -45,9 +45,10 @@ def test_committed_drafters_match_their_recipe_in_bf16_within_the_budget():
             # bf16 weights (EAGLE-3's d2t and t2d are integer and boolean maps)
             assert {fh.get_slice(k).get_dtype() for k in fh.keys() if k not in ("d2t", "t2d")} == {"BF16"}
     # the whole demo checkpoint: model, tokenizer, Medusa heads, Hydra heads, speculator, draft
-    # model, EAGLE-3 draft (2.9 MB, the issue's "a few MB", raised the budget from 40 MB)
+    # model, EAGLE-3 draft: within the repository's 40 MiB for demo checkpoints (the Hydra heads
+    # leave out their input embeddings, the base model's own)
     total = sum(f.stat().st_size for f in DEMO_MODEL_DIR.rglob("*") if f.is_file() and ".work" not in f.parts)
-    assert total < 45e6
+    assert total <= 40 * 2**20
 
 
 @pytest.fixture
@@ -67,13 +68,15 @@ TINY = DrafterRecipe(hydra_heads=2, speculator_stages=2, steps=3, warmup_steps=1
 def test_recipe_trains_resumes_and_refuses_another_recipe(tmp_path, tiny_work):
     out = tmp_path / "out"
     train_drafters(out, TINY, model_dir=DEMO_MODEL_DIR, work_dir=tiny_work)
-    hydra = load_drafter(out / HYDRA_DIR)
+    # the Hydra heads' input embeddings are the base model's (left out of their file)
+    base = load_model("demo", device="cpu", dtype="float32").model.get_input_embeddings().weight
+    hydra = load_drafter(out / HYDRA_DIR, input_embeddings=base)
     spec = load_drafter(out / SPECULATOR_DIR)
     assert (hydra.num_heads, spec.num_heads) == (2, 2)
     first = {k: v.clone() for k, v in hydra.state_dict().items()}
     # a rerun of the same recipe resumes from the last checkpoint: nothing more to train
     summary = train_drafters(out, TINY, model_dir=DEMO_MODEL_DIR, work_dir=tiny_work)
-    again = load_drafter(out / HYDRA_DIR).state_dict()
+    again = load_drafter(out / HYDRA_DIR, input_embeddings=base).state_dict()
     assert all(torch.equal(first[k], again[k]) for k in first)
     assert summary["recipe"] == asdict(TINY)
     # the EAGLE-3 draft: the inputs of layers 1, 2, 4 of the 5-layer demo model, and a draft

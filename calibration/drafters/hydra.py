@@ -292,15 +292,25 @@ class HydraHeads(nn.Module, Drafter):
         return heads.to(device=device, dtype=dtype).eval()
 
     def save_pretrained(
-        self, path, *, base_model_name_or_path: str = "", dtype=torch.bfloat16, format: str = "safetensors"
+        self,
+        path,
+        *,
+        base_model_name_or_path: str = "",
+        dtype=torch.bfloat16,
+        format: str = "safetensors",
+        input_embeddings: bool = True,
     ) -> None:
         """config.json + hydra_lm_head.safetensors, or hydra_lm_head.pt (format="pt"), the file
-        the authors' loader reads (prefix-mlp heads in their prefix-mlp key layout)."""
+        the authors' loader reads (prefix-mlp heads in their prefix-mlp key layout).
+        input_embeddings=False leaves out `input_embed_fn.weight` where it is the base model's
+        frozen embedding table: `from_pretrained` takes it from the base model again."""
         if format not in ("safetensors", "pt"):
             raise UserError(f"format: must be 'safetensors' or 'pt', got {format!r}")
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         state = {k: v.detach().to("cpu", dtype).contiguous() for k, v in self.state_dict().items()}
+        if not input_embeddings:
+            del state["input_embed_fn.weight"]
         if self.prefix_layer:
             state = _to_authors_prefix_keys(state)
         if format == "pt":
