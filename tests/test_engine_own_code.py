@@ -57,6 +57,8 @@ def _lines():
     cells = [{"batch": b, "context": c, "nodes": k} for b, c, k in ((1, 128, 3), (1, 512, 2), (8, 128, 1), (8, 512, 1))]
     for name in ("vllm", "vllm-draft-model"):
         yield selection_schedule(cells, get_engine(name))["config"]
+    # a draft model's schedule names its directory ("model")
+    yield selection_schedule(cells, get_engine("vllm-draft-model"), draft_model=str(DEMO / "draft"))["config"]
 
 
 def test_vllm_033_accepts_every_exported_line():
@@ -67,7 +69,7 @@ def test_vllm_033_accepts_every_exported_line():
         if "num_speculative_tokens_per_batch_size" in config:
             dynamic.validate_and_normalize_dynamic_sd_schedule(config["num_speculative_tokens_per_batch_size"])
         accepted += 1
-    assert accepted == 21
+    assert accepted == 22
 
 
 def test_vllm_033_refuses_what_treeopt_no_longer_exports():
