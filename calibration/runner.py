@@ -53,18 +53,24 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-import numpy as np
 import torch
 from tqdm import tqdm
 
-from calibration.checkpoint import load_checkpoint, run_id, save_checkpoint
+from calibration.calibration_outputs import (
+    CalibrationResult,
+    accuracy_table,
+    check_outputs,
+    finished_result,
+    save_outputs,
+)
+from calibration.calibration_settings import CalibrationSettings, check_settings, run_fingerprint
+from calibration.checkpoint import load_checkpoint, save_checkpoint
 from calibration.counts import CalibrationCounts
 from calibration.data import PromptSet, load_prompts
 from calibration.demo_files import DEMO_HEADS_DIR
-from calibration.device_info import table_device_name
 from calibration.distributed import (
     SINGLE,
     Processes,
@@ -80,115 +86,20 @@ from calibration.distributed import (
 from calibration.drafters.draft_model import ALPHA_MAX_PROMPTS, chain_acceptance
 from calibration.interrupts import CalibrationInterrupted, deferred_interrupts
 from calibration.labels import (
-    LABEL_MODES,
     greedy_continuations,
     label_ranks,
     label_rows,
     pad_token_id,
 )
 from calibration.models import ModelSource
-from calibration.provenance import run_date, tool_versions
 from calibration.threads import torch_threads
-from treeopt.acceptance import (
-    load_rank_vectors,
-    rank_vectors_fingerprint,
-    rank_vectors_path,
-    save_rank_vectors,
-)
-from treeopt.accuracy import AccuracyTable, load_accuracy
 from treeopt.chain import alpha_path
-from treeopt.dtypes import torch_dtype_name
 from treeopt.errors import UserError
-from treeopt.fileio import atomic_outputs, check_writable, output_lock, refuse_overwriting_inputs
-from treeopt.input_paths import input_files
+from treeopt.fileio import output_lock
 from treeopt.layout import default_heads_dir
-from treeopt.resume import differences_text
 
-
-@dataclass(frozen=True)
-class CalibrationResult:
-    table: AccuracyTable
-    counts: CalibrationCounts
-    complete: bool  # every prompt of the data set was used
-    checkpoint: Path | None  # the checkpoint left on disk (None once complete)
-    elapsed_s: float  # wall time of this invocation (not of resumed parts)
-    resumed_prompts: int = 0  # prompts already done by the checkpoint this run resumed from
-    run_tokens: int = 0  # tokens (prompt + generation) processed by this invocation
-    # Rank vectors of every counted position (module doc): (N, K) int16, -1 = no label,
-    # topk = miss (rank >= topk), else the exact rank; rows ordered by (prompt, t)
-    ranks: np.ndarray | None = None
-    sequence: np.ndarray | None = None  # (N,) int32 prompt index (file order) of each row
-    fingerprint: dict | None = None  # the inputs (as in the checkpoint)
-    already_complete: bool = False  # resumed on an output already complete: nothing was run
-
-
-def _finished_output(output: Path, fingerprint: dict, total: int, *, refuse_other: bool) -> CalibrationResult | None:
-    """The result of an output already complete for these inputs (None when `output` is not a
-    calibration's complete output for `total` prompts). An output from other inputs is
-    refused (UserError) when `refuse_other`, else the run starts over and replaces it."""
-    if not output.is_file():
-        return None
-    theirs = rank_vectors_fingerprint(output)
-    if theirs is None:  # no sidecar: not from a calibration, nothing to compare
-        return None
-    if theirs != fingerprint:
-        detail = differences_text(theirs, fingerprint) or "settings this treeopt no longer records"
-        if refuse_other:
-            raise UserError(
-                f"{output}: already calibrated from other inputs ({detail}); rerun without --resume to replace it"
-            )
-        print(f"treeopt: {output} was calibrated from other inputs ({detail}); calibrating anew", file=sys.stderr)
-        return None
-    table = load_accuracy(output)
-    prompts_done = table.provenance.get("prompts")
-    if prompts_done != total:
-        return None
-    ranks, sequence = load_rank_vectors(output, table=table)
-    counts = CalibrationCounts(
-        table.hits.astype(np.int64),
-        table.positions.astype(np.int64),
-        None if table.joint is None else dict(table.joint),
-        prompts_done,
-        int(table.provenance.get("tokens", 0)),
-        int(table.provenance.get("steps", 0)) * prompts_done,
-    )
-    counts.rank_chunks, counts.sequence_chunks = [ranks], [sequence]
-    print(
-        f"treeopt: {output} is already complete for these inputs ({prompts_done} prompts); its counts are kept",
-        file=sys.stderr,
-    )
-    return CalibrationResult(
-        table, counts, True, None, 0.0, prompts_done, 0, ranks, sequence, fingerprint, already_complete=True
-    )
-
-
-@dataclass(frozen=True)
-class CalibrationSettings:
-    """What a calibration counts and how (module doc; `treeopt calibrate`'s options of the same
-    names). `steps`, `topk`, `labels`, `batch_size`, `seed` and `joint` are part of the run's
-    fingerprint: a resume must share them."""
-
-    steps: int = 32  # tokens generated per prompt (greedy labels)
-    topk: int = 10  # ranks recorded per head: the table's width
-    labels: str = "greedy"  # one of calibration.labels.LABEL_MODES
-    batch_size: int = 8  # prompts per batch
-    max_prompts: int | None = None  # the first prompts only (None: every prompt)
-    checkpoint_every: int = 64  # prompts between two checkpoints
-    seed: int = 0  # torch's seed, recorded in the provenance
-    joint: bool = True  # count the joint rank-vector prefixes too
-    chunk_elements: int | None = None  # logits per chunk (calibration.labels.label_ranks)
-
-    @property
-    def generated_tokens(self) -> int:
-        """Tokens generated per prompt: `steps` with greedy labels, none with data labels."""
-        return self.steps if self.labels == "greedy" else 0
-
-    @classmethod
-    def split(cls, options: dict) -> tuple[CalibrationSettings, dict]:
-        """The settings named among keyword `options`, and the options left over."""
-        names = {f.name for f in fields(cls)}
-        settings = cls(**{k: v for k, v in options.items() if k in names})
-        return settings, {k: v for k, v in options.items() if k not in names}
+#: what `calibrate` and `run_calibration` count without settings of their own
+DEFAULT_SETTINGS = CalibrationSettings()
 
 
 @dataclass(frozen=True)
@@ -201,69 +112,6 @@ class _Shard:
     checkpoint: Path | None
     fingerprint: dict
     processes: Processes
-
-
-def steps_too_few(steps: int, depth: int, kind: str) -> str:
-    """The refusal of greedy labels too few for a drafter of `depth` levels, in its own terms:
-    every head (or draft position of a draft model) needs a label one token further on."""
-    if kind == "draft-model":
-        return (
-            f"--steps: a draft model drafting up to {depth} tokens needs at least {depth + 1} generated tokens per "
-            f"prompt, so that every draft position has a greedy label, got {steps} (raise --steps, or draft fewer "
-            "tokens with --num-heads)"
-        )
-    return (
-        f"--steps: must be at least {depth + 1} (heads + 1) with greedy labels so that every head has a label, "
-        f"got {steps}"
-    )
-
-
-def _check_settings(settings: CalibrationSettings, loaded, prompts: PromptSet) -> int:
-    """UserError for settings this model and these prompts cannot be calibrated with; else
-    the number of prompts the run covers."""
-    num_heads, vocab = loaded.heads.num_heads, loaded.heads.vocab_size
-    if settings.labels not in LABEL_MODES:
-        raise UserError(f"--labels: must be one of {', '.join(LABEL_MODES)}, got {settings.labels!r}")
-    if settings.labels == "greedy" and settings.steps < num_heads + 1:
-        raise UserError(steps_too_few(settings.steps, num_heads, loaded.heads.kind))
-    if not 1 <= settings.topk <= vocab:
-        raise UserError(f"--topk: must be between 1 and the vocabulary size {vocab}, got {settings.topk}")
-    for option, value in (("batch-size", settings.batch_size), ("checkpoint-every", settings.checkpoint_every)):
-        if value < 1:
-            raise UserError(f"--{option}: must be at least 1, got {value}")
-    if settings.max_prompts is not None and settings.max_prompts < 1:
-        raise UserError(f"--max-prompts: must be at least 1, got {settings.max_prompts}")
-    limit = getattr(loaded.model.config, "max_position_embeddings", None)
-    longest = max(len(p) for p in prompts.token_ids) + settings.generated_tokens
-    if limit and longest > limit:
-        raise UserError(f"--prompt-tokens/--steps: sequences of {longest} tokens exceed the model's {limit} positions")
-    total = len(prompts) if settings.max_prompts is None else min(settings.max_prompts, len(prompts))
-    if settings.labels == "data" and max(len(p) for p in prompts.token_ids[:total]) < num_heads + 2:
-        raise UserError(
-            f"{prompts.name}: prompts too short for data labels: the last head needs "
-            f"texts of at least {num_heads + 2} tokens"
-        )
-    return total
-
-
-def _fingerprint(loaded, prompts: PromptSet, settings: CalibrationSettings, heads_source: str | None) -> dict:
-    """The inputs a checkpoint or a finished output must share with the run that uses it."""
-    return {
-        "model": loaded.name,
-        "heads": heads_source,
-        "data": prompts.name,
-        "data_sha256": prompts.sha256,
-        "data_format": prompts.data_format,
-        "chat_template": prompts.chat_template,
-        "prompt_tokens": prompts.prompt_tokens,
-        "steps": settings.steps,
-        "topk": settings.topk,
-        "labels": settings.labels,
-        "batch_size": settings.batch_size,
-        "dtype": torch_dtype_name(loaded.dtype),
-        "joint": settings.joint,
-        "seed": settings.seed,
-    }
 
 
 def _shard(fingerprint: dict, total: int, batch_size: int, checkpoint, processes: Processes) -> _Shard:
@@ -377,53 +225,10 @@ def _settle(counts: CalibrationCounts, shard: _Shard, data_prompts: int, keep_ch
     return counts, complete
 
 
-def _table(
-    loaded, prompts: PromptSet, settings: CalibrationSettings, counts, fingerprint: dict, processes
-) -> AccuracyTable:
-    """The accuracy table of the counts, its provenance naming the inputs and the software."""
-    empty = np.flatnonzero(counts.positions == 0)
-    if len(empty):
-        raise UserError(
-            f"{prompts.name}: head {int(empty[0]) + 1} got no labelled position: the "
-            f"prompts are too short (data labels need at least {loaded.heads.num_heads + 2} tokens)"
-        )
-    provenance = {
-        "source": "treeopt calibrate",
-        "model": loaded.name,
-        "heads": fingerprint["heads"],
-        "dataset": prompts.name,
-        "dataset_sha256": prompts.sha256,
-        "data_format": prompts.data_format,
-        "chat_template": prompts.chat_template,
-        "labels": settings.labels,
-        "steps": settings.generated_tokens,
-        "topk": settings.topk,
-        "batch_size": settings.batch_size,
-        "prompt_tokens": prompts.prompt_tokens,
-        "prompts": counts.prompts_done,
-        "positions": int(counts.positions[0]),
-        "tokens": counts.tokens,
-        "seed": settings.seed,
-        "run_id": run_id(fingerprint, counts),
-        "rank_ties": "rank = number of logits strictly greater than the label's",
-        "date": run_date(),
-        **tool_versions(),
-        "device": table_device_name(loaded.device),
-        "dtype": torch_dtype_name(loaded.dtype),
-        **({"processes": processes.world_size} if processes.many else {}),
-    }
-    return AccuracyTable(
-        hits=counts.hits.astype(np.float64),
-        positions=counts.positions.astype(np.float64),
-        joint=None if counts.joint is None else dict(sorted(counts.joint.items())),
-        provenance=provenance,
-    )
-
-
 def calibrate(
     loaded,
     prompts: PromptSet,
-    settings: CalibrationSettings = CalibrationSettings(),
+    settings: CalibrationSettings = DEFAULT_SETTINGS,
     *,
     checkpoint: str | Path | None = None,
     resume: bool = False,
@@ -452,16 +257,16 @@ def calibrate(
     its shard of whole batches, keeps its own checkpoint (`rank_checkpoint_path`) and the
     result holds every process's counts combined (each process gets them).
     """
-    total = _check_settings(settings, loaded, prompts)
+    total = check_settings(settings, loaded, prompts)
     torch.manual_seed(settings.seed)
-    fingerprint = _fingerprint(loaded, prompts, settings, heads_source)
+    fingerprint = run_fingerprint(loaded, prompts, settings, heads_source)
     shard = _shard(fingerprint, total, settings.batch_size, checkpoint, processes)
     if resume and shard.checkpoint is None:
         raise UserError("--resume: needs a checkpoint file (--checkpoint or -o)")
     counts = _checkpoint_counts(shard) if resume else None
     finished = None
     if resume and counts is None and finished_output is not None:
-        finished = _finished_output(Path(finished_output), fingerprint, total, refuse_other=refuse_other_output)
+        finished = finished_result(Path(finished_output), fingerprint, total, refuse_other=refuse_other_output)
     # every process returns the finished output, or none does (the others wait in collectives)
     if all_agree(finished is not None, processes):
         return finished
@@ -475,7 +280,7 @@ def calibrate(
     tokens_at_start, prompts_at_start = counts.tokens, counts.prompts_done
     _count_shard(loaded, prompts, settings, shard, counts, progress)
     counts, complete = _settle(counts, shard, len(prompts), keep_checkpoint)
-    table = _table(loaded, prompts, settings, counts, fingerprint, processes)
+    table = accuracy_table(loaded, prompts, settings, counts, fingerprint, processes)
     rank_vectors, sequence = counts.rank_vectors()
     return CalibrationResult(
         table,
@@ -501,20 +306,6 @@ def _data_or_demo(data: str | None, model: str) -> str:
             "code; give prompts from your model's own use, e.g. a ShareGPT file)"
         )
     return "demo"
-
-
-def _check_outputs(source: ModelSource, data: str, output, checkpoint: Path | None, processes: Processes) -> None:
-    """UserError, before the model loads and hours of calibration, for outputs that would
-    overwrite an input or cannot be written (docs/formats.md#output-safety)."""
-    own_checkpoint = None if checkpoint is None else rank_checkpoint_path(checkpoint, processes)
-    outputs = [] if output is None or not processes.is_main else [output, rank_vectors_path(output)]
-    outputs += [own_checkpoint] if own_checkpoint is not None else []
-    check_writable(outputs)
-    # a model folder counts with its weights and configuration; `demo` names no file here, and
-    # what it resolves to lies inside the package, which `check_writable` refuses
-    refuse_overwriting_inputs(outputs, input_files(source.model, source.heads, data))
-    if output is not None and checkpoint is not None:
-        refuse_overwriting_inputs([own_checkpoint], [output, rank_vectors_path(output)])
 
 
 def _run_prompts(data: str, loaded, settings: CalibrationSettings, prompt_tokens: int, chat_template: bool, warn: bool):
@@ -612,7 +403,7 @@ def run_calibration(
     data: str | None = None,
     *,
     output: str | Path | None = None,
-    settings: CalibrationSettings = CalibrationSettings(),
+    settings: CalibrationSettings = DEFAULT_SETTINGS,
     prompt_tokens: int = 128,
     chat_template: bool = True,
     threads: int | None = None,
@@ -648,7 +439,7 @@ def run_calibration(
     source = replace(source, device=process_device(source.device, processes))
     if checkpoint == "auto":
         checkpoint = Path(str(output) + ".partial") if output is not None else None
-    _check_outputs(source, data, output, checkpoint, processes)
+    check_outputs(source, data, output, checkpoint, processes)
     # process 0 owns the outputs; every process locks its own checkpoint (a --checkpoint shared
     # by two calibrations would mix their counts)
     lock = output_lock(output) if output is not None and processes.is_main else contextlib.nullcontext()
@@ -681,19 +472,3 @@ def run_calibration(
         ):
             _save_alpha(output, loaded, prompts, settings, threads, progress)
     return result
-
-
-def save_outputs(output: str | Path, result: CalibrationResult) -> None:
-    """Write the accuracy table `output` and its rank-vector sidecar together, durably
-    (`treeopt.fileio.atomic_outputs`). The sidecar is renamed first and the table, which
-    readers open first, last; both carry the run's ``run_id`` (docs/formats.md#output-safety)."""
-    with atomic_outputs() as out:
-        save_rank_vectors(
-            out.path(rank_vectors_path(output)),
-            result.ranks,
-            result.sequence,
-            result.table.width,
-            result.fingerprint,
-            run_id=result.table.provenance["run_id"],
-        )
-        result.table.save(out.path(output))

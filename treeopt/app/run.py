@@ -12,10 +12,10 @@ from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
+from calibration.calibration_settings import steps_too_few
 from calibration.data import check_prompt_source
 from calibration.drafters import DEFAULT_MAX_DEPTH, detect_kind
 from calibration.models import check_decodable, load_model
-from calibration.runner import steps_too_few
 from roofline.engine_presets import calibrated_line
 from roofline.hardware import load_hardware
 from treeopt.app.models import is_demo, shape_of
