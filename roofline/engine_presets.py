@@ -71,6 +71,7 @@ ENGINE_FAMILY = {
     "vllm": "vllm",
     "trtllm-draft-model": "trtllm",
     "trtllm-eagle3": "trtllm",
+    "trtllm-eagle3-dynamic": "trtllm",
     "trtllm-eagle3-tree@1.3": "trtllm",
     "vllm@0.20": "vllm",
     "vllm-medusa@0.32": "vllm",

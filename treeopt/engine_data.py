@@ -147,10 +147,26 @@ ENGINES: dict[str, Engine] = {
             release="TensorRT-LLM 1.x, PyTorch backend (main)",
             note=(
                 "TensorRT-LLM drafts an EAGLE-3 draft as a chain of max_draft_len tokens (one-model "
-                "Eagle3DecodingConfig); its dynamic tree (use_dynamic_tree) picks its own nodes and is not exported"
+                "Eagle3DecodingConfig); its dynamic tree (use_dynamic_tree) is --engine trtllm-eagle3-dynamic"
             ),
             source=_TRT_EAGLE,
             schedule="trtllm",
+        ),
+        # why (docs/engines.md#tensorrt-llm-eagle-3): EAGLE-2's dynamic tree, SGLang's drafting
+        # rule with max_total_draft_tokens <= dynamic_tree_max_topK * max_draft_len
+        Engine(
+            "trtllm-eagle3-dynamic",
+            "TensorRT-LLM EAGLE-3 dynamic tree (Eagle3DecodingConfig use_dynamic_tree, PyTorch backend)",
+            "beam",
+            "trtllm-eagle3-dynamic",
+            method_name="Eagle3",
+            release="TensorRT-LLM main after 011d0933, PyTorch backend (one-model dynamic-tree worker)",
+            note=(
+                "TensorRT-LLM builds the tree each step from the draft's scores (dynamic_tree_max_topK nodes expanded "
+                "per drafter layer, the max_total_draft_tokens best-scored drafted); one tree per server, no "
+                "draft_len_schedule written for it"
+            ),
+            source=f"{_TRT_EAGLE}; tensorrt_llm/_torch/speculative/eagle3_dynamic_tree.py @ 470bb720",
         ),
         # why (docs/engines.md#tensorrt-llm-eagle-3): eagle_choices, deprecated for removal in 1.4
         Engine(
@@ -350,7 +366,7 @@ def engine_for_drafter(engine_name: str, drafter_kind: str) -> tuple[str | None,
 
 def _trtllm_for(asked: str, kind: str) -> tuple[str | None, str | None]:
     serves = {"draft-model": "trtllm-draft-model", "medusa": "trtllm", "eagle3": "trtllm-eagle3"}
-    if kind == "eagle3" and asked == "trtllm-eagle3-tree@1.3":
+    if kind == "eagle3" and asked in ("trtllm-eagle3-tree@1.3", "trtllm-eagle3-dynamic"):
         return asked, None
     if kind not in serves:
         why = (

@@ -38,7 +38,7 @@ from treeopt.engine_data import (
 from treeopt.errors import UserError
 from treeopt.layout import DRAFTER_KINDS
 from treeopt.tree import Tree, _node_str
-from treeopt.trtllm_eagle import trtllm_eagle3_config
+from treeopt.trtllm_eagle import trtllm_dynamic_export, trtllm_dynamic_fits, trtllm_dynamic_text, trtllm_eagle3_config
 
 __all__ = [
     "Engine",
@@ -57,6 +57,7 @@ __all__ = [
     "sglang_tree",
     "sglang_pool_size",
     "sglang_triple_for",
+    "beam_fits",
     "draft_model_dir",
     "eagle_draft",
     "export_for",
@@ -199,9 +200,21 @@ def sglang_tree(acc, steps: int, topk: int, num_draft_tokens: int) -> Tree:
     return Tree(tuple(paths[:n]), name=f"sglang steps={steps} topk={topk} draft_tokens={num_draft_tokens}")
 
 
-def sglang_triple_for(tree: Tree, acc) -> tuple[int, int, int] | None:
+def _sglang_fits(nodes: int, steps: int, topk: int) -> bool:
+    """SGLang drafts `nodes` nodes from its pool of `steps` levels of `topk`; topk 1 forces the chain."""
+    return nodes <= sglang_pool_size(steps, topk) and (topk > 1 or nodes == steps)
+
+
+def beam_fits(engine: Engine):
+    """(nodes, steps, topk) -> whether the beam-family `engine` takes that draft size for that
+    (steps, topk): SGLang's pool, or TensorRT-LLM's dynamic-tree bound (docs/engines.md#tensorrt-llm-eagle-3)."""
+    return trtllm_dynamic_fits if engine.export_kind == "trtllm-eagle3-dynamic" else _sglang_fits
+
+
+def sglang_triple_for(tree: Tree, acc, *, fits=_sglang_fits) -> tuple[int, int, int] | None:
     """The smallest (steps, topk) whose draft of tree.size + 1 tokens is exactly `tree`, as
-    (steps, topk, num_draft_tokens); None when SGLang drafts no such tree."""
+    (steps, topk, num_draft_tokens); None when SGLang (`fits`: another beam engine's bound,
+    `beam_fits`) drafts no such tree."""
     a = np.asarray(acc, dtype=np.float64)
     want = set(tree.paths)
     n = tree.size
@@ -209,7 +222,7 @@ def sglang_triple_for(tree: Tree, acc) -> tuple[int, int, int] | None:
         return None
     for steps in range(tree.depth, a.shape[0] + 1):
         for topk in range(1, a.shape[1] + 1):
-            if n > sglang_pool_size(steps, topk) or (topk == 1 and n != steps):
+            if not fits(n, steps, topk):
                 continue
             paths, _ = sglang_candidates(a, steps, topk)
             if set(paths[:n]) == want:
@@ -517,37 +530,33 @@ def _check_uniform(tree: Tree, engine: Engine, heads: int | None) -> EngineCheck
 def _check_sglang(tree: Tree, accuracy, engine: Engine) -> EngineCheck:
     if accuracy is None:
         raise UserError(
-            f"--engine {engine.name}: needs --accuracy (SGLang picks its tree from the drafter's scores each step)"
+            f"--engine {engine.name}: needs --accuracy (the engine picks its tree from the drafter's scores each step)"
         )
     a = np.asarray(accuracy, dtype=np.float64)
-    triple = sglang_triple_for(tree, a) if tree.depth <= a.shape[0] else None
+    trt = engine.export_kind == "trtllm-eagle3-dynamic"
+    triple = sglang_triple_for(tree, a, fits=beam_fits(engine)) if tree.depth <= a.shape[0] else None
     if triple is not None:
         s, k, t = triple
-        return EngineCheck(
-            engine.name,
-            tree,
-            tree,
-            True,
-            False,
-            f"drafted as written by --speculative-num-steps {s} --speculative-eagle-topk {k} "
-            f"--speculative-num-draft-tokens {t}",
-            sglang_flags=triple,
-        )
+        flags = trtllm_dynamic_text(triple) if trt else f"--speculative-num-steps {s} --speculative-eagle-topk {k} "
+        flags += "" if trt else f"--speculative-num-draft-tokens {t}"
+        return EngineCheck(engine.name, tree, tree, True, False, f"drafted as written by {flags}", sglang_flags=triple)
     # The flags a user would derive from the tree: its depth, its widest fan-out, its size.
     steps = min(max(tree.depth, 1), a.shape[0])
     fan = max([sum(1 for p in tree.paths if p[:-1] == q) for q in {p[:-1] for p in tree.paths}], default=1)
     topk = min(fan, a.shape[1])
-    tokens = min(tree.size, sglang_pool_size(steps, topk)) + 1
+    most = topk * steps if trt else sglang_pool_size(steps, topk)  # why: TensorRT-LLM's narrower bound
+    tokens = min(tree.size, most) + 1  # the tree's size >= its depth = steps: TensorRT-LLM's lower bound holds
     drafted = sglang_tree(a, steps, topk, tokens)
     triple = (steps, topk, steps + 1 if topk == 1 else tokens)
+    what = trtllm_dynamic_text(triple) if trt else f"steps {triple[0]}, topk {triple[1]}, draft tokens {triple[2]}"
     return EngineCheck(
         engine.name,
         tree,
         Tree(drafted.paths, name=f"{tree.name} as drafted"),
         False,
         False,
-        f"SGLang has no static tree; its flags for this tree's depth, fan-out and size "
-        f"(steps {triple[0]}, topk {triple[1]}, draft tokens {triple[2]}) draft another one",
+        f"{engine.name} has no static tree; its flags for this tree's depth, fan-out and size ({what}) draft "
+        "another one",
         sglang_flags=triple,
     )
 
@@ -627,15 +636,18 @@ def export_for(
         config = trtllm_eagle3_config(tree, drafter)
         line = f"speculative_config = {json.dumps(config)}"
         return EngineExport(engine.name, line, _with_note(engine, line))
-    if kind == "sglang":
+    if kind in ("sglang", "trtllm-eagle3-dynamic"):
         if accuracy is None:
-            raise UserError("--engine sglang: needs --accuracy to find the flags that draft this tree")
-        triple = sglang_triple_for(tree, accuracy)
+            raise UserError(f"--engine {engine.name}: needs --accuracy to find the flags that draft this tree")
+        triple = sglang_triple_for(tree, accuracy, fits=beam_fits(engine))
         if triple is None:
+            who = "SGLang" if kind == "sglang" else "TensorRT-LLM's dynamic tree"
             raise UserError(
-                f"{tree.name}: SGLang drafts no such tree for any --speculative-num-steps / "
-                "--speculative-eagle-topk (build it with --engine sglang)"
+                f"{tree.name}: {who} drafts no such tree for any (steps, topk) (build it with --engine {engine.name})"
             )
+        if kind == "trtllm-eagle3-dynamic":
+            line = f"speculative_config = {json.dumps(trtllm_dynamic_export(triple, drafter))}"
+            return EngineExport(engine.name, line, _with_note(engine, line))
         line = sglang_flags(*triple, algorithm=engine.method_name)
         if drafter is not None and engine.method_name == "EAGLE":
             algorithm = "EAGLE3" if drafter[0] == "eagle3" else "EAGLE"

@@ -21,7 +21,7 @@ import numpy as np
 
 from treeopt.accuracy import AccuracyTable, expected_tokens
 from treeopt.build import build_tree, greedy_tree, max_nodes, tau_curve
-from treeopt.engines import Engine, check, sglang_candidates, sglang_pool_size, uniform_tree
+from treeopt.engines import ENGINES, Engine, beam_fits, check, sglang_candidates, uniform_tree
 from treeopt.errors import UserError
 from treeopt.tree import Tree
 
@@ -296,14 +296,16 @@ def best_uniform(
 
 
 def best_sglang(
-    table: AccuracyTable, nodes: int, depth: int, width: int, *, joint: bool = False
+    table: AccuracyTable, nodes: int, depth: int, width: int, *, joint: bool = False, engine: Engine | None = None
 ) -> tuple[Tree, tuple[int, int, int]]:
     """The SGLang draft of `nodes` nodes with the greatest tau over every (steps, topk) with
-    steps <= depth and topk <= width, and its (steps, topk, num_draft_tokens)."""
+    steps <= depth and topk <= width, and its (steps, topk, num_draft_tokens); with a beam
+    `engine`, only the sizes it takes (`beam_fits`: TensorRT-LLM's dynamic tree)."""
+    fits = beam_fits(engine if engine is not None else ENGINES["sglang"])
     best, best_tau, triple = None, -np.inf, None
     for steps in range(1, depth + 1):
         for topk in range(1, width + 1):
-            if nodes > sglang_pool_size(steps, topk) or (topk == 1 and nodes != steps):
+            if not fits(nodes, steps, topk):
                 continue
             paths, _ = sglang_candidates(table.accuracy, steps, topk)
             tree = Tree(tuple(paths[:nodes]), name="sglang")
@@ -336,7 +338,7 @@ def build_for_engine(
     if engine.family == "uniform":
         return best_uniform(table, nodes, limits.depth, limits.width, joint=joint, name=method)
     if engine.family == "beam":
-        tree, _ = best_sglang(table, nodes, limits.depth, limits.width, joint=joint)
+        tree, _ = best_sglang(table, nodes, limits.depth, limits.width, joint=joint, engine=engine)
         return Tree(tree.paths, name=method)
     if not limits.left_closed_depth and not limits.grounded:
         return build_tree(table, nodes, method, max_depth=limits.depth, max_children=limits.width)
@@ -364,7 +366,7 @@ def engine_proposal(
     if engine.family == "uniform":
         return uniform_proposal(table, nodes, limits, joint=method == "joint")
     if engine.family == "beam":
-        return _sglang_proposal(table, nodes, limits, joint=method == "joint")
+        return _sglang_proposal(table, nodes, limits, joint=method == "joint", fits=beam_fits(engine))
     cap = max_nodes(table.num_heads, table.width, max_depth=limits.depth, max_children=limits.width)
     n = min(int(nodes), cap)
     if method == "joint":
@@ -420,12 +422,15 @@ def drafted_sizes(proposal: Tree, engine: Engine, *, heads: int | None = None, a
     return drafted
 
 
-def _sglang_proposal(table: AccuracyTable, nodes: int, limits: FamilyLimits, *, joint: bool) -> Tree:
+def _sglang_proposal(table: AccuracyTable, nodes: int, limits: FamilyLimits, *, joint: bool, fits) -> Tree:
     best, best_score = None, -np.inf
     for steps in range(1, limits.depth + 1):
         for topk in range(2, limits.width + 1):  # topk 1 fixes the size: not a sequence
             paths, _ = sglang_candidates(table.accuracy, steps, topk)
-            seq = Tree(tuple(paths[:nodes]), name="sglang")
+            # the most nodes the engine drafts from this pool (TensorRT-LLM: topk * steps); every
+            # shorter prefix is drafted by fewer steps (docs/engines.md#tensorrt-llm-eagle-3)
+            most = max(n for n in range(1, len(paths) + 1) if fits(n, steps, topk))
+            seq = Tree(tuple(paths[: min(nodes, most)]), name="sglang")
             taus = tau_curve(seq, table, joint=joint)[1:]
             # Mean tau over sizes 1..nodes; a shorter pool repeats its last tree's tau.
             score = float(np.concatenate([taus, np.full(nodes - seq.size, taus[-1])]).mean())

@@ -26,9 +26,9 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from treeopt.engines import export_for, sglang_triple_for
+from treeopt.engines import beam_fits, export_for, sglang_triple_for
 from treeopt.errors import UserError
-from treeopt.trtllm_eagle import TRTLLM_EAGLE3_PLACEHOLDER
+from treeopt.trtllm_eagle import TRTLLM_EAGLE3_PLACEHOLDER, trtllm_dynamic_export
 
 __all__ = [
     "BatchChoice",
@@ -330,7 +330,7 @@ def selection_schedule(cells, engine, *, weights=None, drafter=None, sglang=None
     predicted (`sglang_options`): the mix's best triple and one per batch range (`sglang_plan`)."""
     family = engine.name.split("@")[0]
     if engine.family == "beam" and sglang is not None:
-        return _sglang_section(cells, engine, weights, sglang)
+        return _sglang_section(cells, engine, weights, sglang, drafter)
     if engine.schedule not in ("vllm", "trtllm") or engine.max_children != 1:
         return {"engine": engine.name, "note": _NO_SCHEDULE.get(family, _NO_SCHEDULE[""])}
     b, c, k = (np.array(col) for col in zip(*_cell_rows(cells, weights)))
@@ -370,16 +370,26 @@ def selection_schedule(cells, engine, *, weights=None, drafter=None, sglang=None
 SGLANG_PLAIN = (0, 0, 0)
 
 
-def _sglang_section(cells, engine, weights, sglang: dict) -> dict:
+#: what TensorRT-LLM's dynamic-tree schedule is predicted from, and what would predict it better
+TRTLLM_DYNAMIC_SOURCE = (
+    "the triple is the best of the sizes measured or predicted, each drafted as the accuracy table's ranks "
+    "order the nodes; TensorRT-LLM orders them by the draft's own scores: check its tau with `treeopt sglang-tau "
+    "--steps S --topk K --draft-tokens T+1` (select reads no draft scores yet; docs/engines.md#schedules)"
+)
+
+
+def _sglang_section(cells, engine, weights, sglang: dict, drafter=None) -> dict:
     rows = _cell_rows(cells, weights)
     mix = {(b, c): (weights[(b, c)] if weights is not None else 1.0) for b, c, _ in rows}
-    speedups, lines = {}, {SGLANG_PLAIN: "no speculation (run SGLang without --speculative-algorithm)"}
+    trt = engine.export_kind == "trtllm-eagle3-dynamic"
+    plain = "run TensorRT-LLM without speculative_config" if trt else "run SGLang without --speculative-algorithm"
+    speedups, lines = {}, {SGLANG_PLAIN: f"no speculation ({plain})"}
     for cell in mix:
         options = sglang.get(cell, {})
         speedups[cell] = {SGLANG_PLAIN: 1.0} | {t: float(v[0]) for t, v in options.items()}
         lines.update({t: v[1] for t, v in options.items()})
     plan = sglang_plan(speedups, mix)
-    return {
+    section = {
         "engine": engine.name,
         "contexts": sorted({c for _, c in mix}),
         "contexts_from": "mix" if weights is not None else "selection",
@@ -388,6 +398,12 @@ def _sglang_section(cells, engine, weights, sglang: dict) -> dict:
         "line": lines[plan.triple],
         "per_range": [[s, e, list(t), lines[t]] for s, e, t in plan.per_range],
     }
+    if trt:
+        # why (docs/engines.md#tensorrt-llm-eagle-3): the triple in SGLang's convention (root counted),
+        # the config in TensorRT-LLM's names
+        section["config"] = trtllm_dynamic_export(plan.triple, drafter) if plan.triple != SGLANG_PLAIN else None
+        section["source"] = TRTLLM_DYNAMIC_SOURCE
+    return section
 
 
 def sglang_options(grid, triple_of) -> dict:
@@ -421,7 +437,7 @@ def with_schedule(selection, engine, *, grid=None, proposal=None, accuracy=None,
 
         def triple_of(nodes: int):
             tree = proposal.prefix(nodes)
-            triple = sglang_triple_for(tree, accuracy)
+            triple = sglang_triple_for(tree, accuracy, fits=beam_fits(engine))
             if triple is None:
                 return None
             return triple, export_for(engine, tree, accuracy=accuracy, drafter=drafter).line
@@ -444,6 +460,10 @@ _NO_SCHEDULE = {
         "mtp, draft_model and dflash do: vllm/config/vllm.py); the chain per batch is each cell's line"
     ),
     "sglang": "SGLang runs one (steps, topk, draft tokens) per server: see the mix's triple (sglang_plan)",
+    "trtllm-eagle3-dynamic": (
+        "TensorRT-LLM's dynamic tree runs one (max_draft_len, dynamic_tree_max_topK, max_total_draft_tokens) per "
+        "server, chosen as SGLang's triple (sglang_plan) from a grid or sweep with its accuracy table"
+    ),
     "": "this engine takes no per-batch schedule; the tree per batch is each cell's line",
 }
 
@@ -455,13 +475,15 @@ def format_schedule(section: dict) -> str:
     if "note" in section:
         return f"per-batch schedule ({section['engine']}): none; {section['note']}"
     if "triple" in section:
+        who = "TensorRT-LLM" if "source" in section else "SGLang"
         lines = [
-            f"SGLang ({section['engine']}) runs one (steps, topk, draft tokens) per server; best for the traffic "
+            f"{who} ({section['engine']}) runs one (steps, topk, draft tokens) per server; best for the traffic "
             f"({contexts}, mean speedup {section['mean_speedup']:.2f}x; docs/engines.md#schedules):",
             f"  {section['line']}",
             "  a separate deployment per batch range would run:",
         ]
         lines += [f"    batch {s}-{e}: {line}" for s, e, _, line in section["per_range"]]
+        lines += [f"  note: {section['source']}"] if "source" in section else []
         return "\n".join(lines)
     ranges = ", ".join(f"{s}-{e}: {k}" for s, e, k in section["ranges"])
     return (

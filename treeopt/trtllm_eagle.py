@@ -11,7 +11,14 @@ refused):
   number of choices; not with `use_dynamic_tree`;
 - the dynamic tree (EAGLE-2's, `use_dynamic_tree`): `max_draft_len` drafter layers > 0,
   `dynamic_tree_max_topK` > 0, and `max_draft_len <= max_total_draft_tokens <=
-  dynamic_tree_max_topK * max_draft_len`.
+  dynamic_tree_max_topK * max_draft_len`. Its one-model worker
+  (`Eagle3OneModelDynamicTreeWorker`, tensorrt_llm/_torch/speculative/eagle3_dynamic_tree.py @
+  470bb720) drafts as SGLang's EAGLE worker does: layer 1 the root's top-K children, each later
+  layer the K best-scored of the K * K children of the previous layer's K nodes (score: the
+  product of the draft's probabilities), every child kept in a history of K + K * K *
+  (max_draft_len - 1) nodes, and the `max_total_draft_tokens` best of that history drafted. So
+  (max_draft_len, dynamic_tree_max_topK, max_total_draft_tokens) is SGLang's (steps, topk,
+  num_draft_tokens - 1) within the narrower bound above (docs/engines.md#tensorrt-llm-eagle-3).
 
 Every EAGLE config needs the draft (`speculative_model`, alias `speculative_model_dir`: "Draft
 model must be provided for EAGLE"); the two-model path (`eagle3_one_model: false`) is
@@ -23,7 +30,14 @@ from __future__ import annotations
 from treeopt.errors import UserError
 from treeopt.tree import Tree
 
-__all__ = ["TRTLLM_EAGLE3_PLACEHOLDER", "trtllm_eagle3_config", "trtllm_dynamic_tree_config"]
+__all__ = [
+    "TRTLLM_EAGLE3_PLACEHOLDER",
+    "trtllm_eagle3_config",
+    "trtllm_dynamic_tree_config",
+    "trtllm_dynamic_fits",
+    "trtllm_dynamic_export",
+    "trtllm_dynamic_text",
+]
 
 #: the draft's directory when the accuracy table does not name it
 TRTLLM_EAGLE3_PLACEHOLDER = "<EAGLE-3 draft>"
@@ -49,6 +63,35 @@ def trtllm_eagle3_config(tree: Tree, drafter: tuple[str, str] | None) -> dict:
     config["speculative_model_dir"] = _model(drafter)
     config["eagle3_one_model"] = True
     return config
+
+
+def trtllm_dynamic_fits(nodes: int, steps: int, topk: int) -> bool:
+    """Whether TensorRT-LLM's validator takes `nodes` drafted tokens (max_total_draft_tokens)
+    for `steps` drafter layers (max_draft_len) of `topk` (dynamic_tree_max_topK); topk 1 is the
+    chain of `steps` tokens."""
+    return steps >= 1 and topk >= 1 and steps <= nodes <= topk * steps
+
+
+def trtllm_dynamic_export(triple: tuple[int, int, int], drafter: tuple[str, str] | None) -> dict:
+    """`Eagle3DecodingConfig` for SGLang's (steps, topk, num_draft_tokens) triple (the root
+    counted in num_draft_tokens, as SGLang does): the dynamic tree of max_draft_len steps,
+    dynamic_tree_max_topK topk and num_draft_tokens - 1 drafted tokens; topk 1 drafts the chain of
+    `steps` tokens and is written as the chain (the linear-tree worker; docs/engines.md#tensorrt-llm-eagle-3)."""
+    steps, topk, tokens = (int(x) for x in triple)
+    if topk == 1:
+        return {
+            "decoding_type": "Eagle3",
+            "max_draft_len": steps,
+            "speculative_model_dir": _model(drafter),
+            "eagle3_one_model": True,
+        }
+    return trtllm_dynamic_tree_config(steps, topk, tokens - 1, drafter)
+
+
+def trtllm_dynamic_text(triple: tuple[int, int, int]) -> str:
+    """The triple in TensorRT-LLM's names, for check's lines."""
+    steps, topk, tokens = (int(x) for x in triple)
+    return f"max_draft_len {steps}, dynamic_tree_max_topK {topk}, max_total_draft_tokens {tokens - 1}"
 
 
 def trtllm_dynamic_tree_config(

@@ -60,13 +60,15 @@ def schedule_lines(section: dict | None) -> list[str]:
     where = "the traffic mix's contexts" if section.get("contexts_from") == "mix" else "its contexts"
     contexts = ", ".join(map(str, section["contexts"]))
     if "triple" in section:
+        who = "TensorRT-LLM (dynamic tree)" if "source" in section else "SGLang"
         L = [
-            f"One SGLang server runs one (steps, topk, draft tokens): for the whole traffic ({where} {contexts}, "
+            f"One {who} server runs one (steps, topk, draft tokens): for the whole traffic ({where} {contexts}, "
             f"mean speedup {section['mean_speedup']:.2f}x) `{section['line']}`; a separate deployment per batch "
             "range would run:",
             "",
         ]
-        return L + [f"- batch {s}-{e}: `{line}`" for s, e, _, line in section["per_range"]] + [""]
+        L += [f"- batch {s}-{e}: `{line}`" for s, e, _, line in section["per_range"]]
+        return L + ([f"Note: {section['source']}.", ""] if "source" in section else [""])
     ranges = ", ".join(f"{s}-{e}: {k}" for s, e, k in section["ranges"])
     return [
         f"Per-batch schedule for `{section['engine']}` (batch sizes: draft length {ranges}; each batch size "
