@@ -27,13 +27,22 @@ from treeopt.acceptance import (
     save_rank_vectors,
 )
 from treeopt.accuracy import AccuracyTable, load_accuracy
+from treeopt.draft_scores import DraftScores, draft_scores_path, save_draft_scores
 from treeopt.dtypes import torch_dtype_name
+from treeopt.engines import sglang_pool_size
 from treeopt.errors import UserError
 from treeopt.fileio import atomic_outputs, check_writable, refuse_overwriting_inputs
 from treeopt.input_paths import input_files
 from treeopt.resume import differences_text
 
-__all__ = ["CalibrationResult", "accuracy_table", "check_outputs", "finished_result", "save_outputs"]
+__all__ = [
+    "CalibrationResult",
+    "accuracy_table",
+    "check_outputs",
+    "finished_result",
+    "recorded_draft_scores",
+    "save_outputs",
+]
 
 
 @dataclass(frozen=True)
@@ -51,6 +60,7 @@ class CalibrationResult:
     sequence: np.ndarray | None = None  # (N,) int32 prompt index (file order) of each row
     fingerprint: dict | None = None  # the inputs (as in the checkpoint)
     already_complete: bool = False  # resumed on an output already complete: nothing was run
+    draft_scores: DraftScores | None = None  # the drafter's own pools (--draft-scores), row for row with ranks
 
 
 def finished_result(output: Path, fingerprint: dict, total: int, *, refuse_other: bool) -> CalibrationResult | None:
@@ -136,25 +146,51 @@ def accuracy_table(
     )
 
 
+def recorded_draft_scores(counts: CalibrationCounts, sequence, heads, settings: CalibrationSettings, table):
+    """The draft scores the counts hold (None when the run records none), with the table's run_id."""
+    if settings.draft_scores_topk is None:
+        return None
+    pools = counts.draft_pools()
+    if pools is None:  # no row counted
+        m = sglang_pool_size(heads.num_heads, settings.draft_scores_topk)
+        pools = (np.zeros((0, m), np.float32), np.zeros((0, heads.num_heads), np.int32))
+    return DraftScores(
+        pools[0],
+        pools[1],
+        np.asarray(sequence, np.int32),
+        heads.num_heads,
+        settings.draft_scores_topk,
+        settings.generated_tokens,
+        table.provenance["run_id"],
+    )
+
+
+def _sidecar_paths(output) -> list[Path]:
+    return [rank_vectors_path(output), draft_scores_path(output)]
+
+
 def check_outputs(source: ModelSource, data: str, output, checkpoint: Path | None, processes: Processes) -> None:
     """UserError, before the model loads and hours of calibration, for outputs that would
     overwrite an input or cannot be written (docs/formats.md#output-safety)."""
     own_checkpoint = None if checkpoint is None else rank_checkpoint_path(checkpoint, processes)
-    outputs = [] if output is None or not processes.is_main else [output, rank_vectors_path(output)]
+    outputs = [] if output is None or not processes.is_main else [output, *_sidecar_paths(output)]
     outputs += [own_checkpoint] if own_checkpoint is not None else []
     check_writable(outputs)
     # a model folder counts with its weights and configuration; `demo` names no file here, and
     # what it resolves to lies inside the package, which `check_writable` refuses
     refuse_overwriting_inputs(outputs, input_files(source.model, source.heads, data))
     if output is not None and checkpoint is not None:
-        refuse_overwriting_inputs([own_checkpoint], [output, rank_vectors_path(output)])
+        refuse_overwriting_inputs([own_checkpoint], [output, *_sidecar_paths(output)])
 
 
 def save_outputs(output: str | Path, result: CalibrationResult) -> None:
-    """Write the accuracy table `output` and its rank-vector sidecar together, durably
-    (`treeopt.fileio.atomic_outputs`). The sidecar is renamed first and the table, which
-    readers open first, last; both carry the run's ``run_id`` (docs/formats.md#output-safety)."""
+    """Write the accuracy table `output` and its sidecars (rank vectors; draft scores when
+    recorded) together, durably (`treeopt.fileio.atomic_outputs`). The sidecars are renamed
+    first and the table, which readers open first, last; all carry the run's ``run_id``
+    (docs/formats.md#output-safety)."""
     with atomic_outputs() as out:
+        if result.draft_scores is not None:
+            save_draft_scores(out.path(draft_scores_path(output)), result.draft_scores)
         save_rank_vectors(
             out.path(rank_vectors_path(output)),
             result.ranks,

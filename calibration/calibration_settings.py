@@ -8,6 +8,7 @@ from dataclasses import dataclass, fields
 
 from calibration.data import PromptSet
 from calibration.labels import LABEL_MODES
+from treeopt.drafter_cost import EAGLE_KINDS
 from treeopt.dtypes import torch_dtype_name
 from treeopt.errors import UserError
 
@@ -17,8 +18,8 @@ __all__ = ["CalibrationSettings", "check_settings", "run_fingerprint", "steps_to
 @dataclass(frozen=True)
 class CalibrationSettings:
     """What a calibration counts and how (module doc; `treeopt calibrate`'s options of the same
-    names). `steps`, `topk`, `labels`, `batch_size`, `seed` and `joint` are part of the run's
-    fingerprint: a resume must share them."""
+    names). `steps`, `topk`, `labels`, `batch_size`, `seed`, `joint` and `draft_scores_topk` are
+    part of the run's fingerprint: a resume must share them."""
 
     steps: int = 32  # tokens generated per prompt (greedy labels)
     topk: int = 10  # ranks recorded per head: the table's width
@@ -29,6 +30,9 @@ class CalibrationSettings:
     seed: int = 0  # torch's seed, recorded in the provenance
     joint: bool = True  # count the joint rank-vector prefixes too
     chunk_elements: int | None = None  # logits per chunk (calibration.labels.label_ranks)
+    # SGLang's pool drafted with this topk at every counted position, kept beside the table
+    # (treeopt.draft_scores; None: not recorded); part of the fingerprint when set
+    draft_scores_topk: int | None = None
 
     @property
     def generated_tokens(self) -> int:
@@ -77,6 +81,8 @@ def check_settings(settings: CalibrationSettings, loaded, prompts: PromptSet) ->
     longest = max(len(p) for p in prompts.token_ids) + settings.generated_tokens
     if limit and longest > limit:
         raise UserError(f"--prompt-tokens/--steps: sequences of {longest} tokens exceed the model's {limit} positions")
+    if settings.draft_scores_topk is not None:
+        _check_draft_scores(settings, loaded.heads)
     total = len(prompts) if settings.max_prompts is None else min(settings.max_prompts, len(prompts))
     if settings.labels == "data" and max(len(p) for p in prompts.token_ids[:total]) < num_heads + 2:
         raise UserError(
@@ -84,6 +90,23 @@ def check_settings(settings: CalibrationSettings, loaded, prompts: PromptSet) ->
             f"texts of at least {num_heads + 2} tokens"
         )
     return total
+
+
+def _check_draft_scores(settings: CalibrationSettings, heads) -> None:
+    """UserError for draft scores this drafter or these labels cannot record."""
+    topk = settings.draft_scores_topk
+    # why EAGLE only: SGLang's EAGLE worker and TensorRT-LLM's dynamic tree draft with one (docs/engines.md)
+    if heads.kind not in EAGLE_KINDS:
+        raise UserError(
+            f"--draft-scores: engines build a dynamic tree from an EAGLE draft's own scores (--drafter "
+            f"{' or '.join(EAGLE_KINDS)}); {heads.kind} drafters are not served that way"
+        )
+    if settings.labels != "greedy":
+        raise UserError("--draft-scores: needs greedy labels (the continuation the engine's verification accepts)")
+    if not 1 <= topk <= heads.vocab_size:
+        raise UserError(
+            f"--draft-scores: topk must be between 1 and the draft vocabulary {heads.vocab_size}, got {topk}"
+        )
 
 
 def run_fingerprint(loaded, prompts: PromptSet, settings: CalibrationSettings, heads_source: str | None) -> dict:
@@ -103,4 +126,6 @@ def run_fingerprint(loaded, prompts: PromptSet, settings: CalibrationSettings, h
         "dtype": torch_dtype_name(loaded.dtype),
         "joint": settings.joint,
         "seed": settings.seed,
+        # only when set: a run without draft scores keeps the fingerprint it always had
+        **({} if settings.draft_scores_topk is None else {"draft_scores_topk": settings.draft_scores_topk}),
     }

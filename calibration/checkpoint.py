@@ -5,7 +5,8 @@ A checkpoint is one JSON object: ``format``, the ``fingerprint`` of the inputs a
 ``fingerprint_sha256``, the counts (``hits``, ``positions``, ``joint``, ``prompts_done``,
 ``tokens``, ``generated``) and ``rank_vectors`` (``rows``, ``dtype`` and the ``ranks`` and
 ``sequence`` arrays as little-endian bytes, zlib-compressed, base64: compact and deterministic
-in JSON).
+in JSON), and with `treeopt calibrate --draft-scores` ``draft_pools`` (``shape`` [N, M, S] and
+the ``scores`` and ``on_path`` arrays packed alike).
 """
 
 from __future__ import annotations
@@ -52,6 +53,19 @@ def counts_to_json(counts: CalibrationCounts) -> dict:
     """The counts as the JSON fields of a checkpoint (module doc)."""
     ranks, sequence = counts.rank_vectors()
     joint = None if counts.joint is None else [[list(k), v] for k, v in sorted(counts.joint.items())]
+    pools = counts.draft_pools()
+    # why only when recorded: the checkpoints and run_ids of runs without draft scores stay as they were
+    extra = (
+        {}
+        if pools is None
+        else {
+            "draft_pools": {
+                "shape": [*pools[0].shape, pools[1].shape[1]],
+                "scores": _pack(pools[0]),
+                "on_path": _pack(pools[1]),
+            }
+        }
+    )
     return {
         "hits": counts.hits.tolist(),
         "positions": counts.positions.tolist(),
@@ -65,6 +79,7 @@ def counts_to_json(counts: CalibrationCounts) -> dict:
             "ranks": _pack(ranks),
             "sequence": _pack(sequence),
         },
+        **extra,
     }
 
 
@@ -88,6 +103,13 @@ def counts_from_json(doc: dict) -> CalibrationCounts:
     )
     if rows:
         counts.rank_chunks, counts.sequence_chunks = [ranks], [sequence]
+    if "draft_pools" in doc:
+        n, m, steps = (int(x) for x in doc["draft_pools"]["shape"])
+        if n != rows:
+            raise ValueError(f"draft_pools: {n} rows for {rows} rank vectors")
+        scores = _unpack(doc["draft_pools"]["scores"], np.dtype(np.float32)).reshape(n, m)
+        on_path = _unpack(doc["draft_pools"]["on_path"], np.dtype(np.int32)).reshape(n, steps)
+        counts.pool_chunks = [(scores, on_path)] if n else []
     return counts
 
 

@@ -40,6 +40,9 @@ class BatchUpdate:
     prompts_done: int  # the progress marker after this batch
     tokens: int  # teacher-forced tokens of the batch
     generated: int  # generated tokens of the batch
+    # the drafter's own pool at each row (treeopt.draft_scores): (n, M) float32 scores and
+    # (n, S) int32 on-path indices, or None when not recorded
+    pool: tuple[np.ndarray, np.ndarray] | None = None
 
 
 @dataclass
@@ -58,6 +61,8 @@ class CalibrationCounts:
     # chunks of capped rank vectors (n_i, K) and their sequence ids (n_i,), in order
     rank_chunks: list = field(default_factory=list)
     sequence_chunks: list = field(default_factory=list)
+    # chunks of the drafter's pools (scores (n_i, M), on_path (n_i, S)), row for row with the ranks
+    pool_chunks: list = field(default_factory=list)
 
     @classmethod
     def zeros(cls, num_heads: int, width: int, joint: bool = True) -> CalibrationCounts:
@@ -75,11 +80,13 @@ class CalibrationCounts:
         prompts_done: int | None = None,
         tokens: int = 0,
         generated: int = 0,
+        pool: tuple[np.ndarray, np.ndarray] | None = None,
     ) -> BatchUpdate:
         """What adding rank vectors (N, K) would change (exact ranks >= 0, -1 where the head
         has no label), computed without changing the counts. With `sequence` (N,) (each row's
         prompt index) the vectors are kept as well, capped at the width (module doc).
-        `prompts_done` is the progress after the batch (None: unchanged)."""
+        `prompts_done` is the progress after the batch (None: unchanged). `pool`: the
+        drafter's pools at the same rows, kept with them (`draft_pools`)."""
         ranks = np.asarray(ranks, np.int64)
         K, width = self.hits.shape
         if ranks.size:
@@ -101,6 +108,7 @@ class CalibrationCounts:
             self.prompts_done if prompts_done is None else int(prompts_done),
             int(tokens),
             int(generated),
+            None if pool is None else (np.asarray(pool[0], np.float32), np.asarray(pool[1], np.int32)),
         )
 
     def commit(self, update: BatchUpdate) -> None:
@@ -113,6 +121,8 @@ class CalibrationCounts:
         if update.ranks is not None:
             self.rank_chunks.append(update.ranks)
             self.sequence_chunks.append(update.sequence)
+        if update.pool is not None:
+            self.pool_chunks.append(update.pool)
         self.prompts_done = update.prompts_done
         self.tokens += update.tokens
         self.generated += update.generated
@@ -134,3 +144,12 @@ class CalibrationCounts:
         if not self.rank_chunks:
             return np.zeros((0, num_heads), rank_dtype(self.width)), np.zeros(0, np.int32)
         return self.rank_chunks[0], self.sequence_chunks[0]
+
+    def draft_pools(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """(scores (N, M) float32, on_path (N, S) int32) kept so far, row for row with
+        `rank_vectors`; None when no pool was recorded."""
+        if not self.pool_chunks:
+            return None
+        if len(self.pool_chunks) > 1:  # concatenate once, keep one chunk
+            self.pool_chunks = [tuple(np.concatenate(part) for part in zip(*self.pool_chunks, strict=True))]
+        return self.pool_chunks[0]

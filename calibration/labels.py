@@ -102,13 +102,16 @@ def decoder_body(model):
 
 
 @torch.inference_mode()
-def label_ranks(model, heads, sequences, starts, *, pad_id: int = 0, chunk_elements: int | None = None) -> np.ndarray:
+def label_ranks(
+    model, heads, sequences, starts, *, pad_id: int = 0, chunk_elements: int | None = None, inputs=None
+) -> np.ndarray:
     """Ranks of each head's label at the counted positions of `sequences` (module doc).
 
     One teacher-forced forward of the decoder body over the left-padded batch, then each head
     on its labelled positions only. Returns (N, K) int64: the exact rank (number of logits
     strictly greater than the label's), -1 where head k has no label. Rows follow
-    `label_rows(lengths, starts)`.
+    `label_rows(lengths, starts)`. `inputs`: `drafter_inputs` of these sequences already
+    computed by the caller (who then clears an EAGLE draft's context), else computed here.
     """
     if getattr(heads, "kind", "") == "draft-model":
         # why: a draft model reads the true prefix itself, in one teacher-forced pass of its own
@@ -120,9 +123,10 @@ def label_ranks(model, heads, sequences, starts, *, pad_id: int = 0, chunk_eleme
     ranks = np.full(has.shape, -1, np.int64)
     if len(seq) == 0:
         return ranks
-    hidden, ids, pos = drafter_inputs(model, heads, sequences, pad_id=pad_id)
+    own = inputs is None
+    hidden, ids, pos = drafter_inputs(model, heads, sequences, pad_id=pad_id) if own else inputs
     device = hidden.device
-    eagle = hasattr(heads, "read_context")
+    eagle = hasattr(heads, "read_context") and own
     width = ids.shape[1]
     col = (width - np.asarray(lengths, np.int64))[seq] + t  # column of position t
     vocab = heads.vocab_size

@@ -64,6 +64,7 @@ from calibration.calibration_outputs import (
     accuracy_table,
     check_outputs,
     finished_result,
+    recorded_draft_scores,
     save_outputs,
 )
 from calibration.calibration_settings import CalibrationSettings, check_settings, run_fingerprint
@@ -86,12 +87,14 @@ from calibration.distributed import (
 from calibration.drafters.draft_model import ALPHA_MAX_PROMPTS, chain_acceptance
 from calibration.interrupts import CalibrationInterrupted, deferred_interrupts
 from calibration.labels import (
+    drafter_inputs,
     greedy_continuations,
     label_ranks,
     label_rows,
     pad_token_id,
 )
 from calibration.models import ModelSource
+from calibration.sglang_drafting import pool_records
 from calibration.threads import torch_threads
 from treeopt.chain import alpha_path
 from treeopt.errors import UserError
@@ -158,7 +161,11 @@ def _batch_update(loaded, batch: list[list[int]], lo: int, settings: Calibration
     else:
         seqs, starts = batch, [0] * len(batch)
     heads = loaded.heads
-    ranks = label_ranks(loaded.model, heads, seqs, starts, pad_id=pad, chunk_elements=settings.chunk_elements)
+    pool = None
+    if settings.draft_scores_topk is None:
+        ranks = label_ranks(loaded.model, heads, seqs, starts, pad_id=pad, chunk_elements=settings.chunk_elements)
+    else:
+        ranks, pool = _ranks_and_pools(loaded, seqs, starts, settings, pad)
     # label_ranks' rows follow label_rows: prompt by prompt, t increasing
     row_seq, _, _ = label_rows([len(s) for s in seqs], starts, heads.num_heads)
     return counts.batch_update(
@@ -167,7 +174,32 @@ def _batch_update(loaded, batch: list[list[int]], lo: int, settings: Calibration
         prompts_done=lo + len(batch),
         tokens=sum(len(s) for s in seqs),
         generated=generated * len(seqs),
+        pool=pool,
     )
+
+
+def _ranks_and_pools(loaded, seqs, starts, settings: CalibrationSettings, pad: int):
+    """The label ranks and the drafter's SGLang pools (`calibration.sglang_drafting.pool_records`)
+    at the same rows, from one forward of the base model (`drafter_inputs`)."""
+    heads = loaded.heads
+    inputs = drafter_inputs(loaded.model, heads, seqs, pad_id=pad)
+    try:
+        ranks = label_ranks(
+            loaded.model, heads, seqs, starts, pad_id=pad, chunk_elements=settings.chunk_elements, inputs=inputs
+        )
+        pool = pool_records(
+            loaded.model,
+            heads,
+            seqs,
+            starts,
+            steps=heads.num_heads,
+            topk=settings.draft_scores_topk,
+            pad_id=pad,
+            inputs=inputs,
+        )
+    finally:
+        heads.set_context(None)  # the EAGLE draft's context of this batch (drafter_inputs)
+    return ranks, pool
 
 
 def _count_shard(loaded, prompts: PromptSet, settings: CalibrationSettings, shard: _Shard, counts, progress) -> None:
@@ -258,6 +290,10 @@ def calibrate(
     result holds every process's counts combined (each process gets them).
     """
     total = check_settings(settings, loaded, prompts)
+    if processes.many and settings.draft_scores_topk is not None:
+        raise UserError(
+            f"--draft-scores: recorded by one process; run it without torchrun (here {processes.world_size} processes)"
+        )
     torch.manual_seed(settings.seed)
     fingerprint = run_fingerprint(loaded, prompts, settings, heads_source)
     shard = _shard(fingerprint, total, settings.batch_size, checkpoint, processes)
@@ -293,6 +329,7 @@ def calibrate(
         rank_vectors,
         sequence,
         fingerprint,
+        draft_scores=recorded_draft_scores(counts, sequence, loaded.heads, settings, table),
     )
 
 

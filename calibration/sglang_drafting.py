@@ -129,13 +129,14 @@ def _on_path(pool: Pool, labels: torch.Tensor, topk: int) -> torch.Tensor:
 
 
 @torch.inference_mode()
-def pool_records(model, heads, sequences, starts, *, steps: int, topk: int, pad_id: int = 0):
+def pool_records(model, heads, sequences, starts, *, steps: int, topk: int, pad_id: int = 0, inputs=None):
     """SGLang's pool at every counted position of `sequences` (rows as `label_rows(lengths,
     starts, steps)`), each root's drafter teacher-forced on the sequence before it, as
     `calibration.labels.label_ranks` does. Returns (scores (N, M) float32 with M =
     `sglang_pool_size(steps, topk)`, on_path (N, steps) int64: the pool index of the node whose
     path is the sequence's continuation, -1 where the pool has none), the inputs of
-    `treeopt.dynamic_tree.dynamic_tau`."""
+    `treeopt.dynamic_tree.dynamic_tau`. `inputs`: as `calibration.labels.label_ranks` takes
+    them (the calibration ranks and drafts from one forward of the base model)."""
     check_triple(heads, steps, topk)
     lengths = [len(s) for s in sequences]
     seq, t, has = label_rows(lengths, starts, steps)
@@ -143,7 +144,8 @@ def pool_records(model, heads, sequences, starts, *, steps: int, topk: int, pad_
     on_path = np.full((len(seq), steps), -1, np.int64)
     if len(seq) == 0:
         return scores, on_path
-    hidden, ids, pos = drafter_inputs(model, heads, sequences, pad_id=pad_id)
+    own = inputs is None
+    hidden, ids, pos = drafter_inputs(model, heads, sequences, pad_id=pad_id) if own else inputs
     device = hidden.device
     col = (ids.shape[1] - np.asarray(lengths, np.int64))[seq] + t
     try:
@@ -162,6 +164,6 @@ def pool_records(model, heads, sequences, starts, *, steps: int, topk: int, pad_
             scores[lo:hi] = pool.scores.cpu().numpy()
             on_path[lo:hi] = _on_path(pool, labels, topk).cpu().numpy()
     finally:
-        if hasattr(heads, "set_context"):
+        if own and hasattr(heads, "set_context"):
             heads.set_context(None)
     return scores, on_path

@@ -33,15 +33,13 @@ numpy only.
 from __future__ import annotations
 
 import json
-import zipfile
 from pathlib import Path
 
 import numpy as np
 
 from treeopt.accuracy import load_accuracy, rank_hits
 from treeopt.errors import UserError
-from treeopt.fileio import atomic_path
-from treeopt.npz_input import read_npz
+from treeopt.npz_input import read_npz, write_npz
 from treeopt.tree import Tree
 
 __all__ = [
@@ -267,8 +265,7 @@ def save_rank_vectors(
     """Write an .npz (keys ranks, sequence, width, fingerprint as a JSON string, and run_id
     when given: the provenance key its accuracy table carries too) atomically.
 
-    The archive is what ``np.savez_compressed`` writes, with a fixed member timestamp so that
-    equal inputs give byte-identical files (numpy stamps the current time).
+    The archive is byte-identical for equal inputs (`treeopt.npz_input.write_npz`).
     """
     arrays = {
         "ranks": np.asarray(ranks),
@@ -278,13 +275,7 @@ def save_rank_vectors(
     }
     if run_id is not None:
         arrays["run_id"] = np.asarray(str(run_id))
-    with atomic_path(path) as tmp, zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED, allowZip64=True) as zf:
-        for key, value in arrays.items():
-            info = zipfile.ZipInfo(key + ".npy", date_time=(1980, 1, 1, 0, 0, 0))
-            info.compress_type = zipfile.ZIP_DEFLATED
-            info.external_attr = 0o600 << 16
-            with zf.open(info, "w", force_zip64=True) as fid:
-                np.lib.format.write_array(fid, value, allow_pickle=False)
+    write_npz(path, arrays)
 
 
 def load_rank_vectors(accuracy_path, *, table=None) -> tuple[np.ndarray, np.ndarray] | None:

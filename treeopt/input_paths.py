@@ -9,6 +9,7 @@ from pathlib import Path
 
 from treeopt.acceptance import rank_vectors_path
 from treeopt.chain import alpha_path
+from treeopt.draft_scores import draft_scores_path
 
 
 def _is(path: Path, kind: str) -> bool:
@@ -39,9 +40,9 @@ _MODEL_FILES = (
 
 
 def sidecars(path: Path) -> list[Path]:
-    """The files read beside an input `path`: an accuracy table's rank vectors and alpha, a
-    sweep's metadata and round samples (docs/formats.md)."""
-    found = [rank_vectors_path(path), alpha_path(path)]
+    """The files read beside an input `path`: an accuracy table's rank vectors, alpha and draft
+    scores, a sweep's metadata and round samples (docs/formats.md)."""
+    found = [rank_vectors_path(path), alpha_path(path), draft_scores_path(path)]
     if path.suffix == ".csv":  # the names of `treeopt.selection.sweep_meta_path` / `sweep_samples_path`
         found += [path.with_name(path.stem + ".meta.json"), path.with_name(path.stem + ".samples.npz")]
     return found

@@ -17,7 +17,7 @@ import zipfile
 import numpy as np
 
 from treeopt.errors import UserError
-from treeopt.fileio import MAX_INPUT_BYTES, check_input_file
+from treeopt.fileio import MAX_INPUT_BYTES, atomic_path, check_input_file
 
 _HEADER_READERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
 
@@ -60,3 +60,16 @@ def read_npz(path: str | os.PathLike, what: str, max_bytes: int = MAX_INPUT_BYTE
     except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as err:
         text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise UserError(f"{name}: not a readable {what.split(' ', 1)[-1]} ({text[:160]})") from None
+
+
+def write_npz(path: str | os.PathLike, arrays: dict[str, np.ndarray]) -> None:
+    """Write `arrays` as an .npz atomically: what ``np.savez_compressed`` writes, with a fixed
+    member timestamp so that equal inputs give byte-identical files (numpy stamps the current
+    time)."""
+    with atomic_path(path) as tmp, zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED, allowZip64=True) as zf:
+        for key, value in arrays.items():
+            info = zipfile.ZipInfo(key + ".npy", date_time=(1980, 1, 1, 0, 0, 0))
+            info.compress_type = zipfile.ZIP_DEFLATED
+            info.external_attr = 0o600 << 16
+            with zf.open(info, "w", force_zip64=True) as fid:
+                np.lib.format.write_array(fid, np.asarray(value), allow_pickle=False)

@@ -16,6 +16,7 @@ from calibration.labels import greedy_continuations, pad_token_id
 from calibration.models import ModelSource
 from calibration.sglang_decoder import SGLangTreeDecoder
 from calibration.sglang_drafting import check_triple, pool_records
+from treeopt.draft_scores import draft_scores_tau, load_draft_scores
 from treeopt.dynamic_tree import dynamic_tau, forced_draft_tokens
 from treeopt.engines import sglang_pool_size
 from treeopt.errors import UserError
@@ -101,21 +102,34 @@ def _measured(lm, prompts, s: TauSettings, n: int) -> tuple[float, float]:
     return tokens / steps, se
 
 
+def _recorded(path, settings: TauSettings, counts) -> list[tuple[float, float, int]]:
+    """(tau, se, steps walked) per draft token count from `treeopt calibrate --draft-scores`'s
+    sidecar; UserError naming the file when it cannot answer the triple."""
+    recorded = load_draft_scores(path)
+    return [draft_scores_tau(recorded, settings.steps, settings.topk, n, name=str(path)) for n in counts]
+
+
 @torch.inference_mode()
-def sglang_tau(source: ModelSource, data, settings: TauSettings, *, held_out=None) -> list[SGLangTauRow]:
+def sglang_tau(source: ModelSource, data, settings: TauSettings, *, held_out=None, scores=None) -> list[SGLangTauRow]:
     """Rows of predicted (and, given `held_out` prompt data, measured) tokens per step, one per
-    num_draft_tokens."""
+    num_draft_tokens. `scores`: a draft-score sidecar of `treeopt calibrate --draft-scores`
+    (`treeopt.draft_scores`) predicts in place of drafting on `data` (the model then loads only
+    to measure on `held_out`)."""
     counts = check_settings(settings)
+    predicted = _recorded(scores, settings, counts) if scores is not None else None
+    if predicted is not None and held_out is None:
+        return [SGLangTauRow(settings.steps, settings.topk, n, *p) for n, p in zip(counts, predicted, strict=True)]
     lm = source.load()
     check_triple(lm.heads, settings.steps, settings.topk)
-    prompts = _prompts(lm, data, settings)
     validation = _prompts(lm, held_out, settings) if held_out is not None else None
-    scores, on_path, seq = _predicted(lm, prompts, settings)
+    if predicted is None:
+        records = tuple(_predicted(lm, _prompts(lm, data, settings), settings))
+        # why start_rows: the walk stops where the decoder's generation stops (docs/statistics.md#walked-tau)
+        predicted = [
+            dynamic_tau(*records, settings.steps, settings.topk, n, start_rows=settings.new_tokens - 1) for n in counts
+        ]
     rows = []
-    for n in counts:
-        tau, se, walked = dynamic_tau(
-            scores, on_path, seq, settings.steps, settings.topk, n, start_rows=settings.new_tokens - 1
-        )
+    for n, (tau, se, walked) in zip(counts, predicted, strict=True):
         measured = _measured(lm, validation, settings, n) if validation is not None else (float("nan"),) * 2
         rows.append(SGLangTauRow(settings.steps, settings.topk, n, tau, se, walked, *measured))
     return rows

@@ -15,6 +15,7 @@ from treeopt.chain_counts import ChainAcceptance, ExpectationCheck, describe_win
 from treeopt.cli.options import AtLeast, apply
 from treeopt.cli.roofline_cmds import ENGINE_COSTS_OPTION, GRID_OPTIONS, HARDWARE_OPTION, MODEL_OPTIONS
 from treeopt.cli.safety import check_outputs, input_files
+from treeopt.draft_scores import draft_scores_path
 from treeopt.mix import parse_mix
 
 
@@ -42,12 +43,13 @@ def format_chain(chain: ChainAcceptance) -> str:
 
 def engine_import(files: tuple[str, ...], output: str, *, quiet: bool) -> None:
     """`treeopt calibrate --import` of engine acceptance output: the chain table."""
-    check_outputs([output, rank_vectors_path(output)], input_files(*files))
+    check_outputs([output, rank_vectors_path(output), draft_scores_path(output)], input_files(*files))
     window = api.engine_acceptance(files)
     table = api.chain_table(window)
     chain = api.chain_acceptance(window)
     table.save(output)
     rank_vectors_path(output).unlink(missing_ok=True)  # a sidecar of an earlier run would be stale
+    draft_scores_path(output).unlink(missing_ok=True)
     if quiet:
         return
     click.echo(f"imported {describe_window(window)}")

@@ -25,6 +25,7 @@ from treeopt.app.random_weights import check_random_bench, load_random, random_m
 from treeopt.cli.acceptance_cmds import engine_import
 from treeopt.cli.options import DRAFTER_OPTION, AtLeast, dtype_option, random_weights_option
 from treeopt.cli.safety import check_outputs, input_files
+from treeopt.draft_scores import draft_scores_path
 from treeopt.drafter_cost import MAX_HEADS
 from treeopt.errors import UserError
 from treeopt.export import text_table
@@ -50,6 +51,7 @@ _RUN_OPTIONS = (
     "dtype",
     "threads",
     "no_joint",
+    "draft_scores_topk",
     "no_chat_template",
     "device_map",
 )
@@ -159,6 +161,15 @@ _RUN_OPTIONS = (
 )
 @click.option("--no-joint", is_flag=True, help="Skip the joint rank-vector prefix counts.")
 @click.option(
+    "--draft-scores",
+    "draft_scores_topk",
+    type=AtLeast(1),
+    default=None,
+    metavar="TOPK",
+    help="EAGLE drafts: also record the draft's own scores as SGLang's EAGLE worker drafts with this topk, "
+    "every steps up to the draft's depth, in OUTPUT's .scores.npz (for `treeopt sglang-tau --scores`).",
+)
+@click.option(
     "--import",
     "import_files",
     multiple=True,
@@ -201,6 +212,7 @@ def calibrate_cmd(
     dtype,
     threads,
     no_joint,
+    draft_scores_topk,
     import_files,
     normalize,
     quiet,
@@ -242,6 +254,7 @@ def calibrate_cmd(
         checkpoint_every=checkpoint_every,
         seed=seed,
         joint=not no_joint,
+        draft_scores_topk=draft_scores_topk,
     )
     try:
         result = run_calibration(
@@ -264,11 +277,12 @@ def calibrate_cmd(
 
 def _import(import_file: str, normalize: str, output: str, *, quiet: bool) -> None:
     """`--import`: Medusa's heads_accuracy.py output as an accuracy table."""
-    check_outputs([output, rank_vectors_path(output)], input_files(import_file))
+    check_outputs([output, rank_vectors_path(output), draft_scores_path(output)], input_files(import_file))
     table = import_medusa_accuracy(import_file, normalize=normalize)
     table.save(output)
     # Medusa's file has no rank vectors: a sidecar left by an earlier run would be stale.
     rank_vectors_path(output).unlink(missing_ok=True)
+    draft_scores_path(output).unlink(missing_ok=True)
     if not quiet:
         _summary(table, f"imported {import_file}: {table.num_heads} heads, width {table.width}")
         click.echo(f"wrote {output}")

@@ -13,7 +13,7 @@ from calibration.data import check_prompt_source
 from calibration.models import ModelSource
 from treeopt.app.sglang_tau import TauSettings, check_settings, sglang_tau
 from treeopt.cli.options import DRAFTER_OPTION, AtLeast, IntList, dtype_option
-from treeopt.cli.safety import check_outputs
+from treeopt.cli.safety import check_outputs, input_files
 from treeopt.export import text_table
 from treeopt.fileio import atomic_path
 
@@ -31,6 +31,13 @@ from treeopt.fileio import atomic_path
     metavar="demo-validation|FILE|DIR",
     help="Held-out prompts: also measure tokens per step with the reference decoder drafting SGLang's way.",
 )
+@click.option(
+    "--scores",
+    default=None,
+    metavar="FILE",
+    help="Predict from the draft scores `treeopt calibrate --draft-scores` wrote (ACC.scores.npz) "
+    "instead of drafting on --data.",
+)
 @click.option("--steps", type=AtLeast(1), required=True, help="--speculative-num-steps.")
 @click.option("--topk", type=AtLeast(1), required=True, help="--speculative-eagle-topk.")
 @click.option(
@@ -47,8 +54,8 @@ from treeopt.fileio import atomic_path
 @dtype_option()
 @click.option("-o", "--output", default=None, metavar="FILE", help="Also write the rows as CSV.")
 def sglang_tau_cmd(
-    model, heads, drafter, data, validate_data, steps, topk, draft_tokens, max_prompts, prompt_tokens, new_tokens,
-    device, dtype, output,
+    model, heads, drafter, data, validate_data, scores, steps, topk, draft_tokens, max_prompts, prompt_tokens,
+    new_tokens, device, dtype, output,
 ):  # fmt: skip
     """Predict SGLang's tokens per step for an EAGLE draft from the draft's own scores.
 
@@ -57,14 +64,18 @@ def sglang_tau_cmd(
       treeopt sglang-tau --drafter eagle3 --steps 4 --topk 4 --draft-tokens 4,8,16
       treeopt sglang-tau --drafter eagle3 --steps 5 --topk 4 --draft-tokens 16 \\
           --validate-data demo-validation
+      treeopt calibrate --drafter eagle3 --draft-scores 4 -o acc.json
+      treeopt sglang-tau --scores acc.scores.npz --steps 4 --topk 4 --draft-tokens 4,8,16
     """
     settings = TauSettings(steps, topk, draft_tokens, max_prompts, prompt_tokens, new_tokens)
     check_settings(settings)
-    check_prompt_source(data)
+    if scores is None:
+        check_prompt_source(data)
     if validate_data is not None:
         check_prompt_source(validate_data, "--validate-data")
-    check_outputs([output])
-    rows = sglang_tau(ModelSource(model, heads, drafter, None, device, dtype), data, settings, held_out=validate_data)
+    check_outputs([output], input_files(scores))
+    source = ModelSource(model, heads, drafter, None, device, dtype)
+    rows = sglang_tau(source, data, settings, held_out=validate_data, scores=scores)
     columns = ["num_draft_tokens", "tau_predicted", "tau_predicted_se", "steps_walked"]
     if validate_data is not None:
         columns += ["tau_measured", "tau_measured_se"]
