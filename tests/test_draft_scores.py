@@ -278,3 +278,21 @@ def test_another_commands_output_never_replaces_the_sidecar(calibrated, capsys):
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"treeopt: error: {side}:") and "is also an input" in err and "\n" not in err
     assert side.read_bytes() == before
+
+
+def test_the_calibrate_command_refuses_draft_scores_it_cannot_record(tmp_path, capsys):
+    """One line, exit 2, no output: a drafter no engine drafts a dynamic tree with, and data labels."""
+    from treeopt.cli import main
+
+    out = tmp_path / "acc.json"
+    base = ["calibrate", "--max-prompts", "1", "--steps", "10", "--prompt-tokens", "24", "-q", "-o", str(out)]
+    for extra, message in (
+        (["--drafter", "medusa", "--draft-scores", "2"], "medusa drafters are not served that way"),
+        (["--drafter", "eagle3", "--draft-scores", "2", "--labels", "data"], "needs greedy labels"),
+    ):
+        with pytest.raises(SystemExit) as stop:
+            main([*base, *extra])
+        assert stop.value.code == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("treeopt: error: --draft-scores:") and message in err and "\n" not in err
+        assert not out.exists() and not draft_scores_path(out).exists()
