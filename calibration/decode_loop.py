@@ -80,6 +80,8 @@ class DecodeState:
               None for other drafters.
     draft_valid: (b, C) bool, the EAGLE draft's valid slots (a prompt's first token has no
               pair); None for other drafters.
+    draft:    (b, q) the next step's tree tokens, drafted inside the step before
+              (docs/decoder.md#captured-drafting); None: the next step drafts them itself.
     """
 
     cache: KVCache
@@ -90,6 +92,7 @@ class DecodeState:
     rows: torch.Tensor
     draft_cache: KVCache | None = None
     draft_valid: torch.Tensor | None = None
+    draft: torch.Tensor | None = None
 
 
 class PhaseClock:

@@ -33,6 +33,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from calibration.captured_drafting import CapturedStep, DraftEpilogue, captured_refusal, drafting_mode
 from calibration.decode_loop import DecodeResult, DecodeState, PhaseClock, emit_roots, eos_set, generation_loop
 from calibration.eagle_decoding import append_pairs, draft_context, prefill_pairs
 from calibration.kv_cache import KVCache, new_cache
@@ -111,6 +112,11 @@ class TreeDecoder:
     merged by log-sum-exp) or "masked" (one sdpa call under the whole mask); None: split on
     CUDA, masked elsewhere. `self.attention` is the path that runs ("masked" where the model
     does not attend through sdpa).
+    `drafting`: "captured" (acceptance, the cache keep and the next draft inside the static step,
+    docs/decoder.md#captured-drafting; greedy steps, tree form, drafters whose shapes are static)
+    or "separate" (each a phase of its own); None: captured where steps are captured as CUDA
+    graphs and the drafter allows it. `self.drafting_mode` is the mode that runs,
+    `self.drafting_refusal` why captured drafting cannot (None when it can).
     """
 
     def __init__(
@@ -125,6 +131,7 @@ class TreeDecoder:
         graphs: bool | None = None,
         bucket: int = DEFAULT_BUCKET,
         attention: str | None = None,
+        drafting: str | None = None,
     ):
         _check_arguments(model, heads, tree, topk, verification)
         attention = attention_path(model, attention, model_device(model))
@@ -157,6 +164,23 @@ class TreeDecoder:
             topk_used = 1 + max((p[-1] for p in tree.paths), default=-1)
             tree_indices = self.verifier.to_device(buf.tree_indices)
             self.drafting = MedusaDrafting(heads, tree_indices, tree.depth, topk, topk_used)
+        self.drafting_refusal = captured_refusal(heads, verification)
+        self.drafting_mode = drafting_mode(
+            drafting,
+            refusal=self.drafting_refusal,
+            static=self.runner is not None,
+            captured=graphs_enabled(graphs, self.device),
+        )
+        self.captured = None
+        if self.drafting_mode == "captured":
+            self.captured = StepRunner(
+                model,
+                force_gqa=self.force_gqa,
+                graphs=graphs_enabled(graphs, self.device),
+                bucket=bucket,
+                split=self.split,
+                epilogue=DraftEpilogue(self.verifier, self.drafting),
+            )
 
     # ---- the pieces of a step --------------------------------------------------------------
 
@@ -270,6 +294,11 @@ class TreeDecoder:
         and the base logits are per row, (b, n, D + 1, V): row j is the j-th leaf's root path
         (`tree_buffers(...).retrieve_indices[j]`), padded at its end.
         """
+        if self.captured is not None:
+            # the whole captured step: forward, acceptance, keep and the next draft
+            # (docs/decoder.md#captured-drafting); its keep stays inside the q appended slots
+            logits, _, *rest = self.captured(cache, tree_tokens, *self.verifier.layout(cache_valid, positions))
+            return logits, CapturedStep(*rest).draft
         verified = self.verifier.forward(cache, tree_tokens, *self.verifier.layout(cache_valid, positions))
         root_hidden = verified.root_hidden  # (b, 1, h)
         if self.prefix_layer:
@@ -320,6 +349,8 @@ class TreeDecoder:
         (tokens (b, D + 1) the step produced per sequence, in order, valid up to n_keep; n_keep
         (b,) = accepted nodes + 1)."""
         clock = clock or PhaseClock(False, self.device)
+        if self.captured is not None and rule.greedy:
+            return self._captured_step(state, clock)
         # 1. draft: the drafter guesses the tree from the last accepted token's hidden state
         #    (Medusa paper section 2.1.1).
         tokens = self.draft(state, clock)
@@ -338,6 +369,27 @@ class TreeDecoder:
             new = self.keep(state, tokens, verified, accepted)
         return new, accepted.n_keep
 
+    def _captured_step(self, state: DecodeState, clock: PhaseClock):
+        """`step` with acceptance, the cache keep and the next draft inside the static step
+        (docs/decoder.md#captured-drafting); only the accepted-length bookkeeping here. The
+        first step of a batch drafts outside (nothing drafted it yet), and so does the step
+        after sequences left the batch."""
+        if state.draft is None:
+            state.draft = self.draft(state, clock)
+        with clock("draft"):
+            mask, positions = self.verifier.layout(state.valid, state.next_pos)
+        with clock("verify"):
+            start = state.cache.length
+            step = CapturedStep(*self.captured(state.cache, state.draft, mask, positions)[2:])
+        with clock("update"):
+            keep = int(step.n_keep.max())  # the one host read of a step
+            for layer in state.cache.layers:
+                layer.length = start + keep
+            state.valid = torch.cat([state.valid, self._iota(keep)[None] < step.n_keep[:, None]], dim=1)
+            state.next_pos = state.next_pos + step.n_keep
+            state.root, state.hidden, state.draft = step.bonus, step.hidden, step.draft
+        return step.new, step.n_keep
+
     def keep(self, state: DecodeState, tokens: torch.Tensor, verified: Verified, accepted: Accepted) -> torch.Tensor:
         """Update `state` after a verification of the tree tokens (b, q): the cache keeps, per
         sequence, the root and the accepted nodes (the verifier's `keep`); a sequence that
@@ -355,7 +407,7 @@ class TreeDecoder:
         state.hidden = self._drafting_hidden(state, path_hidden, kept, n_keep)
         state.valid = torch.cat([state.valid, kept], dim=1)
         state.next_pos = state.next_pos + n_keep
-        state.root = bonus
+        state.root, state.draft = bonus, None
         new = torch.cat([tokens.gather(1, accepted.path[:, 1:]), bonus[:, None]], dim=1)
         new.scatter_(1, (n_keep - 1)[:, None], bonus[:, None])  # the accepted nodes, then the bonus
         return new
@@ -411,6 +463,8 @@ class TreeDecoder:
         if state.draft_valid is not None:
             state.draft_valid = state.draft_valid[idx]
         state.root, state.hidden = state.root[idx], state.hidden[idx]
+        if state.draft is not None:
+            state.draft = state.draft[idx]
         used = state.valid.any(0)
         if not bool(used.all()):
             cols = used.nonzero()[:, 0]

@@ -146,6 +146,23 @@ class KVCache(Cache):
         for layer in self.layers:
             layer.length = start + k
 
+    def keep_static(self, write: torch.Tensor, path: torch.Tensor) -> None:
+        """`keep_slots` inside a static-shape step (calibration/captured_drafting.py): after a
+        step wrote its q entries at `write` (q,) int64, per sequence the slots ``write[j]``,
+        j < path's width, take the entries of slot ``write[0] + path[:, j]`` (path (b, k) tree
+        indices). All k slots are written whatever the accepted length, so no shape depends on
+        it; past it they hold rejected entries, which the validity mask hides until a later
+        step overwrites them. The length is the caller's to set, outside the step."""
+        n_layers, _, b, heads, _, head_dim = self.buffer.shape
+        k = path.shape[1]
+        slots = write[0] + path
+        if b == 1:
+            kept = self.buffer.index_select(4, slots[0])  # why: as in keep_slots, the faster read
+        else:
+            index = slots[None, None, :, None, :, None].expand(n_layers, 2, b, heads, k, head_dim)
+            kept = torch.gather(self.buffer, 4, index)
+        self.buffer.index_copy_(4, write[:k], kept)
+
     def expanded(self, repeats: int, extra: int, scratch: KVCache | None = None) -> KVCache:
         """A cache in which rows ``i * repeats .. i * repeats + repeats - 1`` each hold a copy of
         sequence i's filled slots, with room for `extra` more slots per row: one copy over the

@@ -110,7 +110,8 @@ class StaticInputs:
         """Copy a step's inputs in: mask (b, 1, q, w) with w <= window covers the slots 0..w-1,
         the rest is hidden; the q new entries go to slots start..start+q-1."""
         width = mask.shape[-1]
-        self.tokens.copy_(tokens)
+        if tokens is not self.tokens:  # why: a captured draft is already there (calibration/captured_drafting.py)
+            self.tokens.copy_(tokens)
         self.positions.copy_(positions)
         self.mask[..., :width].copy_(mask)
         if width < self._width:  # why: only a narrower mask than the last leaves slots to hide
@@ -162,12 +163,22 @@ class StepRunner:
     tensors are the graph's outputs, valid until the next call of the same shape.
     `staging_s` lists the seconds each call spent copying its inputs in (decoder work, not
     model work). `split`: attend through the prefix/block split (`calibration.split_attention`),
-    else the masked sdpa path."""
+    else the masked sdpa path. `epilogue(inputs, cache, logits, hidden)`: work after the forward
+    inside the same step (and the same graph), its outputs appended to the returned pair
+    (`calibration.captured_drafting`: acceptance, the cache keep and the next draft)."""
 
     def __init__(
-        self, model, *, force_gqa: bool = False, graphs: bool = False, bucket: int = DEFAULT_BUCKET, split: bool = False
+        self,
+        model,
+        *,
+        force_gqa: bool = False,
+        graphs: bool = False,
+        bucket: int = DEFAULT_BUCKET,
+        split: bool = False,
+        epilogue=None,
     ):
         self.model, self.force_gqa, self.bucket, self.split = model, force_gqa, int(bucket), bool(split)
+        self.epilogue = epilogue
         self.graphs = bool(graphs)
         self.notes: list[str] = []
         self.staging_s: list[float] = []
@@ -224,7 +235,10 @@ class StepRunner:
                         position_ids=inputs.positions,
                         cache=cache,
                     )
-                    return lm_head(self.model, hidden), hidden
+                    logits = lm_head(self.model, hidden)
+                    if self.epilogue is None:
+                        return logits, hidden
+                    return (logits, hidden, *self.epilogue(inputs, cache, logits, hidden))
             finally:
                 cache.static_write = None
 

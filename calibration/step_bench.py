@@ -88,6 +88,7 @@ def step_bench(
     verification: str = "tree",
     graphs: bool | None = None,
     attention: str | None = None,
+    drafting: str | None = None,
 ) -> StepBench:
     """Build the cache of `context` random tokens for `batch` sequences and one closure per
     tree size (0 first) running exactly one decoding step's model work in the `verification`
@@ -97,7 +98,9 @@ def step_bench(
     forward in static shapes over exactly the context and its new tokens (window = context +
     q), captured once per (batch, context, size) and replayed on CUDA; else the eager forward
     (the plain step through the library's 2D-mask path). `attention`: the verification
-    attention (`TreeDecoder`'s; docs/decoder.md#split-verification-attention)."""
+    attention (`TreeDecoder`'s; docs/decoder.md#split-verification-attention). `drafting`:
+    "captured" times the whole step, acceptance, cache keep and next draft included
+    (docs/decoder.md#captured-drafting); a draft model's steps always draft separately."""
     sizes = sorted(set(int(n) for n in sizes) | {0})
     model, heads, device = lm.model, lm.heads, lm.device
     vocab = heads.vocab_size
@@ -120,6 +123,7 @@ def step_bench(
     sync = synchronizer(device)
     bench = StepBench(sizes, [], cache, context_ids, valid, positions)
     options = {"topk": topk, "verification": verification, "graphs": graphs, "attention": attention}
+    options["drafting"] = drafting
     for n in sizes:
         if n == 0:
             _add_plain_step(bench, model, heads, torch.randint(0, vocab, (batch, 1), generator=gen), graphs, sync)

@@ -52,11 +52,12 @@ import pandas as pd
 import torch
 from tqdm import tqdm
 
+from calibration.captured_drafting import captured_refusal, drafting_mode
 from calibration.device_memory import check_bench_fits
 from calibration.end_to_end import left_padding, measure_end_to_end, prompt_batches, token_batches
 from calibration.fused_projections import projection_mode, use_projections
 from calibration.split_attention import attention_path
-from calibration.static_steps import step_mode
+from calibration.static_steps import graphs_enabled, step_mode, uses_static
 from calibration.step_bench import StepBench, check_form, effective_sizes, step_bench
 from treeopt.dtypes import torch_dtype_name
 from treeopt.errors import UserError
@@ -135,11 +136,14 @@ class SweepSettings:
     # the q/k/v and gate/up projections (docs/decoder.md#fused-projections): "fused",
     # "separate", None the device's default (`--projections`)
     projections: str | None = None
+    # where the timed tree step drafts (docs/decoder.md#captured-drafting): "captured" (the
+    # whole step: forward, acceptance, keep, next draft), "separate", None the default (`--drafting`)
+    drafting: str | None = None
 
     @property
     def step_options(self) -> dict:
         """How the timed steps run: `step_bench`'s keywords."""
-        keys = ("topk", "seed", "verification", "graphs", "attention")
+        keys = ("topk", "seed", "verification", "graphs", "attention", "drafting")
         return {key: getattr(self, key) for key in keys}
 
     @property
@@ -166,6 +170,8 @@ class SweepSettings:
             object.__setattr__(self, name, tuple(sorted({int(v) for v in values})))
         if not float(self.time_budget_s) >= 0:
             raise UserError(f"--budget: must be >= 0 seconds, got {self.time_budget_s}")
+        if self.drafting == "captured" and self.graphs is False:
+            raise UserError("--drafting captured: needs static-shape steps (leave out --no-graphs)")
         if int(self.repeats) < MIN_ROUNDS:
             raise UserError(
                 f"--repeats: at least {MIN_ROUNDS} rounds, got {self.repeats} (with fewer, a 95% interval of the "
@@ -340,6 +346,7 @@ def _fingerprint(lm, proposal: Tree, sizes: list[int], settings: SweepSettings) 
             "steps": step_mode(settings.graphs, lm.device),
             "attention": attention_path(lm.model, settings.attention, lm.device),
             "projections": projection_mode(lm.model),
+            "drafting": sweep_drafting(lm, settings),
             "measurement": {
                 "sizes": sizes,
                 "repeats": settings.repeats,
@@ -351,6 +358,14 @@ def _fingerprint(lm, proposal: Tree, sizes: list[int], settings: SweepSettings) 
             },
         }
     )
+
+
+def sweep_drafting(lm, settings: SweepSettings) -> str:
+    """Where the sweep's timed tree steps draft (`calibration.captured_drafting.drafting_mode`)."""
+    refusal = captured_refusal(lm.heads, settings.verification)
+    static = uses_static(settings.graphs, lm.device)
+    captured = graphs_enabled(settings.graphs, lm.device)
+    return drafting_mode(settings.drafting, refusal=refusal, static=static, captured=captured)
 
 
 def _weights(lm) -> str:
@@ -373,6 +388,7 @@ def _read_done(out_csv: Path, mpath: Path, fingerprint: dict, sizes: list[int]) 
     # and ran its steps eagerly through the masked attention
     before = {"verification": "tree", "weights": "checkpoint", "steps": "eager", "attention": "masked"}
     before["projections"] = "separate"
+    before["drafting"] = "separate"
     diff = setting_differences({**before, **old}, fingerprint)
     if diff:
         raise UserError(

@@ -418,6 +418,24 @@ CASES = [
         "nope.json",
     ),
     ("decode-prompt-too-long", "decode --model {tiny} --prompt " + "a" * 1100, {}, "position"),
+    (
+        "decode-captured-drafting-eager",
+        "decode --model {tiny} --prompt hi --drafting captured --no-graphs",
+        {},
+        "static",
+    ),
+    (
+        "sweep-captured-drafting-eager",
+        "sweep --model {tiny} --accuracy acc.json --drafting captured --no-graphs -o s.csv",
+        {},
+        "static",
+    ),
+    (
+        "sweep-captured-drafting-candidates",
+        "sweep --model {tiny} --accuracy acc.json --drafting captured --graphs --verification candidates -o s.csv",
+        {},
+        "candidate",
+    ),
     # ---- sweeps that are damaged or incomplete ----
     (
         "select-sweep-cut-mid-line",

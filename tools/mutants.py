@@ -77,6 +77,8 @@ TREE_COST_TESTS = ("tests/test_draft_tree_cost.py",)
 TREE_VALIDATION_TESTS = ("tests/test_draft_tree_validation.py",)
 RULE_TESTS = ("tests/test_decision_rules.py",)
 TIEBREAK_TESTS = ("tests/test_typical_tiebreak.py",)
+CAPTURED_STEP_TESTS = ("tests/test_captured_drafting.py::test_captured_steps_equal_the_separate_phases_bit_for_bit",)
+CAPTURED_LOSSLESS_TESTS = ("tests/test_captured_drafting.py::test_captured_greedy_decoding_is_plain_greedy",)
 SAMPLED_VALIDATION_TESTS = (
     "tests/test_bad_inputs.py::test_bad_input[validate-temperature-mismatch]",
     "tests/test_bad_inputs.py::test_bad_input[validate-temperature-mismatch-sidecar]",
@@ -2905,6 +2907,57 @@ MUTANTS = (
         "first=False,",
         "the first part reuses a product of the same tensor changed in place since",
         ("tests/test_fused_projections.py",),
+    ),
+    # ---- the whole speculative step in static shapes (docs/decoder.md#captured-drafting)
+    Mutant(
+        "captured-stale-draft",
+        "calibration/captured_drafting.py",
+        "tokens.copy_(self.drafting.tree_tokens(accepted.bonus, proposal))",
+        "self.drafting.tree_tokens(accepted.bonus, proposal)",
+        "a stale captured draft: the step's token buffer is not refreshed, the next step verifies the last tree",
+        CAPTURED_STEP_TESTS,
+    ),
+    Mutant(
+        "captured-first-draft-kept",
+        "calibration/decoder.py",
+        "state.root, state.hidden, state.draft = step.bonus, step.hidden, step.draft",
+        "state.root, state.hidden = step.bonus, step.hidden",
+        "a stale captured draft: every step verifies the batch's first draft, copied in again",
+        CAPTURED_STEP_TESTS,
+    ),
+    Mutant(
+        "captured-drafts-from-the-root",
+        "calibration/captured_drafting.py",
+        "last_hidden = hidden[rows, accepted.last]",
+        "last_hidden = hidden[rows, accepted.path[:, 0]]",
+        "the captured step drafts from the root's hidden state, not the last accepted token's",
+        CAPTURED_STEP_TESTS,
+    ),
+    Mutant(
+        "captured-keep-root-from-child-slot",
+        "calibration/kv_cache.py",
+        "slots = write[0] + path",
+        "slots = write[0] + path.clamp(min=1)",
+        "the captured keep takes the root's entry from the first child's slot",
+        CAPTURED_LOSSLESS_TESTS,
+    ),
+    Mutant(
+        "captured-hole-made-visible",
+        "calibration/decoder.py",
+        "state.valid = torch.cat([state.valid, self._iota(keep)[None] < step.n_keep[:, None]], dim=1)",
+        "state.valid = torch.cat([state.valid, self._iota(keep)[None] <= step.n_keep[:, None]], dim=1)",
+        "after a captured step a shorter sequence sees the hole past its accepted path",
+        CAPTURED_STEP_TESTS,
+    ),
+    Mutant(
+        "captured-tree-mask-off-by-one-level",
+        "calibration/verification.py",
+        "self.tree_mask_add = additive_mask(t(buffers.attention_mask), dtype)[None, None]",
+        "self.tree_mask_add = additive_mask(\n"
+        "            t(buffers.attention_mask & (buffers.depth[:, None] != buffers.depth[None, :] + 1)), dtype\n"
+        "        )[None, None]",
+        "the tree mask off by one level (a node does not see its parent) on the captured step",
+        CAPTURED_LOSSLESS_TESTS,
     ),
     # ---- static-shape verification steps (docs/decoder.md#static-shape-steps)
     Mutant(

@@ -10,6 +10,7 @@ import click
 import numpy as np
 import torch
 
+from calibration.captured_drafting import DRAFTING_MODES, captured_refusal
 from calibration.data import load_prompts
 from calibration.decoder import TreeDecoder, cut_tree
 from calibration.greedy import greedy_decode
@@ -136,6 +137,14 @@ def _note(msg: str) -> None:
     help="Verification steps in static shapes, captured as CUDA graphs on CUDA [default: on CUDA, off elsewhere]; "
     "--no-graphs: the eager forward, to compare (docs/decoder.md#static-shape-steps).",
 )
+@click.option(
+    "--drafting",
+    type=click.Choice(DRAFTING_MODES),
+    default=None,
+    help="captured: greedy steps accept, keep and draft the next tree inside the static step (captured as one "
+    "CUDA graph on CUDA); separate: each a phase of its own [default: captured where steps are captured as CUDA "
+    "graphs and the drafter allows it] (docs/decoder.md#captured-drafting).",
+)
 @random_weights_option()
 def decode_cmd(
     model_name,
@@ -159,6 +168,7 @@ def decode_cmd(
     threads,
     compare,
     graphs,
+    drafting,
     random_weights,
 ):
     """Decode prompts with Medusa tree decoding; print the text and the tokens per step. With
@@ -172,9 +182,10 @@ def decode_cmd(
         raise UserError("give prompts with --prompt or --data (one of them)")
     if compare and temperature > 0:
         raise UserError("--compare: needs --temperature 0 (greedy decoding is the reference)")
-    settings = DecodeSettings(
-        max_new_tokens, batch_size, temperature, posterior_threshold, posterior_alpha, topk, seed, compare, graphs
-    )
+    if drafting == "captured" and graphs is False:
+        raise UserError("--drafting captured: needs static-shape steps (leave out --no-graphs)")
+    numbers = (max_new_tokens, batch_size, temperature, posterior_threshold, posterior_alpha, topk, seed)
+    settings = DecodeSettings(*numbers, compare, graphs, drafting)
 
     tree = load_tree(tree_spec)  # validated before the model loads: bad trees fail fast
     if random_weights:
@@ -216,6 +227,7 @@ class DecodeSettings:
     seed: int
     compare: bool
     graphs: bool | None = None  # --graphs/--no-graphs (None: static shapes on CUDA only)
+    drafting: str | None = None  # --drafting (None: captured where steps are CUDA graphs)
 
 
 @dataclass
@@ -234,7 +246,11 @@ def _decoder(loaded, tree, settings: DecodeSettings):
     """The reference decoder (`decoder_for`) with its verification steps run as --graphs says
     (docs/decoder.md#static-shape-steps); a draft model's own passes always run eagerly."""
     if getattr(loaded.heads, "kind", "") != "draft-model":
-        return TreeDecoder(loaded.model, loaded.heads, tree, topk=settings.topk, graphs=settings.graphs)
+        return TreeDecoder(
+            loaded.model, loaded.heads, tree, topk=settings.topk, graphs=settings.graphs, drafting=settings.drafting
+        )
+    if settings.drafting == "captured":
+        raise UserError(f"--drafting captured: {captured_refusal(loaded.heads, 'tree')}")
     decoder = decoder_for(loaded.model, loaded.heads, tree, topk=settings.topk)
     if not uses_static(settings.graphs, loaded.device):
         decoder.td.runner, decoder.td.steps = None, "eager"  # the target's eager forward

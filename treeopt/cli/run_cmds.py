@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 
+from calibration.captured_drafting import DRAFTING_MODES
 from calibration.data import check_prompt_source
 from calibration.demo import DemoRecipe, train_demo
 from calibration.demo_draft import DraftRecipe, train_demo_draft
@@ -245,6 +246,15 @@ def check_sweep_size(batches, contexts, sizes) -> None:
     "them) or separate [default: fused on CUDA, separate elsewhere]. Recorded in the sweep's metadata "
     "(docs/decoder.md#fused-projections).",
 )
+@click.option(
+    "--drafting",
+    type=click.Choice(DRAFTING_MODES),
+    default=None,
+    help="Where the timed tree step drafts: captured (the whole step in static shapes: forward, acceptance, "
+    "cache keep and the next draft) or separate (the forward and the heads) [default: captured where steps are "
+    "captured as CUDA graphs and the drafter allows it]. Recorded in the sweep's metadata "
+    "(docs/decoder.md#captured-drafting).",
+)
 @click.option("--resume", is_flag=True, help="Keep the (batch, context) groups already in OUTPUT.")
 @click.option("-o", "--output", required=True, metavar="FILE.csv")
 def sweep_cmd(
@@ -273,6 +283,7 @@ def sweep_cmd(
     graphs,
     attention,
     projections,
+    drafting,
     resume,
     output,
 ):
@@ -305,6 +316,7 @@ def sweep_cmd(
         graphs=graphs,
         attention=attention,
         projections=projections,
+        drafting=drafting,
     )
     table, tau = load_tau_curves(accuracy, max(sizes), method=method)
     profile = load_hardware(hardware) if hardware is not None else None
