@@ -123,14 +123,19 @@ class StaticInputs:
 class GraphStep:
     """`body()` captured as a CUDA graph (PyTorch's recipe: warm up on a side stream, capture,
     replay); `__call__` replays it and returns the captured outputs, overwritten by the next
-    replay."""
+    replay. `restore`: input buffers the body itself overwrites (a captured draft writes the
+    next step's tokens, calibration/captured_drafting.py), put back after every warm-up call,
+    so the first replay reads what the caller staged."""
 
-    def __init__(self, body, warmup: int = 2):
+    def __init__(self, body, warmup: int = 2, restore: tuple[torch.Tensor, ...] = ()):
+        saved = [t.clone() for t in restore]
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for _ in range(warmup):
                 body()
+                for buffer, value in zip(restore, saved, strict=True):
+                    buffer.copy_(value)
         torch.cuda.current_stream().wait_stream(stream)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
@@ -207,7 +212,7 @@ class StepRunner:
         step.inputs.load(tokens, positions, mask, start)
         self.staging_s.append(time.perf_counter() - t0)
         if step.run is step.body and self.graphs:
-            step.run = self._capture(step.body)
+            step.run = self._capture(step)
         out = step.run()
         for layer in cache.layers:
             layer.length = start + q
@@ -248,10 +253,13 @@ class StepRunner:
             self._steps.popitem(last=False)
         return step
 
-    def _capture(self, body):
-        """`body` as a replayable CUDA graph; on any failure the eager `body`, once noted."""
+    def _capture(self, step: _Step):
+        """The step's body as a replayable CUDA graph; on any failure the eager body, once noted."""
+        body = step.body
         try:
-            return GraphStep(body)
+            if self.epilogue is None:
+                return GraphStep(body)
+            return GraphStep(body, restore=(step.inputs.tokens,))
         except Exception as err:  # noqa: BLE001 - any capture failure falls back to eager
             note = f"note: CUDA graph capture failed ({record_capture_failure(err)}); running steps eagerly"
             self.notes.append(note)
