@@ -163,11 +163,11 @@ def combine_counts(counts: CalibrationCounts, first: int, processes: Processes) 
     K, width = counts.hits.shape
     ranks, sequence = counts.rank_vectors()
     parts: list = [None] * processes.world_size
-    dist.all_gather_object(parts, (counts.joint, ranks, sequence))
+    dist.all_gather_object(parts, (counts.joint, ranks, sequence, counts.draft_pools()))
     joint = None
     if counts.joint is not None:
         merged: Counter = Counter()
-        for part_joint, _, _ in parts:
+        for part_joint, *_ in parts:
             merged.update(part_joint)
         joint = dict(merged)
     combined = CalibrationCounts(
@@ -182,4 +182,8 @@ def combine_counts(counts: CalibrationCounts, first: int, processes: Processes) 
     all_sequence = np.concatenate([p[2] for p in parts]).astype(np.int32, copy=False)
     if len(all_ranks):
         combined.rank_chunks, combined.sequence_chunks = [all_ranks], [all_sequence]
+    # the draft scores' pools, row for row with the ranks (a shard without rows has none)
+    pools = [p[3] for p in parts if p[3] is not None]
+    if pools:
+        combined.pool_chunks = [tuple(np.concatenate(part) for part in zip(*pools, strict=True))]
     return combined

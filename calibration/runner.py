@@ -290,10 +290,6 @@ def calibrate(
     result holds every process's counts combined (each process gets them).
     """
     total = check_settings(settings, loaded, prompts)
-    if processes.many and settings.draft_scores_topk is not None:
-        raise UserError(
-            f"--draft-scores: recorded by one process; run it without torchrun (here {processes.world_size} processes)"
-        )
     torch.manual_seed(settings.seed)
     fingerprint = run_fingerprint(loaded, prompts, settings, heads_source)
     shard = _shard(fingerprint, total, settings.batch_size, checkpoint, processes)

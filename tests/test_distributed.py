@@ -289,3 +289,38 @@ def test_device_map_refused_with_many_processes(tiny, prompts_file):
         run_calibration(
             ModelSource(str(tiny), device="cpu", device_map="auto"), str(prompts_file), processes=Processes(0, 2, 0)
         )
+
+
+@pytest.mark.slow
+def test_torchrun_draft_scores_equal_one_process(tmp_path):
+    """An EAGLE draft's scores (`--draft-scores`) gathered from two processes are the one-process
+    sidecar byte for byte (each process drafts the pools of its own whole batches)."""
+    args = ["--model", "demo", "--drafter", "eagle3", "--data", "demo", "--device", "cpu", "--dtype", "float32"]
+    args += ["--max-prompts", "4", "--prompt-tokens", "24", "--steps", "10", "--batch-size", "2"]
+    args += ["--draft-scores", "2", "-q"]
+    single = tmp_path / "one.json"
+    one = subprocess.run(
+        [sys.executable, "-m", "treeopt", "calibrate", *args, "-o", str(single)],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert one.returncode == 0, one.stderr[-3000:]
+    many = tmp_path / "two.json"
+    run = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2"]
+    run += ["--master-addr", "127.0.0.1", "--master-port", str(_free_port())]
+    proc = subprocess.run(
+        [*run, "-m", "treeopt", "calibrate", *args, "-o", str(many)],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    from treeopt.draft_scores import draft_scores_path, load_draft_scores
+
+    assert load_draft_scores(draft_scores_path(many)).rows == 4 * 9
+    assert draft_scores_path(single).read_bytes() == draft_scores_path(many).read_bytes()

@@ -3328,6 +3328,14 @@ MUTANTS = (
         ("tests/test_draft_scores.py::test_the_sidecar_predicts_what_sglang_tau_drafts_itself",),
     ),
     Mutant(
+        "draft-scores-gathered-from-one-process",
+        "calibration/distributed.py",
+        "pools = [p[3] for p in parts if p[3] is not None]",
+        "pools = [p[3] for p in parts[:1] if p[3] is not None]",
+        "under torchrun the draft scores keep process 0's pools only",
+        ("tests/test_distributed.py::test_torchrun_draft_scores_equal_one_process",),
+    ),
+    Mutant(
         "sglang-tau-scores-ignored",
         "treeopt/app/sglang_tau.py",
         "predicted = _recorded(scores, settings, counts) if scores is not None else None",
