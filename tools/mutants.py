@@ -390,6 +390,30 @@ MUTANTS = (
         "the dynamic tree's schedule does not say it comes from rank statistics, not the draft's scores",
         ("tests/test_trtllm_eagle3.py",),
     ),
+    Mutant(
+        "trt-dynamic-tau-root-priced",
+        "treeopt/dynamic_schedule.py",
+        "priced = {k: tau * plain / step[(*cell, k[2] - 1)] for k, tau in usable.items() if (*cell, k[2] - 1) in step}",
+        "priced = {k: tau * plain / step[(*cell, k[2])] for k, tau in usable.items() if (*cell, k[2]) in step}",
+        "a dynamic-tree triple priced at the step time of num_draft_tokens nodes (the root counted as drafted)",
+        ("tests/test_dynamic_schedule.py",),
+    ),
+    Mutant(
+        "trt-dynamic-tau-absolute-time",
+        "treeopt/dynamic_schedule.py",
+        "priced = {k: tau * plain / step[",
+        "priced = {k: tau / step[",
+        "a dynamic-tree triple's speedup is its tau over the step time, not over the step's cost relative to plain",
+        ("tests/test_dynamic_schedule.py",),
+    ),
+    Mutant(
+        "trt-dynamic-tau-unfit-priced",
+        "treeopt/dynamic_schedule.py",
+        "usable = {k: v for k, v in taus.items() if fits(k[2] - 1, k[0], k[1])}",
+        "usable = dict(taus)",
+        "triples TensorRT-LLM's validator refuses are priced and may be chosen",
+        ("tests/test_dynamic_schedule.py",),
+    ),
     # ---- SGLang's start-up checks (treeopt/sglang_rules.py)
     Mutant(
         "sglang-trtllm-mha-topk2",

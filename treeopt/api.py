@@ -35,6 +35,7 @@ from treeopt.chain_counts import ChainAcceptance, ExpectationCheck, check_expect
 from treeopt.chain_counts import chain_acceptance as _chain_acceptance
 from treeopt.chain_counts import chain_table as _chain_table
 from treeopt.chain_or_tree import chain_or_tree
+from treeopt.dynamic_schedule import dynamic_tau_schedule, read_dynamic_taus
 from treeopt.engine_readers import EngineWindow, load_engine_window
 from treeopt.engines import EngineExport as EngineExport
 from treeopt.engines import check as _check
@@ -362,6 +363,23 @@ def with_engine(
         drafter=eagle_draft(table),
         draft_model=draft_model_dir(table) if table is not None else None,
     )
+
+
+def with_dynamic_tau(
+    selection: Selection, source: Prediction | Sweep, tau_file: str | Path, table: AccuracyTable | None, by: str
+) -> Selection:
+    """`selection` (with `engine` trtllm-eagle3-dynamic already added) with its schedule priced from
+    the draft's own tau per (steps, topk, num_draft_tokens) in `tau_file` (`treeopt sglang-tau -o`)
+    and the step times of `source`'s grid or sweep (`by`: measured or predicted), instead of the
+    accuracy table's ranks (treeopt.dynamic_schedule, docs/engines.md#schedules)."""
+    taus = read_dynamic_taus(tau_file)
+    grid = mix_grid_from_sweep(source.frame, by) if isinstance(source, Sweep) else source.grid
+    weights = {(c.batch, c.context): c.weight for c in selection.mix.cells} if selection.mix is not None else None
+    engine = get_engine(selection.provenance.engine or "")
+    section = dynamic_tau_schedule(
+        selection.cells, engine, grid, taus, source=str(tau_file), weights=weights, drafter=eagle_draft(table)
+    )
+    return replace(selection, schedule=section)
 
 
 def _with_engine_lines(selection: Selection, engine: str, table: AccuracyTable | None) -> Selection:

@@ -373,8 +373,8 @@ SGLANG_PLAIN = (0, 0, 0)
 #: what TensorRT-LLM's dynamic-tree schedule is predicted from, and what would predict it better
 TRTLLM_DYNAMIC_SOURCE = (
     "the triple is the best of the sizes measured or predicted, each drafted as the accuracy table's ranks "
-    "order the nodes; TensorRT-LLM orders them by the draft's own scores: check its tau with `treeopt sglang-tau "
-    "--steps S --topk K --draft-tokens T+1` (select reads no draft scores yet; docs/engines.md#schedules)"
+    "order the nodes; TensorRT-LLM orders them by the draft's own scores: to price the triples from those, give "
+    "`treeopt select --dynamic-tau FILE` the CSV of `treeopt sglang-tau -o` on the draft (docs/engines.md#schedules)"
 )
 
 

@@ -9,6 +9,7 @@ from treeopt import api
 from treeopt.cli.options import FiniteAtLeast, tolerance_option
 from treeopt.cli.safety import check_outputs, input_files
 from treeopt.cli.tree_cmds import echo_notes, engine_serving_table, load_table, write_output
+from treeopt.dynamic_schedule import read_dynamic_taus
 from treeopt.engines import ENGINE_NAMES
 from treeopt.errors import UserError
 from treeopt.fileio import dumps
@@ -95,6 +96,14 @@ from treeopt.selection_text import selection_summary
     help="With --sweep: the profile whose terms are fitted [default: the sweep's, when built in or "
     "the hardware.json beside it].",
 )
+@click.option(
+    "--dynamic-tau",
+    "dynamic_tau",
+    default=None,
+    metavar="FILE.csv",
+    help="With --engine trtllm-eagle3-dynamic: tau per (steps, topk, draft tokens) from the draft's own scores "
+    "(`treeopt sglang-tau -o`); the dynamic-tree config is priced from it and the step times of as many nodes.",
+)
 @click.option("-o", "--output", default=None, metavar="FILE.json", help="Selection JSON [default: stdout].")
 def select_cmd(
     sweep_file,
@@ -111,6 +120,7 @@ def select_cmd(
     fixed_rounds,
     model,
     hardware,
+    dynamic_tau,
     output,
 ):
     """Pick the best tree per (batch, context): from a measured sweep, or from predictions
@@ -122,9 +132,13 @@ def select_cmd(
     )
     if sweep_file is None and (model is not None or hardware is not None):
         raise UserError("--model/--hardware: only meaningful with --sweep (the pooled fit of its cells)")
-    check_outputs([output], input_files(*sweep_inputs, grid_file, accuracy, mix_spec, hardware))
+    check_outputs([output], input_files(*sweep_inputs, grid_file, accuracy, mix_spec, hardware, dynamic_tau))
     table = load_table(accuracy, csv_model) if accuracy is not None else None
     engine, notes = engine_serving_table(engine, table)
+    if dynamic_tau is not None:
+        if engine != "trtllm-eagle3-dynamic":
+            raise UserError("--dynamic-tau: prices TensorRT-LLM's dynamic tree; give --engine trtllm-eagle3-dynamic")
+        read_dynamic_taus(dynamic_tau)  # one line for a bad file, before the sweep is read
     if sweep_file is not None:
         source = api.load_sweep(sweep_file)
     else:
@@ -145,6 +159,8 @@ def select_cmd(
         hardware=hardware,
         fixed_rounds=fixed_rounds,
     )
+    if dynamic_tau is not None:
+        selection = api.with_dynamic_tau(selection, source, dynamic_tau, table, by)
     echo_notes(notes)
     if output:
         write_output(output, lambda: selection.save(output))
