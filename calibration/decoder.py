@@ -53,7 +53,15 @@ from calibration.model_calls import (
 from calibration.split_attention import attention_path, split_block
 from calibration.static_steps import DEFAULT_BUCKET, StepRunner, graphs_enabled, static_window, step_mode, uses_static
 from calibration.tree_drafting import MedusaDrafting, SequentialDrafting
-from calibration.verification import GREEDY, AcceptanceRule, Accepted, CandidateVerifier, TreeVerifier, Verified
+from calibration.verification import (
+    GREEDY,
+    AcceptanceRule,
+    Accepted,
+    CandidateVerifier,
+    TreeVerifier,
+    Verified,
+    host_step_tokens,
+)
 from treeopt.errors import UserError
 from treeopt.forms import VERIFICATION_FORMS
 from treeopt.tree import Tree, make_tree, tree_buffers
@@ -408,6 +416,11 @@ class TreeDecoder:
         state.valid = torch.cat([state.valid, kept], dim=1)
         state.next_pos = state.next_pos + n_keep
         state.root, state.draft = bonus, None
+        if accepted.longest is not None and tokens.device.type == "cpu":
+            # the verifier accepted on the host: lay the tokens out there too (host_greedy_accept)
+            return torch.from_numpy(
+                host_step_tokens(tokens.numpy(), accepted.path.numpy(), n_keep.numpy(), bonus.numpy())
+            )
         new = torch.cat([tokens.gather(1, accepted.path[:, 1:]), bonus[:, None]], dim=1)
         new.scatter_(1, (n_keep - 1)[:, None], bonus[:, None])  # the accepted nodes, then the bonus
         return new

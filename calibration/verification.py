@@ -26,7 +26,16 @@ from calibration.kv_cache import KVCache
 from calibration.model_calls import additive_mask, fast_argmax
 from treeopt.tree import TreeBuffers
 
-__all__ = ["GREEDY", "Accepted", "AcceptanceRule", "CandidateVerifier", "TreeVerifier", "Verified"]
+__all__ = [
+    "GREEDY",
+    "Accepted",
+    "AcceptanceRule",
+    "CandidateVerifier",
+    "TreeVerifier",
+    "Verified",
+    "host_greedy_accept",
+    "host_step_tokens",
+]
 
 
 @dataclass(frozen=True)
@@ -45,6 +54,8 @@ class AcceptanceRule:
 
 
 GREEDY = AcceptanceRule()
+#: logits dtypes numpy reads (`host_greedy_accept`)
+HOST_DTYPES = (torch.float32, torch.float64, torch.float16)
 
 
 class _Verdicts:
@@ -114,13 +125,45 @@ class Accepted:
     """A step's verification outcome per sequence: path (b, D + 1) tree indices of the chosen
     root-to-leaf path, n_keep (b,) = 1 + accepted nodes, last (b,) tree index of the last
     accepted token, bonus (b,) the token after it; row (b,) the chosen candidate row
-    (candidate form; None for the tree form)."""
+    (candidate form; None for the tree form); longest: max(n_keep) where it is known on the
+    host already (None: read it off n_keep)."""
 
     path: torch.Tensor
     n_keep: torch.Tensor
     last: torch.Tensor
     bonus: torch.Tensor
     row: torch.Tensor | None = None
+    longest: int | None = None
+
+    @property
+    def keep(self) -> int:
+        """The batch's longest kept length, max(n_keep)."""
+        return int(self.n_keep.max()) if self.longest is None else self.longest
+
+
+def host_greedy_accept(pred: np.ndarray, tokens: np.ndarray, parent: np.ndarray, retrieve: np.ndarray, valid):
+    """Greedy acceptance (docs/decoder.md#greedy-acceptance) over numpy arrays: pred (b, q) the
+    base argmax at each tree token, tokens (b, q), parent (q,), retrieve (L, D + 1) and its
+    validity. Returns (path, n_keep, last, bonus) as `TreeVerifier.accept` does, the first
+    longest path on ties. On a CPU each of a step's small torch operations costs several times
+    its numpy twin (docs/decoder.md#timing-a-step)."""
+    match = tokens == pred[:, parent]
+    match[:, 0] = True  # the root is the base model's own token
+    lengths = np.cumprod(match[:, retrieve] & valid, axis=-1).sum(-1)  # (b, L), root included
+    best = lengths.argmax(-1)
+    rows = np.arange(len(best))
+    n_keep = lengths[rows, best]
+    path = retrieve[best]
+    last = path[rows, n_keep - 1]
+    return path, n_keep, last, pred[rows, last]
+
+
+def host_step_tokens(tokens: np.ndarray, path: np.ndarray, n_keep: np.ndarray, bonus: np.ndarray) -> np.ndarray:
+    """A step's tokens (b, D + 1): the accepted nodes along `path`, then the bonus at n_keep - 1
+    (what `TreeDecoder.keep` returns), over numpy arrays."""
+    new = np.concatenate([np.take_along_axis(tokens, path[:, 1:], 1), bonus[:, None]], axis=1)
+    new[np.arange(len(new)), n_keep - 1] = bonus
+    return new
 
 
 class _TreeTensors:
@@ -151,6 +194,10 @@ class TreeVerifier(_TreeTensors):
         super().__init__(buffers, dtype, device)
         self.model_forward = forward
         self.appends = self.q  # slots `forward` appends to the cache
+        # greedy acceptance on the host where the logits live there (`host_greedy_accept`)
+        ri = buffers.retrieve_indices
+        on_cpu = torch.device(device).type == "cpu"
+        self.host = (np.maximum(buffers.parent, 0), np.maximum(ri, 0), ri >= 0) if on_cpu else None
 
     def layout(self, valid: torch.Tensor, next_pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The 4D additive mask (b, 1, q, C + q) and the position ids (b, q) of a step: row i
@@ -174,6 +221,10 @@ class TreeVerifier(_TreeTensors):
     def accept(self, tokens: torch.Tensor, logits: torch.Tensor, rule: AcceptanceRule = GREEDY) -> Accepted:
         """The longest accepted root-to-leaf path of the tree tokens (b, q) under their base
         logits (b, q, V), each node judged at its parent, and the bonus token after it."""
+        if rule.greedy and self.host is not None and logits.dtype in HOST_DTYPES and logits.device.type == "cpu":
+            found = host_greedy_accept(logits.numpy().argmax(-1), tokens.numpy(), *self.host)
+            path, n_keep, last, bonus = (torch.from_numpy(np.ascontiguousarray(a)) for a in found)
+            return Accepted(path, n_keep, last, bonus, longest=int(found[1].max()))
         verdicts = _Verdicts(logits, rule)
         match, loglik = verdicts.accepts(tokens, self.parent)
         match[:, 0] = True  # the root is the base model's own token
@@ -187,7 +238,7 @@ class TreeVerifier(_TreeTensors):
         """The cache keeps, per sequence, the root and the accepted nodes out of the tree's
         slots start..start+q-1 (path[:, j] is the j-th kept token's tree index). Returns the
         hidden states along the path (b, D + 1, h)."""
-        keep = int(accepted.n_keep.max())
+        keep = accepted.keep
         cache.keep_slots(start, start + accepted.path[:, :keep])
         rows = torch.arange(accepted.path.shape[0], device=self.device)
         return verified.hidden[rows[:, None], accepted.path]

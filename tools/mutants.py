@@ -2983,6 +2983,22 @@ MUTANTS = (
         "the tree mask off by one level (a node does not see its parent) on the captured step",
         CAPTURED_LOSSLESS_TESTS,
     ),
+    Mutant(
+        "host-accept-past-a-rejection",
+        "calibration/verification.py",
+        "lengths = np.cumprod(match[:, retrieve] & valid, axis=-1).sum(-1)",
+        "lengths = (match[:, retrieve] & valid).sum(-1)",
+        "greedy acceptance on the host counts matches past the first rejection",
+        ("tests/test_host_acceptance.py",),
+    ),
+    Mutant(
+        "host-accept-bonus-at-the-root",
+        "calibration/verification.py",
+        "return path, n_keep, last, pred[rows, last]",
+        "return path, n_keep, last, pred[rows, path[:, 0]]",
+        "the host acceptance's bonus is the argmax after the root, not after the last accepted token",
+        ("tests/test_host_acceptance.py",),
+    ),
     # ---- static-shape verification steps (docs/decoder.md#static-shape-steps)
     Mutant(
         "static-mask-hides-last-slot",
