@@ -4,6 +4,7 @@ sequential one, on synthetic sweeps with known truth.
     python benchmarks/bench_fixed_rounds.py              # the report (reports/fixed-round-decisions)
     python benchmarks/bench_fixed_rounds.py --cells 60   # quicker, noisier figures
     python benchmarks/bench_fixed_rounds.py --seed 1     # other cells of the same kind
+    python benchmarks/bench_fixed_rounds.py --seeds 0    # without the row repeated on other cells
 
 The cells are benchmarks/bench_selection.py's (true T(n)/T(0) = 1 + c n, half with a knee; the
 demo's tau with its calibration error; one lognormal drift per round, sigma 0.3, times each
@@ -13,12 +14,19 @@ own measurements, or a finished budget) or sequentially (10 rounds, doubled whil
 measured cell is decided twice on the same bootstrap draws: by the rule that leaves a cell
 undecided while more rounds could change the answer (`decide_cell`), and by the fixed-round
 rule `treeopt select` applies to a finished sweep (`decide_cell(fixed_rounds=True)`: the tree
-of best worst-case paired bound where a tree beats plain decoding at its lower bound;
+of best worst-case paired bound, on draws whose step times do not fall as the tree grows, where
+a tree beats plain decoding at its lower bound;
 docs/statistics.md#a-sweep-that-cannot-be-measured-again).
+
+The row closest to the target, 15% noise and 15 rounds by the fixed-round rule, is measured
+again on `--seeds` other sets of as many cells (seeds 1, 2, ...): each set's share, and the
+share over all of them with its one-sided 95% upper bound (Clopper-Pearson), so the target is
+met with the sampling error of the cells counted, not on one lucky set.
 
 Counted per row, over all cells (targets of issue 47):
 - bad: decided on a tree whose true speedup is more than 5% below the true best's (plain
-  decoding, 1.0, counts as a candidate); target at most 5% in every row;
+  decoding, 1.0, counts as a candidate); target at most 5% in every row, and the 95% upper
+  bound of the repeated row's share at most 5%;
 - undecided: cells left undecided; target at most 25% at 5% noise and 15 rounds (fixed-round rule);
 - coverage: decided cells with a tree whose interval holds its true speedup; target >= 90% in
   every row with at least 20 decided cells.
@@ -32,6 +40,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from scipy.stats import beta
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -51,16 +60,21 @@ from treeopt.stats import (  # noqa: E402
 MEASUREMENTS = {"15": (15,), "25": (25,), "40": (40,), "10->40 sequential": (10, 20, 40)}
 RULES = ("undecided stays", "fixed-round")
 MIN_DECIDED_FOR_COVERAGE = 20
+REPEATED = (0.15, "15")  # the noisiest and shortest measurement: the fixed-round rule's hardest row
 
 
-def decide_both(samples, tau_hat, *, confidence: float, seed: int):
-    """(strict decision, fixed-round decision, lo, hi) of one cell on one set of draws."""
+def decide_both(samples, tau_hat, *, confidence: float, seed: int, last: bool):
+    """(strict decision, fixed-round decision, lo, hi) of one cell on one set of draws; the
+    fixed-round rule only differs where the strict one is open, and is asked only at the `last`
+    look (before it, an open cell is measured again)."""
     draws = bootstrap_speedups(samples, tau_hat, TAU_SE, seed=seed)
     lo, hi = interval(draws.speedup, shipped_confidence(confidence, SIZES.size - 1))
     args = (draws.speedup_point, lo, hi, np.ones(SIZES.size, dtype=bool))
     rule = {"draws": draws.speedup, "confidence": confidence, "tolerance": DEFAULT_TOLERANCE}
     strict = decide_cell(*args, rounds=samples.shape[0], **rule)
-    fixed = decide_cell(*args, rounds=samples.shape[0], fixed_rounds=True, **rule)
+    fixed = strict
+    if last and not strict.settled:
+        fixed = decide_cell(*args, rounds=samples.shape[0], fixed_rounds=True, overhead=draws.overhead, **rule)
     return strict, fixed, lo, hi
 
 
@@ -75,7 +89,8 @@ def one_cell(rng, noise: float, schedule: tuple[int, ...], seed: int) -> dict:
     for i, total in enumerate(schedule):  # a sequential sweep extends while the strict rule is open
         if samples.shape[0] < total:
             samples = np.vstack([samples, draw_rounds(rng, overhead, total - samples.shape[0], noise)])
-        strict, fixed, lo, hi = decide_both(samples, tau_hat, confidence=confidence, seed=seed + i)
+        last = i == len(schedule) - 1
+        strict, fixed, lo, hi = decide_both(samples, tau_hat, confidence=confidence, seed=seed + i, last=last)
         if strict.settled:
             break
     out = {}
@@ -88,12 +103,30 @@ def one_cell(rng, noise: float, schedule: tuple[int, ...], seed: int) -> dict:
     return out
 
 
+def measured(cells: int, seed: int, noise: float, name: str) -> list[dict]:
+    """Per cell of one row, per rule (bad, undecided, covered or None)."""
+    schedule = MEASUREMENTS[name]
+    rng = np.random.default_rng([seed, int(noise * 1000), len(name), schedule[-1]])
+    return [one_cell(rng, noise, schedule, seed + 7 * i) for i in range(cells)]
+
+
+def upper_bound(bad: int, cells: int, confidence: float = 0.95) -> float:
+    """One-sided Clopper-Pearson upper bound of a share seen as `bad` of `cells`."""
+    return float(beta.ppf(confidence, bad + 1, cells - bad)) if bad < cells else 1.0
+
+
+def repeated_row(cells: int, seeds: int, seed: int) -> list[int]:
+    """Cells decided on a tree >5% worse by the fixed-round rule in the REPEATED row, on each
+    of `seeds` further sets of `cells` cells (seeds seed + 1, ...)."""
+    noise, name = REPEATED
+    return [sum(g["fixed-round"][0] for g in measured(cells, seed + k, noise, name)) for k in range(1, seeds + 1)]
+
+
 def rows(cells: int, seed: int = 0) -> list[dict]:
     table = []
     for noise in (0.05, 0.10, 0.15):
-        for name, schedule in MEASUREMENTS.items():
-            rng = np.random.default_rng([seed, int(noise * 1000), len(name), schedule[-1]])
-            got = [one_cell(rng, noise, schedule, seed + 7 * i) for i in range(cells)]
+        for name in MEASUREMENTS:
+            got = measured(cells, seed, noise, name)
             for rule in RULES:
                 per = [g[rule] for g in got]
                 covered = [c for _, _, c in per if c is not None]
@@ -112,14 +145,30 @@ def rows(cells: int, seed: int = 0) -> list[dict]:
     return table
 
 
-def checks(table: list[dict]) -> list[tuple[str, float, float, bool]]:
+def repeated_bad(table: list[dict]) -> int:
+    """Cells of the REPEATED row decided on a tree >5% worse by the fixed-round rule."""
+    noise, name = REPEATED
+    row = next(r for r in table if r["rule"] == "fixed-round" and r["noise"] == noise and r["rounds"] == name)
+    return round(row["bad"] * row["cells"])
+
+
+def checks(table: list[dict], repeated: list[int]) -> list[tuple[str, float, float, bool]]:
     """(what, measured, target, at most) for the issue's three targets."""
     fixed = [r for r in table if r["rule"] == "fixed-round"]
     judged = [r for r in table if r["decided"] >= MIN_DECIDED_FOR_COVERAGE]
+    cells = table[0]["cells"]
+    bad = [repeated_bad(table), *repeated]
     return [
         (
             "share of cells decided on a tree >5% worse (worst row, both rules)",
             max(r["bad"] for r in table),
+            0.05,
+            True,
+        ),
+        (
+            f"95% upper bound of that share at {REPEATED[0]:.0%} noise and {REPEATED[1]} rounds, fixed-round rule, "
+            f"{len(bad)} sets of {cells} cells",
+            upper_bound(sum(bad), cells * len(bad)),
             0.05,
             True,
         ),
@@ -138,9 +187,10 @@ def checks(table: list[dict]) -> list[tuple[str, float, float, bool]]:
     ]
 
 
-def main(cells: int, seed: int = 0) -> int:
+def main(cells: int, seed: int = 0, seeds: int = 4) -> int:
     t0 = time.perf_counter()
     table = rows(cells, seed)
+    repeated = repeated_row(cells, seeds, seed)
     print(f"{cells} cells per row (seed {seed}), tolerance {DEFAULT_TOLERANCE:.0%}, 95% comparisons")
     print()
     print("| noise | rounds | rule | bad | undecided | coverage | decided cells |")
@@ -151,11 +201,22 @@ def main(cells: int, seed: int = 0) -> int:
             f"| {r['coverage']:.1%} | {r['decided']} |"
         )
     print()
+    noise, name = REPEATED
+    bad = [repeated_bad(table), *repeated]
+    print(f"The {noise:.0%} noise, {name} rounds row by the fixed-round rule on {len(bad)} sets of {cells} cells:")
+    print()
+    print("| seed | bad | 95% upper bound |")
+    print("|---|---|---|")
+    for k, b in enumerate(bad):
+        print(f"| {seed + k} | {b / cells:.2%} ({b} cells) | {upper_bound(b, cells):.2%} |")
+    total, counted = sum(bad), cells * len(bad)
+    print(f"| all | {total / counted:.2%} ({total} of {counted}) | {upper_bound(total, counted):.2%} |")
+    print()
     failed = 0
-    for what, measured, target, at_most in checks(table):
-        ok = measured <= target if at_most else measured >= target
+    for what, value, target, at_most in checks(table, repeated):
+        ok = value <= target if at_most else value >= target
         failed += not ok
-        print(f"{'PASS' if ok else 'FAIL'}  {what}: {measured:.3f} (target {'<=' if at_most else '>='} {target})")
+        print(f"{'PASS' if ok else 'FAIL'}  {what}: {value:.3f} (target {'<=' if at_most else '>='} {target})")
     print(f"\n({time.perf_counter() - t0:.0f} s)")
     return 1 if failed else 0
 
@@ -164,5 +225,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cells", type=int, default=400, help="cells per row [default: 400]")
     parser.add_argument("--seed", type=int, default=0, help="draws other cells [default: 0, the report's]")
+    parser.add_argument("--seeds", type=int, default=4, help="further sets of cells for the hardest row [default: 4]")
     args = parser.parse_args()
-    sys.exit(main(args.cells, args.seed))
+    sys.exit(main(args.cells, args.seed, args.seeds))

@@ -183,7 +183,8 @@ def _decide_measured_cell(
     hi = np.where(e2e, speed, step_hi)
     reliable = _reliable_sizes(cell, nodes, speed, lo)
     paired = got is not None and not e2e.any() and list(got[0]) == nodes.tolist()
-    draws = cell_draws(cell, got[1]).speedup if paired else None
+    paired_draws = cell_draws(cell, got[1]) if paired else None
+    draws = paired_draws.speedup if paired else None
     if draws is not None:
         lo, hi = interval(draws, shipped_confidence(confidence, len(nodes) - 1))
     rounds = int(np.nanmax(_col(cell, "samples"), initial=0))
@@ -198,6 +199,7 @@ def _decide_measured_cell(
         confidence=confidence,
         rounds=rounds,
         fixed_rounds=fixed_rounds,
+        overhead=paired_draws.overhead if paired else None,
     )
     step_speed = cell["speedup"].to_numpy(dtype=float)
     disagree = e2e & np.isfinite(step_lo) & ((speed < step_lo) | (speed > step_hi)) & (nodes > 0)

@@ -36,6 +36,8 @@ __all__ = [
     "CellDecision",
     "decide_cell",
     "best_bound_decision",
+    "nondecreasing",
+    "ordered_speedups",
     "ratio_lower_bounds",
     "sequential_confidence",
     "shipped_confidence",
@@ -182,6 +184,7 @@ def decide_cell(
     confidence: float = CONFIDENCE,
     rounds: int = 0,
     fixed_rounds: bool = False,
+    overhead=None,
 ) -> CellDecision:
     """The smallest tree as good as the best within `tolerance`, shipped only where it beats
     `threshold` at its lower bound (docs/statistics.md#choosing-a-tree-with-intervals).
@@ -205,7 +208,9 @@ def decide_cell(
     tree of best worst-case bound instead (`best_bound_decision`, reason "best bound";
     docs/statistics.md#a-sweep-that-cannot-be-measured-again); "undecided" stays only where no
     tree beats the threshold at its lower bound. Its `rounds_needed` still says what more rounds
-    would settle."""
+    would settle. `overhead` (draws, sizes): the T(n)/T(0) draws paired with `draws`
+    (`SpeedupDraws.overhead`); given, that fixed-round decision is taken on draws whose step
+    times do not fall as the tree grows (`ordered_speedups`)."""
     speedup = np.asarray(speedup, dtype=float)
     size = speedup.size
     lo = np.where(np.isfinite(lo), lo, speedup)
@@ -247,9 +252,49 @@ def decide_cell(
         return CellDecision(chosen, "best" if chosen == best else "within-tolerance", best, True, float(rounds))
     answers = np.isin(np.arange(size), (0, chosen, best))
     more = _rounds_needed(point, low, rivals, answers, tolerance, rounds)
+    if fixed_rounds and draws is not None and overhead is not None:
+        # why: the rounds cannot separate these trees, but a bigger tree never steps faster than
+        # a smaller one (docs/statistics.md#a-sweep-that-cannot-be-measured-again)
+        ordered = ordered_speedups(values, overhead, candidate)
+        low = ratio_lower_bounds(ordered, confidence)
+        lo, _ = interval(ordered, shipped_confidence(confidence, size - 1))
+        _, hi = interval(ordered, confidence)
+        rivals = ~trees | (candidate & (hi > threshold))
+        shippable = ~trees | (candidate & (lo > threshold))
     if fixed_rounds and (shippable & trees).any():
         return best_bound_decision(low, rivals, shippable & trees, tolerance, best, more)
     return CellDecision(chosen, "undecided", best, False, more)
+
+
+def nondecreasing(values) -> np.ndarray:
+    """The least-squares nondecreasing fit along the last axis, equal weights (isotonic
+    regression): entry i is max over a <= i of min over b >= i of mean(values[a..b])
+    (the max-min formula: Barlow, Bartholomew, Bremner and Brunk, Statistical Inference under
+    Order Restrictions, 1972, ch. 1)."""
+    y = np.asarray(values, dtype=float)
+    n = y.shape[-1]
+    total = np.concatenate([np.zeros(y.shape[:-1] + (1,)), np.cumsum(y, axis=-1)], axis=-1)
+    a, b = np.arange(n)[:, None], np.arange(n)[None, :]
+    span = np.where(b >= a, b - a + 1, 1)
+    mean = np.where(b >= a, (total[..., b + 1] - total[..., a]) / span, np.inf)  # [..., a, b]
+    tail_min = np.flip(np.minimum.accumulate(np.flip(mean, -1), axis=-1), -1)  # min over b' >= b
+    return np.where(a <= b, tail_min, -np.inf).max(axis=-2)
+
+
+def ordered_speedups(speedup, overhead, keep) -> np.ndarray:
+    """(draws, sizes) speedup draws whose T(n)/T(0) draws (`overhead`, paired column by column)
+    are replaced, over the sizes in `keep` (bool, ascending tree sizes), by their nondecreasing
+    least-squares fit in logs: a bigger tree of the same proposal does a smaller one's work and
+    more, so its step is not faster (docs/statistics.md#a-sweep-that-cannot-be-measured-again).
+    Each draw keeps its tau draw (speedup x overhead); the other sizes are unchanged."""
+    speedup = np.array(speedup, dtype=float)
+    overhead = np.asarray(overhead, dtype=float)
+    keep = np.asarray(keep, dtype=bool)
+    if keep.sum() < 2:
+        return speedup
+    tau = speedup[:, keep] * overhead[:, keep]
+    speedup[:, keep] = tau / np.exp(nondecreasing(np.log(overhead[:, keep])))
+    return speedup
 
 
 def best_bound_decision(low, rivals, shippable, tolerance: float, best: int, rounds_needed: float) -> CellDecision:

@@ -79,7 +79,8 @@ from treeopt.selection_text import selection_summary
     default=True,
     show_default=True,
     help="With --sweep: its rounds are all there will be, so a cell they cannot settle ships the tree "
-    "of best worst-case bound where a tree beats --threshold at its lower bound, listing the trees it "
+    "of best worst-case bound (a bigger tree taken to step no faster than a smaller one) where a tree "
+    "beats --threshold at its lower bound, listing the trees it "
     "is not shown to be within --tolerance of (docs/statistics.md#a-sweep-that-cannot-be-measured-again); "
     "--keep-undecided leaves such cells undecided.",
 )
