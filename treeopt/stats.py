@@ -191,26 +191,23 @@ def decide_cell(
 
     Arrays over the sizes in ascending order, index 0 = plain decoding, whose value is the
     threshold (a tree must beat it to ship). `draws` (draws, sizes): paired bootstrap draws of
-    the speedups (`SpeedupDraws.speedup`); None: the ratio bounds are taken from the marginal
-    intervals, lo(i) / hi(j), which is conservative; with draws, a tree's own lower bound is taken
-    at `shipped_confidence`. Size i is *as good as* size j when the lower
-    bound of speedup(i) / speedup(j) is at least 1 - tolerance. No speculation when plain
-    decoding is as good as every reliable tree that may beat the threshold (hi above it).
-    Otherwise the answer is the smallest tree as good as the best point estimate among those
-    whose own lower bound beats the threshold: reason "best" or "within-tolerance" when it is
-    also as good as every tree that may pay (settled), "undecided" when one of them may still be
-    better by more than the tolerance. Where no tree that beats the threshold is as good as the
-    best, "undecided" with the one of largest point speedup (plain decoding where none beats
-    it); "unreliable" when every tree was flagged.
+    the speedups (`SpeedupDraws.speedup`; None: the ratio bounds are lo(i) / hi(j), which is
+    conservative), a tree's own lower bound taken at `shipped_confidence`. Size i is *as good
+    as* size j when the lower bound of speedup(i) / speedup(j) is at least 1 - tolerance. No
+    speculation when plain decoding is as good as every reliable tree that may beat the
+    threshold (hi above it). Otherwise the answer is the smallest tree as good as the best point
+    estimate among those whose own lower bound beats the threshold: reason "best" or
+    "within-tolerance" when it is also as good as every tree that may pay (settled),
+    "undecided" when one of them may still be better by more than the tolerance. Where no tree
+    that beats the threshold is as good as the best, "undecided" with the one of largest point
+    speedup (plain decoding where none beats it); "unreliable" when every tree was flagged.
 
-    `fixed_rounds`: the rounds measured are all there will be (a finished sweep), so a cell
-    that would stay undecided with a tree that beats the threshold at its lower bound ships the
-    tree of best worst-case bound instead (`best_bound_decision`, reason "best bound";
-    docs/statistics.md#a-sweep-that-cannot-be-measured-again); "undecided" stays only where no
-    tree beats the threshold at its lower bound. Its `rounds_needed` still says what more rounds
-    would settle. `overhead` (draws, sizes): the T(n)/T(0) draws paired with `draws`
-    (`SpeedupDraws.overhead`); given, that fixed-round decision is taken on draws whose step
-    times do not fall as the tree grows (`ordered_speedups`)."""
+    `fixed_rounds`: the rounds measured are all there will be (a finished sweep), so an open
+    cell ships the tree of best worst-case bound (`best_bound_decision`, reason "best bound",
+    `rounds_needed` still said; docs/statistics.md#a-sweep-that-cannot-be-measured-again), on
+    draws whose step times do not fall as the tree grows where `overhead`, the T(n)/T(0) draws
+    paired with `draws`, is given (`ordered_speedups`); "undecided" stays only where no tree
+    beats the threshold at its lower bound."""
     speedup = np.asarray(speedup, dtype=float)
     size = speedup.size
     lo = np.where(np.isfinite(lo), lo, speedup)
@@ -225,17 +222,13 @@ def decide_cell(
     point = np.where(trees, speedup, threshold)
     if draws is None:
         low = np.where(trees, lo, threshold)[:, None] / np.where(trees, hi, threshold)[None, :]
+        # the sizes every answer must be as good as: plain decoding and the trees that may pay
+        rivals = ~trees | (candidate & (hi > threshold))
+        shippable = ~trees | (candidate & (lo > threshold))
     else:
         values = np.array(draws, dtype=float)
         values[:, 0] = threshold
-        low = ratio_lower_bounds(values, confidence)
-        _, hi = interval(values, confidence)
-        # why: the shipped tree is picked from all sizes, so its own interval is taken at the
-        # level spent over them, which holds whichever size is picked
-        lo, _ = interval(values, shipped_confidence(confidence, size - 1))
-    # the sizes every answer must be as good as: plain decoding and the trees that may pay
-    rivals = ~trees | (candidate & (hi > threshold))
-    shippable = ~trees | (candidate & (lo > threshold))
+        low, rivals, shippable = _paired_bounds(values, candidate, threshold, confidence)
     within = (low >= 1.0 - tolerance) | np.eye(size, dtype=bool)
     # settled[i]: no size that may pay can be more than the tolerance better than i
     settled = (within | ~rivals[None, :]).all(axis=1)
@@ -253,17 +246,26 @@ def decide_cell(
     answers = np.isin(np.arange(size), (0, chosen, best))
     more = _rounds_needed(point, low, rivals, answers, tolerance, rounds)
     if fixed_rounds and draws is not None and overhead is not None:
-        # why: the rounds cannot separate these trees, but a bigger tree never steps faster than
-        # a smaller one (docs/statistics.md#a-sweep-that-cannot-be-measured-again)
+        # why: a bigger tree never steps faster (docs/statistics.md#a-sweep-that-cannot-be-measured-again)
         ordered = ordered_speedups(values, overhead, candidate)
-        low = ratio_lower_bounds(ordered, confidence)
-        lo, _ = interval(ordered, shipped_confidence(confidence, size - 1))
-        _, hi = interval(ordered, confidence)
-        rivals = ~trees | (candidate & (hi > threshold))
-        shippable = ~trees | (candidate & (lo > threshold))
+        low, rivals, shippable = _paired_bounds(ordered, candidate, threshold, confidence)
     if fixed_rounds and (shippable & trees).any():
         return best_bound_decision(low, rivals, shippable & trees, tolerance, best, more)
     return CellDecision(chosen, "undecided", best, False, more)
+
+
+def _paired_bounds(values: np.ndarray, candidate: np.ndarray, threshold: float, confidence: float):
+    """(low, rivals, shippable) of `decide_cell` from paired draws `values` (draws, sizes;
+    column 0 the threshold): the ratio lower bounds, the sizes every answer must be as good as
+    (plain decoding and the candidates whose upper bound beats the threshold), and those that
+    can ship (plain decoding and the candidates whose lower bound beats it)."""
+    trees = np.arange(values.shape[1]) > 0
+    low = ratio_lower_bounds(values, confidence)
+    _, hi = interval(values, confidence)
+    # why: the shipped tree is picked from all sizes, so its own interval is taken at the
+    # level spent over them, which holds whichever size is picked
+    lo, _ = interval(values, shipped_confidence(confidence, values.shape[1] - 1))
+    return low, ~trees | (candidate & (hi > threshold)), ~trees | (candidate & (lo > threshold))
 
 
 def nondecreasing(values) -> np.ndarray:
