@@ -6,7 +6,9 @@ with its citation, setup, units and an uncertainty note: IBM's Table 1 (Wertheim
 arXiv 2404.19124), Medusa's Table 1 and Appendix F (Cai et al. 2024, arXiv 2401.10774) and
 Hydra's Appendix D and Section 6.2 (Ankner et al. 2024, arXiv 2402.05109), and SpecDecode-Bench's
 cost model of vLLM's steps (Liu et al. 2026, arXiv 2601.11580), and vLLM issue #20780's EAGLE and
-EAGLE-3 chains at batch 1 (acceptance length and time per output token). `published_tables()`
+EAGLE-3 chains at batch 1 (acceptance length and time per output token), and engines' drafting
+configurations side by side at one batch (chains against trees, and plain decoding where
+measured: vLLM PR #22752, SpecForge issue #339 on SGLang, TensorRT-LLM PR #5146). `published_tables()`
 turns every table that gives step times, or ratios of step times, into rows of the step table
 of docs/performance-model.md#fitting-a-profile-to-measured-steps (batch, context, tokens,
 candidates, draft_stages, step_ms), with the measured T(n)/T(0) of each row beside it. Hydra's
@@ -36,6 +38,7 @@ __all__ = [
     "PublishedTable",
     "cost_model_step_rows",
     "engine_chain_rows",
+    "engine_config_rows",
     "ibm_step_rows",
     "medusa_step_rows",
     "published_tables",
@@ -47,7 +50,9 @@ DATA_FILE = Path(__file__).resolve().parent / "data" / "published_speculative_st
 #: one row per measured step: the step table's columns, the drafting it ran, and what the paper
 #: measured of it. group: the rows that share one plain step T(0) (one batch and prompt, one
 #: model); ratio: the measured T(n)/T(0) in its group; tokens_per_step: tokens generated per step
-#: (1 for plain decoding); ms_per_token: step_ms / tokens_per_step (NaN where step_ms is).
+#: (1 for plain decoding); ms_per_token: step_ms / tokens_per_step (NaN where step_ms is); config:
+#: an engine configuration's name where a group compares them ("plain", "chain ...", "tree ...";
+#: NaN in the tables that vary one count).
 ROW_COLUMNS = (
     "group",
     "shape",
@@ -61,6 +66,7 @@ ROW_COLUMNS = (
     "ratio",
     "tokens_per_step",
     "ms_per_token",
+    "config",
 )
 
 
@@ -245,12 +251,48 @@ def engine_chain_rows(table: dict) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=list(ROW_COLUMNS))
 
 
+def engine_config_rows(table: dict) -> pd.DataFrame:
+    """An engine's drafting configurations measured side by side, one group per batch size: a
+    configuration verifies `verified_tokens` per sequence after `draft_stages` draft forwards, and
+    the source prints its acceptance length L (tokens per step, the bonus included; 1 for plain
+    decoding) with either the output throughput of all b sequences or the speedup over plain
+    decoding at the same batch. A step of b sequences yields b x L tokens, so
+
+        step_ms = 1000 x b x L / throughput,   T / T(plain) = L / speedup
+
+    and the ratio is against the group's plain step where the source has one (NaN otherwise: only
+    configurations against each other can be judged then). A configuration the source did not
+    run at a batch (null) gives no row."""
+    setup = table["setup"]
+    rows = []
+    for i, batch in enumerate(int(b) for b in table["batches"]):
+        base = {"group": f"batch {batch}", "shape": setup["shape"], "batch": batch, "context": int(setup["context"])}
+        base |= {"candidates": 1, "draft_heads": 0}
+        plain = table["configs"].get("plain", {})
+        plain_ms = 1e3 * batch / plain["throughput_tok_s"][i] if "throughput_tok_s" in plain else np.nan
+        for name, config in table["configs"].items():
+            length = config["acceptance_length"][i]
+            if length is None:
+                continue
+            row = base | {"config": name, "tokens": int(config["verified_tokens"])}
+            row |= {"draft_stages": int(config["draft_stages"]), "tokens_per_step": float(length)}
+            if "throughput_tok_s" in config:
+                row["step_ms"] = 1e3 * batch * float(length) / float(config["throughput_tok_s"][i])
+                row["ratio"] = row["step_ms"] / plain_ms
+            else:
+                row["step_ms"] = np.nan
+                row["ratio"] = float(length) / float(config["speedup"][i])
+            rows.append(row | {"ms_per_token": row["step_ms"] / float(length)})
+    return pd.DataFrame(rows, columns=list(ROW_COLUMNS))
+
+
 _ROWS = {
     "ibm_candidates": ibm_step_rows,
     "step_overhead": medusa_step_rows,
     "step_throughput": medusa_step_rows,
     "cost_model": cost_model_step_rows,
     "engine_chain_tpot": engine_chain_rows,
+    "engine_configs": engine_config_rows,
 }
 _NO_ROWS = {
     "draft_overhead": "drafting costs per step only: no tree-step time, so no step ratio",

@@ -125,7 +125,15 @@ def test_every_shape_used_is_built_in(tables):
     shapes = set()
     for table in tables.values():
         shapes |= set(table.steps["shape"])
-    assert shapes == {"llama-2-7b", "llama-2-13b", "llama-33b", "mistral-7b", "llama-3-8b"}
+    assert shapes == {
+        "llama-2-7b",
+        "llama-2-13b",
+        "llama-33b",
+        "mistral-7b",
+        "llama-3-8b",
+        "qwen3-30b-a3b",
+        "llama-3-70b",
+    }
     assert shapes <= set(builtin_shapes())
 
 
@@ -160,3 +168,25 @@ def test_specdecode_bench_rows_are_its_cost_model_by_hand(tables):
     assert cell["step_ms"].tolist() == pytest.approx([1e3 * plain, 1e3 * spec], rel=1e-12)
     assert cell["ratio"].iloc[1] == pytest.approx(spec / plain, rel=1e-12)
     assert len(rows) == 2 * 8 * 2  # plain and speculative, 8 batches, 2 contexts
+
+
+def test_engine_config_rows_by_hand(tables):
+    # vLLM PR #22752, batch 8: the tree's 8 sequences each yield 2.37 tokens a step at 902.72 tok/s
+    # in all: a step of 1000 x 8 x 2.37 / 902.72 = 21.0032 ms; no plain run, so no ratio
+    pr = tables["vllm-pr-22752"].steps
+    tree = pr[(pr["group"] == "batch 8") & (pr["config"] == "tree")].iloc[0]
+    assert (tree["tokens"], tree["draft_stages"], tree["tokens_per_step"]) == (9, 2, 2.37)
+    assert tree["step_ms"] == pytest.approx(21.0032, rel=1e-5)
+    assert np.isnan(tree["ratio"]) and len(pr) == 6
+    # SpecForge issue #339, batch 1: the 3-1-4 chain's step 1000 x 1.86 / 159.78 = 11.6410 ms over the
+    # plain step 1000 / 222.47 = 4.49499 ms (2.58977); batch 4 ran two configurations only (10 rows in all)
+    issue = tables["specforge-issue-339"].steps
+    chain = issue[(issue["group"] == "batch 1") & (issue["config"] == "chain 3-1-4")].iloc[0]
+    assert (chain["tokens"], chain["draft_stages"]) == (4, 3)
+    assert chain["step_ms"] == pytest.approx(11.6410, rel=1e-5)
+    assert chain["ratio"] == pytest.approx(2.58977, rel=1e-5)
+    assert len(issue) == 10 and set(issue[issue["batch"] == 4]["config"]) == {"plain", "chain 3-1-4", "tree 3-3-8"}
+    # TensorRT-LLM PR #5146: acceptance 1.83 at 1.26x: T(chain)/T(plain) = 1.452381, no step time printed
+    trt = tables["trtllm-pr-5146"].steps.set_index("config")
+    assert trt.loc["chain", "ratio"] == pytest.approx(1.452381, rel=1e-6)
+    assert trt.loc["plain", "ratio"] == 1.0 and np.isnan(trt.loc["chain", "step_ms"])

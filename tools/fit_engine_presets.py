@@ -27,8 +27,10 @@ Per engine family with a published speculative step (roofline.published_steps):
   (`drafting`): EAGLE's cost per depth, carried with wider ranges to EAGLE-3 and MTP; 0 for the
   drafters the roofline prices as operators or as a draft model, and for n-gram.
 
-trtllm and sglang publish no speculative step the project holds: they carry the vllm preset's terms
-with each range widened 2x each way (`carried_from`).
+trtllm and sglang publish no speculative steps the project could fit on: they carry the vllm preset's
+terms with each range widened 2x each way (`carried_from`). What was found is held out and judged
+in benchmarks/bench_published_steps.py: TensorRT-LLM PR #5146's one EAGLE-3 chain beside plain
+decoding; for SGLang, EAGLE-3's Table 3 and SpecForge issue #339's chains and trees.
 
 numpy, pandas and scipy only, like roofline/.
 """
@@ -390,16 +392,20 @@ def carried_preset(family: str, title: str, why: str, *, source: dict) -> dict:
 UNMEASURED = {
     "trtllm": (
         "NVIDIA TensorRT-LLM (C++ runtime, CUDA graphs, Medusa/EAGLE/draft-model speculation)",
-        "no published step time of a TensorRT-LLM speculative step with its plain step was found (NVIDIA "
-        "publishes forward passes by token count, roofline/published.py, and speculative throughput speedups "
-        "without tokens per step): the vllm preset's terms are carried, each range widened 2x each way",
+        "no published TensorRT-LLM speculative steps enough to fit on were found (NVIDIA publishes forward "
+        "passes by token count, roofline/published.py, and speculative throughput speedups without tokens per "
+        "step): the vllm preset's terms are carried, each range widened 2x each way; held out and judged in "
+        "benchmarks/bench_published_steps.py: TensorRT-LLM PR #5146's EAGLE-3 chain of 3 (Llama-3.3-70B, eight "
+        "H200s, concurrency 4: acceptance length 1.83 at 1.26x, table trtllm-pr-5146), one point",
     ),
     "sglang": (
         "SGLang (EAGLE/EAGLE-3, STANDALONE draft model)",
-        "no published speculative step time was found (SGLang's EAGLE numbers, e.g. SafeAILab/EAGLE#173: "
+        "no published speculative step time to fit on was found (SGLang's EAGLE numbers, e.g. SafeAILab/EAGLE#173: "
         "Llama-2-7B-chat on one H100, 156 tokens/s plain, 297 with EAGLE, 64 draft tokens, give tokens per "
         "second without the accepted tokens per step): the vllm preset's terms are carried, each range "
-        "widened 2x each way",
+        "widened 2x each way; held out and judged in benchmarks/bench_published_steps.py: EAGLE-3's Table 3 "
+        "(speedups per batch) and SpecForge issue #339 (chains and trees of Qwen3-30B-A3B beside plain "
+        "decoding)",
     ),
 }
 

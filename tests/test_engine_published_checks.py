@@ -1,0 +1,183 @@
+"""The engine presets against published measurements they were not fitted on
+(docs/performance-model.md#engine-presets, `python benchmarks/bench_published_steps.py` parts (d)
+and (e)): chains against trees on one vLLM backend, SGLang's chains and trees of an MoE beside plain
+decoding, TensorRT-LLM's EAGLE-3 chain beside plain decoding, and vLLM's speedups per batch.
+
+Every measured number is typed here from its source (the data file holds the same, which one test
+checks); the predictions come from the latency model with the preset, and what is asserted is what
+the measurement says (which configuration was cheapest per token), never a value the code computed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from roofline.engine_presets import step_costs
+from roofline.hardware import load_hardware
+from roofline.latency import step_time_s
+from roofline.published_steps import DATA_FILE, published_tables
+from roofline.shapes import model_shape
+from roofline.step_shape import StepShape
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# vLLM PR #22752 (github.com/vllm-project/vllm/pull/22752), mt-bench, chain against tree on the Tree
+# Attention backend, Llama-3.1-8B with EAGLE-1: output token throughput and mean acceptance length
+PR22752_BATCHES = (1, 8, 16)
+PR22752_CHAIN = ((114.27, 847.38, 1567.5), (2.05, 2.06, 2.05))
+PR22752_TREE = ((128.63, 902.72, 1640.95), (2.37, 2.37, 2.38))
+
+# SpecForge issue #339 (github.com/sgl-project/SpecForge/issues/339): Qwen3-30B-A3B on two H100s (TP 2)
+# in SGLang with an EAGLE-3 draft; (steps, topk, num_draft): (throughput tok/s, acceptance length)
+ISSUE339_PLAIN = {1: 222.47, 4: 566.21}
+ISSUE339 = {
+    1: {
+        (3, 1, 4): (159.78, 1.86),
+        (3, 3, 8): (172.99, 2.20),
+        (3, 3, 4): (207.62, 1.99),
+        (7, 4, 16): (191.90, 2.52),
+        (6, 4, 12): (171.54, 2.42),
+        (8, 8, 60): (177.5, 3.2),
+    },
+    4: {(3, 1, 4): (447.90, 1.86), (3, 3, 8): (426.46, 2.27)},
+}
+
+# EAGLE-3 paper (Li et al. 2025, arXiv 2503.01840), Table 5: vLLM, chains of 2, speedup per batch
+TABLE5_BATCHES = (2, 4, 8, 16, 24, 32, 48, 56)
+TABLE5_EAGLE3 = (1.75, 1.68, 1.58, 1.49, 1.42, 1.36, 1.21, 1.01)
+
+
+def _steps(engine, drafter, hardware, shape, batch, tokens, stages, tp=1, context=512):
+    """Predicted step times (s) of each (tokens, stages) at one batch with the engine's preset."""
+    hw = step_costs(load_hardware(hardware), engine=engine, drafter=drafter).profile
+    step = StepShape(batch, np.asarray(tokens), context, draft_stages=np.asarray(stages), tensor_parallel_gpus=tp)
+    return np.asarray(step_time_s(model_shape(shape), None, hw, step), dtype=float)
+
+
+def test_the_vllm_preset_prices_a_tree_against_a_chain_as_vllm_measured():
+    """The 9-token tree of 2 levels against the chain of 2 (3 tokens), both 2 draft forwards: the
+    tree's step over the chain's within 15% at the median, the tree called cheaper per token where
+    it was by more than 5% (batches 1 and 8), and the structure the preset picks never costs more
+    than 5% per token over the measured best (at one batch, cost per token is 1 / throughput)."""
+    errors = []
+    for i, b in enumerate(PR22752_BATCHES):
+        (tc, lc), (tt, lt) = (PR22752_CHAIN[0][i], PR22752_CHAIN[1][i]), (PR22752_TREE[0][i], PR22752_TREE[1][i])
+        chain, tree = _steps("vllm", "eagle", "h100-sxm", "llama-3-8b", b, [3, 9], [2, 2])
+        measured = (lt / tt) / (lc / tc)  # tree step over chain step: b x L / throughput each
+        errors.append(tree / chain / measured - 1)
+        tree_picked = tree / lt < chain / lc
+        picked, best = (tt if tree_picked else tc), max(tt, tc)
+        assert best / picked - 1 <= 0.05
+        if tt / tc - 1 > 0.05:  # batches 1 and 8: the tree measured 12.6% and 6.5% faster
+            assert tree_picked
+    assert np.median(np.abs(errors)) <= 0.15
+
+
+def test_the_sglang_preset_calls_speculation_off_for_the_moe_as_measured():
+    """Qwen3-30B-A3B on two H100s: every chain and tree measured slower than plain decoding at
+    batches 1 and 4, and the preset prices every one of them above plain decoding per token;
+    the step ratios T/T(plain) within 15% at the median over the 8 configurations."""
+    errors = []
+    for b, configs in ISSUE339.items():
+        plain_thr = ISSUE339_PLAIN[b]
+        steps, stages = [1] + [c[2] for c in configs], [0] + [c[0] for c in configs]
+        predicted = _steps("sglang", "eagle3", "h100-sxm", "qwen3-30b-a3b", b, steps, stages, tp=2)
+        for (thr, length), step in zip(configs.values(), predicted[1:], strict=True):
+            assert thr < plain_thr  # measured: off
+            assert step / predicted[0] / length > 1  # predicted: off, per token
+            errors.append((step / predicted[0]) / (length * plain_thr / thr) - 1)
+    assert len(errors) == 8
+    assert np.median(np.abs(errors)) <= 0.15
+
+
+def test_the_trtllm_preset_predicts_tensorrt_llms_published_eagle3_chain():
+    """TensorRT-LLM PR #5146: Llama-3.3-70B, EAGLE-3 chains of 3, eight H200s, concurrency 4,
+    acceptance length 1.83 at 1.26x tokens per second per user: T(chain)/T(plain) = 1.83 / 1.26.
+    The trtllm preset (vLLM's terms, carried) within 15%, where the ideal engine misses by more
+    than 25%, and speculation called on, as measured."""
+    measured = 1.83 / 1.26
+    plain, chain = _steps("trtllm", "eagle3", "h200", "llama-3-70b", 4, [1, 4], [0, 3], tp=8, context=1024)
+    assert abs(chain / plain / measured - 1) <= 0.15
+    ideal_plain, ideal_chain = _steps("ideal", "eagle3", "h200", "llama-3-70b", 4, [1, 4], [0, 3], tp=8, context=1024)
+    assert abs(ideal_chain / ideal_plain / measured - 1) > 0.25
+    assert chain / plain < 1.83  # on: a token costs less than a plain step
+
+
+def test_the_vllm_preset_follows_eagle3_speedups_over_batch_in_vllm():
+    """vLLM's EAGLE-3 speedups per batch (the paper's Table 5; chains of 2, A100 per the caption):
+    with tau the same at every batch, speedup(b) = speedup(2) x ratio(2) / ratio(b), so from batch
+    2's speedup alone the preset predicts batches 4-56 within 15% at the median and that
+    speculation still pays at every one of them. (EAGLE's steeper fall in the same table is the
+    recorded miss whose cause is not established: docs/performance-model.md#engine-presets.)"""
+    ratio = []
+    for b in TABLE5_BATCHES:
+        chain, plain = _steps("vllm", "eagle3", "a100-80gb-sxm", "llama-3-8b", b, [3, 1], [2, 0])
+        ratio.append(chain / plain)
+    measured = np.array(TABLE5_EAGLE3)
+    predicted = measured[0] * ratio[0] / np.array(ratio)
+    assert np.median(np.abs(predicted[1:] / measured[1:] - 1)) <= 0.15
+    assert np.all(predicted > 1) and np.all(measured > 1)
+
+
+def test_the_data_file_holds_the_typed_numbers_and_says_the_eagle_cause_is_open():
+    raw = {t["id"]: t for t in json.loads(DATA_FILE.read_text(encoding="utf-8"))["tables"]}
+    pr = raw["vllm-pr-22752"]["configs"]
+    assert tuple(pr["chain"]["throughput_tok_s"]) == PR22752_CHAIN[0]
+    assert tuple(pr["tree"]["acceptance_length"]) == PR22752_TREE[1]
+    issue = raw["specforge-issue-339"]["configs"]
+    assert issue["plain"]["throughput_tok_s"] == [ISSUE339_PLAIN[1], ISSUE339_PLAIN[4]]
+    assert issue["tree 7-4-16"]["throughput_tok_s"][0] == ISSUE339[1][(7, 4, 16)][0]
+    assert issue["tree 3-3-8"]["acceptance_length"] == [2.20, 2.27]
+    trt = raw["trtllm-pr-5146"]["configs"]["chain"]
+    assert (trt["acceptance_length"], trt["speedup"]) == ([1.83], [1.26])
+    assert tuple(raw["eagle3-table5"]["speedup"]["eagle3"]) == TABLE5_EAGLE3
+    why = raw["eagle3-table3"]["why_eagle_falls"]
+    assert "could not be established" in why and "eagle3-table5" in why
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location(
+        "bench_published_steps", ROOT / "benchmarks" / "bench_published_steps.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_config_calls_by_hand():
+    """The benchmark's calls on a batch worked by hand: plain 10 ms; a chain of 15 ms yielding 2
+    tokens (7.5 ms per token); a tree of 18 ms yielding 2.5 (7.2 ms): the tree is the measured
+    best. Predicted: chain 1.4 T(0) / 2 = 0.70, tree 1.9 / 2.5 = 0.76: the chain is picked, and
+    it costs 7.5 / 7.2 - 1 = 4.17% more per token than the best."""
+    group = pd.DataFrame(
+        {
+            "config": ["plain", "chain", "tree"],
+            "step_ms": [10.0, 15.0, 18.0],
+            "ratio": [1.0, 1.5, 1.8],
+            "tokens_per_step": [1.0, 2.0, 2.5],
+            "predicted_rel": [1.0, 1.4, 1.9],
+        }
+    )
+    calls = _bench().config_calls(group)
+    assert calls["errors"].tolist() == pytest.approx([1.4 / 1.5 - 1, 1.9 / 1.8 - 1])
+    assert calls["pick_excess"] == pytest.approx(7.5 / 7.2 - 1)
+    assert calls["on_off"] == (False, False)
+    assert calls["chain_or_tree"] == ("tree", "chain")
+    # without a plain step the chain is the reference, and the ratio column serves when step_ms is NaN
+    no_plain = group.iloc[1:].assign(step_ms=np.nan, predicted_rel=[1.0, 1.9 / 1.4])
+    calls = _bench().config_calls(no_plain)
+    assert calls["errors"].tolist() == pytest.approx([(1.9 / 1.4) / (1.8 / 1.5) - 1])
+    assert "on_off" not in calls
+
+
+def test_every_engine_configs_table_loads_with_its_preset_named():
+    for table in published_tables():
+        if table.kind == "engine_configs":
+            assert table.setup["engine_preset"] in ("vllm", "sglang", "trtllm"), table.id
+            assert not table.steps.empty and not table.skipped, table.id
