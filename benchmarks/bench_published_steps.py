@@ -39,7 +39,8 @@ A benchmark, not a test: no GPU and no download; it reads roofline/data/publishe
 (e) engines' drafting configurations side by side at one batch (tables of kind engine_configs),
     each with its engine's preset: vLLM PR #22752's chain against a tree on one backend (vllm;
     no plain run: the tree's step over the chain's), SpecForge issue #339's SGLang chains and trees
-    of Qwen3-30B-A3B on two H100s beside plain decoding (sglang), TensorRT-LLM PR #5146's EAGLE-3
+    of Qwen3-30B-A3B on two H100s beside plain decoding (sglang), SGLang PR #4716's 64-token EAGLE-3
+    tree of Llama-3.3-70B on eight H100s beside plain decoding (sglang), TensorRT-LLM PR #5146's EAGLE-3
     chain of Llama-3.3-70B on eight H200s beside plain decoding (trtllm, the one published
     TensorRT-LLM step found). Per batch: the step ratios' errors, and three calls against the
     measurement: on/off (is plain decoding the cheapest per token), chain-or-tree (is the

@@ -48,6 +48,12 @@ ISSUE339 = {
     4: {(3, 1, 4): (447.90, 1.86), (3, 3, 8): (426.46, 2.27)},
 }
 
+# SGLang PR #4716 (github.com/sgl-project/sglang/pull/4716): Llama-3.3-70B on eight H100s (TP 8), MT-Bench,
+# bench_sglang_eagle.py at batch 1; (throughput tok/s, acceptance length) without speculation and with
+# EAGLE-3's tree of 8 steps, topk 8, 64 draft tokens
+PR4716_PLAIN = (88.61, 1.00)
+PR4716_TREE = (234.54, 5.88)
+
 # EAGLE-3 paper (Li et al. 2025, arXiv 2503.01840), Table 5: vLLM, chains of 2, speedup per batch
 TABLE5_BATCHES = (2, 4, 8, 16, 24, 32, 48, 56)
 TABLE5_EAGLE3 = (1.75, 1.68, 1.58, 1.49, 1.42, 1.36, 1.21, 1.01)
@@ -107,6 +113,31 @@ def test_the_trtllm_preset_predicts_tensorrt_llms_published_eagle3_chain():
     ideal_plain, ideal_chain = _steps("ideal", "eagle3", "h200", "llama-3-70b", 4, [1, 4], [0, 3], tp=8, context=1024)
     assert abs(ideal_chain / ideal_plain / measured - 1) > 0.25
     assert chain / plain < 1.83  # on: a token costs less than a plain step
+
+
+def test_the_sglang_preset_underprices_sglangs_64_token_tree_at_tp8_by_the_recorded_miss():
+    """SGLang PR #4716: a 64-token EAGLE-3 tree (8 draft forwards of topk 8) on Llama-3.3-70B over
+    eight H100s at batch 1 ran 25.07 ms a step (5.88 x 1000 / 234.54) against 11.29 ms plain
+    (1000 / 88.61): T(tree)/T(plain) = 2.22. The plain step is priced within 5%; the sglang preset
+    (vLLM's terms, fitted on 8B chains on one GPU) prices the tree 15-25% low, the recorded miss of
+    docs/performance-model.md#engine-presets (the ideal engine: more than 40% low); speculation is
+    still called on, as measured (2.65x)."""
+    plain_ms, tree_ms = 1e3 / PR4716_PLAIN[0], 1e3 * PR4716_TREE[1] / PR4716_TREE[0]
+    plain, tree = _steps("sglang", "eagle3", "h100-sxm", "llama-3-70b", 1, [1, 64], [0, 8], tp=8)
+    assert abs(1e3 * plain / plain_ms - 1) <= 0.05
+    error = (tree / plain) / (tree_ms / plain_ms) - 1
+    assert -0.25 <= error <= -0.15
+    ideal_plain, ideal_tree = _steps("ideal", "eagle3", "h100-sxm", "llama-3-70b", 1, [1, 64], [0, 8], tp=8)
+    assert (ideal_tree / ideal_plain) / (tree_ms / plain_ms) - 1 < -0.40
+    assert tree / plain / PR4716_TREE[1] < 1  # on: a token of the tree costs less than a plain step
+    raw = {t["id"]: t for t in json.loads(DATA_FILE.read_text(encoding="utf-8"))["tables"]}
+    configs = raw["sglang-pr-4716"]["configs"]
+    assert (configs["plain"]["throughput_tok_s"][0], configs["plain"]["acceptance_length"][0]) == PR4716_PLAIN
+    assert (
+        configs["tree 8-8-64"]["throughput_tok_s"][0],
+        configs["tree 8-8-64"]["acceptance_length"][0],
+    ) == PR4716_TREE
+    assert (configs["tree 8-8-64"]["verified_tokens"], configs["tree 8-8-64"]["draft_stages"]) == (64, 8)
 
 
 def test_the_vllm_preset_follows_eagle3_speedups_over_batch_in_vllm():
