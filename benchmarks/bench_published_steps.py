@@ -39,14 +39,14 @@ A benchmark, not a test: no GPU and no download; it reads roofline/data/publishe
 (e) engines' drafting configurations side by side at one batch (tables of kind engine_configs),
     each with its engine's preset: vLLM PR #22752's chain against a tree on one backend (vllm;
     no plain run: the tree's step over the chain's), SpecForge issue #339's SGLang chains and trees
-    of Qwen3-30B-A3B on two H100s beside plain decoding (sglang), SGLang PR #4716's 64-token EAGLE-3
-    tree of Llama-3.3-70B on eight H100s beside plain decoding (sglang), TensorRT-LLM PR #5146's EAGLE-3
-    chain of Llama-3.3-70B on eight H200s beside plain decoding (trtllm, the one published
-    TensorRT-LLM step found). Per batch: the step ratios' errors, and three calls against the
-    measurement: on/off (is plain decoding the cheapest per token), chain-or-tree (is the
-    cheapest speculative configuration a chain or a tree), and the configuration picked by the
-    predicted ms per token priced at its measured cost ("measured ms per token of the picked /
-    measured best - 1").
+    of Qwen3-30B-A3B on two H100s beside plain decoding (sglang), SGLang PR #4716's 64-token
+    EAGLE-3 tree of Llama-3.3-70B on eight H100s beside plain decoding (sglang), TensorRT-LLM PR
+    #5146's EAGLE-3 chains of Llama-3.3-70B and of FP8 Llama 4 Maverick on eight H200s beside plain
+    decoding (trtllm, the two published TensorRT-LLM steps found). Per batch: the step ratios'
+    errors, and three calls against the measurement: on/off (is plain decoding the cheapest per
+    token), chain-or-tree (is the cheapest speculative configuration a chain or a tree), and the
+    configuration picked by the predicted ms per token priced at its measured cost ("measured ms
+    per token of the picked / measured best - 1").
 
 The targets (docs/performance-model.md#published-speculative-steps): built-in median |error|
 <= 15% and the picked count within 5% of the measured best; fitted on batch 1, <= 10% and
@@ -347,7 +347,7 @@ def engine_configs(tables) -> list[tuple]:
             draft_stages=rows["draft_stages"].to_numpy(),
             tensor_parallel_gpus=tp,
         )
-        shape = model_shape(setup["shape"])
+        shape = model_shape(setup["shape"], dtype=setup.get("shape_dtype"))  # e.g. an FP8 checkpoint
         rows["predicted_ms"] = 1e3 * step_time_s(shape, None, hw, step)
         rows["ideal_ms"] = 1e3 * step_time_s(shape, None, load_hardware(table.hardware), step)
         print(f"\n== {engine} preset on {table.id}: {table.citation}")

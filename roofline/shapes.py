@@ -388,6 +388,33 @@ _MOE_BUILTIN = [
         dtype="bf16",
     ),
 ]
+# Llama 4 Maverick interleaves a dense MLP of intermediate_size_mlp (16384) with a MoE layer of
+# 128 routed experts (top-1) and one shared expert, both of intermediate_size (8192), every other
+# layer (interleave_moe_layer_step 2): transformers' and TensorRT-LLM's Llama4 decoder layers; the
+# dense layers' order does not change a step's cost, so they are counted as dense_layers.
+_MOE_BUILTIN.append(
+    replace(
+        _s(
+            "llama-4-maverick",
+            48,
+            5120,
+            16384,
+            40,
+            8,
+            202048,
+            _HF + "meta-llama/Llama-4-Maverick-17B-128E-Instruct text_config (as copied, with its 48 layers "
+            "named, in NVIDIA/TensorRT-LLM tests/unittest/_torch/modeling/test_modeling_llama_min_latency.py): "
+            "128 experts, top-1, 1 shared expert of intermediate_size 8192, 24 dense layers of "
+            "intermediate_size_mlp 16384 (interleave_moe_layer_step 2); chunked attention not modelled",
+        ),
+        routed_experts=128,
+        experts_per_token=1,
+        expert_intermediate=8192,
+        shared_intermediate=8192,
+        dense_layers=24,
+        dtype="bf16",
+    )
+)
 _BUILTIN.update({s.name: s for s in _MOE_BUILTIN})
 # Vicuna v1.3 (the Medusa paper's models) are LLaMA-1 fine-tunes with unchanged shapes.
 _ALIASES = {

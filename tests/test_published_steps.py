@@ -133,6 +133,7 @@ def test_every_shape_used_is_built_in(tables):
         "llama-3-8b",
         "qwen3-30b-a3b",
         "llama-3-70b",
+        "llama-4-maverick",
     }
     assert shapes <= set(builtin_shapes())
 

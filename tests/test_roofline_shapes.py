@@ -54,6 +54,18 @@ def test_builtin_parameter_counts_match_published_sizes(name, billions):
     assert model_shape(name).params / 1e9 == pytest.approx(billions, abs=0.01)
 
 
+def test_llama_4_maverick_is_its_config_with_the_published_total():
+    """Meta's Llama 4 blog: Maverick has 400B total parameters, 17B active, MoE layers of 128
+    routed experts (each token to one) and a shared expert; its config.json text_config: 48 layers,
+    hidden 5120, intermediate_size 8192 (experts), intermediate_size_mlp 16384 (the dense layers of
+    interleave_moe_layer_step 2), 40 heads, 8 KV heads, head_dim 128, vocabulary 202048."""
+    m = model_shape("llama-4-maverick")
+    assert (m.layers, m.hidden, m.heads, m.kv_heads, m.head_dim, m.vocab) == (48, 5120, 40, 8, 128, 202048)
+    assert (m.intermediate, m.expert_intermediate, m.shared_intermediate) == (16384, 8192, 8192)
+    assert (m.routed_experts, m.experts_per_token, m.dense_layers, m.moe_layers) == (128, 1, 24, 24)
+    assert m.params / 1e9 == pytest.approx(400, rel=0.01)
+
+
 def test_vicuna_aliases_and_gqa_shapes():
     v = model_shape("vicuna-7b")
     l7 = model_shape("llama-7b")
