@@ -3744,7 +3744,7 @@ def select(mutants, only: list[str], skip: list[str]) -> list[Mutant]:
 #: CI plants the list in this many slices, one slice per commit (slice = `git rev-list --count
 #: HEAD` mod ROTATION_COMMITS), so that any ROTATION_COMMITS consecutive commits plant every
 #: listed mutant at least once (docs/architecture.md#planted-bugs)
-ROTATION_COMMITS = 50
+ROTATION_COMMITS = 60
 
 
 def rotation_slice(mutants, index: int, commits: int = ROTATION_COMMITS) -> list[Mutant]:
