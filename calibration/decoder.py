@@ -60,7 +60,6 @@ from calibration.verification import (
     CandidateVerifier,
     TreeVerifier,
     Verified,
-    host_step_tokens,
 )
 from treeopt.errors import UserError
 from treeopt.forms import VERIFICATION_FORMS
@@ -404,23 +403,26 @@ class TreeDecoder:
         accepted fewer than the batch's longest keeps holes, masked out (docs/decoder.md#kv-cache,
         docs/decoder.md#batches-with-holes); the bonus becomes the root. Returns the step's tokens
         (b, D + 1): the accepted nodes, then the bonus."""
-        n_keep, bonus = accepted.n_keep, accepted.bonus
+        n_keep, bonus, host = accepted.n_keep, accepted.bonus, accepted.host
         start = state.valid.shape[1]
-        path_hidden = self.verifier.keep(state.cache, start, verified, accepted)
-        # the verifier kept the batch's longest path: its length, read off the cache rather than
-        # synchronising on n_keep.max() a second time
-        kept = self._iota(state.cache.length - start)[None] < n_keep[:, None]
+        # only a drafter with a cache of its own reads the whole path; the others draft from
+        # the last accepted token
+        along_path = state.draft_cache is not None
+        hidden = self.verifier.keep(state.cache, start, verified, accepted, along_path=along_path)
+        if host is not None:  # the verifier accepted on the host and laid the step out there
+            kept = torch.from_numpy(host.kept)
+        else:
+            # the verifier kept the batch's longest path: its length, read off the cache rather
+            # than synchronising on n_keep.max() a second time
+            kept = self._iota(state.cache.length - start)[None] < n_keep[:, None]
         if self.eagle:
-            self._append_eagle_pairs(state, path_hidden, tokens.gather(1, accepted.path[:, : kept.shape[1]]), kept)
-        state.hidden = self._drafting_hidden(state, path_hidden, kept, n_keep)
+            self._append_eagle_pairs(state, hidden, tokens.gather(1, accepted.path[:, : kept.shape[1]]), kept)
+        state.hidden = self._drafting_hidden(state, hidden, kept, n_keep) if along_path else hidden
         state.valid = torch.cat([state.valid, kept], dim=1)
         state.next_pos = state.next_pos + n_keep
         state.root, state.draft = bonus, None
-        if accepted.longest is not None and tokens.device.type == "cpu":
-            # the verifier accepted on the host: lay the tokens out there too (host_greedy_accept)
-            return torch.from_numpy(
-                host_step_tokens(tokens.numpy(), accepted.path.numpy(), n_keep.numpy(), bonus.numpy())
-            )
+        if host is not None:
+            return torch.from_numpy(host.new)
         new = torch.cat([tokens.gather(1, accepted.path[:, 1:]), bonus[:, None]], dim=1)
         new.scatter_(1, (n_keep - 1)[:, None], bonus[:, None])  # the accepted nodes, then the bonus
         return new
@@ -443,11 +445,11 @@ class TreeDecoder:
         state.draft_valid = torch.cat([state.draft_valid, kept], dim=1)
 
     def _drafting_hidden(self, state: DecodeState, path_hidden, kept, n_keep) -> torch.Tensor:
-        """The hidden state the next step drafts from (b, h), given the hidden states along the
-        accepted path (b, D + 1, h), the kept slots (b, K) and the kept counts (b,); `state`
-        still as before the step's update."""
+        """The hidden state the next step drafts from (b, h) for a drafter with a cache of its
+        own, given the hidden states along the accepted path (b, D + 1, h), the kept slots
+        (b, K) and the kept counts (b,); `state` still as before the step's update."""
         bi = self._iota(n_keep.shape[0])
-        if state.draft_cache is None or self.eagle:
+        if self.eagle:
             return path_hidden[bi, n_keep - 1]  # the last accepted token drafts next
         # Hydra++: the prefix layer reads the kept tokens' hidden states into its cache, slot for
         # slot as the target's; its output at the last one drafts next (docs/decoder.md#hydra).

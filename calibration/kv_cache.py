@@ -146,6 +146,12 @@ class KVCache(Cache):
         for layer in self.layers:
             layer.length = start + k
 
+    def truncate(self, length: int) -> None:
+        """Every layer keeps its first `length` slots per sequence (O(1), nothing moves): a keep
+        whose entries are in their slots already (`TreeVerifier.keep`)."""
+        for layer in self.layers:
+            layer.length = length
+
     def keep_static(self, write: torch.Tensor, path: torch.Tensor) -> None:
         """`keep_slots` inside a static-shape step (calibration/captured_drafting.py): after a
         step wrote its q entries at `write` (q,) int64, per sequence the slots ``write[j]``,

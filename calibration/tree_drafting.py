@@ -30,12 +30,12 @@ __all__ = ["DraftLevel", "MedusaDrafting", "SequentialDrafting", "draft_levels"]
 class MedusaDrafting:
     """Medusa heads over a tree of `num_heads` depths, candidates from each head's top-`topk`;
     `tree_indices` (q,) on the decoder's device. Only the ranks the tree uses (`topk_used`) are
-    sorted out of each head's logits; the flat layout keeps Medusa's stride `topk`
-    (docs/trees.md#buffers)."""
+    sorted out of each head's logits (docs/trees.md#buffers)."""
 
     def __init__(self, heads, tree_indices: torch.Tensor, num_heads: int, topk: int, topk_used: int):
         self.heads, self.tree_indices = heads, tree_indices
         self.num_heads, self.topk, self.topk_used = num_heads, topk, topk_used
+        self._layouts: dict[int, torch.Tensor] = {}
 
     def propose(self, hidden: torch.Tensor, root: torch.Tensor) -> torch.Tensor:
         """The heads' logits (D, ..., V) on hidden (..., h)."""
@@ -43,16 +43,25 @@ class MedusaDrafting:
 
     def tree_tokens(self, root: torch.Tensor, head_logits: torch.Tensor) -> torch.Tensor:
         """The tree tokens (b, q) from the heads' logits (D, b, V) at the token that produced
-        `root` (b,)."""
-        b = root.shape[0]
-        parts = [root[:, None]]
-        if self.num_heads:
-            top = head_logits.topk(self.topk_used, dim=-1).indices  # (D, b, r)
-            if self.topk_used < self.topk:
-                top = torch.nn.functional.pad(top, (0, self.topk - self.topk_used))
-            parts.append(top.permute(1, 0, 2).reshape(b, -1))
-        flat = torch.cat(parts, dim=1)  # (b, 1 + D * topk): [root, head 1 top-k, head 2 top-k, ...]
-        return flat[:, self.tree_indices]
+        `root` (b,): Medusa's ``flat[tree_indices]`` over ``flat = [root, head 1 top-TOPK, head 2
+        top-TOPK, ...]``, read straight out of the heads' top-k and the roots (`layout`)."""
+        if not self.num_heads:
+            return root[:, None].clone()
+        top = head_logits.topk(self.topk_used, dim=-1).indices  # (D, b, r)
+        return torch.cat([top.view(-1), root])[self.layout(root.shape[0])]
+
+    def layout(self, b: int) -> torch.Tensor:
+        """(b, q) int64: where each tree token of each sequence lies in ``[top-k indices (D, b, r)
+        flattened | the b roots]``, made once per batch size (a step indexes once instead of
+        padding, permuting and concatenating Medusa's flat vector)."""
+        layout = self._layouts.get(b)
+        if layout is None:
+            r = self.topk_used
+            seq = torch.arange(b, device=self.tree_indices.device)[:, None]
+            flat = self.tree_indices[1:] - 1  # (q - 1,) (head - 1) * topk + rank
+            nodes = (flat // self.topk * b * r + flat % self.topk)[None] + seq * r
+            layout = self._layouts[b] = torch.cat([self.num_heads * b * r + seq, nodes], dim=1)
+        return layout
 
 
 @dataclass(frozen=True)

@@ -33,8 +33,10 @@ __all__ = [
     "CandidateVerifier",
     "TreeVerifier",
     "Verified",
+    "HostStep",
+    "HostTree",
     "host_greedy_accept",
-    "host_step_tokens",
+    "host_tree",
 ]
 
 
@@ -120,13 +122,29 @@ class Verified(NamedTuple):
     rows_cache: KVCache | None = None
 
 
+class HostStep(NamedTuple):
+    """What greedy acceptance on the host (`host_greedy_accept`) knows besides the path, as
+    numpy arrays: new (b, D + 1) the step's tokens (the accepted nodes, then the bonus; valid up
+    to n_keep); kept (b, max(n_keep)) the kept slots each sequence may see (False: a hole);
+    settled: how many of the kept slots hold their entries already for every sequence (its
+    path's first nodes are the tree's first nodes, 0, 1, 2, ...: `KVCache.keep_slots` would copy
+    them onto themselves); moved (b, max(n_keep) - settled) the tree indices the slots after
+    them take."""
+
+    new: np.ndarray
+    kept: np.ndarray
+    settled: int
+    moved: np.ndarray
+
+
 @dataclass(frozen=True)
 class Accepted:
     """A step's verification outcome per sequence: path (b, D + 1) tree indices of the chosen
     root-to-leaf path, n_keep (b,) = 1 + accepted nodes, last (b,) tree index of the last
     accepted token, bonus (b,) the token after it; row (b,) the chosen candidate row
     (candidate form; None for the tree form); longest: max(n_keep) where it is known on the
-    host already (None: read it off n_keep)."""
+    host already (None: read it off n_keep); host: the rest of the step where it was accepted
+    on the host (`HostStep`; None elsewhere)."""
 
     path: torch.Tensor
     n_keep: torch.Tensor
@@ -134,6 +152,7 @@ class Accepted:
     bonus: torch.Tensor
     row: torch.Tensor | None = None
     longest: int | None = None
+    host: HostStep | None = None
 
     @property
     def keep(self) -> int:
@@ -141,29 +160,80 @@ class Accepted:
         return int(self.n_keep.max()) if self.longest is None else self.longest
 
 
-def host_greedy_accept(pred: np.ndarray, tokens: np.ndarray, parent: np.ndarray, retrieve: np.ndarray, valid):
-    """Greedy acceptance (docs/decoder.md#greedy-acceptance) over numpy arrays: pred (b, q) the
-    base argmax at each tree token, tokens (b, q), parent (q,), retrieve (L, D + 1) and its
-    validity. Returns (path, n_keep, last, bonus) as `TreeVerifier.accept` does, the first
-    longest path on ties. On a CPU each of a step's small torch operations costs several times
-    its numpy twin (docs/decoder.md#timing-a-step)."""
-    match = tokens == pred[:, parent]
-    match[:, 0] = True  # the root is the base model's own token
-    lengths = np.cumprod(match[:, retrieve] & valid, axis=-1).sum(-1)  # (b, L), root included
-    best = lengths.argmax(-1)
-    rows = np.arange(len(best))
-    n_keep = lengths[rows, best]
-    path = retrieve[best]
-    last = path[rows, n_keep - 1]
-    return path, n_keep, last, pred[rows, last]
+class HostTree(NamedTuple):
+    """A tree's buffers as numpy arrays for greedy acceptance on the host, built once per tree
+    (`host_tree`). L root-to-leaf rows (the retrieve rows), D the depth."""
+
+    parent: np.ndarray  # (q,) each node's parent, the root its own
+    judged: int  # nodes 0..judged-1 hold every parent: only their argmax judges a node
+    ancestors: np.ndarray  # (q, q) bool: [k, j] node k is node j or one of its ancestors, not the root
+    preference: np.ndarray  # (q,) deeper first, then the earlier first retrieve row: depth (L + 1) + L - row
+    first_row: np.ndarray  # (q,) the first retrieve row through each node
+    kept_count: np.ndarray  # (q,) depth + 1: the slots a step keeps when a node is its last accepted
+    retrieve: np.ndarray  # (L, D + 1) root-to-leaf rows, padded with the root
+    columns: np.ndarray  # (L, D + 2, D + 1) the step's tokens by row and kept count: columns of [tokens | bonus]
+    in_place: np.ndarray  # (L,) the longest prefix of each row that is the nodes 0, 1, 2, ...
+    kept: np.ndarray  # (D + 1, D + 1) bool: row n - 1 is n kept slots, then holes
 
 
-def host_step_tokens(tokens: np.ndarray, path: np.ndarray, n_keep: np.ndarray, bonus: np.ndarray) -> np.ndarray:
-    """A step's tokens (b, D + 1): the accepted nodes along `path`, then the bonus at n_keep - 1
-    (what `TreeDecoder.keep` returns), over numpy arrays."""
-    new = np.concatenate([np.take_along_axis(tokens, path[:, 1:], 1), bonus[:, None]], axis=1)
-    new[np.arange(len(new)), n_keep - 1] = bonus
-    return new
+def host_tree(buffers: TreeBuffers) -> HostTree:
+    """`HostTree` of a tree's buffers (`treeopt.tree.tree_buffers`)."""
+    ri = buffers.retrieve_indices
+    (rows, width), q = ri.shape, len(buffers.depth)
+    parent = np.maximum(buffers.parent, 0)
+    retrieve = np.maximum(ri, 0)
+    ancestors = buffers.attention_mask.T.copy()  # the tree mask's row j: node j and its ancestors
+    ancestors[0] = False  # the root is the base model's own token: never judged
+    first_row = (ri[:, :, None] == np.arange(q)).any(1).argmax(0)
+    # the step's tokens (`TreeDecoder.keep`): the row's nodes after the root, the bonus (column
+    # q of [tokens | bonus]) last and at the kept count's place
+    columns = np.repeat(np.append(retrieve[:, 1:], np.full((rows, 1), q), axis=1)[:, None], width + 1, axis=1)
+    columns[:, np.arange(1, width + 1), np.arange(width)] = q
+    return HostTree(
+        parent=parent,
+        judged=int(parent.max()) + 1,
+        ancestors=ancestors,
+        preference=buffers.depth * (rows + 1) + rows - first_row,
+        first_row=first_row,
+        kept_count=buffers.depth + 1,
+        retrieve=retrieve,
+        columns=columns,
+        in_place=np.cumprod(retrieve == np.arange(width), axis=1).sum(1),
+        kept=np.tri(width, dtype=bool),
+    )
+
+
+def host_greedy_accept(logits: np.ndarray, tokens: np.ndarray, tree: HostTree):
+    """Greedy acceptance (docs/decoder.md#greedy-acceptance) over numpy arrays: logits (b, q, V)
+    of the tree tokens (b, q) of `tree`. Returns (path, n_keep, last, bonus, `HostStep`) as
+    `TreeVerifier.accept` does.
+
+    Per node rather than per retrieve row: a node is accepted when neither it nor any of its
+    ancestors below the root was rejected, and the step's last accepted node is the deepest
+    accepted one, on ties the one whose first retrieve row comes first: the node where the
+    first longest accepted row ends (`TreeVerifier.accept`'s choice), that row the path. The
+    argmax runs over the nodes that are parents, and over the last accepted node's row for the
+    bonus: no other row judges anything. On a CPU each of a step's small torch operations
+    costs several times its numpy twin (docs/decoder.md#timing-a-step)."""
+    pred = logits[:, : tree.judged].argmax(-1)  # (b, judged)
+    rejected = tokens != pred[:, tree.parent]
+    last = np.where(rejected @ tree.ancestors, -1, tree.preference).argmax(-1)
+    best, n_keep = tree.first_row[last], tree.kept_count[last]
+    path = tree.retrieve[best]
+    rows = np.arange(len(last))
+    bonus = logits[rows, last].argmax(-1)
+    new = np.append(tokens, bonus[:, None], axis=1)[rows[:, None], tree.columns[best, n_keep]]
+    longest = n_keep.max()
+    settled = min(int(tree.in_place[best].min()), int(longest))
+    step = HostStep(new, tree.kept[n_keep - 1, :longest], settled, path[:, settled:longest])
+    return path, n_keep, last, bonus, step
+
+
+def node_states(hidden: torch.Tensor, nodes: torch.Tensor) -> torch.Tensor:
+    """hidden (b, q, h) at one tree node per sequence, nodes (b,) -> (b, h)."""
+    if hidden.shape[0] == 1:  # why: one sequence: one index_select, no broadcast index (as KVCache.keep_slots)
+        return hidden.index_select(1, nodes)[:, 0]
+    return hidden[torch.arange(hidden.shape[0], device=hidden.device), nodes]
 
 
 class _TreeTensors:
@@ -176,6 +246,10 @@ class _TreeTensors:
         self.dtype, self.device = dtype, device
         self.q = len(buffers.depth)
         self.tree_mask_add = additive_mask(t(buffers.attention_mask), dtype)[None, None]  # (1, 1, q, q)
+        # the additive mask's two values (`additive_mask`), made once: a step lays out the
+        # cache's part of its mask with one `where`
+        self.attend_value = torch.zeros((), dtype=dtype, device=device)
+        self.hide_value = torch.full((), torch.finfo(dtype).min, dtype=dtype, device=device)
         self.depth = t(buffers.depth)  # (q,)
         self.parent = t(np.maximum(buffers.parent, 0))  # root -> itself
         ri = buffers.retrieve_indices
@@ -195,23 +269,16 @@ class TreeVerifier(_TreeTensors):
         self.model_forward = forward
         self.appends = self.q  # slots `forward` appends to the cache
         # greedy acceptance on the host where the logits live there (`host_greedy_accept`)
-        ri = buffers.retrieve_indices
-        on_cpu = torch.device(device).type == "cpu"
-        self.host = (np.maximum(buffers.parent, 0), np.maximum(ri, 0), ri >= 0) if on_cpu else None
+        self.host = host_tree(buffers) if torch.device(device).type == "cpu" else None
 
     def layout(self, valid: torch.Tensor, next_pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The 4D additive mask (b, 1, q, C + q) and the position ids (b, q) of a step: row i
         sees the cache slots its sequence may see (`valid` (b, C)) and its tree ancestors and
         itself, at position root + depth (docs/decoder.md#the-step)."""
         b, c = valid.shape
-        mask = torch.cat(
-            [
-                additive_mask(valid, self.dtype)[:, None, None, :].expand(b, 1, self.q, c),
-                self.tree_mask_add.expand(b, 1, self.q, self.q),
-            ],
-            dim=-1,
-        )
-        return mask, next_pos[:, None] + self.depth[None]
+        cached = torch.where(valid[:, None, None, :], self.attend_value, self.hide_value)  # additive_mask's values
+        mask = torch.cat([cached.expand(b, 1, self.q, c), self.tree_mask_add.expand(b, 1, self.q, self.q)], dim=-1)
+        return mask, next_pos[:, None] + self.depth
 
     def forward(self, cache, tokens, mask, positions) -> Verified:
         """One forward over the tree tokens (b, q), appended to `cache`."""
@@ -222,9 +289,9 @@ class TreeVerifier(_TreeTensors):
         """The longest accepted root-to-leaf path of the tree tokens (b, q) under their base
         logits (b, q, V), each node judged at its parent, and the bonus token after it."""
         if rule.greedy and self.host is not None and logits.dtype in HOST_DTYPES and logits.device.type == "cpu":
-            found = host_greedy_accept(logits.numpy().argmax(-1), tokens.numpy(), *self.host)
-            path, n_keep, last, bonus = (torch.from_numpy(np.ascontiguousarray(a)) for a in found)
-            return Accepted(path, n_keep, last, bonus, longest=int(found[1].max()))
+            *found, step = host_greedy_accept(logits.numpy(), tokens.numpy(), self.host)
+            path, n_keep, last, bonus = (torch.from_numpy(a) for a in found)
+            return Accepted(path, n_keep, last, bonus, longest=step.kept.shape[1], host=step)
         verdicts = _Verdicts(logits, rule)
         match, loglik = verdicts.accepts(tokens, self.parent)
         match[:, 0] = True  # the root is the base model's own token
@@ -234,12 +301,22 @@ class TreeVerifier(_TreeTensors):
         last = path[verdicts.rows, n_keep - 1]
         return Accepted(path, n_keep, last, verdicts.bonus(last))
 
-    def keep(self, cache: KVCache, start: int, verified: Verified, accepted: Accepted) -> torch.Tensor:
+    def keep(self, cache: KVCache, start: int, verified: Verified, accepted: Accepted, along_path: bool = True):
         """The cache keeps, per sequence, the root and the accepted nodes out of the tree's
         slots start..start+q-1 (path[:, j] is the j-th kept token's tree index). Returns the
-        hidden states along the path (b, D + 1, h)."""
-        keep = accepted.keep
-        cache.keep_slots(start, start + accepted.path[:, :keep])
+        hidden states along the path (b, D + 1, h), or with `along_path` False the last accepted
+        token's (b, h)."""
+        keep, host = accepted.keep, accepted.host
+        if host is None:
+            cache.keep_slots(start, start + accepted.path[:, :keep])
+        elif host.settled == keep:
+            # why: every kept entry is in its slot already (HostStep.settled): nothing to move
+            # (docs/decoder.md#kv-cache)
+            cache.truncate(start + keep)
+        else:  # only the slots past the settled ones move
+            cache.keep_slots(start + host.settled, torch.from_numpy(start + host.moved))
+        if not along_path:
+            return node_states(verified.hidden, accepted.last)
         rows = torch.arange(accepted.path.shape[0], device=self.device)
         return verified.hidden[rows[:, None], accepted.path]
 
@@ -315,10 +392,13 @@ class CandidateVerifier(_TreeTensors):
         last = path[torch.arange(path.shape[0], device=self.device), n_keep - 1]
         return Accepted(path, n_keep, last, bonus, row=best)
 
-    def keep(self, cache: KVCache, start: int, verified: Verified, accepted: Accepted) -> torch.Tensor:
+    def keep(self, cache: KVCache, start: int, verified: Verified, accepted: Accepted, along_path: bool = True):
         """The cache takes the chosen row's new entries (its slots start..start+D); returns the
-        hidden states along that row (b, D + 1, h)."""
+        hidden states along that row (b, D + 1, h), or with `along_path` False the last accepted
+        token's (b, h)."""
         rows = torch.arange(accepted.row.shape[0], device=self.device)
         keep = int(accepted.n_keep.max())
         cache.take_rows(verified.rows_cache, rows * self.candidates + accepted.row, keep)
+        if not along_path:
+            return verified.hidden[rows, accepted.row, accepted.n_keep - 1]
         return verified.hidden[rows, accepted.row]
