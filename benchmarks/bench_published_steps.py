@@ -42,7 +42,8 @@ A benchmark, not a test: no GPU and no download; it reads roofline/data/publishe
     of Qwen3-30B-A3B on two H100s beside plain decoding (sglang), SGLang PR #4716's 64-token
     EAGLE-3 tree of Llama-3.3-70B on eight H100s beside plain decoding (sglang), TensorRT-LLM PR
     #5146's EAGLE-3 chains of Llama-3.3-70B and of FP8 Llama 4 Maverick on eight H200s beside plain
-    decoding (trtllm, the two published TensorRT-LLM steps found). Per batch: the step ratios'
+    decoding (trtllm), and SPEED-Bench's TensorRT-LLM chains of Llama-3.3-70B on one B200 (EAGLE-3
+    at batch 16 and ISLs 1k-8k, EAGLE-3 and n-gram at batch 32; trtllm). Per batch: the step ratios'
     errors, and three calls against the measurement: on/off (is plain decoding the cheapest per
     token), chain-or-tree (is the cheapest speculative configuration a chain or a tree), and the
     configuration picked by the predicted ms per token priced at its measured cost ("measured ms

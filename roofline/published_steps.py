@@ -263,11 +263,17 @@ def engine_config_rows(table: dict) -> pd.DataFrame:
 
     and the ratio is against the group's plain step where the source has one (NaN otherwise: only
     configurations against each other can be judged then). A configuration the source did not
-    run at a batch (null) gives no row."""
+    run at a batch (null) gives no row. Where one batch size was measured at several prompt
+    lengths or on several datasets (SPEED-Bench's Table 10), the setup names each column's
+    context (`contexts`) and group (`group_labels`) beside `batches`; otherwise every column has
+    the setup's one context and is named by its batch."""
     setup = table["setup"]
+    batches = [int(b) for b in table["batches"]]
+    contexts = setup.get("contexts", [setup.get("context")] * len(batches))
+    labels = setup.get("group_labels", [f"batch {b}" for b in batches])
     rows = []
-    for i, batch in enumerate(int(b) for b in table["batches"]):
-        base = {"group": f"batch {batch}", "shape": setup["shape"], "batch": batch, "context": int(setup["context"])}
+    for i, batch in enumerate(batches):
+        base = {"group": labels[i], "shape": setup["shape"], "batch": batch, "context": int(contexts[i])}
         base |= {"candidates": 1, "draft_heads": 0}
         plain = table["configs"].get("plain", {})
         plain_ms = 1e3 * batch / plain["throughput_tok_s"][i] if "throughput_tok_s" in plain else np.nan

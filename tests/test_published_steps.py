@@ -191,3 +191,18 @@ def test_engine_config_rows_by_hand(tables):
     trt = tables["trtllm-pr-5146"].steps.set_index("config")
     assert trt.loc["chain", "ratio"] == pytest.approx(1.452381, rel=1e-6)
     assert trt.loc["plain", "ratio"] == 1.0 and np.isnan(trt.loc["chain", "step_ms"])
+
+
+def test_engine_config_rows_per_prompt_length_by_hand(tables):
+    # SPEED-Bench Table 10 (arXiv 2604.09557): one batch (16) at ISLs 1k, 2k, 8k, high and low entropy
+    # prompts each: a group per column with its own context; ISL 8k, low entropy: AL 1.19 at 0.87x, so
+    # T(chain)/T(plain) = 1.19 / 0.87 = 1.367816; ISL 1k, high entropy: 2.12 / 1.63 = 1.300613
+    steps = tables["speed-bench-table10"].steps
+    assert len(steps) == 12 and set(steps["batch"]) == {16}
+    chains = steps[steps["config"] == "chain"].set_index("group")
+    assert chains["context"].tolist() == [1024, 1024, 2048, 2048, 8192, 8192]
+    assert chains.loc["ISL 8k, low entropy", "ratio"] == pytest.approx(1.367816, rel=1e-6)
+    assert chains.loc["ISL 1k, high entropy", "ratio"] == pytest.approx(1.300613, rel=1e-6)
+    assert chains.loc["ISL 2k, low entropy", "tokens_per_step"] == 2.59
+    plains = steps[steps["config"] == "plain"]
+    assert plains["group"].nunique() == 6 and (plains["ratio"] == 1.0).all()

@@ -2775,6 +2775,14 @@ MUTANTS = (
         "Medusa's tree step is priced per generated token, not per step (acc_rate dropped)",
         ("tests/test_published_steps.py",),
     ),
+    Mutant(
+        "published-steps-engine-configs-first-context-for-all",
+        "roofline/published_steps.py",
+        '"batch": batch, "context": int(contexts[i])}',
+        '"batch": batch, "context": int(contexts[0])}',
+        "every column of an engine_configs table measured at several prompt lengths gets the first one's context",
+        ("tests/test_published_steps.py",),
+    ),
     # ---- benchmarks/gpu_check.py: the one-command check of the latency model on a GPU
     Mutant(
         "gpu-check-ratio-against-another-groups-plain-step",
