@@ -134,6 +134,7 @@ def test_every_shape_used_is_built_in(tables):
         "qwen3-30b-a3b",
         "llama-3-70b",
         "llama-4-maverick",
+        "deepseek-v3",
     }
     assert shapes <= set(builtin_shapes())
 
