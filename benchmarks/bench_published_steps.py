@@ -33,8 +33,12 @@ A benchmark, not a test: no GPU and no download; it reads roofline/data/publishe
     and the vllm preset on the same paper's Table 5 (vLLM, chains of 2, batches 2-56, A100).
     With tau the same at every batch, speedup(b) = speedup(2) x T(k)/T(0) at 2 / T(k)/T(0) at b:
     the preset's step ratios predict every batch from batch 2's speedup, and whether speculation
-    still pays (speedup > 1) at each batch. Why EAGLE's speedup falls faster than EAGLE-3's in
-    both engines is not established (the data file's why_eagle_falls says what was checked).
+    still pays (speedup > 1) at each batch. That premise is checked on the table itself first
+    (roofline.published_checks.speedup_ratio_premise): EAGLE's and EAGLE-3's speedups in one
+    engine, one chain, one base model can only keep or raise their ratio over batch while both
+    taus are constant; in both tables it falls by more than rounding, so EAGLE's rows are printed
+    "NOT JUDGED" (premise contradicted by the table: not a test of step costs) and EAGLE-3's
+    stay judged (the data file's why_eagle_falls says what was checked).
 
 (e) engines' drafting configurations side by side at one batch (tables of kind engine_configs),
     each with its engine's preset: vLLM PR #22752's chain against a tree on one backend (vllm;
@@ -48,7 +52,11 @@ A benchmark, not a test: no GPU and no download; it reads roofline/data/publishe
     errors, and three calls against the measurement: on/off (is plain decoding the cheapest per
     token), chain-or-tree (is the cheapest speculative configuration a chain or a tree), and the
     configuration picked by the predicted ms per token priced at its measured cost ("measured ms
-    per token of the picked / measured best - 1").
+    per token of the picked / measured best - 1"). A call whose two best configurations (one of
+    each kind, by the preset) are predicted closer per token than the call resolution
+    (roofline/data/call_resolution.json, recomputed here from the same calls;
+    docs/performance-model.md#close-calls) is a close call: listed apart with its measured gap
+    ("CLOSE CALL"), never counted as agreeing; every other call must agree with the measurement.
 
 The targets (docs/performance-model.md#published-speculative-steps): built-in median |error|
 <= 15% and the picked count within 5% of the measured best; fitted on batch 1, <= 10% and
@@ -72,6 +80,7 @@ from roofline.engine_presets import apply_preset, load_presets, step_costs  # no
 from roofline.hardware import load_hardware  # noqa: E402
 from roofline.latency import step_time_s  # noqa: E402
 from roofline.profile_fit import fit_profile, predict_step_s  # noqa: E402
+from roofline.published_checks import call_resolution, load_call_resolution, speedup_ratio_premise  # noqa: E402
 from roofline.published_steps import published_tables, step_points  # noqa: E402
 from roofline.shapes import draft_heads_shape, model_shape  # noqa: E402
 from roofline.step_shape import StepShape  # noqa: E402
@@ -79,6 +88,7 @@ from roofline.step_shape import StepShape  # noqa: E402
 BUILTIN_RATIO, BUILTIN_PICK = 0.15, 0.05
 FITTED_RATIO, FITTED_PICK = 0.10, 0.03
 PRESET_RATIO, PRESET_PICK = 0.15, 0.05
+PREMISE_CONTRADICTED = "premise contradicted by the table (tau fell with batch): not a test of step costs"
 
 
 def _heads(rows: pd.DataFrame, shape):
@@ -272,20 +282,40 @@ def presets(tables) -> list[tuple]:
     return results
 
 
-def batch_growth(tables) -> list[tuple]:
+def premise_line(premise) -> str:
+    """The premise check's line (roofline.published_checks.speedup_ratio_premise)."""
+    i, j = premise.batches_fallen
+    verdict = "contradicted" if premise.contradicted else "not contradicted"
+    return (
+        "    premise check: speedup(eagle) / speedup(eagle3) per batch "
+        + " ".join(f"{r:.3f}" for r in premise.ratio)
+        + f"; largest fall {premise.fall * 100:.1f}% (batch {i} to {j}) against {premise.rounding_bound * 100:.1f}% "
+        f"that 2-decimal printing can make: constant tau {verdict} by the table"
+    )
+
+
+def batch_growth(tables) -> tuple[list[tuple], list[tuple]]:
     """(d): an engine's preset against a table of speedups per batch without tokens per step
     (EAGLE-3's Tables 3 and 5): with tau the same at every batch, speedup(b) = speedup(2) x
     ratio(2) / ratio(b), so the preset's step ratios predict every batch from batch 2's speedup
-    alone; judged on batches 4 on and on whether speculation pays (speedup > 1) at each."""
-    results = []
+    alone; judged on batches 4 on and on whether speculation pays (speedup > 1) at each.
+
+    First the premise: EAGLE's and EAGLE-3's speedups in one table give their ratio per batch,
+    which constant taus forbid to fall (roofline.published_checks.speedup_ratio_premise). Where
+    it falls beyond rounding, EAGLE's rows are shown but not judged (the second list: name,
+    value, why); EAGLE-3's stay judged (docs/performance-model.md#published-speculative-steps)."""
+    results, unjudged = [], []
     for table in tables:
         if table.kind != "speedup_by_batch":
             continue
         raw, engine = table.setup, table.setup["engine_preset"]
         k, context, shape = int(raw["draft_tokens"]), int(raw["context"]), model_shape(raw["shape"])
         batches = np.array(_raw_table(table.id)["batches"])
+        speedups = _raw_table(table.id)["speedup"]
         print(f"\n== {engine} preset on {table.id}'s speedups per batch ({table.citation})")
-        for drafter, measured in _raw_table(table.id)["speedup"].items():
+        premise = speedup_ratio_premise(batches, speedups["eagle"], speedups["eagle3"])
+        print(premise_line(premise))
+        for drafter, measured in speedups.items():
             hw = step_costs(load_hardware(table.hardware), engine=engine, drafter=drafter).profile
             ratio = np.array(
                 [
@@ -306,17 +336,30 @@ def batch_growth(tables) -> list[tuple]:
                 f"over batches {batches[1]}-{batches[-1]}; speculation on/off called as measured at "
                 f"{int(calls.sum())} of {len(calls)} batch sizes"
             )
+            if drafter == "eagle" and premise.contradicted:
+                print(f"    not judged: {PREMISE_CONTRADICTED}")
             held = f"batches {batches[1]}-{batches[-1]}"
             name = f"engine preset {engine} on {table.id} {drafter}: median |speedup error|, {held}"
-            results.append((name, float(np.median(np.abs(err))), PRESET_RATIO, "", True))
-    return results
+            if drafter == "eagle" and premise.contradicted:
+                unjudged.append((name, float(np.median(np.abs(err))), PREMISE_CONTRADICTED))
+            else:
+                results.append((name, float(np.median(np.abs(err))), PRESET_RATIO, "", True))
+    return results, unjudged
 
 
-def config_calls(group: pd.DataFrame) -> dict:
+def config_calls(group: pd.DataFrame, resolution: float = 0.0) -> dict:
     """One batch of an engine_configs table with predicted steps (column predicted_rel: the
     predicted step over the reference's, that of plain decoding where measured, else the chain's):
     the step ratios' errors and the calls, measured against predicted. Per-token costs are
-    step / tokens per step in units of the reference step."""
+    step / tokens per step in units of the reference step.
+
+    Each call (on_off: plain decoding against the cheapest speculative configuration;
+    chain_or_tree: the cheapest chain against the cheapest tree) compares the predicted best of
+    each kind, as `treeopt roofline speedup` does: under `pairs`, per call, the error of their
+    predicted step ratio against the measured one (what the call resolution is derived from,
+    roofline.published_checks.call_resolution), the predicted and measured gaps (the dearer of
+    the two per token over the cheaper, minus 1; the measured one between the measured best of
+    each kind) and `close`: a predicted gap below `resolution`, a call the tool does not make."""
     structure = group["config"].str.split().str[0]
     reference = group[structure == ("plain" if (structure == "plain").any() else "chain")].iloc[0]
     by_step = group["step_ms"] / reference["step_ms"]
@@ -325,75 +368,156 @@ def config_calls(group: pd.DataFrame) -> dict:
     out = {"errors": (group["predicted_rel"] / measured_rel - 1).drop(reference.name), "measured_rel": measured_rel}
     out["pick_excess"] = float(measured[predicted.idxmin()] / measured.min() - 1)
     spec = structure != "plain"
+    kinds = {}
     if not spec.all():
         out["on_off"] = (structure[measured.idxmin()] == "plain", structure[predicted.idxmin()] == "plain")
+        kinds["on_off"] = (~spec, spec)
     if {"chain", "tree"} <= set(structure[spec]):
         out["chain_or_tree"] = (structure[measured[spec].idxmin()], structure[predicted[spec].idxmin()])
+        kinds["chain_or_tree"] = (structure == "chain", structure == "tree")
+    out["pairs"] = {}
+    for call, (one, other) in kinds.items():
+        a, b = predicted[one].idxmin(), predicted[other].idxmin()
+        error = (group.loc[b, "predicted_rel"] / group.loc[a, "predicted_rel"]) / (
+            measured_rel[b] / measured_rel[a]
+        ) - 1
+        gap = max(predicted[a], predicted[b]) / min(predicted[a], predicted[b]) - 1
+        best_one, best_other = measured[one].min(), measured[other].min()
+        out["pairs"][call] = {
+            "error": float(error),
+            "predicted_gap": float(gap),
+            "measured_gap": float(max(best_one, best_other) / min(best_one, best_other) - 1),
+            "close": bool(gap < resolution),
+            "resolution": resolution,
+        }
     return out
 
 
-def engine_configs(tables) -> list[tuple]:
+def call_line(call: str, calls: dict) -> str:
+    """How one call of a batch reads: confident (and whether it agrees with the measurement) or
+    close (no call, with the measured gap)."""
+    pair = calls["pairs"][call]
+    words = {True: "plain decoding", False: "speculation", "chain": "a chain", "tree": "a tree"}
+    measured, predicted = (words[v] for v in calls[call])
+    what = call.replace("_", "-")
+    if pair["close"]:
+        return (
+            f"{what}: close call, no call made (the preset leans to {predicted} by {pair['predicted_gap'] * 100:.1f}% "
+            f"per token, within ±{pair['resolution'] * 100:.1f}%); measured: {measured}, by "
+            f"{pair['measured_gap'] * 100:.1f}%"
+        )
+    verdict = "agrees" if measured == predicted else "DISAGREES"
+    return f"{what}: called {predicted} ({pair['predicted_gap'] * 100:.1f}% apart), measured {measured}: {verdict}"
+
+
+def _table_steps(table) -> pd.DataFrame:
+    """The table's rows with the predicted step of its engine's preset and of the ideal engine."""
+    setup, rows = table.setup, table.steps.copy()
+    engine, tp = setup["engine_preset"], int(setup.get("tensor_parallel", 1))
+    hw = step_costs(load_hardware(table.hardware), engine=engine, drafter=setup["drafter_kind"]).profile
+    step = StepShape(
+        rows["batch"].to_numpy(),
+        rows["tokens"].to_numpy(),
+        rows["context"].to_numpy(),
+        draft_stages=rows["draft_stages"].to_numpy(),
+        tensor_parallel_gpus=tp,
+    )
+    shape = model_shape(setup["shape"], dtype=setup.get("shape_dtype"))  # e.g. an FP8 checkpoint
+    rows["predicted_ms"] = 1e3 * step_time_s(shape, None, hw, step)
+    rows["ideal_ms"] = 1e3 * step_time_s(shape, None, load_hardware(table.hardware), step)
+    return rows
+
+
+def engine_configs(tables) -> tuple[list[tuple], list[str]]:
     """(e): each engine_configs table with its engine's preset: per batch, the predicted steps of
-    its configurations against the measured ones, and the on/off and chain-or-tree calls."""
-    results = []
+    its configurations against the measured ones, and the on/off and chain-or-tree calls: a call
+    whose predicted gap is within the stored call resolution (roofline/data/call_resolution.json)
+    is a close call, reported with the measured gap and never counted as agreeing; every other
+    call must agree with the measurement. Last, the resolution recomputed from these tables'
+    pairs (roofline.published_checks.call_resolution) against the stored one. Returns the
+    results and one line per close call (shown apart from PASS and FAIL)."""
+    stored = load_call_resolution()
+    results, pair_errors, close_lines = [], [], []
     for table in tables:
         if table.kind != "engine_configs":
             continue
-        setup, rows = table.setup, table.steps.copy()
-        engine, tp = setup["engine_preset"], int(setup.get("tensor_parallel", 1))
-        hw = step_costs(load_hardware(table.hardware), engine=engine, drafter=setup["drafter_kind"]).profile
-        step = StepShape(
-            rows["batch"].to_numpy(),
-            rows["tokens"].to_numpy(),
-            rows["context"].to_numpy(),
-            draft_stages=rows["draft_stages"].to_numpy(),
-            tensor_parallel_gpus=tp,
-        )
-        shape = model_shape(setup["shape"], dtype=setup.get("shape_dtype"))  # e.g. an FP8 checkpoint
-        rows["predicted_ms"] = 1e3 * step_time_s(shape, None, hw, step)
-        rows["ideal_ms"] = 1e3 * step_time_s(shape, None, load_hardware(table.hardware), step)
+        engine, rows = table.setup["engine_preset"], _table_steps(table)
         print(f"\n== {engine} preset on {table.id}: {table.citation}")
-        print(f"   {setup['model']}, {setup['gpu']}, {setup['drafter']}")
-        errors, ideal_errors, on_off, chain_or_tree, excess = [], [], [], [], []
+        print(f"   {table.setup['model']}, {table.setup['gpu']}, {table.setup['drafter']}")
+        errors, ideal_errors, excess = [], [], []
+        judged = {"on_off": [], "chain_or_tree": [], "close": []}
         for _, group in rows.groupby("group", sort=False):
             ref = group["config"].str.startswith("plain").any()
             base = group[group["config"].str.startswith("plain" if ref else "chain")].iloc[0]
             group = group.assign(predicted_rel=group["predicted_ms"] / base["predicted_ms"])
-            calls = config_calls(group)
+            calls = config_calls(group, stored.fraction)
             show = group.assign(measured_rel=calls["measured_rel"])
             show = show[
                 ["group", "config", "tokens", "draft_stages", "tokens_per_step", "measured_rel", "predicted_rel"]
             ]
             print("    " + show.to_string(index=False, float_format=lambda v: f"{v:.3f}").replace("\n", "\n    "))
-            line = f"    steps over {base['config']}'s: median |error| {calls['errors'].abs().median() * 100:.1f}%"
             errors += list(calls["errors"])
-            ideal = config_calls(group.assign(predicted_rel=group["ideal_ms"] / base["ideal_ms"]))
-            ideal_errors += list(ideal["errors"])
-            excess.append(calls["pick_excess"])
-            line += (
-                f"; picked configuration's measured cost per token over the best: {calls['pick_excess'] * 100:+.1f}%"
+            ideal_errors += list(
+                config_calls(group.assign(predicted_rel=group["ideal_ms"] / base["ideal_ms"]))["errors"]
             )
-            if "on_off" in calls:
-                on_off.append(calls["on_off"][0] == calls["on_off"][1])
-                line += f"; plain best: measured {calls['on_off'][0]}, predicted {calls['on_off'][1]}"
-            if "chain_or_tree" in calls:
-                chain_or_tree.append(calls["chain_or_tree"][0] == calls["chain_or_tree"][1])
-                measured_call, predicted_call = calls["chain_or_tree"]
-                line += f"; cheapest speculative: measured a {measured_call}, predicted a {predicted_call}"
-            print(line)
+            excess.append(calls["pick_excess"])
+            print(
+                f"    steps over {base['config']}'s: median |error| {calls['errors'].abs().median() * 100:.1f}%; "
+                f"picked configuration's measured cost per token over the best: {calls['pick_excess'] * 100:+.1f}%"
+            )
+            for call, pair in calls["pairs"].items():
+                pair_errors.append(pair["error"])
+                print("    " + call_line(call, calls))
+                agree = calls[call][0] == calls[call][1]
+                (judged["close"] if pair["close"] else judged[call]).append(agree)
+                if pair["close"]:
+                    close_lines.append(f"{table.id} {group['group'].iloc[0]} {call_line(call, calls)}")
         median = float(np.median(np.abs(errors)))
         summary = f"    {table.id}: median |step ratio error| {median * 100:.1f}% over {len(errors)} configurations"
         summary += f" (ideal engine: {np.median(np.abs(ideal_errors)) * 100:.1f}%)"
-        for what, agree in (("on/off", on_off), ("chain-or-tree", chain_or_tree)):
-            if agree:
-                summary += f"; {what} called as measured at {sum(agree)} of {len(agree)} batch sizes"
+        for what in ("on_off", "chain_or_tree"):
+            if judged[what]:
+                agreed = f"{sum(judged[what])} of {len(judged[what])}"
+                summary += f"; {what.replace('_', '-')} confident calls as measured: {agreed}"
+        if judged["close"]:
+            summary += f"; close calls (no call): {len(judged['close'])}"
         print(summary)
         name = f"engine preset {engine} on {table.id}"
+        confident = judged["on_off"] + judged["chain_or_tree"]
+        wrong = len(confident) - sum(confident)
         results.append((f"{name}: median |step ratio error|", median, PRESET_RATIO, "", True))
         results.append(
             (f"{name}: picked configuration's excess cost (worst batch)", max(excess), PRESET_PICK, "", True)
         )
-    return results
+        if confident:  # no confident call, nothing to judge: the close calls are listed apart
+            results.append(
+                (
+                    f"{name}: confident calls wrong, {wrong} of {len(confident)} "
+                    f"(and {len(judged['close'])} close calls, not made)",
+                    wrong / len(confident),
+                    0.0,
+                    "",
+                    True,
+                )
+            )
+    results.append(resolution_check(stored, pair_errors))
+    return results, close_lines
+
+
+def resolution_check(stored, pair_errors) -> tuple:
+    """The call resolution recomputed from the calls' pair errors against the stored one."""
+    recomputed = call_resolution(pair_errors)
+    print(
+        f"\n== call resolution (roofline/data/call_resolution.json): {stored.rule}\n"
+        f"   |pair errors| over {len(pair_errors)} calls: "
+        + " ".join(f"{abs(e) * 100:.1f}%" for e in sorted(pair_errors, key=abs))
+        + f"\n   recomputed {recomputed * 100:.1f}%, stored {stored.fraction * 100:.1f}% "
+        f"(largest {max(map(abs, pair_errors)) * 100:.1f}%)"
+    )
+    name = (
+        f"call resolution: stored {stored.fraction * 100:.1f}% against recomputed {recomputed * 100:.1f}%, |difference|"
+    )
+    return (name, abs(stored.fraction - recomputed), 0.0, "", True)
 
 
 def _raw_table(table_id: str) -> dict:
@@ -421,11 +545,17 @@ def main() -> list[tuple]:
         else:
             results += medusa(table, tables)
     results += presets(tables)
-    results += batch_growth(tables)
-    results += engine_configs(tables)
+    growth, unjudged = batch_growth(tables)
+    results += growth
+    configs, close_lines = engine_configs(tables)
+    results += configs
     print()
     for name, value, target, _unit, _lower in results:
         print(f"{'PASS' if value <= target else 'FAIL'}  {name}: {value * 100:.1f}% (target <= {target * 100:.0f}%)")
+    for line in close_lines:
+        print(f"CLOSE CALL (no call, not counted as agreeing)  {line}")
+    for name, value, why in unjudged:
+        print(f"NOT JUDGED  {name}: {value * 100:.1f}%: {why}")
     return results
 
 

@@ -327,6 +327,20 @@ def test_config_calls_by_hand():
     assert calls["pick_excess"] == pytest.approx(7.5 / 7.2 - 1)
     assert calls["on_off"] == (False, False)
     assert calls["chain_or_tree"] == ("tree", "chain")
+    # the pairs a call compares, with a resolution of 10%: chain against tree, predicted 0.76 / 0.70
+    # = 8.57% apart (close: no call), their step ratio (1.9 / 1.4) / (1.8 / 1.5) - 1 = 13.1% off, and
+    # measured 7.5 / 7.2 = 4.17% apart; plain against the chain, 1 / 0.70 = 42.9% apart (a call), its
+    # ratio 1.4 / 1.5 - 1 off, measured 10 / 7.2 = 38.9% apart (the tree is the measured best)
+    pairs = _bench().config_calls(group, 0.10)["pairs"]
+    tree = pairs["chain_or_tree"]
+    assert tree["predicted_gap"] == pytest.approx(0.76 / 0.70 - 1) and tree["close"]
+    assert tree["error"] == pytest.approx((1.9 / 1.4) / (1.8 / 1.5) - 1)
+    assert tree["measured_gap"] == pytest.approx(7.5 / 7.2 - 1)
+    plain = pairs["on_off"]
+    assert plain["predicted_gap"] == pytest.approx(1 / 0.70 - 1) and not plain["close"]
+    assert plain["error"] == pytest.approx(1.4 / 1.5 - 1)
+    assert plain["measured_gap"] == pytest.approx(10 / 7.2 - 1)
+    assert not _bench().config_calls(group, 0.08)["pairs"]["chain_or_tree"]["close"]
     # without a plain step the chain is the reference, and the ratio column serves when step_ms is NaN
     no_plain = group.iloc[1:].assign(step_ms=np.nan, predicted_rel=[1.0, 1.9 / 1.4])
     calls = _bench().config_calls(no_plain)
@@ -339,3 +353,86 @@ def test_every_engine_configs_table_loads_with_its_preset_named():
         if table.kind == "engine_configs":
             assert table.setup["engine_preset"] in ("vllm", "sglang", "trtllm"), table.id
             assert not table.steps.empty and not table.skipped, table.id
+
+
+# EAGLE-3 paper (Li et al. 2025, arXiv 2503.01840), Table 3 (SGLang, chains of 3) and Table 5 (vLLM,
+# chains of 2): EAGLE's and EAGLE-3's speedups per batch as printed
+TABLE3_BATCHES = (2, 4, 8, 16, 24, 32, 48, 56, 64)
+TABLE3_EAGLE = (1.40, 1.38, 1.23, 1.02, 0.93, 0.94, 0.88, 0.99, 0.99)
+TABLE3_EAGLE3 = (1.81, 1.82, 1.62, 1.48, 1.39, 1.32, 1.38, 1.34, 1.38)
+TABLE5_EAGLE = (1.30, 1.25, 1.21, 1.10, 1.03, 0.93, 0.82, 0.71)
+
+
+def test_the_eagle3_tables_contradict_constant_tau_for_eagle_by_hand():
+    """speedup_E1(b) / speedup_E3(b) = (tau_E1 / tau_E3) / (1 + c / T_E3(b)) with c >= 0 constant
+    cannot fall as batch grows while both taus are constant (docs/performance-model.md
+    #published-speculative-steps). Table 3: 1.40 / 1.81 = 0.7735 at batch 2, 0.88 / 1.38 = 0.6377
+    at 48, a fall of 1 - 0.6377 / 0.7735 = 17.56%, where printing to 2 decimals can make at most
+    0.005 (1/1.40 + 1/1.81 + 1/0.88 + 1/1.38) = 1.56%. Table 5: its largest fall is from batch 8
+    (1.21 / 1.58 = 0.7658) to 48 (0.82 / 1.21 = 0.6777), 11.51%, bound 0.005 (1/1.21 + 1/1.58 +
+    1/0.82 + 1/1.21) = 1.75%. EAGLE-3 against itself: ratio 1 everywhere, no fall."""
+    from roofline.published_checks import speedup_ratio_premise
+
+    t3 = speedup_ratio_premise(TABLE3_BATCHES, TABLE3_EAGLE, TABLE3_EAGLE3)
+    assert t3.ratio[0] == pytest.approx(1.40 / 1.81) and t3.ratio[6] == pytest.approx(0.88 / 1.38)
+    assert t3.batches_fallen == (2, 48)
+    assert t3.fall == pytest.approx(1 - (0.88 / 1.38) / (1.40 / 1.81))
+    assert t3.rounding_bound == pytest.approx(0.005 * (1 / 1.40 + 1 / 1.81 + 1 / 0.88 + 1 / 1.38))
+    assert t3.contradicted
+    t5 = speedup_ratio_premise(TABLE5_BATCHES, TABLE5_EAGLE, TABLE5_EAGLE3)
+    assert t5.batches_fallen == (8, 48)
+    assert t5.fall == pytest.approx(1 - (0.82 / 1.21) / (1.21 / 1.58))
+    assert t5.rounding_bound == pytest.approx(0.005 * (1 / 1.21 + 1 / 1.58 + 1 / 0.82 + 1 / 1.21))
+    assert t5.contradicted
+    same = speedup_ratio_premise(TABLE5_BATCHES, TABLE5_EAGLE3, TABLE5_EAGLE3)
+    assert same.fall == pytest.approx(0.0) and not same.contradicted
+    # a ratio that rises, then falls by less than rounding: 1.00 / 1.00, then 1.50 / 1.49 at batch 4
+    small = speedup_ratio_premise((2, 4, 8), (1.00, 1.00, 1.50), (1.00, 0.99, 1.49))
+    assert small.batches_fallen == (4, 8) and small.fall == pytest.approx(1 - (1.50 / 1.49) / (1.00 / 0.99))
+    assert not small.contradicted
+
+
+def test_the_benchmark_leaves_eagles_contradicted_rows_unjudged_and_judges_eagle3():
+    results, unjudged = _bench().batch_growth(published_tables())
+    judged = [name for name, *_ in results]
+    assert any("eagle3-table3 eagle3" in n for n in judged) and any("eagle3-table5 eagle3" in n for n in judged)
+    assert not any(n.split(":")[0].endswith(" eagle") for n in judged)
+    assert sorted(n.split(":")[0].split(" on ")[1] for n, *_ in unjudged) == [
+        "eagle3-table3 eagle",
+        "eagle3-table5 eagle",
+    ]
+    assert all("premise contradicted by the table" in why for *_, why in unjudged)
+
+
+def test_call_resolution_is_the_90th_percentile_of_the_pair_errors_by_hand():
+    """Ten |errors| 1%, 2%, ..., 10%: numpy's linear 90th percentile sits at position 0.9 x 9 = 8.1
+    of the sorted list, 9% + 0.1 x 1% = 9.1%; signs do not matter."""
+    from roofline.published_checks import call_resolution
+
+    assert call_resolution([(-1) ** i * i / 100 for i in range(1, 11)]) == pytest.approx(0.091)
+    assert call_resolution([0.05]) == pytest.approx(0.05)
+    with pytest.raises(ValueError):
+        call_resolution([])
+
+
+def test_the_benchmark_counts_close_calls_apart_and_its_stored_resolution_holds():
+    """Every call of the engine_configs tables is either confident (judged against the
+    measurement) or close (listed apart, never counted as agreeing), and the stored call
+    resolution is the one its rule gives on these tables."""
+    tables = published_tables()
+    results, close_lines = _bench().engine_configs(tables)
+    calls = 0
+    for table in tables:
+        if table.kind == "engine_configs":
+            for _, group in table.steps.groupby("group"):
+                kinds = set(group["config"].str.split().str[0])
+                calls += ("plain" in kinds) + ({"chain", "tree"} <= kinds)
+    confident = sum(
+        int(name.split("confident calls wrong, ")[1].split(" of ")[1].split()[0])
+        for name, *_ in results
+        if "confident calls wrong" in name
+    )
+    assert confident + len(close_lines) == calls
+    assert all("close call, no call made" in line for line in close_lines)
+    (check,) = [r for r in results if r[0].startswith("call resolution")]
+    assert check[1] == 0.0

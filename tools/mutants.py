@@ -2783,6 +2783,23 @@ MUTANTS = (
         "every column of an engine_configs table measured at several prompt lengths gets the first one's context",
         ("tests/test_published_steps.py",),
     ),
+    # ---- what the published checks establish (roofline/published_checks.py, the benchmark's calls)
+    Mutant(
+        "published-premise-fall-to-a-smaller-batch",
+        "roofline/published_checks.py",
+        "falls[np.tril_indices(b.size)] = -np.inf",
+        "falls[np.triu_indices(b.size)] = -np.inf",
+        "the speedup ratio's fall is measured from a batch to a smaller one, not to a larger one",
+        ("tests/test_engine_published_checks.py",),
+    ),
+    Mutant(
+        "published-close-call-counted-as-confident",
+        "benchmarks/bench_published_steps.py",
+        '(judged["close"] if pair["close"] else judged[call]).append(agree)',
+        "judged[call].append(agree)",
+        "a close call is judged as a confident call (and counted as agreeing where it happens to agree)",
+        ("tests/test_engine_published_checks.py",),
+    ),
     # ---- benchmarks/gpu_check.py: the one-command check of the latency model on a GPU
     Mutant(
         "gpu-check-ratio-against-another-groups-plain-step",
