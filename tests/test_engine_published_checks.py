@@ -259,6 +259,9 @@ def test_the_trtllm_preset_misses_speed_benchs_ngram_chain_as_recorded():
     for drafter, (al, sp) in SPEED_T1.items():
         chain_config = raw[f"speed-bench-table1-{drafter}"]["configs"]["chain"]
         assert (chain_config["acceptance_length"], chain_config["speedup"]) == ([al], [sp])
+    # Table 1's per-domain n-gram ALs (no per-domain speedups printed) average to its Mean AL
+    domains = raw["speed-bench-table1-ngram"]["setup"]["domain_acceptance_length"]
+    assert len(domains) == 11 and round(sum(domains.values()) / 11, 2) == length
     t10 = raw["speed-bench-table10"]
     assert t10["configs"]["chain"]["acceptance_length"] == [r[1] for r in SPEED_T10]
     assert t10["configs"]["chain"]["speedup"] == [r[2] for r in SPEED_T10]
