@@ -45,6 +45,9 @@ __all__ = [
 DATA_FILE = Path(__file__).resolve().parent / "data" / "engine_presets.json"
 PRESET_FORMAT = "treeopt.engine_presets/v1"
 
+#: the unit of a drafter kind's cost charged once per speculative step instead of per drafted depth
+PER_STEP = "s per step"
+
 #: the families, in the order `treeopt hw list` shows them
 FAMILIES = ("ideal", "hf-eager", "ibm-tgis", "trtllm", "vllm", "sglang")
 
@@ -107,6 +110,9 @@ class EnginePreset:
     not_known: tuple[str, ...] = ()
     drafting: dict = field(default_factory=dict)
     drafting_ranges: dict = field(default_factory=dict)
+    #: drafter kinds whose cost is per speculative step (a host cost, e.g. TensorRT-LLM's CPU n-gram
+    #: drafter), not per drafted depth
+    drafting_per_step: frozenset = frozenset()
     carried_from: str | None = None
 
     @property
@@ -156,6 +162,7 @@ def load_presets(path=DATA_FILE) -> dict[str, EnginePreset]:
             not_known=tuple(raw.get("not_known", [])),
             drafting={k: float(v["value"]) for k, v in raw.get("drafting", {}).items()},
             drafting_ranges={k: tuple(float(x) for x in v["range"]) for k, v in raw.get("drafting", {}).items()},
+            drafting_per_step=frozenset(k for k, v in raw.get("drafting", {}).items() if v["unit"] == PER_STEP),
             carried_from=raw.get("carried_from"),
         )
     return out
@@ -180,14 +187,18 @@ def apply_preset(profile: HardwareProfile, family: str, drafter: str | None = No
     from the closest family), the rest of them at their ideal values (those of the built-in
     profiles); roofs and efficiencies as they were. An unmeasured family (and "ideal") gives the
     ideal terms. drafter: the drafter kind (`DRAFTER_KINDS`) whose cost per drafted depth sets
-    draft_stage_s (None: the preset's own, that of the drafter it was fitted on)."""
+    draft_stage_s (None: the preset's own, that of the drafter it was fitted on); a kind whose cost
+    is per step (`PER_STEP`) adds it to spec_step_overhead_s and drafts at no cost per depth."""
     preset = load_presets()[engine_family(family)]
     ideal = {k: (None if k == "attention_kv_efficiency" else 0.0) for k in PRESET_FIELDS}
     changes = {**ideal, **preset.terms}
     if drafter is not None:
         if drafter not in DRAFTER_KINDS:
             raise UserError(f"drafter kind: {drafter!r} is not one of {', '.join(DRAFTER_KINDS)}")
-        if drafter in preset.drafting:
+        if drafter in preset.drafting_per_step:
+            changes["spec_step_overhead_s"] += preset.drafting[drafter]
+            changes["draft_stage_s"] = 0.0
+        elif drafter in preset.drafting:
             changes["draft_stage_s"] = preset.drafting[drafter]
     if preset.priced:
         changes["source"] = (

@@ -25,9 +25,11 @@ from roofline.engine_presets import (
     step_costs,
 )
 from roofline.hardware import load_hardware
+from roofline.latency import step_time_s
 from roofline.profile_fit import predict_step_s
 from roofline.published_steps import published_tables, step_points
 from roofline.shapes import draft_heads_shape, model_shape
+from roofline.step_shape import StepShape
 from treeopt.cli import main
 from treeopt.engines import ENGINES
 
@@ -180,6 +182,7 @@ def test_hw_list_and_published_show_the_presets(capsys):
     assert rows["sglang"].split()[1] == "carried" and rows["trtllm"].split()[1] == "carried"
     assert rows["ideal"].split()[1] == "no"
     assert "drafting per depth by drafter kind (vllm): eagle 749 us" in listed
+    assert "ngram 1.1 ms per step" in listed  # the trtllm preset's CPU n-gram host gap, once a step
     published = run(capsys, "hw", "published")
     assert "== engine presets: published speculative steps" in published
     assert "sglang: no published measurement; the vllm preset's terms, ranges widened." in published
@@ -355,6 +358,26 @@ def test_drafter_kind_sets_the_cost_per_drafted_depth():
         assert apply_preset(base, "vllm", priced_as_operators).draft_stage_s == 0.0
     with pytest.raises(Exception, match="drafter kind"):
         apply_preset(base, "vllm", "lookahead")
+
+
+def test_trtllm_charges_its_cpu_ngram_drafters_host_gap_once_per_speculative_step():
+    """TensorRT-LLM PR #19437's traces (gpt-oss, TP 4, B200): the CPU n-gram drafter leaves ~1.3 ms
+    between forward passes, ~0.2 ms once overlapped; the difference is a host cost of each
+    speculative step, whatever the draft length (docs/performance-model.md#engine-presets)."""
+    base = load_hardware("b200")
+    ngram = apply_preset(base, "trtllm", "ngram")
+    assert ngram.spec_step_overhead_s == pytest.approx(1.3e-3 - 0.2e-3)
+    assert ngram.draft_stage_s == 0.0
+    lo, hi = load_presets()["trtllm"].drafting_ranges["ngram"]
+    assert lo == pytest.approx((1.3e-3 - 0.2e-3) / 2) and hi == pytest.approx(2 * 1.3e-3)
+    # vLLM's numba proposer: ~0 (SpecDecode-Bench's 0.59% of the forward)
+    assert apply_preset(base, "vllm", "ngram").spec_step_overhead_s == 0.0
+    # once a step: chains of 1 and of 5 pay the same n-gram cost over a drafter the preset prices at 0
+    free = apply_preset(base, "trtllm", "medusa")
+    step = StepShape(8, np.array([2, 6]), 1024, draft_stages=np.array([1, 5]))
+    shape = model_shape("llama-3-70b")
+    extra = np.asarray(step_time_s(shape, None, ngram, step)) - np.asarray(step_time_s(shape, None, free, step))
+    assert extra == pytest.approx([1.1e-3, 1.1e-3], rel=1e-6)
 
 
 def test_roofline_predict_takes_the_preset_and_the_drafter_kind(tmp_path, capsys):

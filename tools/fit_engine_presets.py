@@ -25,12 +25,15 @@ Per engine family with a published speculative step (roofline.published_steps):
   drafted depth) fitted at the authors' fitting batches 1, 8, 16, 32, 64 on the built-in h100-sxm;
   batches 2, 4 and 128 held out. Uncertainty: refits leaving one batch out. Per drafter kind
   (`drafting`): EAGLE's cost per depth, carried with wider ranges to EAGLE-3 and MTP; 0 for the
-  drafters the roofline prices as operators or as a draft model, and for n-gram.
+  drafters the roofline prices as operators or as a draft model, and for n-gram (vLLM's numba
+  proposer: 0.59% of the forward in SpecDecode-Bench's model).
 
 trtllm and sglang publish no speculative steps the project could fit on: they carry the vllm preset's
 terms with each range widened 2x each way (`carried_from`). What was found is held out and judged
 in benchmarks/bench_published_steps.py: TensorRT-LLM PR #5146's one EAGLE-3 chain beside plain
-decoding; for SGLang, EAGLE-3's Table 3 and SpecForge issue #339's chains and trees.
+decoding; for SGLang, EAGLE-3's Table 3 and SpecForge issue #339's chains and trees. One term is
+TensorRT-LLM's own: its CPU n-gram drafter's host gap per speculative step (`trtllm_ngram`, from
+TensorRT-LLM PR #19437's traces), where vLLM's numba proposer costs about nothing.
 
 numpy, pandas and scipy only, like roofline/.
 """
@@ -410,6 +413,29 @@ UNMEASURED = {
 }
 
 
+#: TensorRT-LLM's n-gram drafter (the PyTorch backend's CPU proposer, the path of 1.2.0rc1) is a host
+#: cost per speculative step, not per drafted depth: NVIDIA/TensorRT-LLM PR #19437 (mikeiovine,
+#: 2026-09-18), traces of gpt-oss on four B200s: "~1.3 ms between forward passes" with the CPU n-gram,
+#: which "does not support overlap scheduler", against "~0.2 ms" once ported to the one-model path with
+#: overlap scheduling (docs/performance-model.md#engine-presets)
+TRTLLM_NGRAM_GAP_S = (1.3e-3, 0.2e-3)
+
+
+def trtllm_ngram() -> dict:
+    """The trtllm preset's n-gram cost per speculative step: the CPU path's exposed gap over the
+    overlapped one; range half of that to twice the whole gap (one model's trace read by eye, and
+    "magnitude ... depends on model")."""
+    cpu, overlapped = TRTLLM_NGRAM_GAP_S
+    return {
+        "value": rounded(cpu - overlapped),
+        "unit": "s per step",
+        "range": [rounded((cpu - overlapped) / 2), rounded(2 * cpu)],
+        "how": "TensorRT-LLM PR #19437 (gpt-oss TP 4 on B200 traces): the CPU n-gram drafter leaves ~1.3 ms "
+        "between forward passes (no overlap scheduler), ~0.2 ms once overlapped; the difference charged once per "
+        "speculative step; range 0.5x the difference to 2x the whole gap (another model's trace, read by eye)",
+    }
+
+
 def derive() -> dict:
     tables = published_tables()
     families = {
@@ -426,6 +452,7 @@ def derive() -> dict:
     vllm = vllm_preset(tables)
     for family in ("trtllm", "vllm", "sglang"):
         families[family] = vllm if family == "vllm" else carried_preset(family, *UNMEASURED[family], source=vllm)
+    families["trtllm"]["drafting"]["ngram"] = trtllm_ngram()
     return {
         "format": FORMAT,
         "generated_by": "tools/fit_engine_presets.py (docs/performance-model.md#engine-presets)",

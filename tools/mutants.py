@@ -620,6 +620,22 @@ MUTANTS = (
         ("tests/test_engine_presets.py",),
     ),
     Mutant(
+        "preset-per-step-drafter-not-charged",
+        "roofline/engine_presets.py",
+        'changes["spec_step_overhead_s"] += preset.drafting[drafter]',
+        "pass",
+        "TensorRT-LLM's CPU n-gram drafter costs nothing per step",
+        ("tests/test_engine_presets.py",),
+    ),
+    Mutant(
+        "preset-per-step-drafter-also-per-depth",
+        "roofline/engine_presets.py",
+        'changes["draft_stage_s"] = 0.0',
+        'changes["draft_stage_s"] = preset.drafting[drafter]',
+        "a per-step drafting cost is charged again for every drafted depth",
+        ("tests/test_engine_presets.py",),
+    ),
+    Mutant(
         "sdb-batched-tokens-per-sequence",
         "roofline/published_steps.py",
         'c["forward_batched_token_s"] * batch * (k + 1)',

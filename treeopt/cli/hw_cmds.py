@@ -106,7 +106,9 @@ def _echo_presets() -> None:
     click.echo(text_table(headers, rows, title="Engine presets (value, range)"), nl=False)
     for p in load_presets().values():
         if p.drafting:
-            kinds = ", ".join(f"{k} {_ms(v)}" for k, v in p.drafting.items())
+            kinds = ", ".join(
+                f"{k} {_ms(v)}{' per step' if k in p.drafting_per_step else ''}" for k, v in p.drafting.items()
+            )
             click.echo(f"drafting per depth by drafter kind ({p.family}): {kinds}")
     click.echo(
         "A preset sets these terms on a built-in profile (attention's KV bandwidth stays ideal: no published step "
