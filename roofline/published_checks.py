@@ -7,15 +7,16 @@ Two pure pieces, both recomputed by benchmarks/bench_published_steps.py:
 
 - `call_resolution`: from the held-out errors of the predicted step of one configuration over
   another's at one batch (the comparison a chain-or-tree or on/off call makes), the resolution
-  stored in roofline/data/call_resolution.json, which `treeopt roofline speedup` reads to flag
-  close calls (`load_call_resolution`).
+  stored in roofline/data/call_resolution.json, which `treeopt roofline speedup`, `treeopt
+  select` on a grid and `treeopt report` read to flag close calls (`load_call_resolution`,
+  `close_call_section`: `treeopt.close_calls` over a predicted grid).
 - `speedup_ratio_premise`: two drafts in one engine, same chain, same base model, printed
   speedups per batch: with both taus constant over batch and the costlier draft's extra cost
   not growing with batch, the ratio of their speedups cannot fall as batch grows; where it falls
   beyond the printing's rounding, the table contradicts the constant-tau premise of
   predicting speedup(b) from speedup(2).
 
-numpy only, like the rest of `roofline`.
+numpy only, like the rest of `roofline`, and treeopt's core.
 """
 
 from __future__ import annotations
@@ -26,11 +27,15 @@ from pathlib import Path
 
 import numpy as np
 
+from treeopt.chain_or_tree import chain_prefix_length
+from treeopt.close_calls import MEASURE_BOTH, close_calls
+
 __all__ = [
     "RESOLUTION_FILE",
     "CallResolution",
     "SpeedupRatioPremise",
     "call_resolution",
+    "close_call_section",
     "load_call_resolution",
     "speedup_ratio_premise",
 ]
@@ -65,6 +70,21 @@ def load_call_resolution(path: Path = RESOLUTION_FILE) -> CallResolution:
     """The stored resolution (roofline/data/call_resolution.json)."""
     raw = json.loads(Path(path).read_text(encoding="utf-8"))
     return CallResolution(float(raw["fraction"]), raw["rule"], raw["rows"], raw["source"])
+
+
+def close_call_section(grid, proposal) -> dict:
+    """A selection's "close_calls" section (docs/performance-model.md#close-calls): per cell of a
+    predicted `grid`, the on/off and chain-or-tree calls against the stored resolution, with its
+    rule and how to settle a close call; `proposal`: the grid's nested proposal (its chains are
+    its first sizes up to the first branching node)."""
+    resolution = load_call_resolution()
+    return {
+        "resolution": resolution.fraction,
+        "resolution_rule": resolution.rule,
+        "resolution_rows": resolution.rows,
+        "measure": MEASURE_BOTH,
+        "cells": close_calls(grid, chain_prefix_length(proposal), resolution.fraction),
+    }
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from roofline.plots import (
     speedup_curves,
 )
 from roofline.published import knee_summary
+from roofline.published_checks import close_call_section
 from roofline.shapes import DraftHeadsShape, ModelShape
 from treeopt.accuracy import AccuracyTable
 from treeopt.drafter_cost import DraftCost
@@ -306,6 +307,8 @@ def compute_report(request: ReportRequest) -> ReportResults:
             "verification": r.verification,
         },
     )
+    # the model alone picks here: say where it cannot (docs/performance-model.md#close-calls)
+    selection = replace(selection, close_calls=close_call_section(grid, r.proposal))
     return replace(results, tau=tau, grid=grid, best=best_per_cell(grid), selection=selection)
 
 

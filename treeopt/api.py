@@ -28,6 +28,7 @@ from roofline.profile_fit import fit_profile as _fit_profile
 from roofline.shapes import ModelShape
 from treeopt.accuracy import AccuracyTable
 from treeopt.accuracy import load_accuracy as load_accuracy
+from treeopt.app.grid_outputs import close_call_section
 from treeopt.app.models import heads_of, shape_of
 from treeopt.app.pooled import add_sweep_pooled_evidence, sweep_model
 from treeopt.app.prediction import Prediction, PredictionOptions, predict_speedup
@@ -329,6 +330,8 @@ def select(
             threshold=threshold,
             provenance=provenance,
         )
+        # the model alone picks here: say where it cannot (docs/performance-model.md#close-calls)
+        chosen = replace(chosen, close_calls=close_call_section(source))
         grid = source.grid
     else:
         raise UserError(f"select: expected a Prediction or a Sweep, got {type(source).__name__}")

@@ -435,7 +435,8 @@ class Selection:
     even plain decoding fits (`out_of_memory`), the decision `rule`, and where the selection has
     them the `pooled` fit, the drafter's other `forms`, the traffic `mix` and the engine's per-batch
     `schedule` (`treeopt.schedules.selection_schedule`'s section), and per cell whether a tree pays
-    over the best chain (`chain_or_tree`, `treeopt.chain_or_tree`). `extra` keeps the
+    over the best chain (`chain_or_tree`, `treeopt.chain_or_tree`), and for a predicted grid which
+    calls the model cannot separate (`close_calls`, `treeopt.close_calls`). `extra` keeps the
     keys of a document this treeopt does not know, written back unchanged."""
 
     provenance: Provenance
@@ -447,6 +448,7 @@ class Selection:
     mix: MixSection | None = None
     schedule: dict | None = None
     chain_or_tree: dict | None = None
+    close_calls: dict | None = None
     extra: dict = field(default_factory=dict)
 
     def cell(self, batch: int, context: int) -> SelectionCell:
@@ -519,6 +521,7 @@ def selection_to_json(sel: Selection) -> dict:
         ("mix", None if sel.mix is None else sel.mix.to_json()),
         ("schedule", sel.schedule),
         ("chain_or_tree", sel.chain_or_tree),
+        ("close_calls", sel.close_calls),
     )
     doc.update((k, v) for k, v in optional if v is not None)
     doc.update(sel.extra)
@@ -551,6 +554,7 @@ _KNOWN = {
     "mix",
     "schedule",
     "chain_or_tree",
+    "close_calls",
 }
 
 
@@ -602,6 +606,7 @@ def selection_from_json(doc, where: str = "selection") -> Selection:
         MixSection.from_json(doc["mix"], where) if "mix" in doc else None,
         _schedule_in(g("schedule"), where),
         _section_in(g("chain_or_tree"), "chain_or_tree", where),
+        _section_in(g("close_calls"), "close_calls", where),
         {k: v for k, v in doc.items() if k not in _KNOWN},
     )
 

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from roofline.published_checks import close_call_section as _close_call_section
 from treeopt.app.prediction import Prediction
 from treeopt.mix import ANY_CONTEXT, TrafficMix, choose_mix_tree, mix_section
 from treeopt.selection import selection_from_grid
 from treeopt.selection_types import MixSection, Selection
 
-__all__ = ["grid_selection", "mix_choice", "with_mix_cells"]
+__all__ = ["close_call_section", "grid_selection", "mix_choice", "with_mix_cells"]
 
 
 def with_mix_cells(batches, contexts, mix: TrafficMix | None):
@@ -46,3 +47,9 @@ def grid_selection(prediction: Prediction, mix: MixSection | None) -> Selection:
         provenance=provenance,
     )
     return replace(chosen, mix=mix)
+
+
+def close_call_section(prediction: Prediction) -> dict:
+    """The selection's "close_calls" section for a predicted grid
+    (`roofline.published_checks.close_call_section`, docs/performance-model.md#close-calls)."""
+    return _close_call_section(prediction.grid, prediction.proposal)

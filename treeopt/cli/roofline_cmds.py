@@ -4,6 +4,8 @@ the `treeopt hw` commands are in `treeopt/cli/hw_cmds.py`, the options they shar
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import click
 import pandas as pd
 
@@ -16,7 +18,7 @@ from roofline.published import (
 )
 from roofline.report import ReportRequest, build_report
 from treeopt import api
-from treeopt.app.grid_outputs import grid_selection, mix_choice, with_mix_cells
+from treeopt.app.grid_outputs import close_call_section, grid_selection, mix_choice, with_mix_cells
 from treeopt.app.models import draft_cost_of, heads_of, serving_dtype, shape_of
 from treeopt.app.prediction import (
     PredictionOptions,
@@ -42,6 +44,7 @@ from treeopt.cli.roofline_options import (
 )
 from treeopt.cli.safety import check_outputs, input_files, require_file
 from treeopt.cli.tree_cmds import echo_notes
+from treeopt.close_calls import format_close_calls
 from treeopt.drafter_cost import MAX_HEAD_LAYERS, MAX_HEADS
 from treeopt.engines import ENGINE_NAMES, get_engine
 from treeopt.errors import UserError
@@ -284,7 +287,8 @@ def roofline_speedup(
         ),
     )
     mix_doc = mix_choice(prediction, mix)
-    chosen = grid_selection(prediction, mix_doc) if select else None
+    closes = close_call_section(prediction)
+    chosen = replace(grid_selection(prediction, mix_doc), close_calls=closes) if select else None
     if chosen is not None and prediction.engine is not None:  # as treeopt.select(prediction) gives it
         chosen = api.with_engine(chosen, prediction.engine, table, grid=prediction.grid, proposal=prediction.proposal)
     with atomic_outputs() as files:  # the grid and the selection from it: both or neither
@@ -293,6 +297,8 @@ def roofline_speedup(
         if chosen is not None:
             files.path(select).write_text(dumps(selection_to_json(chosen), indent=1) + "\n", encoding="utf-8")
     _echo_speedup(prediction, label, mix_doc)
+    if text := format_close_calls(closes):
+        click.echo(text)
     if chosen is not None and chosen.schedule is not None:
         click.echo(_engine_cells(chosen))
         click.echo(format_schedule(chosen.schedule))

@@ -1,0 +1,105 @@
+"""Close calls of a predicted grid (docs/performance-model.md#close-calls): per (batch, context),
+the two calls a prediction makes from the model alone, speculation or plain decoding, and a
+chain or a tree, each between the best configuration of either kind, and whether the model can
+make it at all.
+
+The step-cost model's resolution is data: the 90th percentile of its held-out errors on the
+ratio of two configurations' steps at one batch (roofline/data/call_resolution.json, recomputed
+by benchmarks/bench_published_steps.py). The caller passes it in. Where the two best
+configurations are predicted closer per token than that, the call is a close call: the model
+cannot separate them, and they have to be measured.
+
+Cost per token is T(n) / tau(n), so the ratio of two configurations' costs per token is the
+inverse ratio of their speedups (plain decoding: speedup 1). A chain is a prefix of the nested
+proposal up to its first branching node (`treeopt.chain_or_tree.chain_prefix_length`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+__all__ = ["MEASURE_BOTH", "close_calls", "format_close_calls"]
+
+#: how to settle a close call: measure both configurations
+MEASURE_BOTH = (
+    "measure both: `treeopt sweep` with the model on this machine, or each configuration in the engine "
+    "with its runs given to `treeopt hw fit --measurements`"
+)
+
+
+def _pair(one: tuple[str, int, float], other: tuple[str, int, float], resolution: float) -> dict:
+    """The call between the best of two kinds, each (kind, nodes, speedup): the pick (the higher
+    speedup, the lower cost per token), how far apart they are per token (the dearer's cost over
+    the cheaper's, minus 1) and whether that is within the resolution."""
+    pick, rest = (one, other) if one[2] >= other[2] else (other, one)
+    gap = pick[2] / rest[2] - 1.0
+    return {
+        "pick": pick[0],
+        "other": rest[0],
+        "nodes": {pick[0]: pick[1], rest[0]: rest[1]},
+        "speedup": {pick[0]: round(pick[2], 4), rest[0]: round(rest[2], 4)},
+        "gap": round(gap, 4),
+        "close": bool(gap < resolution),
+    }
+
+
+def close_calls(grid: pd.DataFrame, chain_nodes: int, resolution: float) -> list[dict]:
+    """Per (batch, context) of a predicted `grid` (batch, context, nodes, speedup; NaN speedup
+    where a size does not fit or is not drafted) where any speculative size is priced: `on_off`,
+    the best speculative size against plain decoding, and where the grid holds both a chain (1
+    to `chain_nodes` nodes) and a tree (more), `chain_or_tree`, the best chain against the best
+    tree; each with its pick, the per-token gap and `close` (gap below `resolution`, a fraction)."""
+    cells = []
+    for (batch, context), rows in grid.groupby(["batch", "context"], sort=True):
+        nodes = rows["nodes"].to_numpy(dtype=int)
+        speed = rows["speedup"].to_numpy(dtype=float)
+        priced = np.isfinite(speed)
+        plain = priced & (nodes == 0)
+        spec = priced & (nodes > 0)
+        if not plain.any() or not spec.any():
+            continue
+        cell = {"batch": int(batch), "context": int(context)}
+        cell["on_off"] = _pair(
+            ("speculation", *_best(nodes, speed, spec)), ("plain", 0, float(speed[plain][0])), resolution
+        )
+        chain, tree = spec & (nodes <= chain_nodes), spec & (nodes > chain_nodes)
+        if chain.any() and tree.any():
+            cell["chain_or_tree"] = _pair(
+                ("chain", *_best(nodes, speed, chain)), ("tree", *_best(nodes, speed, tree)), resolution
+            )
+        cells.append(cell)
+    return cells
+
+
+def _best(nodes: np.ndarray, speed: np.ndarray, where: np.ndarray) -> tuple[int, float]:
+    i = int(np.flatnonzero(where)[np.argmax(speed[where])])
+    return int(nodes[i]), float(speed[i])
+
+
+def _side(call: dict, kind: str) -> str:
+    name = {"speculation": "speculation", "plain": "plain decoding", "chain": "a chain", "tree": "a tree"}
+    count = call["nodes"][kind]
+    nodes = f" ({count} node{'s' if count != 1 else ''})" if kind != "plain" else ""  # the best of its kind
+    return f"{name[kind]}{nodes} {call['speedup'][kind]:.2f}x"
+
+
+def format_close_calls(section: dict) -> str:
+    """One line per (batch, context) with a close call (the chain-or-tree one only where the
+    pick is to speculate or that call is close too); empty when there is none."""
+    res = section["resolution"]
+    lines = []
+    for cell in section["cells"]:
+        parts = []
+        on_off, chain_tree = cell["on_off"], cell.get("chain_or_tree")
+        if on_off["close"]:
+            parts.append(f"{_side(on_off, on_off['pick'])} against {_side(on_off, on_off['other'])}")
+        if chain_tree is not None and chain_tree["close"] and (on_off["pick"] == "speculation" or on_off["close"]):
+            parts.append(f"{_side(chain_tree, chain_tree['pick'])} against {_side(chain_tree, chain_tree['other'])}")
+        if parts:
+            lines.append(
+                f"close call at batch {cell['batch']}, context {cell['context']}: "
+                + "; ".join(parts)
+                + f", within ±{res * 100:.1f}% per token: the model cannot separate them; {MEASURE_BOTH}"
+            )
+    return "\n".join(lines)
