@@ -67,12 +67,13 @@ def test_only_chains_or_no_speculative_size_give_no_chain_or_tree_call():
 def test_one_line_per_cell_with_a_close_call_and_none_where_plain_wins_clearly():
     section = {"resolution": 0.10, "cells": close_calls(_grid(), chain_nodes=2, resolution=0.10)}
     lines = format_close_calls(section).splitlines()
-    # batch 1: nothing close; batch 8: both; batch 64: plain wins by 42.9%, so its close
+    # batch 1: nothing close; batch 8: both calls; batch 64: plain wins by 42.9%, so its close
     # chain-or-tree call does not matter and is not printed
-    assert len(lines) == 1 and lines[0].startswith("close call at batch 8, context 512:")
-    assert "speculation (4 nodes) 1.02x against plain decoding 1.00x" in lines[0]
-    assert "a tree (4 nodes) 1.02x against a chain (2 nodes) 0.97x" in lines[0]
-    assert "within ±10.0% per token" in lines[0] and "treeopt sweep" in lines[0]
+    assert lines[0].startswith("close calls, within ±10.0% per token") and "treeopt sweep" in lines[0]
+    assert lines[1:] == [
+        "  batch    8, on or off: context 512 speculation 4 nodes 1.02x ~ plain 1.00x",
+        "  batch    8, chain or tree: context 512 tree 4 nodes 1.02x ~ chain 2 nodes 0.97x",
+    ]
     assert format_close_calls({"resolution": 0.01, "cells": close_calls(_grid(), chain_nodes=2, resolution=0.01)}) == ""
 
 
@@ -94,7 +95,7 @@ def test_roofline_speedup_reports_close_calls_with_the_stored_resolution(tmp_pat
         speeds = sorted(on_off["speedup"].values())
         assert on_off["close"] == (speeds[1] / speeds[0] - 1 < stored["fraction"])
         if on_off["close"]:
-            assert f"close call at batch {cell['batch']}, context {cell['context']}" in out
+            assert f"  batch {cell['batch']:4d}, on or off: context {cell['context']} speculation" in out
 
 
 def test_the_selection_of_a_prediction_carries_its_close_calls_by_brute_force():

@@ -78,28 +78,29 @@ def _best(nodes: np.ndarray, speed: np.ndarray, where: np.ndarray) -> tuple[int,
 
 
 def _side(call: dict, kind: str) -> str:
-    name = {"speculation": "speculation", "plain": "plain decoding", "chain": "a chain", "tree": "a tree"}
     count = call["nodes"][kind]
-    nodes = f" ({count} node{'s' if count != 1 else ''})" if kind != "plain" else ""  # the best of its kind
-    return f"{name[kind]}{nodes} {call['speedup'][kind]:.2f}x"
+    nodes = f" {count} node{'s' if count != 1 else ''}" if kind != "plain" else ""
+    return f"{kind}{nodes} {call['speedup'][kind]:.2f}x"
 
 
 def format_close_calls(section: dict) -> str:
-    """One line per (batch, context) with a close call (the chain-or-tree one only where the
-    pick is to speculate or that call is close too); empty when there is none."""
-    res = section["resolution"]
-    lines = []
+    """The close calls for people: a header with the resolution and how to settle them, then one
+    line per batch and call (on/off; chain or tree) listing its close contexts; the chain-or-tree
+    call only where the pick is to speculate or the on/off call is close too (where plain
+    decoding wins clearly, the draft's shape does not matter). Empty when there is none."""
+    lines: dict[tuple[int, str], list[str]] = {}
     for cell in section["cells"]:
-        parts = []
         on_off, chain_tree = cell["on_off"], cell.get("chain_or_tree")
-        if on_off["close"]:
-            parts.append(f"{_side(on_off, on_off['pick'])} against {_side(on_off, on_off['other'])}")
+        shown = [("on or off", on_off)] if on_off["close"] else []
         if chain_tree is not None and chain_tree["close"] and (on_off["pick"] == "speculation" or on_off["close"]):
-            parts.append(f"{_side(chain_tree, chain_tree['pick'])} against {_side(chain_tree, chain_tree['other'])}")
-        if parts:
-            lines.append(
-                f"close call at batch {cell['batch']}, context {cell['context']}: "
-                + "; ".join(parts)
-                + f", within ±{res * 100:.1f}% per token: the model cannot separate them; {MEASURE_BOTH}"
-            )
-    return "\n".join(lines)
+            shown.append(("chain or tree", chain_tree))
+        for what, call in shown:
+            text = f"context {cell['context']} {_side(call, call['pick'])} ~ {_side(call, call['other'])}"
+            lines.setdefault((cell["batch"], what), []).append(text)
+    if not lines:
+        return ""
+    head = (
+        f"close calls, within ±{section['resolution'] * 100:.1f}% per token (the model cannot separate them; "
+        f"docs/performance-model.md#close-calls); {MEASURE_BOTH}:"
+    )
+    return "\n".join([head] + [f"  batch {b:4d}, {what}: " + "; ".join(t) for (b, what), t in lines.items()])
