@@ -342,6 +342,8 @@ def test_config_calls_by_hand():
     assert tree["measured_gap"] == pytest.approx(7.5 / 7.2 - 1)
     assert tree["measured_within"]  # 4.17% < 10%: what the close call claims holds
     assert not _bench().config_calls(group, 0.04)["pairs"]["chain_or_tree"]["measured_within"]
+    # at 5% the prediction (8.57% apart) is a call, and the measured gap (4.17%) is within it
+    assert _bench().config_calls(group, 0.05)["pairs"]["chain_or_tree"]["measured_within"]
     plain = pairs["on_off"]
     assert plain["predicted_gap"] == pytest.approx(1 / 0.70 - 1) and not plain["close"]
     assert plain["error"] == pytest.approx(1.4 / 1.5 - 1)

@@ -2825,6 +2825,14 @@ MUTANTS = (
         ("tests/test_close_calls.py",),
     ),
     Mutant(
+        "close-calls-measured-within-from-prediction",
+        "benchmarks/bench_published_steps.py",
+        '"measured_within": bool(max(best_one, best_other) / min(best_one, best_other) - 1 < resolution),',
+        '"measured_within": bool(gap < resolution),',
+        "a close call is checked against its own predicted gap, not the measured one",
+        ("tests/test_engine_published_checks.py",),
+    ),
+    Mutant(
         "close-calls-longest-chain-as-a-tree",
         "treeopt/close_calls.py",
         "chain, tree = spec & (nodes <= chain_nodes), spec & (nodes > chain_nodes)",
