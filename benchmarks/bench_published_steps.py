@@ -49,7 +49,8 @@ A benchmark, not a test: no GPU and no download; it reads roofline/data/publishe
     decoding (trtllm), and SPEED-Bench's TensorRT-LLM chains of Llama-3.3-70B on one B200 (EAGLE-3
     at batch 16 and ISLs 1k-8k, EAGLE-3 and n-gram at batch 32) and DeepSeek-R1's MTP chains on
     eight B200s (trtllm), and AngelSlim issue #163's SGLang EAGLE-3 trees of Qwen3-30B-A3B on four
-    H100s beside plain decoding at batches 1-64 (sglang). Per batch: the step ratios'
+    H100s beside plain decoding at batches 1-64 and SGLang PR #5318's chain and tree of Llama-3.1-8B
+    beside plain decoding at batch 1 (sglang). Per batch: the step ratios'
     errors, and three calls against the measurement: on/off (is plain decoding the cheapest per
     token), chain-or-tree (is the cheapest speculative configuration a chain or a tree), and the
     configuration picked by the predicted ms per token priced at its measured cost ("measured ms
