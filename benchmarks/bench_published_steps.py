@@ -44,7 +44,9 @@ A benchmark, not a test: no GPU and no download; it reads roofline/data/publishe
     each with its engine's preset: vLLM PR #22752's chain against a tree on one backend (vllm;
     no plain run: the tree's step over the chain's), SpecForge issue #339's SGLang chains and trees
     of Qwen3-30B-A3B on two H100s beside plain decoding (sglang), SGLang PR #4716's 64-token
-    EAGLE-3 tree of Llama-3.3-70B on eight H100s beside plain decoding (sglang), TensorRT-LLM PR
+    EAGLE-3 tree of Llama-3.3-70B on eight H100s beside plain decoding (sglang), SpecForge's
+    SpecBundle dashboard's chains and trees of equal counts of Llama-3.1-8B on one H200 and
+    Llama-3.3-70B on four beside plain decoding (sglang), TensorRT-LLM PR
     #5146's EAGLE-3 chains of Llama-3.3-70B and of FP8 Llama 4 Maverick on eight H200s beside plain
     decoding (trtllm), and SPEED-Bench's TensorRT-LLM chains of Llama-3.3-70B on one B200 (EAGLE-3
     at batch 16 and ISLs 1k-8k, EAGLE-3 and n-gram at batch 32) and DeepSeek-R1's MTP chains on

@@ -8,9 +8,8 @@ Hydra's Appendix D and Section 6.2 (Ankner et al. 2024, arXiv 2402.05109), and S
 cost model of vLLM's steps (Liu et al. 2026, arXiv 2601.11580), and vLLM issue #20780's EAGLE and
 EAGLE-3 chains at batch 1 (acceptance length and time per output token), and engines' drafting
 configurations side by side at one batch (chains against trees, and plain decoding where
-measured: vLLM PRs #22752 and #16035, SpecForge issue #339, PRs #4716 and #5318 and AngelSlim
-issue #163 on SGLang,
-TensorRT-LLM PR #5146).
+measured: vLLM PRs #22752 and #16035, SpecForge issue #339, PRs #4716 and #5318, AngelSlim
+issue #163 and SpecForge's SpecBundle dashboard on SGLang, TensorRT-LLM PR #5146).
 `published_tables()` turns every table that gives step times, or ratios of step times, into rows
 of the step table of docs/performance-model.md#fitting-a-profile-to-measured-steps (batch, context, tokens,
 candidates, draft_stages, step_ms), with the measured T(n)/T(0) of each row beside it. Hydra's

@@ -185,7 +185,8 @@ def test_hw_list_and_published_show_the_presets(capsys):
     assert "ngram 1.1 ms per step" in listed  # the trtllm preset's CPU n-gram host gap, once a step
     published = run(capsys, "hw", "published")
     assert "== engine presets: published speculative steps" in published
-    assert "sglang: no published measurement; the vllm preset's terms, ranges widened." in published
+    assert "sglang: no fit of its own; the vllm preset's terms, ranges widened." in published
+    assert "  SGLang's topk > 1 path: the SpecBundle dashboard's trees cost 0.81-0.97 ms a step more" in published
 
 
 def test_run_index_names_the_calibrated_profile():

@@ -31,7 +31,10 @@ Per engine family with a published speculative step (roofline.published_steps):
 trtllm and sglang publish no speculative steps the project could fit on: they carry the vllm preset's
 terms with each range widened 2x each way (`carried_from`). What was found is held out and judged
 in benchmarks/bench_published_steps.py: TensorRT-LLM PR #5146's one EAGLE-3 chain beside plain
-decoding; for SGLang, EAGLE-3's Table 3 and SpecForge issue #339's chains and trees. One term is
+decoding; for SGLang, EAGLE-3's Table 3, SpecForge issue #339's chains and trees, SGLang PR #4716's
+tree, PR #5318's chain and tree, AngelSlim issue #163's trees and SpecForge's SpecBundle
+dashboard's chains and trees of equal counts (whose topk > 1 cost no term carries:
+`SGLANG_TREE_NOT_PRICED`). One term is
 TensorRT-LLM's own: its CPU n-gram drafter's host gap per speculative step (`trtllm_ngram`, from
 TensorRT-LLM PR #19437's traces), where vLLM's numba proposer costs about nothing.
 
@@ -403,12 +406,15 @@ UNMEASURED = {
     ),
     "sglang": (
         "SGLang (EAGLE/EAGLE-3, STANDALONE draft model)",
-        "no published speculative step time to fit on was found (SGLang's EAGLE numbers, e.g. SafeAILab/EAGLE#173: "
-        "Llama-2-7B-chat on one H100, 156 tokens/s plain, 297 with EAGLE, 64 draft tokens, give tokens per "
-        "second without the accepted tokens per step): the vllm preset's terms are carried, each range "
-        "widened 2x each way; held out and judged in benchmarks/bench_published_steps.py: EAGLE-3's Table 3 "
-        "(speedups per batch) and SpecForge issue #339 (chains and trees of Qwen3-30B-A3B beside plain "
-        "decoding)",
+        "SGLang's published steps are all held out, none fitted (SGLang's EAGLE numbers before them, e.g. "
+        "SafeAILab/EAGLE#173: Llama-2-7B-chat on one H100, 156 tokens/s plain, 297 with EAGLE, 64 draft tokens, "
+        "give tokens per second without the accepted tokens per step): the vllm preset's terms are carried, each "
+        "range widened 2x each way; judged in benchmarks/bench_published_steps.py: EAGLE-3's Table 3 (speedups "
+        "per batch), SpecForge issue #339 (chains and trees of Qwen3-30B-A3B beside plain decoding), SGLang PR "
+        "#4716 (a 64-token tree of Llama-3.3-70B on eight H100s), SGLang PR #5318 (a chain and a tree of "
+        "Llama-3.1-8B), AngelSlim issue #163 (trees of Qwen3-30B-A3B "
+        "on four H100s) and SpecForge's SpecBundle dashboard (chains "
+        "and trees of equal counts of Llama-3.1-8B on one H200 and Llama-3.3-70B on four)",
     ),
 }
 
@@ -436,6 +442,15 @@ def trtllm_ngram() -> dict:
     }
 
 
+#: what SGLang's published trees show and no term carries (docs/performance-model.md#engine-presets)
+SGLANG_TREE_NOT_PRICED = (
+    "SGLang's topk > 1 path: the SpecBundle dashboard's trees cost 0.81-0.97 ms a step more than its chains of "
+    "equal verified tokens and draft forwards on one H200 (Llama-3.1-8B, batch 1) and 2.75-3.00 ms on four "
+    "(Llama-3.3-70B, batch 8); no term carries it: a step is priced by its verified tokens and draft forwards, "
+    "which such a tree and chain share"
+)
+
+
 def derive() -> dict:
     tables = published_tables()
     families = {
@@ -453,6 +468,7 @@ def derive() -> dict:
     for family in ("trtllm", "vllm", "sglang"):
         families[family] = vllm if family == "vllm" else carried_preset(family, *UNMEASURED[family], source=vllm)
     families["trtllm"]["drafting"]["ngram"] = trtllm_ngram()
+    families["sglang"]["not_known"].append(SGLANG_TREE_NOT_PRICED)
     return {
         "format": FORMAT,
         "generated_by": "tools/fit_engine_presets.py (docs/performance-model.md#engine-presets)",

@@ -239,7 +239,9 @@ def _echo_preset_sources() -> None:
         if p.family == "ideal":
             continue
         if p.carried_from:
-            click.echo(f"{p.family}: no published measurement; the {p.carried_from} preset's terms, ranges widened.")
+            click.echo(f"{p.family}: no fit of its own; the {p.carried_from} preset's terms, ranges widened.")
+            for line in p.not_known:  # what was published and held out, and what no term carries
+                click.echo(f"  {line}")
             continue
         if not p.measured:
             click.echo(f"{p.family}: no published measurement; ideal terms. {p.not_known[0]}")
