@@ -3913,6 +3913,39 @@ MUTANTS = (
         "the all-reduce's fixed latency back at the unsourced 10 us",
         ("tests/test_moe_tensor_parallel.py",),
     ),
+    # ---- roofline/published_moe.py: the priced routed experts against vLLM's fused-MoE kernel
+    Mutant(
+        "moe-kernel-without-activation",
+        "roofline/published_moe.py",
+        'MOE_KERNEL_OPS = ("experts", "expert_act")',
+        'MOE_KERNEL_OPS = ("experts",)',
+        "the fused-MoE check prices the expert GEMMs without the activation the kernel runs between them",
+        ("tests/test_published_moe_kernels.py",),
+    ),
+    Mutant(
+        "moe-kernel-ratio-over-last",
+        "roofline/published_moe.py",
+        "return self.priced_s / self.priced_s[0]",
+        "return self.priced_s / self.priced_s[-1]",
+        "the priced T(n)/T(1) taken over the most tokens instead of one token",
+        ("tests/test_published_moe_kernels.py",),
+    ),
+    Mutant(
+        "moe-kernel-whole-model-not-one-gpu",
+        "roofline/published_moe.py",
+        "tensor_parallel_gpus=times.tensor_parallel,",
+        "tensor_parallel_gpus=1,",
+        "the fused-MoE check prices the whole model's experts, not one GPU's share at the published tensor parallelism",
+        ("tests/test_published_moe_kernels.py",),
+    ),
+    Mutant(
+        "moe-kernel-median-signed",
+        "roofline/published_moe.py",
+        "return float(np.median(np.abs(self.errors[1:])))",
+        "return float(np.median(self.errors[1:]))",
+        "the check's median error signed, so misses both ways cancel",
+        ("tests/test_published_moe_kernels.py",),
+    ),
 )
 
 
