@@ -58,6 +58,7 @@ PRESET_FIELDS = (
     "spec_step_overhead_s",
     "verified_token_s",
     "draft_stage_s",
+    "tree_verify_layer_s",
     "attention_kv_efficiency",
 )
 

@@ -23,9 +23,9 @@ prints one. Efficiencies for them:
   the smallest kernel's duration) in an engine that replays CUDA graphs; eager PyTorch costs
   more. forward_overhead_s = 0 for the built-ins (no framework overhead assumed).
 - the engine terms (docs/performance-model.md#engine-terms-of-a-speculative-step):
-  spec_step_overhead_s, verified_token_s, draft_stage_s and the attention kernel's KV
-  bandwidth by context length. The built-ins describe an ideal engine (0, 0, 0, the streaming
-  bandwidth); a profile fitted to an engine's measured step times (`treeopt hw fit`) sets them.
+  spec_step_overhead_s, verified_token_s, draft_stage_s, tree_verify_layer_s and the attention
+  kernel's KV bandwidth by context length. The built-ins describe an ideal engine (0, 0, 0, 0, the
+  streaming bandwidth); a profile fitted to an engine's measured step times (`treeopt hw fit`) sets them.
 - capacity: NVIDIA and AMD print HBM/GDDR sizes in binary units ("80 GB" = 80 GiB), so the
   built-ins hold capacity_sold_gb x 2^30 bytes (docs/performance-model.md#memory-capacity).
 
@@ -226,6 +226,10 @@ class HardwareProfile:
     verified_token_s: cost per verified token (b q of them) beyond the forward pass: logits,
         sampling, bookkeeping.
     draft_stage_s: cost per sequential draft stage (a drafter that drafts depth by depth).
+    tree_verify_layer_s: cost per target-model layer of a step whose verified tokens branch (a
+        tree, `StepShape.tree_verify`) beyond a chain of as many tokens: SGLang verifies such a
+        tree with two attention passes per layer where a chain takes one. Wall time per step:
+        under tensor parallelism every GPU runs all the layers, so it is charged once per layer.
     attention_kv_efficiency: the attention kernel's achieved fraction of bandwidth x eta_memory
         when it reads the KV cache, by keys per sequence (s + q) (None = 1: the streaming rate).
     capacity_sold_gb: the capacity as printed on the datasheet, for display; capacity_bytes
@@ -259,6 +263,7 @@ class HardwareProfile:
     spec_step_overhead_s: float = 0.0
     verified_token_s: float = 0.0
     draft_stage_s: float = 0.0
+    tree_verify_layer_s: float = 0.0
     attention_kv_efficiency: EfficiencyCurve | None = None
     interconnect_bytes_per_s: float = 32e9
     # one small all-reduce inside a captured step with the engines' own kernels: 3-8 us on 2-8
@@ -297,6 +302,7 @@ class HardwareProfile:
             "spec_step_overhead_s",
             "verified_token_s",
             "draft_stage_s",
+            "tree_verify_layer_s",
             "collective_latency_s",
         ):
             value = getattr(self, key)

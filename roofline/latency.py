@@ -7,7 +7,9 @@
                 + context_overhead_s or, for q = 1, plain_context_overhead_s x b s)
                 (zero for the datasheet GPUs)
     speculation = spec_step_overhead_s (when q > 1) + verified_token_s x b q
-                + draft_stage_s x draft stages      (the engine terms; zero for the datasheet GPUs)
+                + draft_stage_s x draft stages
+                + tree_verify_layer_s x layers (when q > 1 and the tokens branch: a tree)
+                                                    (the engine terms; zero for the datasheet GPUs)
 
 Compute rate: GEMMs peak[dtype] x eta_compute x gemm_efficiency(rows = b*q); attention
 matmuls the same with attention_efficiency(q x heads/kv_heads); vector work (norms, rotary,
@@ -247,7 +249,7 @@ def step_terms(
     return StepTerms(
         tuple(op_timings(shape, heads, hw, step)),
         framework_overhead_s(shape, hw, step),
-        speculation_overhead_s(hw, step, draft_stages=stages_of(heads, step.draft_stages)),
+        speculation_overhead_s(hw, step, draft_stages=stages_of(heads, step.draft_stages), layers=shape.layers),
     )
 
 
@@ -305,10 +307,13 @@ def framework_overhead_s(shape: ModelShape, hw: HardwareProfile, step: StepShape
     return hw.forward_overhead_s + shape.layers * per_layer
 
 
-def speculation_overhead_s(hw: HardwareProfile, step: StepShape | None = None, *, draft_stages=None, **where):
+def speculation_overhead_s(hw: HardwareProfile, step: StepShape | None = None, *, draft_stages=None, layers=0, **where):
     """The engine's costs of a step beyond its forward pass (seconds, broadcasting): a fixed
     cost per speculative step (q > 1), a cost per verified token (b q, plain decoding's one
-    included) and a cost per sequential draft stage (docs/performance-model.md#engine-terms-of-a-speculative-step).
+    included), a cost per sequential draft stage and, for a step whose verified tokens branch
+    (`StepShape.tree_verify`, q > 1), a cost per target layer: `layers` (the model's; under
+    tensor parallelism every GPU runs them all, so the wall time pays each once)
+    (docs/performance-model.md#engine-terms-of-a-speculative-step).
     draft_stages: the stages to charge (default: the step's own, else none)."""
     step = step_of(step, where)
     b = np.asarray(step.batch_sequences, dtype=float)
@@ -316,7 +321,9 @@ def speculation_overhead_s(hw: HardwareProfile, step: StepShape | None = None, *
     if draft_stages is None:
         draft_stages = 0 if step.draft_stages is None else step.draft_stages
     stages = np.asarray(draft_stages, dtype=float)
-    return np.where(q > 1, hw.spec_step_overhead_s, 0.0) + hw.verified_token_s * b * q + hw.draft_stage_s * stages
+    tree = (q > 1) & np.asarray(step.tree_verify, dtype=bool)
+    per_step = np.where(q > 1, hw.spec_step_overhead_s, 0.0) + np.where(tree, hw.tree_verify_layer_s * layers, 0.0)
+    return per_step + hw.verified_token_s * b * q + hw.draft_stage_s * stages
 
 
 def stages_of(heads, draft_stages=None):

@@ -8,7 +8,9 @@ roofs and moves a few bounded terms, each with a physical meaning (`FIT_TERMS`):
 
 - eta_memory: the attained fraction of bandwidth for weights (sets plain decoding);
 - forward_overhead_s: the fixed cost of every step (launches, host work);
-- spec_step_overhead_s, verified_token_s, draft_stage_s: the engine terms of a speculative step;
+- spec_step_overhead_s, verified_token_s, draft_stage_s: the engine terms of a speculative step
+  (tree_verify_layer_s, the cost per layer of verifying a branching tree, stays the base's: a
+  step file does not say whether its tokens branch, so its steps are priced as chains);
 - gemm_efficiency_scale: the skinny-GEMM row efficiency, scaled as a whole;
 - attention_kv_efficiency: the attention kernel's achieved KV bandwidth, one value or, with
   three or more contexts, a line in log2(keys) between the shortest and longest.

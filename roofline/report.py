@@ -82,7 +82,8 @@ def _hardware_section(hw: HardwareProfile, dtype: str) -> list[str]:
         f"row and {hw.context_overhead_s * 1e9:.3g} ns per cached token ({hw.plain_context_overhead_s * 1e9:.3g} ns in "
         "plain decoding) |",
         f"  | engine terms of a speculative step | {_fmt_s(hw.spec_step_overhead_s)} per step + "
-        f"{_fmt_s(hw.verified_token_s)} per verified token + {_fmt_s(hw.draft_stage_s)} per sequential draft stage |",
+        f"{_fmt_s(hw.verified_token_s)} per verified token + {_fmt_s(hw.draft_stage_s)} per sequential draft stage + "
+        f"{_fmt_s(hw.tree_verify_layer_s)} per target layer of a branching tree |",
         f"  | attention's KV bandwidth (× bandwidth · η_m) | {_kv_curve_text(hw)} |",
         f"  | elementwise throughput | {hw.elementwise_rate / GB:.4g} GB/s |",
         f"  | KV-cache update | {hw.kv_cache_update} |",

@@ -6,8 +6,10 @@ verification q = n + 1. `candidates_per_sequence` (None: tree verification) spli
 sequence's q tokens into c candidate sequences that each re-read the context
 (docs/performance-model.md#verification-modes); `draft_stages` counts the sequential draft
 stages the step runs (None: those its drafter runs); `tensor_parallel_gpus` the GPUs the model is
-split over (docs/performance-model.md#tensor-parallelism). Every count may be a numpy array: they
-broadcast, so a whole grid of configurations is one step shape.
+split over (docs/performance-model.md#tensor-parallelism); `tree_verify` whether the q verified
+tokens branch (a tree, not a chain of q - 1 drafted tokens), which an engine may verify by a
+costlier path (docs/performance-model.md#engine-terms-of-a-speculative-step). Every count may be
+a numpy array: they broadcast, so a whole grid of configurations is one step shape.
 
 One frozen value travels through `roofline.latency`, `roofline.ops` and `roofline.grid`
 instead of loose arguments, so what a step is grows in one place.
@@ -30,6 +32,7 @@ LOOSE_STEP_KEYWORDS = {
     "candidates": "candidates_per_sequence",
     "draft_stages": "draft_stages",
     "tensor_parallel": "tensor_parallel_gpus",
+    "tree_verify": "tree_verify",
 }
 
 
@@ -37,7 +40,8 @@ LOOSE_STEP_KEYWORDS = {
 class StepShape:
     """One decoding step (or a broadcasting grid of them): counts per step, arrays allowed.
 
-    attention: "fused" (flash attention, scores on chip) or "unfused" (scores written out)."""
+    attention: "fused" (flash attention, scores on chip) or "unfused" (scores written out).
+    tree_verify: bool (or a bool array): the verified tokens branch; False: a chain (or plain)."""
 
     batch_sequences: object = 1
     tokens_per_sequence: object = 1
@@ -46,6 +50,7 @@ class StepShape:
     candidates_per_sequence: object = None
     draft_stages: object = None
     tensor_parallel_gpus: int = 1
+    tree_verify: object = False
 
     def __post_init__(self):
         n = self.tensor_parallel_gpus
@@ -54,16 +59,16 @@ class StepShape:
 
     @classmethod
     def of(cls, **where) -> StepShape:
-        """A step from the loose keywords batch, tokens, context, attention, candidates and
-        draft_stages (LOOSE_STEP_KEYWORDS)."""
+        """A step from the loose keywords batch, tokens, context, attention, candidates,
+        draft_stages, tensor_parallel and tree_verify (LOOSE_STEP_KEYWORDS)."""
         unknown = sorted(set(where) - set(LOOSE_STEP_KEYWORDS))
         if unknown:
             raise TypeError(f"unknown step argument(s): {', '.join(unknown)}")
         return cls(**{LOOSE_STEP_KEYWORDS[k]: v for k, v in where.items()})
 
     def plain(self) -> StepShape:
-        """The same sequences decoding one token each: no candidates, no draft stages."""
-        return replace(self, tokens_per_sequence=1, candidates_per_sequence=None, draft_stages=None)
+        """The same sequences decoding one token each: no candidates, no draft stages, no tree."""
+        return replace(self, tokens_per_sequence=1, candidates_per_sequence=None, draft_stages=None, tree_verify=False)
 
     def with_tokens(self, tokens_per_sequence, candidates_per_sequence=None) -> StepShape:
         """The same sequences verifying another number of tokens (and candidate sequences)."""

@@ -90,6 +90,25 @@ def test_cost_per_sequential_draft_stage():
     assert grid["step_time_s"].to_numpy() - plain == pytest.approx([0.0, 1.4e-3, 1.8e-3], rel=1e-9)
 
 
+def test_a_branching_tree_pays_its_cost_per_layer_and_a_chain_does_not():
+    # docs/performance-model.md#engine-terms-of-a-speculative-step: tree_verify_layer_s x layers
+    # (GQA: 2 layers) once per step whose tokens branch and q > 1; 30 us x 2 = 60 us
+    hw = MEMORY_ONLY.with_(tree_verify_layer_s=3e-5)
+    tree = step_time_s(GQA, None, hw, batch=4, tokens=6, context=5, tree_verify=True)
+    chain = step_time_s(GQA, None, hw, batch=4, tokens=6, context=5)
+    assert tree - chain == pytest.approx(2 * 3e-5, rel=1e-9)
+    # a chain and plain decoding price exactly as without the term; a lone root (q = 1) has no tree
+    for tokens in (1, 6):
+        assert step_time_s(GQA, None, hw, batch=4, tokens=tokens, context=5) == step_time_s(
+            GQA, None, MEMORY_ONLY, batch=4, tokens=tokens, context=5
+        )
+    assert float(speculation_overhead_s(hw, batch=4, tokens=1, tree_verify=True, layers=2)) == 0.0
+    # per step, not per sequence or token: batch 1 and batch 8 pay the same 60 us; broadcasting flags
+    steps = speculation_overhead_s(hw, batch=np.array([1, 8]), tokens=5, tree_verify=np.array([True, False]), layers=2)
+    assert steps == pytest.approx([6e-5, 0.0], abs=1e-15)
+    assert float(speculation_overhead_s(hw, batch=8, tokens=5, tree_verify=True, layers=80)) == pytest.approx(2.4e-3)
+
+
 def test_attention_reads_the_kv_cache_at_its_own_bandwidth():
     # b = 2, q = 3, s = 5: qk and pv each move 320 elements per layer (roofline.ops), 2 layers,
     # beta 2: 2560 bytes; at a quarter of 5e8 B/s they take 4x as long

@@ -22,9 +22,10 @@ def test_loose_keywords_name_the_fields_with_units():
 
 
 def test_plain_step_keeps_the_sequences_and_decodes_one_token():
-    plain = StepShape(8, 17, 1024, "unfused", 4, 3).plain()
+    plain = StepShape(8, 17, 1024, "unfused", 4, 3, tree_verify=True).plain()
     assert (plain.batch_sequences, plain.context_tokens, plain.attention) == (8, 1024, "unfused")
     assert (plain.tokens_per_sequence, plain.candidates_per_sequence, plain.draft_stages) == (1, None, None)
+    assert plain.tree_verify is False
 
 
 def test_a_step_and_loose_arguments_are_not_mixed():

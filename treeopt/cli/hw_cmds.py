@@ -79,6 +79,7 @@ _PRESET_COLUMNS = {
     "spec_step_overhead_s": "per spec. step",
     "verified_token_s": "per verified token",
     "draft_stage_s": "per drafted depth",
+    "tree_verify_layer_s": "per layer of a tree",
 }
 
 
