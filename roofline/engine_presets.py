@@ -33,6 +33,7 @@ __all__ = [
     "PRESET_FIELDS",
     "DRAFTER_KINDS",
     "EnginePreset",
+    "fitted_tables",
     "StepCosts",
     "load_presets",
     "engine_family",
@@ -115,6 +116,10 @@ class EnginePreset:
     #: drafter), not per drafted depth
     drafting_per_step: frozenset = frozenset()
     carried_from: str | None = None
+    #: per term, how it was set (the data file's "how"), and the published tables a term of the
+    #: preset's own was fitted on (not held out from any check)
+    hows: dict = field(default_factory=dict)
+    fitted_tables: tuple[str, ...] = ()
 
     @property
     def priced(self) -> bool:
@@ -165,8 +170,16 @@ def load_presets(path=DATA_FILE) -> dict[str, EnginePreset]:
             drafting_ranges={k: tuple(float(x) for x in v["range"]) for k, v in raw.get("drafting", {}).items()},
             drafting_per_step=frozenset(k for k, v in raw.get("drafting", {}).items() if v["unit"] == PER_STEP),
             carried_from=raw.get("carried_from"),
+            hows={k: v.get("how", "") for k, v in terms.items()},
+            fitted_tables=tuple(t for v in terms.values() for t in v.get("tables", [])),
         )
     return out
+
+
+def fitted_tables() -> frozenset[str]:
+    """The published tables some preset term was fitted on: no check may count them as held out
+    (docs/performance-model.md#close-calls)."""
+    return frozenset(t for p in load_presets().values() for t in p.fitted_tables)
 
 
 def engine_family(engine: str | None) -> str:
@@ -255,9 +268,10 @@ def step_costs(
     elif preset.measured:
         line = f"step costs: {name} preset ({preset.source_text()})"
     elif preset.carried_from:
+        own = f"; its tree verification per layer fitted on {name}'s own steps" if preset.fitted_tables else ""
         line = (
             f"step costs: {name} preset, the {preset.carried_from} preset's terms with wider ranges "
-            f"(no published step of {name}; {preset.source_text()})"
+            f"(no published step of {name} fits them{own}; {preset.source_text()})"
         )
     else:
         who = engine if engine is not None and family is None else name

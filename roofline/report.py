@@ -143,8 +143,9 @@ def _engine_sentence(hw: HardwareProfile, family: str | None = None) -> str:
     if preset is not None and preset.carried_from:
         return (
             f"this built-in profile carries the {preset.family} engine preset ({preset.title}): no published step "
-            f"of it was found, so it carries the {preset.carried_from} preset's terms with wider ranges "
-            f"({preset.source_text()}); the GPU's roofs are the datasheet's. The terms and their ranges are in "
+            f"of it fits the step terms, so it carries the {preset.carried_from} preset's terms with wider ranges"
+            + (" (its cost per layer of a branching tree is its own)" if preset.fitted_tables else "")
+            + f" ({preset.source_text()}); the GPU's roofs are the datasheet's. The terms and their ranges are in "
             "roofline/data/engine_presets.json."
         )
     if preset is not None and preset.measured:

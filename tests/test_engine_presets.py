@@ -96,6 +96,8 @@ def test_measured_presets_carry_fitted_terms_with_ranges_and_sources():
         p = presets[name]
         assert not p.measured and p.carried_from == "vllm" and p.terms == vllm.terms
         for k, v in p.terms.items():
+            if k == "tree_verify_layer_s":  # SGLang's own, carried to vLLM (test below)
+                continue
             assert p.ranges[k][0] <= vllm.ranges[k][0] <= v <= vllm.ranges[k][1] <= p.ranges[k][1], (name, k)
     # the IBM engine pays a fixed cost per speculative step of a few ms (the paper's 4-token step is
     # 1.31 plain steps)
@@ -185,8 +187,40 @@ def test_hw_list_and_published_show_the_presets(capsys):
     assert "ngram 1.1 ms per step" in listed  # the trtllm preset's CPU n-gram host gap, once a step
     published = run(capsys, "hw", "published")
     assert "== engine presets: published speculative steps" in published
-    assert "sglang: no fit of its own; the vllm preset's terms, ranges widened." in published
-    assert "  SGLang's topk > 1 path: the SpecBundle dashboard's trees cost 0.81-0.97 ms a step more" in published
+    assert "sglang: no fit of its own (but tree_verify_layer_s); the vllm preset's terms, ranges widened." in published
+    assert "  tree_verify_layer_s 31.8 us (25.1 us-37.5 us): mean over the SpecBundle dashboard's trees" in published
+    assert "  tree_verify_layer_s 31.8 us (12.6 us-74.9 us): carried from the sglang preset: no published" in published
+
+
+def test_sglang_tree_verification_per_layer_is_the_mean_of_specbundle_trees_minus_chains():
+    # typed from SpecForge's SpecBundle dashboard (data.json, MT-Bench): step = batch x acceptance
+    # length / throughput; trees minus chains of equal counts, per target layer
+    def step(batch, accept, throughput):
+        return batch * accept / throughput
+
+    llama8b = [  # batch 1, 32 layers: 5-3-6 minus 5-1-6, 7-4-8 minus 7-1-8
+        (step(1, 3.0061, 346.47) - step(1, 3.5164, 446.64)) / 32,
+        (step(1, 2.9382, 308.01) - step(1, 3.8558, 450.03)) / 32,
+    ]
+    llama70b = [  # batch 8, 80 layers
+        (step(8, 3.2249, 1108.31) - step(8, 3.6175, 1409.51)) / 80,
+        (step(8, 3.2422, 1033.77) - step(8, 3.9779, 1440.37)) / 80,
+    ]
+    pairs = llama8b + llama70b  # 25.1, 30.4, 34.3, 37.5 us
+    presets = load_presets()
+    sglang = presets["sglang"]
+    assert sglang.terms["tree_verify_layer_s"] == pytest.approx(sum(pairs) / 4, rel=1e-3)
+    assert sglang.ranges["tree_verify_layer_s"] == pytest.approx((min(pairs), max(pairs)), rel=1e-3)
+    assert set(sglang.fitted_tables) == {"specbundle-llama-3.1-8b", "specbundle-llama-3.3-70b"}
+    # no engine release publishes it elsewhere: vLLM and TensorRT-LLM carry it, range 2x wider each way
+    for name in ("vllm", "trtllm"):
+        p = presets[name]
+        assert p.terms["tree_verify_layer_s"] == sglang.terms["tree_verify_layer_s"]
+        assert p.ranges["tree_verify_layer_s"] == pytest.approx((min(pairs) / 2, max(pairs) * 2), rel=1e-3)
+        assert "no published measurement" in p.hows["tree_verify_layer_s"] and not p.fitted_tables
+    # the ideal engine and the eager research code: no tree cost beyond a chain's
+    assert apply_preset(load_hardware("h200"), "ideal").tree_verify_layer_s == 0.0
+    assert apply_preset(load_hardware("h200"), "sglang").tree_verify_layer_s == pytest.approx(sum(pairs) / 4, rel=1e-3)
 
 
 def test_run_index_names_the_calibrated_profile():

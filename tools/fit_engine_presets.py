@@ -33,8 +33,11 @@ terms with each range widened 2x each way (`carried_from`). What was found is he
 in benchmarks/bench_published_steps.py: TensorRT-LLM PR #5146's one EAGLE-3 chain beside plain
 decoding; for SGLang, EAGLE-3's Table 3, SpecForge issue #339's chains and trees, SGLang PR #4716's
 tree, PR #5318's chain and tree, AngelSlim issue #163's trees and SpecForge's SpecBundle
-dashboard's chains and trees of equal counts (whose topk > 1 cost no term carries:
-`SGLANG_TREE_NOT_PRICED`). One term is
+dashboard's chains and trees of equal counts. SGLang's one term of its own is tree_verify_layer_s,
+the cost per target layer of verifying a topk > 1 tree beyond a chain of equal verified tokens and
+draft forwards: the mean per layer of the SpecBundle dashboard's tree-minus-chain step differences
+(`sglang_tree_verify`; those two tables are fitted, no longer held out), range their smallest and
+largest; vllm and trtllm publish no such pair and carry it with the range widened 2x each way. One term is
 TensorRT-LLM's own: its CPU n-gram drafter's host gap per speculative step (`trtllm_ngram`, from
 TensorRT-LLM PR #19437's traces), where vLLM's numba proposer costs about nothing.
 
@@ -406,15 +409,16 @@ UNMEASURED = {
     ),
     "sglang": (
         "SGLang (EAGLE/EAGLE-3, STANDALONE draft model)",
-        "SGLang's published steps are all held out, none fitted (SGLang's EAGLE numbers before them, e.g. "
+        "SGLang's published steps fit none of the vllm preset's terms (SGLang's EAGLE numbers before them, e.g. "
         "SafeAILab/EAGLE#173: Llama-2-7B-chat on one H100, 156 tokens/s plain, 297 with EAGLE, 64 draft tokens, "
-        "give tokens per second without the accepted tokens per step): the vllm preset's terms are carried, each "
-        "range widened 2x each way; judged in benchmarks/bench_published_steps.py: EAGLE-3's Table 3 (speedups "
-        "per batch), SpecForge issue #339 (chains and trees of Qwen3-30B-A3B beside plain decoding), SGLang PR "
-        "#4716 (a 64-token tree of Llama-3.3-70B on eight H100s), SGLang PR #5318 (a chain and a tree of "
-        "Llama-3.1-8B), AngelSlim issue #163 (trees of Qwen3-30B-A3B "
-        "on four H100s) and SpecForge's SpecBundle dashboard (chains "
-        "and trees of equal counts of Llama-3.1-8B on one H200 and Llama-3.3-70B on four)",
+        "give tokens per second without the accepted tokens per step): those are carried, each range widened 2x "
+        "each way; its own term, tree_verify_layer_s (SGLang verifies a topk > 1 tree with two attention passes a "
+        "layer, a chain with one), is fitted on SpecForge's SpecBundle dashboard (chains and trees of equal counts "
+        "of Llama-3.1-8B on one H200 and Llama-3.3-70B on four), whose tables are therefore fitted, not held out; "
+        "held out and judged in benchmarks/bench_published_steps.py: EAGLE-3's Table 3 (speedups per batch), "
+        "SpecForge issue #339 (chains and trees of Qwen3-30B-A3B beside plain decoding), SGLang PR #4716 (a "
+        "64-token tree of Llama-3.3-70B on eight H100s), SGLang PR #5318 (a chain and a tree of Llama-3.1-8B) and "
+        "AngelSlim issue #163 (trees of Qwen3-30B-A3B on four H100s)",
     ),
 }
 
@@ -442,13 +446,57 @@ def trtllm_ngram() -> dict:
     }
 
 
-#: what SGLang's published trees show and no term carries (docs/performance-model.md#engine-presets)
-SGLANG_TREE_NOT_PRICED = (
-    "SGLang's topk > 1 path: the SpecBundle dashboard's trees cost 0.81-0.97 ms a step more than its chains of "
-    "equal verified tokens and draft forwards on one H200 (Llama-3.1-8B, batch 1) and 2.75-3.00 ms on four "
-    "(Llama-3.3-70B, batch 8); no term carries it: a step is priced by its verified tokens and draft forwards, "
-    "which such a tree and chain share"
-)
+#: SGLang's chains and trees of equal verified tokens and draft forwards, on which its
+#: tree_verify_layer_s is fitted (and which are therefore no longer held out)
+SGLANG_TREE_TABLES = ("specbundle-llama-3.1-8b", "specbundle-llama-3.3-70b")
+SPECBUNDLE = {
+    "paper": "SpecForge's SpecBundle performance dashboard (sgl-project/SpecForge pull request #382)",
+    "where": "docs/spec_bundle/public/raw_data/data.json at commit 317f1a0, MT-Bench rows",
+    "read": "SGLang 0.5.6 chains (steps, 1, steps + 1) and trees (steps, topk > 1, steps + 1) of equal verified "
+    "tokens and draft forwards, Llama-3.1-8B on one H200 at batch 1 and Llama-3.3-70B on four at batch 8 "
+    "(roofline/data/published_speculative_steps.json, tables " + " and ".join(SGLANG_TREE_TABLES) + ")",
+}
+TREE_UNIT = "s per target layer of a branching tree"
+
+
+def tree_minus_chain_per_layer(table) -> list[float]:
+    """Seconds per target layer by which each tree of `table` costs more than the chain of its
+    batch that verifies as many tokens after as many draft forwards: the two are one step to
+    every other term, so the difference is the tree's alone (docs/performance-model.md#engine-presets)."""
+    steps = table.steps
+    layers = model_shape(table.setup["shape"]).layers
+    kind = steps["config"].str.split().str[0]
+    chains = steps[kind == "chain"].set_index(["group", "tokens", "draft_stages"])["step_ms"]
+    trees = steps[kind == "tree"]
+    chain_ms = chains.loc[list(zip(trees["group"], trees["tokens"], trees["draft_stages"], strict=True))]
+    return list((trees["step_ms"].to_numpy() - chain_ms.to_numpy()) / 1e3 / layers)
+
+
+def sglang_tree_verify(tables) -> dict:
+    """SGLang's tree_verify_layer_s: the mean over SpecBundle's tree-minus-chain pairs of the
+    step difference per target layer; range: the smallest and largest pair."""
+    per_layer = [v for t in SGLANG_TREE_TABLES for v in tree_minus_chain_per_layer(_table(tables, t))]
+    return {
+        **term_record(float(np.mean(per_layer)), per_layer, TREE_UNIT, ""),
+        "how": "mean over the SpecBundle dashboard's trees minus its chains of equal verified tokens and draft "
+        "forwards (5-3-6 minus 5-1-6, 7-4-8 minus 7-1-8; Llama-3.1-8B TP 1 batch 1, 32 layers; Llama-3.3-70B TP 4 "
+        f"batch 8, 80 layers; {len(per_layer)} pairs) of the step difference per target layer; range: the smallest "
+        "and largest pair (the two models, batches and GPU counts differ, so the spread is not noise alone)",
+        "tables": list(SGLANG_TREE_TABLES),
+    }
+
+
+def carried_tree_verify(sglang: dict, engine: str) -> dict:
+    """SGLang's tree_verify_layer_s for an engine that publishes no tree beside a chain of equal
+    counts, its range widened CARRIED_WIDENING each way."""
+    lo, hi = sglang["range"]
+    return {
+        "value": sglang["value"],
+        "unit": sglang["unit"],
+        "range": [rounded(lo / CARRIED_WIDENING), rounded(hi * CARRIED_WIDENING)],
+        "how": f"carried from the sglang preset: no published measurement of {engine} verifying a branching tree "
+        f"beside a chain of equal verified tokens and draft forwards; range widened {CARRIED_WIDENING:g}x each way",
+    }
 
 
 def derive() -> dict:
@@ -468,7 +516,17 @@ def derive() -> dict:
     for family in ("trtllm", "vllm", "sglang"):
         families[family] = vllm if family == "vllm" else carried_preset(family, *UNMEASURED[family], source=vllm)
     families["trtllm"]["drafting"]["ngram"] = trtllm_ngram()
-    families["sglang"]["not_known"].append(SGLANG_TREE_NOT_PRICED)
+    sglang = families["sglang"]
+    sglang["terms"]["tree_verify_layer_s"] = sglang_tree_verify(tables)
+    sglang["sources"] = [*sglang["sources"], SPECBUNDLE]
+    sglang["fit_rows"] += (
+        "; tree_verify_layer_s its own: SpecForge's SpecBundle dashboard, trees minus chains of equal counts "
+        "(" + ", ".join(SGLANG_TREE_TABLES) + ")"
+    )
+    for family, engine in (("vllm", "vLLM (tree attention until 0.20)"), ("trtllm", "TensorRT-LLM")):
+        families[family]["terms"]["tree_verify_layer_s"] = carried_tree_verify(
+            sglang["terms"]["tree_verify_layer_s"], engine
+        )
     return {
         "format": FORMAT,
         "generated_by": "tools/fit_engine_presets.py (docs/performance-model.md#engine-presets)",

@@ -116,7 +116,9 @@ def _echo_presets() -> None:
         "constrains it); the roofs stay the GPU's. per drafted depth: the fitted drafter's (EAGLE for vllm); "
         "--drafter picks its kind's cost (0 where the roofline prices the drafter as operators). (ideal): not "
         "identifiable from the published steps; carried: no published step of that engine, the closest family's "
-        "terms with ranges widened 2x; unmeasured families keep the ideal terms. --engine picks its family's preset "
+        "terms with ranges widened 2x; per layer of a tree: what a step verifying a branching tree costs beyond a "
+        "chain of as many tokens, SGLang's fitted on SpecForge's SpecBundle trees minus chains, carried to vllm and "
+        "trtllm; unmeasured families keep the ideal terms. --engine picks its family's preset "
         "(medusa, hydra, treeopt: hf-eager; trtllm; vllm*; sglang*), --engine-costs any family; a profile file "
         "keeps its own terms. Sources: `treeopt hw published`; held-out errors: benchmarks/bench_published_steps.py; "
         "docs/performance-model.md#engine-presets."
@@ -239,16 +241,23 @@ def _echo_preset_sources() -> None:
     for p in load_presets().values():
         if p.family == "ideal":
             continue
+        tree = p.hows.get("tree_verify_layer_s")
+        tree_line = f"  tree_verify_layer_s {_preset_value(p, 'tree_verify_layer_s')}: {tree}" if tree else ""
         if p.carried_from:
-            click.echo(f"{p.family}: no fit of its own; the {p.carried_from} preset's terms, ranges widened.")
-            for line in p.not_known:  # what was published and held out, and what no term carries
+            own = " (but tree_verify_layer_s)" if p.fitted_tables else ""
+            click.echo(f"{p.family}: no fit of its own{own}; the {p.carried_from} preset's terms, ranges widened.")
+            for line in p.not_known:  # what was published and held out
                 click.echo(f"  {line}")
+            if tree_line:
+                click.echo(tree_line)
             continue
         if not p.measured:
             click.echo(f"{p.family}: no published measurement; ideal terms. {p.not_known[0]}")
             continue
         click.echo(f"{p.family}: {p.source_text()}")
         click.echo(f"  fitted on {p.fit_rows}; held out: {p.held_out}")
+        if tree_line:
+            click.echo(tree_line)
     click.echo(
         "Held-out T(n)/T(0) errors of each preset beside the ideal engine: python benchmarks/bench_published_steps.py "
         "(docs/performance-model.md#engine-presets)."
