@@ -25,6 +25,7 @@ from roofline.latency import fits_memory, step_time_s
 from roofline.ops import DraftWork
 from roofline.shapes import DraftHeadsShape, ModelShape
 from roofline.step_shape import StepShape
+from treeopt.chain_or_tree import chain_prefix_length
 from treeopt.errors import UserError
 from treeopt.stats import physical_speedup
 
@@ -149,14 +150,16 @@ class PerTreeSize:
 @dataclass(frozen=True)
 class _GridAxes:
     """The grid's broadcast axes, batch (B, 1, 1), context (1, S, 1) and tree size
-    (1, 1, N + 1), with the tokens each step verifies and the candidate sequences they form
-    (None: tree verification)."""
+    (1, 1, N + 1), with the tokens each step verifies, the candidate sequences they form
+    (None: tree verification) and whether they branch (a tree, not a chain: the sizes beyond the
+    proposal's first branching node, docs/performance-model.md#close-calls)."""
 
     b: np.ndarray
     s: np.ndarray
     n: np.ndarray
     q: np.ndarray
     cands: np.ndarray | None
+    branches: np.ndarray | bool = False
 
     @property
     def full(self) -> tuple[int, int, int]:
@@ -164,7 +167,7 @@ class _GridAxes:
 
     def step(self, attention: str, draft_stages=None, tensor_parallel: int = 1) -> StepShape:
         """The grid's steps: every tree size's tokens (and candidates) over every cell."""
-        return StepShape(self.b, self.q, self.s, attention, self.cands, draft_stages, tensor_parallel)
+        return StepShape(self.b, self.q, self.s, attention, self.cands, draft_stages, tensor_parallel, self.branches)
 
 
 def _grid_axes(tau: np.ndarray, batches, contexts, verification: str, tree) -> _GridAxes:
@@ -180,7 +183,11 @@ def _grid_axes(tau: np.ndarray, batches, contexts, verification: str, tree) -> _
         q, cands = tokens_c[None, None, :], leaves[None, None, :]
     elif verification != "tree":
         raise UserError(f"--verification: must be 'tree' or 'candidates', got '{verification}'")
-    return _GridAxes(b, s, n, q, cands)
+    # under a tree mask the proposal's first sizes are chains up to its first branching node; the
+    # larger ones are trees, which an engine may verify by a costlier path (tree_verify_layer_s).
+    # Candidate sequences are chains each; without the proposal every size is taken as a chain.
+    branches = n > chain_prefix_length(tree) if verification == "tree" and tree is not None else False
+    return _GridAxes(b, s, n, q, cands, branches)
 
 
 def _grid_drafter(heads_shape, tau: np.ndarray, heads_used, heads_in_baseline: bool):
@@ -341,6 +348,8 @@ def candidate_forms_grid(
     frames = []
     for form, (q, c, heads) in forms.items():  # two forms
         step = plain.with_tokens(q, None if c == 1 else c)
+        if form == "prefix-tree":  # the merged candidates branch unless they are one chain
+            step = replace(step, tree_verify=chain_prefix_length(tree) < tree.size)
         t = step_time_s(shape, heads, hw, step, on_oom="ignore")
         fits = fits_memory(shape, heads, hw, step) & fits_plain
         t = np.where(fits, t, np.nan)

@@ -122,7 +122,8 @@ def draft_model_tree_step_time_s(
     )
     drafting = np.cumsum(np.where(runs, per_pass, 0.0), axis=1)[:, -1] if w.shape[1] else np.zeros(len(w))
     nodes = w.sum(1)
-    verification = StepShape(batch, nodes + 1, context, attention)
+    # a tree wider than one node at some depth branches (docs/performance-model.md#engine-terms-of-a-speculative-step)
+    verification = StepShape(batch, nodes + 1, context, attention, tree_verify=nodes > (w > 0).sum(1))
     verify = step_time_s(target, None, hw, verification, on_oom="ignore")
     widest_reads = np.where(runs, reads, 1).max(1, initial=1)
     widest_pass = StepShape(batch, widest_reads, context + (reads * runs).sum(1), attention)
@@ -152,7 +153,13 @@ def _prefix_grid(target, draft, hw, widths: np.ndarray, tau: np.ndarray, batches
             step = draft_model_tree_step_time_s(
                 target, draft, hw, batch=int(b), level_widths=widths, context=int(s), attention=attention
             )
-            verify = step_time_s(target, None, hw, StepShape(int(b), nodes + 1, int(s), attention), on_oom="ignore")
+            verify = step_time_s(
+                target,
+                None,
+                hw,
+                StepShape(int(b), nodes + 1, int(s), attention, tree_verify=nodes > depth),
+                on_oom="ignore",
+            )
             plain = float(verify[0])
             frames.append(
                 pd.DataFrame(

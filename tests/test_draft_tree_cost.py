@@ -173,3 +173,22 @@ def test_cli_gamma_prints_the_best_chain_and_the_best_tree(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         main([*args[:8], "--alpha-value", "0.7", "--tree", "[[0]]"])
     assert exc.value.code == 2
+
+
+def test_a_branching_draft_model_tree_pays_the_tree_term_and_a_chain_does_not():
+    # docs/performance-model.md#engine-terms-of-a-speculative-step: the target's verification of a
+    # tree wider than one node at some depth pays tree_verify_layer_s x the target's 32 layers
+    hw = HW.with_(tree_verify_layer_s=2e-5)
+    kwargs = {"batch": 4, "context": 512}
+    for widths in ([1, 1, 1], [0]):  # a chain of 3; no draft at all
+        assert draft_model_tree_step_time_s(TARGET, DRAFT, hw, level_widths=widths, **kwargs) == (
+            draft_model_tree_step_time_s(TARGET, DRAFT, HW, level_widths=widths, **kwargs)
+        )
+    wide = [2, 3, 1]
+    extra = draft_model_tree_step_time_s(TARGET, DRAFT, hw, level_widths=wide, **kwargs) - (
+        draft_model_tree_step_time_s(TARGET, DRAFT, HW, level_widths=wide, **kwargs)
+    )
+    assert extra == pytest.approx(32 * 2e-5, rel=1e-9)
+    both = draft_model_tree_step_time_s(TARGET, DRAFT, hw, level_widths=[[1, 1, 1], [2, 3, 1]], **kwargs)
+    alone = draft_model_tree_step_time_s(TARGET, DRAFT, HW, level_widths=[[1, 1, 1], [2, 3, 1]], **kwargs)
+    assert both - alone == pytest.approx([0.0, 32 * 2e-5], abs=1e-12)

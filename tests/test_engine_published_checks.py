@@ -121,10 +121,18 @@ TABLE5_BATCHES = (2, 4, 8, 16, 24, 32, 48, 56)
 TABLE5_EAGLE3 = (1.75, 1.68, 1.58, 1.49, 1.42, 1.36, 1.21, 1.01)
 
 
-def _steps(engine, drafter, hardware, shape, batch, tokens, stages, tp=1, context=512):
-    """Predicted step times (s) of each (tokens, stages) at one batch with the engine's preset."""
+def _steps(engine, drafter, hardware, shape, batch, tokens, stages, tp=1, context=512, trees=False):
+    """Predicted step times (s) of each (tokens, stages) at one batch with the engine's preset;
+    trees: which configurations verify a branching tree (SGLang: topk > 1)."""
     hw = step_costs(load_hardware(hardware), engine=engine, drafter=drafter).profile
-    step = StepShape(batch, np.asarray(tokens), context, draft_stages=np.asarray(stages), tensor_parallel_gpus=tp)
+    step = StepShape(
+        batch,
+        np.asarray(tokens),
+        context,
+        draft_stages=np.asarray(stages),
+        tensor_parallel_gpus=tp,
+        tree_verify=np.asarray(trees),
+    )
     return np.asarray(step_time_s(model_shape(shape), None, hw, step), dtype=float)
 
 
@@ -136,7 +144,8 @@ def test_the_vllm_preset_prices_a_tree_against_a_chain_as_vllm_measured():
     errors = []
     for i, b in enumerate(PR22752_BATCHES):
         (tc, lc), (tt, lt) = (PR22752_CHAIN[0][i], PR22752_CHAIN[1][i]), (PR22752_TREE[0][i], PR22752_TREE[1][i])
-        chain, tree = _steps("vllm", "eagle", "h100-sxm", "llama-3-8b", b, [3, 9], [2, 2])
+        # both on the tree's own attention path (TREE_ATTN), so both pay the carried tree term
+        chain, tree = _steps("vllm", "eagle", "h100-sxm", "llama-3-8b", b, [3, 9], [2, 2], trees=[True, True])
         measured = (lt / tt) / (lc / tc)  # tree step over chain step: b x L / throughput each
         errors.append(tree / chain / measured - 1)
         tree_picked = tree / lt < chain / lc
@@ -150,40 +159,47 @@ def test_the_vllm_preset_prices_a_tree_against_a_chain_as_vllm_measured():
 def test_the_sglang_preset_calls_speculation_off_for_the_moe_as_measured():
     """Qwen3-30B-A3B on two H100s: every chain and tree measured slower than plain decoding at
     batches 1 and 4, and the preset prices every one of them above plain decoding per token;
-    the step ratios T/T(plain) within 15% at the median over the 8 configurations."""
+    the step ratios T/T(plain) within 20% at the median over the 8 configurations: 15% before the
+    trees paid tree_verify_layer_s (48 layers x 31.8 us), which prices the small trees high (the
+    3-3-4 tree measured 18% cheaper than its chain), the recorded miss of
+    docs/performance-model.md#engine-presets."""
     errors = []
     for b, configs in ISSUE339.items():
         plain_thr = ISSUE339_PLAIN[b]
         steps, stages = [1] + [c[2] for c in configs], [0] + [c[0] for c in configs]
-        predicted = _steps("sglang", "eagle3", "h100-sxm", "qwen3-30b-a3b", b, steps, stages, tp=2)
+        trees = [False] + [c[1] > 1 for c in configs]
+        predicted = _steps("sglang", "eagle3", "h100-sxm", "qwen3-30b-a3b", b, steps, stages, tp=2, trees=trees)
         for (thr, length), step in zip(configs.values(), predicted[1:], strict=True):
             assert thr < plain_thr  # measured: off
             assert step / predicted[0] / length > 1  # predicted: off, per token
             errors.append((step / predicted[0]) / (length * plain_thr / thr) - 1)
     assert len(errors) == 8
-    assert np.median(np.abs(errors)) <= 0.15
+    assert 0.15 < np.median(np.abs(errors)) <= 0.20
 
 
 def test_the_sglang_preset_misses_angelslims_moe_trees_at_tp4_as_recorded():
     """AngelSlim issue #163: Qwen3-30B-A3B on four H100s, EAGLE-3 trees beside plain decoding at
     batches 1-64. Each step over the plain step is L x plain throughput / throughput. Recorded, not
-    fitted (held out): at batch 4 the preset is within 5% of the measured 2.72; at batch 64 it calls
-    speculation on, as measured (1307.95 against 1237.84 tok/s); at batch 32 it prices the tree's
-    step (measured 3.12 plain steps) more than 40% low and calls speculation on where plain decoding
-    measured cheaper per token (927.11 against 1128.30 tok/s): the one confident call that misses.
-    At batch 1 every tree measured slower than plain decoding per token."""
+    fitted (held out). Every configuration is a tree (topk > 1) and pays tree_verify_layer_s (48
+    layers): at batch 4 the preset prices the 4-4-16 tree 10-20% above the measured 2.72 (within 5%
+    before that term); at batch 64 it calls speculation on, as measured (1307.95 against 1237.84
+    tok/s); at batch 32 it prices the tree's step (measured 3.12 plain steps) more than 35% low and
+    calls speculation on where plain decoding measured cheaper per token (927.11 against 1128.30
+    tok/s): the one confident call that misses. At batch 1 every tree measured slower than plain
+    decoding per token."""
     ratio = {}
     for b, configs in ISSUE163.items():
         plain_thr = ISSUE163_PLAIN[b]
         steps, stages = [1] + [c[2] for c in configs], [0] + [c[0] for c in configs]
-        predicted = _steps("sglang", "eagle3", "h100-sxm", "qwen3-30b-a3b", b, steps, stages, tp=4)
+        trees = [False] + [True] * len(configs)
+        predicted = _steps("sglang", "eagle3", "h100-sxm", "qwen3-30b-a3b", b, steps, stages, tp=4, trees=trees)
         for key, (thr, length), step in zip(configs, configs.values(), predicted[1:], strict=True):
             measured = length * plain_thr / thr
             ratio[b, key] = (step / predicted[0], measured, length)
     tree = (4, 4, 16)
-    assert abs(ratio[4, tree][0] / ratio[4, tree][1] - 1) <= 0.05
+    assert 0.10 <= ratio[4, tree][0] / ratio[4, tree][1] - 1 <= 0.20
     assert ratio[64, tree][0] / ratio[64, tree][2] < 1 and ISSUE163[64][tree][0] > ISSUE163_PLAIN[64]
-    assert ratio[32, tree][0] / ratio[32, tree][1] - 1 < -0.40
+    assert ratio[32, tree][0] / ratio[32, tree][1] - 1 < -0.35
     assert ratio[32, tree][0] / ratio[32, tree][2] < 1 and ISSUE163[32][tree][0] < ISSUE163_PLAIN[32]
     assert all(thr < ISSUE163_PLAIN[1] for thr, _ in ISSUE163[1].values())
     raw = {t["id"]: t for t in json.loads(DATA_FILE.read_text(encoding="utf-8"))["tables"]}
@@ -204,7 +220,7 @@ def test_the_sglang_preset_on_sglangs_chain_and_tree_of_llama_8b_at_batch_1():
     plain_thr = PR5318["plain"][0]
     chain, tree = PR5318[(3, 1, 4)], PR5318[(5, 4, 8)]
     plain_s, chain_s, tree_s = _steps(
-        "sglang", "eagle3", "h100-sxm", "llama-3-8b", 1, [1, 4, 8], [0, 3, 5], context=256
+        "sglang", "eagle3", "h100-sxm", "llama-3-8b", 1, [1, 4, 8], [0, 3, 5], context=256, trees=[False, False, True]
     )
     errors = [
         chain_s / plain_s / (chain[1] * plain_thr / chain[0]) - 1,
@@ -242,14 +258,15 @@ def test_the_sglang_preset_underprices_sglangs_64_token_tree_at_tp8_by_the_recor
     """SGLang PR #4716: a 64-token EAGLE-3 tree (8 draft forwards of topk 8) on Llama-3.3-70B over
     eight H100s at batch 1 ran 25.07 ms a step (5.88 x 1000 / 234.54) against 11.29 ms plain
     (1000 / 88.61): T(tree)/T(plain) = 2.22. The plain step is priced within 5%; the sglang preset
-    (vLLM's terms, fitted on 8B chains on one GPU) prices the tree 15-25% low, the recorded miss of
-    docs/performance-model.md#engine-presets (the ideal engine: more than 40% low); speculation is
-    still called on, as measured (2.65x)."""
+    (vLLM's terms, fitted on 8B chains on one GPU, and SGLang's own tree_verify_layer_s, 80 layers x
+    31.8 us = 2.5 ms) prices the tree 5-15% low (15-25% low without the tree term), the recorded
+    miss of docs/performance-model.md#engine-presets (the ideal engine: more than 40% low);
+    speculation is still called on, as measured (2.65x)."""
     plain_ms, tree_ms = 1e3 / PR4716_PLAIN[0], 1e3 * PR4716_TREE[1] / PR4716_TREE[0]
-    plain, tree = _steps("sglang", "eagle3", "h100-sxm", "llama-3-70b", 1, [1, 64], [0, 8], tp=8)
+    plain, tree = _steps("sglang", "eagle3", "h100-sxm", "llama-3-70b", 1, [1, 64], [0, 8], tp=8, trees=[False, True])
     assert abs(1e3 * plain / plain_ms - 1) <= 0.05
     error = (tree / plain) / (tree_ms / plain_ms) - 1
-    assert -0.25 <= error <= -0.15
+    assert -0.15 <= error <= -0.05
     ideal_plain, ideal_tree = _steps("ideal", "eagle3", "h100-sxm", "llama-3-70b", 1, [1, 64], [0, 8], tp=8)
     assert (ideal_tree / ideal_plain) / (tree_ms / plain_ms) - 1 < -0.40
     assert tree / plain / PR4716_TREE[1] < 1  # on: a token of the tree costs less than a plain step
@@ -269,22 +286,37 @@ def _specbundle(configs, hardware, shape, batch, tp):
     plain_thr = configs[(0, 0, 0)][0]
     measured = np.array([length * plain_thr / thr for thr, length in configs.values()])
     tokens, stages = [c[2] if c[0] else 1 for c in configs], [c[0] for c in configs]
-    predicted = _steps("sglang", "eagle3", hardware, shape, batch, tokens, stages, tp=tp)
-    return measured, predicted / predicted[0]
+    trees = [c[1] > 1 for c in configs]
+    predicted = _steps("sglang", "eagle3", hardware, shape, batch, tokens, stages, tp=tp, trees=trees)
+    return measured, predicted / predicted[0], predicted[0]
+
+
+def _tree_minus_chain_s(configs, batch, layers):
+    """Per target layer, the measured steps of SpecBundle's trees 5-3-6 and 7-4-8 minus those of
+    the chains 5-1-6 and 7-1-8 (step = batch x L / throughput)."""
+    step = {c: batch * length / thr for c, (thr, length) in configs.items()}
+    return [(step[(5, 3, 6)] - step[(5, 1, 6)]) / layers, (step[(7, 4, 8)] - step[(7, 1, 8)]) / layers]
+
+
+#: the sglang preset's tree_verify_layer_s, the mean of the four pairs per layer, typed from the dashboard
+SPECBUNDLE_TREE_LAYER_S = float(
+    np.mean(_tree_minus_chain_s(SPECBUNDLE_8B, 1, 32) + _tree_minus_chain_s(SPECBUNDLE_70B, 8, 80))
+)
 
 
 def test_the_sglang_preset_on_specbundles_8b_chains_and_trees_on_one_h200():
-    """SpecBundle, Llama-3.1-8B on one H200 at batch 1: every configuration measured faster per token
-    than plain decoding (404-450 and 308-346 tok/s against 189.98) and called so; the step ratios
-    within 15% at the median. What the preset cannot see: the tree 5-3-6 verifies as many tokens
+    """SpecBundle, Llama-3.1-8B on one H200 at batch 1 (a FITTED table: the sglang preset's
+    tree_verify_layer_s is fitted on its trees minus chains and the 70B table's): every configuration
+    measured faster per token than plain decoding (404-450 and 308-346 tok/s against 189.98) and
+    called so; the step ratios within 15% at the median. The tree 5-3-6 verifies as many tokens
     after as many draft forwards as the chain 5-1-6, yet its step is (3.0061 / 346.47) / (3.5164 /
     446.64) = 1.102 times the chain's, and 7-4-8's (2.9382 / 308.01) / (3.8558 / 450.03) = 1.113
-    times 7-1-8's: SGLang's topk > 1 path costs about a tenth of a step on one GPU, which the preset
-    prices at nothing (a tree and a chain of equal counts are one step shape). And the chain's depth
-    is cheaper than the carried 0.75 ms: 7-1-8's step over 3-1-4's measured (3.8558 / 450.03) /
-    (2.8981 / 404.25) = 1.195 for four more depths, the preset over 1.3."""
+    times 7-1-8's: SGLang's topk > 1 path, which the preset prices as 32 layers x the mean per layer
+    of the four SpecBundle pairs. And the chain's depth is cheaper than the carried 0.75 ms: 7-1-8's
+    step over 3-1-4's measured (3.8558 / 450.03) / (2.8981 / 404.25) = 1.195 for four more depths,
+    the preset over 1.3."""
     configs = SPECBUNDLE_8B
-    measured, predicted = _specbundle(configs, "h200", "llama-3-8b", 1, 1)
+    measured, predicted, plain_s = _specbundle(configs, "h200", "llama-3-8b", 1, 1)
     errors = predicted[1:] / measured[1:] - 1
     assert np.median(np.abs(errors)) <= 0.15
     lengths = np.array([length for _, length in configs.values()])
@@ -292,7 +324,8 @@ def test_the_sglang_preset_on_specbundles_8b_chains_and_trees_on_one_h200():
     chain5, tree5, chain7, tree7 = (list(configs).index(c) for c in ((5, 1, 6), (5, 3, 6), (7, 1, 8), (7, 4, 8)))
     assert measured[tree5] / measured[chain5] == pytest.approx((3.0061 / 346.47) / (3.5164 / 446.64))
     assert measured[tree5] / measured[chain5] > 1.08 and measured[tree7] / measured[chain7] > 1.08
-    assert predicted[tree5] == pytest.approx(predicted[chain5]) and predicted[tree7] == pytest.approx(predicted[chain7])
+    for tree, chain in ((tree5, chain5), (tree7, chain7)):
+        assert (predicted[tree] - predicted[chain]) * plain_s == pytest.approx(32 * SPECBUNDLE_TREE_LAYER_S, rel=1e-3)
     chain3 = list(configs).index((3, 1, 4))
     assert measured[chain7] / measured[chain3] < 1.2 < 1.3 < predicted[chain7] / predicted[chain3]
 
@@ -307,7 +340,7 @@ def test_the_sglang_preset_on_specbundles_70b_at_tp4_and_the_forward_it_overpric
     row curve's step near 64 rows (docs/performance-model.md), not an engine term, is what makes
     the preset pick the chain of 3 (16% dearer per token, the benchmark's FAIL on this table)."""
     configs = SPECBUNDLE_70B
-    measured, predicted = _specbundle(configs, "h200", "llama-3-70b", 8, 4)
+    measured, predicted, plain_s = _specbundle(configs, "h200", "llama-3-70b", 8, 4)
     assert np.median(np.abs(predicted[1:] / measured[1:] - 1)) <= 0.15
     lengths = np.array([length for _, length in configs.values()])
     assert np.all(measured[1:] < lengths[1:]) and np.all(predicted[1:] < lengths[1:])
@@ -316,6 +349,8 @@ def test_the_sglang_preset_on_specbundles_70b_at_tp4_and_the_forward_it_overpric
         order.index(c) for c in ((3, 1, 4), (5, 1, 6), (5, 3, 6), (7, 1, 8), (7, 4, 8))
     )
     assert measured[tree5] / measured[chain5] > 1.1 and measured[tree7] / measured[chain7] > 1.1
+    # the trees pay 80 layers x the preset's tree term, once a step under TP 4 (a FITTED table too)
+    assert (predicted[tree5] - predicted[chain5]) * plain_s == pytest.approx(80 * SPECBUNDLE_TREE_LAYER_S, rel=1e-3)
     assert max(configs, key=lambda c: configs[c][0]) == (7, 1, 8)
     assert measured[chain7] / measured[chain3] == pytest.approx((3.9779 / 1440.37) / (2.9607 / 1238.47))
     ideal = _steps("ideal", "eagle3", "h200", "llama-3-70b", 8, [4, 8], [3, 7], tp=4)

@@ -15,6 +15,7 @@ from treeopt.accuracy import AccuracyTable, load_accuracy
 from treeopt.errors import UserError
 from treeopt.selection import best_per_cell, selection_from_grid
 from treeopt.tau import first_heads, proposal_sequence, tau_curves
+from treeopt.tree import Tree
 
 
 def proposal_from_accuracy(table, max_nodes, *, num_heads=None):
@@ -101,6 +102,26 @@ def test_grid_by_hand_on_framework_costs():
     # b = 1: 2 nodes; b = 4: nothing beats plain decoding
     assert (best.loc[1, "nodes"], best.loc[1, "speedup"]) == (2, pytest.approx(1.2, rel=1e-9))
     assert (best.loc[4, "nodes"], best.loc[4, "speedup"]) == (0, 1.0)
+
+
+def test_grid_prices_the_sizes_beyond_the_first_branch_as_trees():
+    # the proposal [0], [0, 0], [1]: its first two sizes are chains, the third branches
+    # (docs/performance-model.md#close-calls); with 0.1 ms per layer of a tree (TOY: 2 layers) only
+    # the third pays 0.2 ms: the framework-only steps of test_grid_by_hand_on_framework_costs
+    tau = [1.0, 1.5, 1.8, 1.95]
+    hw = FRAMEWORK_ONLY.with_(tree_verify_layer_s=1e-4)
+    proposal = Tree(((0,), (0, 0), (1,)))
+    grid = speedup_grid(TOY, TOY_HEADS, hw, tau, [1], [8], tree=proposal)
+    assert grid["step_time_s"].tolist() == pytest.approx([1.2e-3, 1.6e-3, 1.8e-3, 2.2e-3], rel=1e-9)
+    # chains price exactly as without the term; a grid without its proposal takes every size as a chain
+    chain = speedup_grid(TOY, TOY_HEADS, hw, tau, [1], [8], tree=Tree(((0,), (0, 0), (0, 0, 0))))
+    assert (
+        chain["step_time_s"].tolist()
+        == speedup_grid(TOY, TOY_HEADS, FRAMEWORK_ONLY, tau, [1], [8])["step_time_s"].tolist()
+    )
+    assert speedup_grid(TOY, TOY_HEADS, hw, tau, [1], [8])["step_time_s"].tolist() == pytest.approx(
+        [1.2e-3, 1.6e-3, 1.8e-3, 2.0e-3], rel=1e-9
+    )
 
 
 def test_grid_by_hand_with_the_heads_each_prefix_uses():
