@@ -5,7 +5,8 @@
 tables in treeopt's step columns (batch, context, tokens, step_ms) for
 `roofline.profile_fit.step_points_frame`. Formats, and where their layout was read:
 
-- **step CSV**: treeopt's own table (docs/performance-model.md#fitting-a-profile-to-measured-steps).
+- **step CSV**: treeopt's own table (docs/performance-model.md#fitting-a-profile-to-measured-steps);
+  its optional `tree` column is read by `tree_flags`.
 - **SGLang** `python -m sglang.benchmark.one_batch --result-filename R.jsonl` (SGLang 0.5.23; formerly
   `python -m sglang.bench_one_batch`): one JSON object per
   line with run_name, batch_size, input_len, output_len, prefill_latency, prefill_throughput,
@@ -69,7 +70,7 @@ import pandas as pd
 from treeopt.errors import UserError
 from treeopt.fileio import parse_json_input
 
-__all__ = ["RunOptions", "detect_format", "read_step_tables", "FORMATS"]
+__all__ = ["RunOptions", "detect_format", "read_step_tables", "tree_flags", "FORMATS"]
 
 #: format name -> what a message calls it
 FORMATS = {
@@ -143,7 +144,7 @@ def detect_format(path, text: str) -> tuple[str, object]:
 
 def read_step_tables(paths, run: RunOptions | None = None) -> list[tuple[str, pd.DataFrame]]:
     """One (source, table) per measurements file (vLLM runs differenced across files share
-    one), each table in columns batch, context, tokens, step_ms [, candidates, draft_stages]."""
+    one), each table in columns batch, context, tokens, step_ms [, candidates, draft_stages, tree]."""
     run = run or RunOptions()
     if isinstance(paths, (str, Path)):
         paths = [paths]
@@ -185,6 +186,32 @@ def read_step_tables(paths, run: RunOptions | None = None) -> list[tuple[str, pd
     if unused:
         raise UserError("no measurements file needs it (the files given record it themselves)", param=unused[0])
     return tables
+
+
+#: a `tree` cell as written (lower case, stripped) and what it says; pandas reads a column of
+#: 1/0 with empty cells as floats ("1.0", "nan")
+TREE_CELLS = {"1": True, "1.0": True, "true": True, "0": False, "0.0": False, "false": False, "nan": False, "": False}
+
+
+def tree_flags(df: pd.DataFrame, source: str, tokens: np.ndarray) -> np.ndarray:
+    """A step table's optional `tree` column as one bool per row: the row's verified tokens
+    branch (1, true) or form a chain (0, false, empty; absent: every row a chain), checked
+    against its `tokens` (docs/performance-model.md#fitting-a-profile-to-measured-steps)."""
+    if "tree" not in df.columns:
+        return np.zeros(len(df), dtype=bool)
+    flags = df["tree"].map(lambda v: TREE_CELLS.get(str(v).strip().lower()))
+    bad = flags.isna().to_numpy()
+    if np.any(bad):
+        row = int(np.argmax(bad))
+        raise UserError(f"{source}: row {row + 1}: 'tree' must be 1/0 or true/false, not '{df['tree'].iloc[row]}'")
+    flags = flags.to_numpy(dtype=bool)
+    bad = flags & (tokens < 3)
+    if np.any(bad):
+        raise UserError(
+            f"{source}: row {int(np.argmax(bad)) + 1}: 'tree' is set but 'tokens' is {tokens[np.argmax(bad)]:g}: "
+            "a branching tree verifies at least 3 tokens (the root and two drafted tokens at one depth)"
+        )
+    return flags
 
 
 # ---------------------------------------------------------------------------------------------

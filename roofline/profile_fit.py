@@ -9,8 +9,8 @@ roofs and moves a few bounded terms, each with a physical meaning (`FIT_TERMS`):
 - eta_memory: the attained fraction of bandwidth for weights (sets plain decoding);
 - forward_overhead_s: the fixed cost of every step (launches, host work);
 - spec_step_overhead_s, verified_token_s, draft_stage_s: the engine terms of a speculative step
-  (tree_verify_layer_s, the cost per layer of verifying a branching tree, stays the base's: a
-  step file does not say whether its tokens branch, so its steps are priced as chains);
+  (tree_verify_layer_s, the cost per layer of verifying a branching tree, stays the base's; the
+  rows a `tree` column marks pay it in every prediction, the others are chains);
 - gemm_efficiency_scale: the skinny-GEMM row efficiency, scaled as a whole;
 - attention_kv_efficiency: the attention kernel's achieved KV bandwidth, one value or, with
   three or more contexts, a line in log2(keys) between the shortest and longest.
@@ -32,7 +32,7 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import least_squares
 
-from roofline.engine_bench import read_step_tables
+from roofline.engine_bench import read_step_tables, tree_flags
 from roofline.hardware import EfficiencyCurve, HardwareProfile
 from roofline.latency import step_time_s
 from roofline.shapes import DraftHeadsShape, ModelShape
@@ -68,7 +68,7 @@ __all__ = [
 ]
 
 STEP_COLUMNS = ("batch", "context", "tokens", "step_ms")
-OPTIONAL_COLUMNS = ("candidates", "draft_stages")
+OPTIONAL_COLUMNS = ("candidates", "draft_stages", "tree")
 TIME_TERMS = ("forward_overhead_s", "spec_step_overhead_s", "verified_token_s", "draft_stage_s")
 
 
@@ -168,7 +168,7 @@ class Prior:
 @dataclass(frozen=True)
 class StepPoints:
     """Steps, one entry per row; candidates 1 = tree verification; draft_heads: the draft
-    heads each step runs (0 = none)."""
+    heads each step runs (0 = none); tree_verify: the verified tokens branch (bool)."""
 
     batch: np.ndarray
     context: np.ndarray
@@ -177,6 +177,7 @@ class StepPoints:
     draft_stages: np.ndarray
     draft_heads: np.ndarray
     step_s: np.ndarray
+    tree_verify: np.ndarray
 
     def __len__(self) -> int:
         return int(self.batch.size)
@@ -235,7 +236,7 @@ def step_points_frame(df: pd.DataFrame, *, source: str, heads: int = 0) -> StepP
     if len(df) == 0:
         raise UserError(f"{source}: no rows")
     cols = {}
-    for name in STEP_COLUMNS + OPTIONAL_COLUMNS:
+    for name in STEP_COLUMNS + OPTIONAL_COLUMNS[:2]:
         if name not in df.columns:
             continue
         values = pd.to_numeric(df[name], errors="coerce").to_numpy(dtype=float)
@@ -273,6 +274,7 @@ def step_points_frame(df: pd.DataFrame, *, source: str, heads: int = 0) -> StepP
         draft_stages=cols.get("draft_stages", np.zeros(n)),
         draft_heads=np.where(cols["tokens"] > 1, float(heads), 0.0),
         step_s=cols["step_ms"] / 1e3,
+        tree_verify=tree_flags(df, source, cols["tokens"]),
     )
 
 
@@ -309,6 +311,7 @@ def predict_step_s(
             attention,
             points.candidates[rows],
             points.draft_stages[rows],
+            tree_verify=points.tree_verify[rows],
         )
         out[rows] = step_time_s(shape, hk, hw, step, on_oom="ignore")
     return out
@@ -618,6 +621,7 @@ def sweep_step_points(sweep: pd.DataFrame, heads_by_nodes) -> StepPoints:
         draft_stages=np.zeros(n),
         draft_heads=heads[nodes],
         step_s=sweep["step_time_s"].to_numpy(dtype=float),
+        tree_verify=np.zeros(n, dtype=bool),  # chains, as before: the fit keeps the base's tree term
     )
 
 

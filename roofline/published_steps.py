@@ -351,4 +351,5 @@ def step_points(rows: pd.DataFrame) -> StepPoints:
         **col,
         draft_heads=rows["draft_heads"].to_numpy(dtype=float),
         step_s=rows["step_ms"].to_numpy(dtype=float) / 1e3,
+        tree_verify=np.zeros(len(rows), dtype=bool),
     )

@@ -646,6 +646,37 @@ CASES = [
         {"huge.csv": "batch,context,tokens,step_ms\n1,128,1,20\n1,128,2,1e308\n"},
         "row 2: 'step_ms' 1e+308 is over",
     ),
+    # the step file's optional tree column (docs/performance-model.md#fitting-a-profile-to-measured-steps)
+    (
+        "predict-tree-maybe",
+        "roofline predict --model llama-3-8b --hardware h100 --engine sglang --points t.csv -o p.csv",
+        {"t.csv": "batch,context,tokens,tree\n1,512,6,1\n1,512,6,maybe\n"},
+        "t.csv: row 2: 'tree' must be 1/0 or true/false, not 'maybe'",
+    ),
+    (
+        "predict-tree-2",
+        "roofline predict --model llama-3-8b --hardware h100 --engine sglang --points t.csv -o p.csv",
+        {"t.csv": "batch,context,tokens,tree\n1,512,6,0\n1,512,6,2\n"},
+        "t.csv: row 2: 'tree' must be 1/0 or true/false, not '2'",
+    ),
+    (
+        "predict-tree-on-plain-decoding",
+        "roofline predict --model llama-3-8b --hardware h100 --engine sglang --points t.csv -o p.csv",
+        {"t.csv": "batch,context,tokens,tree\n1,512,1,true\n"},
+        "t.csv: row 1: 'tree' is set but 'tokens' is 1",
+    ),
+    (
+        "predict-tree-of-two-tokens",
+        "roofline predict --model llama-3-8b --hardware h100 --points t.csv -o p.csv",
+        {"t.csv": "batch,context,tokens,tree\n1,512,4,1\n4,512,2,1\n"},
+        "t.csv: row 2: 'tree' is set but 'tokens' is 2",
+    ),
+    (
+        "fit-tree-maybe",
+        "hw fit --model llama-7b --hardware a100 --measurements t.csv -o f.json",
+        {"t.csv": "batch,context,tokens,step_ms,tree\n1,128,1,20,0\n1,128,4,25,maybe\n"},
+        "t.csv: row 2: 'tree' must be 1/0 or true/false, not 'maybe'",
+    ),
     (
         "hydra-heads-5000",
         "decode --model demo --heads hy --drafter hydra --prompt hi",

@@ -4019,6 +4019,30 @@ MUTANTS = (
         "the check's median error signed, so misses both ways cancel",
         ("tests/test_published_moe_kernels.py",),
     ),
+    Mutant(
+        "step-file-tree-not-passed",
+        "roofline/profile_fit.py",
+        "            tree_verify=points.tree_verify[rows],\n",
+        "",
+        "a step file's tree rows are read but priced as chains (roofline predict, hw fit)",
+        ("tests/test_step_tree_column.py",),
+    ),
+    Mutant(
+        "step-file-tree-cells-swapped",
+        "roofline/engine_bench.py",
+        '"1": True, "1.0": True,',
+        '"1": False, "1.0": True,',
+        "a step file's tree cell 1 reads as a chain",
+        ("tests/test_step_tree_column.py",),
+    ),
+    Mutant(
+        "step-file-tree-of-two-tokens",
+        "roofline/engine_bench.py",
+        "bad = flags & (tokens < 3)",
+        "bad = flags & (tokens < 2)",
+        "a step file's tree flag is taken on a step of two tokens, which cannot branch",
+        ("tests/test_bad_inputs.py::test_bad_input[predict-tree-of-two-tokens]",),
+    ),
 )
 
 

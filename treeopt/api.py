@@ -160,7 +160,7 @@ def fit_profile(
 ) -> ProfileFit:
     """Fit `hardware`'s engine terms to measured steps
     (docs/performance-model.md#fitting-a-profile-to-measured-steps): a DataFrame with columns
-    batch, context, tokens, step_ms [, candidates, draft_stages], or a file path (or a list of
+    batch, context, tokens, step_ms [, candidates, draft_stages, tree], or a file path (or a list of
     them, joined): that table as CSV, or an engine's own benchmark output (SGLang
     bench_one_batch JSONL, vLLM latency JSON, trtllm-bench report JSON;
     docs/performance-model.md#engine-benchmark-files). `batch`, `input_len`, `output_len`,
@@ -200,7 +200,7 @@ def predict_steps(
     dtype: str | None = None,
 ) -> np.ndarray:
     """Predicted step time in seconds of every row of `points` (columns batch, context, tokens
-    [, candidates, draft_stages]), as `treeopt roofline predict` does; `source` names the
+    [, candidates, draft_stages, tree]), as `treeopt roofline predict` does; `source` names the
     table in messages."""
     shape, head_shape = _shapes(model, dtype, heads, head_layers)
     frame = points.rename(columns=lambda c: str(c).strip().lower())

@@ -280,7 +280,7 @@ def _echo_preset_sources() -> None:
     multiple=True,
     metavar="FILE",
     help="Measured step times, repeatable (the steps are joined): a CSV with columns batch, context, tokens, "
-    "step_ms [, candidates, draft_stages] (docs/performance-model.md#fitting-a-profile-to-measured-steps), or an "
+    "step_ms [, candidates, draft_stages, tree] (docs/performance-model.md#fitting-a-profile-to-measured-steps), or an "
     "engine's benchmark output: SGLang sglang.benchmark.one_batch JSONL, vLLM latency JSON, trtllm-bench report JSON "
     "(docs/performance-model.md#engine-benchmark-files).",
 )
@@ -377,6 +377,10 @@ def hw_fit(
     click.echo(
         "determined: the rows narrowed the prior to under half its width; prior: they did not (or cannot see "
         "the term: not fitted); at bound: held at the edge of its physical range"
+    )
+    click.echo(
+        f"tree_verify_layer_s stays the base's {_term_text('tree_verify_layer_s', result.profile.tree_verify_layer_s)}"
+        f" (not fitted); the {int(points.tree_verify.sum())} rows marked tree pay it per layer"
     )
     click.echo(f"in-sample: {error_summary(result.in_sample_error)}")
     if result.loo_error is not None:

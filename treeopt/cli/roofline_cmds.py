@@ -476,7 +476,8 @@ def report_cmd(
     "points_path",
     required=True,
     metavar="POINTS.csv",
-    help="Rows of batch, context, tokens [, candidates, draft_stages, step_ms]: the steps to predict.",
+    help="Rows of batch, context, tokens [, candidates, draft_stages, tree, step_ms]: the steps to predict "
+    "(tree 1: the verified tokens branch; docs/performance-model.md#fitting-a-profile-to-measured-steps).",
 )
 @OLD_HEADS_OPTION
 @click.option(
