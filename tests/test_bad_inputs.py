@@ -193,6 +193,7 @@ CASES = [
     ),
     # ---- output equal to an input (the list, and links to it) ----
     ("build-o-acc", "build --accuracy acc.json --nodes 4 -o acc.json", {}, "is also an input"),
+    ("build-nodes-twice", "build --accuracy acc.json --nodes 4 --nodes 8 -o t.json", {}, "--nodes given 2 times"),
     ("build-tree-o-tree", "build --tree tree.json -o tree.json", {}, "is also an input"),
     (
         "build-o-link",

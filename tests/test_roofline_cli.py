@@ -356,3 +356,31 @@ def test_calibrate_quick_writes_a_usable_profile(capsys, tmp_path):
 def test_calibrate_rejects_bad_device(capsys):
     code, _, err = run(capsys, "hw", "calibrate", "--device", "tpu")
     assert code == 2
+
+
+def test_an_option_given_twice_is_refused_not_silently_narrowed(tmp_path, capsys):
+    """click keeps an option's last value, so `--batch 1 --batch 8` would price batch 8 alone
+    while the user asked for two: it is refused in one line, before any work, with nothing
+    written; an option that collects (`--note`) still repeats, and a value that looks like an
+    option is a value."""
+    select = tmp_path / "selection.json"
+    common = ["roofline", "speedup", "--model", "vicuna-7b", "--hardware", "h100-sxm", "--accuracy", CSV]
+    common += ["--csv-model", "vicuna-7b", "--context", "1024", "--select", str(select)]
+    code, out, err = run(capsys, *common, "--batch", "1", "--batch=8")
+    assert code == 2 and out == "" and not select.exists()
+    assert err.strip().splitlines() == [
+        "treeopt: error: --batch given 2 times; give it once: one comma-separated list, --batch A,B,C"
+    ]
+    code, _, err = run(capsys, *common, "--engine", "vllm", "--engine", "sglang")
+    assert code == 2 and "--engine given 2 times; give it once" in err and "comma" not in err
+    code, _, err = run(capsys, "sweep", "--graphs", "--no-graphs", "--model", "demo")
+    assert code == 2 and "--graphs and --no-graphs given together; give one of them" in err
+    code, _, _ = run(capsys, *common, "--batch", "1,8")
+    assert code == 0 and select.exists()
+    report = tmp_path / "report"
+    args = ["report", "--model", "vicuna-7b", "--hardware", "h100-sxm", "--accuracy", CSV, "--csv-model"]
+    args += ["vicuna-7b", "--batch", "1", "--context", "1024", "--out", str(report)]
+    code, _, err = run(capsys, *args, "--note", "one", "--note", "--batch")
+    assert code == 0, err
+    index = (report / "index.md").read_text(encoding="utf-8")
+    assert "one" in index and "--batch" in index

@@ -2889,6 +2889,22 @@ MUTANTS = (
         ("tests/test_close_calls.py",),
     ),
     Mutant(
+        "cli-repeated-option-value-counted",
+        "treeopt/cli/__init__.py",
+        "            next(tokens, None)  # the option's value, whatever it looks like",
+        "            pass",
+        "a value that looks like an option (`--note --batch`) is counted as that option, refusing a good command",
+        ("tests/test_roofline_cli.py",),
+    ),
+    Mutant(
+        "cli-repeated-option-allowed",
+        "treeopt/cli/__init__.py",
+        "        if len(names) > 1:",
+        "        if len(names) > 2:",
+        "an option given twice keeps its last value silently",
+        ("tests/test_roofline_cli.py", "tests/test_bad_inputs.py"),
+    ),
+    Mutant(
         "close-calls-measured-within-from-prediction",
         "benchmarks/bench_published_steps.py",
         '"measured_within": bool(max(best_one, best_other) / min(best_one, best_other) - 1 < resolution),',

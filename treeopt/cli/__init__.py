@@ -43,6 +43,12 @@ class LazyGroup(click.Group):
             # (`treeopt hw list | head -1`) is not an error, so it travels past click to `main`
             raise ReaderGone from err
 
+    def resolve_command(self, ctx, args):
+        name, command, rest = super().resolve_command(ctx, args)
+        if command is not None and not isinstance(command, click.Group):
+            refuse_repeated_options(command, rest)
+        return name, command, rest
+
     def list_commands(self, ctx):
         return sorted(set(super().list_commands(ctx)) | set(self.lazy))
 
@@ -62,6 +68,39 @@ class LazyGroup(click.Group):
         if rows:
             with formatter.section("Commands"):
                 formatter.write_dl(rows)
+
+
+def refuse_repeated_options(command: click.Command, args: list[str]) -> None:
+    """Refuse an option given more than once: click keeps only its last value, so `--batch 1
+    --batch 8` would silently price batch 8 alone. Options that collect (multiple=True) may
+    repeat; a flag and its negation (--graphs --no-graphs) count as the same option."""
+    by_name = {
+        name: param
+        for param in command.params
+        if isinstance(param, click.Option)
+        for name in (*param.opts, *param.secondary_opts)
+    }
+    seen: dict[str, list[str]] = {}
+    lists = {param.name for param in command.params if getattr(param.type, "name", "") == "list"}
+    tokens = iter(args)
+    for token in tokens:
+        if token == "--":  # the rest are arguments
+            break
+        name, has_value, _ = token.partition("=")
+        param = by_name.get(name)
+        if param is None:
+            continue
+        if not param.is_flag and not has_value:
+            next(tokens, None)  # the option's value, whatever it looks like
+        if not param.multiple:
+            seen.setdefault(param.name, []).append(name)
+    for param_name, names in seen.items():
+        if len(names) > 1:
+            hint = f": one comma-separated list, {names[0]} A,B,C" if param_name in lists else ""
+            distinct = list(dict.fromkeys(names))
+            if len(distinct) > 1:  # a flag and its negation
+                raise UserError(f"{' and '.join(distinct)} given together; give one of them")
+            raise UserError(f"{names[0]} given {len(names)} times; give it once{hint}")
 
 
 def _lazy_group(name: str, help_text: str, lazy: dict[str, tuple[str, str]]) -> LazyGroup:
