@@ -218,6 +218,7 @@ class KVCache(Cache):
 def new_cache(model, capacity: int = 0) -> KVCache:
     """An empty `KVCache` for `model` (full-attention layers), holding `capacity` slots per
     sequence without reallocating (0: as many as the first forward writes, then doubling).
-    Pass it as `past_key_values` to the model's forward; batch, heads, dtype and device come
+    Pass it to the model's forward by `model_calls.cache_kwargs` (`cache`, or `past_key_values`
+    before transformers 5.24); batch, heads, dtype and device come
     from the first keys written."""
     return KVCache(int(text_config(model).num_hidden_layers), capacity)

@@ -17,7 +17,7 @@ from calibration.decoder import TreeDecoder, cut_tree
 from calibration.greedy import greedy_decode, plain_step_forward
 from calibration.heads import MedusaHeads
 from calibration.kv_cache import KVCache, new_cache
-from calibration.model_calls import model_forward_hidden
+from calibration.model_calls import cache_kwargs, model_forward_hidden
 from calibration.models import load_model, tiny_model_for_tests
 from calibration.verification import AcceptanceRule
 from treeopt.errors import UserError
@@ -337,7 +337,7 @@ def test_new_cache_with_the_models_ordinary_forward(tiny):
     g = torch.Generator().manual_seed(5)
     with torch.inference_mode():
         for cache in (ours, ref):
-            lm.model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache)
+            lm.model(input_ids=ids, attention_mask=mask, position_ids=pos, **cache_kwargs(lm.model, cache))
         assert ours.capacity == 7
         m = mask
         for i in range(9):
@@ -581,7 +581,7 @@ def test_plain_step_forward(tiny):
     cache = DynamicCache()
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
     with torch.inference_mode():
-        lm.model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache)
+        lm.model(input_ids=ids, attention_mask=mask, position_ids=pos, **cache_kwargs(lm.model, cache))
     tok = torch.tensor([[r[0]] for r in ref])
     m2 = torch.cat([mask, torch.ones(2, 1, dtype=torch.long)], 1)
     logits, head_logits = plain_step_forward(lm.model, lm.heads, cache, tok, m2, pos[:, -1:] + 1)
