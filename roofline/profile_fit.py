@@ -68,7 +68,9 @@ __all__ = [
 ]
 
 STEP_COLUMNS = ("batch", "context", "tokens", "step_ms")
-OPTIONAL_COLUMNS = ("candidates", "draft_stages", "tree")
+#: the optional columns read as numbers; `tree` (1/0, true/false) is read by engine_bench.tree_flags
+NUMERIC_OPTIONAL_COLUMNS = ("candidates", "draft_stages")
+OPTIONAL_COLUMNS = (*NUMERIC_OPTIONAL_COLUMNS, "tree")
 TIME_TERMS = ("forward_overhead_s", "spec_step_overhead_s", "verified_token_s", "draft_stage_s")
 
 
@@ -236,7 +238,7 @@ def step_points_frame(df: pd.DataFrame, *, source: str, heads: int = 0) -> StepP
     if len(df) == 0:
         raise UserError(f"{source}: no rows")
     cols = {}
-    for name in STEP_COLUMNS + OPTIONAL_COLUMNS[:2]:
+    for name in STEP_COLUMNS + NUMERIC_OPTIONAL_COLUMNS:
         if name not in df.columns:
             continue
         values = pd.to_numeric(df[name], errors="coerce").to_numpy(dtype=float)
