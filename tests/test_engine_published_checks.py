@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from roofline.engine_presets import step_costs
+from roofline.engine_presets import fitted_tables, step_costs
 from roofline.hardware import load_hardware
 from roofline.latency import step_time_s
 from roofline.published_steps import DATA_FILE, published_tables
@@ -619,7 +619,7 @@ def test_the_eagle3_tables_contradict_constant_tau_for_eagle_by_hand():
 
 
 def test_the_benchmark_leaves_eagles_contradicted_rows_unjudged_and_judges_eagle3():
-    results, unjudged = _bench().batch_growth(published_tables())
+    results, unjudged, _ = _bench().batch_growth(published_tables())
     judged = [name for name, *_ in results]
     assert any("eagle3-table3 eagle3" in n for n in judged) and any("eagle3-table5 eagle3" in n for n in judged)
     assert not any(n.split(":")[0].endswith(" eagle") for n in judged)
@@ -646,7 +646,7 @@ def test_the_benchmark_counts_close_calls_apart_and_its_stored_resolution_holds(
     measurement) or close (listed apart, never counted as agreeing), and the stored call
     resolution is the one its rule gives on these tables."""
     tables = published_tables()
-    results, close_lines = _bench().engine_configs(tables)
+    results, close_lines, _ = _bench().engine_configs(tables)
     calls = 0
     for table in tables:
         if table.kind == "engine_configs":
@@ -662,3 +662,28 @@ def test_the_benchmark_counts_close_calls_apart_and_its_stored_resolution_holds(
     assert all("close call, no call made" in line for line in close_lines)
     (check,) = [r for r in results if r[0].startswith("call resolution")]
     assert check[1] == 0.0
+
+
+def test_the_pooled_held_out_judgement_by_hand_and_without_the_fitted_tables():
+    """Part (f): |errors| 5%, 10%, 30% pool to a median of 10%; one confident call wrong of two
+    is 50% wrong. On the real tables, the pool takes every configuration but each batch's
+    reference (plain, else the chain) of the engine_configs tables no preset term was fitted on
+    (SpecBundle's two are left out), and each of their calls is either confident (pooled) or
+    close."""
+    bench = _bench()
+    median, wrong = bench.pooled([0.05, 0.30, 0.10], [True, False])
+    assert median[1] == pytest.approx(0.10) and "pooled over 3 held-out" in median[0]
+    assert wrong[1] == pytest.approx(0.5) and "wrong: 1 of 2" in wrong[0]
+    tables = published_tables()
+    fitted = fitted_tables()
+    held_tables = [t for t in tables if t.kind == "engine_configs" and t.id not in fitted]
+    assert len(held_tables) < sum(t.kind == "engine_configs" for t in tables)
+    _, close_lines, held = bench.engine_configs(tables)
+    assert len(held["errors"]) == sum(len(t.steps) - t.steps["group"].nunique() for t in held_tables)
+    calls = 0
+    for table in held_tables:
+        for _, group in table.steps.groupby("group"):
+            kinds = set(group["config"].str.split().str[0])
+            calls += ("plain" in kinds) + ({"chain", "tree"} <= kinds)
+    held_close = [line for line in close_lines if line.split()[0] not in fitted]
+    assert len(held["confident"]) + len(held_close) == calls

@@ -2913,6 +2913,22 @@ MUTANTS = (
         ("tests/test_engine_published_checks.py",),
     ),
     Mutant(
+        "pooled-held-out-takes-fitted-tables",
+        "benchmarks/bench_published_steps.py",
+        """        if table.id not in fitted:\n            held["errors"] += list(np.abs(errors))""",
+        """        if True:\n            held["errors"] += list(np.abs(errors))""",
+        "the pooled held-out judgement counts the tables a preset term was fitted on",
+        ("tests/test_engine_published_checks.py",),
+    ),
+    Mutant(
+        "pooled-held-out-mean-not-median",
+        "benchmarks/bench_published_steps.py",
+        "float(np.median(held_errors)),",
+        "float(np.mean(held_errors)),",
+        "the pooled held-out judgement takes the mean |error|, not the median",
+        ("tests/test_engine_published_checks.py",),
+    ),
+    Mutant(
         "close-calls-longest-chain-as-a-tree",
         "treeopt/close_calls.py",
         "chain, tree = spec & (nodes <= chain_nodes), spec & (nodes > chain_nodes)",
