@@ -95,6 +95,17 @@ SPECBUNDLE_70B = {
     (7, 1, 8): (1440.37, 3.9779),
     (7, 4, 8): (1033.77, 3.2422),
 }
+# SpecForge's SpecBundle dashboard, Qwen3-30B-A3B-Instruct-2507 at batch 8 on H200s (TP 4 taken: the
+# run's parallel configuration is not printed), MT-Bench, drafter QiaolingChen/Sglang-eagle3-Qwen3-30B-A3B-
+# Instruct-2507; held out (no preset term is fitted on it)
+SPECBUNDLE_QWEN3_30B = {
+    (0, 0, 0): (1341.35, 1.0),
+    (3, 1, 4): (2048.69, 2.4958),
+    (5, 1, 6): (2086.12, 2.8311),
+    (5, 3, 6): (1698.42, 2.5572),
+    (7, 1, 8): (1998.16, 2.9819),
+    (7, 4, 8): (1742.98, 2.7422),
+}
 
 # vLLM PR #16035 (github.com/vllm-project/vllm/pull/16035): EAGLE-1 chains on Llama-3-8B at batch 1,
 # MT-Bench, offline; K draft tokens: (output tok/s, acceptance length), K = 0 vanilla
@@ -359,11 +370,53 @@ def test_the_sglang_preset_on_specbundles_70b_at_tp4_and_the_forward_it_overpric
     assert order[1 + int(np.argmin(per_token))] == (3, 1, 4)  # the preset's pick, the recorded miss
 
 
+def test_the_sglang_preset_calls_a_chain_for_specbundles_moe_as_measured_but_overprices_its_steps():
+    """SpecBundle, Qwen3-30B-A3B at batch 8 on four H200s (held out; TP 4 taken, not printed): every
+    configuration measured cheaper per token than plain decoding (the preset prices its two trees
+    dearer per token than plain decoding, its chains cheaper) and the best per token a chain
+    (5-1-6 at 2086.12 tok/s, 19.7% more tokens per second than the best tree, 7-4-8 at 1742.98).
+    The preset calls both as measured: speculation on, and a chain, its cheapest chain and tree
+    farther apart per token than the stored call resolution (a confident call). Its steps over plain
+    decoding are too dear, above 15% at the median (2.4958 x 1341.35 / 2048.69 = 1.634 measured for
+    3-1-4; the benchmark's FAIL on this table). The trees cost more than the chains of equal counts,
+    (2.5572 / 1698.42) / (2.8311 / 2086.12) = 1.109 and (2.7422 / 1742.98) / (2.9819 / 1998.16) =
+    1.054 times, but per target layer (48) less than the low end of the sglang preset's fitted range
+    (25.1 us): 24.7 and 13.5 us."""
+    configs = SPECBUNDLE_QWEN3_30B
+    measured, predicted, plain_s = _specbundle(configs, "h200", "qwen3-30b-a3b", 8, 4)
+    order = list(configs)
+    lengths = np.array([length for _, length in configs.values()])
+    assert measured[order.index((3, 1, 4))] == pytest.approx(2.4958 * 1341.35 / 2048.69)
+    assert np.all(measured[1:] < lengths[1:]) and min(predicted[1:] / lengths[1:]) < 1  # on, as measured
+    # but the preset prices both trees dearer per token than plain decoding, where they measured cheaper
+    assert [order[i] for i in range(1, len(order)) if predicted[i] > lengths[i]] == [(5, 3, 6), (7, 4, 8)]
+    assert np.median(np.abs(predicted[1:] / measured[1:] - 1)) > 0.15  # the recorded miss
+    resolution = json.loads((ROOT / "roofline" / "data" / "call_resolution.json").read_text(encoding="utf-8"))[
+        "fraction"
+    ]
+    chains = [i for i, c in enumerate(order) if c[0] and c[1] == 1]
+    trees = [i for i, c in enumerate(order) if c[1] > 1]
+    for per_token in (measured / lengths, predicted / lengths):
+        best_chain, best_tree = min(per_token[chains]), min(per_token[trees])
+        assert best_chain < best_tree
+    predicted_per_token = predicted / lengths
+    assert min(predicted_per_token[trees]) / min(predicted_per_token[chains]) - 1 > resolution  # confident
+    assert max(configs, key=lambda c: configs[c][0]) == (5, 1, 6)
+    assert configs[(5, 1, 6)][0] / configs[(7, 4, 8)][0] == pytest.approx(1.197, abs=1e-3)
+    chain5, tree5, chain7, tree7 = (order.index(c) for c in ((5, 1, 6), (5, 3, 6), (7, 1, 8), (7, 4, 8)))
+    assert measured[tree5] / measured[chain5] == pytest.approx((2.5572 / 1698.42) / (2.8311 / 2086.12))
+    assert measured[tree7] / measured[chain7] == pytest.approx((2.7422 / 1742.98) / (2.9819 / 1998.16))
+    per_layer = _tree_minus_chain_s(configs, 8, 48)
+    assert per_layer == pytest.approx([24.7e-6, 13.5e-6], abs=0.1e-6)
+    assert max(per_layer) < 25.1e-6 < SPECBUNDLE_TREE_LAYER_S
+
+
 def test_the_specbundle_tables_hold_the_typed_numbers():
     raw = {t["id"]: t for t in json.loads(DATA_FILE.read_text(encoding="utf-8"))["tables"]}
     for table_id, configs, tp, batch in (
         ("specbundle-llama-3.1-8b", SPECBUNDLE_8B, 1, 1),
         ("specbundle-llama-3.3-70b", SPECBUNDLE_70B, 4, 8),
+        ("specbundle-qwen3-30b-a3b", SPECBUNDLE_QWEN3_30B, 4, 8),
     ):
         table = raw[table_id]
         assert (table["setup"]["hardware"], table["setup"]["tensor_parallel"], table["batches"]) == (

@@ -4003,6 +4003,14 @@ MUTANTS = (
         ("tests/test_engine_published_checks.py",),
     ),
     Mutant(
+        "data-specbundle-qwen3-on-one-gpu",
+        "roofline/data/published_speculative_steps.json",
+        '"hardware": "h200",\n    "tensor_parallel": 4,',
+        '"hardware": "h200",\n    "tensor_parallel": 1,',
+        "SpecBundle's Qwen3-30B-A3B priced on one H200 instead of the four taken",
+        ("tests/test_engine_published_checks.py",),
+    ),
+    Mutant(
         "sample-size-per-sample-not-per-call",
         "treeopt/timing.py",
         "return inner, dt / inner",
