@@ -55,7 +55,8 @@ A benchmark, not a test: no GPU and no download; it reads roofline/data/publishe
     eight B200s (trtllm), and AngelSlim issue #163's SGLang EAGLE-3 trees of Qwen3-30B-A3B on four
     H100s beside plain decoding at batches 1-64 and SGLang PR #5318's chain and tree of Llama-3.1-8B
     beside plain decoding at batch 1, and SpecBundle's chains and trees of Qwen3-30B-A3B at batch 8
-    on H200s (TP 4 taken; held out) (sglang). A configuration labelled "tree" is priced as a step
+    on H200s (TP 4 taken; held out) and of Llama 4 Scout on eight (held out; its plain run not
+    held: the table is judged against its chain 3-1-4) (sglang). A configuration labelled "tree" is priced as a step
     whose tokens branch (its preset's tree_verify_layer_s per target layer). Per batch: the step ratios'
     errors, and three calls against the measurement: on/off (is plain decoding the cheapest per
     token), chain-or-tree (is the cheapest speculative configuration a chain or a tree), and the

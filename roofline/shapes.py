@@ -415,6 +415,31 @@ _MOE_BUILTIN.append(
         dtype="bf16",
     )
 )
+# Llama 4 Scout: every layer a MoE layer (interleave_moe_layer_step 1) of 16 routed experts (top-1)
+# and one shared expert, both of intermediate_size (8192); no dense layer, so intermediate_size_mlp
+# (16384) is carried unused. transformers' Llama4TextConfig defaults are Scout's, its docstring says.
+_MOE_BUILTIN.append(
+    replace(
+        _s(
+            "llama-4-scout",
+            48,
+            5120,
+            16384,
+            40,
+            8,
+            202048,
+            "transformers 5.24 Llama4TextConfig defaults, documented as 'a similar configuration to that of "
+            "meta-llama/Llama-4-Scout-17B-16E': 16 experts, top-1, 1 shared expert of intermediate_size 8192 in "
+            "every one of its 48 layers (interleave_moe_layer_step 1); chunked attention not modelled",
+        ),
+        routed_experts=16,
+        experts_per_token=1,
+        expert_intermediate=8192,
+        shared_intermediate=8192,
+        dense_layers=0,
+        dtype="bf16",
+    )
+)
 _BUILTIN.update({s.name: s for s in _MOE_BUILTIN})
 # Vicuna v1.3 (the Medusa paper's models) are LLaMA-1 fine-tunes with unchanged shapes.
 _ALIASES = {

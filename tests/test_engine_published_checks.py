@@ -106,6 +106,17 @@ SPECBUNDLE_QWEN3_30B = {
     (7, 1, 8): (1998.16, 2.9819),
     (7, 4, 8): (1742.98, 2.7422),
 }
+# the same dashboard, Llama-4-Scout-17B-16E-Instruct at batch 8 on eight H200s (TP 8, the dashboard's
+# earlier sheet), MT-Bench, drafter frankleeeee/SGLangg-EAGLE3-Llama-4-Scout-17B-16E-Instruct-perfect-blend-
+# regenerated; its plain run (502.10 tok/s) is not held (a step longer than 3-1-4's whole speculative step)
+SPECBUNDLE_SCOUT_PLAIN_TOK_S = 502.10
+SPECBUNDLE_SCOUT = {
+    (3, 1, 4): (1302.38, 2.4914),
+    (5, 1, 6): (1312.40, 2.8364),
+    (5, 3, 6): (967.13, 2.3256),
+    (7, 1, 8): (1276.96, 3.0189),
+    (7, 4, 8): (1010.41, 2.7008),
+}
 
 # vLLM PR #16035 (github.com/vllm-project/vllm/pull/16035): EAGLE-1 chains on Llama-3-8B at batch 1,
 # MT-Bench, offline; K draft tokens: (output tok/s, acceptance length), K = 0 vanilla
@@ -411,12 +422,49 @@ def test_the_sglang_preset_calls_a_chain_for_specbundles_moe_as_measured_but_ove
     assert max(per_layer) < 25.1e-6 < SPECBUNDLE_TREE_LAYER_S
 
 
+def test_the_sglang_preset_calls_a_chain_for_specbundles_llama_4_scout_at_tp8_as_measured():
+    """SpecBundle, Llama 4 Scout (16 experts, top-1, in every layer) at batch 8 on eight H200s (held
+    out). The file's plain run is not held: its step, 8 / 502.10 tok/s = 15.93 ms, is longer than
+    the chain 3-1-4's whole speculative step, 8 x 2.4914 / 1302.38 = 15.30 ms. Against the chain
+    3-1-4 the steps are within 15% at the median. The best per token is a chain (5-1-6, 1312.40
+    tok/s, 29.9% more tokens per second than the best tree, 7-4-8 at 1010.41), and the preset calls a
+    chain with its cheapest chain and tree farther apart per token than the stored call resolution
+    (a confident call), as measured. The trees cost (2.3256 / 967.13) / (2.8364 / 1312.40) = 1.113
+    and (2.7008 / 1010.41) / (3.0189 / 1276.96) = 1.131 times the chains of equal counts: 40.6 and
+    51.5 us per target layer (48), above the sglang preset's fitted range (25.1-37.5 us)."""
+    configs = SPECBUNDLE_SCOUT
+    assert 8 / SPECBUNDLE_SCOUT_PLAIN_TOK_S > 8 * 2.4914 / 1302.38  # the plain run not held
+    order = list(configs)
+    tokens, stages = [c[2] for c in order], [c[0] for c in order]
+    trees = [c[1] > 1 for c in order]
+    predicted = _steps("sglang", "eagle3", "h200", "llama-4-scout", 8, tokens, stages, tp=8, trees=trees)
+    step = np.array([8 * length / thr for thr, length in configs.values()])
+    measured, predicted = step / step[0], predicted / predicted[0]
+    assert measured[order.index((7, 4, 8))] == pytest.approx((2.7008 / 1010.41) / (2.4914 / 1302.38))
+    assert np.median(np.abs(predicted[1:] / measured[1:] - 1)) <= 0.15
+    lengths = np.array([length for _, length in configs.values()])
+    resolution = json.loads((ROOT / "roofline" / "data" / "call_resolution.json").read_text(encoding="utf-8"))[
+        "fraction"
+    ]
+    chains, tree_rows = [i for i, t in enumerate(trees) if not t], [i for i, t in enumerate(trees) if t]
+    for per_token in (measured / lengths, predicted / lengths):
+        assert min(per_token[chains]) < min(per_token[tree_rows])
+    per_token = predicted / lengths
+    assert min(per_token[tree_rows]) / min(per_token[chains]) - 1 > resolution  # confident
+    assert max(configs, key=lambda c: configs[c][0]) == (5, 1, 6)
+    assert configs[(5, 1, 6)][0] / configs[(7, 4, 8)][0] == pytest.approx(1.299, abs=1e-3)
+    per_layer = _tree_minus_chain_s(configs, 8, 48)
+    assert per_layer == pytest.approx([40.6e-6, 51.5e-6], abs=0.1e-6)
+    assert min(per_layer) > 37.5e-6 > SPECBUNDLE_TREE_LAYER_S
+
+
 def test_the_specbundle_tables_hold_the_typed_numbers():
     raw = {t["id"]: t for t in json.loads(DATA_FILE.read_text(encoding="utf-8"))["tables"]}
     for table_id, configs, tp, batch in (
         ("specbundle-llama-3.1-8b", SPECBUNDLE_8B, 1, 1),
         ("specbundle-llama-3.3-70b", SPECBUNDLE_70B, 4, 8),
         ("specbundle-qwen3-30b-a3b", SPECBUNDLE_QWEN3_30B, 4, 8),
+        ("specbundle-llama-4-scout", SPECBUNDLE_SCOUT, 8, 8),
     ):
         table = raw[table_id]
         assert (table["setup"]["hardware"], table["setup"]["tensor_parallel"], table["batches"]) == (
@@ -429,6 +477,8 @@ def test_the_specbundle_tables_hold_the_typed_numbers():
             config = table["configs"][name]
             assert (config["throughput_tok_s"], config["acceptance_length"]) == ([thr], [length])
             assert (config["verified_tokens"], config["draft_stages"]) == ((draft, steps) if steps else (1, 0))
+    scout = raw["specbundle-llama-4-scout"]
+    assert "plain" not in scout["configs"] and "502.10 tok/s" in scout["setup"]["plain_run_not_held"]
 
 
 def test_the_trtllm_preset_predicts_tensorrt_llms_eagle3_chain_of_llama_4_maverick():

@@ -134,6 +134,7 @@ def test_every_shape_used_is_built_in(tables):
         "qwen3-30b-a3b",
         "llama-3-70b",
         "llama-4-maverick",
+        "llama-4-scout",
         "deepseek-v3",
     }
     assert shapes <= set(builtin_shapes())

@@ -66,6 +66,23 @@ def test_llama_4_maverick_is_its_config_with_the_published_total():
     assert m.params / 1e9 == pytest.approx(400, rel=0.01)
 
 
+def test_llama_4_scout_is_transformers_llama4_defaults_with_the_published_total():
+    """Meta's Llama 4 blog and model card: Scout has 109B total parameters (the vision encoder
+    among them, which a text step does not read), 17B active, 16 experts; transformers'
+    Llama4TextConfig, whose defaults its docstring gives as Scout's: 48 layers, hidden 5120,
+    intermediate_size 8192 (experts and the shared expert), 40 heads, 8 KV heads, head_dim 128,
+    vocabulary 202048, 16 experts, top-1, every layer a MoE layer (interleave_moe_layer_step 1).
+    The text model is 107.8B: embeddings and head 2 x 202048 x 5120, attention 48 x (2 x 5120^2 +
+    2 x 5120 x 1024), experts 48 x 17 x 3 x 5120 x 8192 (the router's 48 x 5120 x 16 aside)."""
+    m = model_shape("llama-4-scout")
+    assert (m.layers, m.hidden, m.heads, m.kv_heads, m.head_dim, m.vocab) == (48, 5120, 40, 8, 128, 202048)
+    assert (m.expert_intermediate, m.shared_intermediate) == (8192, 8192)
+    assert (m.routed_experts, m.experts_per_token, m.dense_layers, m.moe_layers) == (16, 1, 0, 48)
+    by_hand = 2 * 202048 * 5120 + 48 * (2 * 5120**2 + 2 * 5120 * 1024) + 48 * 17 * 3 * 5120 * 8192
+    assert m.params == pytest.approx(by_hand, rel=1e-3)
+    assert m.params / 1e9 == pytest.approx(109, rel=0.02)
+
+
 def test_vicuna_aliases_and_gqa_shapes():
     v = model_shape("vicuna-7b")
     l7 = model_shape("llama-7b")

@@ -4011,6 +4011,22 @@ MUTANTS = (
         ("tests/test_engine_published_checks.py",),
     ),
     Mutant(
+        "data-specbundle-scout-on-one-gpu",
+        "roofline/data/published_speculative_steps.json",
+        'does not print the parallel configuration)",\n    "hardware": "h200",\n    "tensor_parallel": 8,',
+        'does not print the parallel configuration)",\n    "hardware": "h200",\n    "tensor_parallel": 1,',
+        "SpecBundle's Llama 4 Scout priced on one H200 instead of eight",
+        ("tests/test_engine_published_checks.py",),
+    ),
+    Mutant(
+        "shape-llama-4-scout-with-maverick-experts",
+        "roofline/shapes.py",
+        "routed_experts=16,",
+        "routed_experts=128,",
+        "the built-in Llama 4 Scout given Maverick's 128 experts instead of its 16",
+        ("tests/test_roofline_shapes.py",),
+    ),
+    Mutant(
         "sample-size-per-sample-not-per-call",
         "treeopt/timing.py",
         "return inner, dt / inner",
