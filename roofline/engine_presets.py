@@ -120,6 +120,8 @@ class EnginePreset:
     #: preset's own was fitted on (not held out from any check)
     hows: dict = field(default_factory=dict)
     fitted_tables: tuple[str, ...] = ()
+    #: the terms of a carried preset fitted on its own engine's published steps
+    own_terms: tuple[str, ...] = ()
 
     @property
     def priced(self) -> bool:
@@ -171,7 +173,8 @@ def load_presets(path=DATA_FILE) -> dict[str, EnginePreset]:
             drafting_per_step=frozenset(k for k, v in raw.get("drafting", {}).items() if v["unit"] == PER_STEP),
             carried_from=raw.get("carried_from"),
             hows={k: v.get("how", "") for k, v in terms.items()},
-            fitted_tables=tuple(t for v in terms.values() for t in v.get("tables", [])),
+            fitted_tables=tuple(dict.fromkeys(t for v in terms.values() for t in v.get("tables", []))),
+            own_terms=tuple(k for k, v in terms.items() if v.get("tables")),
         )
     return out
 
@@ -268,7 +271,7 @@ def step_costs(
     elif preset.measured:
         line = f"step costs: {name} preset ({preset.source_text()})"
     elif preset.carried_from:
-        own = f"; its tree verification per layer fitted on {name}'s own steps" if preset.fitted_tables else ""
+        own = f"; its {', '.join(preset.own_terms)} fitted on {name}'s own steps" if preset.own_terms else ""
         line = (
             f"step costs: {name} preset, the {preset.carried_from} preset's terms with wider ranges "
             f"(no published step of {name} fits them{own}; {preset.source_text()})"

@@ -144,7 +144,7 @@ def _engine_sentence(hw: HardwareProfile, family: str | None = None) -> str:
         return (
             f"this built-in profile carries the {preset.family} engine preset ({preset.title}): no published step "
             f"of it fits the step terms, so it carries the {preset.carried_from} preset's terms with wider ranges"
-            + (" (its cost per layer of a branching tree is its own)" if preset.fitted_tables else "")
+            + (f" (its {', '.join(preset.own_terms)} are its own)" if preset.own_terms else "")
             + f" ({preset.source_text()}); the GPU's roofs are the datasheet's. The terms and their ranges are in "
             "roofline/data/engine_presets.json."
         )

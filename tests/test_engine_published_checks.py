@@ -181,10 +181,11 @@ def test_the_vllm_preset_prices_a_tree_against_a_chain_as_vllm_measured():
 def test_the_sglang_preset_calls_speculation_off_for_the_moe_as_measured():
     """Qwen3-30B-A3B on two H100s: every chain and tree measured slower than plain decoding at
     batches 1 and 4, and the preset prices every one of them above plain decoding per token;
-    the step ratios T/T(plain) within 20% at the median over the 8 configurations: 15% before the
-    trees paid tree_verify_layer_s (48 layers x 31.8 us), which prices the small trees high (the
-    3-3-4 tree measured 18% cheaper than its chain), the recorded miss of
-    docs/performance-model.md#engine-presets."""
+    the step ratios T/T(plain) within 15% at the median over the 8 configurations (12.3% with
+    SGLang's own EAGLE-3 drafting, 0.35 ms a depth and 0.86 ms a step fitted on SpecBundle's 8B
+    chains; 17.9% with vLLM's 0.75 ms a depth carried, 15% before the trees paid
+    tree_verify_layer_s, which prices the small trees high: the 3-3-4 tree measured 18% cheaper
+    than its chain, the recorded miss of docs/performance-model.md#engine-presets)."""
     errors = []
     for b, configs in ISSUE339.items():
         plain_thr = ISSUE339_PLAIN[b]
@@ -196,15 +197,16 @@ def test_the_sglang_preset_calls_speculation_off_for_the_moe_as_measured():
             assert step / predicted[0] / length > 1  # predicted: off, per token
             errors.append((step / predicted[0]) / (length * plain_thr / thr) - 1)
     assert len(errors) == 8
-    assert 0.15 < np.median(np.abs(errors)) <= 0.20
+    assert np.median(np.abs(errors)) <= 0.15
 
 
 def test_the_sglang_preset_misses_angelslims_moe_trees_at_tp4_as_recorded():
     """AngelSlim issue #163: Qwen3-30B-A3B on four H100s, EAGLE-3 trees beside plain decoding at
     batches 1-64. Each step over the plain step is L x plain throughput / throughput. Recorded, not
     fitted (held out). Every configuration is a tree (topk > 1) and pays tree_verify_layer_s (48
-    layers): at batch 4 the preset prices the 4-4-16 tree 10-20% above the measured 2.72 (within 5%
-    before that term); at batch 64 it calls speculation on, as measured (1307.95 against 1237.84
+    layers): at batch 4 the preset prices the 4-4-16 tree 5-15% above the measured 2.72 (8.7% with
+    SGLang's own EAGLE-3 drafting fitted on SpecBundle's chains; 15.3% with vLLM's carried; within 5%
+    before the tree term); at batch 64 it calls speculation on, as measured (1307.95 against 1237.84
     tok/s); at batch 32 it prices the tree's step (measured 3.12 plain steps) more than 35% low and
     calls speculation on where plain decoding measured cheaper per token (927.11 against 1128.30
     tok/s): the one confident call that misses. At batch 1 every tree measured slower than plain
@@ -219,7 +221,7 @@ def test_the_sglang_preset_misses_angelslims_moe_trees_at_tp4_as_recorded():
             measured = length * plain_thr / thr
             ratio[b, key] = (step / predicted[0], measured, length)
     tree = (4, 4, 16)
-    assert 0.10 <= ratio[4, tree][0] / ratio[4, tree][1] - 1 <= 0.20
+    assert 0.05 <= ratio[4, tree][0] / ratio[4, tree][1] - 1 <= 0.15
     assert ratio[64, tree][0] / ratio[64, tree][2] < 1 and ISSUE163[64][tree][0] > ISSUE163_PLAIN[64]
     assert ratio[32, tree][0] / ratio[32, tree][1] - 1 < -0.35
     assert ratio[32, tree][0] / ratio[32, tree][2] < 1 and ISSUE163[32][tree][0] < ISSUE163_PLAIN[32]
@@ -235,7 +237,9 @@ def test_the_sglang_preset_misses_angelslims_moe_trees_at_tp4_as_recorded():
 def test_the_sglang_preset_on_sglangs_chain_and_tree_of_llama_8b_at_batch_1():
     """SGLang PR #5318: plain decoding, the chain (3, 1, 4) and the tree (5, 4, 8) for one request.
     Each step over the plain step is L x 148.66 / throughput: 1.47 and 1.86. The sglang preset
-    within 20% of each and within 15% at the median, both priced cheaper per token than plain
+    within 20% of each, both low (14% and 19%: SGLang's own drafting, fitted on SpecBundle's SGLang
+    0.5.6 chains on an H200, is cheaper than this April 2025 build's; 11% and 18% with vLLM's
+    carried 0.75 ms a depth), both priced cheaper per token than plain
     decoding (speculation on, as measured), and chain against tree within the stored call
     resolution of each other per token, in the preset as in the measurement (214.14 against
     204.46 tok/s: 4.7%): a close call, which the model does not make."""
@@ -248,7 +252,7 @@ def test_the_sglang_preset_on_sglangs_chain_and_tree_of_llama_8b_at_batch_1():
         chain_s / plain_s / (chain[1] * plain_thr / chain[0]) - 1,
         tree_s / plain_s / (tree[1] * plain_thr / tree[0]) - 1,
     ]
-    assert max(map(abs, errors)) <= 0.20 and np.median(np.abs(errors)) <= 0.15
+    assert max(map(abs, errors)) <= 0.20 and max(errors) < 0
     assert chain_s / plain_s / chain[1] < 1 and tree_s / plain_s / tree[1] < 1
     resolution = json.loads((ROOT / "roofline" / "data" / "call_resolution.json").read_text(encoding="utf-8"))[
         "fraction"
@@ -280,15 +284,16 @@ def test_the_sglang_preset_underprices_sglangs_64_token_tree_at_tp8_by_the_recor
     """SGLang PR #4716: a 64-token EAGLE-3 tree (8 draft forwards of topk 8) on Llama-3.3-70B over
     eight H100s at batch 1 ran 25.07 ms a step (5.88 x 1000 / 234.54) against 11.29 ms plain
     (1000 / 88.61): T(tree)/T(plain) = 2.22. The plain step is priced within 5%; the sglang preset
-    (vLLM's terms, fitted on 8B chains on one GPU, and SGLang's own tree_verify_layer_s, 80 layers x
-    31.8 us = 2.5 ms) prices the tree 5-15% low (15-25% low without the tree term), the recorded
+    (SGLang's own EAGLE-3 drafting, 0.35 ms a depth and 0.86 ms a step fitted on SpecBundle's 8B
+    chains on one GPU, and its tree_verify_layer_s, 80 layers x 31.8 us = 2.5 ms) prices the tree
+    15-25% low (19.9%; 10.3% with vLLM's 0.75 ms a depth carried), the recorded
     miss of docs/performance-model.md#engine-presets (the ideal engine: more than 40% low);
     speculation is still called on, as measured (2.65x)."""
     plain_ms, tree_ms = 1e3 / PR4716_PLAIN[0], 1e3 * PR4716_TREE[1] / PR4716_TREE[0]
     plain, tree = _steps("sglang", "eagle3", "h100-sxm", "llama-3-70b", 1, [1, 64], [0, 8], tp=8, trees=[False, True])
     assert abs(1e3 * plain / plain_ms - 1) <= 0.05
     error = (tree / plain) / (tree_ms / plain_ms) - 1
-    assert -0.15 <= error <= -0.05
+    assert -0.25 <= error <= -0.15
     ideal_plain, ideal_tree = _steps("ideal", "eagle3", "h100-sxm", "llama-3-70b", 1, [1, 64], [0, 8], tp=8)
     assert (ideal_tree / ideal_plain) / (tree_ms / plain_ms) - 1 < -0.40
     assert tree / plain / PR4716_TREE[1] < 1  # on: a token of the tree costs less than a plain step
@@ -334,13 +339,14 @@ def test_the_sglang_preset_on_specbundles_8b_chains_and_trees_on_one_h200():
     after as many draft forwards as the chain 5-1-6, yet its step is (3.0061 / 346.47) / (3.5164 /
     446.64) = 1.102 times the chain's, and 7-4-8's (2.9382 / 308.01) / (3.8558 / 450.03) = 1.113
     times 7-1-8's: SGLang's topk > 1 path, which the preset prices as 32 layers x the mean per layer
-    of the four SpecBundle pairs. And the chain's depth is cheaper than the carried 0.75 ms: 7-1-8's
-    step over 3-1-4's measured (3.8558 / 450.03) / (2.8981 / 404.25) = 1.195 for four more depths,
-    the preset over 1.3."""
+    of the four SpecBundle pairs. The chains fit SGLang's EAGLE-3 drafting (a line through their steps
+    against depth, tests/test_engine_presets.py): 7-1-8's step over 3-1-4's measured (3.8558 /
+    450.03) / (2.8981 / 404.25) = 1.195 for four more depths, the preset within 2% of it (over 1.3
+    with vLLM's 0.75 ms a depth carried), and every step ratio within 3% at the median."""
     configs = SPECBUNDLE_8B
     measured, predicted, plain_s = _specbundle(configs, "h200", "llama-3-8b", 1, 1)
     errors = predicted[1:] / measured[1:] - 1
-    assert np.median(np.abs(errors)) <= 0.15
+    assert np.median(np.abs(errors)) <= 0.03
     lengths = np.array([length for _, length in configs.values()])
     assert np.all(measured[1:] < lengths[1:]) and np.all(predicted[1:] < lengths[1:])  # on, as measured
     chain5, tree5, chain7, tree7 = (list(configs).index(c) for c in ((5, 1, 6), (5, 3, 6), (7, 1, 8), (7, 4, 8)))
@@ -349,7 +355,8 @@ def test_the_sglang_preset_on_specbundles_8b_chains_and_trees_on_one_h200():
     for tree, chain in ((tree5, chain5), (tree7, chain7)):
         assert (predicted[tree] - predicted[chain]) * plain_s == pytest.approx(32 * SPECBUNDLE_TREE_LAYER_S, rel=1e-3)
     chain3 = list(configs).index((3, 1, 4))
-    assert measured[chain7] / measured[chain3] < 1.2 < 1.3 < predicted[chain7] / predicted[chain3]
+    assert measured[chain7] / measured[chain3] == pytest.approx(1.195, abs=1e-3)
+    assert predicted[chain7] / predicted[chain3] == pytest.approx(measured[chain7] / measured[chain3], rel=0.02)
 
 
 def test_the_sglang_preset_on_specbundles_70b_at_tp4_and_the_forward_it_overprices():
@@ -383,13 +390,15 @@ def test_the_sglang_preset_on_specbundles_70b_at_tp4_and_the_forward_it_overpric
 
 def test_the_sglang_preset_calls_a_chain_for_specbundles_moe_as_measured_but_overprices_its_steps():
     """SpecBundle, Qwen3-30B-A3B at batch 8 on four H200s (held out; TP 4 taken, not printed): every
-    configuration measured cheaper per token than plain decoding (the preset prices its two trees
-    dearer per token than plain decoding, its chains cheaper) and the best per token a chain
+    configuration measured cheaper per token than plain decoding, and priced so (with vLLM's 0.75 ms
+    a depth carried the preset priced both trees dearer per token than plain decoding), and the best
+    per token a chain
     (5-1-6 at 2086.12 tok/s, 19.7% more tokens per second than the best tree, 7-4-8 at 1742.98).
     The preset calls both as measured: speculation on, and a chain, its cheapest chain and tree
     farther apart per token than the stored call resolution (a confident call). Its steps over plain
-    decoding are too dear, above 15% at the median (2.4958 x 1341.35 / 2048.69 = 1.634 measured for
-    3-1-4; the benchmark's FAIL on this table). The trees cost more than the chains of equal counts,
+    decoding are too dear, above 15% at the median (15.6% with SGLang's own EAGLE-3 drafting fitted
+    on SpecBundle's 8B chains, 34.1% with vLLM's carried; 2.4958 x 1341.35 / 2048.69 = 1.634
+    measured for 3-1-4; the benchmark's FAIL on this table). The trees cost more than the chains of equal counts,
     (2.5572 / 1698.42) / (2.8311 / 2086.12) = 1.109 and (2.7422 / 1742.98) / (2.9819 / 1998.16) =
     1.054 times, but per target layer (48) less than the low end of the sglang preset's fitted range
     (25.1 us): 24.7 and 13.5 us."""
@@ -399,8 +408,7 @@ def test_the_sglang_preset_calls_a_chain_for_specbundles_moe_as_measured_but_ove
     lengths = np.array([length for _, length in configs.values()])
     assert measured[order.index((3, 1, 4))] == pytest.approx(2.4958 * 1341.35 / 2048.69)
     assert np.all(measured[1:] < lengths[1:]) and min(predicted[1:] / lengths[1:]) < 1  # on, as measured
-    # but the preset prices both trees dearer per token than plain decoding, where they measured cheaper
-    assert [order[i] for i in range(1, len(order)) if predicted[i] > lengths[i]] == [(5, 3, 6), (7, 4, 8)]
+    assert np.all(predicted[1:] < lengths[1:])  # every configuration priced cheaper per token, as measured
     assert np.median(np.abs(predicted[1:] / measured[1:] - 1)) > 0.15  # the recorded miss
     resolution = json.loads((ROOT / "roofline" / "data" / "call_resolution.json").read_text(encoding="utf-8"))[
         "fraction"

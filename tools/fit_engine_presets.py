@@ -33,11 +33,16 @@ terms with each range widened 2x each way (`carried_from`). What was found is he
 in benchmarks/bench_published_steps.py: TensorRT-LLM PR #5146's one EAGLE-3 chain beside plain
 decoding; for SGLang, EAGLE-3's Table 3, SpecForge issue #339's chains and trees, SGLang PR #4716's
 tree, PR #5318's chain and tree, AngelSlim issue #163's trees and SpecForge's SpecBundle
-dashboard's chains and trees of equal counts. SGLang's one term of its own is tree_verify_layer_s,
+dashboard's chains and trees of equal counts. SGLang's first term of its own is tree_verify_layer_s,
 the cost per target layer of verifying a topk > 1 tree beyond a chain of equal verified tokens and
 draft forwards: the mean per layer of the SpecBundle dashboard's tree-minus-chain step differences
 (`sglang_tree_verify`; those two tables are fitted, no longer held out), range their smallest and
-largest; vllm and trtllm publish no such pair and carry it with the range widened 2x each way. One term is
+largest; vllm and trtllm publish no such pair and carry it with the range widened 2x each way. The same
+dashboard's chains 3-1-4, 5-1-6 and 7-1-8 of the 8B on one GPU fit SGLang's EAGLE-3 drafting
+(`sglang_drafting`): a line through each chain's step over plain decoding's (less the forward's
+predicted growth) against its depth, its slope draft_stage_s per drafted depth (EAGLE-3, EAGLE and,
+widened, MTP), its intercept spec_step_overhead_s per step; the 70B chains (TP 4) only bound the
+cost per depth from above. One term is
 TensorRT-LLM's own: its CPU n-gram drafter's host gap per speculative step (`trtllm_ngram`, from
 TensorRT-LLM PR #19437's traces), where vLLM's numba proposer costs about nothing.
 
@@ -58,9 +63,11 @@ from scipy.optimize import least_squares
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from roofline.hardware import load_hardware  # noqa: E402
+from roofline.latency import step_time_s  # noqa: E402
 from roofline.profile_fit import predict_step_s  # noqa: E402
 from roofline.published_steps import published_tables, step_points  # noqa: E402
 from roofline.shapes import draft_heads_shape, model_shape  # noqa: E402
+from roofline.step_shape import StepShape  # noqa: E402
 
 OUT = Path(__file__).resolve().parents[1] / "roofline" / "data" / "engine_presets.json"
 FORMAT = "treeopt.engine_presets/v1"
@@ -409,12 +416,15 @@ UNMEASURED = {
     ),
     "sglang": (
         "SGLang (EAGLE/EAGLE-3, STANDALONE draft model)",
-        "SGLang's published steps fit none of the vllm preset's terms (SGLang's EAGLE numbers before them, e.g. "
-        "SafeAILab/EAGLE#173: Llama-2-7B-chat on one H100, 156 tokens/s plain, 297 with EAGLE, 64 draft tokens, "
-        "give tokens per second without the accepted tokens per step): those are carried, each range widened 2x "
-        "each way; its own term, tree_verify_layer_s (SGLang verifies a topk > 1 tree with two attention passes a "
-        "layer, a chain with one), is fitted on SpecForge's SpecBundle dashboard (chains and trees of equal counts "
-        "of Llama-3.1-8B on one H200 and Llama-3.3-70B on four), whose tables are therefore fitted, not held out; "
+        "SGLang's published steps fit none of the vllm preset's forward terms (SGLang's EAGLE numbers before them, "
+        "e.g. SafeAILab/EAGLE#173: Llama-2-7B-chat on one H100, 156 tokens/s plain, 297 with EAGLE, 64 draft "
+        "tokens, give tokens per second without the accepted tokens per step): those are carried, each range "
+        "widened 2x each way; its own terms are fitted on SpecForge's SpecBundle dashboard (SGLang 0.5.6; chains "
+        "and trees of equal counts of Llama-3.1-8B on one H200 and Llama-3.3-70B on four), whose tables are "
+        "therefore fitted, not held out: tree_verify_layer_s (SGLang verifies a topk > 1 tree with two attention "
+        "passes a layer, a chain with one), and the EAGLE-3 drafting per depth (draft_stage_s, also EAGLE's and "
+        "MTP's) and per step (spec_step_overhead_s) from the 8B chains (the 70B chains only bound the cost per "
+        "depth: the forward's row curve prices their growth above their whole measured growth); "
         "held out and judged in benchmarks/bench_published_steps.py: EAGLE-3's Table 3 (speedups per batch), "
         "SpecForge issue #339 (chains and trees of Qwen3-30B-A3B beside plain decoding), SGLang PR #4716 (a "
         "64-token tree of Llama-3.3-70B on eight H100s), SGLang PR #5318 (a chain and a tree of Llama-3.1-8B) and "
@@ -499,6 +509,95 @@ def carried_tree_verify(sglang: dict, engine: str) -> dict:
     }
 
 
+#: SGLang's chains on one GPU, whose drafting cost per depth and per step is fitted on them, and
+#: the chains at TP 4 whose forward the row curve confounds: they only bound the cost per depth
+#: from above (docs/performance-model.md#engine-presets)
+SGLANG_CHAIN_TABLE = "specbundle-llama-3.1-8b"
+SGLANG_CHAIN_BOUND_TABLE = "specbundle-llama-3.3-70b"
+
+
+def _chains(table) -> pd.DataFrame:
+    steps = table.steps
+    return steps[steps["config"].str.startswith("chain")].sort_values("draft_stages")
+
+
+def chain_excess_s(table, hw) -> tuple[np.ndarray, np.ndarray]:
+    """(draft depths, seconds): each chain's measured step over plain decoding's, less what the
+    forward pass alone adds (hw's prediction of the chain's verification over the plain step): the
+    drafting and per-step cost of the chain (docs/performance-model.md#engine-presets)."""
+    steps, chains = table.steps, _chains(table)
+    plain = steps[steps["tokens"] == 1]
+    rows = pd.concat([plain, chains])
+    step = StepShape(
+        rows["batch"].to_numpy(),
+        rows["tokens"].to_numpy(),
+        rows["context"].to_numpy(),
+        tensor_parallel_gpus=int(table.setup.get("tensor_parallel", 1)),
+    )
+    forward_s = step_time_s(model_shape(table.setup["shape"]), None, hw, step)
+    measured_s = rows["step_ms"].to_numpy() / 1e3
+    excess = (measured_s[1:] - measured_s[0]) - (forward_s[1:] - forward_s[0])
+    return chains["draft_stages"].to_numpy(dtype=float), excess
+
+
+def chain_growth_per_depth_s(table) -> list[float]:
+    """Seconds by which each chain's measured step grows per extra draft depth over the next
+    shorter chain: drafting plus the forward's growth, so an upper bound of drafting alone."""
+    chains = _chains(table)
+    return list(np.diff(chains["step_ms"].to_numpy()) / 1e3 / np.diff(chains["draft_stages"].to_numpy()))
+
+
+def sglang_drafting(tables, hw) -> tuple[dict, dict]:
+    """SGLang's EAGLE-3 drafting: (cost per drafted depth, cost per speculative step), the slope and
+    intercept of the line through the SpecBundle 8B chains' excess over plain decoding against their
+    depth (`chain_excess_s`); hw: the preset's profile without drafting. Ranges: the lines through
+    each two of the three chains; the cost per depth's upper end also the 70B chains' whole step
+    growth per depth."""
+    depth, excess = chain_excess_s(_table(tables, SGLANG_CHAIN_TABLE), hw)
+    slope, intercept = np.polyfit(depth, excess, 1)
+    pairs = [np.polyfit(np.delete(depth, i), np.delete(excess, i), 1) for i in range(len(depth))]
+    bound = chain_growth_per_depth_s(_table(tables, SGLANG_CHAIN_BOUND_TABLE))
+    fitted = (
+        "the SpecBundle dashboard's EAGLE-3 chains 3-1-4, 5-1-6, 7-1-8 of Llama-3.1-8B (one H200, batch 1): "
+        "each chain's step over plain decoding's, less the forward's predicted growth, against its draft depth"
+    )
+    per_depth = {
+        **term_record(float(slope), [p[0] for p in pairs] + [max(bound)], "s per drafted depth", ""),
+        "how": f"slope of the line through {fitted}; range: the lines through two of the three chains, up to the "
+        "Llama-3.3-70B chains' whole step growth per depth (TP 4, batch 8: the forward's row curve confounds "
+        "their drafting, so they bound it from above only)",
+        "tables": [SGLANG_CHAIN_TABLE, SGLANG_CHAIN_BOUND_TABLE],
+    }
+    per_step = {
+        **term_record(float(intercept), [p[1] for p in pairs], "s", ""),
+        "how": f"intercept (depth 0) of the line through {fitted}: SGLang's cost of a speculative step beyond its "
+        "draft depths and verification forward; range: the lines through two of the three chains",
+        "tables": [SGLANG_CHAIN_TABLE],
+    }
+    return per_depth, per_step
+
+
+def sglang_drafting_by_kind(per_depth: dict) -> dict:
+    """SGLang's drafter kinds priced by its own chains: EAGLE and EAGLE-3 (one worker, SGLang's
+    EAGLEWorker, serves both) at the fitted cost per depth; MTP (SGLang runs DeepSeek's NextN
+    layer through the same worker) at that cost with the range widened 0.5x-2x, as vLLM's MTP."""
+    own = {k: v for k, v in per_depth.items() if k != "tables"}
+    lo, hi = own["range"]
+    return {
+        "eagle": {
+            **own,
+            "how": "SGLang's EAGLE-3 cost per depth (EAGLE runs through the same EAGLEWorker): " + own["how"],
+        },
+        "eagle3": own,
+        "mtp": {
+            **own,
+            "range": [rounded(lo * 0.5), rounded(hi * 2.0)],
+            "how": "SGLang's EAGLE-3 cost per depth (no published SGLang MTP step; SGLang runs an MTP layer, one "
+            "decoder layer per depth, through the same EAGLEWorker); range widened 0.5x-2x",
+        },
+    }
+
+
 def derive() -> dict:
     tables = published_tables()
     families = {
@@ -522,6 +621,16 @@ def derive() -> dict:
     sglang["fit_rows"] += (
         "; tree_verify_layer_s its own: SpecForge's SpecBundle dashboard, trees minus chains of equal counts "
         "(" + ", ".join(SGLANG_TREE_TABLES) + ")"
+    )
+    carried = {k: sglang["terms"][k]["value"] for k in ("forward_overhead_s", "verified_token_s")}
+    chains_hw = load_hardware(_table(tables, SGLANG_CHAIN_TABLE).hardware).with_(**carried)
+    per_depth, per_step = sglang_drafting(tables, chains_hw)
+    sglang["terms"]["draft_stage_s"] = per_depth
+    sglang["terms"]["spec_step_overhead_s"] = per_step
+    sglang["drafting"].update(sglang_drafting_by_kind(per_depth))
+    sglang["fit_rows"] += (
+        "; draft_stage_s (EAGLE and EAGLE-3 per depth) and spec_step_overhead_s its own: the same dashboard's chains "
+        f"of {SGLANG_CHAIN_TABLE}, bounded by those of {SGLANG_CHAIN_BOUND_TABLE}"
     )
     for family, engine in (("vllm", "vLLM (tree attention until 0.20)"), ("trtllm", "TensorRT-LLM")):
         families[family]["terms"]["tree_verify_layer_s"] = carried_tree_verify(

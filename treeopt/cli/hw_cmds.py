@@ -118,7 +118,8 @@ def _echo_presets() -> None:
         "identifiable from the published steps; carried: no published step of that engine, the closest family's "
         "terms with ranges widened 2x; per layer of a tree: what a step verifying a branching tree costs beyond a "
         "chain of as many tokens, SGLang's fitted on SpecForge's SpecBundle trees minus chains, carried to vllm and "
-        "trtllm; unmeasured families keep the ideal terms. --engine picks its family's preset "
+        "trtllm; SGLang's EAGLE-3 drafting per depth and per step fitted on the same dashboard's chains; "
+        "unmeasured families keep the ideal terms. --engine picks its family's preset "
         "(medusa, hydra, treeopt: hf-eager; trtllm; vllm*; sglang*), --engine-costs any family; a profile file "
         "keeps its own terms. Sources: `treeopt hw published`; held-out errors: benchmarks/bench_published_steps.py; "
         "docs/performance-model.md#engine-presets."
@@ -244,11 +245,13 @@ def _echo_preset_sources() -> None:
         tree = p.hows.get("tree_verify_layer_s")
         tree_line = f"  tree_verify_layer_s {_preset_value(p, 'tree_verify_layer_s')}: {tree}" if tree else ""
         if p.carried_from:
-            own = " (but tree_verify_layer_s)" if p.fitted_tables else ""
+            own = f" (but {', '.join(p.own_terms)})" if p.own_terms else ""
             click.echo(f"{p.family}: no fit of its own{own}; the {p.carried_from} preset's terms, ranges widened.")
             for line in p.not_known:  # what was published and held out
                 click.echo(f"  {line}")
-            if tree_line:
+            for term in p.own_terms:
+                click.echo(f"  {term} {_preset_value(p, term)}: {p.hows[term]}")
+            if tree_line and "tree_verify_layer_s" not in p.own_terms:
                 click.echo(tree_line)
             continue
         if not p.measured:
