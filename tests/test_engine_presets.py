@@ -351,8 +351,10 @@ def test_sglang_eagle3_drafting_is_the_line_through_specbundle_chains():
     assert {"specbundle-llama-3.1-8b", "specbundle-llama-3.3-70b"} == set(sglang.fitted_tables)
 
 
-# SGLang fits drafting terms of its own (above), so only the presets of vLLM's terms meet vLLM's cost model
-@pytest.mark.parametrize("engine", ["vllm", "trtllm"])
+# Every preset a user can pick for an EAGLE chain on an H100 prices SpecDecode-Bench's measured vLLM step
+# within 10% at the median (issue 42's first target); SGLang's drafting is its own (above), fitted on
+# SGLang's steps, not on this cost model, and must still land within it
+@pytest.mark.parametrize("engine", ["vllm", "trtllm", "sglang"])
 def test_whole_speculative_step_matches_specdecode_bench_within_ten_percent(engine):
     cells = [(b, s) for b in (1, 2, 4, 8, 16, 32, 64, 128) for s in (512, 2048)]
     errors = np.array([_treeopt_ratio(engine, b, s) / _sdb_ratio(b, s) - 1 for b, s in cells])
