@@ -185,7 +185,9 @@ def test_hw_list_and_published_show_the_presets(capsys):
     rows = {line.split()[0]: line for line in listed.splitlines() if line.split()[:1] and line.split()[0] in FAMILIES}
     assert set(rows) == set(FAMILIES)
     assert rows["ibm-tgis"].split()[1] == "yes" and rows["vllm"].split()[1] == "yes"
-    assert rows["sglang"].split()[1] == "carried" and rows["trtllm"].split()[1] == "carried"
+    # SGLang fits its drafting and tree term on its own steps and carries vLLM's forward terms; TensorRT-LLM
+    # fits none of the terms (its n-gram host gap is a drafter cost, not a term)
+    assert rows["sglang"].split()[1] == "partly" and rows["trtllm"].split()[1] == "carried"
     assert rows["ideal"].split()[1] == "no"
     assert "drafting per depth by drafter kind (vllm): eagle 749 us" in listed
     assert "ngram 1.1 ms per step" in listed  # the trtllm preset's CPU n-gram host gap, once a step

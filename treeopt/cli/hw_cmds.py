@@ -94,11 +94,17 @@ def _ms(seconds: float) -> str:
     return "0" if seconds == 0 else f"{seconds * 1e3:.3g} ms" if seconds >= 1e-3 else f"{seconds * 1e6:.3g} us"
 
 
+def _carried(preset) -> str:
+    """The measured column of a preset that carries another family's terms: "partly" where some of
+    its terms are fitted on its own engine's published steps (SGLang's drafting and tree term)."""
+    return f"{'partly' if preset.own_terms else 'carried'} ({preset.carried_from})"
+
+
 def _echo_presets() -> None:
     """The engine presets (docs/performance-model.md#engine-presets): what `--engine` (or
     `--engine-costs`) sets on a built-in profile."""
     rows = [
-        [p.family, "yes" if p.measured else f"carried ({p.carried_from})" if p.carried_from else "no"]
+        [p.family, "yes" if p.measured else _carried(p) if p.carried_from else "no"]
         + [_preset_value(p, f) for f in _PRESET_COLUMNS]
         for p in load_presets().values()
     ]
@@ -116,7 +122,8 @@ def _echo_presets() -> None:
         "constrains it); the roofs stay the GPU's. per drafted depth: the fitted drafter's (EAGLE for vllm); "
         "--drafter picks its kind's cost (0 where the roofline prices the drafter as operators). (ideal): not "
         "identifiable from the published steps; carried: no published step of that engine, the closest family's "
-        "terms with ranges widened 2x; per layer of a tree: what a step verifying a branching tree costs beyond a "
+        "terms with ranges widened 2x; partly: the terms its own published steps fit, the rest carried; per layer "
+        "of a tree: what a step verifying a branching tree costs beyond a "
         "chain of as many tokens, SGLang's fitted on SpecForge's SpecBundle trees minus chains, carried to vllm and "
         "trtllm; SGLang's EAGLE-3 drafting per depth and per step fitted on the same dashboard's chains; "
         "unmeasured families keep the ideal terms. --engine picks its family's preset "
