@@ -66,6 +66,10 @@ A benchmark, not a test: no GPU and no download; it reads roofline/data/publishe
     (roofline/data/call_resolution.json, recomputed here from the same calls of the held-out tables;
     docs/performance-model.md#close-calls) is a close call: listed apart with its measured gap
     ("CLOSE CALL"), never counted as agreeing; every other call must agree with the measurement.
+    A batch whose measured plain step is more than twice the preset's, or under half of it, is
+    outside the regime the model prices (roofline.published_checks.plain_step_regime;
+    docs/performance-model.md#the-priced-regime): its rows are shown, and listed as NOT JUDGED with
+    their errors, but no error, call, pick or pair of theirs is counted.
 
 (f) the whole held-out judgement (issue 42's "within 15% median, with the calls agreeing"):
     the presets' |error| pooled over every published row no preset term was fitted on ((c)'s
@@ -94,7 +98,12 @@ from roofline.engine_presets import apply_preset, fitted_tables, load_presets, s
 from roofline.hardware import load_hardware  # noqa: E402
 from roofline.latency import step_time_s  # noqa: E402
 from roofline.profile_fit import fit_profile, predict_step_s  # noqa: E402
-from roofline.published_checks import call_resolution, load_call_resolution, speedup_ratio_premise  # noqa: E402
+from roofline.published_checks import (  # noqa: E402
+    call_resolution,
+    load_call_resolution,
+    plain_step_regime,
+    speedup_ratio_premise,
+)
 from roofline.published_steps import published_tables, step_points  # noqa: E402
 from roofline.shapes import draft_heads_shape, model_shape  # noqa: E402
 from roofline.step_shape import StepShape  # noqa: E402
@@ -255,9 +264,11 @@ def preset_rows(tables) -> dict[str, pd.DataFrame]:
     }
 
 
-def presets(tables) -> tuple[list[tuple], list[float]]:
+def presets(tables) -> tuple[list[tuple], list[float], list[tuple]]:
     """(c): each measured preset on its held-out rows, beside the ideal engine on the same rows.
-    Returns the results and every held-out row's |T(n)/T(0) error|."""
+    Returns the results, every held-out row's |T(n)/T(0) error|, and the groups set aside
+    because their measured plain step is outside the priced regime (`regime_outside`), as
+    (name, median |error|, why)."""
     hardware = {t.id: t.hardware for t in tables}
     where = {
         "ibm-tgis": hardware["ibm-table1"],
@@ -266,7 +277,7 @@ def presets(tables) -> tuple[list[tuple], list[float]]:
         "vllm on vllm-issue-20780": hardware["vllm-issue-20780"],
     }
     known = load_presets()
-    results, held_errors = [], []
+    results, held_errors, unjudged = [], [], []
     print("\n== engine presets on held-out rows (roofline/data/engine_presets.json)")
     for label, held in preset_rows(tables).items():
         family = label.split(" on ")[0]
@@ -275,8 +286,21 @@ def presets(tables) -> tuple[list[tuple], list[float]]:
         print(f"\n  {family}: fitted on {preset.fit_rows}; held out: {preset.held_out}")
         print("    terms: " + ", ".join(f"{k}={v:.4g}" for k, v in preset.terms.items()))
         priced = apply_preset(base, family)
+        with_preset = predict(held, lambda _, hw=priced: hw)
+        # a group whose plain step is outside the priced regime is set aside, as in (e)
+        outside = {
+            g: why
+            for g, row in with_preset[with_preset["tokens"] == 1].set_index("group").iterrows()
+            if (why := regime_outside(row))
+        }
+        for g, why in outside.items():
+            print(f"    NOT JUDGED {g}: {why}")
+            errs = with_preset.loc[(with_preset["group"] == g) & (with_preset["tokens"] > 1), "ratio_error"]
+            unjudged.append((f"engine preset {label} {g}: median |T(n)/T(0) error|", float(errs.abs().median()), why))
+        inside = ~held["group"].isin(list(outside))
+        held, with_preset = held[inside], with_preset[inside]
         ideal = print_summary(f"(ideal) built-in {base.name}, same rows", predict(held, lambda _, hw=base: hw))
-        got = print_summary(f"(c) {family} preset on {base.name}", predict(held, lambda _, hw=priced: hw))
+        got = print_summary(f"(c) {family} preset on {base.name}", with_preset)
         print(
             f"    ideal engine on the same rows: median {ideal['median'] * 100:.1f}%"
             + (f", picked count's excess worst {ideal['pick_worst'] * 100:.1f}%" if "pick_worst" in ideal else "")
@@ -295,7 +319,7 @@ def presets(tables) -> tuple[list[tuple], list[float]]:
                     True,
                 )
             )
-    return results, held_errors
+    return results, held_errors, unjudged
 
 
 def premise_line(premise) -> str:
@@ -454,18 +478,20 @@ def _table_steps(table) -> pd.DataFrame:
     return rows
 
 
-def engine_configs(tables) -> tuple[list[tuple], list[str], dict]:
+def engine_configs(tables) -> tuple[list[tuple], list[str], dict, list[tuple]]:
     """(e): each engine_configs table with its engine's preset: per batch, the predicted steps of
     its configurations against the measured ones, and the on/off and chain-or-tree calls: a call
     whose predicted gap is within the stored call resolution (roofline/data/call_resolution.json)
     is a close call, reported with the measured gap and never counted as agreeing; every other
-    call must agree with the measurement. Last, the resolution recomputed from these tables'
-    pairs (roofline.published_checks.call_resolution) against the stored one. Returns the
-    results, one line per close call (shown apart from PASS and FAIL), and, over the held-out
-    tables only, every configuration's |step ratio error| ("errors") and whether each confident
-    call agreed with the measurement ("confident")."""
+    call must agree with the measurement. A batch outside the priced regime (`regime_outside`) is
+    shown and set aside, none of its numbers counted. Last, the resolution recomputed from these
+    tables' pairs (roofline.published_checks.call_resolution) against the stored one. Returns the
+    results, one line per close call (shown apart from PASS and FAIL), over the held-out tables
+    only, every configuration's |step ratio error| ("errors") and whether each confident call
+    agreed with the measurement ("confident"), and the batches set aside as (name, median |step
+    ratio error|, why)."""
     stored = load_call_resolution()
-    results, pair_errors, close_lines = [], [], []
+    results, pair_errors, close_lines, unjudged = [], [], [], []
     held = {"errors": [], "confident": []}
     fitted = fitted_tables()
     for table in tables:
@@ -479,6 +505,7 @@ def engine_configs(tables) -> tuple[list[tuple], list[str], dict]:
         print(f"   {table.setup['model']}, {table.setup['gpu']}, {table.setup['drafter']}")
         errors, ideal_errors, excess = [], [], []
         judged = {"on_off": [], "chain_or_tree": [], "close": []}
+        name = f"engine preset {engine} on {table.id}" + (" (fitted)" if table.id in fitted else "")
         for _, group in rows.groupby("group", sort=False):
             ref = group["config"].str.startswith("plain").any()
             base = group[group["config"].str.startswith("plain" if ref else "chain")].iloc[0]
@@ -489,6 +516,14 @@ def engine_configs(tables) -> tuple[list[tuple], list[str], dict]:
                 ["group", "config", "tokens", "draft_stages", "tokens_per_step", "measured_rel", "predicted_rel"]
             ]
             print("    " + show.to_string(index=False, float_format=lambda v: f"{v:.3f}").replace("\n", "\n    "))
+            outside = regime_outside(base) if ref else None
+            if outside:
+                # the batch's plain step is not the step the model prices, nor, in the same run,
+                # are its speculative steps: shown, never judged (docs/performance-model.md#the-priced-regime)
+                print(f"    NOT JUDGED: {outside}")
+                where = f"{name} {group['group'].iloc[0]}: median |step ratio error|"
+                unjudged.append((where, float(calls["errors"].abs().median()), outside))
+                continue
             errors += list(calls["errors"])
             ideal_errors += list(
                 config_calls(group.assign(predicted_rel=group["ideal_ms"] / base["ideal_ms"]))["errors"]
@@ -506,6 +541,9 @@ def engine_configs(tables) -> tuple[list[tuple], list[str], dict]:
                 (judged["close"] if pair["close"] else judged[call]).append(agree)
                 if pair["close"]:
                     close_lines.append(f"{table.id} {group['group'].iloc[0]} {call_line(call, calls)}")
+        if not errors:
+            print(f"    {table.id}: no batch in the priced regime, nothing judged")
+            continue
         median = float(np.median(np.abs(errors)))
         summary = f"    {table.id}: median |step ratio error| {median * 100:.1f}% over {len(errors)} configurations"
         summary += f" (ideal engine: {np.median(np.abs(ideal_errors)) * 100:.1f}%)"
@@ -516,7 +554,6 @@ def engine_configs(tables) -> tuple[list[tuple], list[str], dict]:
         if judged["close"]:
             summary += f"; close calls (no call): {len(judged['close'])}"
         print(summary)
-        name = f"engine preset {engine} on {table.id}" + (" (fitted)" if table.id in fitted else "")
         confident = judged["on_off"] + judged["chain_or_tree"]
         wrong = len(confident) - sum(confident)
         if table.id not in fitted:
@@ -538,7 +575,22 @@ def engine_configs(tables) -> tuple[list[tuple], list[str], dict]:
                 )
             )
     results.append(resolution_check(stored, pair_errors))
-    return results, close_lines, held
+    return results, close_lines, held, unjudged
+
+
+def regime_outside(plain: pd.Series) -> str:
+    """Why a batch's measured plain step (`plain`: its row, step_ms measured, predicted_ms by the
+    preset) is outside the priced regime, or "" when it is inside or not measured."""
+    if not np.isfinite(plain["step_ms"]):
+        return ""
+    regime = plain_step_regime([plain["step_ms"]], [plain["predicted_ms"]])
+    if not regime.outside[0]:
+        return ""
+    return (
+        f"outside the priced regime: plain decoding measured {plain['step_ms']:.2f} ms a step, "
+        f"{regime.factor[0]:.2f}x the preset's {plain['predicted_ms']:.2f} ms (beyond {regime.bound:g}x): "
+        "not a test of step costs"
+    )
 
 
 def pooled(held_errors: list[float], confident: list[bool]) -> list[tuple]:
@@ -605,11 +657,13 @@ def main() -> list[tuple]:
             results += ibm(table)
         else:
             results += medusa(table, tables)
-    preset_results, preset_errors = presets(tables)
+    preset_results, preset_errors, unjudged = presets(tables)
     results += preset_results
-    growth, unjudged, growth_errors = batch_growth(tables)
+    growth, contradicted, growth_errors = batch_growth(tables)
+    unjudged += contradicted
     results += growth
-    configs, close_lines, held = engine_configs(tables)
+    configs, close_lines, held, outside = engine_configs(tables)
+    unjudged += outside
     results += configs
     results += pooled(preset_errors + growth_errors + held["errors"], held["confident"])
     print()

@@ -509,3 +509,28 @@ def test_roofline_predict_takes_the_preset_and_the_drafter_kind(tmp_path, capsys
     medusa_ms = pd.read_csv(medusa)["predicted_step_ms"][spec]
     eagle_ms = got["predicted_step_ms"][spec]
     assert np.allclose(eagle_ms - medusa_ms, 1e3 * drafting_s, rtol=1e-3)
+
+
+def test_roofline_predict_says_which_plain_steps_its_profile_does_not_price(tmp_path, capsys):
+    """SpecDecode-Bench's plain step at batch 2, context 2048 (typed coefficients above), then the
+    same step as a host-bound run would report it, three times as long, and one a third as long:
+    the two are beyond twice the prediction either way and named by their data rows, with factors
+    3 and 1/3 times the first row's; a speculative step is never judged so."""
+    ms = 1e3 * (SDB_FORWARD[0] * 2 * 2048 + SDB_FORWARD[1] * 2 + SDB_FORWARD[2] + SDB_OVERHEAD)
+    points = tmp_path / "p.csv"
+    points.write_text(
+        "batch,context,tokens,step_ms\n"
+        f"2,2048,1,{ms:.6f}\n2,2048,1,{3 * ms:.6f}\n2,2048,1,{ms / 3:.6f}\n2,2048,4,{5 * ms:.6f}\n"
+    )
+    common = ["roofline", "predict", "--model", "llama-3-8b", "--hardware", "h100-sxm", "--engine", "vllm"]
+    text = run(capsys, *common, "--points", str(points), "-o", str(tmp_path / "o.csv"))
+    import pandas as pd
+
+    factor = 1 / (1 + pd.read_csv(tmp_path / "o.csv")["error"][0])
+    assert 0.85 < factor < 1.15
+    line = next(x for x in text.splitlines() if "plain steps measured beyond" in x)
+    assert line.startswith("2 of 3 plain steps measured beyond 2x the prediction either way")
+    assert f"data rows 2 ({3 * factor:.2f}x), 3 ({factor / 3:.2f}x)" in line and "treeopt hw fit" in line
+    points.write_text(f"batch,context,tokens,step_ms\n2,2048,1,{ms:.6f}\n2,2048,4,{5 * ms:.6f}\n")
+    text = run(capsys, *common, "--points", str(points), "-o", str(tmp_path / "q.csv"))
+    assert "plain steps measured beyond" not in text

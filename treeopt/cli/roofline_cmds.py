@@ -16,6 +16,7 @@ from roofline.profile_fit import error_summary
 from roofline.published import (
     knee_note,
 )
+from roofline.published_checks import plain_step_regime
 from roofline.report import ReportRequest, build_report
 from treeopt import api
 from treeopt.app.grid_outputs import close_call_section, grid_selection, mix_choice, with_mix_cells
@@ -552,4 +553,26 @@ def roofline_predict(
         f"predicted {len(frame)} steps of {shape.name} on {hw.name}"
         + (f"; against step_ms: {error_summary(frame['error'])}" if measured else "")
     )
+    if measured:
+        _echo_priced_regime(frame)
     click.echo(f"wrote {out}")
+
+
+def _echo_priced_regime(frame: pd.DataFrame) -> None:
+    """Say which measured plain steps (tokens 1) the profile does not price at all: beyond
+    PRICED_REGIME_FACTOR of the prediction either way, the run carries a cost no term holds, and
+    its speculative steps carry it too (docs/performance-model.md#the-priced-regime)."""
+    step_ms = pd.to_numeric(frame["step_ms"], errors="coerce")
+    plain = frame[(pd.to_numeric(frame["tokens"], errors="coerce") == 1) & (step_ms > 0)]
+    if plain.empty:
+        return
+    regime = plain_step_regime(step_ms[plain.index], plain["predicted_step_ms"])
+    if not regime.outside.any():
+        return
+    rows = ", ".join(f"{i + 1} ({f:.2f}x)" for i, f in zip(plain.index[regime.outside], regime.factor[regime.outside]))
+    click.echo(
+        f"{int(regime.outside.sum())} of {len(plain)} plain steps measured beyond {regime.bound:g}x the prediction "
+        f"either way (data rows {rows}): this profile does not price that run (a host-bound engine, or a batch "
+        "that never filled), so ratios and calls at those batches test nothing; fit the profile to your steps "
+        "(treeopt hw fit) before trusting them (docs/performance-model.md#the-priced-regime)"
+    )
