@@ -51,8 +51,8 @@ __all__ = [
 RESOLUTION_FILE = Path(__file__).resolve().parent / "data" / "call_resolution.json"
 
 # How far a measured plain-decoding step may sit from the prediction and still be the step the
-# model prices: its largest miss on a decode-bound run is about 1.5x (small MoE expert kernels,
-# docs/performance-model.md#mixture-of-experts); twice is beyond it
+# model prices: its misses on the published plain steps it prices reach 1.47x (IBM's batch 4 at a
+# 2048-token prompt; 1.35x on an MoE's small expert kernels); twice is beyond them
 # (docs/performance-model.md#the-priced-regime).
 PRICED_REGIME_FACTOR = 2.0
 
