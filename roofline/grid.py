@@ -24,7 +24,7 @@ from roofline.hardware import HardwareProfile
 from roofline.latency import fits_memory, step_time_s
 from roofline.ops import DraftWork
 from roofline.shapes import DraftHeadsShape, ModelShape
-from roofline.step_shape import StepShape
+from roofline.step_shape import ONE_GPU, GpuSplit, StepShape
 from treeopt.chain_or_tree import chain_prefix_length
 from treeopt.errors import UserError
 from treeopt.stats import physical_speedup
@@ -165,9 +165,19 @@ class _GridAxes:
     def full(self) -> tuple[int, int, int]:
         return (self.b.shape[0], self.s.shape[1], self.n.shape[2])
 
-    def step(self, attention: str, draft_stages=None, tensor_parallel: int = 1) -> StepShape:
+    def step(self, attention: str, draft_stages=None, gpus: GpuSplit = ONE_GPU) -> StepShape:
         """The grid's steps: every tree size's tokens (and candidates) over every cell."""
-        return StepShape(self.b, self.q, self.s, attention, self.cands, draft_stages, tensor_parallel, self.branches)
+        return StepShape(
+            self.b,
+            self.q,
+            self.s,
+            attention,
+            self.cands,
+            draft_stages,
+            gpus.tensor_parallel_gpus,
+            self.branches,
+            expert_parallel=gpus.expert_parallel,
+        )
 
 
 def _grid_axes(tau: np.ndarray, batches, contexts, verification: str, tree) -> _GridAxes:
@@ -249,7 +259,7 @@ def speedup_grid(
     verification: str = "tree",
     tree=None,
     per_size: PerTreeSize = PerTreeSize(),
-    tensor_parallel: int = 1,
+    gpus: GpuSplit = ONE_GPU,
 ) -> pd.DataFrame:
     """One row per (batch, context, nodes) with columns GRID_COLUMNS, sorted in that order.
 
@@ -259,13 +269,14 @@ def speedup_grid(
     verification: "tree" (q = n + 1 under a tree mask) or "candidates" (the prefix's
     root-to-leaf paths as separate sequences; needs `tree`, the proposal sequence).
     per_size: the heads, draft stages and drafted sizes of each tree size (`PerTreeSize`).
-    tensor_parallel: GPUs the model is split over (docs/performance-model.md#tensor-parallelism).
+    gpus: the GPUs the model is split over and how (`GpuSplit`: docs/performance-model.md#tensor-parallelism,
+    #expert-parallelism).
     """
     tau = check_tau(tau_by_nodes)
     axes = _grid_axes(tau, batches, contexts, verification, tree)
     stages = None if per_size.draft_stages is None else np.asarray(per_size.draft_stages, dtype=float)[None, None, :]
     heads_shape = _grid_drafter(heads_shape, tau, per_size.heads_used, heads_in_baseline)
-    grid_step = axes.step(attention, stages, tensor_parallel)
+    grid_step = axes.step(attention, stages, gpus)
     t_tree = _tree_step_times(shape, heads_shape, hw, axes, per_size.heads_used, grid_step)
     base_heads = heads_shape if heads_in_baseline else None
     b, s = axes.b, axes.s

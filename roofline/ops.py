@@ -264,7 +264,10 @@ def operators(
     c = np.ones(()) if candidates is None else check_candidates(step.tokens_per_sequence, candidates)
     ops = _forward_ops(shape, heads, b, q, s, c, attention, kv_cache_update)
     n = step.tensor_parallel_gpus
-    return ops if n == 1 else split_over_gpus(ops, shape, n, np.broadcast_arrays(b, q, s)[0] * q)
+    if step.expert_parallel and not shape.is_moe:
+        raise UserError(f"--expert-parallel: {shape.name} has no routed experts to spread over the GPUs")
+    tokens = np.broadcast_arrays(b, q, s)[0] * q
+    return ops if n == 1 else split_over_gpus(ops, shape, n, tokens, expert_parallel=step.expert_parallel)
 
 
 #: operators whose work Megatron-style tensor parallelism splits over the GPUs: heads, MLP
@@ -283,18 +286,59 @@ def kv_split(shape: ModelShape, gpus: int) -> int:
     return 1 if shape.mla_kv_dim else min(gpus, shape.kv_heads)
 
 
-def split_over_gpus(ops: list[Op], shape: ModelShape, gpus: int, tokens) -> list[Op]:
+def expected_max_standard_normal(count: int) -> float:
+    """E[max] of `count` independent standard normals (0 for one; 0.5642 for two, 1.4236 for
+    eight): the integral of x N phi(x) Phi(x)^(N - 1) on a fine grid."""
+    from scipy.special import ndtr
+
+    x = np.linspace(-12.0, 12.0, 48001)
+    density = count * np.exp(-0.5 * x * x) / np.sqrt(2.0 * np.pi) * ndtr(x) ** (count - 1)
+    return float(np.sum(x * density) * (x[1] - x[0]))
+
+
+def slowest_gpu_experts(shape: ModelShape, routed_tokens, gpus: int) -> tuple[np.ndarray, np.ndarray]:
+    """Expert parallelism (docs/performance-model.md#expert-parallelism): each of `gpus` GPUs
+    holds E / N whole routed experts; per MoE layer, the expected distinct experts the slowest
+    GPU reads and the expected token-expert pairs it runs, for T = `routed_tokens` (broadcasts).
+
+    Experts read: each expert is read with the probability p = experts(T) / E of
+    `ModelShape.expected_experts`; a GPU's count is taken as Binomial(E / N, p), independent
+    across GPUs, and E[max] = sum over m < E / N of 1 - F(m)^N. Pairs: T k / N on average, with
+    the variance of a token's k distinct picks landing on one GPU (hypergeometric) summed over T
+    tokens and corrected for the N counts summing to T k, T k (E - k) / (N (E - 1)); E[max] in
+    the normal approximation, mean + sd E[max of N standard normals], at least the experts read
+    (every read expert runs a pair) and at most T min(k, E / N)."""
+    from scipy.special import bdtr
+
+    e, k = shape.routed_experts, shape.experts_per_token
+    per_gpu = e // gpus
+    t = np.asarray(routed_tokens, dtype=float)
+    hit = np.clip(shape.expected_experts(t) / e, 0.0, 1.0)
+    levels, where = np.unique(hit, return_inverse=True)
+    below = bdtr(np.arange(per_gpu)[None, :], per_gpu, levels[:, None])
+    experts = (1.0 - below**gpus).sum(axis=1)[where].reshape(t.shape)
+    spread = np.sqrt(t * k * (e - k) / (gpus * (e - 1.0)))
+    pairs = t * k / gpus + spread * expected_max_standard_normal(gpus)
+    return experts, np.clip(np.maximum(pairs, experts), None, t * min(k, per_gpu))
+
+
+def split_over_gpus(ops: list[Op], shape: ModelShape, gpus: int, tokens, expert_parallel: bool = False) -> list[Op]:
     """One GPU's share of a forward pass split over `gpus` (docs/performance-model.md#tensor-parallelism):
     split operators' FLOPs and bytes over the GPUs, the KV heads' as far as they go, the rest
     (norms, residuals, router, drafters) on every GPU; then the two all-reduces per layer (after
     attention's output projection and after the MLP) of b q x hidden activations, a ring
-    all-reduce moving 2 (N - 1) / N of them per GPU."""
+    all-reduce moving 2 (N - 1) / N of them per GPU. `expert_parallel`: the routed experts are
+    spread whole over the GPUs instead, and the slowest GPU's share is priced
+    (`slowest_gpu_experts`; docs/performance-model.md#expert-parallelism)."""
     out = []
     kv = float(kv_split(shape, gpus))
     # MLA's projections belong to its heads, which split over every GPU; only the latent cache is replicated
     kv_proj = float(gpus if shape.mla_kv_dim else kv)
+    slowest = _expert_parallel_share(shape, gpus, tokens) if expert_parallel and shape.is_moe else None
     for op in ops:
-        if op.name in SPLIT_OPS:
+        if slowest is not None and op.name in slowest:
+            out.append(slowest[op.name](op))
+        elif op.name in SPLIT_OPS:
             out.append(replace(op, flops=op.flops / gpus, bytes=op.bytes / gpus))
         elif op.name in ("k_proj", "v_proj"):
             out.append(replace(op, flops=op.flops / gpus, bytes=op.bytes / kv_proj))
@@ -307,6 +351,28 @@ def split_over_gpus(ops: list[Op], shape: ModelShape, gpus: int, tokens) -> list
     moved = 2.0 * (gpus - 1) / gpus * message
     out.append(Op("all_reduce", "collective", 2 * shape.layers, np.zeros_like(moved), moved, tokens + 0 * moved))
     return out
+
+
+def _expert_parallel_share(shape: ModelShape, gpus: int, tokens) -> dict:
+    """Per routed-expert operator, the slowest GPU's share of it under expert parallelism: the
+    weights of the experts it reads, the activations and FLOPs of the pairs it runs."""
+    if shape.routed_experts % gpus:
+        raise UserError(
+            f"--expert-parallel: {shape.name}'s {shape.routed_experts} routed experts do not spread evenly over "
+            f"{gpus} GPUs"
+        )
+    t = np.asarray(tokens, dtype=float)
+    experts, pairs = slowest_gpu_experts(shape, t, gpus)
+    h, ie = float(shape.hidden), float(shape.expert_intermediate)
+    mean_experts, mean_pairs = shape.expected_experts(t), t * shape.experts_per_token
+    # the experts operator moves each read expert's weights and each pair's activations
+    weights, activations = 3 * h * ie, 2 * h + 3 * ie
+    moved = (experts * weights + pairs * activations) / (mean_experts * weights + mean_pairs * activations)
+    ran = pairs / mean_pairs
+    return {
+        "experts": lambda op: replace(op, flops=op.flops * ran, bytes=op.bytes * moved, rows=pairs / experts),
+        "expert_act": lambda op: replace(op, flops=op.flops * ran, bytes=op.bytes * ran, rows=pairs),
+    }
 
 
 @dataclass

@@ -25,6 +25,7 @@ from roofline.grid import (
 from roofline.hardware import GIB, HardwareProfile, load_hardware
 from roofline.ops import DraftWork, drafter_work
 from roofline.shapes import DraftHeadsShape, ModelShape
+from roofline.step_shape import GpuSplit
 from treeopt.accuracy import AccuracyTable, load_accuracy
 from treeopt.app.models import draft_cost_of, heads_of, shape_of
 from treeopt.chain_counts import describe_window, window_of_table
@@ -175,7 +176,8 @@ class PredictionOptions:
     engine_costs: the engine family whose preset prices the steps on a built-in profile
     (`roofline.engine_presets.FAMILIES`; default: the family of the prediction's engine, else the
     ideal engine; docs/performance-model.md#engine-presets). tensor_parallel: GPUs the model is
-    split over (docs/performance-model.md#tensor-parallelism)."""
+    split over (docs/performance-model.md#tensor-parallelism); expert_parallel: its routed
+    experts spread whole over them (docs/performance-model.md#expert-parallelism)."""
 
     verification: str = "tree"
     attention: str = "fused"
@@ -185,6 +187,7 @@ class PredictionOptions:
     sequential_draft: bool = False
     engine_costs: str | None = None
     tensor_parallel: int = 1
+    expert_parallel: bool = False
 
 
 def predict_speedup(
@@ -241,7 +244,7 @@ def predict_speedup(
             draft_stages=heads_used_by_prefix(tree) if options.sequential_draft and work is None else None,
             drafted=drafted,
         ),
-        tensor_parallel=options.tensor_parallel,
+        gpus=GpuSplit(options.tensor_parallel, options.expert_parallel),
     )
     return Prediction(
         model=shape,

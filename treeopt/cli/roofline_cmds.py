@@ -213,6 +213,13 @@ def _echo_operators(ops: StepOperators) -> None:
     "docs/performance-model.md#tensor-parallelism).",
 )
 @click.option(
+    "--expert-parallel",
+    "expert_parallel",
+    is_flag=True,
+    help="Spread an MoE's routed experts whole over the --tensor-parallel GPUs (vLLM's --enable-expert-parallel, "
+    "SGLang's --ep-size): the slowest GPU's experts are priced (docs/performance-model.md#expert-parallelism).",
+)
+@click.option(
     "--select",
     "select",
     default=None,
@@ -248,6 +255,7 @@ def roofline_speedup(
     engine,
     engine_costs,
     tensor_parallel,
+    expert_parallel,
     verification,
     sequential_draft,
     out,
@@ -285,6 +293,7 @@ def roofline_speedup(
             sequential_draft=sequential_draft,
             engine_costs=engine_costs,
             tensor_parallel=tensor_parallel,
+            expert_parallel=expert_parallel,
         ),
     )
     mix_doc = mix_choice(prediction, mix)
