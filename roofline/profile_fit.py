@@ -36,7 +36,7 @@ from roofline.engine_bench import read_step_tables, tree_flags
 from roofline.hardware import EfficiencyCurve, HardwareProfile
 from roofline.latency import step_time_s
 from roofline.shapes import DraftHeadsShape, ModelShape
-from roofline.step_shape import StepShape
+from roofline.step_shape import ONE_GPU, GpuSplit, StepShape
 from treeopt.errors import UserError
 
 #: the longest decoding step a measurement file may hold: an hour (a larger number is a unit
@@ -298,9 +298,10 @@ def predict_step_s(
     points: StepPoints,
     *,
     attention: str = "fused",
+    gpus: GpuSplit = ONE_GPU,
 ) -> np.ndarray:
     """Predicted seconds of every step (vectorised per distinct head count; memory not checked:
-    the steps were measured, so they fit)."""
+    the steps were measured, so they fit), on one of `gpus`' GPUs."""
     out = np.empty(len(points))
     counts = points.draft_heads.astype(int)
     for k in np.unique(counts):  # at most K + 1 distinct head counts
@@ -313,7 +314,9 @@ def predict_step_s(
             attention,
             points.candidates[rows],
             points.draft_stages[rows],
-            tree_verify=points.tree_verify[rows],
+            gpus.tensor_parallel_gpus,
+            points.tree_verify[rows],
+            expert_parallel=gpus.expert_parallel,
         )
         out[rows] = step_time_s(shape, hk, hw, step, on_oom="ignore")
     return out

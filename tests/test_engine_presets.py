@@ -534,3 +534,25 @@ def test_roofline_predict_says_which_plain_steps_its_profile_does_not_price(tmp_
     points.write_text(f"batch,context,tokens,step_ms\n2,2048,1,{ms:.6f}\n2,2048,4,{5 * ms:.6f}\n")
     text = run(capsys, *common, "--points", str(points), "-o", str(tmp_path / "q.csv"))
     assert "plain steps measured beyond" not in text
+
+
+def test_roofline_predict_prices_sglangs_tree_on_eight_h100s_with_tensor_parallel(tmp_path, capsys):
+    """SGLang PR #4716: Llama-3.3-70B on eight H100s (TP 8), plain decoding at 88.61 tokens/s (a
+    1000 / 88.61 = 11.29 ms step) and the 8-8-64 EAGLE-3 tree at 234.54 tokens/s and 5.88 tokens a
+    step (1000 x 5.88 / 234.54 = 25.07 ms). With --tensor-parallel 8 the plain step is priced within
+    10% of the measured one; on one GPU the same 70B plain step costs over three times as much."""
+    points = tmp_path / "p.csv"
+    points.write_text(
+        "batch,context,tokens,draft_stages,tree,step_ms\n"
+        f"1,512,1,0,0,{1000 / 88.61:.4f}\n1,512,64,8,1,{1000 * 5.88 / 234.54:.4f}\n"
+    )
+    common = ["roofline", "predict", "--model", "llama-3-70b", "--hardware", "h100-sxm", "--engine", "sglang"]
+    common += ["--drafter", "eagle3", "--points", str(points)]
+    text = run(capsys, *common, "--tensor-parallel", "8", "-o", str(tmp_path / "tp8.csv"))
+    assert "steps of llama-3-70b on h100-sxm x 8" in text
+    import pandas as pd
+
+    tp8 = pd.read_csv(tmp_path / "tp8.csv")
+    assert abs(tp8["error"][0]) < 0.10
+    run(capsys, *common, "-o", str(tmp_path / "tp1.csv"))
+    assert pd.read_csv(tmp_path / "tp1.csv")["predicted_step_ms"][0] > 3 * 1000 / 88.61

@@ -2961,6 +2961,14 @@ MUTANTS = (
         ("tests/test_expert_parallel.py",),
     ),
     Mutant(
+        "predict-tensor-parallel-dropped",
+        "roofline/profile_fit.py",
+        "            gpus.tensor_parallel_gpus,\n            points.tree_verify[rows],",
+        "            1,\n            points.tree_verify[rows],",
+        "roofline predict prices every step on one GPU whatever --tensor-parallel says",
+        ("tests/test_engine_presets.py",),
+    ),
+    Mutant(
         "priced-regime-one-sided",
         "roofline/published_checks.py",
         "return PlainStepRegime(factor, (factor > bound) | (factor < 1 / bound), float(bound))",

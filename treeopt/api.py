@@ -26,6 +26,7 @@ from roofline.hardware import HardwareProfile, builtin_hardware, load_hardware
 from roofline.profile_fit import ProfileFit, predict_step_s, read_step_points, step_points_frame
 from roofline.profile_fit import fit_profile as _fit_profile
 from roofline.shapes import ModelShape
+from roofline.step_shape import ONE_GPU, GpuSplit
 from treeopt.accuracy import AccuracyTable
 from treeopt.accuracy import load_accuracy as load_accuracy
 from treeopt.app.grid_outputs import close_call_section
@@ -198,16 +199,17 @@ def predict_steps(
     head_layers: int | None = None,
     attention: str = "fused",
     dtype: str | None = None,
+    gpus: GpuSplit = ONE_GPU,
 ) -> np.ndarray:
     """Predicted step time in seconds of every row of `points` (columns batch, context, tokens
     [, candidates, draft_stages, tree]), as `treeopt roofline predict` does; `source` names the
-    table in messages."""
+    table in messages; `gpus`: the GPUs the model is spread over (`roofline.step_shape.GpuSplit`)."""
     shape, head_shape = _shapes(model, dtype, heads, head_layers)
     frame = points.rename(columns=lambda c: str(c).strip().lower())
     if "step_ms" not in frame.columns:  # rows to predict need no times; one reader for both
         frame = frame.assign(step_ms=1.0)
     steps = step_points_frame(frame, source=source, heads=heads)
-    return predict_step_s(shape, head_shape, load_hardware(hardware), steps, attention=attention)
+    return predict_step_s(shape, head_shape, load_hardware(hardware), steps, attention=attention, gpus=gpus)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from roofline.published import (
 )
 from roofline.published_checks import plain_step_regime
 from roofline.report import ReportRequest, build_report
+from roofline.step_shape import GpuSplit
 from treeopt import api
 from treeopt.app.grid_outputs import close_call_section, grid_selection, mix_choice, with_mix_cells
 from treeopt.app.models import draft_cost_of, heads_of, serving_dtype, shape_of
@@ -35,6 +36,7 @@ from treeopt.cli.roofline_options import (
     DRAFTER_OPTIONS,
     ENGINE_COSTS_OPTION,
     ENGINE_OPTION,
+    GPU_OPTIONS,
     GRID_OPTIONS,
     HARDWARE_OPTION,
     HEADS_OPTIONS,
@@ -203,22 +205,7 @@ def _echo_operators(ops: StepOperators) -> None:
 @click.option("-o", "--out", "out", default=None, type=click.Path(dir_okay=False), help="Grid CSV to write.")
 @ENGINE_OPTION
 @ENGINE_COSTS_OPTION
-@click.option(
-    "--tensor-parallel",
-    "tensor_parallel",
-    type=AtLeast(1),
-    default=1,
-    show_default=True,
-    help="GPUs the model is split over (tensor parallelism: weights and KV split, two all-reduces per layer; "
-    "docs/performance-model.md#tensor-parallelism).",
-)
-@click.option(
-    "--expert-parallel",
-    "expert_parallel",
-    is_flag=True,
-    help="Spread an MoE's routed experts whole over the --tensor-parallel GPUs (vLLM's --enable-expert-parallel, "
-    "SGLang's --ep-size): the slowest GPU's experts are priced (docs/performance-model.md#expert-parallelism).",
-)
+@apply(GPU_OPTIONS)
 @click.option(
     "--select",
     "select",
@@ -517,6 +504,7 @@ def report_cmd(
     "(docs/performance-model.md#engine-presets).",
 )
 @ENGINE_COSTS_OPTION
+@apply(GPU_OPTIONS)
 @click.option(
     "--drafter",
     "drafter_kind",
@@ -526,7 +514,19 @@ def report_cmd(
     "fitted on].",
 )
 def roofline_predict(
-    model, dtype, hardware, points_path, num_heads, head_layers, attention, out, engine, engine_costs, drafter_kind
+    model,
+    dtype,
+    hardware,
+    points_path,
+    num_heads,
+    head_layers,
+    attention,
+    out,
+    engine,
+    engine_costs,
+    tensor_parallel,
+    expert_parallel,
+    drafter_kind,
 ) -> None:
     """Predicted step_ms for every row of a step CSV (compare any prediction with any measurement)."""
     check_outputs([out], input_files(model, hardware, points_path))
@@ -551,6 +551,7 @@ def roofline_predict(
         head_layers=head_layers,
         attention=attention,
         dtype=dtype,
+        gpus=GpuSplit(tensor_parallel, expert_parallel),
     )
     frame["predicted_step_ms"] = predicted * 1e3
     measured = "step_ms" in frame.columns
@@ -558,8 +559,10 @@ def roofline_predict(
         frame["error"] = frame["predicted_step_ms"] / pd.to_numeric(frame["step_ms"], errors="coerce") - 1.0
     with atomic_path(out) as tmp:
         frame.to_csv(tmp, index=False, float_format="%.6g")
+    spread = " (experts spread whole)" if expert_parallel else ""
     click.echo(
         f"predicted {len(frame)} steps of {shape.name} on {hw.name}"
+        + (f" x {tensor_parallel}{spread}" if tensor_parallel > 1 else "")
         + (f"; against step_ms: {error_summary(frame['error'])}" if measured else "")
     )
     if measured:

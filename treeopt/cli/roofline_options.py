@@ -81,6 +81,25 @@ ENGINE_OPTION = click.option(
     help="Trees only from this engine's family, priced with its engine family's step costs on a built-in "
     "profile (docs/performance-model.md#engine-presets); the report shows the line it takes.",
 )
+GPU_OPTIONS = (
+    click.option(
+        "--tensor-parallel",
+        "tensor_parallel",
+        type=AtLeast(1),
+        default=1,
+        show_default=True,
+        help="GPUs the model is split over (tensor parallelism: weights and KV split, two all-reduces per layer; "
+        "docs/performance-model.md#tensor-parallelism).",
+    ),
+    click.option(
+        "--expert-parallel",
+        "expert_parallel",
+        is_flag=True,
+        help="Spread an MoE's routed experts whole over the --tensor-parallel GPUs (vLLM's --enable-expert-parallel, "
+        "SGLang's --ep-size): the slowest GPU's experts are priced (docs/performance-model.md#expert-parallelism).",
+    ),
+)
+
 ENGINE_COSTS_OPTION = click.option(
     "--engine-costs",
     "engine_costs",
