@@ -289,6 +289,7 @@ def kv_split(shape: ModelShape, gpus: int) -> int:
 def expected_max_standard_normal(count: int) -> float:
     """E[max] of `count` independent standard normals (0 for one; 0.5642 for two, 1.4236 for
     eight): the integral of x N phi(x) Phi(x)^(N - 1) on a fine grid."""
+    # scipy only when expert parallelism is priced: every command imports this module
     from scipy.special import ndtr
 
     x = np.linspace(-12.0, 12.0, 48001)
@@ -308,6 +309,7 @@ def slowest_gpu_experts(shape: ModelShape, routed_tokens, gpus: int) -> tuple[np
     tokens and corrected for the N counts summing to T k, T k (E - k) / (N (E - 1)); E[max] in
     the normal approximation, mean + sd E[max of N standard normals], at least the experts read
     (every read expert runs a pair) and at most T min(k, E / N)."""
+    # scipy only when expert parallelism is priced: every command imports this module
     from scipy.special import bdtr
 
     e, k = shape.routed_experts, shape.experts_per_token

@@ -4199,8 +4199,8 @@ MUTANTS = (
     Mutant(
         "step-file-tree-not-passed",
         "roofline/profile_fit.py",
-        "            tree_verify=points.tree_verify[rows],\n",
-        "",
+        "            points.tree_verify[rows],\n            expert_parallel",
+        "            False,\n            expert_parallel",
         "a step file's tree rows are read but priced as chains (roofline predict, hw fit)",
         ("tests/test_step_tree_column.py",),
     ),

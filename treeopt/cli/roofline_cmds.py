@@ -294,15 +294,21 @@ def roofline_speedup(
         if chosen is not None:
             files.path(select).write_text(dumps(selection_to_json(chosen), indent=1) + "\n", encoding="utf-8")
     _echo_speedup(prediction, label, mix_doc)
+    _echo_after_grid(closes, chosen, {"grid": out, "selection": select})
+    _echo_knee_note(prediction.hardware)
+
+
+def _echo_after_grid(closes, chosen, written: dict) -> None:
+    """After the grid's table: its close calls, the engine's schedule where one was chosen, and
+    the files written."""
     if text := format_close_calls(closes):
         click.echo(text)
     if chosen is not None and chosen.schedule is not None:
         click.echo(_engine_cells(chosen))
         click.echo(format_schedule(chosen.schedule))
-    for path, what in ((out, "grid"), (select, "selection")):
+    for what, path in written.items():
         if path:
             click.echo(f"wrote {what} {path}")
-    _echo_knee_note(prediction.hardware)
 
 
 def _echo_speedup(prediction, label: str, mix_doc: MixSection | None) -> None:
