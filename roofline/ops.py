@@ -29,6 +29,7 @@ reads them again.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 
 import numpy as np
 
@@ -266,8 +267,9 @@ def operators(
     n = step.tensor_parallel_gpus
     if step.expert_parallel and not shape.is_moe:
         raise UserError(f"--expert-parallel: {shape.name} has no routed experts to spread over the GPUs")
-    tokens = np.broadcast_arrays(b, q, s)[0] * q
-    return ops if n == 1 else split_over_gpus(ops, shape, n, tokens, expert_parallel=step.expert_parallel)
+    if n == 1:
+        return ops
+    return split_over_gpus(ops, shape, n, np.broadcast_arrays(b, q, s)[0] * q, expert_parallel=step.expert_parallel)
 
 
 #: operators whose work Megatron-style tensor parallelism splits over the GPUs: heads, MLP
@@ -286,6 +288,7 @@ def kv_split(shape: ModelShape, gpus: int) -> int:
     return 1 if shape.mla_kv_dim else min(gpus, shape.kv_heads)
 
 
+@lru_cache(maxsize=64)
 def expected_max_standard_normal(count: int) -> float:
     """E[max] of `count` independent standard normals (0 for one; 0.5642 for two, 1.4236 for
     eight): the integral of x N phi(x) Phi(x)^(N - 1) on a fine grid."""
