@@ -156,3 +156,6 @@ def test_the_slowest_gpu_reads_its_experts_weights_and_runs_its_pairs_at_64_toke
     }
     assert float(ops[True].bytes / ops[False].bytes) == pytest.approx(expected, rel=0.02)
     assert float(ops[True].flops / ops[False].flops) == pytest.approx(pairs / (64 * 8 / 8), rel=0.02)
+    # its GEMM runs at the token rows per expert of that GPU: its pairs over its experts read
+    assert float(ops[True].rows) == pytest.approx(pairs / read, rel=0.03)
+    assert float(ops[False].rows) == pytest.approx(64 * 8 / mean_read, rel=1e-9)

@@ -2953,6 +2953,14 @@ MUTANTS = (
         ("tests/test_expert_parallel.py",),
     ),
     Mutant(
+        "expert-parallel-rows-inverted",
+        "roofline/ops.py",
+        "bytes=op.bytes * moved, rows=pairs / experts)",
+        "bytes=op.bytes * moved, rows=experts / pairs)",
+        "the slowest GPU's expert GEMM is priced at experts per token row, not token rows per expert",
+        ("tests/test_expert_parallel.py",),
+    ),
+    Mutant(
         "expert-parallel-flag-dropped",
         "treeopt/app/prediction.py",
         "gpus=GpuSplit(options.tensor_parallel, options.expert_parallel),",
