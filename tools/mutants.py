@@ -2215,7 +2215,7 @@ MUTANTS = (
         "return path_hidden[bi, n_keep - 1]  # the last accepted token drafts next",
         "return path_hidden[bi, 0]  # the last accepted token drafts next",
         "the next step drafts from the step's root's hidden state, not its last accepted token's",
-        ("tests/test_decoder.py::test_the_next_draft_reads_the_last_accepted_tokens_hidden_state",),
+        ("tests/test_eagle.py::test_the_draft_cache_holds_every_pair_of_the_sequence_so_far",),
     ),
     Mutant(
         "prefix-decoder-drop",
